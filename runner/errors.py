@@ -1,0 +1,58 @@
+"""The one error tree of runner. `cli.py` is the only place that turns these into messages and exit codes.
+
+    RunnerError                      exit 1 unless a subclass says otherwise
+    ├── SpecError                    2  bad job spec or bad command-line usage
+    ├── TransportError               3  host unreachable, auth failed, timed out
+    │   └── HostKeyError             3  unknown or changed host key (message has the fingerprint)
+    ├── PreflightError               4  the host cannot run this job now (memory, service policy)
+    ├── HostBusy                     5  a lock is held; the message names the holder
+    ├── RemoteError                  1  the supervisor answered an error
+    │   └── UnknownJob               2  no such job id on the host or in the local index
+    └── NoResult                     1  the job wrote no result.json
+"""
+from __future__ import annotations
+
+
+class RunnerError(Exception):
+    exit_code = 1
+    hint = ""
+
+    def __init__(self, message: str, *, hint: str = "") -> None:
+        super().__init__(message)
+        if hint:
+            self.hint = hint
+
+
+class SpecError(RunnerError):
+    exit_code = 2
+
+
+class TransportError(RunnerError):
+    exit_code = 3
+
+
+class HostKeyError(TransportError):
+    pass
+
+
+class PreflightError(RunnerError):
+    exit_code = 4
+
+
+class HostBusy(RunnerError):
+    exit_code = 5
+
+
+class RemoteError(RunnerError):
+    def __init__(self, message: str, *, code: str = "internal", answer: dict | None = None, hint: str = "") -> None:
+        super().__init__(message, hint=hint)
+        self.code = code
+        self.answer = answer or {}
+
+
+class UnknownJob(RemoteError):
+    exit_code = 2
+
+
+class NoResult(RunnerError):
+    pass
