@@ -1,0 +1,73 @@
+"""A small CPU payload for the embedded default job: prints phases for ~20 s, then writes result.json.
+
+It behaves like a real benchmark as the runner sees it: JSON event lines on stdout, a slow "compile"
+phase with heartbeats, timed rows, and a result file at $RUNNER_RESULT.
+"""
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+
+def event(**fields):
+    fields["t"] = round(time.monotonic() - START, 2)
+    print(json.dumps(fields), flush=True)
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--seconds", type=float, default=20.0, help="about how long to run")
+    parser.add_argument("--sizes", default="1,4,16,64", help="comma-separated problem sizes")
+    parser.add_argument("--fail", action="store_true", help="exit 3 after the first phase (for tests)")
+    parser.add_argument("--out", default=os.environ.get("RUNNER_RESULT", "result.json"))
+    args = parser.parse_args(argv)
+    args.sizes = [int(s) for s in args.sizes.split(",")]
+    if args.seconds <= 0 or any(s <= 0 for s in args.sizes):
+        parser.error("--seconds and --sizes must be positive")
+    return args
+
+
+def warm_up(seconds):
+    """Stands in for a JIT compile: silent work, with a heartbeat every second."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        time.sleep(min(1.0, end - time.monotonic()))
+        event(event="heartbeat", phase="compile")
+
+
+def time_size(n, budget):
+    samples = []
+    end = time.monotonic() + budget
+    while time.monotonic() < end or len(samples) < 3:
+        t = time.perf_counter()
+        sum(i * i for i in range(2000 * n))
+        samples.append((time.perf_counter() - t) * 1e6)
+    return {"size": n, "median_us": statistics.median(samples), "samples": len(samples)}
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    event(event="phase", phase="compile", status="start")
+    warm_up(args.seconds * 0.4)
+    event(event="phase", phase="compile", status="end")
+    if args.fail:
+        print("demo payload: failing on purpose", file=sys.stderr, flush=True)
+        return 3
+    rows = []
+    for n in args.sizes:
+        row = time_size(n, args.seconds * 0.6 / len(args.sizes))
+        rows.append(row)
+        event(event="row", **row)
+    with open(args.out + ".tmp", "w") as fh:
+        json.dump({"payload": "demo", "rows_demo": rows, "python": sys.version.split()[0]}, fh, indent=1)
+    os.replace(args.out + ".tmp", args.out)
+    event(event="done", result=args.out)
+    return 0
+
+
+START = time.monotonic()
+
+if __name__ == "__main__":
+    sys.exit(main())

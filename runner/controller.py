@@ -1,0 +1,216 @@
+"""What each CLI command does, as plain functions returning plain data (cli.py only prints and exits).
+
+Every operation is one or a few short round trips; none holds a step of the job's choreography.
+"""
+from __future__ import annotations
+
+import secrets
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import BinaryIO, Callable
+
+from tenacity import Retrying, retry_if_exception, stop_after_attempt, stop_after_delay, wait_exponential
+
+from . import preflight
+from .errors import HostKeyError, RemoteError, SpecError, TransportError
+from .host import Bundle, HostClient, build_bundle
+from .spec import JobSpec, check_job_id, job_id_for, load_spec
+from .store import JobRecord, Store
+from .transport import LocalTransport, SshTarget, SshTransport
+
+TERMINAL = {"SUCCEEDED", "FAILED", "TIMED_OUT", "CANCELLED", "LOST"}
+LOG_CHUNK = 1 << 20
+LONG_POLL_S = 5.0
+
+
+@dataclass
+class Submitted:
+    job_id: str
+    state: str
+    host: str
+    stop_service: bool
+    notes: list[str] = field(default_factory=list)
+    round_trips: int = 0
+    already: bool = False
+
+
+@dataclass
+class TailOutcome:
+    job_id: str
+    state: str
+    exit_code: int | None
+    terminal: bool
+    offset: int
+    printed: int
+
+
+def connect(host: dict, bundle: Bundle | None = None) -> HostClient:
+    if host["address"] == "local":
+        transport = LocalTransport()
+    else:
+        transport = SshTransport(SshTarget(
+            address=host["address"], user=host.get("user"), port=host.get("port"),
+            host_key_policy=host.get("host_key_policy", "strict"),
+            connect_timeout=host.get("connect_timeout", 10.0)))
+    if bundle is None:
+        bundle, _ = build_bundle()
+    return HostClient(transport, root=host.get("root", "~/.runner"), python=host.get("python", "python3"), bundle=bundle)
+
+
+def _retrying(deadline_s: float = 20.0) -> Retrying:
+    """Retries for idempotent calls only: a lost link, never a refused host key."""
+    return Retrying(
+        retry=retry_if_exception(lambda e: isinstance(e, TransportError) and not isinstance(e, HostKeyError)),
+        stop=stop_after_attempt(3) | stop_after_delay(deadline_s),
+        wait=wait_exponential(multiplier=0.2, max=2.0),
+        reraise=True,
+    )
+
+
+# -- submit -----------------------------------------------------------------------------------------------
+
+def required_mib(spec: JobSpec) -> int:
+    """gpu.min_free_mib, or with `auto` the payload's own pure estimate (no torch import)."""
+    if spec.gpu.min_free_mib != "auto":
+        return int(spec.gpu.min_free_mib)
+    from remote_payload.estimates import estimate_peak_bytes
+
+    script = spec.payload.script
+    estimate = estimate_peak_bytes(Path(script).name, spec.payload.args) if script else None
+    if estimate is None:
+        raise SpecError(f"{spec.spec_path}: gpu.min_free_mib: `auto` needs a payload with a memory estimator "
+                        f"({script or 'a command'} has none); give a number of MiB")
+    return -(-int(estimate) // (1 << 20))
+
+
+def submit(spec_path: str, overrides: list[str], *, queue: bool = False, job_id: str | None = None,
+           store: Store, progress: Callable[[str], None]) -> Submitted:
+    spec = load_spec(spec_path, overrides)
+    job_id = check_job_id(job_id) if job_id else job_id_for(spec.name, datetime.now(timezone.utc), secrets.token_hex(3))
+    source = spec.script_source(Path(__import__("remote_payload").__file__).parent)
+    bundle, script_name = build_bundle(source)
+    wire = spec.to_wire(job_id, required_mib(spec), script_name)
+    host = spec.host.model_dump()
+    client = connect(host, bundle)
+    try:
+        progress(f"preflight on {spec.host.address} …")
+        report = _retrying().__call__(client.preflight, wire)
+        decision = preflight.decide(wire, report, queue=queue)
+        for note in decision.notes:
+            progress(note)
+        answer, already = _start_once(client, wire, queue)
+    finally:
+        client.transport.close()
+    store.save(JobRecord(job_id=job_id, name=spec.name, host=host, spec_path=str(Path(spec_path).resolve()),
+                         submitted_at=time.time(), service=wire["service"], last_state=answer.get("state", "QUEUED")))
+    return Submitted(job_id, answer.get("state", "QUEUED"), spec.host.address, decision.stop_service,
+                     decision.notes, client.round_trips, already)
+
+
+def _start_once(client: HostClient, wire: dict, queue: bool) -> tuple[dict, bool]:
+    """Start is made idempotent by the job id: after a lost link, ask whether the job exists before retrying."""
+    try:
+        return client.start(wire, queue=queue), False
+    except TransportError as exc:
+        if isinstance(exc, HostKeyError):
+            raise
+        client.transport.close()
+        found = _retrying().__call__(client.status, [wire["job_id"]])
+        if found and found[0].get("state") not in (None, "UNKNOWN"):
+            return found[0], False
+        return client.start(wire, queue=queue), False
+    except RemoteError as exc:
+        if exc.code != "exists":
+            raise
+        found = client.status([wire["job_id"]])
+        return found[0], True
+
+
+# -- tail -------------------------------------------------------------------------------------------------
+
+def tail(job_id: str, *, store: Store, out: BinaryIO, follow: bool, max_wait: float, from_start: bool) -> TailOutcome:
+    """Print log bytes after the stored cursor; with follow, until terminal or max_wait. Never past max_wait."""
+    deadline = time.monotonic() + max_wait
+    record = store.load(check_job_id(job_id))
+    cursor = 0 if from_start else record.cursor
+    client = connect(record.host)
+    printed = 0
+    try:
+        while True:
+            wait = min(LONG_POLL_S, deadline - time.monotonic() - 0.2) if follow else 0.0
+            answer = client.logs(job_id, cursor, max_bytes=LOG_CHUNK, wait=max(0.0, wait))
+            data = answer["data"]
+            if data:
+                out.write(data)
+                out.flush()
+                printed += len(data)
+            cursor = answer["next_offset"]
+            record.cursor, record.last_state = cursor, answer["state"]
+            store.save(record)
+            caught_up = cursor >= answer["size"]
+            if answer["terminal"] and caught_up:
+                return TailOutcome(job_id, answer["state"], answer.get("exit_code"), True, cursor, printed)
+            if caught_up and (not follow or time.monotonic() >= deadline - 0.25):
+                return TailOutcome(job_id, answer["state"], answer.get("exit_code"), False, cursor, printed)
+    finally:
+        client.transport.close()
+
+
+# -- status, list, cancel, results, restore ---------------------------------------------------------------
+
+def status(job_ids: list[str], *, store: Store) -> list[dict]:
+    records = [store.load(check_job_id(j)) for j in job_ids] if job_ids else store.all()
+    by_host: dict[tuple, list[JobRecord]] = {}
+    for record in records:
+        by_host.setdefault(_host_key(record.host), []).append(record)
+    answers = []
+    for group in by_host.values():
+        client = connect(group[0].host)
+        try:
+            found = _retrying().__call__(client.status, [r.job_id for r in group])
+        finally:
+            client.transport.close()
+        for record, job in zip(group, found):
+            record.last_state = job.get("state", record.last_state)
+            store.save(record)
+            answers.append(job)
+    return answers
+
+
+def _host_key(host: dict) -> tuple:
+    return (host["address"], host.get("user"), host.get("port"), host.get("root"))
+
+
+def cancel(job_id: str, *, store: Store) -> dict:
+    record = store.load(check_job_id(job_id))
+    client = connect(record.host)
+    try:
+        return client.cancel(job_id)
+    finally:
+        client.transport.close()
+
+
+def result(job_id: str, *, store: Store) -> dict:
+    record = store.load(check_job_id(job_id))
+    client = connect(record.host)
+    try:
+        return _retrying().__call__(client.result, job_id)
+    finally:
+        client.transport.close()
+
+
+def restore_service(host: dict, service: dict, *, max_wait: float) -> dict:
+    if service.get("manager", "systemd") != "systemd" or not service.get("unit"):
+        raise SpecError("restore-service needs a systemd unit (service.manager: systemd and service.unit)")
+    client = connect(host)
+    try:
+        return client.service_restore(service, max_wait=max_wait)
+    finally:
+        client.transport.close()
+
+
+def restore_target_from_spec(spec_path: str, overrides: list[str]) -> tuple[dict, dict]:
+    spec = load_spec(spec_path, overrides)
+    return spec.host.model_dump(), spec.service.model_dump()

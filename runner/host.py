@@ -1,0 +1,205 @@
+"""The controller's side of the host protocol (docs/protocol.md): one method per supervisor subcommand.
+
+Every call is `python3 -c BOOT ROOT HASH SUBCOMMAND ARGS…`: BOOT execs the uploaded supervisor, or answers
+"payload-missing" (exit 42), in which case the bundle is uploaded once and the call repeated.
+"""
+from __future__ import annotations
+
+import base64
+import hashlib
+import io
+import json
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from .errors import HostBusy, PreflightError, RemoteError, UnknownJob
+from .transport import Completed, Transport
+
+PAYLOAD_MISSING = 42
+CALL_TIMEOUT_S = 30.0
+UPLOAD_TIMEOUT_S = 120.0
+
+BOOT = r"""
+import os, sys
+root, digest = os.path.expanduser(sys.argv[1]), sys.argv[2]
+sup = os.path.join(root, "payload", digest, "supervisor.py")
+if not os.path.isfile(sup):
+    sys.stdout.write('{"ok": false, "error": "payload-missing"}\n')
+    sys.exit(42)
+os.execv(sys.executable, [sys.executable, sup] + sys.argv[3:] + ["--root", root])
+"""
+
+# Unpacks a tar.gz of the bundle from stdin into ROOT/payload/HASH, atomically (temp dir + rename), and
+# refuses members that are not plain files inside the bundle or whose content does not hash to HASH.
+UNPACK = r"""
+import hashlib, io, os, shutil, sys, tarfile, tempfile
+root, digest = os.path.expanduser(sys.argv[1]), sys.argv[2]
+base = os.path.join(root, "payload")
+os.makedirs(base, mode=0o700, exist_ok=True)
+dest = os.path.join(base, digest)
+if not os.path.isdir(dest):
+    tar = tarfile.open(fileobj=io.BytesIO(sys.stdin.buffer.read()), mode="r:gz")
+    files = {}
+    for m in tar.getmembers():
+        parts = m.name.split("/")
+        if not m.isfile() or m.name.startswith("/") or ".." in parts:
+            sys.stdout.write('{"ok": false, "error": "bad-bundle", "message": "unsafe member"}\n'); sys.exit(1)
+        files[m.name] = tar.extractfile(m).read()
+    h = hashlib.sha256()
+    for name in sorted(files):
+        h.update(name.encode() + b"\0" + files[name] + b"\0")
+    if h.hexdigest()[:16] != digest:
+        sys.stdout.write('{"ok": false, "error": "bad-bundle", "message": "hash mismatch"}\n'); sys.exit(1)
+    tmp = tempfile.mkdtemp(prefix=".tmp-" + digest + "-", dir=base)
+    for name, data in files.items():
+        path = os.path.join(tmp, name)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as fh:
+            fh.write(data)
+    try:
+        os.rename(tmp, dest)
+    except OSError:
+        shutil.rmtree(tmp)  # a concurrent upload won the race; its content is identical
+sys.stdout.write('{"ok": true}\n')
+"""
+
+
+@dataclass(frozen=True)
+class Bundle:
+    """The files uploaded to ROOT/payload/<digest>/: remote_payload/*.py plus an optional user script."""
+
+    files: dict[str, bytes]
+
+    @property
+    def digest(self) -> str:
+        h = hashlib.sha256()
+        for name in sorted(self.files):
+            h.update(name.encode() + b"\0" + self.files[name] + b"\0")
+        return h.hexdigest()[:16]
+
+    def tarball(self) -> bytes:
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+            for name in sorted(self.files):
+                info = tarfile.TarInfo(name)
+                info.size = len(self.files[name])
+                info.mode = 0o644
+                tar.addfile(info, io.BytesIO(self.files[name]))
+        return buf.getvalue()
+
+
+def payload_dir() -> Path:
+    import remote_payload
+
+    return Path(remote_payload.__file__).parent
+
+
+def build_bundle(extra_script: Path | None = None) -> tuple[Bundle, str | None]:
+    """Bundle remote_payload/; a user script from outside it goes under `user/`. Returns the script's name."""
+    root = payload_dir()
+    files = {p.name: p.read_bytes() for p in sorted(root.glob("*.py"))}
+    if extra_script is None:
+        return Bundle(files), None
+    if extra_script.parent.resolve() == root.resolve():
+        return Bundle(files), extra_script.name
+    name = f"user/{extra_script.name}"
+    files[name] = extra_script.read_bytes()
+    return Bundle(files), name
+
+
+class HostClient:
+    """Typed calls to the supervisor on one host. Raises RemoteError (or a subclass) for `ok: false`."""
+
+    def __init__(self, transport: Transport, *, root: str, python: str, bundle: Bundle) -> None:
+        self.transport = transport
+        self.root = root
+        self.python = python
+        self.bundle = bundle
+        self.round_trips = 0
+
+    def preflight(self, wire: dict) -> dict:
+        return self.call("preflight", [], stdin=_json_bytes(wire))
+
+    def start(self, wire: dict, *, queue: bool = False) -> dict:
+        args = ["--job-id", wire["job_id"]] + (["--queue"] if queue else [])
+        return self.call("start", args, stdin=_json_bytes(wire))
+
+    def status(self, job_ids: Sequence[str] = ()) -> list[dict]:
+        args = [a for job_id in job_ids for a in ("--job-id", job_id)]
+        return self.call("status", args)["jobs"]
+
+    def logs(self, job_id: str, offset: int, *, max_bytes: int, wait: float) -> dict:
+        args = ["--job-id", job_id, "--offset", str(offset), "--max", str(max_bytes), "--wait", f"{wait:.2f}"]
+        answer = self.call("logs", args, timeout=CALL_TIMEOUT_S + wait)
+        answer["data"] = base64.b64decode(answer.pop("data_b64", ""))
+        return answer
+
+    def cancel(self, job_id: str) -> dict:
+        return self.call("cancel", ["--job-id", job_id])
+
+    def restore(self, job_id: str) -> dict:
+        return self.call("restore", ["--job-id", job_id])
+
+    def service_restore(self, service: dict, *, max_wait: float) -> dict:
+        args = ["--unit", service["unit"], "--scope", service.get("scope", "system"), "--max-wait", f"{max_wait:.1f}"]
+        if service.get("sudo"):
+            args.append("--sudo")
+        if service.get("health_url"):
+            args += ["--health-url", service["health_url"]]
+        return self.call("service-restore", args, timeout=CALL_TIMEOUT_S + max_wait)
+
+    def result(self, job_id: str) -> dict:
+        return self.call("result", ["--job-id", job_id])["result"]
+
+    def call(self, sub: str, args: list[str], *, stdin: bytes = b"", timeout: float = CALL_TIMEOUT_S) -> dict:
+        done = self._run_boot(sub, args, stdin, timeout)
+        if done.exit_code == PAYLOAD_MISSING:
+            self.upload()
+            done = self._run_boot(sub, args, stdin, timeout)
+        return _answer(done, sub)
+
+    def upload(self) -> None:
+        argv = [self.python, "-c", UNPACK, self.root, self.bundle.digest]
+        self.round_trips += 1
+        _answer(self.transport.run(argv, stdin=self.bundle.tarball(), timeout=UPLOAD_TIMEOUT_S), "upload")
+
+    def _run_boot(self, sub: str, args: list[str], stdin: bytes, timeout: float) -> Completed:
+        argv = [self.python, "-c", BOOT, self.root, self.bundle.digest, sub, *args]
+        self.round_trips += 1
+        return self.transport.run(argv, stdin=stdin, timeout=timeout)
+
+
+def _json_bytes(obj: dict) -> bytes:
+    return json.dumps(obj).encode("utf-8")
+
+
+def _answer(done: Completed, sub: str) -> dict:
+    """Parse the one JSON line the supervisor prints; turn `ok: false` into the matching error."""
+    answer = _parse_line(done, sub)
+    if answer.get("ok"):
+        return answer
+    code = answer.get("error", "internal")
+    message = answer.get("message") or code
+    if code == "busy":
+        raise HostBusy(f"host busy: {message}", hint="Wait for that job, cancel it, or submit with --queue.")
+    if code == "unknown-job":
+        raise UnknownJob(message, code=code, answer=answer)
+    raise RemoteError(f"{sub}: {message}", code=code, answer=answer)
+
+
+def _parse_line(done: Completed, sub: str) -> dict:
+    lines = done.stdout.decode("utf-8", "replace").strip().splitlines()
+    try:
+        answer = json.loads(lines[-1])
+        if isinstance(answer, dict):
+            return answer
+    except (IndexError, ValueError):
+        pass
+    if done.exit_code == 127 or b"not found" in done.stderr:
+        raise PreflightError(
+            f"{sub}: the host cannot run {done.argv[0]!r}: {done.stderr_tail(2)}",
+            hint="Set host.python to a Python 3 interpreter that exists on the host.",
+        )
+    raise RemoteError(f"{sub}: the host answered no JSON (exit {done.exit_code}): {done.stderr_tail()}")

@@ -1,0 +1,254 @@
+"""How the controller reaches a host: run one argv there, get its exit code and output bytes back.
+
+Two implementations of one small interface (the shape of httpx's transports):
+
+    Transport.run(argv, stdin=b"", timeout=S) -> Completed
+    Transport.close()
+
+- `LocalTransport` (`host.address: local`): the same host protocol on this machine, through subprocess.
+- `SshTransport`: one SSH connection (fabric for ssh_config aliases, IdentityFile, ProxyJump; paramiko
+  underneath), host keys verified against known_hosts, keepalive, and a deadline on every call.
+
+argv is quoted exactly once, here (`shlex.join`), so nothing a user wrote reaches a shell unquoted.
+paramiko and socket errors are translated into `TransportError`/`HostKeyError` at this boundary.
+"""
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import select
+import shlex
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol, Sequence
+
+from .errors import HostKeyError, TransportError
+
+KEEPALIVE_S = 15
+
+
+@dataclass(frozen=True)
+class Completed:
+    argv: tuple[str, ...]
+    exit_code: int
+    stdout: bytes
+    stderr: bytes
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0
+
+    def stderr_tail(self, lines: int = 5) -> str:
+        text = self.stderr.decode("utf-8", "replace").strip().splitlines()
+        return "\n".join(text[-lines:])
+
+
+class Transport(Protocol):
+    name: str
+
+    def run(self, argv: Sequence[str], *, stdin: bytes = b"", timeout: float) -> Completed: ...
+
+    def close(self) -> None: ...
+
+
+class LocalTransport:
+    name = "local"
+
+    def run(self, argv: Sequence[str], *, stdin: bytes = b"", timeout: float) -> Completed:
+        try:
+            proc = subprocess.run(list(argv), input=stdin, capture_output=True, timeout=timeout)
+        except subprocess.TimeoutExpired as exc:
+            raise TransportError(f"local: {argv[0]} did not answer within {timeout:.0f} s") from exc
+        except OSError as exc:
+            raise TransportError(f"local: cannot run {argv[0]}: {exc.strerror}") from exc
+        return Completed(tuple(argv), proc.returncode, proc.stdout, proc.stderr)
+
+    def close(self) -> None:
+        pass
+
+
+@dataclass(frozen=True)
+class SshTarget:
+    address: str
+    user: str | None = None
+    port: int | None = None
+    host_key_policy: str = "strict"
+    connect_timeout: float = 10.0
+    ssh_config: str | None = None  # default: ~/.ssh/config; RUNNER_SSH_CONFIG overrides
+
+
+class SshTransport:
+    """One lazily opened SSH connection, reused for every call of one controller command."""
+
+    def __init__(self, target: SshTarget) -> None:
+        self.target = target
+        self.name = target.address
+        self._conn = None
+
+    def run(self, argv: Sequence[str], *, stdin: bytes = b"", timeout: float) -> Completed:
+        deadline = time.monotonic() + timeout
+        transport = self._transport()
+        try:
+            return _exec(transport, tuple(argv), stdin, deadline, self.name)
+        except (socket.error, EOFError, _paramiko().SSHException) as exc:
+            self.close()
+            raise TransportError(f"ssh {self.name}: connection lost ({_describe(exc)})") from exc
+
+    def close(self) -> None:
+        if self._conn is not None:
+            try:
+                self._conn.close()
+            finally:
+                self._conn = None
+
+    def _transport(self):
+        if self._conn is None:
+            self._conn = _connect(self.target)
+        return self._conn.transport
+
+
+def _paramiko():
+    import paramiko  # imported lazily: `address: local` never needs it
+
+    return paramiko
+
+
+def _connect(target: SshTarget):
+    """Open a fabric Connection with our host-key rules; translate every failure into our errors."""
+    paramiko = _paramiko()
+    conn = _fabric_connection(target)
+    try:
+        conn.open()
+    except HostKeyError:
+        conn.close()
+        raise
+    except paramiko.BadHostKeyException as exc:
+        conn.close()
+        raise HostKeyError(
+            f"ssh {target.address}: the host key CHANGED: got {exc.key.get_name()} {fingerprint(exc.key)}, "
+            f"known_hosts has {fingerprint(exc.expected_key)}",
+            hint="If the host was legitimately reinstalled, remove the old line with "
+            f"`ssh-keygen -R {target.address}`; otherwise do not connect.",
+        ) from exc
+    except paramiko.AuthenticationException as exc:
+        conn.close()
+        raise TransportError(
+            f"ssh {target.address}: authentication failed as {conn.user}",
+            hint="Check the user and IdentityFile (ssh_config) and that `ssh` itself can log in.",
+        ) from exc
+    except (socket.error, EOFError, paramiko.SSHException) as exc:
+        conn.close()
+        raise TransportError(f"ssh {target.address}: cannot connect ({_describe(exc)})") from exc
+    conn.transport.set_keepalive(KEEPALIVE_S)
+    return conn
+
+
+def _fabric_connection(target: SshTarget):
+    from fabric import Config, Connection
+
+    config_path = target.ssh_config or os.environ.get("RUNNER_SSH_CONFIG")
+    config = Config(runtime_ssh_path=config_path) if config_path else Config()
+    kwargs = {"config": config, "connect_timeout": int(max(1, target.connect_timeout))}
+    if target.user:
+        kwargs["user"] = target.user
+    if target.port:
+        kwargs["port"] = target.port
+    conn = Connection(target.address, **kwargs)
+    conn.connect_kwargs.setdefault("banner_timeout", target.connect_timeout)
+    conn.connect_kwargs.setdefault("auth_timeout", target.connect_timeout)
+    _secure_host_keys(conn, target.host_key_policy)
+    return conn
+
+
+def _secure_host_keys(conn, policy: str) -> None:
+    """Undo fabric's AutoAddPolicy: load known_hosts and refuse (or, opt-in, record) unknown keys.
+
+    fabric loads no known_hosts at all and accepts every key; the same holds for a ProxyJump gateway,
+    so the gateway chain is secured too.
+    """
+    files = known_hosts_files(conn.ssh_config)
+    for path in files:
+        if path.exists():
+            conn.client.load_host_keys(str(path))
+    conn.client.set_missing_host_key_policy(_MissingKeyPolicy(policy, files[0]))
+    gateway = conn.gateway
+    if gateway is not None and not isinstance(gateway, str):
+        _secure_host_keys(gateway, policy)
+
+
+def known_hosts_files(ssh_config: dict) -> list[Path]:
+    """UserKnownHostsFile entries from ssh_config (space separated, `~` expanded), else the defaults."""
+    configured = ssh_config.get("userknownhostsfile")
+    if configured:
+        return [Path(os.path.expanduser(p)) for p in configured.split()]
+    return [Path.home() / ".ssh" / "known_hosts", Path("/etc/ssh/ssh_known_hosts")]
+
+
+class _MissingKeyPolicy:
+    def __init__(self, policy: str, record_in: Path) -> None:
+        self.policy = policy
+        self.record_in = record_in
+
+    def missing_host_key(self, client, hostname: str, key) -> None:
+        if self.policy != "accept-new":
+            raise HostKeyError(
+                f"ssh {hostname}: host key not in known_hosts: {key.get_name()} {fingerprint(key)}",
+                hint="Verify the fingerprint out of band, then add it (`ssh-keyscan` or one `ssh` login), "
+                "or set `host.host_key_policy: accept-new` to trust it on first use.",
+            )
+        client.get_host_keys().add(hostname, key.get_name(), key)
+        self.record_in.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.record_in, "a", encoding="ascii") as fh:
+            fh.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
+
+
+def fingerprint(key) -> str:
+    digest = hashlib.sha256(key.asbytes()).digest()
+    return "SHA256:" + base64.b64encode(digest).decode("ascii").rstrip("=")
+
+
+def _exec(transport, argv: tuple[str, ...], stdin: bytes, deadline: float, name: str) -> Completed:
+    """Run one command on its own channel; read both streams until exit, never past the deadline."""
+    chan = transport.open_session(timeout=_remaining(deadline, name))
+    try:
+        chan.settimeout(_remaining(deadline, name))
+        chan.exec_command(shlex.join(argv))
+        if stdin:
+            chan.sendall(stdin)
+        chan.shutdown_write()
+        out, err = _drain(chan, deadline, name)
+        return Completed(argv, chan.recv_exit_status(), out, err)
+    finally:
+        chan.close()
+
+
+def _drain(chan, deadline: float, name: str) -> tuple[bytes, bytes]:
+    out, err = bytearray(), bytearray()
+    while True:
+        while chan.recv_ready():
+            out += chan.recv(1 << 16)
+        while chan.recv_stderr_ready():
+            err += chan.recv_stderr(1 << 16)
+        if chan.exit_status_ready() and chan.eof_received and not (chan.recv_ready() or chan.recv_stderr_ready()):
+            return bytes(out), bytes(err)
+        if chan.closed and not (chan.recv_ready() or chan.recv_stderr_ready()):
+            raise TransportError(f"ssh {name}: channel closed before the command finished")
+        select.select([chan], [], [], min(0.05, _remaining(deadline, name)))
+
+
+def _remaining(deadline: float, name: str) -> float:
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TransportError(f"ssh {name}: no answer before the deadline (link down or host overloaded?)")
+    return left
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc) or type(exc).__name__
+    if isinstance(exc, socket.timeout):
+        return "timed out"
+    return text
