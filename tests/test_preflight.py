@@ -1,0 +1,69 @@
+"""The submit-time decision, on preflight reports shaped like the supervisor's."""
+import pytest
+
+from runner.errors import HostBusy, PreflightError
+from runner.preflight import decide
+
+
+def wire(stop="if-needed", manager="systemd", devices=("0",), need=9000):
+    service = {"manager": manager, "unit": "sglang.service", "stop": stop} if manager != "none" else {"manager": "none"}
+    return {"service": service, "gpu": {"devices": list(devices), "required_mib": need}}
+
+
+def report(free=143156, total=143771, active="active", locks=(), apps=()):
+    return {"gpus": [{"index": 0, "uuid": "GPU-aaaa", "total_mib": total, "used_mib": total - free, "free_mib": free}],
+            "apps": list(apps), "service": {"active_state": active}, "locks": list(locks), "nvidia_smi": True}
+
+
+def test_enough_memory_leaves_service_alone():
+    assert decide(wire(), report()).stop_service is False
+
+
+def test_always_stops_even_with_enough_memory():
+    assert decide(wire(stop="always"), report()).stop_service is True
+
+
+def test_short_memory_if_needed_stops():
+    decision = decide(wire(), report(free=1000))
+    assert decision.stop_service is True
+    assert any("will stop sglang.service" in n for n in decision.notes)
+
+
+def test_short_memory_never_refuses_naming_holders():
+    with pytest.raises(PreflightError, match=r"pid 4242 \(120000 MiB\)"):
+        decide(wire(stop="never"), report(free=1000, apps=[{"pid": 4242, "used_mib": 120000}]))
+
+
+def test_need_above_total_refused_at_once():
+    with pytest.raises(PreflightError, match="only 143771 MiB in total"):
+        decide(wire(need=200000), report())
+
+
+def test_inactive_service_cannot_free_memory():
+    with pytest.raises(PreflightError, match="is inactive"):
+        decide(wire(), report(free=10, active="inactive"))
+
+
+def test_no_service_and_short_memory_refused():
+    with pytest.raises(PreflightError, match="no service to stop"):
+        decide(wire(manager="none"), report(free=10))
+
+
+def test_unknown_gpu_named():
+    with pytest.raises(PreflightError, match="GPU 3 not found"):
+        decide(wire(devices=("3",)), report())
+
+
+def test_gpu_by_uuid():
+    assert decide(wire(devices=("GPU-aaaa",)), report()).stop_service is False
+
+
+def test_busy_names_holder_unless_queued():
+    locks = [{"key": "service-sglang.service", "held": True, "holder": {"job_id": "other-job", "pid": 77}}]
+    with pytest.raises(HostBusy, match="other-job"):
+        decide(wire(), report(locks=locks))
+    assert decide(wire(), report(locks=locks), queue=True).stop_service is False
+
+
+def test_no_gpus_no_memory_check():
+    assert decide(wire(devices=()), {"locks": []}).stop_service is False
