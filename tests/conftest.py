@@ -1,0 +1,37 @@
+"""Session fixtures that start real test hosts (tests/hosts); a missing prerequisite skips, or fails in CI."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.hosts import prereqs
+from tests.hosts.prereqs import require
+from tests.hosts.sshd import start_sshd
+
+PREREQUISITES_BY_MARKER = {
+    "systemd": prereqs.missing_for_systemd_host,
+    "netns": prereqs.missing_for_netns_host,
+}
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    for marker, missing in PREREQUISITES_BY_MARKER.items():
+        if item.get_closest_marker(marker) is not None:
+            require(missing())
+
+
+@pytest.fixture(autouse=True)
+def runner_state_dir(tmp_path, monkeypatch):
+    """The controller's local state (job index, cursors) goes to a per-test dir, never the user's."""
+    path = tmp_path / "runner-state"
+    monkeypatch.setenv("RUNNER_STATE_DIR", str(path))
+    return path
+
+
+@pytest.fixture(scope="session")
+def ssh_host():
+    """A loopback sshd (root login; `.as_user("runnertest")` for the non-root one), shared by the session."""
+    require(prereqs.missing_for_sshd())
+    host = start_sshd()
+    yield host
+    host.stop()

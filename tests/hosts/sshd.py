@@ -1,0 +1,235 @@
+"""A real OpenSSH server on 127.0.0.1 for tests, in its own PID and mount namespace.
+
+    unshare --pid --fork --kill-child --mount … sh -c 'mount tmpfs /run; …; exec sshd -D -e -f CONFIG'
+
+Why the namespaces: sshd needs a root-owned /run/sshd, which we keep private; and when sshd (PID 1 of
+the namespace) exits, the kernel kills every session and nohup'd job started through it, so a test
+never leaks a detached process. Inside the namespace the nvidia-smi test stand-in is on PATH
+(/usr/local/sbin is a private tmpfs there) and reads this host's fake GPU state dir.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import gpu_state
+from ._proc import child_pids, ensure_login_user, free_port, port_accepts, shared_tmpdir, wait_until
+
+SSHD = "/usr/sbin/sshd"
+ADDRESS = "127.0.0.1"
+ROOT_ALIAS = "testhost"
+NON_ROOT_USER = "runnertest"
+# Both root and non-root sessions get this PATH (sshd's default for non-root lacks /usr/local/sbin).
+GPU_FIELDS = "index,uuid,name,memory.total,memory.used,memory.free"
+SESSION_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+@dataclass
+class SshHost:
+    """One login (user) on a running test sshd; `as_user` gives the same server for another login."""
+
+    address: str
+    port: int
+    user: str
+    key_path: Path
+    known_hosts: Path
+    ssh_config: Path
+    alias: str
+    host_key: str  # "ssh-ed25519 AAAA…", the server's public host key
+    gpu_dir: Path  # the nvidia-smi stand-in's state dir, as seen from the test process
+    workdir: Path
+    process: subprocess.Popen = field(repr=False)
+
+    def as_user(self, user: str) -> "SshHost":
+        return dataclasses.replace(self, user=user, alias=alias_for(user))
+
+    def ssh(self, argv: list[str], *, input: str | None = None, timeout: float = 30,
+            check: bool = False) -> subprocess.CompletedProcess:
+        """Run argv on the host with the OpenSSH client through the alias (quoted once, like the runner)."""
+        command = ["ssh", "-F", str(self.ssh_config), self.alias, "--", shlex.join(argv)]
+        return subprocess.run(command, input=input, capture_output=True, text=True, timeout=timeout,
+                              check=check)
+
+    def run(self, argv: list[str], **kwargs) -> subprocess.CompletedProcess:
+        """`ssh`, under the name the service-host helpers use."""
+        return self.ssh(argv, **kwargs)
+
+    def gpu_used_mib(self, index: int = 0) -> int:
+        """memory.used of GPU `index` as the host's nvidia-smi (the test stand-in) reports it."""
+        result = self.ssh(["nvidia-smi", f"--query-gpu={GPU_FIELDS}", "--format=csv,noheader,nounits"],
+                          check=True)
+        for line in result.stdout.splitlines():
+            fields = [value.strip() for value in line.split(",")]
+            if int(fields[0]) == index:
+                return int(fields[4])
+        raise LookupError(f"no GPU {index} in {result.stdout!r}")
+
+    def set_gpu(self, total_mib: int = gpu_state.H200_TOTAL_MIB, baseline_used: int = 0, count: int = 1) -> None:
+        """Change the fake cards: size, memory other processes use, how many."""
+        gpu_state.write_gpus(self.gpu_dir, total_mib=total_mib, baseline_used=baseline_used, count=count)
+
+    def wrong_known_hosts(self) -> Path:
+        """A known_hosts naming this host with another key, for host-key-mismatch tests."""
+        other = self.workdir / "other_host_key"
+        if not other.exists():
+            generate_key(other)
+        path = self.workdir / "known_hosts.wrong"
+        path.write_text(known_hosts_line(self.port, public_key(other)))
+        return path
+
+    def empty_known_hosts(self) -> Path:
+        """A known_hosts that does not know this host, for unknown-host-key tests."""
+        path = self.workdir / "known_hosts.empty"
+        path.write_text("")
+        return path
+
+    def stop(self) -> None:
+        """Stop sshd, the namespace's PID 1 (the kernel then kills every process inside); remove its files.
+
+        `unshare` ignores SIGTERM, so signal its child; SIGKILL on unshare is the fallback
+        (--kill-child turns it into SIGKILL for the namespace).
+        """
+        if self.process.poll() is None:
+            for pid in child_pids(self.process.pid):
+                signal_quietly(pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=5)
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def alias_for(user: str) -> str:
+    return ROOT_ALIAS if user == "root" else f"{ROOT_ALIAS}-{user}"
+
+
+def signal_quietly(pid: int, signum: int) -> None:
+    try:
+        os.kill(pid, signum)
+    except ProcessLookupError:
+        pass
+
+
+def generate_key(path: Path) -> None:
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "runner-test", "-f", str(path)],
+                   check=True, capture_output=True)
+
+
+def public_key(private_path: Path) -> str:
+    """"ssh-ed25519 AAAA…" without the comment."""
+    return " ".join(Path(f"{private_path}.pub").read_text().split()[:2])
+
+
+def known_hosts_line(port: int, key: str) -> str:
+    return f"[{ADDRESS}]:{port} {key}\n"
+
+
+def sshd_config_text(workdir: Path, port: int) -> str:
+    return "\n".join([
+        f"Port {port}",
+        f"ListenAddress {ADDRESS}",
+        f"HostKey {workdir / 'host_key'}",
+        "PidFile none",
+        f"AuthorizedKeysFile {workdir / 'authorized_keys'}",
+        "UsePAM no",
+        "StrictModes no",
+        "PasswordAuthentication no",
+        "KbdInteractiveAuthentication no",
+        "PermitRootLogin prohibit-password",
+        "Subsystem sftp internal-sftp",
+        f"SetEnv PATH={SESSION_PATH}",
+        "",
+    ])
+
+
+def ssh_config_text(workdir: Path, port: int, users: list[str]) -> str:
+    blocks = []
+    for user in users:
+        blocks.append("\n".join([
+            f"Host {alias_for(user)}",
+            f"    HostName {ADDRESS}",
+            f"    Port {port}",
+            f"    User {user}",
+            f"    IdentityFile {workdir / 'client_key'}",
+            "    IdentitiesOnly yes",
+            f"    UserKnownHostsFile {workdir / 'known_hosts'}",
+            "    GlobalKnownHostsFile /dev/null",
+            "    StrictHostKeyChecking yes",
+            "    BatchMode yes",
+            "    ConnectTimeout 5",
+            "    LogLevel ERROR",
+            "",
+        ]))
+    return "\n".join(blocks)
+
+
+def write_ssh_files(workdir: Path, port: int, users: list[str]) -> None:
+    """Host key, one client key accepted for every user, sshd_config, known_hosts, ssh_config."""
+    for name in ("host_key", "client_key"):
+        if not (workdir / name).exists():
+            generate_key(workdir / name)
+    (workdir / "authorized_keys").write_text(public_key(workdir / "client_key") + "\n")
+    (workdir / "authorized_keys").chmod(0o644)
+    (workdir / "sshd_config").write_text(sshd_config_text(workdir, port))
+    (workdir / "known_hosts").write_text(known_hosts_line(port, public_key(workdir / "host_key")))
+    (workdir / "ssh_config").write_text(ssh_config_text(workdir, port, users))
+
+
+def namespace_setup_script(gpu_dir: Path) -> str:
+    """Shell lines run inside the private mount namespace before sshd: private /run and the stand-in."""
+    standin_dir = "/usr/local/sbin"
+    return "\n".join([
+        "set -e",
+        "mount -t tmpfs -o mode=0755 tmpfs /run",
+        "mkdir -m 0755 /run/sshd",
+        f"mkdir -m 0755 {gpu_state.STATE_DIR_IN_HOST}",
+        f"mount --bind {shlex.quote(str(gpu_dir))} {gpu_state.STATE_DIR_IN_HOST}",
+        f"mount -t tmpfs -o mode=0755 tmpfs {standin_dir}",
+        f"cp {shlex.quote(str(gpu_state.STANDIN))} {standin_dir}/nvidia-smi",
+        f"chmod 0755 {standin_dir}/nvidia-smi",
+    ])
+
+
+def wait_for_sshd(process: subprocess.Popen, port: int, log: Path) -> None:
+    def ready() -> bool:
+        if process.poll() is not None:
+            raise RuntimeError(f"sshd exited with {process.returncode}: {log.read_text()[-2000:]}")
+        return port_accepts(ADDRESS, port)
+
+    wait_until(ready, timeout=10, what=f"sshd on port {port} (log: {log})")
+
+
+def start_sshd(users: tuple[str, ...] = ("root", NON_ROOT_USER)) -> SshHost:
+    """Start a test sshd accepting one client key for `users`; returns the root login (`as_user` for others)."""
+    for user in users:
+        if user != "root":
+            ensure_login_user(user)
+    workdir = shared_tmpdir("runner-sshd-")
+    gpu_dir = gpu_state.make_state_dir(workdir / "gpu")
+    for _attempt in range(3):  # the picked port may be taken before sshd binds it
+        port = free_port()
+        write_ssh_files(workdir, port, list(users))
+        script = namespace_setup_script(gpu_dir) + f"\nexec {SSHD} -D -e -f {shlex.quote(str(workdir / 'sshd_config'))}\n"
+        log = workdir / "sshd.log"
+        with open(log, "ab") as log_file:
+            process = subprocess.Popen(
+                ["unshare", "--pid", "--fork", "--kill-child", "--mount", "--propagation", "private",
+                 "--mount-proc", "--", "sh", "-c", script],
+                stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file)
+        try:
+            wait_for_sshd(process, port, log)
+        except RuntimeError:
+            continue
+        return SshHost(address=ADDRESS, port=port, user="root", key_path=workdir / "client_key",
+                       known_hosts=workdir / "known_hosts", ssh_config=workdir / "ssh_config",
+                       alias=ROOT_ALIAS, host_key=public_key(workdir / "host_key"), gpu_dir=gpu_dir,
+                       workdir=workdir, process=process)
+    raise RuntimeError(f"sshd did not start; see {workdir / 'sshd.log'}")

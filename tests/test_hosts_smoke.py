@@ -1,0 +1,113 @@
+"""The test hosts themselves work: each fixture does what the other tests rely on."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.hosts._proc import wait_until
+from tests.hosts.prereqs import missing_for_sshd, require
+from tests.hosts.sshd import NON_ROOT_USER, start_sshd
+
+
+def test_root_login_runs_a_command(ssh_host):
+    result = ssh_host.ssh(["id", "-un"])
+    assert (result.returncode, result.stdout) == (0, "root\n"), result.stderr
+
+
+def test_non_root_login_runs_a_command(ssh_host):
+    result = ssh_host.as_user(NON_ROOT_USER).ssh(["id", "-un"])
+    assert (result.returncode, result.stdout) == (0, f"{NON_ROOT_USER}\n"), result.stderr
+
+
+def test_argv_with_hostile_characters_arrives_unchanged(ssh_host):
+    word = "a b;'c\"$(no)`no`\\"
+    result = ssh_host.ssh(["printf", "%s", word])
+    assert result.stdout == word
+
+
+def test_ssh_config_alias_reaches_the_host_with_plain_ssh(ssh_host):
+    result = subprocess.run(["ssh", "-F", str(ssh_host.ssh_config), "testhost", "echo", "via-alias"],
+                            capture_output=True, text=True, timeout=30)
+    assert (result.returncode, result.stdout) == (0, "via-alias\n"), result.stderr
+
+
+def test_known_hosts_holds_the_server_key(ssh_host):
+    assert ssh_host.known_hosts.read_text() == f"[127.0.0.1]:{ssh_host.port} {ssh_host.host_key}\n"
+
+
+@pytest.mark.parametrize("known_hosts", ["wrong_known_hosts", "empty_known_hosts"])
+def test_strict_client_refuses_an_unverified_host_key(ssh_host, known_hosts):
+    path = getattr(ssh_host, known_hosts)()
+    result = subprocess.run(
+        ["ssh", "-F", str(ssh_host.ssh_config), "-o", f"UserKnownHostsFile={path}", "testhost", "true"],
+        capture_output=True, text=True, timeout=30)
+    assert result.returncode == 255
+    assert "Host key verification failed" in result.stderr
+
+
+def test_nvidia_smi_stand_in_is_on_path_for_root_and_non_root(ssh_host):
+    query = ["nvidia-smi", "--query-gpu=index,uuid,name,memory.total,memory.used,memory.free",
+             "--format=csv,noheader,nounits"]
+    for host in (ssh_host, ssh_host.as_user(NON_ROOT_USER)):
+        result = host.ssh(query)
+        assert result.returncode == 0, result.stderr
+        assert result.stdout == "0, GPU-00000000-0000-4000-8000-000000000000, NVIDIA H200, 143771, 0, 143156\n"
+
+
+def test_nvidia_smi_stand_in_refuses_other_queries(ssh_host):
+    result = ssh_host.ssh(["nvidia-smi"])
+    assert result.returncode == 2
+    assert "stand-in" in result.stderr
+
+
+HOLD_GPU = str(Path(__file__).parent / "hosts" / "hold_gpu.py")
+
+
+def start_detached(host, argv: list[str]) -> int:
+    result = host.ssh(["sh", "-c", 'nohup "$@" >/dev/null 2>&1 </dev/null & echo $!', "sh", *argv], check=True)
+    return int(result.stdout)
+
+
+def test_hold_gpu_payload_shows_in_the_stand_in_until_it_ends(ssh_host):
+    user_host = ssh_host.as_user(NON_ROOT_USER)
+    pid = start_detached(user_host, ["python3", HOLD_GPU, "2048", "60"])
+    wait_until(lambda: ssh_host.gpu_used_mib() == 2048, timeout=10, what="the payload's 2048 MiB")
+    apps = ssh_host.ssh(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"])
+    assert apps.stdout == f"{pid}, 2048\n"
+    user_host.ssh(["kill", str(pid)], check=True)
+    wait_until(lambda: ssh_host.gpu_used_mib() == 0, timeout=10, what="the memory to be released")
+
+
+def test_set_gpu_changes_what_the_stand_in_reports(ssh_host):
+    ssh_host.set_gpu(total_mib=81559, baseline_used=1000)
+    try:
+        assert ssh_host.gpu_used_mib() == 1000
+    finally:
+        ssh_host.set_gpu()
+
+
+def processes_with_argument(word: str) -> list[int]:
+    pids = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if word.encode() in cmdline.read_bytes().split(b"\0"):
+                pids.append(int(cmdline.parent.name))
+        except OSError:
+            continue
+    return pids
+
+
+def test_stopping_sshd_ends_its_detached_jobs_and_removes_its_files():
+    require(missing_for_sshd())
+    host = start_sshd()
+    marker = f"{time.time() % 1000 + 2000:.6f}"  # a sleep length no other process uses
+    start_detached(host, ["sleep", marker])
+    wait_until(lambda: processes_with_argument(marker), timeout=5, what="the detached sleep")
+    host.stop()
+    assert processes_with_argument(marker) == []
+    assert host.process.returncode is not None
+    assert not host.workdir.exists()
