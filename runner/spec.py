@@ -39,7 +39,7 @@ _GPU_UUID_RE = re.compile(r"GPU-[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-
 _BARE_PYTHON_RE = re.compile(r"[A-Za-z0-9._+-]+")
 _ARG_KEY_RE = re.compile(r"[A-Za-z0-9_-]+")
 _ENV_KEY_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_SLUG_DROP_RE = re.compile(r"[^A-Za-z0-9._-]+")
+_SLUG_DROP_RE = re.compile(r"[^A-Za-z0-9._]+")  # "-" too, so runs of separators collapse
 _RAND_RE = re.compile(r"[0-9a-f]{6}")
 
 
@@ -92,6 +92,13 @@ def _check_printable_line(value: Any, what: str) -> str:
     text = _check_text(value, what)
     if not text.isprintable():
         raise ValueError(f"{what} must be printable text on one line (no newlines or control characters)")
+    return text
+
+
+def _check_name(value: Any) -> str:
+    text = _check_printable_line(value, "name")
+    if not 1 <= len(text) <= 100:
+        raise ValueError(f"name must be 1 to 100 characters; got {len(text)}")
     return text
 
 
@@ -213,7 +220,7 @@ def _number_as_text(value: Any, what: str) -> str:
     """YAML turns `PORT: 8000` into an int; env and argv want text, so numbers (not booleans) become str."""
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return str(value)
-    if isinstance(value, bool) or value is None:
+    if not isinstance(value, str):
         raise ValueError(f"{what} must be a string or a number; got {_kind(value)} (quote it)")
     return _check_text(value, what)
 
@@ -301,7 +308,7 @@ class LimitsSpec(_Section):
 
 
 class JobSpec(_Section):
-    name: Annotated[str, BeforeValidator(lambda v: _check_printable_line(v, "name")), Field(min_length=1, max_length=100)]
+    name: Annotated[str, BeforeValidator(_check_name)]
     host: HostSpec
     service: ServiceSpec = Field(default_factory=ServiceSpec)
     gpu: GpuSpec = Field(default_factory=GpuSpec)
@@ -428,8 +435,20 @@ def _describe_error(path: Path, error: dict) -> str:
     where = ".".join(_loc_part(part) for part in error["loc"] if part != "[key]") or "(top level)"
     message = error["msg"].removeprefix("Value error, ")
     if error["type"] == "extra_forbidden":
-        message = "unknown key"
+        allowed = _allowed_keys(error["loc"][:-1])
+        message = f"unknown key (allowed: {', '.join(allowed)})" if allowed else "unknown key"
     return f"{path}: {where}: {_one_line(message)}"
+
+
+def _allowed_keys(section: tuple) -> list[str]:
+    """The keys a section takes, so a typo's error shows the right spelling."""
+    model: Any = JobSpec
+    for name in section:
+        field = model.model_fields.get(name) if isinstance(name, str) else None
+        model = field.annotation if field is not None else None
+        if not (isinstance(model, type) and issubclass(model, BaseModel)):
+            return []
+    return list(model.model_fields)
 
 
 def _loc_part(part: Any) -> str:
