@@ -7,6 +7,7 @@ import pytest
 from tests.hosts import prereqs
 from tests.hosts.prereqs import require
 from tests.hosts.sshd import start_sshd
+from tests.hosts.systemd_host import start_service_host
 
 PREREQUISITES_BY_MARKER = {
     "systemd": prereqs.missing_for_systemd_host,
@@ -35,3 +36,19 @@ def ssh_host():
     host = start_sshd()
     yield host
     host.stop()
+
+
+@pytest.fixture(scope="session")
+def service_host_session():
+    """The confined systemd test host, started once per session; tests use `service_host`."""
+    require(prereqs.missing_for_systemd_host())
+    host = start_service_host()
+    yield host
+    host.stop()
+
+
+@pytest.fixture
+def service_host(service_host_session):
+    """The systemd test host, reset first: default dummy unit active and healthy, default GPU, no locks."""
+    service_host_session.reset()
+    return service_host_session

@@ -11,6 +11,7 @@ import pytest
 from tests.hosts._proc import wait_until
 from tests.hosts.prereqs import missing_for_sshd, require
 from tests.hosts.sshd import NON_ROOT_USER, start_sshd
+from tests.hosts.systemd_host import start_service_host
 
 
 def test_root_login_runs_a_command(ssh_host):
@@ -111,3 +112,85 @@ def test_stopping_sshd_ends_its_detached_jobs_and_removes_its_files():
     assert processes_with_argument(marker) == []
     assert host.process.returncode is not None
     assert not host.workdir.exists()
+
+
+@pytest.mark.systemd
+def test_service_host_starts_and_stops_the_dummy_unit_over_ssh(service_host):
+    assert service_host.systemctl("is-active", service_host.unit).returncode == 0
+    assert service_host.systemctl("stop", service_host.unit).returncode == 0
+    assert service_host.systemctl("is-active", service_host.unit).returncode == 3
+    assert service_host.service_state() == "inactive"
+    assert service_host.systemctl("start", service_host.unit).returncode == 0
+    assert service_host.service_state() == "active"
+
+
+@pytest.mark.systemd
+def test_health_goes_from_503_to_200_after_a_restart(service_host):
+    service_host.systemctl("restart", service_host.unit).check_returncode()
+    wait_until(lambda: service_host.health_status() == 503, timeout=5, what="the restarted unit to answer 503")
+    wait_until(lambda: service_host.health_status() == 200, timeout=10, what="health 200")
+
+
+@pytest.mark.systemd
+def test_stand_in_shows_the_unit_memory_only_while_it_runs(service_host):
+    assert service_host.gpu_used_mib() == 4096
+    main_pid = service_host.systemctl("show", "-P", "MainPID", service_host.unit).stdout.strip()
+    apps = service_host.ssh(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"])
+    assert apps.stdout == f"{main_pid}, 4096\n"
+    service_host.systemctl("stop", service_host.unit).check_returncode()
+    assert service_host.gpu_used_mib() == 0
+
+
+@pytest.mark.systemd
+def test_unit_variants_fail_to_start_or_start_slowly(service_host):
+    service_host.install_unit(fail_on_start=True)
+    service_host.systemctl("restart", service_host.unit)
+    wait_until(lambda: service_host.service_state() == "failed", timeout=10, what="the unit to fail")
+    assert "failing on start" in service_host.service_log.read_text()
+    service_host.install_unit(start_delay=3)
+    service_host.systemctl("reset-failed")
+    service_host.systemctl("start", "--no-block", service_host.unit).check_returncode()
+    assert service_host.service_state() == "activating"
+
+
+@pytest.mark.systemd
+def test_sudo_rule_lets_runnertest_drive_the_manager(service_host):
+    user_host = service_host.as_user("runnertest")
+    assert user_host.ssh(["sudo", "-n", "systemctl", "stop", service_host.unit]).returncode == 0
+    assert service_host.service_state() == "inactive"
+    assert user_host.ssh(["sudo", "-n", "systemctl", "start", service_host.unit]).returncode == 0
+    assert service_host.service_state() == "active"
+
+
+@pytest.mark.systemd
+def test_user_without_sudo_rule_is_asked_for_a_password(service_host):
+    result = service_host.as_user("runnertest-nosudo").ssh(["sudo", "-n", "systemctl", "stop", service_host.unit])
+    assert result.returncode == 1
+    assert "a password is required" in result.stderr
+    assert service_host.service_state() == "active"
+
+
+@pytest.mark.systemd
+def test_runner_state_in_the_host_home_stays_inside_the_host(service_host):
+    service_host.ssh(["sh", "-c", "mkdir -p ~/.runner/locks && touch ~/.runner/locks/smoke.lock"], check=True)
+    assert not Path("/root/.runner/locks/smoke.lock").exists()
+    service_host.reset()
+    assert service_host.ssh(["ls", ".runner/locks"]).stdout == ""
+
+
+def cgroup_pids(cgroup: Path) -> list[str]:
+    return [pid for procs in cgroup.rglob("cgroup.procs") for pid in procs.read_text().split()]
+
+
+@pytest.mark.systemd
+def test_service_host_teardown_leaves_nothing_behind():
+    init_cgroup = Path("/proc/1/cgroup").read_text()
+    host = start_service_host()
+    assert cgroup_pids(host.cgroup)
+    real_sudoers = sorted(path.name for path in Path("/etc/sudoers.d").iterdir())
+    assert "runner-test" not in real_sudoers
+    host.stop()
+    assert not host.cgroup.exists()
+    assert not host.workdir.exists()
+    assert host.process.returncode is not None
+    assert Path("/proc/1/cgroup").read_text() == init_cgroup  # systemd did not escape its subtree

@@ -4,7 +4,7 @@
 
 Why the namespaces: sshd needs a root-owned /run/sshd, which we keep private; and when sshd (PID 1 of
 the namespace) exits, the kernel kills every session and nohup'd job started through it, so a test
-never leaks a detached process. Inside the namespace the nvidia-smi test stand-in is on PATH
+never leaks a detached process. Homes are private overlays (see `private_home_lines`). Inside the namespace the nvidia-smi test stand-in is on PATH
 (/usr/local/sbin is a private tmpfs there) and reads this host's fake GPU state dir.
 """
 
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import pwd
 import shlex
 import shutil
 import signal
@@ -183,10 +184,25 @@ def write_ssh_files(workdir: Path, port: int, users: list[str]) -> None:
     (workdir / "ssh_config").write_text(ssh_config_text(workdir, port, users))
 
 
-def namespace_setup_script(gpu_dir: Path) -> str:
-    """Shell lines run inside the private mount namespace before sshd: private /run and the stand-in."""
+def private_home_lines(home: str, index: int) -> list[str]:
+    """Overlay `home` so that what sessions write there (~/.runner: jobs, locks) stays in this host's /run.
+
+    Reads still see the machine's files (root's ~/.bashrc sets up pyenv), and concurrent test runs
+    on one machine cannot see each other's jobs or locks.
+    """
+    layer = f"/run/runner-home/{index}"
+    return [
+        f"mkdir -p {layer}/upper {layer}/work",
+        f"chown --reference={shlex.quote(home)} {layer}/upper",
+        f"chmod --reference={shlex.quote(home)} {layer}/upper",
+        f"mount -t overlay overlay -o lowerdir={home},upperdir={layer}/upper,workdir={layer}/work {shlex.quote(home)}",
+    ]
+
+
+def namespace_setup_script(gpu_dir: Path, users: list[str]) -> str:
+    """Shell lines run inside the private mount namespace before sshd: private /run and homes, the stand-in."""
     standin_dir = "/usr/local/sbin"
-    return "\n".join([
+    lines = [
         "set -e",
         "mount -t tmpfs -o mode=0755 tmpfs /run",
         "mkdir -m 0755 /run/sshd",
@@ -195,7 +211,10 @@ def namespace_setup_script(gpu_dir: Path) -> str:
         f"mount -t tmpfs -o mode=0755 tmpfs {standin_dir}",
         f"cp {shlex.quote(str(gpu_state.STANDIN))} {standin_dir}/nvidia-smi",
         f"chmod 0755 {standin_dir}/nvidia-smi",
-    ])
+    ]
+    for index, user in enumerate(users):
+        lines += private_home_lines(pwd.getpwnam(user).pw_dir, index)
+    return "\n".join(lines)
 
 
 def wait_for_sshd(process: subprocess.Popen, port: int, log: Path) -> None:
@@ -217,7 +236,7 @@ def start_sshd(users: tuple[str, ...] = ("root", NON_ROOT_USER)) -> SshHost:
     for _attempt in range(3):  # the picked port may be taken before sshd binds it
         port = free_port()
         write_ssh_files(workdir, port, list(users))
-        script = namespace_setup_script(gpu_dir) + f"\nexec {SSHD} -D -e -f {shlex.quote(str(workdir / 'sshd_config'))}\n"
+        script = namespace_setup_script(gpu_dir, list(users)) + f"\nexec {SSHD} -D -e -f {shlex.quote(str(workdir / 'sshd_config'))}\n"
         log = workdir / "sshd.log"
         with open(log, "ab") as log_file:
             process = subprocess.Popen(

@@ -1,0 +1,232 @@
+"""A test host with a real systemd service manager: `systemd --user` + sshd, confined.
+
+WARNING (tests/hosts notes): `systemd --user` started in the machine's root cgroup moves every process of
+the machine into a new cgroup. So the host runs in its own cgroup2 subtree CG and under
+`unshare --cgroup --mount`, and the launch script refuses to start systemd unless /proc/self/cgroup says
+it is in CG before the unshare and at the namespace root (`0::/`) after it. Teardown kills the whole
+subtree at once (cgroup.kill): manager, units, sshd, sessions, detached jobs.
+
+Inside the mount namespace: a private /run; the manager's private socket bind-mounted on
+/run/systemd/private, so plain `systemctl` as root (also through `sudo -n`) reaches it; a private
+/etc/sudoers.d (rule for `runnertest`, none for `runnertest-nosudo`); private home overlays; the
+nvidia-smi stand-in on PATH.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import pwd
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import gpu_state, sshd
+from ._proc import ensure_login_user, free_port, shared_tmpdir, wait_until
+from .prereqs import SYSTEMD, SYSTEMD_USER_UNITS, cgroup2_root
+
+UNIT = "dummy-infer.service"
+SUDO_USER = "runnertest"
+NO_SUDO_USER = "runnertest-nosudo"
+USERS = ("root", SUDO_USER, NO_SUDO_USER)
+DUMMY_SERVER = Path(__file__).parent / "dummy_inference.py"
+COPIED_UNITS = ("shutdown.target", "exit.target", "systemd-exit.service")
+SUDO_RULE = f"{SUDO_USER} ALL=(root) NOPASSWD: /usr/bin/systemctl, /bin/systemctl\n"
+# The probe needs only the stdlib; the system python starts faster than root's pyenv shim.
+HOST_PYTHON = "/usr/bin/python3" if Path("/usr/bin/python3").exists() else "python3"
+MANAGER_SOCKET = "/run/user/0/systemd/private"
+_host_numbers = itertools.count()
+
+
+@dataclass
+class ServiceHost(sshd.SshHost):
+    """An SshHost whose machine runs `unit` under a real systemd manager, with a health URL and fake GPU."""
+
+    unit: str = UNIT
+    health_url: str = ""
+    service_port: int = 0
+    cgroup: Path = Path()
+    units_dir: Path = Path()
+    service_log: Path = Path()
+
+    def systemctl(self, *args: str, timeout: float = 30) -> subprocess.CompletedProcess:
+        return self.ssh(["systemctl", *args], timeout=timeout)
+
+    def service_state(self, unit: str | None = None) -> str:
+        """ActiveState: active, inactive, activating, deactivating or failed."""
+        return self.systemctl("show", "-P", "ActiveState", unit or self.unit).stdout.strip()
+
+    def health_status(self) -> int:
+        """HTTP status of the health URL as seen on the host (0 when nothing listens)."""
+        probe = ("import sys, urllib.request, urllib.error\n"
+                 "try:\n    print(urllib.request.urlopen(sys.argv[1], timeout=2).status)\n"
+                 "except urllib.error.HTTPError as e:\n    print(e.code)\n"
+                 "except OSError:\n    print(0)\n")
+        return int(self.ssh([HOST_PYTHON, "-c", probe, self.health_url], check=True).stdout)
+
+    def install_unit(self, name: str | None = None, **knobs) -> str:
+        """Write a dummy-inference unit (knobs: hold_mib, ready_delay, release_delay, fail_on_start,
+        start_delay, port) and reload the manager; returns the unit name."""
+        name = name or self.unit
+        (self.units_dir / name).write_text(dummy_unit_text(self.service_log, **{"port": self.service_port, **knobs}))
+        self.systemctl("daemon-reload").check_returncode()
+        return name
+
+    def reset(self) -> None:
+        """Back to the known state: default unit active and healthy, fake GPU default, no runner locks.
+
+        The unit is restarted only when a test changed it or it is not serving: a restart costs the
+        unit's ready delay on every test.
+        """
+        self.set_gpu()
+        unit_file = self.units_dir / self.unit
+        default_text = dummy_unit_text(self.service_log, port=self.service_port)
+        changed = not unit_file.exists() or unit_file.read_text() != default_text
+        if changed:
+            self.install_unit()
+        if changed or self.service_state() != "active" or self.health_status() != 200:
+            self.systemctl("reset-failed")
+            self.systemctl("restart", self.unit).check_returncode()
+            wait_until(lambda: self.health_status() == 200, timeout=20, what=f"{self.unit} healthy")
+        homes = [os.path.join(pwd.getpwnam(user).pw_dir, ".runner", "locks") for user in USERS]
+        self.ssh(["rm", "-rf", *homes], check=True)
+
+    def stop(self) -> None:
+        """Kill everything in the host's cgroup subtree at once, wait until it is empty, remove it."""
+        kill_cgroup_tree(self.cgroup)
+        self.process.wait(timeout=10)
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def dummy_unit_text(log: Path, port: int, hold_mib: int = 4096, ready_delay: float = 2.0,
+                    release_delay: float = 0.5, fail_on_start: bool = False, start_delay: float = 0) -> str:
+    argv = [sys.executable, str(DUMMY_SERVER), "--port", str(port), "--hold-mib", str(hold_mib),
+            "--ready-delay", str(ready_delay), "--release-delay", str(release_delay)]
+    if fail_on_start:
+        argv.append("--fail-on-start")
+    lines = ["[Unit]", "Description=runner test: dummy inference server", "", "[Service]", "Type=simple"]
+    if start_delay:
+        lines.append(f"ExecStartPre=/bin/sleep {start_delay}")  # keeps the unit "activating" that long
+    lines += [f"ExecStart={shlex.join(argv)}", f"StandardOutput=append:{log}", f"StandardError=append:{log}", ""]
+    return "\n".join(lines)
+
+
+def write_units_dir(units_dir: Path) -> None:
+    units_dir.mkdir()
+    for target in ("test.target", "basic.target"):
+        (units_dir / target).write_text(f"[Unit]\nDescription=runner test host {target}\n")
+    for name in COPIED_UNITS:
+        (units_dir / name).write_text((SYSTEMD_USER_UNITS / name).read_text())
+
+
+def write_private_sudoers(sudoers_dir: Path) -> None:
+    """A copy of /etc/sudoers.d plus our rule, bind-mounted over it inside the host only."""
+    sudoers_dir.mkdir(mode=0o755)
+    for entry in Path("/etc/sudoers.d").iterdir():
+        (sudoers_dir / entry.name).write_bytes(entry.read_bytes())
+        (sudoers_dir / entry.name).chmod(0o440)
+    rule = sudoers_dir / "runner-test"
+    rule.write_text(SUDO_RULE)
+    rule.chmod(0o440)
+
+
+def inner_script(workdir: Path, gpu_dir: Path) -> str:
+    """Runs after `unshare --cgroup --mount`: confirm confinement, then mounts, manager, sshd."""
+    config = shlex.quote(str(workdir / "sshd_config"))
+    manager_env = shlex.join(["env", "-i", f"PATH={sshd.SESSION_PATH}", "HOME=/root", "USER=root",
+                              "XDG_RUNTIME_DIR=/run/user/0", f"SYSTEMD_UNIT_PATH={workdir / 'units'}"])
+    return "\n".join([
+        "grep -qx '0::/' /proc/self/cgroup || { echo 'refusing to start systemd: not at a cgroup namespace root' >&2; exit 97; }",
+        sshd.namespace_setup_script(gpu_dir, list(USERS)),
+        "mount -t cgroup2 none /sys/fs/cgroup",
+        "mkdir -p /run/systemd/system /run/user/0",
+        "chmod 700 /run/user/0",
+        "touch /run/systemd/private",
+        f"mount --bind {shlex.quote(str(workdir / 'sudoers.d'))} /etc/sudoers.d",
+        f"{manager_env} {SYSTEMD} --user --unit=test.target --log-target=console"
+        f" </dev/null >{shlex.quote(str(workdir / 'systemd.log'))} 2>&1 &",
+        f"n=0; while [ ! -S {MANAGER_SOCKET} ]; do n=$((n+1)); [ $n -lt 400 ] || exit 98; sleep 0.025; done",
+        f"mount --bind {MANAGER_SOCKET} /run/systemd/private",
+        f"exec {sshd.SSHD} -D -e -f {config}",
+    ])
+
+
+def outer_script(cgroup: Path, workdir: Path) -> str:
+    """Joins CG, checks it really is in CG, then enters the private cgroup + mount namespaces."""
+    relative = "/" + str(cgroup.relative_to(cgroup2_root()))
+    inner = workdir / "inner.sh"
+    return "\n".join([
+        "set -e",
+        f"echo $$ > {shlex.quote(str(cgroup / 'cgroup.procs'))}",
+        f"grep -qx {shlex.quote('0::' + relative)} /proc/self/cgroup"
+        " || { echo 'refusing to start systemd: not in the test cgroup' >&2; exit 97; }",
+        f"exec unshare --cgroup --mount --propagation private sh {shlex.quote(str(inner))}",
+    ])
+
+
+def kill_cgroup_tree(cgroup: Path) -> None:
+    if not cgroup.exists():
+        return
+    (cgroup / "cgroup.kill").write_text("1")
+    wait_until(lambda: "populated 0" in (cgroup / "cgroup.events").read_text(), timeout=10,
+               what=f"{cgroup} to empty")
+    for path in sorted((p for p in cgroup.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
+        path.rmdir()
+    cgroup.rmdir()
+
+
+def new_cgroup() -> Path:
+    cgroup = cgroup2_root() / f"runner-test-{os.getpid()}-{next(_host_numbers)}"
+    cgroup.mkdir()
+    return cgroup
+
+
+def launch(workdir: Path, cgroup: Path, gpu_dir: Path) -> tuple[subprocess.Popen, int]:
+    for _attempt in range(3):  # the picked port may be taken before sshd binds it
+        port = free_port()
+        sshd.write_ssh_files(workdir, port, list(USERS))
+        (workdir / "inner.sh").write_text(inner_script(workdir, gpu_dir) + "\n")
+        log = workdir / "sshd.log"
+        with open(log, "ab") as log_file:
+            process = subprocess.Popen(["sh", "-c", outer_script(cgroup, workdir)],
+                                       stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file)
+        try:
+            sshd.wait_for_sshd(process, port, log)
+            return process, port
+        except RuntimeError:
+            kill_cgroup_tree(cgroup)
+            cgroup.mkdir()
+    raise RuntimeError(f"systemd test host did not start; see {workdir}")
+
+
+def start_service_host() -> ServiceHost:
+    """Start a confined systemd manager + sshd with the dummy unit active and healthy."""
+    for user in USERS[1:]:
+        ensure_login_user(user)
+    workdir = shared_tmpdir("runner-systemd-")
+    gpu_dir = gpu_state.make_state_dir(workdir / "gpu")
+    write_units_dir(workdir / "units")
+    write_private_sudoers(workdir / "sudoers.d")
+    cgroup = new_cgroup()
+    try:
+        process, port = launch(workdir, cgroup, gpu_dir)
+    except BaseException:
+        kill_cgroup_tree(cgroup)
+        raise
+    service_port = free_port()
+    host = ServiceHost(address=sshd.ADDRESS, port=port, user="root", key_path=workdir / "client_key",
+                       known_hosts=workdir / "known_hosts", ssh_config=workdir / "ssh_config",
+                       alias=sshd.ROOT_ALIAS, host_key=sshd.public_key(workdir / "host_key"), gpu_dir=gpu_dir,
+                       workdir=workdir, process=process, health_url=f"http://127.0.0.1:{service_port}/health",
+                       service_port=service_port, cgroup=cgroup, units_dir=workdir / "units",
+                       service_log=workdir / "dummy-infer.log")
+    try:
+        host.reset()
+    except BaseException:
+        host.stop()
+        raise
+    return host
