@@ -1,0 +1,496 @@
+"""The Marlin int4 MoE throughput lever: per-token cost at batch size 1 ÷ at batch size M, on sglang's kernel.
+
+    python bench_marlin_moe.py --experts 384 --hidden 7168 --intermediate 2048 --topk 8 --group-size 32 \
+        --batch-sizes 1,2,4,8,16,32,64,128,256,512 --backend auto --out result.json
+
+stdout: one JSON event line per event (phase start/end, heartbeats during long phases, one row per batch
+size). result.json: environment, backend used and why, JIT cold/warm, memory, rows, levers, args.
+--check: small shapes only; GPTQ weights with known values → repack → the Marlin backend against the
+torch reference; exit 1 on mismatch. Exit codes: 0 ok · 1 run failed or check mismatch · 2 bad arguments.
+"""
+import time
+
+PROCESS_START = time.time()          # before any import: "seconds from start" includes importing torch
+
+import argparse  # noqa: E402
+import glob  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import platform  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+
+from marlin_estimate import Shape, estimate, expert_bytes  # noqa: E402
+from marlin_events import Events  # noqa: E402
+from marlin_stats import add_levers, floor_us, lever_summary, timing_row  # noqa: E402
+
+BACKENDS = ("auto", "sglang", "sglang-kernels", "torch")
+AUTO_ORDER = ("sglang", "sglang-kernels", "torch")
+GROUP_SIZES = (32, 64, 128)
+CHECK_TOLERANCE = 2e-2       # ‖out − ref‖/‖ref‖ for bf16 activations and bf16 intermediates
+CHECK_MAX_EXPERT_BYTES = 64 << 20
+FULL_IMPORT = "from sglang.srt.layers.moe.fused_moe_triton.fused_marlin_moe import fused_marlin_moe"
+
+
+def batch_size_list(text: str) -> list[int]:
+    try:
+        sizes = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"batch sizes must be comma-separated integers, got {text!r}")
+    if not sizes or any(m <= 0 for m in sizes) or len(set(sizes)) != len(sizes):
+        raise argparse.ArgumentTypeError(f"batch sizes must be distinct positive integers, got {text!r}")
+    return sorted(sizes)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--experts", type=int, default=384)
+    p.add_argument("--hidden", type=int, default=7168)
+    p.add_argument("--intermediate", type=int, default=2048)
+    p.add_argument("--topk", type=int, default=8)
+    p.add_argument("--group-size", type=int, default=32, choices=GROUP_SIZES)
+    p.add_argument("--batch-sizes", type=batch_size_list, default=batch_size_list("1,2,4,8,16,32,64,128,256,512"))
+    p.add_argument("--backend", choices=BACKENDS, default="auto")
+    p.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--weights", choices=("direct", "repack"), default="direct")
+    p.add_argument("--routing", choices=("uniform", "zipf"), default="uniform")
+    p.add_argument("--zipf-skew", type=float, default=1.1)
+    p.add_argument("--timing", choices=("graph", "eager"), default="graph")
+    p.add_argument("--iterations", type=int, default=100)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--out", default=os.environ.get("RUNNER_RESULT", "result.json"))
+    p.add_argument("--check", action="store_true", help="correctness check at small shapes, no timing")
+    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    p.add_argument("--heartbeat-s", type=float, default=5.0, help="seconds between heartbeats (<= 10)")
+    # test-only hooks, hidden from --help
+    p.add_argument("--corrupt-scale-perm", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--test-slow-phase", default=None, help=argparse.SUPPRESS)      # PHASE:SECONDS
+    return p
+
+
+def shape_problems(a: argparse.Namespace) -> list[str]:
+    problems = []
+    for name in ("experts", "hidden", "intermediate", "topk", "iterations", "repeats"):
+        if getattr(a, name) <= 0:
+            problems.append(f"--{name} must be positive")
+    if a.topk > a.experts:
+        problems.append(f"--topk {a.topk} is more than --experts {a.experts}")
+    for name in ("hidden", "intermediate"):
+        value = getattr(a, name)
+        if value % a.group_size or value % 64:
+            problems.append(f"--{name} {value} must be a multiple of --group-size {a.group_size} and of 64 "
+                            "(the Marlin tile)")
+    if not 0 < a.heartbeat_s <= 10:
+        problems.append("--heartbeat-s must be in (0, 10]")
+    if a.routing == "zipf" and a.zipf_skew <= 0:
+        problems.append("--zipf-skew must be positive")
+    if a.device == "cpu" and a.backend in ("sglang", "sglang-kernels"):
+        problems.append(f"--backend {a.backend} needs --device cuda")
+    if a.check and a.backend == "torch":
+        problems.append("--check compares a Marlin backend with the torch reference: pick auto, sglang or sglang-kernels")
+    if a.check and a.device == "cpu":
+        problems.append("--check runs the Marlin kernels: it needs --device cuda")
+    return problems
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    problems = shape_problems(args)
+    if args.check:
+        shape = shape_of(args)
+        if expert_bytes(shape) > CHECK_MAX_EXPERT_BYTES:
+            problems.append("--check is for small shapes (the torch reference dequantizes in fp32)")
+    if problems:
+        parser.error("; ".join(problems))          # exits 2
+    return args
+
+
+def shape_of(a: argparse.Namespace) -> Shape:
+    return Shape(a.experts, a.hidden, a.intermediate, a.topk, a.group_size)
+
+
+# -- environment and backends -----------------------------------------------------------------------------
+
+def gpu_driver() -> str | None:
+    try:
+        done = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                              capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout.strip().splitlines()[0] if done.returncode == 0 and done.stdout.strip() else None
+
+
+def package_version(name: str) -> str | None:
+    from importlib import metadata
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def environment(torch, device: str) -> dict:
+    env = {"python": platform.python_version(), "torch": torch.__version__, "device": device,
+           "triton": package_version("triton"), "sgl_kernel": package_version("sglang-kernel")}
+    if device == "cuda":
+        props = torch.cuda.get_device_properties(0)
+        env.update(gpu=props.name, sms=props.multi_processor_count, gpu_total_bytes=props.total_memory,
+                   capability=".".join(map(str, torch.cuda.get_device_capability(0))),
+                   cuda=torch.version.cuda, driver=gpu_driver())
+    return env
+
+
+def start_full_import_probe() -> subprocess.Popen:
+    """Try the full import in a child process (a half-finished import would leave this process unusable);
+    started before this process imports torch, so the two imports overlap."""
+    return subprocess.Popen([sys.executable, "-c", FULL_IMPORT], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def finish_full_import_probe(probe: subprocess.Popen, timeout_s: float = 90.0) -> tuple[bool, str]:
+    try:
+        _, stderr = probe.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        probe.kill()
+        probe.communicate()
+        return (False, f"full import took over {timeout_s:.0f} s")
+    if probe.returncode == 0:
+        return True, "full import works"
+    lines = [ln for ln in stderr.splitlines() if ln.strip()]
+    return (False, lines[-1] if lines else f"import exited {probe.returncode}")
+
+
+def resolve_backend(requested: str, device: str, events: Events, probe):
+    """(name, loaded handle, attempts): the requested backend, or with auto the first that loads here."""
+    import marlin_backends as mb
+    order = AUTO_ORDER if requested == "auto" else (requested,)
+    attempts = []
+    for name in order:
+        try:
+            handle = load_backend(name, device, mb, probe)
+        except mb.BackendUnavailable as exc:
+            attempts.append({"backend": name, "ok": False, "reason": str(exc)})
+            events.emit("backend", backend=name, ok=False, reason=str(exc))
+            continue
+        attempts.append({"backend": name, "ok": True, "reason": "loaded"})
+        events.emit("backend", backend=name, ok=True)
+        return name, handle, attempts
+    raise mb.BackendUnavailable("no backend could run: " + "; ".join(f"{a['backend']}: {a['reason']}" for a in attempts))
+
+
+def load_backend(name: str, device: str, mb, probe):
+    if name != "torch" and device != "cuda":
+        raise mb.BackendUnavailable("needs a CUDA device")
+    if name == "sglang":
+        ok, reason = finish_full_import_probe(probe)
+        if not ok:
+            raise mb.BackendUnavailable(reason)
+        return mb.import_fused()
+    if name == "sglang-kernels":
+        return mb.import_kernel_modules()
+    return None
+
+
+def build_backend(name: str, handle, shape: Shape, weights, m_max: int):
+    import marlin_backends as mb
+    if name == "sglang":
+        fused, version = handle
+        return mb.SglangFused(shape, weights, fused, version, m_max)
+    if name == "sglang-kernels":
+        return mb.SglangKernels(shape, weights, handle)
+    return mb.TorchReference(shape, weights)
+
+
+def backend_version(name: str, handle) -> str | None:
+    if name == "sglang":
+        return handle[1]
+    if name == "sglang-kernels":
+        return handle.version
+    return None
+
+
+# -- JIT cache --------------------------------------------------------------------------------------------
+
+def jit_cache_dirs() -> list[str]:
+    """Where sglang keeps built kernel modules: 0.5.17 uses tvm-ffi's cache, 0.5.23 its own."""
+    return [os.path.expanduser(os.environ.get("TVM_FFI_CACHE_DIR", "~/.cache/tvm-ffi")),
+            os.path.expanduser(os.environ.get("SGLANG_JIT_CACHE_DIR", "~/.cache/sglang/jit"))]
+
+
+def built_modules() -> set[str]:
+    return {path for d in jit_cache_dirs() for path in glob.glob(os.path.join(d, "**", "*.so"), recursive=True)}
+
+
+def slow_phase_hook(spec: str | None, phase: str) -> None:
+    """Test hook: make one phase take SECONDS longer, so a test can see its heartbeats."""
+    if spec and spec.split(":")[0] == phase:
+        time.sleep(float(spec.split(":")[1]))
+
+
+# -- the run ---------------------------------------------------------------------------------------------
+
+class Bench:
+    def __init__(self, args: argparse.Namespace, events: Events):
+        self.args, self.events = args, events
+        self.shape = shape_of(args)
+        self.result: dict = {"schema": 1, "payload": "bench_marlin_moe", "args": vars(args).copy()}
+
+    def run(self) -> int:
+        a, ev = self.args, self.events
+        with ev.phase("import"):
+            probe = self.start_probe()
+            import torch
+            self.torch = torch
+            self.dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[a.dtype]
+            self.device = a.device
+            if self.device == "cuda" and not torch.cuda.is_available():
+                raise RuntimeError("--device cuda but torch sees no CUDA device")
+            self.name, handle, attempts = resolve_backend(a.backend, self.device, ev, probe)
+            self.result["environment"] = environment(torch, self.device)
+            self.result["environment"]["sglang"] = backend_version(self.name, handle)
+            self.result["backend"] = {"requested": a.backend, "used": self.name, "attempts": attempts,
+                                      "why": self.why_backend(attempts)}
+            slow_phase_hook(a.test_slow_phase, "import")
+        self.measure_copy_bandwidth()
+        modules_before = built_modules()
+        with ev.phase("weights", mode="check" if a.check else a.weights):
+            weights, reference_weights = self.make_weights(handle)
+            self.weights = weights
+        self.backend = build_backend(self.name, handle, self.shape, weights, max(a.batch_sizes))
+        self.statics = self.allocate_statics()
+        self.first_call()
+        self.result["jit"] = self.jit_record(modules_before)
+        if a.check:
+            return self.check(reference_weights)
+        self.time_all()
+        return 0
+
+    def start_probe(self):
+        if self.args.device != "cuda" or self.args.backend not in ("auto", "sglang"):
+            return None
+        return start_full_import_probe()
+
+    def why_backend(self, attempts: list[dict]) -> str:
+        failed = [f"{x['backend']} unavailable ({x['reason']})" for x in attempts if not x["ok"]]
+        chosen = "requested" if self.args.backend != "auto" else "first that loads in auto order " + ", ".join(AUTO_ORDER)
+        return "; ".join([chosen] + failed)
+
+    def measure_copy_bandwidth(self) -> None:
+        if self.device != "cuda":
+            self.result["copy_bandwidth"] = None
+            return
+        from marlin_timing import copy_bandwidth
+        torch = self.torch
+        free, total = torch.cuda.mem_get_info()
+        self.context_used = total - free
+        with self.events.phase("copy_bandwidth"):
+            self.result["copy_bandwidth"] = copy_bandwidth(self.device)
+        torch.cuda.reset_peak_memory_stats()
+        self.device_used_peak = 0
+
+    def make_weights(self, handle):
+        """(weights for the backend, GPTQ weights for the reference or None)."""
+        import marlin_weights as mw
+        a, s = self.args, self.shape
+        layout = "gptq" if self.name == "torch" else "marlin"
+        if a.check:
+            gptq = mw.known_gptq_weights(s, self.dtype, self.device, a.seed)
+            return mw.repack_weights(gptq, s, handle_repack(self.name, handle), a.corrupt_scale_perm), gptq
+        if a.weights == "repack" and layout == "marlin":
+            return mw.random_repacked_weights(s, self.dtype, self.device, a.seed, handle_repack(self.name, handle)), None
+        return mw.direct_weights(s, layout, self.dtype, self.device, a.seed), None
+
+    def allocate_statics(self):
+        from marlin_timing import allocate_statics
+        return allocate_statics(max(self.args.batch_sizes), self.shape, self.dtype, self.device)
+
+    def first_call(self) -> None:
+        """The first call JIT-compiles the GEMM when the cache is cold (minutes, silent): heartbeats run."""
+        import marlin_weights as mw
+        from marlin_timing import routing, static_views
+        m = min(self.args.batch_sizes)
+        with self.events.phase("jit", m=m):
+            gen = mw.generator("cpu", self.args.seed + 1)
+            w, ids = routing(m, self.shape, self.args.routing, self.args.zipf_skew, gen)
+            statics = static_views(m, self.statics)
+            statics.topk_w.copy_(w)
+            statics.topk_ids.copy_(ids)
+            statics.x.copy_(self.torch.randn(m, self.shape.hidden, generator=gen).to(self.dtype))
+            out = self.backend(statics.x, statics.topk_w, statics.topk_ids, self.backend.buffers(m))
+            self.synchronize()
+            if not bool(self.torch.isfinite(out).all()):
+                raise RuntimeError("the first call returned non-finite values")
+            slow_phase_hook(self.args.test_slow_phase, "jit")
+
+    def jit_record(self, modules_before: set[str]) -> dict:
+        new = sorted(built_modules() - modules_before)
+        seconds = self.events.phase_seconds["jit"]
+        compile_s = seconds + (self.events.phase_seconds["weights"] if any("repack" in p for p in new) else 0.0)
+        return {"state": "cold" if new else "warm", "first_call_s": seconds, "compile_s": compile_s if new else 0.0,
+                "new_modules": new, "cache_dirs": jit_cache_dirs()}
+
+    def synchronize(self) -> None:
+        if self.device == "cuda":
+            self.torch.cuda.synchronize()
+
+    # -- timing --
+
+    def time_all(self) -> None:
+        a = self.args
+        timing_mode = a.timing
+        why = "as requested"
+        if a.timing == "graph" and (self.device != "cuda" or not self.backend.graph_safe):
+            timing_mode, why = "eager", "CUDA graphs need --device cuda and a capturable backend"
+        self.result["timing"] = {"requested": a.timing, "used": timing_mode, "why": why,
+                                 "iterations": a.iterations, "repeats": a.repeats}
+        rows = []
+        for m in a.batch_sizes:
+            with self.events.phase("batch", m=m):
+                row = self.time_one(m, timing_mode)
+            if not rows:
+                self.result["first_row_s"] = self.events.since_start()
+            rows.append(row)
+            self.events.emit("row", **{k: v for k, v in row.items() if k != "rep_median_us"})
+        self.finish(add_levers(rows))
+
+    def time_one(self, m: int, mode: str) -> dict:
+        import marlin_weights as mw
+        from marlin_timing import ROTATION_SETS, WARMUP_CALLS, capture_graph, measure, rotation_sets, static_views
+        a, torch = self.args, self.torch
+        gen = mw.generator("cpu", a.seed * 1000003 + m)
+        sets = rotation_sets(m, self.shape, a.routing, a.zipf_skew, self.dtype, self.device, gen)
+        statics = static_views(m, self.statics)
+        buffers = self.backend.buffers(m)
+
+        def eager() -> object:
+            return self.backend(statics.x, statics.topk_w, statics.topk_ids, buffers)
+
+        call = eager
+        if mode == "graph":
+            sets.load(0, statics)
+            with self.events.phase("capture", m=m):
+                graph, _ = capture_graph(eager)
+            call = graph.replay
+        reps = measure(call, sets, statics, a.iterations, a.repeats, self.device == "cuda")
+        self.sample_device_memory()
+        row = timing_row(m, reps, sets.distinct_experts, expert_bytes(self.shape), self.copy_rate())
+        row.update(rotation_sets=ROTATION_SETS, warmup_calls=WARMUP_CALLS, timing=mode)
+        return row
+
+    def copy_rate(self) -> float | None:
+        copy = self.result.get("copy_bandwidth")
+        return copy["bytes_per_s"] if copy else None
+
+    def sample_device_memory(self) -> None:
+        if self.device == "cuda":
+            free, total = self.torch.cuda.mem_get_info()
+            self.device_used_peak = max(self.device_used_peak, total - free)
+
+    def finish(self, rows: list[dict]) -> None:
+        self.result["rows"] = rows
+        self.result["lever"] = lever_summary(rows)
+        self.result["memory"] = self.memory_record()
+        copy = self.copy_rate()
+        base = rows[0]
+        if copy:
+            floor = floor_us(base["distinct_experts"], expert_bytes(self.shape), copy)
+            self.result["floor"] = {"m": base["m"], "floor_us": floor, "measured_us": base["median_us"],
+                                    "over_floor": base["median_us"] / floor}
+
+    def memory_record(self) -> dict:
+        a = self.args
+        est = estimate(self.shape, a.batch_sizes, backend=self.name, weights=a.weights,
+                       sms=self.result["environment"].get("sms", 132))
+        record = {"weight_bytes": self.weights.nbytes(), "estimate": est.as_dict()}
+        if self.device == "cuda":
+            peak = self.torch.cuda.max_memory_allocated()
+            record.update(peak_allocated_bytes=peak, peak_reserved_bytes=self.torch.cuda.max_memory_reserved(),
+                          peak_over_weights=peak / self.weights.nbytes(),
+                          device_used_peak_bytes=self.device_used_peak, context_used_bytes=self.context_used,
+                          estimate_over_peak=est.peak_allocated_bytes / peak,
+                          required_over_device_used=est.required_bytes / self.device_used_peak)
+        return record
+
+    # -- check --
+
+    def check(self, gptq) -> int:
+        import marlin_backends as mb
+        import marlin_weights as mw
+        from marlin_timing import capture_graph, rotation_sets, static_views
+        a = self.args
+        reference = mb.TorchReference(self.shape, gptq)
+        rows = []
+        for m in a.batch_sizes:
+            with self.events.phase("check", m=m):
+                sets = rotation_sets(m, self.shape, a.routing, a.zipf_skew, self.dtype, self.device,
+                                     mw.generator("cpu", a.seed * 7919 + m), n_sets=2)
+                statics = static_views(m, self.statics)
+                buffers = self.backend.buffers(m)
+
+                def call():
+                    return self.backend(statics.x, statics.topk_w, statics.topk_ids, buffers)
+
+                row = {"m": m, "eager": self.compare(call, reference, sets, 0, statics, buffers)}
+                if a.timing == "graph":
+                    graph, output = capture_graph(call)
+                    row["graph"] = self.compare(lambda: (graph.replay(), output)[1], reference, sets, 1,
+                                                statics, buffers)
+                    del graph, output
+                row["ok"] = all(row[k]["ok"] for k in ("eager", "graph") if k in row)
+            rows.append(row)
+            self.events.emit("check", **row)
+        passed = all(r["ok"] for r in rows)
+        self.result["check"] = {"passed": passed, "tolerance": CHECK_TOLERANCE, "rows": rows,
+                                "corrupt_scale_perm": a.corrupt_scale_perm,
+                                "weights": "GPTQ, nibbles and scales from the seed, repacked to Marlin"}
+        self.result["memory"] = {"weight_bytes": self.weights.nbytes()}
+        return 0 if passed else 1
+
+    def compare(self, call, reference, sets, j: int, statics, buffers: dict) -> dict:
+        """Poison the outputs, run on rotation set j, compare with the fp32 reference on the same inputs."""
+        torch = self.torch
+        sets.load(j, statics)
+        for key in ("out", "c2"):              # an element the kernels never write stays NaN and fails
+            if key in buffers:
+                buffers[key].fill_(float("nan"))
+        out = call().to(torch.float64)
+        ref = reference.forward_fp32(statics.x, statics.topk_w, statics.topk_ids).to(torch.float64)
+        finite = bool(torch.isfinite(out).all())
+        rel = float((out - ref).norm() / ref.norm()) if finite else float("inf")
+        return {"rel_err": rel, "finite": finite, "ok": finite and rel <= CHECK_TOLERANCE}
+
+
+def handle_repack(name: str, handle):
+    import marlin_backends as mb
+    return handle.repack if name == "sglang-kernels" else mb.repack_function()
+
+
+def write_result(result: dict, path: str) -> None:
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as fh:
+        json.dump(result, fh, indent=1)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    events = Events(PROCESS_START, heartbeat_s=args.heartbeat_s)
+    bench = Bench(args, events)
+    try:
+        code = bench.run()
+    except Exception as exc:                            # the event line and result say what failed
+        events.emit("error", error=f"{type(exc).__name__}: {exc}")
+        bench.result["error"] = f"{type(exc).__name__}: {exc}"
+        code = 1
+    bench.result["phases"] = events.phase_seconds
+    bench.result["total_s"] = events.since_start()
+    write_result(bench.result, args.out)
+    events.emit("done", exit_code=code, result=os.path.abspath(args.out))
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

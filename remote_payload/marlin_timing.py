@@ -1,0 +1,170 @@
+"""Timing that can be trusted: rotated routing and inputs, CUDA-graph replay, repeats with their spread.
+
+Per batch size the benchmark keeps static input tensors; before every timed call it copies the next of
+ROTATION_SETS routing sets (device) and inputs (pinned host memory) into them. The copies are enqueued
+before the start event, so they are outside the timed region, and the rotation keeps one set's experts
+from sitting in L2 across calls. Graph mode captures one CUDA graph of the whole MoE call and times
+g.replay(); eager mode times the call itself.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from marlin_estimate import Shape
+
+ROTATION_SETS = 16
+WARMUP_CALLS = 10
+COPY_PROBE_ELEMENTS = 256 * (1 << 20) // 4      # 256 MiB of float32, source and destination
+
+
+@dataclass
+class Statics:
+    """The tensors a captured graph reads: views of the largest-M buffers, refilled before each call."""
+    x: torch.Tensor
+    topk_w: torch.Tensor
+    topk_ids: torch.Tensor
+
+
+@dataclass
+class RotationSets:
+    x: list[torch.Tensor]           # host (pinned when the device is CUDA)
+    topk_w: list[torch.Tensor]      # device
+    topk_ids: list[torch.Tensor]    # device
+    distinct_experts: list[int]
+
+    def load(self, j: int, statics: Statics) -> None:
+        statics.x.copy_(self.x[j], non_blocking=True)
+        statics.topk_w.copy_(self.topk_w[j])
+        statics.topk_ids.copy_(self.topk_ids[j])
+
+
+def zipf_popularity(experts: int, skew: float, gen: torch.Generator) -> torch.Tensor:
+    """Expert probabilities ∝ 1/rank^skew, ranks shuffled so the popular experts are not the first ids."""
+    ranks = torch.randperm(experts, generator=gen).to(torch.float64) + 1.0
+    weights = ranks.pow(-skew)
+    return weights / weights.sum()
+
+
+def routing(m: int, s: Shape, kind: str, skew: float, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """m tokens' top-k distinct expert ids (int32) and normalised float32 weights, on the CPU."""
+    if kind == "zipf":
+        popularity = zipf_popularity(s.experts, skew, gen).expand(m, s.experts).contiguous()
+        ids = torch.multinomial(popularity, s.topk, replacement=False, generator=gen)
+    else:
+        ids = torch.rand(m, s.experts, generator=gen).topk(s.topk, dim=1).indices
+    weights = torch.rand(m, s.topk, generator=gen, dtype=torch.float32) + 0.1
+    return weights / weights.sum(dim=1, keepdim=True), ids.to(torch.int32)
+
+
+def rotation_sets(m: int, s: Shape, kind: str, skew: float, dtype: torch.dtype, device: str,
+                  gen: torch.Generator, n_sets: int = ROTATION_SETS) -> RotationSets:
+    pin = device.startswith("cuda")
+    xs, ws, ids, distinct = [], [], [], []
+    for _ in range(n_sets):
+        w, i = routing(m, s, kind, skew, gen)
+        x = torch.randn(m, s.hidden, generator=gen).to(dtype)
+        xs.append(x.pin_memory() if pin else x)
+        ws.append(w.to(device))
+        ids.append(i.to(device))
+        distinct.append(int(torch.unique(i).numel()))
+    return RotationSets(xs, ws, ids, distinct)
+
+
+def static_views(m: int, full: Statics) -> Statics:
+    return Statics(full.x[:m], full.topk_w[:m], full.topk_ids[:m])
+
+
+def allocate_statics(m_max: int, s: Shape, dtype: torch.dtype, device: str) -> Statics:
+    return Statics(torch.zeros(m_max, s.hidden, dtype=dtype, device=device),
+                   torch.zeros(m_max, s.topk, dtype=torch.float32, device=device),
+                   torch.zeros(m_max, s.topk, dtype=torch.int32, device=device))
+
+
+Call = Callable[[], object]
+
+
+def capture_graph(call: Call) -> tuple["torch.cuda.CUDAGraph", object]:
+    """Warm the call up on a side stream (lazy inits must not happen during capture), then capture it.
+    Returns the graph and the call's output as captured: replay rewrites that tensor in place."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            call()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        output = call()
+    torch.cuda.synchronize()
+    return graph, output
+
+
+def measure(call: Call, sets: RotationSets, statics: Statics, iterations: int, repeats: int,
+            cuda: bool) -> list[list[float]]:
+    """Per repetition, `iterations` timings in µs, each after loading the next rotation set."""
+    counter = 0
+    for _ in range(WARMUP_CALLS):
+        sets.load(counter % len(sets.x), statics)
+        counter += 1
+        call()
+    repetitions = []
+    for _ in range(repeats):
+        timer = CudaTimer() if cuda else HostTimer()
+        for _ in range(iterations):
+            sets.load(counter % len(sets.x), statics)
+            counter += 1
+            timer.time(call)
+        repetitions.append(timer.results_us())
+    return repetitions
+
+
+class CudaTimer:
+    """Events around each call, read once after the repetition: no host sync between calls."""
+    def __init__(self):
+        self.pairs = []
+
+    def time(self, call: Call) -> None:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        call()
+        end.record()
+        self.pairs.append((start, end))
+
+    def results_us(self) -> list[float]:
+        torch.cuda.synchronize()
+        return [a.elapsed_time(b) * 1000.0 for a, b in self.pairs]
+
+
+class HostTimer:
+    def __init__(self):
+        self.samples = []
+
+    def time(self, call: Call) -> None:
+        began = time.perf_counter()
+        call()
+        self.samples.append((time.perf_counter() - began) * 1e6)
+
+    def results_us(self) -> list[float]:
+        return self.samples
+
+
+def copy_bandwidth(device: str, repeats: int = 20) -> dict:
+    """Device-to-device copy rate, counting bytes read plus written (the notes' 4.3 TB/s convention)."""
+    src = torch.empty(COPY_PROBE_ELEMENTS, dtype=torch.float32, device=device).uniform_()
+    dst = torch.empty_like(src)
+    for _ in range(3):
+        dst.copy_(src)
+    timer = CudaTimer()
+    for _ in range(repeats):
+        timer.time(lambda: dst.copy_(src))
+    seconds = statistics.median(timer.results_us()) * 1e-6
+    moved = 2 * src.numel() * src.element_size()
+    del src, dst
+    torch.cuda.empty_cache()
+    return {"bytes_per_s": moved / seconds, "bytes_moved": moved, "median_us": seconds * 1e6,
+            "counted": "read + write", "repeats": repeats}
