@@ -392,7 +392,7 @@ def run_command(argv: list, timeout: float = CMD_TIMEOUT_S) -> subprocess.Comple
     except subprocess.TimeoutExpired:
         raise Fail("timeout", "%s did not finish within %.0f s" % (" ".join(argv[:4]), timeout))
     stderr = done.stderr.decode("utf-8", "replace")
-    if argv[0] == "sudo" and sudo_wants_password(done.returncode, stderr):
+    if os.path.basename(argv[0]) == "sudo" and sudo_wants_password(done.returncode, stderr):
         raise Fail("sudo-password", SUDO_HINT)
     return done
 

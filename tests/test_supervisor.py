@@ -1,0 +1,460 @@
+"""remote_payload/supervisor.py as the controller sees it: real subprocesses, real detached jobs, no SSH.
+
+GPU memory comes from the nvidia-smi test stand-in (tests/hosts/bin/nvidia-smi, a fake: this machine has no
+GPU); its state dir is per test. The systemd paths are exercised by the systemd test host elsewhere.
+"""
+from __future__ import annotations
+
+import base64
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.hosts import gpu_state
+
+SUPERVISOR = Path(__file__).resolve().parent.parent / "remote_payload" / "supervisor.py"
+HOSTILE = "name with spaces 'single' \"double\" ; $(touch /tmp/pwned) `id` \\ back\nnewline"
+
+# One payload script, many behaviours (argv[1]); a test double for a benchmark, run as a real process.
+PAYLOAD = r'''
+import json, os, signal, subprocess, sys, time
+mode, args = sys.argv[1], sys.argv[2:]
+def pidfile(name):
+    with open(os.path.join(os.environ["MARKS"], name), "w") as fh:
+        fh.write(str(os.getpid()))
+if mode == "sleep":
+    print("started", flush=True); time.sleep(float(args[0])); print("finished", flush=True); sys.exit(int(args[1]))
+if mode == "chunks":          # writes a file's bytes in pieces, pausing between them
+    data = open(args[0], "rb").read()
+    for i in range(0, len(data), 7):
+        sys.stdout.buffer.write(data[i:i + 7]); sys.stdout.buffer.flush(); time.sleep(0.01)
+if mode == "stubborn":        # itself and a child both ignore SIGTERM
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    child = subprocess.Popen([sys.executable, "-c", "import signal, time; "
+                              "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"])
+    with open(os.path.join(os.environ["MARKS"], "child"), "w") as fh:
+        fh.write(str(child.pid))
+    pidfile("payload"); print("stubborn", flush=True); time.sleep(600)
+if mode == "report":          # what the payload saw: argv, env, cwd
+    keys = [k for k in os.environ if k.startswith(("RUNNER_", "HOSTILE", "CUDA_", "PYTHONUNBUFFERED"))]
+    with open(os.environ["RUNNER_RESULT"], "w") as fh:
+        json.dump({"argv": args, "env": {k: os.environ[k] for k in keys}, "cwd": os.getcwd()}, fh)
+if mode == "hold-gpu":        # "holds" MiB on the stand-in GPU while it lives
+    with open(os.path.join(os.environ["RUNNER_FAKE_GPU_DIR"], "apps", str(os.getpid())), "w") as fh:
+        fh.write("%d,%s" % (os.getpid(), args[0]))
+    time.sleep(float(args[1]))
+'''
+
+
+class Host:
+    """One supervisor ROOT plus the env the calls run with (the stand-in nvidia-smi first on PATH)."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.root = tmp / "root"
+        self.payload = tmp / "payload.py"
+        self.payload.write_text(PAYLOAD)
+        self.marks = tmp / "marks"
+        self.marks.mkdir()
+        self.gpu_dir = gpu_state.make_state_dir(tmp / "gpu")
+        self.env = dict(os.environ, MARKS=str(self.marks), RUNNER_FAKE_GPU_DIR=str(self.gpu_dir),
+                        PATH=f"{gpu_state.STANDIN.parent}:{os.environ['PATH']}")
+
+    def call(self, *args: str, spec: dict | None = None, timeout: float = 60) -> tuple[int, dict]:
+        done = subprocess.run([sys.executable, str(SUPERVISOR), *args, "--root", str(self.root)],
+                              input=json.dumps(spec).encode() if spec is not None else b"",
+                              capture_output=True, timeout=timeout, env=self.env)
+        lines = done.stdout.decode().splitlines()
+        assert len(lines) == 1, (done.stdout, done.stderr)
+        return done.returncode, json.loads(lines[0])
+
+    def ok(self, *args: str, **kwargs) -> dict:
+        rc, answer = self.call(*args, **kwargs)
+        assert rc == 0 and answer["ok"], answer
+        return answer
+
+    def spec(self, mode: str, *args: str, max_runtime: float = 60, grace: float = 1.0, **extra) -> dict:
+        spec = {"name": "t", "service": {"manager": "none"},
+                "payload": {"command": [sys.executable, str(self.payload), mode, *args], "env": {}},
+                "limits": {"max_runtime": max_runtime, "grace": grace}}
+        spec.update(extra)
+        return spec
+
+    def start(self, job_id: str, spec: dict, *flags: str) -> dict:
+        return self.ok("start", "--job-id", job_id, *flags, spec=spec)
+
+    def status(self, job_id: str) -> dict:
+        return self.ok("status", "--job-id", job_id)["jobs"][0]
+
+    def wait(self, job_id: str, *states: str, timeout: float = 30) -> dict:
+        deadline = time.monotonic() + timeout
+        while True:
+            status = self.status(job_id)
+            if status["state"] in states:
+                return status
+            assert time.monotonic() < deadline, f"{job_id} still {status['state']}, wanted {states}: {status}"
+            time.sleep(0.1)
+
+    def mark(self, name: str, timeout: float = 10) -> int:
+        path = self.marks / name
+        deadline = time.monotonic() + timeout
+        while not (path.exists() and path.read_text()):
+            assert time.monotonic() < deadline, f"no mark {name}"
+            time.sleep(0.05)
+        return int(path.read_text())
+
+    def cleanup(self) -> None:
+        """Kill what our jobs left behind, by the pids and groups they recorded (only ours)."""
+        for status_file in self.root.glob("jobs/*/status.json"):
+            try:
+                status = json.loads(status_file.read_text())
+            except ValueError:
+                continue
+            for who in ("supervisor", "guard"):
+                if alive(status.get(who)):
+                    os.kill(status[who]["pid"], signal.SIGKILL)
+            payload = status.get("payload") or {}
+            if alive(payload):
+                os.killpg(payload["pgid"], signal.SIGKILL)
+
+
+def alive(ident: dict | None) -> bool:
+    from remote_payload.supervisor import is_alive
+
+    return is_alive(ident)
+
+
+def pid_gone(pid: int, timeout: float = 10) -> bool:
+    from remote_payload.supervisor import proc_stat
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        fields = proc_stat(pid)
+        if fields is None or fields[0] == "Z":
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.fixture
+def host(tmp_path):
+    h = Host(tmp_path)
+    yield h
+    h.cleanup()
+
+
+def read_log(host: Host, job_id: str, max_bytes: int) -> bytes:
+    out, offset = b"", 0
+    while True:
+        answer = host.ok("logs", "--job-id", job_id, "--offset", str(offset), "--max", str(max_bytes), "--wait", "2")
+        chunk = base64.b64decode(answer["data_b64"])
+        assert answer["offset"] == offset and answer["next_offset"] == offset + len(chunk)
+        out, offset = out + chunk, answer["next_offset"]
+        if answer["terminal"] and offset == answer["size"]:
+            return out
+
+
+# ── start / status ───────────────────────────────────────────────────────────────────────────────────
+
+def test_start_returns_at_once_while_the_payload_keeps_running(host):
+    t0 = time.monotonic()
+    answer = host.start("j1", host.spec("sleep", "30", "0"))
+    # capture_output waits for every holder of stdout: a fast return proves the supervisor let go of it
+    assert time.monotonic() - t0 < 5
+    assert answer["job_id"] == "j1" and answer["job_dir"] == str(host.root / "jobs" / "j1")
+    status = host.wait("j1", "RUNNING")
+    assert status["supervisor_pid"] == answer["supervisor_pid"] and alive(status["supervisor"])
+    assert alive(status["guard"]) and alive(status["payload"])
+    assert status["payload"]["pgid"] == status["payload"]["pid"] != status["supervisor"]["pid"]
+
+
+def test_a_job_id_is_used_once(host):
+    host.start("j1", host.spec("sleep", "0", "0"))
+    rc, answer = host.call("start", "--job-id", "j1", spec=host.spec("sleep", "0", "0"))
+    assert rc == 1 and answer["error"] == "exists"
+
+
+def test_exit_codes_and_success(host):
+    host.start("ok", host.spec("sleep", "0", "0"))
+    host.start("bad", host.spec("sleep", "0", "3"))
+    ok = host.wait("ok", "SUCCEEDED")
+    bad = host.wait("bad", "FAILED")
+    assert ok["exit_code"] == 0 and ok["restored"] is True and ok["ended_at"] >= ok["started_at"]
+    assert bad["exit_code"] == 3 and bad["payload"]["signal"] is None and "code 3" in bad["message"]
+    events = [json.loads(line) for line in (host.root / "jobs" / "ok" / "events.jsonl").read_text().splitlines()]
+    assert [e["state"] for e in events if e["event"] == "state"] == ["RUNNING", "RESTORING", "SUCCEEDED"]
+
+
+def test_unknown_job_and_argument_errors(host):
+    assert host.ok("status", "--job-id", "nope")["jobs"] == [{"job_id": "nope", "state": "UNKNOWN"}]
+    assert host.call("status", "--job-id", "../etc")[1]["error"] == "bad-args"
+    assert host.call("start", "--job-id", "..", spec=host.spec("sleep", "0", "0"))[1]["error"] == "bad-args"
+    assert host.call("logs", "--job-id", "x")[1]["error"] == "bad-args"  # --offset missing
+    assert host.call("frobnicate")[1]["error"] == "bad-args"
+    assert host.call("logs", "--job-id", "nope", "--offset", "0")[1]["error"] == "unknown-job"
+    rc, answer = host.call("start", "--job-id", "j", spec={"payload": {"command": ["x"], "env": {"A;B": "1"}}})
+    assert rc == 1 and answer["error"] == "bad-spec" and not (host.root / "jobs" / "j").exists()
+    assert host.call("start", "--job-id", "j2", spec="not an object")[1]["error"] == "bad-spec"
+
+
+def test_corrupt_status_is_an_error_never_running(host):
+    host.start("j1", host.spec("sleep", "0", "0"))
+    host.wait("j1", "SUCCEEDED")
+    (host.root / "jobs" / "j1" / "status.json").write_text('{"schema": 1, "state": "RUNN')
+    for call in (("status", "--job-id", "j1"), ("logs", "--job-id", "j1", "--offset", "0")):
+        rc, answer = host.call(*call)
+        assert rc == 1 and answer["error"] == "bad-status", answer
+
+
+def test_result_and_no_result(host):
+    host.start("r", host.spec("report", "a"))
+    host.wait("r", "SUCCEEDED")
+    assert host.ok("result", "--job-id", "r")["result"]["argv"] == ["a"]
+    host.start("n", host.spec("sleep", "0", "0"))
+    host.wait("n", "SUCCEEDED")
+    assert host.call("result", "--job-id", "n")[1]["error"] == "no-result"
+
+
+def test_hostile_names_args_and_env_round_trip(host):
+    spec = host.spec("report", HOSTILE, "--flag=" + HOSTILE, name=HOSTILE)
+    spec["payload"]["env"] = {"HOSTILE": HOSTILE, "HOSTILE_EMPTY": ""}
+    host.start("h", spec)
+    status = host.wait("h", "SUCCEEDED")
+    assert status["name"] == HOSTILE
+    seen = host.ok("result", "--job-id", "h")["result"]
+    assert seen["argv"] == [HOSTILE, "--flag=" + HOSTILE]
+    assert seen["env"]["HOSTILE"] == HOSTILE and seen["env"]["HOSTILE_EMPTY"] == ""
+    job_dir = str(host.root / "jobs" / "h")
+    assert seen["cwd"] == job_dir and seen["env"]["RUNNER_JOB_DIR"] == job_dir
+    assert seen["env"]["RUNNER_JOB_ID"] == "h" and seen["env"]["RUNNER_RESULT"] == job_dir + "/result.json"
+    assert seen["env"]["PYTHONUNBUFFERED"] == "1" and "CUDA_VISIBLE_DEVICES" not in seen["env"]
+    assert not Path("/tmp/pwned").exists()
+
+
+# ── logs ─────────────────────────────────────────────────────────────────────────────────────────────
+
+def test_logs_deliver_every_byte_exactly_once(host):
+    blob = b"".join(b"line %d \xff\xfe\x00 caf\xc3\xa9\n" % i for i in range(40)) + b"partial last line \x80"
+    (host.tmp / "blob").write_bytes(blob)
+    host.start("l", host.spec("chunks", str(host.tmp / "blob")))
+    assert read_log(host, "l", 29) == blob
+    assert read_log(host, "l", 1 << 20) == blob
+
+
+def test_logs_offset_past_the_end_is_an_error(host):
+    host.start("l", host.spec("sleep", "0", "0"))
+    host.wait("l", "SUCCEEDED")
+    rc, answer = host.call("logs", "--job-id", "l", "--offset", "10000")
+    assert rc == 1 and answer["error"] == "bad-offset"
+
+
+def test_logs_wait_is_bounded(host):
+    host.start("w", host.spec("sleep", "30", "0"))
+    host.wait("w", "RUNNING")
+    size = host.ok("logs", "--job-id", "w", "--offset", "0", "--wait", "5")["next_offset"]
+    assert size == len(b"started\n")
+    t0 = time.monotonic()
+    answer = host.ok("logs", "--job-id", "w", "--offset", str(size), "--wait", "1")
+    waited = time.monotonic() - t0
+    assert 0.9 <= waited < 10 and answer["data_b64"] == "" and answer["terminal"] is False
+    assert answer["state"] == "RUNNING" and answer["exit_code"] is None
+    host.ok("cancel", "--job-id", "w")
+    t0 = time.monotonic()
+    answer = host.ok("logs", "--job-id", "w", "--offset", str(size), "--wait", "40")  # returns at terminal
+    assert time.monotonic() - t0 < 30 and answer["terminal"] and answer["state"] == "CANCELLED"
+
+
+# ── cancel / deadline / signals ──────────────────────────────────────────────────────────────────────
+
+def test_cancel_kills_the_whole_group_even_what_ignores_sigterm(host):
+    host.start("c", host.spec("stubborn", grace=0.5))
+    child, payload = host.mark("child"), host.mark("payload")
+    answer = host.ok("cancel", "--job-id", "c")
+    assert answer["already"] is False
+    status = host.wait("c", "CANCELLED")
+    assert pid_gone(child) and pid_gone(payload)
+    assert status["payload"]["signal"] == "SIGKILL" and status["exit_code"] == 128 + 9
+    assert status["restored"] is True and "cancel" in status["message"]
+    assert host.ok("cancel", "--job-id", "c")["already"] is True
+
+
+def test_max_runtime_times_out_with_the_signal_recorded(host):
+    host.start("t", host.spec("sleep", "60", "0", max_runtime=0.5))
+    status = host.wait("t", "TIMED_OUT")
+    assert status["payload"]["signal"] == "SIGTERM" and status["exit_code"] == 128 + 15
+    assert "max_runtime" in status["message"] and not alive(status["payload"])
+
+
+def test_max_runtime_escalates_to_kill(host):
+    host.start("t", host.spec("stubborn", max_runtime=0.5, grace=0.3))
+    child = host.mark("child")
+    status = host.wait("t", "TIMED_OUT")
+    assert status["payload"]["signal"] == "SIGKILL" and pid_gone(child)
+
+
+def test_sigterm_to_the_supervisor_stops_in_order(host):
+    answer = host.start("s", host.spec("stubborn", grace=0.3))
+    child = host.mark("child")
+    os.kill(answer["supervisor_pid"], signal.SIGTERM)
+    status = host.wait("s", "FAILED")
+    assert "SIGTERM" in status["message"] and status["restored"] is True
+    assert pid_gone(child) and not alive(status["payload"])
+
+
+def test_sigkill_to_the_supervisor_leaves_the_guard_to_finish(host):
+    answer = host.start("k", host.spec("stubborn", grace=0.3))
+    child = host.mark("child")
+    host.wait("k", "RUNNING")
+    os.kill(answer["supervisor_pid"], signal.SIGKILL)
+    status = host.wait("k", "FAILED")
+    assert "guard restored the service" in status["message"] and status["restored"] is True
+    assert pid_gone(child) and not alive(status["payload"])
+    assert pid_gone(status["guard"]["pid"])
+
+
+def test_a_job_whose_supervisor_and_guard_died_is_lost_and_restored(host):
+    answer = host.start("x", host.spec("stubborn", grace=0.3))
+    child = host.mark("child")
+    status = host.wait("x", "RUNNING")
+    os.kill(status["guard"]["pid"], signal.SIGKILL)
+    os.kill(answer["supervisor_pid"], signal.SIGKILL)
+    assert pid_gone(status["guard"]["pid"]) and pid_gone(answer["supervisor_pid"])
+    assert host.status("x")["state"] == "LOST"
+    deadline = time.monotonic() + 20
+    while not host.status("x")["restored"]:  # the detached restore kills the orphaned payload group
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    assert pid_gone(child) and host.status("x")["state"] == "LOST"
+    assert host.ok("restore", "--job-id", "x")["already"] is True
+
+
+def test_restore_is_idempotent_and_leaves_a_live_job_alone(host):
+    host.start("r", host.spec("sleep", "30", "0"))
+    host.wait("r", "RUNNING")
+    assert host.ok("restore", "--job-id", "r")["deferred"] is True
+    assert host.status("r")["state"] == "RUNNING"
+    host.ok("cancel", "--job-id", "r")
+    host.wait("r", "CANCELLED")
+    for _ in range(2):
+        answer = host.ok("restore", "--job-id", "r")
+        assert answer["already"] is True and answer["state"] == "CANCELLED"
+
+
+# ── locks ────────────────────────────────────────────────────────────────────────────────────────────
+
+def gpu_spec(host: Host, mode: str, *args: str, required: int = 0, drain: float = 5.0, **extra) -> dict:
+    return host.spec(mode, *args, gpu={"devices": ["0"], "required_mib": required, "drain_timeout": drain}, **extra)
+
+
+def test_a_busy_gpu_refuses_a_second_job_naming_the_holder(host):
+    first = host.start("a", gpu_spec(host, "sleep", "30", "0"))
+    host.wait("a", "RUNNING")
+    rc, answer = host.call("start", "--job-id", "b", spec=gpu_spec(host, "sleep", "0", "0"))
+    assert rc == 1 and answer["error"] == "busy"
+    assert answer["holder"]["job_id"] == "a" and answer["holder"]["pid"] == first["supervisor_pid"]
+    assert answer["holder"]["key"] == "gpu-0" and "job a" in answer["message"]
+    assert host.status("b")["state"] == "UNKNOWN"  # refused: the id stays free for a retry
+    locks = host.ok("preflight", spec=gpu_spec(host, "sleep", "0", "0"))["locks"]
+    assert locks == [{"key": "gpu-0", "held": True, "holder": dict(answer["holder"])}]
+
+
+def test_cpu_jobs_take_no_lock_and_run_side_by_side(host):
+    host.start("a", host.spec("sleep", "30", "0"))
+    host.start("b", host.spec("sleep", "30", "0"))
+    host.wait("a", "RUNNING")
+    host.wait("b", "RUNNING")
+
+
+def test_queue_waits_for_the_lock_then_runs(host):
+    host.start("a", gpu_spec(host, "sleep", "1.5", "0"))
+    host.wait("a", "RUNNING")
+    answer = host.start("b", gpu_spec(host, "sleep", "0", "0"), "--queue")
+    assert answer["state"] == "QUEUED" and answer["queued"] is True
+    assert host.status("b")["state"] == "QUEUED"
+    host.wait("a", "SUCCEEDED")
+    status = host.wait("b", "SUCCEEDED")
+    assert status["started_at"] >= host.status("a")["ended_at"]
+
+
+def test_a_queued_job_can_be_cancelled(host):
+    host.start("a", gpu_spec(host, "sleep", "30", "0"))
+    host.wait("a", "RUNNING")
+    host.start("b", gpu_spec(host, "sleep", "0", "0"), "--queue")
+    host.ok("cancel", "--job-id", "b")
+    status = host.wait("b", "CANCELLED")
+    assert status["payload"] is None and host.status("a")["state"] == "RUNNING"
+
+
+# ── GPU drain ────────────────────────────────────────────────────────────────────────────────────────
+
+def hold_gpu(host: Host, mib: int, seconds: float) -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, str(host.payload), "hold-gpu", str(mib), str(seconds)], env=host.env)
+    deadline = time.monotonic() + 10
+    while not (host.gpu_dir / "apps" / str(proc.pid)).exists():
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    return proc
+
+
+def test_drain_waits_for_memory_then_runs(host):
+    holder = hold_gpu(host, 140000, 1.5)
+    try:
+        host.start("d", gpu_spec(host, "report", required=9100, drain=20))
+        status = host.wait("d", "SUCCEEDED")
+    finally:
+        holder.kill()
+        holder.wait()
+    assert status["gpu"]["drained_after_s"] > 0.5
+    assert host.ok("result", "--job-id", "d")["result"]["env"]["CUDA_VISIBLE_DEVICES"] == "0"
+    events = (host.root / "jobs" / "d" / "events.jsonl").read_text()
+    assert '"DRAINING"' in events
+
+
+def test_drain_timeout_names_the_pid_holding_memory(host):
+    holder = hold_gpu(host, 140000, 60)
+    try:
+        host.start("d", gpu_spec(host, "report", required=9100, drain=1))
+        status = host.wait("d", "FAILED")
+    finally:
+        holder.kill()
+        holder.wait()
+    assert f"pid {holder.pid} (140000 MiB)" in status["message"] and "9100 MiB needed" in status["message"]
+    assert status["payload"] is None and status["restored"] is True
+
+
+def test_a_gpu_the_host_lacks_fails_the_job_clearly(host):
+    spec = host.spec("report", gpu={"devices": ["7"], "required_mib": 1, "drain_timeout": 1})
+    host.start("g", spec)
+    status = host.wait("g", "FAILED")
+    assert "GPU 7 not found" in status["message"]
+
+
+def test_preflight_reports_gpus_apps_and_python(host):
+    holder = hold_gpu(host, 1000, 30)
+    try:
+        report = host.ok("preflight", spec=gpu_spec(host, "report"))
+    finally:
+        holder.kill()
+        holder.wait()
+    assert [g["index"] for g in report["gpus"]] == ["0"] and report["nvidia_smi"] is True
+    assert {"pid": holder.pid, "used_mib": 1000} in report["apps"]
+    assert report["service"] is None and report["locks"] == [{"key": "gpu-0", "held": False, "holder": None}]
+    assert report["python"].count(".") == 2
+
+
+def test_no_gpu_in_the_spec_never_calls_nvidia_smi(host):
+    broken = host.tmp / "broken-bin"
+    broken.mkdir()
+    (broken / "nvidia-smi").write_text("#!/bin/sh\ntouch \"$MARKS/nvidia-smi-called\"\nexit 9\n")
+    (broken / "nvidia-smi").chmod(0o755)
+    host.env["PATH"] = f"{broken}:{os.environ['PATH']}"
+    assert host.ok("preflight", spec=host.spec("report"))["gpus"] == []
+    host.start("c", host.spec("report"))
+    host.wait("c", "SUCCEEDED")
+    assert not (host.marks / "nvidia-smi-called").exists()
