@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tests.hosts import prereqs
+from tests.hosts.netns import start_netns_host
 from tests.hosts.prereqs import require
 from tests.hosts.sshd import start_sshd
 from tests.hosts.systemd_host import start_service_host
@@ -52,3 +53,20 @@ def service_host(service_host_session):
     """The systemd test host, reset first: default dummy unit active and healthy, default GPU, no locks."""
     service_host_session.reset()
     return service_host_session
+
+
+@pytest.fixture(scope="session")
+def netns_host_session():
+    """A systemd test host in its own network namespace, started once per session; tests use `netns_host`."""
+    require(prereqs.missing_for_netns_host())
+    host = start_netns_host()
+    yield host
+    host.stop()
+
+
+@pytest.fixture
+def netns_host(netns_host_session):
+    """The network-namespace host with its link up (a previous test may have cut it), then reset."""
+    netns_host_session.restore()
+    netns_host_session.reset()
+    return netns_host_session

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ipaddress
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -9,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.hosts._proc import wait_until
+from tests.hosts.netns import addresses_in_test_range, start_netns_host
 from tests.hosts.prereqs import missing_for_sshd, require
 from tests.hosts.sshd import NON_ROOT_USER, start_sshd
 from tests.hosts.systemd_host import start_service_host
@@ -194,3 +197,45 @@ def test_service_host_teardown_leaves_nothing_behind():
     assert not host.workdir.exists()
     assert host.process.returncode is not None
     assert Path("/proc/1/cgroup").read_text() == init_cgroup  # systemd did not escape its subtree
+
+
+def connect_error(address: str, port: int, timeout: float) -> str | None:
+    try:
+        socket.create_connection((address, port), timeout=timeout).close()
+    except OSError as exc:
+        return type(exc).__name__
+    return None
+
+
+@pytest.mark.netns
+def test_netns_host_is_a_separate_machine_on_the_test_range(netns_host):
+    assert ipaddress.ip_address(netns_host.address) in ipaddress.ip_network("10.231.0.0/16")
+    assert netns_host.address.endswith(".2")
+    result = netns_host.ssh(["ip", "-o", "-4", "addr", "show"])
+    assert f"inet {netns_host.address}/30" in result.stdout
+    assert netns_host.service_state() == "active"
+    assert netns_host.health_status() == 200
+
+
+@pytest.mark.netns
+def test_cut_makes_connects_time_out_and_restore_recovers(netns_host):
+    netns_host.cut()
+    assert connect_error(netns_host.address, netns_host.port, timeout=1) == "TimeoutError"
+    netns_host.restore()
+    wait_until(lambda: connect_error(netns_host.address, netns_host.port, timeout=1) is None, timeout=10,
+               what="the link to come back")
+    assert netns_host.ssh(["echo", "back"]).stdout == "back\n"
+
+
+@pytest.mark.netns
+def test_netns_host_teardown_leaves_nothing_behind():
+    host = start_netns_host()
+    host.cut()
+    host.stop()
+    assert host.link.netns not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    assert host.link.outer_veth not in links
+    assert not host.cgroup.exists()
+    if not addresses_in_test_range():  # another test run may still use the range and its blackhole
+        routes = subprocess.run(["ip", "route", "show", "type", "blackhole"], capture_output=True, text=True)
+        assert "10.231.0.0/16" not in routes.stdout

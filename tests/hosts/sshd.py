@@ -82,7 +82,7 @@ class SshHost:
         if not other.exists():
             generate_key(other)
         path = self.workdir / "known_hosts.wrong"
-        path.write_text(known_hosts_line(self.port, public_key(other)))
+        path.write_text(known_hosts_line(self.port, public_key(other), self.address))
         return path
 
     def empty_known_hosts(self) -> Path:
@@ -129,14 +129,15 @@ def public_key(private_path: Path) -> str:
     return " ".join(Path(f"{private_path}.pub").read_text().split()[:2])
 
 
-def known_hosts_line(port: int, key: str) -> str:
-    return f"[{ADDRESS}]:{port} {key}\n"
+def known_hosts_line(port: int, key: str, address: str = ADDRESS) -> str:
+    host = address if port == 22 else f"[{address}]:{port}"
+    return f"{host} {key}\n"
 
 
-def sshd_config_text(workdir: Path, port: int) -> str:
+def sshd_config_text(workdir: Path, port: int, address: str) -> str:
     return "\n".join([
         f"Port {port}",
-        f"ListenAddress {ADDRESS}",
+        f"ListenAddress {address}",
         f"HostKey {workdir / 'host_key'}",
         "PidFile none",
         f"AuthorizedKeysFile {workdir / 'authorized_keys'}",
@@ -151,12 +152,12 @@ def sshd_config_text(workdir: Path, port: int) -> str:
     ])
 
 
-def ssh_config_text(workdir: Path, port: int, users: list[str]) -> str:
+def ssh_config_text(workdir: Path, port: int, users: list[str], address: str) -> str:
     blocks = []
     for user in users:
         blocks.append("\n".join([
             f"Host {alias_for(user)}",
-            f"    HostName {ADDRESS}",
+            f"    HostName {address}",
             f"    Port {port}",
             f"    User {user}",
             f"    IdentityFile {workdir / 'client_key'}",
@@ -172,16 +173,16 @@ def ssh_config_text(workdir: Path, port: int, users: list[str]) -> str:
     return "\n".join(blocks)
 
 
-def write_ssh_files(workdir: Path, port: int, users: list[str]) -> None:
+def write_ssh_files(workdir: Path, port: int, users: list[str], address: str = ADDRESS) -> None:
     """Host key, one client key accepted for every user, sshd_config, known_hosts, ssh_config."""
     for name in ("host_key", "client_key"):
         if not (workdir / name).exists():
             generate_key(workdir / name)
     (workdir / "authorized_keys").write_text(public_key(workdir / "client_key") + "\n")
     (workdir / "authorized_keys").chmod(0o644)
-    (workdir / "sshd_config").write_text(sshd_config_text(workdir, port))
-    (workdir / "known_hosts").write_text(known_hosts_line(port, public_key(workdir / "host_key")))
-    (workdir / "ssh_config").write_text(ssh_config_text(workdir, port, users))
+    (workdir / "sshd_config").write_text(sshd_config_text(workdir, port, address))
+    (workdir / "known_hosts").write_text(known_hosts_line(port, public_key(workdir / "host_key"), address))
+    (workdir / "ssh_config").write_text(ssh_config_text(workdir, port, users, address))
 
 
 def private_home_lines(home: str, index: int) -> list[str]:
@@ -217,11 +218,11 @@ def namespace_setup_script(gpu_dir: Path, users: list[str]) -> str:
     return "\n".join(lines)
 
 
-def wait_for_sshd(process: subprocess.Popen, port: int, log: Path) -> None:
+def wait_for_sshd(process: subprocess.Popen, port: int, log: Path, address: str = ADDRESS) -> None:
     def ready() -> bool:
         if process.poll() is not None:
             raise RuntimeError(f"sshd exited with {process.returncode}: {log.read_text()[-2000:]}")
-        return port_accepts(ADDRESS, port)
+        return port_accepts(address, port)
 
     wait_until(ready, timeout=10, what=f"sshd on port {port} (log: {log})")
 

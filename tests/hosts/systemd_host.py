@@ -185,17 +185,26 @@ def new_cgroup() -> Path:
     return cgroup
 
 
-def launch(workdir: Path, cgroup: Path, gpu_dir: Path) -> tuple[subprocess.Popen, int]:
-    for _attempt in range(3):  # the picked port may be taken before sshd binds it
-        port = free_port()
-        sshd.write_ssh_files(workdir, port, list(USERS))
+@dataclass
+class Placement:
+    """Where the host's sshd listens and what its processes are started through (e.g. nsenter --net)."""
+
+    address: str = sshd.ADDRESS
+    port: int | None = None  # None: a free loopback port, retried if taken before sshd binds it
+    wrapper: tuple[str, ...] = ()
+
+
+def launch(workdir: Path, cgroup: Path, gpu_dir: Path, placement: Placement) -> tuple[subprocess.Popen, int]:
+    for _attempt in range(3):
+        port = placement.port or free_port()
+        sshd.write_ssh_files(workdir, port, list(USERS), placement.address)
         (workdir / "inner.sh").write_text(inner_script(workdir, gpu_dir) + "\n")
         log = workdir / "sshd.log"
         with open(log, "ab") as log_file:
-            process = subprocess.Popen(["sh", "-c", outer_script(cgroup, workdir)],
+            process = subprocess.Popen([*placement.wrapper, "sh", "-c", outer_script(cgroup, workdir)],
                                        stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file)
         try:
-            sshd.wait_for_sshd(process, port, log)
+            sshd.wait_for_sshd(process, port, log, placement.address)
             return process, port
         except RuntimeError:
             kill_cgroup_tree(cgroup)
@@ -203,8 +212,11 @@ def launch(workdir: Path, cgroup: Path, gpu_dir: Path) -> tuple[subprocess.Popen
     raise RuntimeError(f"systemd test host did not start; see {workdir}")
 
 
-def start_service_host() -> ServiceHost:
-    """Start a confined systemd manager + sshd with the dummy unit active and healthy."""
+def start_service_host(placement: Placement = Placement(), host_class: type = ServiceHost, **extra) -> ServiceHost:
+    """Start a confined systemd manager + sshd with the dummy unit active and healthy.
+
+    `host_class`/`extra` let a variant (the network-namespace host) add its own fields and teardown.
+    """
     for user in USERS[1:]:
         ensure_login_user(user)
     workdir = shared_tmpdir("runner-systemd-")
@@ -213,17 +225,17 @@ def start_service_host() -> ServiceHost:
     write_private_sudoers(workdir / "sudoers.d")
     cgroup = new_cgroup()
     try:
-        process, port = launch(workdir, cgroup, gpu_dir)
+        process, port = launch(workdir, cgroup, gpu_dir, placement)
     except BaseException:
         kill_cgroup_tree(cgroup)
         raise
     service_port = free_port()
-    host = ServiceHost(address=sshd.ADDRESS, port=port, user="root", key_path=workdir / "client_key",
-                       known_hosts=workdir / "known_hosts", ssh_config=workdir / "ssh_config",
-                       alias=sshd.ROOT_ALIAS, host_key=sshd.public_key(workdir / "host_key"), gpu_dir=gpu_dir,
-                       workdir=workdir, process=process, health_url=f"http://127.0.0.1:{service_port}/health",
-                       service_port=service_port, cgroup=cgroup, units_dir=workdir / "units",
-                       service_log=workdir / "dummy-infer.log")
+    host = host_class(address=placement.address, port=port, user="root", key_path=workdir / "client_key",
+                      known_hosts=workdir / "known_hosts", ssh_config=workdir / "ssh_config",
+                      alias=sshd.ROOT_ALIAS, host_key=sshd.public_key(workdir / "host_key"), gpu_dir=gpu_dir,
+                      workdir=workdir, process=process, health_url=f"http://127.0.0.1:{service_port}/health",
+                      service_port=service_port, cgroup=cgroup, units_dir=workdir / "units",
+                      service_log=workdir / "dummy-infer.log", **extra)
     try:
         host.reset()
     except BaseException:

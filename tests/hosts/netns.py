@@ -1,0 +1,137 @@
+"""A systemd test host inside its own network namespace: a separate machine at 10.231.x.2 whose link
+tests can cut and restore.
+
+Safety (tests/hosts notes): before any veth exists, `blackhole 10.231.0.0/16` is routed, so traffic for a
+test address never leaves through the real default route when a link is down. A cut is an iptables DROP
+inside the namespace: open sessions stall and new connects time out, as on a real outage. Processes
+start through `nsenter --net` (not `ip netns exec`, which remounts /sys and hides the cgroup2 tree).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import itertools
+import os
+import subprocess
+from dataclasses import dataclass
+
+from .systemd_host import Placement, ServiceHost, start_service_host
+
+TEST_RANGE = ipaddress.ip_network("10.231.0.0/16")
+SSH_PORT = 22
+_numbers = itertools.count()
+
+
+def ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(["ip", *args], capture_output=True, text=True, check=check)
+
+
+def addresses_in_test_range() -> set[ipaddress.IPv4Address]:
+    """Test-range addresses on this machine's links (other test runs may hold some)."""
+    found = set()
+    for line in ip("-o", "-4", "addr", "show").stdout.splitlines():
+        address = ipaddress.ip_interface(line.split()[3])
+        if address.ip in TEST_RANGE:
+            found.add(address.ip)
+    return found
+
+
+def free_subnet() -> ipaddress.IPv4Network:
+    """The first /30 of the test range with no address on this machine's side."""
+    used = addresses_in_test_range()
+    for subnet in TEST_RANGE.subnets(new_prefix=30):
+        if subnet[1] not in used:
+            return subnet
+    raise RuntimeError(f"no free /30 left in {TEST_RANGE}")
+
+
+def has_blackhole() -> bool:
+    return f"blackhole {TEST_RANGE}" in ip("route", "show", "type", "blackhole").stdout
+
+
+def ensure_blackhole() -> None:
+    """Route the test range to a blackhole; another test run may have added it already."""
+    if not has_blackhole():
+        ip("route", "add", "blackhole", str(TEST_RANGE), check=False)
+    if not has_blackhole():
+        raise RuntimeError(f"could not route {TEST_RANGE} to a blackhole; refusing to create test links")
+
+
+def remove_blackhole_if_unused() -> None:
+    """Leave the route while any test link still uses the range (another test run's, for instance)."""
+    if not addresses_in_test_range():
+        ip("route", "del", "blackhole", str(TEST_RANGE), check=False)
+
+
+@dataclass
+class NetnsLink:
+    netns: str
+    outer_veth: str
+    inner_veth: str
+    subnet: ipaddress.IPv4Network
+
+    @property
+    def host_address(self) -> str:
+        return str(self.subnet[2])
+
+    def create(self) -> None:
+        ip("netns", "add", self.netns)
+        ip("link", "add", self.outer_veth, "type", "veth", "peer", "name", self.inner_veth, "netns", self.netns)
+        ip("addr", "add", f"{self.subnet[1]}/30", "dev", self.outer_veth)
+        ip("link", "set", self.outer_veth, "up")
+        ip("-n", self.netns, "addr", "add", f"{self.subnet[2]}/30", "dev", self.inner_veth)
+        ip("-n", self.netns, "link", "set", self.inner_veth, "up")
+        ip("-n", self.netns, "link", "set", "lo", "up")
+
+    def delete(self) -> None:
+        """Deleting the namespace deletes its end of the veth pair, and with it ours."""
+        ip("netns", "del", self.netns, check=False)
+        ip("link", "del", self.outer_veth, check=False)
+
+    def iptables(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+        return subprocess.run(["nsenter", f"--net=/run/netns/{self.netns}", "iptables", *args],
+                              capture_output=True, text=True, check=check)
+
+
+@dataclass
+class NetnsServiceHost(ServiceHost):
+    """A ServiceHost reachable only over its veth link; `cut()` drops every packet arriving on it."""
+
+    link: NetnsLink | None = None
+
+    def cut(self) -> None:
+        self.link.iptables("-A", "INPUT", "-i", self.link.inner_veth, "-j", "DROP")
+
+    def restore(self) -> None:
+        """Remove every DROP rule `cut` added (idempotent)."""
+        while self.link.iptables("-D", "INPUT", "-i", self.link.inner_veth, "-j", "DROP",
+                                 check=False).returncode == 0:
+            pass
+
+    def stop(self) -> None:
+        try:
+            super().stop()
+        finally:
+            self.link.delete()
+            remove_blackhole_if_unused()
+
+
+def new_link() -> NetnsLink:
+    tag = f"{os.getpid() % 100000}x{next(_numbers)}"  # veth names are limited to 15 characters
+    return NetnsLink(netns=f"runner-test-{tag}", outer_veth=f"rtv{tag}a", inner_veth=f"rtv{tag}b",
+                     subnet=free_subnet())
+
+
+def start_netns_host() -> NetnsServiceHost:
+    """A systemd test host in a fresh network namespace; its sshd listens on port 22 of the link."""
+    ensure_blackhole()
+    link = new_link()
+    try:
+        link.create()
+        placement = Placement(address=link.host_address, port=SSH_PORT,
+                              wrapper=("nsenter", f"--net=/run/netns/{link.netns}"))
+        return start_service_host(placement, NetnsServiceHost, link=link)
+    except BaseException:
+        link.delete()
+        remove_blackhole_if_unused()
+        raise
