@@ -10,7 +10,9 @@ import ipaddress
 import json
 import math
 import re
+import stat
 import unicodedata
+from collections.abc import Hashable
 from datetime import datetime
 from pathlib import Path, PurePosixPath
 from typing import Annotated, Any, Literal, Sequence, Union
@@ -375,7 +377,7 @@ def load_spec(path: str | Path, overrides: Sequence[str] = ()) -> JobSpec:
     try:
         spec = JobSpec.model_validate(document)
     except ValidationError as exc:
-        raise SpecError("\n".join(_describe_error(path, error) for error in exc.errors())) from None
+        raise SpecError(_describe_errors(path, exc.errors())) from None
     spec._spec_path = path
     return spec
 
@@ -384,12 +386,17 @@ def _read_text(path: Path) -> str:
     try:
         if path.is_dir():
             raise SpecError(f"{path}: is a directory, not a job spec file")
+        if not stat.S_ISREG(path.stat().st_mode):
+            # A FIFO or device could block the read forever; a command must never hang (invariant 2).
+            raise SpecError(f"{path}: not a regular file")
         with path.open("rb") as f:
             data = f.read(MAX_SPEC_BYTES + 1)
     except FileNotFoundError:
         raise SpecError(f"{path}: no such file") from None
     except OSError as exc:
         raise SpecError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    except ValueError as exc:  # a NUL in the path
+        raise SpecError(f"{path!r}: not a usable path ({exc})") from None
     if len(data) > MAX_SPEC_BYTES:
         raise SpecError(f"{path}: larger than {MAX_SPEC_BYTES} bytes; a job spec is a small YAML file")
     try:
@@ -400,7 +407,7 @@ def _read_text(path: Path) -> str:
 
 def _parse_yaml(path: Path, text: str) -> dict:
     try:
-        document = yaml.safe_load(text)
+        document = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader subclass)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
@@ -411,6 +418,22 @@ def _parse_yaml(path: Path, text: str) -> dict:
     if not isinstance(document, dict):
         raise SpecError(f"{path}: the top level must be a mapping (name:, host:, payload:, …); got {_kind(document)}")
     return document
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that refuses a key written twice in one mapping; PyYAML would silently keep the last."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: set = set()
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # `<<: *base` may legitimately repeat keys that this mapping then overrides
+            key = self.construct_object(key_node, deep=deep)
+            if isinstance(key, Hashable) and key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
+            if isinstance(key, Hashable):
+                seen.add(key)
+        return super().construct_mapping(node, deep=deep)
 
 
 def _apply_override(document: dict, override: str, path: Path) -> None:
@@ -429,6 +452,13 @@ def _apply_override(document: dict, override: str, path: Path) -> None:
         if not isinstance(target, dict):
             raise SpecError(f"{path}: --set {override!r}: {'.'.join(keys[:depth + 1])} is not a mapping")
     target[keys[-1]] = value
+
+
+def _describe_errors(path: Path, errors: list[dict], limit: int = 20) -> str:
+    lines = [_describe_error(path, error) for error in errors[:limit]]
+    if len(errors) > limit:
+        lines.append(f"{path}: … and {len(errors) - limit} more errors")
+    return "\n".join(lines)
 
 
 def _describe_error(path: Path, error: dict) -> str:

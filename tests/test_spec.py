@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import re
 import shutil
 from datetime import datetime, timezone
@@ -158,7 +159,7 @@ def test_overrides_set_typed_values_and_create_mappings():
     assert spec.payload.env["NEW_VAR"] == "42" and spec.host.port == 2222
 
 
-def test_overrides_create_missing_sections(tmp_path):
+def test_overrides_create_missing_sections():
     spec = load_spec(DATA / "minimal.yaml", ["service.manager=systemd", "service.unit=sglang"])
     assert spec.service.unit == "sglang.service"
 
@@ -402,6 +403,31 @@ def test_bad_yaml_text(tmp_path, content, pattern):
     assert re.match(re.escape(str(path)) + pattern, spec_error_lines(path)[0])
 
 
+def test_duplicate_keys_are_refused_with_their_position(tmp_path):
+    path = tmp_path / "job.yaml"
+    path.write_text("name: a\nhost: {address: local}\npayload: {script: x.py}\nname: b\n")
+    assert spec_error_lines(path) == [f"{path}:4:1: duplicate key 'name'"]
+
+
+def test_merge_keys_may_override_what_they_merge(tmp_path):
+    path = tmp_path / "job.yaml"
+    path.write_text("name: m\nhost: {address: local}\npayload:\n  script: x.py\n"
+                    "  env: &base {A: '1', B: '2'}\n  args: {<<: *base, A: 3}\n")
+    assert load_spec(path).payload.args == {"A": 3, "B": "2"}
+
+
+def test_a_fifo_is_refused_without_blocking(tmp_path):
+    path = tmp_path / "job.yaml"
+    os.mkfifo(path)
+    assert spec_error_lines(path) == [f"{path}: not a regular file"]
+
+
+def test_many_errors_are_capped(tmp_path):
+    path = write_yaml(tmp_path, with_changes(example_document(), {"gpu.devices": [-1] * 50}))
+    lines = spec_error_lines(path)
+    assert len(lines) == 21 and lines[-1] == f"{path}: … and 30 more errors"
+
+
 def test_huge_file_is_refused_before_parsing(tmp_path):
     path = tmp_path / "huge.yaml"
     path.write_text("name: x\n" + "# padding\n" * 110_000)
@@ -462,6 +488,20 @@ def test_any_document_is_a_spec_or_a_spec_error(tmp_path, document):
 def test_any_text_is_a_spec_or_a_spec_error(tmp_path, content):
     path = tmp_path / "job.yaml"
     path.write_bytes(content if isinstance(content, bytes) else content.encode("utf-8", "surrogatepass"))
+    load_or_spec_error(path)
+
+
+FIELD_PATHS = ["name", "host", "host.address", "host.port", "host.user", "host.root", "service", "service.manager",
+               "service.unit", "service.health_url", "gpu.devices", "gpu.min_free_mib", "payload", "payload.python",
+               "payload.script", "payload.args", "payload.args.experts", "payload.env", "payload.env.X",
+               "payload.command", "limits.max_runtime", "limits.grace"]
+
+
+@settings(suppress_health_check=[HealthCheck.function_scoped_fixture], max_examples=300, deadline=None)
+@given(st.sampled_from(FIELD_PATHS), DOCUMENTS)
+def test_any_value_in_any_field_is_a_spec_or_a_spec_error(tmp_path, field, value):
+    """The example with one field replaced: reaches every validator, unlike documents built from nothing."""
+    path = write_yaml(tmp_path, with_changes(example_document(), {field: value}))
     load_or_spec_error(path)
 
 
