@@ -1,0 +1,108 @@
+"""Helpers for tests that drive the real `runner` CLI as a separate process, as a user or an agent would."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class Target:
+    """Where jobs go: `host` is the spec's host section; `root` is the host-side ROOT as seen from here."""
+
+    kind: str
+    host: dict
+    root: Path
+    env: dict
+    ssh_host: object = None  # tests.hosts.sshd.SshHost for ssh targets: PIDs there live in its namespace
+
+
+def run_cli(target: Target, *args: str, timeout: float = 120, env: dict | None = None) -> subprocess.CompletedProcess:
+    full_env = {**os.environ, **target.env, **(env or {})}
+    return subprocess.run([sys.executable, "-m", "runner", *args], capture_output=True, timeout=timeout,
+                          env=full_env, cwd=REPO)
+
+
+def write_job(path: Path, target: Target, *, command: list[str] | None = None, script: str | None = None,
+              name: str = "test job", max_runtime: str = "5m", grace: str = "2s", env: dict | None = None,
+              args: dict | None = None, service: dict | None = None, gpu: dict | None = None) -> Path:
+    payload: dict = {"env": env or {}}
+    if command is not None:
+        payload["command"] = command
+    else:
+        payload["script"] = script
+        payload["args"] = args or {}
+    spec = {"name": name, "host": target.host, "service": service or {"manager": "none"},
+            "payload": payload, "limits": {"max_runtime": max_runtime, "grace": grace}}
+    if gpu:
+        spec["gpu"] = gpu
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return path
+
+
+def python_payload(directory: Path, name: str, body: str) -> list[str]:
+    """Write a payload script readable by any local user; return its command argv."""
+    path = directory / name
+    path.write_text(textwrap.dedent(body))
+    path.chmod(0o755)
+    return ["python3", str(path)]
+
+
+def submit(target: Target, job_file: Path, *extra: str) -> str:
+    done = run_cli(target, "submit", str(job_file), "--json", *extra)
+    assert done.returncode == 0, done.stderr.decode()
+    return json.loads(done.stdout)["job_id"]
+
+
+def status(target: Target, job_id: str) -> dict:
+    done = run_cli(target, "status", job_id, "--json")
+    assert done.returncode == 0, done.stderr.decode()
+    return json.loads(done.stdout)
+
+
+def wait_terminal(target: Target, job_id: str, timeout: float = 90) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        job = status(target, job_id)
+        if job["state"] in ("SUCCEEDED", "FAILED", "TIMED_OUT", "CANCELLED", "LOST"):
+            return job
+        time.sleep(0.3)
+    raise AssertionError(f"{job_id} not terminal after {timeout}s: {job}")
+
+
+def job_dir(target: Target, job_id: str) -> Path:
+    return target.root / "jobs" / job_id
+
+
+def wait_for(predicate, timeout: float = 30, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def pid_alive_on(target: Target, pid: int) -> bool:
+    """Is `pid` a live (non-zombie) process on the target host? (ssh hosts have their own PID namespace)"""
+    if target.ssh_host is None:
+        return pid_alive(pid)
+    done = target.ssh_host.ssh(["cat", f"/proc/{pid}/stat"])
+    return done.returncode == 0 and done.stdout.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat")
+    return stat.exists() and stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"
