@@ -53,6 +53,7 @@ LOCK_POLL_S = 0.5
 KILL_CONFIRM_S = 10.0        # after SIGKILL, how long to wait for the group to vanish
 LOG_MAX_BYTES = 4 << 20
 CMD_TIMEOUT_S = 120.0
+SETTLE_S = 2.0               # without a health URL, how long a unit must stay active to count as healthy
 SUDO_HINT = ("sudo asks for a password; add a NOPASSWD sudoers rule for systemctl (and systemd-run), e.g. "
              "'USER ALL=(root) NOPASSWD: /usr/bin/systemctl, /usr/bin/systemd-run' via visudo -f "
              "/etc/sudoers.d/runner")
@@ -398,17 +399,21 @@ def run_command(argv: list, timeout: float = CMD_TIMEOUT_S) -> subprocess.Comple
 
 
 class Systemd:
-    """systemctl/systemd-run/journalctl argv for one scope; `sudo -n` only for the calls that change state."""
+    """systemctl/systemd-run/journalctl argv for one scope. With sudo, every call goes through `sudo -n`:
+    a login that may not manage the unit often cannot even read its state (no system bus access)."""
 
     def __init__(self, scope: str = "system", sudo: bool = False) -> None:
         self.user = ["--user"] if scope == "user" else []
         self.sudo = ["sudo", "-n"] if sudo else []
 
-    def argv(self, tool: str, *args: str, change: bool = False) -> list:
-        return (self.sudo if change else []) + [tool] + self.user + list(args)
+    def argv(self, tool: str, *args: str) -> list:
+        return self.sudo + [tool] + self.user + list(args)
 
     def show(self, unit: str) -> dict:
         done = run_command(self.argv("systemctl", "show", "--property=ActiveState,SubState,MainPID", unit))
+        if done.returncode != 0:
+            raise Fail("internal", "cannot read the state of %s: %s" % (
+                unit, done.stderr.decode("utf-8", "replace").strip()[-300:]))
         return parse_systemctl_show(done.stdout.decode("utf-8", "replace"))
 
     def is_active(self, unit: str) -> str:
@@ -416,13 +421,13 @@ class Systemd:
         return done.stdout.decode("utf-8", "replace").strip() or "unknown"
 
     def change(self, verb: str, unit: str, *flags: str, timeout: float = CMD_TIMEOUT_S) -> None:
-        done = run_command(self.argv("systemctl", verb, *flags, unit, change=True), timeout=timeout)
+        done = run_command(self.argv("systemctl", verb, *flags, unit), timeout=timeout)
         if done.returncode != 0:
             raise Fail("internal", "systemctl %s %s failed (exit %d): %s" % (
                 verb, unit, done.returncode, done.stderr.decode("utf-8", "replace").strip()[-500:]))
 
     def timer_argv(self, unit: str, seconds: float, command: list) -> list:
-        return self.argv("systemd-run", "--on-active=%ds" % int(seconds), "--unit=" + unit, *command, change=True)
+        return self.argv("systemd-run", "--on-active=%ds" % int(seconds), "--unit=" + unit, *command)
 
     def log_tail(self, unit: str, lines: int = 20) -> str:
         """The unit's last log lines; without a journal, say so and show `systemctl status` instead."""
@@ -463,15 +468,20 @@ def health_ok(url) -> bool:
 
 
 def wait_healthy(ctl: Systemd, unit: str, url, timeout: float):
-    """Poll until active (and url 2xx) or failed or timeout. Returns (healthy, active_state)."""
+    """Poll until healthy, failed or timeout; returns (healthy, active_state). Healthy: active and the
+    health URL answers 2xx; with no URL, active for SETTLE_S in a row (a Type=simple unit is "active" the
+    moment its process is forked, even one that dies a second later)."""
     deadline = time.monotonic() + timeout
+    active_since = None
     while True:
         state = ctl.is_active(unit)
-        if state == "active" and health_ok(url):
+        now = time.monotonic()
+        active_since = (active_since or now) if state == "active" else None
+        if active_since is not None and (health_ok(url) if url else now - active_since >= SETTLE_S):
             return True, state
-        if state == "failed" or time.monotonic() >= deadline:
+        if state == "failed" or now >= deadline:
             return False, state
-        time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+        time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
 
 
 # ── gpu ───────────────────────────────────────────────────────────────────────────────────────────────
@@ -716,7 +726,7 @@ def stop_guard_timer(job: Job) -> None:
     timer = job.status.get("timer")
     if timer:
         try:
-            run_command(job.ctl.argv("systemctl", "stop", timer, change=True), timeout=30)
+            run_command(job.ctl.argv("systemctl", "stop", timer), timeout=30)
         except Fail as exc:
             job.event("guard-timer", stopped=False, detail=str(exc))
 
@@ -1285,7 +1295,8 @@ def cmd_preflight(args) -> dict:
     service = None
     if spec["service"]["manager"] == "systemd":
         unit = spec["service"]["unit"]
-        service = dict(Systemd(spec["service"]["scope"]).show(unit), manager="systemd", unit=unit)
+        ctl = Systemd(spec["service"]["scope"], spec["service"]["sudo"])
+        service = dict(ctl.show(unit), manager="systemd", unit=unit)
     locks = [probe_lock(args.root, key) for key in lock_keys(spec)]
     return dict({"ok": True, "service": service, "locks": locks, "python": "%d.%d.%d" % sys.version_info[:3]},
                 **preflight_gpus(spec))
