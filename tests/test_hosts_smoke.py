@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.hosts._proc import wait_until
+from tests.hosts._proc import free_port, wait_until
 from tests.hosts.netns import addresses_in_test_range, start_netns_host
 from tests.hosts.prereqs import missing_for_sshd, require
 from tests.hosts.sshd import NON_ROOT_USER, start_sshd
@@ -154,6 +154,17 @@ def test_unit_variants_fail_to_start_or_start_slowly(service_host):
     service_host.systemctl("reset-failed")
     service_host.systemctl("start", "--no-block", service_host.unit).check_returncode()
     assert service_host.service_state() == "activating"
+
+
+@pytest.mark.systemd
+def test_reset_removes_extra_units_and_foreign_gpu_holders(service_host):
+    service_host.install_unit("extra-infer.service", port=free_port(), hold_mib=100)
+    service_host.systemctl("start", "extra-infer.service").check_returncode()
+    wait_until(lambda: service_host.gpu_used_mib() == 4196, timeout=10, what="both units' memory")
+    service_host.reset()
+    assert service_host.service_state("extra-infer.service") == "inactive"
+    assert not (service_host.units_dir / "extra-infer.service").exists()
+    assert service_host.gpu_used_mib() == 4096
 
 
 @pytest.mark.systemd

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import ctypes
 import os
 import pwd
+import re
+import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -42,6 +46,15 @@ def shared_tmpdir(prefix: str) -> Path:
     return path
 
 
+def host_workdir(kind: str) -> Path:
+    """/tmp/runner-<kind>-<our pid>-XXXX; first removes such dirs whose owning test process is gone."""
+    for stale in Path("/tmp").glob(f"runner-{kind}-*-*"):
+        owner = re.fullmatch(rf"runner-{kind}-(\d+)-\w+", stale.name)
+        if owner and not pid_alive(int(owner.group(1))):
+            shutil.rmtree(stale, ignore_errors=True)
+    return shared_tmpdir(f"runner-{kind}-{os.getpid()}-")
+
+
 def ensure_login_user(name: str) -> None:
     """Create `name` if missing and make it able to log in with a key under `UsePAM no`.
 
@@ -69,3 +82,23 @@ def child_pids(pid: int) -> list[int]:
 
 def is_root() -> bool:
     return os.geteuid() == 0
+
+
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> None:
+    """Popen preexec_fn: SIGKILL this child when the test process dies, so a killed pytest leaks no host.
+
+    The setting survives exec, so it reaches the sshd the launch scripts exec into.
+    """
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def pid_alive(pid: int) -> bool:
+    """True for a running process; a zombie (dead, not yet reaped) counts as gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"

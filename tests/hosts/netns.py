@@ -12,13 +12,16 @@ from __future__ import annotations
 import ipaddress
 import itertools
 import os
+import re
 import subprocess
 from dataclasses import dataclass
 
+from ._proc import pid_alive
 from .systemd_host import Placement, ServiceHost, start_service_host
 
 TEST_RANGE = ipaddress.ip_network("10.231.0.0/16")
 SSH_PORT = 22
+NETNS_PREFIX = "runner-test-"
 _numbers = itertools.count()
 
 
@@ -116,10 +119,24 @@ class NetnsServiceHost(ServiceHost):
             remove_blackhole_if_unused()
 
 
+def link_for(tag: str, subnet: ipaddress.IPv4Network) -> NetnsLink:
+    # veth names are limited to 15 characters: "rtv" + "<pid>x<n>" (at most 7 + 1 + 3) + "a"
+    return NetnsLink(netns=f"{NETNS_PREFIX}{tag}", outer_veth=f"rtv{tag}a", inner_veth=f"rtv{tag}b",
+                     subnet=subnet)
+
+
+def remove_stale_links() -> None:
+    """Delete namespaces left by test runs that died without teardown (owner pid in the name is gone)."""
+    for line in ip("netns", "list").stdout.splitlines():
+        name = line.split()[0] if line.split() else ""
+        owner = re.fullmatch(rf"{NETNS_PREFIX}((\d+)x\d+)", name)
+        if owner and not pid_alive(int(owner.group(2))):
+            link_for(owner.group(1), TEST_RANGE).delete()
+
+
 def new_link() -> NetnsLink:
-    tag = f"{os.getpid() % 100000}x{next(_numbers)}"  # veth names are limited to 15 characters
-    return NetnsLink(netns=f"runner-test-{tag}", outer_veth=f"rtv{tag}a", inner_veth=f"rtv{tag}b",
-                     subnet=free_subnet())
+    remove_stale_links()
+    return link_for(f"{os.getpid()}x{next(_numbers)}", free_subnet())
 
 
 def start_netns_host() -> NetnsServiceHost:

@@ -22,15 +22,18 @@ def cgroup2_root() -> Path | None:
     return None
 
 
+def missing_tools(package_by_tool: dict[str, str]) -> list[str]:
+    return [f"no {tool} on PATH (apt-get install {package})"
+            for tool, package in package_by_tool.items() if shutil.which(tool) is None]
+
+
 def missing_for_sshd() -> list[str]:
     missing = []
     if os.geteuid() != 0:
         missing.append("not root (the test sshd needs namespaces and a root-owned /run/sshd)")
     if not SSHD.exists():
         missing.append(f"no {SSHD} (apt-get install openssh-server)")
-    for tool in ("ssh", "ssh-keygen", "unshare"):
-        if shutil.which(tool) is None:
-            missing.append(f"no {tool} on PATH (apt-get install openssh-client util-linux)")
+    missing += missing_tools({"ssh": "openssh-client", "ssh-keygen": "openssh-client", "unshare": "util-linux"})
     return missing
 
 
@@ -43,17 +46,13 @@ def missing_for_systemd_host() -> list[str]:
         missing.append(f"cgroup2 at {root} is not writable")
     if not SYSTEMD.exists() or not (SYSTEMD_USER_UNITS / "exit.target").exists():
         missing.append(f"no {SYSTEMD} or {SYSTEMD_USER_UNITS}/exit.target (apt-get install systemd)")
-    for tool in ("systemctl", "sudo", "setpriv"):
-        if shutil.which(tool) is None:
-            missing.append(f"no {tool} on PATH")
+    missing += missing_tools({"systemctl": "systemd", "sudo": "sudo"})
     return missing
 
 
 def missing_for_netns_host() -> list[str]:
     missing = missing_for_systemd_host()
-    for tool in ("ip", "iptables", "nsenter"):
-        if shutil.which(tool) is None:
-            missing.append(f"no {tool} on PATH (apt-get install iproute2 iptables util-linux)")
+    missing += missing_tools({"ip": "iproute2", "iptables": "iptables", "nsenter": "util-linux"})
     return missing
 
 

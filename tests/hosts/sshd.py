@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import gpu_state
-from ._proc import child_pids, ensure_login_user, free_port, port_accepts, shared_tmpdir, wait_until
+from ._proc import child_pids, die_with_parent, ensure_login_user, free_port, port_accepts, host_workdir, wait_until
 
 SSHD = "/usr/sbin/sshd"
 ADDRESS = "127.0.0.1"
@@ -232,7 +232,7 @@ def start_sshd(users: tuple[str, ...] = ("root", NON_ROOT_USER)) -> SshHost:
     for user in users:
         if user != "root":
             ensure_login_user(user)
-    workdir = shared_tmpdir("runner-sshd-")
+    workdir = host_workdir("sshd")
     gpu_dir = gpu_state.make_state_dir(workdir / "gpu")
     for _attempt in range(3):  # the picked port may be taken before sshd binds it
         port = free_port()
@@ -243,7 +243,7 @@ def start_sshd(users: tuple[str, ...] = ("root", NON_ROOT_USER)) -> SshHost:
             process = subprocess.Popen(
                 ["unshare", "--pid", "--fork", "--kill-child", "--mount", "--propagation", "private",
                  "--mount-proc", "--", "sh", "-c", script],
-                stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file)
+                stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file, preexec_fn=die_with_parent)
         try:
             wait_for_sshd(process, port, log)
         except RuntimeError:

@@ -17,16 +17,16 @@ from __future__ import annotations
 import itertools
 import os
 import pwd
+import re
 import shlex
 import shutil
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from . import gpu_state, sshd
-from ._proc import ensure_login_user, free_port, shared_tmpdir, wait_until
+from ._proc import die_with_parent, ensure_login_user, free_port, pid_alive, host_workdir, wait_until
 from .prereqs import SYSTEMD, SYSTEMD_USER_UNITS, cgroup2_root
 
 UNIT = "dummy-infer.service"
@@ -35,9 +35,13 @@ NO_SUDO_USER = "runnertest-nosudo"
 USERS = ("root", SUDO_USER, NO_SUDO_USER)
 DUMMY_SERVER = Path(__file__).parent / "dummy_inference.py"
 COPIED_UNITS = ("shutdown.target", "exit.target", "systemd-exit.service")
+STUB_UNITS = ("test.target", "basic.target")
+BASE_UNITS = STUB_UNITS + COPIED_UNITS
 SUDO_RULE = f"{SUDO_USER} ALL=(root) NOPASSWD: /usr/bin/systemctl, /bin/systemctl\n"
 # The probe needs only the stdlib; the system python starts faster than root's pyenv shim.
 HOST_PYTHON = "/usr/bin/python3" if Path("/usr/bin/python3").exists() else "python3"
+# Root sessions find the user manager like pam_systemd sessions do, so `systemctl --user` works too.
+ROOT_SESSION_CONFIG = "Match User root\n    SetEnv XDG_RUNTIME_DIR=/run/user/0\n"
 MANAGER_SOCKET = "/run/user/0/systemd/private"
 _host_numbers = itertools.count()
 
@@ -83,6 +87,7 @@ class ServiceHost(sshd.SshHost):
         unit's ready delay on every test.
         """
         self.set_gpu()
+        self.remove_extra_units()
         unit_file = self.units_dir / self.unit
         default_text = dummy_unit_text(self.service_log, port=self.service_port)
         changed = not unit_file.exists() or unit_file.read_text() != default_text
@@ -92,8 +97,27 @@ class ServiceHost(sshd.SshHost):
             self.systemctl("reset-failed")
             self.systemctl("restart", self.unit).check_returncode()
             wait_until(lambda: self.health_status() == 200, timeout=20, what=f"{self.unit} healthy")
+        self.release_foreign_gpu_memory()
         homes = [os.path.join(pwd.getpwnam(user).pw_dir, ".runner", "locks") for user in USERS]
         self.ssh(["rm", "-rf", *homes], check=True)
+
+    def remove_extra_units(self) -> None:
+        """Stop and delete units a test installed under other names."""
+        extra = [path for path in self.units_dir.iterdir() if path.name not in BASE_UNITS + (self.unit,)]
+        if not extra:
+            return
+        self.systemctl("stop", *(path.name for path in extra))
+        for path in extra:
+            path.unlink()
+        self.systemctl("daemon-reload").check_returncode()
+        self.systemctl("reset-failed")
+
+    def release_foreign_gpu_memory(self) -> None:
+        """Forget memory "held" by anything but the unit (a payload a test left running)."""
+        main_pid = self.systemctl("show", "-P", "MainPID", self.unit).stdout.strip()
+        for path in (self.gpu_dir / "apps").iterdir():
+            if path.name != main_pid:
+                path.unlink(missing_ok=True)
 
     def stop(self) -> None:
         """Kill everything in the host's cgroup subtree at once, wait until it is empty, remove it."""
@@ -117,7 +141,7 @@ def dummy_unit_text(log: Path, port: int, hold_mib: int = 4096, ready_delay: flo
 
 def write_units_dir(units_dir: Path) -> None:
     units_dir.mkdir()
-    for target in ("test.target", "basic.target"):
+    for target in STUB_UNITS:
         (units_dir / target).write_text(f"[Unit]\nDescription=runner test host {target}\n")
     for name in COPIED_UNITS:
         (units_dir / name).write_text((SYSTEMD_USER_UNITS / name).read_text())
@@ -179,7 +203,17 @@ def kill_cgroup_tree(cgroup: Path) -> None:
     cgroup.rmdir()
 
 
+def remove_stale_cgroups() -> None:
+    """Kill hosts left by test runs that died without teardown (their sshd died with them, the manager
+    did not): our cgroups are named runner-test-<owner pid>-<n>; the owner is gone."""
+    for cgroup in cgroup2_root().glob("runner-test-*-*"):
+        owner = re.fullmatch(r"runner-test-(\d+)-\d+", cgroup.name)
+        if owner and not pid_alive(int(owner.group(1))):
+            kill_cgroup_tree(cgroup)
+
+
 def new_cgroup() -> Path:
+    remove_stale_cgroups()
     cgroup = cgroup2_root() / f"runner-test-{os.getpid()}-{next(_host_numbers)}"
     cgroup.mkdir()
     return cgroup
@@ -198,11 +232,14 @@ def launch(workdir: Path, cgroup: Path, gpu_dir: Path, placement: Placement) -> 
     for _attempt in range(3):
         port = placement.port or free_port()
         sshd.write_ssh_files(workdir, port, list(USERS), placement.address)
+        with open(workdir / "sshd_config", "a") as config:
+            config.write(ROOT_SESSION_CONFIG)
         (workdir / "inner.sh").write_text(inner_script(workdir, gpu_dir) + "\n")
         log = workdir / "sshd.log"
         with open(log, "ab") as log_file:
             process = subprocess.Popen([*placement.wrapper, "sh", "-c", outer_script(cgroup, workdir)],
-                                       stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file)
+                                       stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file,
+                                       preexec_fn=die_with_parent)
         try:
             sshd.wait_for_sshd(process, port, log, placement.address)
             return process, port
@@ -219,7 +256,7 @@ def start_service_host(placement: Placement = Placement(), host_class: type = Se
     """
     for user in USERS[1:]:
         ensure_login_user(user)
-    workdir = shared_tmpdir("runner-systemd-")
+    workdir = host_workdir("systemd")
     gpu_dir = gpu_state.make_state_dir(workdir / "gpu")
     write_units_dir(workdir / "units")
     write_private_sudoers(workdir / "sudoers.d")
