@@ -131,8 +131,9 @@ def package_version(name: str) -> str | None:
 
 
 def environment(torch, device: str) -> dict:
+    sgl_kernel = sys.modules.get("sgl_kernel")          # loaded by the sglang backends, not imported here
     env = {"python": platform.python_version(), "torch": torch.__version__, "device": device,
-           "triton": package_version("triton"), "sgl_kernel": package_version("sglang-kernel")}
+           "triton": package_version("triton"), "sgl_kernel": getattr(sgl_kernel, "__version__", None)}
     if device == "cuda":
         props = torch.cuda.get_device_properties(0)
         env.update(gpu=props.name, sms=props.multi_processor_count, gpu_total_bytes=props.total_memory,
@@ -344,6 +345,8 @@ class Bench:
             timing_mode, why = "eager", "CUDA graphs need --device cuda and a capturable backend"
         self.result["timing"] = {"requested": a.timing, "used": timing_mode, "why": why,
                                  "iterations": a.iterations, "repeats": a.repeats}
+        from marlin_timing import nvml_sampler
+        self.gpu_state = nvml_sampler(self.torch) if self.device == "cuda" else None
         rows = []
         for m in a.batch_sizes:
             with self.events.phase("batch", m=m):
@@ -351,7 +354,7 @@ class Bench:
             if not rows:
                 self.result["first_row_s"] = self.events.since_start()
             rows.append(row)
-            self.events.emit("row", **{k: v for k, v in row.items() if k != "rep_median_us"})
+            self.events.emit("row", **{k: v for k, v in row.items() if k not in ("rep_median_us", "gpu_state")})
         self.finish(add_levers(rows))
 
     def time_one(self, m: int, mode: str) -> dict:
@@ -372,10 +375,12 @@ class Bench:
             with self.events.phase("capture", m=m):
                 graph, _ = capture_graph(eager)
             call = graph.replay
-        reps = measure(call, sets, statics, a.iterations, a.repeats, self.device == "cuda")
+        reps, states = measure(call, sets, statics, a.iterations, a.repeats, self.device == "cuda", self.gpu_state)
         self.sample_device_memory()
         row = timing_row(m, reps, sets.distinct_experts, expert_bytes(self.shape), self.copy_rate())
         row.update(rotation_sets=ROTATION_SETS, warmup_calls=WARMUP_CALLS, timing=mode)
+        if states:
+            row["gpu_state"] = states
         return row
 
     def copy_rate(self) -> float | None:

@@ -95,18 +95,6 @@ def sglang_package_dir() -> str:
     return list(spec.submodule_search_locations)[0]
 
 
-def read_sglang_version(package_dir: str) -> str:
-    """sglang/version.py holds `__version__ = "…"`; read it without importing sglang/__init__."""
-    try:
-        with open(f"{package_dir}/version.py") as fh:
-            for line in fh:
-                if line.startswith("__version__"):
-                    return line.split("=", 1)[1].strip().strip("\"'")
-    except OSError:
-        pass
-    return "unknown"
-
-
 def import_kernel_modules() -> KernelModules:
     """Register a bare `sglang` package (skipping its __init__) and import only the kernel modules."""
     package_dir = sglang_package_dir()
@@ -119,11 +107,11 @@ def import_kernel_modules() -> KernelModules:
         from sgl_kernel.scalar_type import scalar_types
         from sglang.kernels.ops.moe.moe_wna16_marlin import moe_wna16_marlin_gemm
         from sglang.kernels.ops.quantization.gptq_marlin_repack import gptq_marlin_repack
+        from sglang.version import __version__ as version      # sglang/_version.py: no heavy imports
     except Exception as exc:  # any import failure means this backend is not available here
         raise BackendUnavailable(f"{type(exc).__name__}: {exc}") from exc
     check_gemm_signature(moe_wna16_marlin_gemm)
-    return KernelModules(sgl_kernel, moe_wna16_marlin_gemm, scalar_types.uint4b8, gptq_marlin_repack,
-                         read_sglang_version(package_dir))
+    return KernelModules(sgl_kernel, moe_wna16_marlin_gemm, scalar_types.uint4b8, gptq_marlin_repack, version)
 
 
 GEMM_PARAMS_0517 = ("a", "c_or_none", "b_q_weight", "b_bias_or_none", "b_scales", "global_scale_or_none",

@@ -104,23 +104,46 @@ def capture_graph(call: Call) -> tuple["torch.cuda.CUDAGraph", object]:
     return graph, output
 
 
-def measure(call: Call, sets: RotationSets, statics: Statics, iterations: int, repeats: int,
-            cuda: bool) -> list[list[float]]:
-    """Per repetition, `iterations` timings in µs, each after loading the next rotation set."""
+def measure(call: Call, sets: RotationSets, statics: Statics, iterations: int, repeats: int, cuda: bool,
+            gpu_state: Callable[[], dict] | None = None) -> tuple[list[list[float]], list[dict]]:
+    """Per repetition, `iterations` timings in µs, each after loading the next rotation set; and the GPU's
+    clocks and power read while the repetition's work is still queued (the host runs ahead of the GPU)."""
     counter = 0
     for _ in range(WARMUP_CALLS):
         sets.load(counter % len(sets.x), statics)
         counter += 1
         call()
-    repetitions = []
+    repetitions, states = [], []
     for _ in range(repeats):
         timer = CudaTimer() if cuda else HostTimer()
         for _ in range(iterations):
             sets.load(counter % len(sets.x), statics)
             counter += 1
             timer.time(call)
+        if gpu_state:
+            states.append(gpu_state())
         repetitions.append(timer.results_us())
-    return repetitions
+    return repetitions, states
+
+
+def nvml_sampler(torch_module) -> Callable[[], dict] | None:
+    """SM clock, power, temperature and clock-event reasons of this process's GPU, or None without NVML."""
+    try:
+        import pynvml
+        pynvml.nvmlInit()
+        uuid = str(torch_module.cuda.get_device_properties(0).uuid)
+        handle = pynvml.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith("GPU-") else f"GPU-{uuid}")
+    except Exception:  # NVML is optional: no sampler, no gpu_state in the rows
+        return None
+    reasons = getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
+        getattr(pynvml, "nvmlDeviceGetCurrentClocksThrottleReasons")
+
+    def sample() -> dict:
+        return {"sm_mhz": pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM),
+                "power_w": pynvml.nvmlDeviceGetPowerUsage(handle) / 1000.0,
+                "temp_c": pynvml.nvmlDeviceGetTemperature(handle, pynvml.NVML_TEMPERATURE_GPU),
+                "clock_event_reasons": hex(reasons(handle))}
+    return sample
 
 
 class CudaTimer:

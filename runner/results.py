@@ -1,0 +1,114 @@
+"""Render a benchmark's result.json for people: a text table, and a plot of µs/token and lever vs batch size.
+
+Pure functions of the parsed result; matplotlib is an optional extra, imported only by plot_lever.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+COLUMNS = (  # header, row key, format
+    ("M", "m", "{:d}"),
+    ("median µs", "median_us", "{:.1f}"),
+    ("p10 µs", "p10_us", "{:.1f}"),
+    ("p90 µs", "p90_us", "{:.1f}"),
+    ("µs/token", "us_per_token", "{:.2f}"),
+    ("tokens/s", "tokens_per_s", "{:,.0f}"),
+    ("experts", "distinct_experts", "{:.1f}"),
+    ("GB/s", "expert_gb_per_s", "{:.0f}"),
+    ("of copy", "copy_fraction", "{:.0%}"),
+    ("lever", "lever", "{:.2f}x"),
+    ("spread", "lever_spread", "{:.1%}"),
+)
+
+
+def _cell(fmt: str, value) -> str:
+    return "-" if value is None else fmt.format(value)
+
+
+def _grid(header: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
+    lines = ["  ".join(h.rjust(w) for h, w in zip(header, widths))]
+    lines += ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in rows]
+    return "\n".join(lines)
+
+
+def _summary(result: dict) -> list[str]:
+    env = result.get("environment") or {}
+    backend = result.get("backend") or {}
+    jit = result.get("jit") or {}
+    memory = result.get("memory") or {}
+    timing = result.get("timing") or {}
+    lines = [f"{env.get('gpu') or env.get('device', '?')} · torch {env.get('torch', '?')} · "
+             f"sglang {env.get('sglang') or '-'} · backend {backend.get('used', '?')} ({backend.get('why', '')})"]
+    if jit:
+        lines.append(f"JIT {jit.get('state')}: first call {jit.get('first_call_s', 0):.1f} s"
+                     + (f", compile {jit['compile_s']:.0f} s" if jit.get("compile_s") else ""))
+    if "peak_allocated_bytes" in memory:
+        lines.append(f"memory: peak {memory['peak_allocated_bytes'] / 1e9:.2f} GB = "
+                     f"{memory['peak_over_weights']:.3f} x weights ({memory['weight_bytes'] / 1e9:.2f} GB); "
+                     f"estimate {memory['estimate_over_peak']:.3f} x peak")
+    copy = result.get("copy_bandwidth")
+    if copy:
+        lines.append(f"copy bandwidth {copy['bytes_per_s'] / 1e12:.2f} TB/s ({copy['counted']})")
+    if timing:
+        lines.append(f"timing {timing.get('used')} · {timing.get('repeats')} repeats x {timing.get('iterations')} calls")
+    floor = result.get("floor")
+    if floor:
+        lines.append(f"M={floor['m']}: {floor['measured_us']:.1f} µs = {floor['over_floor']:.2f} x the "
+                     f"{floor['floor_us']:.1f} µs floor (distinct expert bytes / copy bandwidth)")
+    return lines
+
+
+def _check_table(check: dict) -> str:
+    header = ["M", "eager rel err", "graph rel err", "ok"]
+    rows = [[str(r["m"]), _cell("{:.2e}", r["eager"]["rel_err"]),
+             _cell("{:.2e}", r.get("graph", {}).get("rel_err")), "yes" if r["ok"] else "NO"] for r in check["rows"]]
+    verdict = "PASSED" if check["passed"] else "FAILED"
+    return f"check {verdict} (tolerance {check['tolerance']:.0e})\n" + _grid(header, rows)
+
+
+def render_table(result: dict) -> str:
+    """The summary lines, then one line per batch size (or the check's rows; or the error)."""
+    parts = ["\n".join(_summary(result))]
+    if result.get("error"):
+        parts.append(f"error: {result['error']}")
+    if result.get("check"):
+        parts.append(_check_table(result["check"]))
+    rows = result.get("rows") or []
+    if rows:
+        header = [h for h, _, _ in COLUMNS]
+        parts.append(_grid(header, [[_cell(fmt, row.get(key)) for _, key, fmt in COLUMNS] for row in rows]))
+    return "\n\n".join(parts) + "\n"
+
+
+def plot_lever(result: dict, path: str | Path) -> Path:
+    """µs per token (left axis, log) and lever with its per-repetition range (right axis) against M."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import matplotlib.ticker
+
+    rows = sorted(result.get("rows") or [], key=lambda r: r["m"])
+    if not rows:
+        raise ValueError("the result has no timing rows to plot")
+    ms = [r["m"] for r in rows]
+    fig, cost = plt.subplots(figsize=(7.5, 4.5))
+    cost.plot(ms, [r["us_per_token"] for r in rows], "o-", color="tab:blue", label="µs per token")
+    cost.set(xscale="log", yscale="log", xlabel="batch size M (tokens)", ylabel="µs per token")
+    cost.set_xticks(ms, [str(m) for m in ms])
+    cost.yaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+    cost.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    lever = cost.twinx()
+    levers = [r["lever"] for r in rows]
+    low = [r["lever"] - min(r.get("rep_levers") or [r["lever"]]) for r in rows]
+    high = [max(r.get("rep_levers") or [r["lever"]]) - r["lever"] for r in rows]
+    lever.errorbar(ms, levers, yerr=[low, high], fmt="s-", color="tab:red", capsize=3, label="lever")
+    lever.set_ylabel("lever = cost/token at M=%d ÷ at M" % ms[0])
+    env, backend = result.get("environment") or {}, result.get("backend") or {}
+    timing = (result.get("timing") or {}).get("used", "?")
+    cost.set_title(f"Marlin int4 MoE on {env.get('gpu', '?')}: {backend.get('used', '?')}, {timing} timing")
+    fig.legend(loc="upper center", bbox_to_anchor=(0.5, 0.88), ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return Path(path)
