@@ -45,6 +45,17 @@ _SLUG_DROP_RE = re.compile(r"[^A-Za-z0-9._]+")  # "-" too, so runs of separators
 _RAND_RE = re.compile(r"[0-9a-f]{6}")
 
 
+# -- describing what a user gave, briefly (a value may be a megabyte long) ---------------------------------
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _kind(value: Any) -> str:
+    return "nothing" if value is None else type(value).__name__
+
+
 # -- durations --------------------------------------------------------------------------------------------
 
 def parse_duration(value: Any) -> float:
@@ -54,12 +65,15 @@ def parse_duration(value: Any) -> float:
     """
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
         raise ValueError(f"a duration must be a number of seconds or text like 30s, 5m, 1h30m; got {_kind(value)}")
-    seconds = float(value) if not isinstance(value, str) else _seconds_from_text(value)
-    if not math.isfinite(seconds) or seconds <= 0:
-        raise ValueError(f"a duration must be more than 0 seconds; got {value!r}")
+    # ints are compared as ints: float(10**400) would overflow before the range check could refuse it
+    seconds = _seconds_from_text(value) if isinstance(value, str) else value
+    if isinstance(seconds, float) and math.isnan(seconds):
+        raise ValueError("a duration must be a number, not NaN")
+    if seconds <= 0:
+        raise ValueError(f"a duration must be more than 0 seconds; got {_short(value)}")
     if seconds > MAX_DURATION_S:
-        raise ValueError(f"a duration must be at most 7 days; got {value!r}")
-    return seconds
+        raise ValueError(f"a duration must be at most 7 days; got {_short(value)}")
+    return float(seconds)
 
 
 def _seconds_from_text(text: str) -> float:
@@ -68,7 +82,7 @@ def _seconds_from_text(text: str) -> float:
         return float(stripped)
     match = _DURATION_RE.fullmatch(stripped)
     if not stripped or match is None:
-        raise ValueError(f"not a duration: {text!r} (use seconds, or e.g. 30s, 5m, 1h30m, 1d)")
+        raise ValueError(f"not a duration: {_short(text)} (use seconds, or e.g. 30s, 5m, 1h30m, 1d)")
     return sum(float(amount) * _UNIT_SECONDS[unit] for unit, amount in match.groupdict().items() if amount)
 
 
@@ -76,10 +90,6 @@ Duration = Annotated[float, BeforeValidator(parse_duration)]
 
 
 # -- field checks (each raises ValueError with a message that says what is allowed) -----------------------
-
-def _kind(value: Any) -> str:
-    return "nothing" if value is None else type(value).__name__
-
 
 def _check_text(value: Any, what: str) -> str:
     """A string for argv or a file: anything but NUL (which cannot be passed to exec)."""
@@ -109,10 +119,13 @@ def _check_address(value: Any) -> str:
     if text == "local" or _HOSTNAME_RE.fullmatch(text):
         return text
     try:
-        return str(ipaddress.ip_address(text.removeprefix("[").removesuffix("]")))
+        address = ipaddress.ip_address(text.removeprefix("[").removesuffix("]"))
+        if getattr(address, "scope_id", None):  # `fe80::1%anything` parses; a scope is no place for text
+            raise ValueError("scoped IPv6 address")
+        return str(address)
     except ValueError:
         raise ValueError(f"address must be `local`, a host name, an ssh_config alias or an IP address; "
-                         f"got {text!r}") from None
+                         f"got {_short(text)}") from None
 
 
 def _check_user(value: Any) -> str | None:
@@ -120,14 +133,14 @@ def _check_user(value: Any) -> str | None:
         return None
     text = _check_printable_line(value, "user")
     if not _USER_RE.fullmatch(text):
-        raise ValueError(f"user must be a login name ([A-Za-z0-9_][A-Za-z0-9._-]*, at most 64); got {text!r}")
+        raise ValueError(f"user must be a login name ([A-Za-z0-9_][A-Za-z0-9._-]*, at most 64); got {_short(text)}")
     return text
 
 
 def _check_host_root(value: Any) -> str:
     text = _check_printable_line(value, "root")
     if not (text == "~" or text.startswith(("~/", "/"))):
-        raise ValueError(f"root must be an absolute path or start with ~/; got {text!r}")
+        raise ValueError(f"root must be an absolute path or start with ~/; got {_short(text)}")
     return text
 
 
@@ -136,11 +149,11 @@ def _check_python(value: Any) -> str:
     text = _check_printable_line(value, "python")
     if text.startswith("/"):
         if ".." in PurePosixPath(text).parts:
-            raise ValueError(f"python must not contain `..`; got {text!r}")
+            raise ValueError(f"python must not contain `..`; got {_short(text)}")
         return text
     if _BARE_PYTHON_RE.fullmatch(text) and text not in (".", "..") and not text.startswith("-"):
         return text
-    raise ValueError(f"python must be a bare name like python3 ([A-Za-z0-9._+-]) or an absolute path; got {text!r}")
+    raise ValueError(f"python must be a bare name like python3 ([A-Za-z0-9._+-]) or an absolute path; got {_short(text)}")
 
 
 def _check_unit(value: Any) -> str | None:
@@ -149,7 +162,7 @@ def _check_unit(value: Any) -> str | None:
     text = _check_text(value, "unit")
     if not _UNIT_RE.fullmatch(text) or ".." in text or text.startswith(("-", ".", "@")) or len(text) > 240:
         raise ValueError(f"unit must be a systemd unit name (letters, digits, `:_.\\-`, one `@`; "
-                         f"no `..`, not starting with `-` or `.`); got {text!r}")
+                         f"no `..`, not starting with `-` or `.`); got {_short(text)}")
     return text if text.endswith(_UNIT_SUFFIXES) else text + ".service"
 
 
@@ -162,7 +175,7 @@ def _check_health_url(value: Any) -> str | None:
     except ValueError as exc:
         raise ValueError(f"health_url is not a URL: {exc}") from None
     if parts.scheme not in ("http", "https") or not parts.netloc or " " in text:
-        raise ValueError(f"health_url must be an http:// or https:// URL; got {text!r}")
+        raise ValueError(f"health_url must be an http:// or https:// URL; got {_short(text)}")
     return text
 
 
@@ -172,7 +185,7 @@ def _check_device(value: Any) -> int | str:
     if isinstance(value, str) and _GPU_UUID_RE.fullmatch(value):
         return value
     raise ValueError(f"a device is a GPU index (0, 1, …) or a UUID like GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx; "
-                     f"got {value!r}")
+                     f"got {_short(value)}")
 
 
 def _check_min_free_mib(value: Any) -> int | str:
@@ -180,7 +193,7 @@ def _check_min_free_mib(value: Any) -> int | str:
         return value
     if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
         return value
-    raise ValueError(f"min_free_mib must be a number of MiB (>= 0) or `auto`; got {value!r}")
+    raise ValueError(f"min_free_mib must be a number of MiB (>= 0) or `auto`; got {_short(value)}")
 
 
 def _check_script(value: Any) -> str | None:
@@ -189,7 +202,7 @@ def _check_script(value: Any) -> str | None:
     text = _check_printable_line(value, "script")
     path = PurePosixPath(text)
     if path.name in ("", ".") or path.is_absolute() or ".." in path.parts or text.endswith("/"):
-        raise ValueError(f"script must be a relative file path without `..`; got {text!r}")
+        raise ValueError(f"script must be a relative file path without `..`; got {_short(text)}")
     return text
 
 
@@ -206,15 +219,15 @@ def _check_arg_value(value: Any) -> Any:
 
 def _check_arg_key(value: Any) -> str:
     if not isinstance(value, str) or not _ARG_KEY_RE.fullmatch(value):
-        raise ValueError(f"argument names must match [A-Za-z0-9_-]+; got {value!r}")
+        raise ValueError(f"argument names must match [A-Za-z0-9_-]+; got {_short(value)}")
     return value
 
 
 def _check_env_key(value: Any) -> str:
     if not isinstance(value, str) or not _ENV_KEY_RE.fullmatch(value):
-        raise ValueError(f"environment variable names must match [A-Za-z_][A-Za-z0-9_]*; got {value!r}")
+        raise ValueError(f"environment variable names must match [A-Za-z_][A-Za-z0-9_]*; got {_short(value)}")
     if value.startswith("RUNNER_"):
-        raise ValueError(f"RUNNER_* variables are set by the supervisor and cannot be overridden; got {value!r}")
+        raise ValueError(f"RUNNER_* variables are set by the supervisor and cannot be overridden; got {_short(value)}")
     return value
 
 
@@ -343,7 +356,7 @@ class JobSpec(_Section):
         for candidate in (Path(payload_root) / script, spec_dir / script):
             if candidate.is_file():
                 return candidate
-        raise SpecError(f"{self._spec_path or '<spec>'}: payload.script: {script!r} is neither in {payload_root} "
+        raise SpecError(f"{self._spec_path or '<spec>'}: payload.script: {_short(script)} is neither in {payload_root} "
                         f"nor in {spec_dir}")
 
     def to_wire(self, job_id: str, required_mib: int, script_name: str | None) -> dict:
@@ -396,7 +409,7 @@ def _read_text(path: Path) -> str:
     except OSError as exc:
         raise SpecError(f"{path}: cannot read: {exc.strerror or exc}") from None
     except ValueError as exc:  # a NUL in the path
-        raise SpecError(f"{path!r}: not a usable path ({exc})") from None
+        raise SpecError(f"{str(path)!r}: not a usable path ({exc})") from None
     if len(data) > MAX_SPEC_BYTES:
         raise SpecError(f"{path}: larger than {MAX_SPEC_BYTES} bytes; a job spec is a small YAML file")
     try:
@@ -430,7 +443,7 @@ class _UniqueKeyLoader(yaml.SafeLoader):
                 continue  # `<<: *base` may legitimately repeat keys that this mapping then overrides
             key = self.construct_object(key_node, deep=deep)
             if isinstance(key, Hashable) and key in seen:
-                raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
+                raise yaml.constructor.ConstructorError(None, None, f"duplicate key {_short(key)}", key_node.start_mark)
             if isinstance(key, Hashable):
                 seen.add(key)
         return super().construct_mapping(node, deep=deep)
@@ -484,7 +497,9 @@ def _allowed_keys(section: tuple) -> list[str]:
 def _loc_part(part: Any) -> str:
     """Keys a user wrote appear as written, quoted when they would break the one-line message."""
     text = str(part)
-    return text if re.fullmatch(r"[A-Za-z0-9_-]+", text) else json.dumps(text)
+    if re.fullmatch(r"[A-Za-z0-9_-]{1,64}", text):
+        return text
+    return json.dumps(text if len(text) <= 64 else text[:61] + "...")
 
 
 def _one_line(text: str) -> str:
@@ -509,6 +524,6 @@ def _slug(name: str) -> str:
 def check_job_id(job_id: Any) -> str:
     """Job ids become directory names and argv words on the host: [A-Za-z0-9._-], not `.`/`..`, no leading `-`."""
     if not isinstance(job_id, str) or not JOB_ID_RE.fullmatch(job_id) or job_id in (".", "..") or job_id.startswith("-"):
-        raise SpecError(f"bad job id {job_id!r}: use 1 to 128 of [A-Za-z0-9._-], not `.` or `..`, "
+        raise SpecError(f"bad job id {_short(job_id)}: use 1 to 128 of [A-Za-z0-9._-], not `.` or `..`, "
                         f"not starting with `-`")
     return job_id

@@ -100,7 +100,8 @@ def test_durations(text, seconds):
 
 
 @pytest.mark.parametrize("text", [0, -1, "0s", "-5m", "8d", 604801, "forever", "5 minutes", "1h30", "m", "",
-                                  "30m1h", True, None, [30], float("nan"), float("inf")])
+                                  "30m1h", True, None, [30], float("nan"), float("inf"), -float("inf"), 10**400,
+                                  "9" * 400])
 def test_bad_durations_are_value_errors(text):
     with pytest.raises(ValueError):
         parse_duration(text)
@@ -302,6 +303,8 @@ BAD_FIELDS = [
     ("runtime-zero-text", {"limits.max_runtime": "0s"}, "limits.max_runtime"),
     ("runtime-absurd", {"limits.max_runtime": "8d"}, "limits.max_runtime"),
     ("runtime-word", {"limits.max_runtime": "forever"}, "limits.max_runtime"),
+    ("runtime-overflow", {"limits.max_runtime": 10**400}, "limits.max_runtime"),
+    ("runtime-inf", {"limits.max_runtime": float("inf")}, "limits.max_runtime"),
     ("grace-bool", {"limits.grace": True}, "limits.grace"),
     ("health-timeout-negative", {"service.health_timeout": -1}, "service.health_timeout"),
     ("drain-zero", {"gpu.drain_timeout": 0}, "gpu.drain_timeout"),
@@ -311,6 +314,7 @@ BAD_FIELDS = [
     ("port-huge", {"host.port": 70000}, "host.port"),
     ("address-option", {"host.address": "-oProxyCommand=sh"}, "host.address"),
     ("address-space", {"host.address": "ct200 ; id"}, "host.address"),
+    ("address-ipv6-scope", {"host.address": "fe80::1%;id"}, "host.address"),
     ("user-semicolon", {"host.user": "root;id"}, "host.user"),
     ("root-relative", {"host.root": "runner"}, "host.root"),
     ("host-python-shell", {"host.python": "python3 -c 'import os'"}, "host.python"),
@@ -428,6 +432,10 @@ def test_many_errors_are_capped(tmp_path):
     assert len(lines) == 21 and lines[-1] == f"{path}: … and 30 more errors"
 
 
+def test_path_with_nul_is_a_spec_error():
+    assert spec_error_lines("job\0.yaml")[0].startswith("'job\\x00.yaml': not a usable path")
+
+
 def test_huge_file_is_refused_before_parsing(tmp_path):
     path = tmp_path / "huge.yaml"
     path.write_text("name: x\n" + "# padding\n" * 110_000)
@@ -461,7 +469,7 @@ def test_bad_override_is_named(override, why):
 
 FIELD_NAMES = ["name", "host", "address", "service", "manager", "unit", "gpu", "devices", "payload", "script",
                "command", "args", "env", "limits", "max_runtime", "python", "port"]
-SCALARS = (st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats(allow_nan=True)
+SCALARS = (st.none() | st.booleans() | st.integers() | st.sampled_from([10**400, -10**400]) | st.floats()
            | st.text(max_size=20) | st.sampled_from(["local", "systemd", "x.py", "auto", "30s", "GPU-1"]))
 KEYS = st.sampled_from(FIELD_NAMES) | st.text(max_size=10)
 DOCUMENTS = st.recursive(SCALARS, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(KEYS, inner, max_size=6),
