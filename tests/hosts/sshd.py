@@ -4,8 +4,9 @@
 
 Why the namespaces: sshd needs a root-owned /run/sshd, which we keep private; and when sshd (PID 1 of
 the namespace) exits, the kernel kills every session and nohup'd job started through it, so a test
-never leaks a detached process. Homes are private overlays (see `private_home_lines`). Inside the namespace the nvidia-smi test stand-in is on PATH
-(/usr/local/sbin is a private tmpfs there) and reads this host's fake GPU state dir.
+never leaks a detached process. Homes are private overlays (see `private_home_lines`). Inside the
+namespace the nvidia-smi test stand-in is on PATH (/usr/local/sbin is a private tmpfs there) and reads
+this host's fake GPU state dir.
 """
 
 from __future__ import annotations
@@ -21,14 +22,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import gpu_state
-from ._proc import child_pids, die_with_parent, ensure_login_user, free_port, port_accepts, host_workdir, wait_until
+from ._proc import (child_pids, die_with_parent, ensure_login_user, free_port, host_workdir, port_accepts,
+                    wait_until)
 
 SSHD = "/usr/sbin/sshd"
 ADDRESS = "127.0.0.1"
 ROOT_ALIAS = "testhost"
 NON_ROOT_USER = "runnertest"
-# Both root and non-root sessions get this PATH (sshd's default for non-root lacks /usr/local/sbin).
 GPU_FIELDS = "index,uuid,name,memory.total,memory.used,memory.free"
+# Both root and non-root sessions get this PATH (sshd's default for non-root lacks /usr/local/sbin).
 SESSION_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
@@ -196,7 +198,8 @@ def private_home_lines(home: str, index: int) -> list[str]:
         f"mkdir -p {layer}/upper {layer}/work",
         f"chown --reference={shlex.quote(home)} {layer}/upper",
         f"chmod --reference={shlex.quote(home)} {layer}/upper",
-        f"mount -t overlay overlay -o lowerdir={home},upperdir={layer}/upper,workdir={layer}/work {shlex.quote(home)}",
+        f"mount -t overlay overlay -o lowerdir={home},upperdir={layer}/upper,workdir={layer}/work"
+        f" {shlex.quote(home)}",
     ]
 
 
@@ -219,12 +222,37 @@ def namespace_setup_script(gpu_dir: Path, users: list[str]) -> str:
 
 
 def wait_for_sshd(process: subprocess.Popen, port: int, log: Path, address: str = ADDRESS) -> None:
+    """Wait until sshd accepts connections; RuntimeError when it exited (e.g. the port was taken)."""
     def ready() -> bool:
         if process.poll() is not None:
             raise RuntimeError(f"sshd exited with {process.returncode}: {log.read_text()[-2000:]}")
         return port_accepts(address, port)
 
-    wait_until(ready, timeout=10, what=f"sshd on port {port} (log: {log})")
+    try:
+        wait_until(ready, timeout=30, what=f"sshd on port {port} (log: {log})")
+    except TimeoutError:
+        process.kill()
+        raise
+
+
+def launch_sshd(workdir: Path, gpu_dir: Path, users: list[str]) -> tuple[subprocess.Popen, int]:
+    for _attempt in range(3):  # the picked port may be taken before sshd binds it
+        port = free_port()
+        write_ssh_files(workdir, port, users)
+        config = shlex.quote(str(workdir / "sshd_config"))
+        script = f"{namespace_setup_script(gpu_dir, users)}\nexec {SSHD} -D -e -f {config}\n"
+        log = workdir / "sshd.log"
+        with open(log, "ab") as log_file:
+            process = subprocess.Popen(
+                ["unshare", "--pid", "--fork", "--kill-child", "--mount", "--propagation", "private",
+                 "--mount-proc", "--", "sh", "-c", script],
+                stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file, preexec_fn=die_with_parent)
+        try:
+            wait_for_sshd(process, port, log)
+            return process, port
+        except RuntimeError:
+            continue
+    raise RuntimeError(f"sshd did not start; see {workdir / 'sshd.log'}")
 
 
 def start_sshd(users: tuple[str, ...] = ("root", NON_ROOT_USER)) -> SshHost:
@@ -234,22 +262,8 @@ def start_sshd(users: tuple[str, ...] = ("root", NON_ROOT_USER)) -> SshHost:
             ensure_login_user(user)
     workdir = host_workdir("sshd")
     gpu_dir = gpu_state.make_state_dir(workdir / "gpu")
-    for _attempt in range(3):  # the picked port may be taken before sshd binds it
-        port = free_port()
-        write_ssh_files(workdir, port, list(users))
-        script = namespace_setup_script(gpu_dir, list(users)) + f"\nexec {SSHD} -D -e -f {shlex.quote(str(workdir / 'sshd_config'))}\n"
-        log = workdir / "sshd.log"
-        with open(log, "ab") as log_file:
-            process = subprocess.Popen(
-                ["unshare", "--pid", "--fork", "--kill-child", "--mount", "--propagation", "private",
-                 "--mount-proc", "--", "sh", "-c", script],
-                stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file, preexec_fn=die_with_parent)
-        try:
-            wait_for_sshd(process, port, log)
-        except RuntimeError:
-            continue
-        return SshHost(address=ADDRESS, port=port, user="root", key_path=workdir / "client_key",
-                       known_hosts=workdir / "known_hosts", ssh_config=workdir / "ssh_config",
-                       alias=ROOT_ALIAS, host_key=public_key(workdir / "host_key"), gpu_dir=gpu_dir,
-                       workdir=workdir, process=process)
-    raise RuntimeError(f"sshd did not start; see {workdir / 'sshd.log'}")
+    process, port = launch_sshd(workdir, gpu_dir, list(users))
+    return SshHost(address=ADDRESS, port=port, user="root", key_path=workdir / "client_key",
+                   known_hosts=workdir / "known_hosts", ssh_config=workdir / "ssh_config",
+                   alias=ROOT_ALIAS, host_key=public_key(workdir / "host_key"), gpu_dir=gpu_dir,
+                   workdir=workdir, process=process)

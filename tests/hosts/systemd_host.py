@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import gpu_state, sshd
-from ._proc import die_with_parent, ensure_login_user, free_port, pid_alive, host_workdir, wait_until
+from ._proc import die_with_parent, ensure_login_user, free_port, host_workdir, pid_alive, wait_until
 from .prereqs import SYSTEMD, SYSTEMD_USER_UNITS, cgroup2_root
 
 UNIT = "dummy-infer.service"
@@ -164,7 +164,8 @@ def inner_script(workdir: Path, gpu_dir: Path) -> str:
     manager_env = shlex.join(["env", "-i", f"PATH={sshd.SESSION_PATH}", "HOME=/root", "USER=root",
                               "XDG_RUNTIME_DIR=/run/user/0", f"SYSTEMD_UNIT_PATH={workdir / 'units'}"])
     return "\n".join([
-        "grep -qx '0::/' /proc/self/cgroup || { echo 'refusing to start systemd: not at a cgroup namespace root' >&2; exit 97; }",
+        "grep -qx '0::/' /proc/self/cgroup"
+        " || { echo 'refusing to start systemd: not at a cgroup namespace root' >&2; exit 97; }",
         sshd.namespace_setup_script(gpu_dir, list(USERS)),
         "mount -t cgroup2 none /sys/fs/cgroup",
         "mkdir -p /run/systemd/system /run/user/0",
