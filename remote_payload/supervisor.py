@@ -455,13 +455,11 @@ def start_unit(ctl: Systemd, unit: str, timeout: float) -> str:
         return str(exc)
 
 
-def health_ok(url) -> bool:
+def health_ok(url: str, timeout: float) -> bool:
     """True when url answers 2xx. Proxies from the environment are ignored: health URLs are local."""
-    if not url:
-        return True
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     try:
-        with opener.open(url, timeout=5) as answer:
+        with opener.open(url, timeout=min(5.0, max(0.2, timeout))) as answer:
             return 200 <= answer.status < 300
     except (urllib.error.URLError, OSError, ValueError):
         return False
@@ -477,7 +475,7 @@ def wait_healthy(ctl: Systemd, unit: str, url, timeout: float):
         state = ctl.is_active(unit)
         now = time.monotonic()
         active_since = (active_since or now) if state == "active" else None
-        if active_since is not None and (health_ok(url) if url else now - active_since >= SETTLE_S):
+        if active_since is not None and (health_ok(url, deadline - now) if url else now - active_since >= SETTLE_S):
             return True, state
         if state == "failed" or now >= deadline:
             return False, state

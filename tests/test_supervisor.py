@@ -364,6 +364,22 @@ def test_a_busy_gpu_refuses_a_second_job_naming_the_holder(host):
     assert locks == [{"key": "gpu-0", "held": True, "holder": dict(answer["holder"])}]
 
 
+def test_the_guard_keeps_the_locks_until_it_has_finished(host):
+    answer = host.start("a", gpu_spec(host, "stubborn", grace=0.3))
+    status = host.wait("a", "RUNNING")
+    os.kill(status["guard"]["pid"], signal.SIGSTOP)  # hold the guard still while the supervisor dies
+    try:
+        os.kill(answer["supervisor_pid"], signal.SIGKILL)
+        assert pid_gone(answer["supervisor_pid"])
+        locks = host.ok("preflight", spec=gpu_spec(host, "sleep", "0", "0"))["locks"]
+        assert locks[0]["held"] is True and locks[0]["holder"]["job_id"] == "a"
+    finally:
+        os.kill(status["guard"]["pid"], signal.SIGCONT)
+    host.wait("a", "FAILED")
+    assert pid_gone(status["guard"]["pid"])
+    assert host.ok("preflight", spec=gpu_spec(host, "sleep", "0", "0"))["locks"][0]["held"] is False
+
+
 def test_cpu_jobs_take_no_lock_and_run_side_by_side(host):
     host.start("a", host.spec("sleep", "30", "0"))
     host.start("b", host.spec("sleep", "30", "0"))
@@ -518,8 +534,11 @@ def test_service_is_stopped_for_the_job_and_restored_healthy(remote):
     assert service["was"] == "active" and service["stopped"] and service["healthy"] and service["now"] == "active"
     assert service["downtime_s"] > 0 and remote.sh.service_state() == "active"
     assert remote.sh.health_status() == 200
-    events = (remote.root / "jobs" / "s1" / "events.jsonl").read_text()
-    assert '"STOPPING_SERVICE"' in events and '"guard-timer"' in events
+    events = [json.loads(line) for line in (remote.root / "jobs" / "s1" / "events.jsonl").read_text().splitlines()]
+    assert "STOPPING_SERVICE" in [e.get("state") for e in events]
+    timer = [e for e in events if e["event"] == "guard-timer"]
+    assert timer[0]["created"] is True and timer[0]["unit"] == "runner-guard-s1.timer"
+    assert remote.sh.systemctl("is-active", "runner-guard-s1.timer").stdout.strip() == "inactive"  # stopped
 
 
 @pytest.mark.systemd
