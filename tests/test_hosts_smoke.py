@@ -60,6 +60,7 @@ def test_nvidia_smi_stand_in_is_on_path_for_root_and_non_root(ssh_host):
         result = host.ssh(query)
         assert result.returncode == 0, result.stderr
         assert result.stdout == "0, GPU-00000000-0000-4000-8000-000000000000, NVIDIA H200, 143771, 0, 143156\n"
+    assert not Path("/usr/local/sbin/nvidia-smi").exists()  # only inside the host's mount namespace
 
 
 def test_nvidia_smi_stand_in_refuses_other_queries(ssh_host):
