@@ -20,7 +20,7 @@ import platform  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 
-from marlin_estimate import Shape, estimate, expert_bytes  # noqa: E402
+from marlin_estimate import Shape, estimate, expert_bytes, weight_bytes  # noqa: E402
 from marlin_events import Events  # noqa: E402
 from marlin_stats import add_levers, floor_us, lever_summary, timing_row  # noqa: E402
 
@@ -28,7 +28,7 @@ BACKENDS = ("auto", "sglang", "sglang-kernels", "torch")
 AUTO_ORDER = ("sglang", "sglang-kernels", "torch")
 GROUP_SIZES = (32, 64, 128)
 CHECK_TOLERANCE = 2e-2       # ‖out − ref‖/‖ref‖ for bf16 activations and bf16 intermediates
-CHECK_MAX_EXPERT_BYTES = 64 << 20
+CHECK_MAX_WEIGHT_BYTES = 1 << 30     # the check holds GPTQ and Marlin copies and loops experts in fp32
 FULL_IMPORT = "from sglang.srt.layers.moe.fused_moe_triton.fused_marlin_moe import fused_marlin_moe"
 
 
@@ -100,8 +100,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     problems = shape_problems(args)
     if args.check:
         shape = shape_of(args)
-        if expert_bytes(shape) > CHECK_MAX_EXPERT_BYTES:
-            problems.append("--check is for small shapes (the torch reference dequantizes in fp32)")
+        if weight_bytes(shape) > CHECK_MAX_WEIGHT_BYTES:
+            problems.append(f"--check is for small shapes: weights of at most {CHECK_MAX_WEIGHT_BYTES >> 20} MiB "
+                            "(try --experts 16)")
     if problems:
         parser.error("; ".join(problems))          # exits 2
     return args

@@ -1,0 +1,77 @@
+"""The pure memory estimator: K2.6 sizes from the notes, the registry the controller uses, no torch import."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from remote_payload.estimates import estimate_peak_bytes
+from remote_payload.marlin_estimate import (Shape, block_size_m, estimate, estimate_from_args, expert_bytes,
+                                            weight_bytes, weight_tensor_bytes)
+
+ROOT = Path(__file__).resolve().parents[1]
+K26 = Shape(experts=384, hidden=7168, intermediate=2048, topk=8, group_size=32)
+K26_ARGS = {"experts": 384, "hidden": 7168, "intermediate": 2048, "topk": 8, "group_size": 32,
+            "batch_sizes": [1, 2, 4, 8, 16, 32, 64, 128, 256, 512], "backend": "auto"}
+
+
+def test_k26_weight_bytes_match_the_notes_table():
+    assert weight_tensor_bytes(K26) == {"w1": 5_637_144_576, "w2": 2_818_572_288,
+                                        "w1_scale": 704_643_072, "w2_scale": 352_321_536}
+    assert weight_bytes(K26) == 9_512_681_472
+    assert expert_bytes(K26) == pytest.approx(24.77e6, rel=1e-3)
+
+
+def test_direct_weights_peak_stays_within_two_percent_of_the_weights():
+    est = estimate(K26, K26_ARGS["batch_sizes"])
+    assert est.weight_bytes < est.peak_allocated_bytes <= 1.02 * est.weight_bytes
+    assert est.required_bytes > est.peak_allocated_bytes + est.context_bytes // 2
+
+
+def test_repack_route_costs_about_one_expert_not_a_second_copy():
+    direct = estimate(K26, [1], weights="direct")
+    repack = estimate(K26, [1], weights="repack")
+    extra = repack.peak_allocated_bytes - direct.peak_allocated_bytes
+    assert 0 < extra < 3 * expert_bytes(K26)
+
+
+def test_larger_batches_need_more_memory():
+    small = estimate(K26, [1]).peak_allocated_bytes
+    large = estimate(K26, [1, 512]).peak_allocated_bytes
+    assert large > small
+
+
+def test_block_size_follows_fused_marlin_moe():
+    assert [block_size_m(m, K26) for m in (1, 256, 512, 1024, 4096)] == [8, 8, 16, 32, 64]
+
+
+def test_registry_answers_for_the_bench_and_none_for_others():
+    mib = estimate_peak_bytes("bench_marlin_moe.py", K26_ARGS) / 2**20
+    assert 9_000 < mib < 10_500
+    assert estimate_peak_bytes("demo_payload.py", {}) is None
+
+
+def test_args_in_comma_string_and_dashed_forms_give_the_same_estimate():
+    dashed = {k.replace("_", "-"): v for k, v in K26_ARGS.items()}
+    dashed["batch-sizes"] = ",".join(str(m) for m in K26_ARGS["batch_sizes"])
+    assert estimate_from_args(dashed) == estimate_from_args(K26_ARGS)
+
+
+def test_missing_shape_argument_is_named():
+    with pytest.raises(KeyError, match="experts"):
+        estimate_from_args({"hidden": 7168})
+
+
+def test_importing_the_estimator_does_not_import_torch():
+    code = ("import sys; import remote_payload.estimates, remote_payload.marlin_estimate; "
+            "print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_estimate_is_within_five_percent_of_the_peak_measured_on_an_h200():
+    measured = json.loads((ROOT / "results/h200/run1/cold.json").read_text())["memory"]
+    est = estimate(K26, K26_ARGS["batch_sizes"], backend="sglang-kernels")
+    assert est.peak_allocated_bytes == pytest.approx(measured["peak_allocated_bytes"], rel=0.05)
+    assert est.required_bytes == pytest.approx(measured["device_used_peak_bytes"], rel=0.05)

@@ -1,0 +1,47 @@
+"""Rows and levers from raw timings (pure)."""
+import pytest
+
+from remote_payload.marlin_stats import add_levers, floor_us, lever_summary, percentile, relative_spread, timing_row
+
+EXPERT = 24.77e6
+
+
+def rows_for(per_rep: dict[int, list[float]]) -> list[dict]:
+    return add_levers([timing_row(m, [[t] * 5 for t in reps], [8], EXPERT, 4.3e12) for m, reps in per_rep.items()])
+
+
+def test_lever_is_per_token_cost_at_base_over_cost_at_m():
+    rows = rows_for({1: [80.0, 80.0, 80.0], 512: [3600.0, 3600.0, 3600.0]})
+    assert rows[0]["lever"] == pytest.approx(1.0)
+    assert rows[1]["lever"] == pytest.approx(80.0 * 512 / 3600.0)
+    assert rows[1]["lever_spread"] == pytest.approx(0.0)
+
+
+def test_lever_spread_comes_from_per_repetition_levers():
+    rows = rows_for({1: [80.0, 80.0, 80.0], 512: [3600.0, 3600.0, 4000.0]})
+    levers = rows[1]["rep_levers"]
+    assert levers == pytest.approx([80 * 512 / 3600, 80 * 512 / 3600, 80 * 512 / 4000])
+    assert rows[1]["lever_spread"] == pytest.approx((max(levers) - min(levers)) / sorted(levers)[1])
+
+
+def test_base_is_the_smallest_batch_size_even_without_m1():
+    summary = lever_summary(rows_for({4: [200.0] * 3, 16: [400.0] * 3}))
+    assert summary["base_m"] == 4
+    assert summary["by_m"]["16"]["lever"] == pytest.approx(200 / 4 / (400 / 16))
+
+
+def test_row_bandwidth_counts_distinct_experts_bytes():
+    row = timing_row(1, [[100.0, 100.0]], [8, 8], EXPERT, 4.0e12)
+    assert row["expert_gb_per_s"] == pytest.approx(8 * EXPERT / 100e-6 / 1e9)
+    assert row["copy_fraction"] == pytest.approx(8 * EXPERT / 100e-6 / 4.0e12)
+    assert row["tokens_per_s"] == pytest.approx(1e4)
+
+
+def test_floor_of_eight_k26_experts_at_4_3_tb_s_is_about_46_us():
+    assert floor_us(8, EXPERT, 4.3e12) == pytest.approx(46.1, abs=0.2)
+
+
+def test_percentile_and_spread():
+    assert percentile([1, 2, 3, 4, 5], 0.5) == 3
+    assert percentile([0, 10], 0.1) == pytest.approx(1.0)
+    assert relative_spread([9.0, 10.0, 11.0]) == pytest.approx(0.2)

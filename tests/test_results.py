@@ -1,0 +1,70 @@
+"""runner.results: the text table and the lever plot of a result.json."""
+import json
+from pathlib import Path
+
+import pytest
+
+from runner.results import plot_lever, render_table
+
+RUN1 = Path(__file__).resolve().parents[1] / "results" / "h200" / "run1"
+
+
+def result(name: str) -> dict:
+    return json.loads((RUN1 / f"{name}.json").read_text())
+
+
+def synthetic() -> dict:
+    rows = []
+    for m, us, lever in ((1, 80.0, 1.0), (512, 3600.0, 11.4)):
+        rows.append({"m": m, "median_us": us, "p10_us": us * 0.98, "p90_us": us * 1.05, "us_per_token": us / m,
+                     "tokens_per_s": m / us * 1e6, "distinct_experts": 8.0 if m == 1 else 384.0,
+                     "expert_gb_per_s": 2500.0, "copy_fraction": 0.6, "lever": lever,
+                     "rep_levers": [lever * 0.99, lever, lever * 1.01], "lever_spread": 0.02})
+    return {"environment": {"gpu": "NVIDIA H200", "torch": "2.11.0"}, "backend": {"used": "sglang-kernels", "why": "x"},
+            "timing": {"used": "graph", "repeats": 3, "iterations": 100}, "rows": rows}
+
+
+def test_table_has_a_line_per_batch_size_with_lever_and_spread():
+    text = render_table(synthetic())
+    lines = text.splitlines()
+    header = next(line for line in lines if "median µs" in line)
+    assert "lever" in header and "spread" in header
+    row512 = next(line for line in lines if line.strip().startswith("512"))
+    assert "11.40x" in row512 and "2.0%" in row512 and "60%" in row512 and "142,222" in row512
+
+
+def test_table_of_a_real_h200_run_names_the_gpu_backend_jit_and_memory():
+    text = render_table(result("cold"))
+    assert "NVIDIA H200" in text and "sglang-kernels" in text
+    assert "JIT cold" in text and "x weights" in text and "floor" in text
+    assert len([line for line in text.splitlines() if line.strip()[:1].isdigit()]) >= 10
+
+
+def test_table_of_a_failed_check_says_failed_per_batch_size():
+    text = render_table(result("check_corrupt"))
+    assert "check FAILED" in text
+    assert text.count(" NO") == 4
+
+
+def test_table_shows_a_payload_error():
+    text = render_table({"error": "RuntimeError: no GPU", "environment": {"device": "cpu"}})
+    assert "error: RuntimeError: no GPU" in text
+
+
+def test_missing_values_render_as_dashes():
+    res = synthetic()
+    res["rows"][0]["copy_fraction"] = None
+    first = next(line for line in render_table(res).splitlines() if line.strip().startswith("1 "))
+    assert " - " in first
+
+
+def test_plot_writes_a_png(tmp_path):
+    pytest.importorskip("matplotlib")
+    path = plot_lever(result("warm1"), tmp_path / "lever.png")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plot_refuses_a_result_without_rows(tmp_path):
+    pytest.importorskip("matplotlib")
+    with pytest.raises(ValueError, match="no timing rows"):
+        plot_lever({"rows": []}, tmp_path / "x.png")
