@@ -3,12 +3,43 @@
 This machine's kernel has no netem, so latency is simulated in user space: each chunk read from one side
 is written to the other `delay` seconds after it arrived, order preserved (a per-direction queue).
 Run in a thread: `with LatencyProxy(target_port, delay=0.05) as proxy: connect to proxy.port`.
+
+`proxy.traffic` counts what crossed it (bytes each way, connections, and "exchanges": how often a client
+spoke again after hearing from the server, a network-level round-trip count that needs no decryption).
+Take `traffic.snapshot()` before and after an operation and subtract.
 """
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 import time
+from dataclasses import dataclass
+
+
+@dataclass
+class Traffic:
+    connections: int = 0
+    bytes_up: int = 0      # client -> server
+    bytes_down: int = 0    # server -> client
+    exchanges: int = 0     # client chunks that follow server data on the same connection (or open it)
+
+    def snapshot(self) -> "Traffic":
+        return dataclasses.replace(self)
+
+    def __sub__(self, before: "Traffic") -> "Traffic":
+        return Traffic(*(getattr(self, f.name) - getattr(before, f.name) for f in dataclasses.fields(self)))
+
+    @property
+    def bytes_total(self) -> int:
+        return self.bytes_up + self.bytes_down
+
+
+class _Direction:
+    """Which side spoke last on one connection, to count exchanges."""
+
+    def __init__(self) -> None:
+        self.last: str | None = None
 
 
 class LatencyProxy:
@@ -16,6 +47,7 @@ class LatencyProxy:
         self.target = (target_host, target_port)
         self.delay = delay
         self.port = 0
+        self.traffic = Traffic()  # only the proxy's thread writes it; readers take snapshots
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._serve, daemon=True)
@@ -43,9 +75,21 @@ class LatencyProxy:
         except OSError:
             client_w.close()
             return
-        await asyncio.gather(self._pipe(client_r, target_w), self._pipe(target_r, client_w))
+        self.traffic.connections += 1
+        direction = _Direction()
+        await asyncio.gather(self._pipe(client_r, target_w, "up", direction),
+                             self._pipe(target_r, client_w, "down", direction))
 
-    async def _pipe(self, reader, writer) -> None:
+    def _count(self, side: str, direction: _Direction, size: int) -> None:
+        if side == "up":
+            self.traffic.bytes_up += size
+            if direction.last != "up":
+                self.traffic.exchanges += 1
+        else:
+            self.traffic.bytes_down += size
+        direction.last = side
+
+    async def _pipe(self, reader, writer, side: str, direction: _Direction) -> None:
         queue: asyncio.Queue = asyncio.Queue()
 
         async def deliver() -> None:
@@ -61,6 +105,7 @@ class LatencyProxy:
         sender = asyncio.ensure_future(deliver())
         try:
             while chunk := await reader.read(65536):
+                self._count(side, direction, len(chunk))
                 queue.put_nowait((time.monotonic() + self.delay, chunk))
         except (ConnectionError, OSError):
             pass
