@@ -7,6 +7,8 @@ import json
 import os
 import re
 import shutil
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -423,7 +425,14 @@ def test_merge_keys_may_override_what_they_merge(tmp_path):
 def test_a_fifo_is_refused_without_blocking(tmp_path):
     path = tmp_path / "job.yaml"
     os.mkfifo(path)
-    assert spec_error_lines(path) == [f"{path}: not a regular file"]
+    with ThreadPoolExecutor(1) as pool:
+        loading = pool.submit(spec_error_lines, path)
+        try:
+            lines = loading.result(timeout=10)
+        except FutureTimeout:
+            os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))  # gives the blocked reader its EOF
+            raise AssertionError("load_spec blocked reading a FIFO") from None
+    assert lines == [f"{path}: not a regular file"]
 
 
 def test_many_errors_are_capped(tmp_path):
