@@ -297,11 +297,17 @@ class Bench:
         a, s = self.args, self.shape
         layout = "gptq" if self.name == "torch" else "marlin"
         if a.check:
+            built = "GPTQ with known values, repacked expert by expert"
             gptq = mw.known_gptq_weights(s, self.dtype, self.device, a.seed)
-            return mw.repack_weights(gptq, s, handle_repack(self.name, handle), a.corrupt_scale_perm), gptq
-        if a.weights == "repack" and layout == "marlin":
-            return mw.random_repacked_weights(s, self.dtype, self.device, a.seed, handle_repack(self.name, handle)), None
-        return mw.direct_weights(s, layout, self.dtype, self.device, a.seed), None
+            weights = mw.repack_weights(gptq, s, handle_repack(self.name, handle), a.corrupt_scale_perm)
+        elif a.weights == "repack" and layout == "marlin":
+            built, gptq = "random GPTQ experts repacked one at a time into a preallocated destination", None
+            weights = mw.random_repacked_weights(s, self.dtype, self.device, a.seed, handle_repack(self.name, handle))
+        else:
+            built, gptq = f"random bits straight in the {layout} layout", None
+            weights = mw.direct_weights(s, layout, self.dtype, self.device, a.seed)
+        self.result["weights"] = {"requested": a.weights, "built": built, "layout": layout}
+        return weights, gptq
 
     def allocate_statics(self):
         from marlin_timing import allocate_statics
