@@ -25,6 +25,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import traceback
 import urllib.error
@@ -608,7 +609,6 @@ class Job:
         self.paths, self.spec, self.status = paths, spec, status
         self.ctl = Systemd(spec["service"].get("scope", "system"), spec["service"].get("sudo", False))
         self.payload_pids = set()
-        self.life_fd = None  # the supervisor's end of the guard's pipe; closed only by our exit
 
     @classmethod
     def load(cls, paths: JobPaths) -> "Job":
@@ -893,6 +893,7 @@ def wind_down(job: Job, proc_grace: float) -> None:
         job.set_state("RESTORING", "restoring the host")
     payload = job.status.get("payload")
     if payload and group_is_ours(payload):
+        job.payload_pids.update(group_members(int(payload["pgid"])))
         kill_group(int(payload["pgid"]), proc_grace)
     wait_gpu_release(job)
     restore_service(job)
@@ -943,8 +944,9 @@ def supervise(job: Job, locks: Locks, flags: Flags) -> None:
 
 # ── guard ─────────────────────────────────────────────────────────────────────────────────────────────
 
-def start_guard(job: Job, locks: Locks) -> int:
-    """Fork the guard: it holds the lock fds and the read end of a pipe only the supervisor can write to."""
+def start_guard(job: Job, locks: Locks) -> None:
+    """Fork the guard: it holds the lock fds and the read end of a pipe only the supervisor can write to.
+    The write end stays open, unused, until the supervisor exits however it exits: that EOF wakes the guard."""
     life_r, life_w = os.pipe()
     keep = [life_r] + list(locks.fds.values())
     argv = [sys.executable, os.path.abspath(__file__), "_guard", "--job-id", job.paths.job_id,
@@ -959,9 +961,7 @@ def start_guard(job: Job, locks: Locks) -> int:
         finally:
             os._exit(127)
     os.close(life_r)
-    job.life_fd = life_w
     job.save(guard=identity(pid))
-    return pid
 
 
 def recover(job: Job, message: str) -> None:
@@ -1086,13 +1086,7 @@ def cmd_start(args) -> dict:
     job_id = check_job_id(args.job_id)
     spec = read_spec_stdin(job_id)
     paths = JobPaths(args.root, job_id)
-    os.makedirs(os.path.dirname(paths.dir), exist_ok=True)
-    try:
-        os.mkdir(paths.dir)  # the atomic claim of the id
-    except FileExistsError:
-        raise Fail("exists", "job %s exists on this host" % job_id, job_id=job_id)
-    write_json_atomic(paths.spec, spec)
-    write_json_atomic(paths.status, initial_status(spec))
+    claim_job_dir(paths, spec)
     ready_r, ready_w = os.pipe()
     argv = [sys.executable, os.path.abspath(__file__), "_run", "--job-id", job_id, "--root", args.root,
             "--ready-fd", str(ready_w)] + (["--queue"] if args.queue else [])
@@ -1103,6 +1097,25 @@ def cmd_start(args) -> dict:
     if answer is None:
         return start_failed(paths)
     return answer
+
+
+def claim_job_dir(paths: JobPaths, spec: dict) -> None:
+    """Build the job dir aside, then rename it into place: the rename is the atomic claim of the id, and no
+    reader ever sees a job dir without its spec.json and status.json."""
+    staging = os.path.join(paths.root, "tmp")
+    for path in (os.path.dirname(paths.dir), staging):
+        os.makedirs(path, exist_ok=True)
+    if os.path.exists(paths.dir):
+        raise Fail("exists", "job %s exists on this host" % paths.job_id, job_id=paths.job_id)
+    tmp = tempfile.mkdtemp(prefix=paths.job_id + ".", dir=staging)
+    write_json_atomic(os.path.join(tmp, "spec.json"), spec)
+    write_json_atomic(os.path.join(tmp, "status.json"), initial_status(spec))
+    try:
+        os.rename(tmp, paths.dir)  # fails when the target exists and is not empty: every job dir has files
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise Fail("exists", "job %s exists on this host" % paths.job_id, job_id=paths.job_id)
+    fsync_dir(os.path.dirname(paths.dir))
 
 
 def start_failed(paths: JobPaths) -> dict:

@@ -180,6 +180,15 @@ def test_a_job_id_is_used_once(host):
     assert rc == 1 and answer["error"] == "exists"
 
 
+def test_concurrent_starts_of_one_id_claim_it_once(host):
+    spec = json.dumps(host.spec("sleep", "0", "0")).encode()
+    argv = [sys.executable, str(SUPERVISOR), "start", "--job-id", "same", "--root", str(host.root)]
+    procs = [subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=host.env) for _ in range(4)]
+    answers = [json.loads(p.communicate(spec, timeout=60)[0]) for p in procs]
+    assert sorted(a.get("error", "ok") for a in answers) == ["exists", "exists", "exists", "ok"]
+    assert [j["job_id"] for j in host.ok("status")["jobs"]] == ["same"]
+
+
 def test_exit_codes_and_success(host):
     host.start("ok", host.spec("sleep", "0", "0"))
     host.start("bad", host.spec("sleep", "0", "3"))
