@@ -12,6 +12,7 @@ import math
 import re
 import stat
 import unicodedata
+from collections import Counter
 from collections.abc import Hashable
 from datetime import datetime
 from pathlib import Path, PurePosixPath
@@ -153,7 +154,8 @@ def _check_python(value: Any) -> str:
         return text
     if _BARE_PYTHON_RE.fullmatch(text) and text not in (".", "..") and not text.startswith("-"):
         return text
-    raise ValueError(f"python must be a bare name like python3 ([A-Za-z0-9._+-]) or an absolute path; got {_short(text)}")
+    raise ValueError(f"python must be a bare name like python3 ([A-Za-z0-9._+-]) or an absolute path; "
+                     f"got {_short(text)}")
 
 
 def _check_unit(value: Any) -> str | None:
@@ -292,8 +294,8 @@ class GpuSpec(_Section):
     @field_validator("devices")
     @classmethod
     def _no_duplicate_devices(cls, devices: list[int | str]) -> list[int | str]:
-        seen = [str(d).lower() for d in devices]
-        duplicates = sorted({d for d in seen if seen.count(d) > 1})
+        counts = Counter(str(d).lower() for d in devices)
+        duplicates = sorted(d for d, n in counts.items() if n > 1)
         if duplicates:
             raise ValueError(f"devices listed twice: {', '.join(duplicates)}")
         return devices
@@ -523,7 +525,8 @@ def _slug(name: str) -> str:
 
 def check_job_id(job_id: Any) -> str:
     """Job ids become directory names and argv words on the host: [A-Za-z0-9._-], not `.`/`..`, no leading `-`."""
-    if not isinstance(job_id, str) or not JOB_ID_RE.fullmatch(job_id) or job_id in (".", "..") or job_id.startswith("-"):
+    valid = isinstance(job_id, str) and JOB_ID_RE.fullmatch(job_id) and job_id not in (".", "..")
+    if not valid or job_id.startswith("-"):
         raise SpecError(f"bad job id {_short(job_id)}: use 1 to 128 of [A-Za-z0-9._-], not `.` or `..`, "
                         f"not starting with `-`")
     return job_id

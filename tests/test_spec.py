@@ -456,6 +456,12 @@ def test_missing_file(tmp_path):
     assert spec_error_lines(path) == [f"{path}: no such file"]
 
 
+def test_unreadable_path(tmp_path):
+    (tmp_path / "file").write_text("")
+    path = tmp_path / "file" / "job.yaml"
+    assert spec_error_lines(path) == [f"{path}: cannot read: Not a directory"]
+
+
 def test_directory(tmp_path):
     assert spec_error_lines(tmp_path) == [f"{tmp_path}: is a directory, not a job spec file"]
 
