@@ -16,7 +16,7 @@ from collections import Counter
 from collections.abc import Hashable
 from datetime import datetime
 from pathlib import Path, PurePosixPath
-from typing import Annotated, Any, Literal, Sequence, Union
+from typing import Annotated, Any, Literal, Sequence, TypeVar, Union
 from urllib.parse import urlsplit
 
 import yaml
@@ -381,6 +381,9 @@ class JobSpec(_Section):
                 "command": list(payload.command) if payload.command is not None else None, "env": dict(payload.env)}
 
 
+SectionT = TypeVar("SectionT", bound=BaseModel)
+
+
 # -- loading ----------------------------------------------------------------------------------------------
 
 def load_spec(path: str | Path, overrides: Sequence[str] = ()) -> JobSpec:
@@ -395,6 +398,15 @@ def load_spec(path: str | Path, overrides: Sequence[str] = ()) -> JobSpec:
         raise SpecError(_describe_errors(path, exc.errors())) from None
     spec._spec_path = path
     return spec
+
+
+def section_from_options(model: type[SectionT], source: str, **values: Any) -> SectionT:
+    """One section built from command-line options (e.g. `restore-service --host H --unit U`), validated like
+    a file: a bad value is a SpecError `SOURCE: field: what is wrong`, never a pydantic traceback."""
+    try:
+        return model.model_validate(values)
+    except ValidationError as exc:
+        raise SpecError(_describe_errors(source, exc.errors(), model)) from None
 
 
 def _read_text(path: Path) -> str:
@@ -469,25 +481,25 @@ def _apply_override(document: dict, override: str, path: Path) -> None:
     target[keys[-1]] = value
 
 
-def _describe_errors(path: Path, errors: list[dict], limit: int = 20) -> str:
-    lines = [_describe_error(path, error) for error in errors[:limit]]
+def _describe_errors(path: Path | str, errors: list[dict], root: type[BaseModel] | None = None, limit: int = 20) -> str:
+    lines = [_describe_error(path, error, root or JobSpec) for error in errors[:limit]]
     if len(errors) > limit:
         lines.append(f"{path}: … and {len(errors) - limit} more errors")
     return "\n".join(lines)
 
 
-def _describe_error(path: Path, error: dict) -> str:
+def _describe_error(path: Path | str, error: dict, root: type[BaseModel]) -> str:
     where = ".".join(_loc_part(part) for part in error["loc"] if part != "[key]") or "(top level)"
     message = error["msg"].removeprefix("Value error, ")
     if error["type"] == "extra_forbidden":
-        allowed = _allowed_keys(error["loc"][:-1])
+        allowed = _allowed_keys(root, error["loc"][:-1])
         message = f"unknown key (allowed: {', '.join(allowed)})" if allowed else "unknown key"
     return f"{path}: {where}: {_one_line(message)}"
 
 
-def _allowed_keys(section: tuple) -> list[str]:
+def _allowed_keys(root: type[BaseModel], section: tuple) -> list[str]:
     """The keys a section takes, so a typo's error shows the right spelling."""
-    model: Any = JobSpec
+    model: Any = root
     for name in section:
         field = model.model_fields.get(name) if isinstance(name, str) else None
         model = field.annotation if field is not None else None

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from runner.errors import SpecError
 from runner.spec import (JOB_ID_RE, HostSpec, JobSpec, ServiceSpec, check_job_id, job_id_for, load_spec,
-                         parse_duration)
+                         parse_duration, section_from_options)
 
 DATA = Path(__file__).parent / "data" / "specs"
 EXAMPLE = DATA / "k26_example.yaml"
@@ -215,6 +215,16 @@ def test_hostile_but_valid_strings_round_trip_unchanged(tmp_path):
     assert wire["name"] == spec.name and wire["payload"]["env"] == spec.payload.env
     assert wire["payload"]["script"] == script.name
     assert json.loads(json.dumps(wire)) == wire
+
+
+def test_section_from_options_validates_like_a_file():
+    service = section_from_options(ServiceSpec, "--unit", manager="systemd", unit="sglang", sudo=True)
+    assert service.unit == "sglang.service" and service.sudo is True
+    with pytest.raises(SpecError) as info:
+        section_from_options(HostSpec, "--host", address="ct200; id", colour="red")
+    assert str(info.value).splitlines() == [
+        "--host: address: address must be `local`, a host name, an ssh_config alias or an IP address; got 'ct200; id'",
+        "--host: colour: unknown key (allowed: address, user, port, host_key_policy, root, python, connect_timeout)"]
 
 
 # -- script_source ----------------------------------------------------------------------------------------
