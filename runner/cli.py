@@ -12,7 +12,7 @@ from dataclasses import asdict
 import click
 
 from . import controller
-from .errors import NoResult, RunnerError, SpecError
+from .errors import RunnerError, SpecError
 from .store import Store
 
 EXIT_STILL_RUNNING = 75
@@ -206,11 +206,13 @@ def _restore_target(job_file, address, user, port, unit, scope, sudo, health_url
         return controller.restore_target_from_spec(job_file, [])
     if not (address and unit):
         raise SpecError("restore-service needs JOB.yaml, or both --host and --unit")
-    from .spec import HostSpec, ServiceSpec
+    from .spec import HostSpec, ServiceSpec, section_from_options
 
-    host = HostSpec(address=address, user=user, port=port, host_key_policy=host_key_policy).model_dump()
-    service = ServiceSpec(manager="systemd", unit=unit, scope=scope, sudo=sudo, health_url=health_url).model_dump()
-    return host, service
+    host = section_from_options(HostSpec, "--host", address=address, user=user, port=port,
+                                host_key_policy=host_key_policy)
+    service = section_from_options(ServiceSpec, "--unit", manager="systemd", unit=unit, scope=scope, sudo=sudo,
+                                   health_url=health_url)
+    return host.model_dump(), service.model_dump()
 
 
 def main(argv: list[str] | None = None) -> None:

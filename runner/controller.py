@@ -15,7 +15,7 @@ from tenacity import Retrying, retry_if_exception, stop_after_attempt, stop_afte
 
 from . import preflight
 from .errors import HostKeyError, RemoteError, SpecError, TransportError
-from .host import Bundle, HostClient, build_bundle
+from .host import Bundle, HostClient, build_bundle, payload_dir
 from .spec import JobSpec, check_job_id, job_id_for, load_spec
 from .store import JobRecord, Store
 from .transport import LocalTransport, SshTarget, SshTransport
@@ -89,14 +89,14 @@ def submit(spec_path: str, overrides: list[str], *, queue: bool = False, job_id:
            store: Store, progress: Callable[[str], None]) -> Submitted:
     spec = load_spec(spec_path, overrides)
     job_id = check_job_id(job_id) if job_id else job_id_for(spec.name, datetime.now(timezone.utc), secrets.token_hex(3))
-    source = spec.script_source(Path(__import__("remote_payload").__file__).parent)
+    source = spec.script_source(payload_dir())
     bundle, script_name = build_bundle(source)
     wire = spec.to_wire(job_id, required_mib(spec), script_name)
     host = spec.host.model_dump()
     client = connect(host, bundle)
     try:
         progress(f"preflight on {spec.host.address} …")
-        report = _retrying().__call__(client.preflight, wire)
+        report = _retrying()(client.preflight, wire)
         decision = preflight.decide(wire, report, queue=queue)
         for note in decision.notes:
             progress(note)
@@ -117,7 +117,7 @@ def _start_once(client: HostClient, wire: dict, queue: bool) -> tuple[dict, bool
         if isinstance(exc, HostKeyError):
             raise
         client.transport.close()
-        found = _retrying().__call__(client.status, [wire["job_id"]])
+        found = _retrying()(client.status, [wire["job_id"]])
         if found and found[0].get("state") not in (None, "UNKNOWN"):
             return found[0], False
         return client.start(wire, queue=queue), False
@@ -169,7 +169,7 @@ def status(job_ids: list[str], *, store: Store) -> list[dict]:
     for group in by_host.values():
         client = connect(group[0].host)
         try:
-            found = _retrying().__call__(client.status, [r.job_id for r in group])
+            found = _retrying()(client.status, [r.job_id for r in group])
         finally:
             client.transport.close()
         for record, job in zip(group, found):
@@ -196,7 +196,7 @@ def result(job_id: str, *, store: Store) -> dict:
     record = store.load(check_job_id(job_id))
     client = connect(record.host)
     try:
-        return _retrying().__call__(client.result, job_id)
+        return _retrying()(client.result, job_id)
     finally:
         client.transport.close()
 
