@@ -60,8 +60,9 @@ def spec_error_lines(path: Path, overrides=()) -> list[str]:
 
 
 def assert_names_field(lines: list[str], path: Path, field: str) -> None:
-    """Some line reads `FILE: field…: why` — the user can find both the file and the key."""
-    assert any(line.startswith(f"{path}: {field}") and len(line) > len(f"{path}: {field}: ") for line in lines), lines
+    """Some line reads `FILE: field.path: why` — the user can find both the file and the key."""
+    prefix = f"{path}: {field}: "
+    assert any(line.startswith(prefix) and len(line) > len(prefix) for line in lines), lines
 
 
 # -- the example and the happy paths ----------------------------------------------------------------------
