@@ -868,7 +868,10 @@ def wait_gpu_release(job: Job) -> None:
 def restore_service(job: Job) -> None:
     """Start the service again if it ran before and we stopped it; wait until it is healthy."""
     service = job.status["service"]
-    if service["manager"] != "systemd" or not service.get("stopped") or service.get("was") not in RUNNING_SERVICE_STATES:
+    if service["manager"] != "systemd" or service.get("was") is None:
+        return
+    if not service.get("stopped") or service.get("was") not in RUNNING_SERVICE_STATES:
+        observe_service(job)
         return
     unit, spec_service = service["unit"], job.spec["service"]
     job.note_restore("starting %s" % unit)
@@ -885,6 +888,19 @@ def restore_service(job: Job) -> None:
     job.save(service=dict(service, now=now, healthy=healthy, restored_at=restored_at,
                           downtime_s=round(restored_at - (service.get("stopped_at") or restored_at), 3)))
     job.note_restore("%s is %s, %s" % (unit, now, "healthy" if healthy else "NOT healthy"))
+
+
+def observe_service(job: Job) -> None:
+    """Record how a service we did not stop looks at the end (one probe, no waiting)."""
+    service, url = job.status["service"], job.spec["service"]["health_url"]
+    try:
+        now = job.ctl.is_active(service["unit"])
+    except Fail as exc:
+        job.event("service", error=str(exc))
+        return
+    running = service.get("was") in RUNNING_SERVICE_STATES
+    healthy = now == "active" and (not url or health_ok(url, 5.0)) if running else None
+    job.save(service=dict(service, now=now, healthy=healthy))
 
 
 def wind_down(job: Job, proc_grace: float) -> None:

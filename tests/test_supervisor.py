@@ -561,6 +561,7 @@ def test_if_needed_stops_only_when_memory_is_short(remote):
     assert remote.call("start", "--job-id", "n2", spec=remote.spec("if-needed", "sleep", "0", "0", required=100))["ok"]
     status = remote.wait("n2", "SUCCEEDED", "FAILED")
     assert status["state"] == "SUCCEEDED" and status["service"]["stopped"] is False  # 100 MiB fit beside it
+    assert status["service"]["now"] == "active" and status["service"]["healthy"] is True
 
 
 @pytest.mark.systemd
