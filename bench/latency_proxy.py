@@ -68,6 +68,16 @@ class LatencyProxy:
         self._ready.set()
         self._loop.run_forever()
         server.close()
+        self._finish_connections()
+        self._loop.close()
+
+    def _finish_connections(self) -> None:
+        """Cancel the connections still open at exit, so the loop closes with no task pending."""
+        pending = asyncio.all_tasks(self._loop)
+        for task in pending:
+            task.cancel()
+        self._loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+        self._loop.run_until_complete(asyncio.sleep(0))  # let the transports' close callbacks run
 
     async def _handle(self, client_r, client_w) -> None:
         try:
@@ -77,8 +87,14 @@ class LatencyProxy:
             return
         self.traffic.connections += 1
         direction = _Direction()
-        await asyncio.gather(self._pipe(client_r, target_w, "up", direction),
-                             self._pipe(target_r, client_w, "down", direction))
+        try:
+            await asyncio.gather(self._pipe(client_r, target_w, "up", direction),
+                                 self._pipe(target_r, client_w, "down", direction))
+        except asyncio.CancelledError:
+            pass  # the proxy is shutting down; asyncio's server callback would log a cancelled handler
+        finally:
+            client_w.close()
+            target_w.close()
 
     def _count(self, side: str, direction: _Direction, size: int) -> None:
         if side == "up":
