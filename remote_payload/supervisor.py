@@ -918,7 +918,8 @@ def wind_down(job: Job, proc_grace: float) -> None:
 def final_state(job: Job, ending) -> tuple:
     """SUCCEEDED only if the payload exited 0 and the service (when we stopped it) is back healthy."""
     service = job.status["service"]
-    service_back = not service.get("stopped") or service.get("healthy") or service.get("was") not in RUNNING_SERVICE_STATES
+    we_stopped_it = service.get("stopped") and service.get("was") in RUNNING_SERVICE_STATES
+    service_back = not we_stopped_it or service.get("healthy")
     note = "" if service_back else "; the service %s did not come back healthy" % service.get("unit")
     if ending is not None:
         return ending[0], ending[1] + note
@@ -1142,8 +1143,8 @@ def start_failed(paths: JobPaths) -> dict:
             job.set_state("FAILED", "done", message="the supervisor did not start", restored=True, ended_at=time.time())
     except Fail:
         pass
-    raise Fail("start-failed", "the supervisor did not report ready within %.0f s; its log: %s" % (READY_TIMEOUT_S, log),
-               job_id=paths.job_id)
+    raise Fail("start-failed", "the supervisor did not report ready within %.0f s; its log: %s"
+               % (READY_TIMEOUT_S, log), job_id=paths.job_id)
 
 
 def send_ready(fd: int, answer: dict) -> None:

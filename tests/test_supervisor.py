@@ -485,7 +485,7 @@ def test_no_gpu_in_the_spec_never_calls_nvidia_smi(host):
     assert not (host.marks / "nvidia-smi-called").exists()
 
 
-# ── systemd (the confined real systemd test host; over its sshd, like the controller) ───────────────
+# ── systemd (the confined real systemd test host, over its sshd like the controller) ──
 
 class RemoteHost:
     """The supervisor called through the systemd test host's sshd; ROOT in a dir the host can see."""
