@@ -96,6 +96,7 @@ def plot_lever(result: dict, path: str | Path) -> Path:
     cost.plot(ms, [r["us_per_token"] for r in rows], "o-", color="tab:blue", label="µs per token")
     cost.set(xscale="log", yscale="log", xlabel="batch size M (tokens)", ylabel="µs per token")
     cost.set_xticks(ms, [str(m) for m in ms])
+    cost.yaxis.set_major_locator(matplotlib.ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
     cost.yaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
     cost.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     lever = cost.twinx()

@@ -6,11 +6,11 @@ import pytest
 
 from runner.results import plot_lever, render_table
 
-RUN1 = Path(__file__).resolve().parents[1] / "results" / "h200" / "run1"
+RUN = Path(__file__).resolve().parents[1] / "results" / "h200" / "run2"
 
 
 def result(name: str) -> dict:
-    return json.loads((RUN1 / f"{name}.json").read_text())
+    return json.loads((RUN / f"{name}.json").read_text())
 
 
 def synthetic() -> dict:
