@@ -15,7 +15,7 @@ import importlib.util
 import inspect
 import sys
 import types
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -32,19 +32,6 @@ SEQUENCE_0517 = ("sgl_kernel.moe_align_block_size (all M) -> moe_wna16_marlin_ge
 
 class BackendUnavailable(Exception):
     """This backend cannot run here; the message says why (recorded when `auto` moves on)."""
-
-
-@dataclass
-class Attempt:
-    backend: str
-    ok: bool
-    reason: str
-
-
-@dataclass
-class Selection:
-    backend: object
-    attempts: list[Attempt] = field(default_factory=list)
 
 
 # -- torch reference ------------------------------------------------------------------------------------
