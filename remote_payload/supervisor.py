@@ -428,7 +428,9 @@ class Systemd:
                 verb, unit, done.returncode, done.stderr.decode("utf-8", "replace").strip()[-500:]))
 
     def timer_argv(self, unit: str, seconds: float, command: list) -> list:
-        return self.argv("systemd-run", "--on-active=%ds" % int(seconds), "--unit=" + unit, *command)
+        # AccuracySec: systemd otherwise may fire a timer up to a minute late.
+        return self.argv("systemd-run", "--on-active=%ds" % int(seconds), "--timer-property=AccuracySec=1s",
+                         "--unit=" + unit, *command)
 
     def log_tail(self, unit: str, lines: int = 20) -> str:
         """The unit's last log lines; without a journal, say so and show `systemctl status` instead."""
