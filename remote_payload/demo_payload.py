@@ -61,7 +61,7 @@ def main(argv=None):
         rows.append(row)
         event(event="row", **row)
     with open(args.out + ".tmp", "w") as fh:
-        json.dump({"payload": "demo", "rows_demo": rows, "python": sys.version.split()[0]}, fh, indent=1)
+        json.dump({"payload": "demo", "python": sys.version.split()[0], "rows": rows}, fh, indent=1)
     os.replace(args.out + ".tmp", args.out)
     event(event="done", result=args.out)
     return 0

@@ -166,11 +166,9 @@ def results(job_id: str, as_json: bool, plot_path: str | None) -> None:
 
 
 def _render_result(result: dict) -> str:
-    if "rows" in result:
-        from .results import render_table
+    from .results import render_any
 
-        return render_table(result)
-    return json.dumps(result, indent=1, sort_keys=True)
+    return render_any(result)
 
 
 @cli.command(name="restore-service",

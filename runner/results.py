@@ -81,6 +81,24 @@ def render_table(result: dict) -> str:
     return "\n\n".join(parts) + "\n"
 
 
+def render_any(result: dict) -> str:
+    """The Marlin benchmark's table, or for any other payload: scalars as `key: value`, lists of rows as grids."""
+    if result.get("payload") == "bench_marlin_moe":
+        return render_table(result)
+    scalars = [f"{key}: {value}" for key, value in result.items() if not isinstance(value, (dict, list))]
+    grids = [f"{key}:\n" + _grid(list(value[0]), [[_plain(row.get(col)) for col in value[0]] for row in value])
+             for key, value in result.items() if _is_rows(value)]
+    return "\n\n".join(["\n".join(scalars)] + grids) + "\n"
+
+
+def _is_rows(value) -> bool:
+    return isinstance(value, list) and bool(value) and all(isinstance(row, dict) for row in value)
+
+
+def _plain(value) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
 def plot_lever(result: dict, path: str | Path) -> Path:
     """µs per token (left axis, log) and lever with its per-repetition range (right axis) against M."""
     import matplotlib

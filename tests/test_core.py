@@ -219,7 +219,7 @@ def test_results_of_the_demo_payload(target, work):
     assert b'"event": "done"' in done.stdout
     result = run_cli(target, "results", job_id, "--json")
     assert result.returncode == 0, result.stderr.decode()
-    assert [r["size"] for r in json.loads(result.stdout)["rows_demo"]] == [1, 2]
+    assert [r["size"] for r in json.loads(result.stdout)["rows"]] == [1, 2]
 
 
 def test_unknown_job_id_and_bad_id_exit_2(target):

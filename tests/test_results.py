@@ -68,3 +68,13 @@ def test_plot_refuses_a_result_without_rows(tmp_path):
     pytest.importorskip("matplotlib")
     with pytest.raises(ValueError, match="no timing rows"):
         plot_lever({"rows": []}, tmp_path / "x.png")
+
+
+def test_any_other_payload_renders_scalars_and_row_lists():
+    from runner.results import render_any
+
+    text = render_any({"payload": "demo", "python": "3.12", "rows": [{"size": 1, "median_us": 84.2234}, {"size": 64, "median_us": 9495.5}]})
+    assert "payload: demo" in text
+    lines = text.splitlines()
+    assert lines[lines.index("rows:") + 1].split() == ["size", "median_us"]
+    assert lines[-1].split() == ["64", "9496"]
