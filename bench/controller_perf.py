@@ -212,6 +212,7 @@ class SubmitJob:
     spec: Path
     payload: list[str]
     job_ids: list[str] = field(default_factory=list)
+    openssh_runs: int = 0
 
 
 def prepare_submit(work: Path, route: Route) -> SubmitJob:
@@ -238,9 +239,10 @@ def submit_cli(job: SubmitJob) -> None:
     job.job_ids.append(json.loads(done.stdout)["job_id"])
 
 
-def submit_openssh(job: SubmitJob, route: Route, ssh_config: Path, index: int) -> None:
+def submit_openssh(job: SubmitJob, route: Route, ssh_config: Path) -> None:
     """The hand-written equivalent: one ssh command that backgrounds the payload and prints its pid."""
-    log = job.spec.parent / f"openssh-{index}.log"
+    job.openssh_runs += 1
+    log = job.spec.parent / f"openssh-{job.openssh_runs}.log"
     command = f"nohup {' '.join(job.payload)} >{log} 2>&1 </dev/null & echo $!"
     done = subprocess.run(["ssh", "-F", str(ssh_config), route.alias, command], capture_output=True, text=True,
                           timeout=60)
@@ -253,7 +255,7 @@ def bench_submit(meters: Meters, route: Route, job: SubmitJob, store: Store, run
     methods = {
         "runner_api": lambda: submit_api(job, store),
         "runner_cli": lambda: submit_cli(job),
-        "openssh": lambda: submit_openssh(job, route, meters.ssh_config, len(job.job_ids)),
+        "openssh": lambda: submit_openssh(job, route, meters.ssh_config),
     }
     samples: dict[str, list[Sample]] = {name: [] for name in methods}
     for round_index in range(runs + 1):
@@ -458,9 +460,7 @@ def status_api(ids: list[str], store: Store) -> None:
         raise RuntimeError(f"status of {len(ids)} jobs answered {len(jobs)}")
 
 
-def bench_status(meters: Meters, work: Path, route: Route, store: Store, template_id: str, runs: int) -> dict:
-    ids = clone_jobs(route, template_id, 100)
-    state_dir = status_store(work, route, store, template_id, ids)
+def bench_status(meters: Meters, route: Route, ids: list[str], state_dir: Path, runs: int) -> dict:
     own = Store(state_dir)
     return {"jobs": len(ids),
             "runner_api": samples_summary([measure(meters, route, lambda: status_api(ids, own))[0] for _ in range(runs)]),
@@ -485,6 +485,85 @@ def bench_exec_floor(meters: Meters, route: Route, runs: int) -> dict:
         transport.close()
 
 
+# -- round trips, not CPU: the same operations directly and through the proxy, in pairs ------------------
+
+@dataclass
+class Fixture:
+    """What one route's set left for the paired comparison: its submit job spec and its 100 status jobs."""
+
+    route: Route
+    submit_job: SubmitJob
+    status_ids: list[str]
+    status_store: Store
+
+
+def one_command_on_new_connection(route: Route) -> None:
+    transport = SshTransport(SshTarget(address=route.alias))
+    try:
+        transport.run(["true"], timeout=30)
+    finally:
+        transport.close()
+
+
+def paired_operations(meters: Meters, fixture: Fixture, client, store: Store, big_log_id: str) -> dict:
+    """name -> (set-up outside the timing or None, the timed action) for one route."""
+    route, offset = fixture.route, store.load(big_log_id).cursor
+    return {
+        "connect + one command": (None, lambda: one_command_on_new_connection(route)),
+        "one command, open connection": (None, lambda: client.transport.run(["true"], timeout=30)),
+        "tail poll, open connection": (None, lambda: poll_open(client, big_log_id, offset)),
+        "tail poll, runner API": (lambda: point_record_at(store, big_log_id, route),
+                                  lambda: tail_api(big_log_id, store)),
+        "submit, runner API": (None, lambda: submit_api(fixture.submit_job, store)),
+        "submit, OpenSSH": (None, lambda: submit_openssh(fixture.submit_job, route, meters.ssh_config)),
+        "status of 100, runner API": (None, lambda: status_api(fixture.status_ids, fixture.status_store)),
+    }
+
+
+def bench_round_trips_if_possible(meters: Meters, store: Store, state: dict, runs: int) -> dict:
+    """For each login that ran both its direct and its proxy set."""
+    out = {}
+    for login in LOGINS:
+        direct, proxied = state["fixtures"].get(f"{login}/direct"), state["fixtures"].get(f"{login}/proxy")
+        if direct and proxied:
+            print(f"[bench] {login}: direct vs proxy, paired …", file=sys.stderr, flush=True)
+            out[login] = bench_round_trips(meters, store, state["big_log"][login], direct, proxied, runs)
+    return out
+
+
+def bench_round_trips(meters: Meters, store: Store, big_log_id: str, direct: Fixture, proxied: Fixture,
+                      runs: int) -> dict:
+    """Each operation alternately direct and through the proxy: load drifts out of the paired difference,
+    which is then the network's share. implied_round_trips = difference / RTT (the proxy's TCP accept is
+    local, so a real link adds one more RTT per new connection for the TCP handshake)."""
+    rtt = 2 * proxied.route.delay
+    clients = [controller.connect(fixture.route.host) for fixture in (direct, proxied)]
+    try:
+        for client in clients:
+            client.status([])  # open both connections
+        ops = [paired_operations(meters, fixture, client, store, big_log_id)
+               for fixture, client in zip((direct, proxied), clients)]
+        return {name: paired(meters, [direct.route, proxied.route], [found[name] for found in ops], runs, rtt)
+                for name in ops[0]}
+    finally:
+        for client in clients:
+            client.transport.close()
+
+
+def paired(meters: Meters, routes: list[Route], actions: list[tuple], runs: int, rtt: float) -> dict:
+    near, far = [], []
+    for _ in range(runs):
+        for route, (setup, action), found in zip(routes, actions, (near, far)):
+            if setup:
+                setup()
+            found.append(measure(meters, route, action)[0])
+    added = [b.seconds - a.seconds for a, b in zip(near, far)]
+    return {"direct_s": summary([s.seconds for s in near]), "proxy_s": summary([s.seconds for s in far]),
+            "added_s": summary(added), "implied_round_trips": round(statistics.median(added) / rtt, 1),
+            "ssh_commands": statistics.median(s.sshd_sessions for s in far),
+            "network_exchanges": statistics.median(s.traffic["exchanges"] for s in far)}
+
+
 # -- one set, and the whole run ---------------------------------------------------------------------------
 
 def run_set(meters: Meters, work: Path, route: Route, counted: Route, store: Store, state: dict, args) -> dict:
@@ -501,8 +580,12 @@ def run_set(meters: Meters, work: Path, route: Route, counted: Route, store: Sto
     out["tail_poll"] = bench_tail_poll(meters, route, counted, state["big_log"][route.login], store, args.runs)
     out["follow"] = bench_follow(meters, work, route, store, args.lines)
     state["jobs"].append(out["follow"]["job_id"])
-    out["status_100"] = bench_status(meters, work, route, store, first_finished(job.job_ids, store), args.runs)
+    template_id = first_finished(job.job_ids, store)
+    status_ids = clone_jobs(route, template_id, 100)
+    state_dir = status_store(work, route, store, template_id, status_ids)
+    out["status_100"] = bench_status(meters, route, status_ids, state_dir, args.runs)
     out["load_avg"] = {"before": load_before, "after": os.getloadavg()}
+    state["fixtures"][route.label] = Fixture(route, job, status_ids, Store(state_dir))
     return out
 
 
@@ -560,7 +643,7 @@ def main(argv: list[str] | None = None) -> int:
                "load_avg_start": os.getloadavg(), "runs": args.runs, "sets": {}}
     host = start_verbose_sshd()
     store = Store(work / "state")
-    state: dict = {"jobs": [], "big_log": {}}
+    state: dict = {"jobs": [], "big_log": {}, "fixtures": {}}
     try:
         with LatencyProxy(host.port, delay=args.delay) as proxy, LatencyProxy(host.port, delay=0.0) as counter:
             ports = {"direct": host.port, "proxy": proxy.port, "counted": counter.port}
@@ -576,45 +659,19 @@ def main(argv: list[str] | None = None) -> int:
                                                           counter)
                 print(f"[bench] {label} …", file=sys.stderr, flush=True)
                 results["sets"][label] = run_set(meters, work, route, counted, store, state, args)
+            results["round_trips_not_cpu"] = bench_round_trips_if_possible(meters, store, state, args.runs)
+            for fixture in state["fixtures"].values():
+                state["jobs"].extend(fixture.submit_job.job_ids)
             results["cancelled_at_end"] = cancel_running(state["jobs"], store)
     finally:
         host.stop()
         shutil.rmtree(work, ignore_errors=True)
-    results["rtt_model"] = rtt_model(results["sets"], args.delay)
     results["load_avg_end"] = os.getloadavg()
     results["duration_s"] = round(time.monotonic() - started, 1)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=1) + "\n")
     print(json.dumps({label: headline(found) for label, found in results["sets"].items()}, indent=1))
     return 0
-
-
-MODELLED = {"submit runner_api": ("submit", "runner_api"), "submit runner_cli": ("submit", "runner_cli"),
-            "submit openssh": ("submit", "openssh"), "tail poll runner_api": ("tail_poll", "runner_api"),
-            "tail poll open connection": ("tail_poll", "open_connection"),
-            "status 100 runner_api": ("status_100", "runner_api")}
-
-
-def rtt_model(sets: dict, delay: float) -> dict:
-    """Does the round-trip count explain the proxy's extra time? `implied_round_trips` = added time / RTT;
-    `network_exchanges` (counted on the wire) is an upper bound: a client chunk that follows server data
-    need not have waited for it (a channel close, a window adjust)."""
-    rtt = 2 * delay
-    model = {}
-    for login in LOGINS:
-        direct, proxied = sets.get(f"{login}/direct"), sets.get(f"{login}/proxy")
-        if not (direct and proxied):
-            continue
-        for name, (section, method) in MODELLED.items():
-            near, far = direct[section][method], proxied[section][method]
-            exchanges = far["exchanges"]["median"]
-            model[f"{login} {name}"] = {
-                "direct_s": near["seconds"]["median"], "proxy_s": far["seconds"]["median"],
-                "added_s": round(far["seconds"]["median"] - near["seconds"]["median"], 3),
-                "implied_round_trips": round((far["seconds"]["median"] - near["seconds"]["median"]) / rtt, 1),
-                "network_exchanges": exchanges, "exchanges_x_rtt_s": round(exchanges * rtt, 3),
-                "ssh_commands": far["sshd_sessions"]["median"]}
-    return model
 
 
 def headline(found: dict) -> dict:
