@@ -152,7 +152,8 @@ def tail(job_id: str, *, store: Store, out: BinaryIO, follow: bool, max_wait: fl
             caught_up = cursor >= answer["size"]
             if answer["terminal"] and caught_up:
                 return TailOutcome(job_id, answer["state"], answer.get("exit_code"), True, cursor, printed)
-            if caught_up and (not follow or time.monotonic() >= deadline - 0.25):
+            # A backlog is drained chunk by chunk, but never past max_wait: the rest comes with the next call.
+            if (caught_up and not follow) or time.monotonic() >= deadline - 0.25:
                 return TailOutcome(job_id, answer["state"], answer.get("exit_code"), False, cursor, printed)
     finally:
         client.transport.close()
