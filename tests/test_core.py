@@ -279,3 +279,19 @@ def test_non_root_login_runs_jobs_in_its_home(ssh_host, work):
     job_id = submit(target, job)
     assert wait_terminal(target, job_id)["state"] == "SUCCEEDED"
     assert run_cli(target, "tail", job_id).stdout == b"runnertest\n"
+
+
+def test_large_backlog_drains_across_calls_never_past_max_wait(target, work):
+    expected = bytes(range(256)) * 16384  # 4 MiB: several chunks
+    job = write_job(work / "job.yaml", target,
+                    command=["python3", "-c", "import sys; sys.stdout.buffer.write(bytes(range(256)) * 16384)"])
+    job_id = submit(target, job)
+    wait_terminal(target, job_id)
+    seen, codes = b"", []
+    while not codes or codes[-1] == 75:
+        done = run_cli(target, "tail", job_id, "--max-wait", "0")
+        seen += done.stdout
+        codes.append(done.returncode)
+        assert len(codes) < 50
+    assert codes[-1] == 0 and len(codes) > 1  # max-wait 0: one chunk per call, then "call again"
+    assert seen == expected
