@@ -14,7 +14,7 @@ from typing import BinaryIO, Callable
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, stop_after_delay, wait_exponential
 
 from . import preflight
-from .errors import HostKeyError, RemoteError, SpecError, TransportError
+from .errors import HostKeyError, PreflightError, RemoteError, SpecError, TransportError
 from .host import Bundle, HostClient, build_bundle, payload_dir
 from .spec import JobSpec, check_job_id, job_id_for, load_spec
 from .store import JobRecord, Store
@@ -96,7 +96,7 @@ def submit(spec_path: str, overrides: list[str], *, queue: bool = False, job_id:
     client = connect(host, bundle)
     try:
         progress(f"preflight on {spec.host.address} …")
-        report = _retrying()(client.preflight, wire)
+        report = _preflight(client, wire)
         decision = preflight.decide(wire, report, queue=queue)
         for note in decision.notes:
             progress(note)
@@ -107,6 +107,16 @@ def submit(spec_path: str, overrides: list[str], *, queue: bool = False, job_id:
                          submitted_at=time.time(), service=wire["service"], last_state=answer.get("state", "QUEUED")))
     return Submitted(job_id, answer.get("state", "QUEUED"), spec.host.address, decision.stop_service,
                      decision.notes, client.round_trips, already)
+
+
+def _preflight(client: HostClient, wire: dict) -> dict:
+    """The host's own refusal (systemd unreachable, sudo wants a password …) is a preflight refusal: exit 4."""
+    try:
+        return _retrying()(client.preflight, wire)
+    except RemoteError as exc:
+        if exc.code in ("bad-spec", "bad-args"):
+            raise SpecError(f"the host refused the spec: {exc}") from exc
+        raise PreflightError(f"{exc}", hint=exc.hint) from exc
 
 
 def _start_once(client: HostClient, wire: dict, queue: bool) -> tuple[dict, bool]:
