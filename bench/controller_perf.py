@@ -9,9 +9,10 @@ round trips per submit, a tail poll with no new bytes on a 1 GiB log, follow lat
 (this machine's root: ~/.bashrc runs `pyenv init`, python3 is a pyenv shim), because the remote login's
 shell start-up is paid once per SSH command and turns out to be the largest fixed cost.
 
-Round trips are counted three independent ways: HostClient.round_trips, SSH session channels this process
-opens (paramiko, patched here), and sshd's own "Starting session" log lines (LogLevel VERBOSE). Through the
-proxy, its byte counters give bytes on the wire and its "exchanges" the network round trips.
+SSH commands per operation are counted three independent ways: HostClient.round_trips, SSH session
+channels this process opens (paramiko, patched here), and sshd's own "Starting session" log lines (LogLevel
+VERBOSE). The proxy's byte counters give bytes on the wire. Last, the same operations run alternately direct
+and through the proxy: the paired difference over the RTT is the number of network round trips each costs.
 docs/performance.md explains the numbers.
 """
 from __future__ import annotations
@@ -20,7 +21,6 @@ import argparse
 import json
 import os
 import platform
-import random
 import shutil
 import statistics
 import subprocess
@@ -33,7 +33,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO), str(REPO / "bench")]
 
-from latency_proxy import LatencyProxy, Traffic  # noqa: E402
+from latency_proxy import LatencyProxy  # noqa: E402
 from runner import controller  # noqa: E402
 from runner.spec import load_spec  # noqa: E402
 from runner.store import JobRecord, Store  # noqa: E402
@@ -75,7 +75,7 @@ def summary(values: list[float]) -> dict:
 
 
 class ChannelCounter:
-    """SSH session channels opened by this process: a count below HostClient's, at paramiko's level."""
+    """SSH session channels this process opens, counted in paramiko: one layer below HostClient's counter."""
 
     def __init__(self) -> None:
         self.count = 0
