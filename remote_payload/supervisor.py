@@ -28,8 +28,6 @@ import sys
 import tempfile
 import time
 import traceback
-import urllib.error
-import urllib.request
 
 SCHEMA = 1
 STATES = ["QUEUED", "STOPPING_SERVICE", "DRAINING", "RUNNING", "TERMINATING", "RESTORING",
@@ -460,6 +458,9 @@ def start_unit(ctl: Systemd, unit: str, timeout: float) -> str:
 
 def health_ok(url: str, timeout: float) -> bool:
     """True when url answers 2xx. Proxies from the environment are ignored: health URLs are local."""
+    import urllib.error  # here, not at the top: it is most of the script's import time, paid on every call
+    import urllib.request
+
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     try:
         with opener.open(url, timeout=min(5.0, max(0.2, timeout))) as answer:

@@ -184,8 +184,9 @@ def status(job_ids: list[str], *, store: Store) -> list[dict]:
         finally:
             client.transport.close()
         for record, job in zip(group, found):
-            record.last_state = job.get("state", record.last_state)
-            store.save(record)
+            if job.get("state", record.last_state) != record.last_state:
+                record.last_state = job["state"]
+                store.save(record)
             answers.append(job)
     return answers
 
