@@ -233,7 +233,7 @@ def test_bad_input_exits_2_naming_the_field_and_reaches_no_host(case, outcomes):
     assert outcome.connections == [], "the controller connected to the host"
 
 
-def test_positive_control_a_valid_submit_is_recorded(ssh_host, tmp_path):
+def test_positive_control_a_valid_submit_is_recorded(ssh_host):
     """Same proxy, same host, a valid spec: the connection shows up in the log and the job runs."""
     work = shared_tmpdir("runner-badinput-control-")
     spec = write_spec(work / "valid.yaml", base_spec(ssh_host.alias, work / "root"))

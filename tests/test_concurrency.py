@@ -10,7 +10,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -135,5 +134,5 @@ def test_ten_simultaneous_submits_with_queue_run_one_after_another(quick_unit, w
     assert sorted(job["state"] for job in jobs) == ["SUCCEEDED"] * SUBMITTERS, jobs
     assert len(runs) == SUBMITTERS
     for before, after in zip(runs, runs[1:]):
-        assert after[0] >= before[1], f"{after[2]} started at {after[0]:.3f} while {before[2]} ran until {before[1]:.3f}"
+        assert after[0] >= before[1], f"{after[2]} started at {after[0]:.3f}, {before[2]} ran until {before[1]:.3f}"
     assert healthy, f"service {now}"
