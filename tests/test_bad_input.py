@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -214,7 +215,8 @@ def outcomes(ssh_host):
         return case.name, run_recorded(case_argv(case, casedir, valid, base), casedir, ssh_host)
 
     with ThreadPoolExecutor(max_workers=4) as pool:
-        return dict(pool.map(run, enumerate(CASES)))
+        yield dict(pool.map(run, enumerate(CASES)))
+    shutil.rmtree(work, ignore_errors=True)
 
 
 def test_case_names_are_unique():
@@ -241,4 +243,7 @@ def test_positive_control_a_valid_submit_is_recorded(ssh_host):
     assert outcome.done.returncode == 0, outcome.done.stderr.decode()
     assert len(outcome.connections) >= 1
     job_dir = work / "root" / "jobs" / "control.1"
-    assert (job_dir / "status.json").exists()  # the root is a shared dir: the host wrote it here
+    try:
+        assert (job_dir / "status.json").exists()  # the root is a shared dir: the host wrote it here
+    finally:
+        shutil.rmtree(work, ignore_errors=True)

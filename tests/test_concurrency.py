@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -44,7 +45,9 @@ def target_for(host) -> Target:
 
 @pytest.fixture
 def work():
-    return shared_tmpdir("runner-conc-")
+    path = shared_tmpdir("runner-conc-")
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture

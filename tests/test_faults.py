@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -160,7 +161,9 @@ def cli_process(target: Target, *args: str, stdout=subprocess.PIPE) -> subproces
 
 @pytest.fixture
 def work():
-    return shared_tmpdir("runner-fault-")
+    path = shared_tmpdir("runner-fault-")
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
 
 
 # -- the checks every case ends with ----------------------------------------------------------------------
