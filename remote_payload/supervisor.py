@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import errno
 import fcntl
 import json
 import os
@@ -44,6 +45,7 @@ ENV_KEY_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 DEVICE_RE = re.compile(r"[A-Za-z0-9-]{1,128}")
 NOT_A_NUMBER = ("[N/A]", "N/A", "[Not Supported]", "Not Supported", "[Unknown Error]", "")
 
+RESERVE_BYTES = 256 << 10   # given back when the disk fills, so the final status and restore log still fit
 READY_TIMEOUT_S = 30.0       # how long `start` waits for the detached supervisor's handshake
 START_GRACE_S = 60.0         # a status with no supervisor recorded yet is "starting" this long
 POLL_S = 0.1
@@ -98,6 +100,7 @@ class JobPaths:
         self.restore_log = os.path.join(self.dir, "restore.log")
         self.cancel = os.path.join(self.dir, "cancel")
         self.supervisor_log = os.path.join(self.dir, "supervisor.log")
+        self.reserve = os.path.join(self.dir, "reserve")
         self.restore_lock = os.path.join(self.dir, "restore.lock")
 
 
@@ -620,22 +623,47 @@ class Job:
     def save(self, **changes) -> None:
         self.status.update(changes)
         self.status["updated_at"] = time.time()
-        write_json_atomic(self.paths.status, self.status)
+        self.persist(lambda: write_json_atomic(self.paths.status, self.status))
 
     def set_state(self, state: str, phase: str, **changes) -> None:
         self.save(state=state, phase=phase, **changes)
         self.event("state", state=state, phase=phase)
 
     def event(self, kind: str, **fields) -> None:
-        append_line(self.paths.events, dict(fields, t=time.time(), event=kind))
+        self.persist(lambda: append_line(self.paths.events, dict(fields, t=time.time(), event=kind)))
 
     def note_restore(self, text: str) -> None:
-        append_text(self.paths.restore_log, text)
+        self.persist(lambda: append_text(self.paths.restore_log, text))
         self.event("restore", message=text)
+
+    def persist(self, write) -> None:
+        """A write that can never stop the choreography: the host's disk filling up (the payload's log can
+        do that) must not keep the service down. On a full disk the job's reserve is given back once and the
+        write retried; a write that still fails is reported on stderr (supervisor.log) and skipped."""
+        try:
+            write()
+            return
+        except OSError as exc:
+            failure = exc
+        if failure.errno in (errno.ENOSPC, errno.EDQUOT) and release_reserve(self.paths):
+            try:
+                write()
+                return
+            except OSError as exc:
+                failure = exc
+        sys.stderr.write("runner supervisor: a write failed and was skipped: %s\n" % failure)
 
     @property
     def terminal(self) -> bool:
         return self.status.get("state") in TERMINAL
+
+
+def release_reserve(paths: JobPaths) -> bool:
+    try:
+        os.unlink(paths.reserve)
+        return True
+    except OSError:
+        return False
 
 
 def initial_status(spec: dict) -> dict:
@@ -1130,6 +1158,8 @@ def claim_job_dir(paths: JobPaths, spec: dict) -> None:
     tmp = tempfile.mkdtemp(prefix=paths.job_id + ".", dir=staging)
     write_json_atomic(os.path.join(tmp, "spec.json"), spec)
     write_json_atomic(os.path.join(tmp, "status.json"), initial_status(spec))
+    with open(os.path.join(tmp, "reserve"), "wb") as fh:  # real blocks, not a sparse file
+        fh.write(b"\0" * RESERVE_BYTES)
     try:
         os.rename(tmp, paths.dir)  # fails when the target exists and is not empty: every job dir has files
     except OSError:

@@ -23,6 +23,9 @@ from .transport import LocalTransport, SshTarget, SshTransport
 TERMINAL = {"SUCCEEDED", "FAILED", "TIMED_OUT", "CANCELLED", "LOST"}
 LOG_CHUNK = 1 << 20
 LONG_POLL_S = 5.0
+# How far past --max-wait one round trip may run before the call gives up (exit 3): the bound of invariant 2
+# on a link that went silent.
+ROUND_TRIP_ALLOWANCE_S = 5.0
 
 
 @dataclass
@@ -88,7 +91,7 @@ def required_mib(spec: JobSpec) -> int:
 def submit(spec_path: str, overrides: list[str], *, queue: bool = False, job_id: str | None = None,
            store: Store, progress: Callable[[str], None]) -> Submitted:
     spec = load_spec(spec_path, overrides)
-    job_id = check_job_id(job_id) if job_id else job_id_for(spec.name, datetime.now(timezone.utc), secrets.token_hex(3))
+    job_id = check_job_id(job_id) if job_id is not None else job_id_for(spec.name, datetime.now(timezone.utc), secrets.token_hex(3))
     source = spec.script_source(payload_dir())
     bundle, script_name = build_bundle(source)
     wire = spec.to_wire(job_id, required_mib(spec), script_name)
@@ -149,8 +152,10 @@ def tail(job_id: str, *, store: Store, out: BinaryIO, follow: bool, max_wait: fl
     printed = 0
     try:
         while True:
-            wait = min(LONG_POLL_S, deadline - time.monotonic() - 0.2) if follow else 0.0
-            answer = client.logs(job_id, cursor, max_bytes=LOG_CHUNK, wait=max(0.0, wait))
+            left = deadline - time.monotonic()
+            wait = max(0.0, min(LONG_POLL_S, left - 0.2)) if follow else 0.0
+            answer = client.logs(job_id, cursor, max_bytes=LOG_CHUNK, wait=wait,
+                                 timeout=max(0.0, left) + ROUND_TRIP_ALLOWANCE_S)
             data = answer["data"]
             if data:
                 out.write(data)

@@ -19,7 +19,7 @@ class Decision:
 def decide(wire: dict, report: dict, *, queue: bool = False) -> Decision:
     """Raise PreflightError/HostBusy when the job cannot run; else say whether the service will be stopped."""
     if not queue:
-        _refuse_if_locked(report.get("locks", []))
+        _refuse_if_locked(report.get("locks", []), wire["job_id"])
     service, gpu = wire["service"], wire["gpu"]
     stop_policy = service.get("stop", "never") if service["manager"] != "none" else "never"
     if not gpu["devices"]:
@@ -31,9 +31,10 @@ def decide(wire: dict, report: dict, *, queue: bool = False) -> Decision:
     return _decide_short(short, stop_policy, service, report, gpu["required_mib"])
 
 
-def _refuse_if_locked(locks: list[dict]) -> None:
+def _refuse_if_locked(locks: list[dict], job_id: str) -> None:
+    """A lock held by this very job id is a retried submit of a job already running, not a busy host."""
     for lock in locks:
-        if lock.get("held"):
+        if lock.get("held") and (lock.get("holder") or {}).get("job_id") != job_id:
             raise HostBusy(f"host busy: {lock['key']} is held by {describe_holder(lock.get('holder'))}",
                            hint="Wait for that job (`runner tail ID -f`), cancel it, or submit with --queue.")
 

@@ -7,7 +7,7 @@ from runner.preflight import decide
 
 def wire(stop="if-needed", manager="systemd", devices=("0",), need=9000):
     service = {"manager": manager, "unit": "sglang.service", "stop": stop} if manager != "none" else {"manager": "none"}
-    return {"service": service, "gpu": {"devices": list(devices), "required_mib": need}}
+    return {"job_id": "this-job", "service": service, "gpu": {"devices": list(devices), "required_mib": need}}
 
 
 def report(free=143156, total=143771, active="active", locks=(), apps=()):
@@ -67,3 +67,8 @@ def test_busy_names_holder_unless_queued():
 
 def test_no_gpus_no_memory_check():
     assert decide(wire(devices=()), {"locks": []}).stop_service is False
+
+
+def test_lock_held_by_this_same_job_is_a_retry_not_busy():
+    locks = [{"key": "service-sglang.service", "held": True, "holder": {"job_id": "this-job", "pid": 77}}]
+    assert decide(wire(), report(locks=locks)).stop_service is False
