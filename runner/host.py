@@ -130,9 +130,9 @@ class HostClient:
         args = [a for job_id in job_ids for a in ("--job-id", job_id)]
         return self.call("status", args)["jobs"]
 
-    def logs(self, job_id: str, offset: int, *, max_bytes: int, wait: float) -> dict:
+    def logs(self, job_id: str, offset: int, *, max_bytes: int, wait: float, timeout: float | None = None) -> dict:
         args = ["--job-id", job_id, "--offset", str(offset), "--max", str(max_bytes), "--wait", f"{wait:.2f}"]
-        answer = self.call("logs", args, timeout=CALL_TIMEOUT_S + wait)
+        answer = self.call("logs", args, timeout=timeout if timeout is not None else CALL_TIMEOUT_S + wait)
         answer["data"] = base64.b64decode(answer.pop("data_b64", ""))
         return answer
 

@@ -91,7 +91,7 @@ class SshTransport:
 
     def run(self, argv: Sequence[str], *, stdin: bytes = b"", timeout: float) -> Completed:
         deadline = time.monotonic() + timeout
-        transport = self._transport()
+        transport = self._transport(timeout)
         try:
             return _exec(transport, tuple(argv), stdin, deadline, self.name)
         except (socket.error, EOFError, _paramiko().SSHException) as exc:
@@ -105,9 +105,9 @@ class SshTransport:
             finally:
                 self._conn = None
 
-    def _transport(self):
+    def _transport(self, timeout: float):
         if self._conn is None:
-            self._conn = _connect(self.target)
+            self._conn = _connect(self.target, min(self.target.connect_timeout, timeout))
         return self._conn.transport
 
 
@@ -117,10 +117,10 @@ def _paramiko():
     return paramiko
 
 
-def _connect(target: SshTarget):
+def _connect(target: SshTarget, timeout: float):
     """Open a fabric Connection with our host-key rules; translate every failure into our errors."""
     paramiko = _paramiko()
-    conn = _fabric_connection(target)
+    conn = _fabric_connection(target, timeout)
     try:
         conn.open()
     except HostKeyError:
@@ -151,19 +151,19 @@ def _connect(target: SshTarget):
     return conn
 
 
-def _fabric_connection(target: SshTarget):
+def _fabric_connection(target: SshTarget, timeout: float):
     from fabric import Config, Connection
 
     config_path = target.ssh_config or os.environ.get("RUNNER_SSH_CONFIG")
     config = Config(runtime_ssh_path=config_path) if config_path else Config()
-    kwargs = {"config": config, "connect_timeout": int(max(1, target.connect_timeout))}
+    kwargs = {"config": config, "connect_timeout": int(max(1, timeout))}
     if target.user:
         kwargs["user"] = target.user
     if target.port:
         kwargs["port"] = target.port
     conn = Connection(target.address, **kwargs)
-    conn.connect_kwargs.setdefault("banner_timeout", target.connect_timeout)
-    conn.connect_kwargs.setdefault("auth_timeout", target.connect_timeout)
+    conn.connect_kwargs.setdefault("banner_timeout", timeout)
+    conn.connect_kwargs.setdefault("auth_timeout", timeout)
     _secure_host_keys(conn, target.host_key_policy)
     return conn
 
