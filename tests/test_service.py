@@ -273,3 +273,7 @@ def test_restore_service_returns_within_max_wait_on_slow_unit(service_host):
             break
     assert again.returncode == 0, again.stdout.decode()
     assert service_host.health_status() == 200
+    record("restore-service --max-wait 2 on a unit that needs ~10 s to be healthy",
+           {"state": "exit 75, then 0", "service": {"was": "inactive"}}, expected="exit 75, then 0",
+           service_now=service_host.service_state(), healthy=True,
+           note=f"first call returned exit 75 after {elapsed:.2f} s; a later call exit 0 (healthy)")
