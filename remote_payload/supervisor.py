@@ -799,6 +799,9 @@ def payload_env(job: Job) -> dict:
     env.update({"PYTHONUNBUFFERED": "1", "RUNNER_JOB_ID": job.paths.job_id, "RUNNER_JOB_DIR": job.paths.dir,
                 "RUNNER_RESULT": job.paths.result})
     if job.spec["gpu"]["devices"]:
+        # nvidia-smi numbers GPUs in PCI bus order; CUDA by default puts the fastest first. Same order, so
+        # "GPU 1" is the card whose memory the preflight and the drain checked.
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
         env["CUDA_VISIBLE_DEVICES"] = ",".join(job.spec["gpu"]["devices"])
     return env
 

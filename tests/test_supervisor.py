@@ -436,7 +436,8 @@ def test_drain_waits_for_memory_then_runs(host):
         holder.kill()
         holder.wait()
     assert status["gpu"]["drained_after_s"] > 0.5
-    assert host.ok("result", "--job-id", "d")["result"]["env"]["CUDA_VISIBLE_DEVICES"] == "0"
+    env = host.ok("result", "--job-id", "d")["result"]["env"]
+    assert (env["CUDA_VISIBLE_DEVICES"], env["CUDA_DEVICE_ORDER"]) == ("0", "PCI_BUS_ID")
     events = (host.root / "jobs" / "d" / "events.jsonl").read_text()
     assert '"DRAINING"' in events
 
