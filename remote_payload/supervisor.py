@@ -51,6 +51,7 @@ START_GRACE_S = 60.0         # a status with no supervisor recorded yet is "star
 POLL_S = 0.1
 GPU_POLL_S = 0.5
 LOCK_POLL_S = 0.5
+LOCK_SETTLE_S = 1.0          # how long a busy lock with no live holder recorded is retried before "busy"
 KILL_CONFIRM_S = 10.0        # after SIGKILL, how long to wait for the group to vanish
 LOG_MAX_BYTES = 4 << 20
 CMD_TIMEOUT_S = 120.0
@@ -203,7 +204,10 @@ def parse_mib(text: str):
     text = text.strip()
     if text in NOT_A_NUMBER:
         return None
-    return int(float(text))
+    try:
+        return int(float(text))
+    except ValueError:  # other bracketed words, e.g. "[Insufficient Permissions]" inside some containers
+        return None
 
 
 def parse_gpu_csv(text: str) -> list:
@@ -518,10 +522,20 @@ def query_apps() -> list:
 
 def lock_keys(spec: dict) -> list:
     """`service-<unit>` when a systemd service is involved, `gpu-<device>` per device; none for CPU jobs."""
-    keys = ["gpu-" + d for d in spec["gpu"]["devices"]]
+    keys = ["gpu-" + d for d in gpu_lock_names(spec["gpu"]["devices"])]
     if spec["service"]["manager"] == "systemd":
         keys.append("service-" + spec["service"]["unit"])
     return sorted(set(keys))
+
+
+def gpu_lock_names(devices: list) -> list:
+    """One name per card however the spec names it (index or UUID): its index, as nvidia-smi reports it."""
+    if not devices:
+        return []
+    try:
+        return [str(g["index"]) for g in query_gpus(devices)]
+    except (Fail, ValueError):
+        return list(devices)  # the drain step reports the GPU problem with its own message
 
 
 def read_holder(root: str, key: str):
@@ -539,7 +553,7 @@ def probe_lock(root: str, key: str) -> dict:
         return {"key": key, "held": False, "holder": None}
     fd = os.open(path, os.O_RDONLY)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # shared: two probes never make each other "busy"
         return {"key": key, "held": False, "holder": None}
     except BlockingIOError:
         return {"key": key, "held": True, "holder": read_holder(root, key)}
@@ -561,7 +575,17 @@ class Locks:
             self.fds[key] = os.open(os.path.join(locks_dir(self.root), key + ".lock"), os.O_RDWR | os.O_CREAT, 0o644)
 
     def try_acquire(self):
-        """Take every lock or none. Returns the holder of the first busy one, or None when all are ours."""
+        """Take every lock or none. Returns the holder of the first busy one, or None when all are ours.
+        A lock that is busy with no live holder recorded is a probe or a starter that has not written its
+        holder yet: try again for a moment rather than answer "busy" naming nobody."""
+        deadline = time.monotonic() + LOCK_SETTLE_S
+        while True:
+            holder = self._try_all()
+            if holder is None or pid_exists(holder.get("pid")) or time.monotonic() >= deadline:
+                return holder
+            time.sleep(0.05)
+
+    def _try_all(self):
         taken = []
         for key in self.keys:
             try:
@@ -589,6 +613,18 @@ class Locks:
                 try_unlink(os.path.join(locks_dir(self.root), key + ".json"))
             fcntl.flock(self.fds[key], fcntl.LOCK_UN)
         self.held = False
+
+
+def pid_exists(pid) -> bool:
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
 
 
 def try_unlink(path: str) -> None:
@@ -888,7 +924,7 @@ def wait_gpu_release(job: Job) -> None:
     while True:
         try:
             holding = [a for a in query_apps() if a["pid"] in ours]
-        except Fail as exc:
+        except (Fail, ValueError) as exc:
             job.event("gpu", phase="release", error=str(exc))
             return
         if not holding:
@@ -941,12 +977,19 @@ def wind_down(job: Job, proc_grace: float) -> None:
     """What every exit path does: kill leftovers, wait for GPU memory, restore the service."""
     if not job.terminal:
         job.set_state("RESTORING", "restoring the host")
+    for step in (lambda: kill_leftovers(job, proc_grace), lambda: wait_gpu_release(job)):
+        try:
+            step()
+        except Exception as exc:  # nothing before the restore may keep the service down
+            job.event("wind-down", error="%s: %s" % (type(exc).__name__, exc))
+    restore_service(job)
+
+
+def kill_leftovers(job: Job, proc_grace: float) -> None:
     payload = job.status.get("payload")
     if payload and group_is_ours(payload):
         job.payload_pids.update(group_members(int(payload["pgid"])))
         kill_group(int(payload["pgid"]), proc_grace)
-    wait_gpu_release(job)
-    restore_service(job)
 
 
 def final_state(job: Job, ending) -> tuple:
@@ -987,10 +1030,10 @@ def supervise(job: Job, locks: Locks, flags: Flags) -> None:
         traceback.print_exc()
         ending = ("FAILED", "supervisor error: %s: %s" % (type(exc).__name__, exc))
     finally:
-        try:
-            finish(job, ending)
-        finally:
-            locks.release()
+        finish(job, ending)
+        # Only after a finished restore: if finish raised, the guard's inherited lock fds keep the host
+        # locked until it has restored the service (LOCK_UN would release its copies too).
+        locks.release()
 
 
 # ── guard ─────────────────────────────────────────────────────────────────────────────────────────────

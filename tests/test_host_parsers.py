@@ -205,3 +205,8 @@ def test_service_spec_defaults_and_checks():
                 {"manager": "systemd", "unit": "sg", "health_url": "file:///etc/passwd"}):
         with pytest.raises(sup.Fail):
             sup.check_service(bad)
+
+
+def test_unknown_bracketed_memory_cells_are_unknown_not_a_crash():
+    from_apps = sup.parse_apps_csv("1234, [Insufficient Permissions]\n")
+    assert from_apps == [{"pid": 1234, "used_mib": None}]

@@ -630,3 +630,72 @@ def test_sudo_that_wants_a_password_is_its_own_error(service_host):
         assert answer["error"] == "sudo-password"
     finally:
         remote.cleanup()
+
+
+def test_one_card_named_by_index_and_by_uuid_is_one_lock(host):
+    uuid = json.loads((host.gpu_dir / "gpus.json").read_text())[0]["uuid"]
+    host.start("by-index", gpu_spec(host, "sleep", "30", "0"))
+    host.wait("by-index", "RUNNING")
+    by_uuid = host.spec("sleep", "0", "0", gpu={"devices": [uuid], "required_mib": 0, "drain_timeout": 5})
+    rc, answer = host.call("start", "--job-id", "by-uuid", spec=by_uuid)
+    assert rc == 1 and answer["error"] == "busy" and answer["holder"]["job_id"] == "by-index"
+    host.ok("cancel", "--job-id", "by-index")
+    host.wait("by-index", "CANCELLED")
+
+
+def test_preflight_probes_never_make_a_start_busy(host):
+    """A probe takes a shared lock: many preflights at once must not turn a start into a false "busy"."""
+    spec = gpu_spec(host, "sleep", "0", "0")
+    stop = time.monotonic() + 3
+    probes = [subprocess.Popen([sys.executable, "-c", PROBE_LOOP, str(SUPERVISOR), str(host.root), json.dumps(spec),
+                                str(stop - time.monotonic())], env=host.env) for _ in range(3)]
+    try:
+        for i in range(5):
+            host.start(f"p{i}", spec)  # ok() asserts it was accepted
+            host.wait(f"p{i}", "SUCCEEDED")
+    finally:
+        for p in probes:
+            p.wait(timeout=30)
+
+
+PROBE_LOOP = """
+import importlib.util, sys, time
+spec = importlib.util.spec_from_file_location("sup", sys.argv[1])
+sup = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(sup)
+root, end = sys.argv[2], time.monotonic() + float(sys.argv[4])
+while time.monotonic() < end:  # the real probe, as fast as it goes
+    sup.probe_lock(root, "gpu-0")
+"""
+
+
+def load_supervisor_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("supervisor_under_test", SUPERVISOR)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_wind_down_restores_even_when_the_steps_before_it_fail(tmp_path, monkeypatch):
+    """nvidia-smi answering something unparseable, or a kill failing, must never skip the restore."""
+    sup = load_supervisor_module()
+    paths = sup.JobPaths(str(tmp_path), "j")
+    os.makedirs(paths.dir)
+    spec = {"job_id": "j", "name": "j", "service": {"manager": "none"}, "gpu": {"devices": ["0"], "required_mib": 0,
+            "drain_timeout": 1}, "limits": {"grace": 0.1}}
+    job = sup.Job(paths, spec, sup.initial_status(spec))
+    job.status["payload"] = {"pid": 999999, "pgid": 999999, "start_time": 1}
+
+    def broken(*_a, **_k):
+        raise ValueError("nvidia-smi said something new")
+
+    restored = []
+    monkeypatch.setattr(sup, "query_apps", broken)
+    monkeypatch.setattr(sup, "group_is_ours", broken)
+    monkeypatch.setattr(sup, "restore_service", lambda j: restored.append(j))
+    sup.wind_down(job, 0.1)
+    assert restored == [job]
+    events = (tmp_path / "jobs" / "j" / "events.jsonl").read_text()
+    assert "nvidia-smi said something new" in events
