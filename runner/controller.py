@@ -154,8 +154,15 @@ def tail(job_id: str, *, store: Store, out: BinaryIO, follow: bool, max_wait: fl
         while True:
             left = deadline - time.monotonic()
             wait = max(0.0, min(LONG_POLL_S, left - 0.2)) if follow else 0.0
-            answer = client.logs(job_id, cursor, max_bytes=LOG_CHUNK, wait=wait,
-                                 timeout=max(0.0, left) + ROUND_TRIP_ALLOWANCE_S)
+            try:
+                answer = client.logs(job_id, cursor, max_bytes=LOG_CHUNK, wait=wait,
+                                     timeout=max(0.0, left) + ROUND_TRIP_ALLOWANCE_S)
+            except TransportError:
+                if not printed:
+                    raise
+                # What this call printed is delivered and its cursor saved: report "call again" so the
+                # caller (a --json caller too) gets those bytes now, and the next call resumes after them.
+                return TailOutcome(job_id, record.last_state, None, False, cursor, printed)
             data = answer["data"]
             if data:
                 out.write(data)
@@ -190,8 +197,7 @@ def status(job_ids: list[str], *, store: Store) -> list[dict]:
             client.transport.close()
         for record, job in zip(group, found):
             if job.get("state", record.last_state) != record.last_state:
-                record.last_state = job["state"]
-                store.save(record)
+                store.update_state(record.job_id, job["state"])
             answers.append(job)
     return answers
 

@@ -20,6 +20,7 @@ from .transport import Completed, Transport
 PAYLOAD_MISSING = 42
 CALL_TIMEOUT_S = 30.0
 UPLOAD_TIMEOUT_S = 120.0
+START_TIMEOUT_S = 45.0
 
 BOOT = r"""
 import os, sys
@@ -124,7 +125,8 @@ class HostClient:
 
     def start(self, wire: dict, *, queue: bool = False) -> dict:
         args = ["--job-id", wire["job_id"]] + (["--queue"] if queue else [])
-        return self.call("start", args, stdin=_json_bytes(wire))
+        # Longer than the host's own wait for the detached supervisor (30 s), so its answer always arrives.
+        return self.call("start", args, stdin=_json_bytes(wire), timeout=START_TIMEOUT_S)
 
     def status(self, job_ids: Sequence[str] = ()) -> list[dict]:
         args = [a for job_id in job_ids for a in ("--job-id", job_id)]
@@ -156,14 +158,14 @@ class HostClient:
     def call(self, sub: str, args: list[str], *, stdin: bytes = b"", timeout: float = CALL_TIMEOUT_S) -> dict:
         done = self._run_boot(sub, args, stdin, timeout)
         if done.exit_code == PAYLOAD_MISSING:
-            self.upload()
+            self.upload(timeout=min(UPLOAD_TIMEOUT_S, timeout))
             done = self._run_boot(sub, args, stdin, timeout)
         return _answer(done, sub)
 
-    def upload(self) -> None:
+    def upload(self, timeout: float = UPLOAD_TIMEOUT_S) -> None:
         argv = [self.python, "-c", UNPACK, self.root, self.bundle.digest]
         self.round_trips += 1
-        _answer(self.transport.run(argv, stdin=self.bundle.tarball(), timeout=UPLOAD_TIMEOUT_S), "upload")
+        _answer(self.transport.run(argv, stdin=self.bundle.tarball(), timeout=timeout), "upload")
 
     def _run_boot(self, sub: str, args: list[str], stdin: bytes, timeout: float) -> Completed:
         argv = [self.python, "-c", BOOT, self.root, self.bundle.digest, sub, *args]

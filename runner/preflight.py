@@ -61,10 +61,10 @@ def _short_gpus(gpu: dict, report: dict) -> list[dict]:
     need = gpu["required_mib"]
     selected = _selected(gpu, report)
     for g in selected:
-        if need > g["total_mib"]:
+        if g.get("total_mib") is not None and need > g["total_mib"]:
             raise PreflightError(f"the job needs {need} MiB but GPU {g['index']} has only {g['total_mib']} MiB in total",
                                  hint="Reduce the problem (e.g. fewer experts) or use a larger GPU.")
-    return [g for g in selected if g["free_mib"] < need]
+    return [g for g in selected if g.get("free_mib") is None or g["free_mib"] < need]  # unknown counts as short
 
 
 def _decide_short(short: list[dict], stop_policy: str, service: dict, report: dict, need: int) -> Decision:

@@ -51,6 +51,12 @@ class Store:
         except (ValueError, TypeError) as exc:
             raise RunnerError(f"local job record {path} is unreadable: {exc}") from exc
 
+    def update_state(self, job_id: str, state: str) -> None:
+        """Change only last_state, on a fresh read: a `tail` running meanwhile may have moved the cursor."""
+        record = self.load(job_id)
+        record.last_state = state
+        self.save(record)
+
     def all(self) -> list[JobRecord]:
         if not self.jobs_dir.is_dir():
             return []

@@ -181,6 +181,11 @@ def _secure_host_keys(conn, policy: str) -> None:
     conn.client.set_missing_host_key_policy(_MissingKeyPolicy(policy, files[0]))
     gateway = conn.gateway
     if gateway is not None and not isinstance(gateway, str):
+        # fabric builds a ProxyJump hop with no timeouts at all: a dead jump host would block for the
+        # kernel's TCP timeout, past any --max-wait.
+        gateway.connect_timeout = conn.connect_timeout
+        gateway.connect_kwargs.setdefault("banner_timeout", conn.connect_timeout)
+        gateway.connect_kwargs.setdefault("auth_timeout", conn.connect_timeout)
         _secure_host_keys(gateway, policy)
 
 

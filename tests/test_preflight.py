@@ -72,3 +72,11 @@ def test_no_gpus_no_memory_check():
 def test_lock_held_by_this_same_job_is_a_retry_not_busy():
     locks = [{"key": "service-sglang.service", "held": True, "holder": {"job_id": "this-job", "pid": 77}}]
     assert decide(wire(), report(locks=locks)).stop_service is False
+
+
+def test_unknown_memory_counts_as_short_not_a_crash():
+    unknown = report()
+    unknown["gpus"][0].update(total_mib=None, free_mib=None)
+    assert decide(wire(), unknown).stop_service is True  # if-needed: the service may hold it
+    with pytest.raises(PreflightError):
+        decide(wire(stop="never"), unknown)

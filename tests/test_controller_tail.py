@@ -1,0 +1,64 @@
+"""controller.tail's bookkeeping, against a scripted host (no transport): what was printed stays printed."""
+from __future__ import annotations
+
+import io
+import time
+
+import pytest
+
+from runner import controller
+from runner.errors import TransportError
+from runner.store import JobRecord, Store
+
+
+class ScriptedHost:
+    """Answers `logs` from a list; an exception in the list is raised at that call."""
+
+    def __init__(self, answers):
+        self.answers = list(answers)
+        self.transport = self
+
+    def logs(self, job_id, offset, **_kw):
+        answer = self.answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return dict(answer, offset=offset)
+
+    def close(self):
+        pass
+
+
+def chunk(data: bytes, start: int, size: int, state="RUNNING"):
+    return {"data": data, "next_offset": start + len(data), "size": size, "state": state,
+            "terminal": state != "RUNNING", "exit_code": None}
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = Store(tmp_path)
+    s.save(JobRecord(job_id="j1", name="j", host={"address": "local"}, spec_path="x", submitted_at=time.time()))
+    return s
+
+
+def test_bytes_printed_before_a_failed_round_trip_are_kept(store, monkeypatch):
+    host = ScriptedHost([chunk(b"hello\n", 0, 12), TransportError("link lost")])
+    monkeypatch.setattr(controller, "connect", lambda _h: host)
+    out = io.BytesIO()
+    outcome = controller.tail("j1", store=store, out=out, follow=True, max_wait=5, from_start=False)
+    assert out.getvalue() == b"hello\n" and outcome.terminal is False  # exit 75: call again
+    assert store.load("j1").cursor == 6
+
+
+def test_a_failed_first_round_trip_is_an_error(store, monkeypatch):
+    monkeypatch.setattr(controller, "connect", lambda _h: ScriptedHost([TransportError("link lost")]))
+    with pytest.raises(TransportError):
+        controller.tail("j1", store=store, out=io.BytesIO(), follow=True, max_wait=5, from_start=False)
+
+
+def test_status_never_rolls_back_a_cursor_saved_meanwhile(store):
+    stale = store.load("j1")
+    fresh = store.load("j1")
+    fresh.cursor = 5000
+    store.save(fresh)  # a tail saved its cursor while a status call was in flight
+    store.update_state(stale.job_id, "SUCCEEDED")
+    assert (store.load("j1").cursor, store.load("j1").last_state) == (5000, "SUCCEEDED")
