@@ -771,10 +771,17 @@ def timer_unit(job_id: str) -> str:
     return "runner-guard-" + re.sub(r"[^A-Za-z0-9:_.-]", "_", job_id)
 
 
+def guard_timer_seconds(spec: dict) -> float:
+    """Later than any job that is still being handled could end: the timer fires once, and a `restore` that
+    finds the supervisor or guard alive does nothing. Run, grace, two drains, the stop and start commands,
+    the health wait, and a minute."""
+    return (spec["limits"]["max_runtime"] + spec["limits"]["grace"] + 2 * spec["gpu"]["drain_timeout"]
+            + 2 * CMD_TIMEOUT_S + spec["service"].get("health_timeout", 0) + 60)
+
+
 def start_guard_timer(job: Job) -> None:
     """Last line of defence when even the guard dies: systemd runs `restore` after the longest job could take."""
-    spec = job.spec
-    seconds = spec["limits"]["max_runtime"] + spec["limits"]["grace"] + 2 * spec["gpu"]["drain_timeout"] + 60
+    seconds = guard_timer_seconds(job.spec)
     command = [sys.executable, os.path.abspath(__file__), "restore", "--job-id", job.paths.job_id,
                "--root", job.paths.root]
     try:

@@ -142,6 +142,8 @@ def _check_host_root(value: Any) -> str:
     text = _check_printable_line(value, "root")
     if not (text == "~" or text.startswith(("~/", "/"))):
         raise ValueError(f"root must be an absolute path or start with ~/; got {_short(text)}")
+    if "$" in text or "%" in text:  # systemd-run expands both in the guard timer's command line
+        raise ValueError(f"root must not contain '$' or '%'; got {_short(text)}")
     return text
 
 

@@ -210,3 +210,10 @@ def test_service_spec_defaults_and_checks():
 def test_unknown_bracketed_memory_cells_are_unknown_not_a_crash():
     from_apps = sup.parse_apps_csv("1234, [Insufficient Permissions]\n")
     assert from_apps == [{"pid": 1234, "used_mib": None}]
+
+
+def test_guard_timer_fires_after_the_slowest_legitimate_end():
+    spec = {"limits": {"max_runtime": 1800, "grace": 30}, "gpu": {"drain_timeout": 120},
+            "service": {"health_timeout": 900}}
+    # run + grace + both drains + stop and start commands + the health wait + a minute
+    assert sup.guard_timer_seconds(spec) == 1800 + 30 + 240 + 2 * sup.CMD_TIMEOUT_S + 900 + 60

@@ -330,6 +330,8 @@ BAD_FIELDS = [
     ("address-ipv6-scope", {"host.address": "fe80::1%;id"}, "host.address"),
     ("user-semicolon", {"host.user": "root;id"}, "host.user"),
     ("root-relative", {"host.root": "runner"}, "host.root"),
+    ("root-dollar", {"host.root": "/srv/${HOME}/runner"}, "host.root"),
+    ("root-percent", {"host.root": "/srv/%h/runner"}, "host.root"),
     ("host-python-shell", {"host.python": "python3 -c 'import os'"}, "host.python"),
     # service
     ("unit-semicolon", {"service.unit": "sglang;reboot"}, "service.unit"),
