@@ -51,9 +51,9 @@ def test_submit_returns_while_payload_keeps_running(target, work):
     job_id = submit(target, job)
     elapsed = time.monotonic() - t0
     assert elapsed < 15, f"submit held the caller {elapsed:.1f}s"
+    wait_for(lambda: status(target, job_id)["state"] == "RUNNING", timeout=30, what="RUNNING")
     job_state = status(target, job_id)
-    assert job_state["state"] == "RUNNING"
-    assert pid_alive_on(target, job_state["payload"]["pid"])
+    assert job_state["state"] == "RUNNING" and pid_alive_on(target, job_state["payload"]["pid"])
     run_cli(target, "cancel", job_id)
     wait_terminal(target, job_id)
 

@@ -493,6 +493,9 @@ def test_host_key_changed_between_submit_and_tail(netns_host, work):
     key back, tail prints the whole log."""
     target, gate = target_for(netns_host), work / "gate"
     job_id = submit(target, job_spec(work, netns_host, python_payload(work, "gated.py", GATED) + [str(gate)]))
+    # RUNNING first (submit answers while the service is still being stopped), so the check after the
+    # refused calls can only fail if one of them reached the host.
+    wait_host_status(netns_host, job_id, lambda s: s.get("state") == "RUNNING", what="running")
     changed = work / "ssh_config.changed-key"
     changed.write_text(netns_host.ssh_config.read_text().replace(str(netns_host.known_hosts),
                                                                  str(netns_host.wrong_known_hosts())))
