@@ -367,7 +367,7 @@ class Bench:
     def time_one(self, m: int, mode: str) -> dict:
         import marlin_weights as mw
         from marlin_timing import ROTATION_SETS, WARMUP_CALLS, capture_graph, measure, rotation_sets, static_views
-        a, torch = self.args, self.torch
+        a = self.args
         gen = mw.generator("cpu", a.seed * 1000003 + m)
         sets = rotation_sets(m, self.shape, a.routing, a.zipf_skew, self.dtype, self.device, gen)
         statics = static_views(m, self.statics)
