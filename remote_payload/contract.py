@@ -1,0 +1,151 @@
+"""The one contract both sides of runner share: names, limits, defaults, states and the wire codes.
+
+Stdlib only, no I/O, nothing done at import time. The controller (runner/) imports it for its pydantic
+validators and its decisions; the host supervisor imports it (it is uploaded with the payload) for its own
+checks. A rule written here cannot drift between the two sides: tests/test_contract.py walks one table of
+values through both and asserts the same verdict.
+
+Each `*_problem(value)` function returns None when the value is acceptable, else a message that says what
+is allowed. Callers raise their own error type with it (ValueError in a pydantic validator, Fail on the host).
+Runs on Python >= 3.8 (the host's interpreter may be old).
+"""
+from __future__ import annotations
+
+import re
+
+PROTOCOL = 1  # bump when an answer's shape changes incompatibly
+
+# ── job states, ordered; the last five are terminal ─────────────────────────────────────────────────────
+STATES = ("QUEUED", "STOPPING_SERVICE", "DRAINING", "RUNNING", "TERMINATING", "RESTORING",
+          "SUCCEEDED", "FAILED", "TIMED_OUT", "CANCELLED", "LOST")
+TERMINAL = frozenset(("SUCCEEDED", "FAILED", "TIMED_OUT", "CANCELLED", "LOST"))
+# systemd ActiveStates in which a service is (or is becoming) up: stopping it means restoring it later.
+RUNNING_SERVICE_STATES = frozenset(("active", "activating", "reloading"))
+
+
+def is_terminal(state: str) -> bool:
+    return state in TERMINAL
+
+
+# ── defaults (the spec's and the host's are the same numbers) ──────────────────────────────────────────
+DEFAULTS = {
+    "limits.max_runtime": 3600.0,
+    "limits.grace": 30.0,
+    "gpu.drain_timeout": 120.0,
+    "gpu.required_mib": 0,
+    "service.manager": "none",
+    "service.scope": "system",
+    "service.stop": "if-needed",
+    "service.health_timeout": 900.0,
+    "service.sudo": False,
+    "payload.python": "python3",
+    "host.root": "~/.runner",
+}
+SERVICE_MANAGERS = ("systemd", "none")
+SERVICE_SCOPES = ("system", "user")
+STOP_POLICIES = ("always", "if-needed", "never")
+
+# ── the wire: exit status of BOOT and the `error` codes of `{"ok": false, …}` answers ───────────────────
+EXIT_PAYLOAD_MISSING = 42  # BOOT found no supervisor for this payload hash: upload, then call again
+ERRORS = {
+    "payload-missing": "the payload bundle is not on the host (upload it, then repeat the call)",
+    "bad-bundle": "the uploaded bundle was unsafe or did not hash to its name",
+    "bad-args": "the call's arguments are invalid (job id, offsets, options)",
+    "bad-spec": "the spec JSON breaks a rule of this contract",
+    "bad-offset": "a log offset outside the file",
+    "bad-status": "status.json exists but cannot be read: an error, never 'running'",
+    "busy": "a lock is held by another job (the answer names the holder)",
+    "exists": "a job with this id was already claimed on the host",
+    "unknown-job": "no job with this id on the host",
+    "no-result": "the job wrote no result.json",
+    "drain-timeout": "the GPU memory did not become free in time",
+    "start-failed": "the detached supervisor did not report ready",
+    "sudo-password": "sudo asked for a password (a NOPASSWD rule is needed)",
+    "timeout": "a host command did not finish in time",
+    "unsafe-root": "host.root or the payload dir is writable by others or not owned by the login user",
+    "internal": "anything else; the message says what",
+}
+
+# ── names and paths ─────────────────────────────────────────────────────────────────────────────────────
+JOB_ID_RE = re.compile(r"[A-Za-z0-9._-]{1,128}")
+UNIT_RE = re.compile(r"[A-Za-z0-9:_.\\-]+(?:@[A-Za-z0-9:_.\\-]*)?")
+UNIT_MAX = 240  # systemd's limit is 255 with the suffix we may add
+# systemctl appends .service to a name without one of these suffixes; both sides do the same, visibly.
+UNIT_SUFFIXES = (".service", ".socket", ".device", ".mount", ".automount", ".swap", ".target", ".path",
+                 ".timer", ".slice", ".scope")
+ENV_KEY_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+GPU_UUID_RE = re.compile(r"GPU-[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
+GPU_INDEX_RE = re.compile(r"[0-9]{1,4}")
+
+
+def job_id_problem(value) -> str | None:
+    """1-128 of [A-Za-z0-9._-]; not '.', '..', nor starting with '-' (it would read as an option)."""
+    if (not isinstance(value, str) or not JOB_ID_RE.fullmatch(value) or value in (".", "..")
+            or value.startswith("-")):
+        return "a job id is 1-128 of [A-Za-z0-9._-], not '.' or '..' and not starting with '-'; got %s" % _short(value)
+    return None
+
+
+def unit_problem(value) -> str | None:
+    """systemd's unit-name characters, at most one '@'; no '..', not starting with '-', '.' or '@'."""
+    if (not isinstance(value, str) or not UNIT_RE.fullmatch(value) or ".." in value
+            or value.startswith(("-", ".", "@")) or len(value) > UNIT_MAX):
+        return ("a unit is a systemd unit name (letters, digits, `:_.\\-`, one `@`; no `..`, not starting with "
+                "`-`, `.` or `@`, at most %d characters); got %s" % (UNIT_MAX, _short(value)))
+    return None
+
+
+def normalize_unit(value: str) -> str:
+    """What systemctl would do: a name without a known suffix means NAME.service. Call after unit_problem."""
+    return value if value.endswith(UNIT_SUFFIXES) else value + ".service"
+
+
+def script_problem(value) -> str | None:
+    """A payload script is a relative path inside the uploaded payload dir: no '/', '.', '..' or empty part."""
+    if (not isinstance(value, str) or not value or "\0" in value or value.startswith("/")
+            or any(part in ("", ".", "..") for part in value.split("/"))):
+        return "script must be a relative file path without `..`, `.` or empty parts; got %s" % _short(value)
+    return None
+
+
+def env_key_problem(value) -> str | None:
+    if not isinstance(value, str) or not ENV_KEY_RE.fullmatch(value):
+        return "environment variable names must match [A-Za-z_][A-Za-z0-9_]*; got %s" % _short(value)
+    if value.startswith("RUNNER_"):
+        return "RUNNER_* variables are set by the supervisor and cannot be overridden; got %s" % _short(value)
+    return None
+
+
+def device_problem(value) -> str | None:
+    """A GPU by index (0, 1, …) or by UUID; on the wire both are text."""
+    text = str(value) if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else value
+    if isinstance(text, str) and (GPU_INDEX_RE.fullmatch(text) or GPU_UUID_RE.fullmatch(text)):
+        return None
+    return ("a device is a GPU index (0, 1, …) or a UUID like GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx; got %s"
+            % _short(value))
+
+
+def root_problem(value) -> str | None:
+    """host.root: absolute or under ~; no '$' or '%' (systemd-run expands both in the guard's command)."""
+    if not isinstance(value, str) or not (value == "~" or value.startswith(("~/", "/"))) or "\0" in value:
+        return "root must be an absolute path or start with ~/; got %s" % _short(value)
+    if "$" in value or "%" in value:
+        return "root must not contain '$' or '%%'; got %s" % _short(value)
+    return None
+
+
+# ── GPU memory: one rule for "is it short" ──────────────────────────────────────────────────────────────
+def memory_verdict(gpu: dict, required_mib: int) -> str:
+    """'too-small' when the card's total is below the need (no stop can help), 'short' when free memory is
+    below it or unknown, else 'ok'. gpu has total_mib and free_mib (None when nvidia-smi could not say)."""
+    total, free = gpu.get("total_mib"), gpu.get("free_mib")
+    if total is not None and required_mib > total:
+        return "too-small"
+    if free is None or free < required_mib:
+        return "short"
+    return "ok"
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
