@@ -68,7 +68,7 @@ ERRORS = {
 
 # ── names and paths ─────────────────────────────────────────────────────────────────────────────────────
 JOB_ID_RE = re.compile(r"[A-Za-z0-9._-]{1,128}")
-UNIT_RE = re.compile(r"[A-Za-z0-9:_.\\-]+(?:@[A-Za-z0-9:_.\\-]*)?")
+UNIT_RE = re.compile(r"[A-Za-z0-9:_.\\-]+(?:@[A-Za-z0-9:_.\\-]+)?")
 UNIT_MAX = 240  # systemd's limit is 255 with the suffix we may add
 # systemctl appends .service to a name without one of these suffixes; both sides do the same, visibly.
 UNIT_SUFFIXES = (".service", ".socket", ".device", ".mount", ".automount", ".swap", ".target", ".path",
