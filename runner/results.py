@@ -1,10 +1,14 @@
 """Render a benchmark's result.json for people: a text table, and a plot of µs/token and lever vs batch size.
 
-Pure functions of the parsed result; matplotlib is an optional extra, imported only by plot_lever.
+Pure functions of the parsed result; matplotlib is an optional extra, imported only when plotting.
+`plot` draws any payload's rows: the Marlin benchmark's lever figure, or for other payloads each numeric
+column against the first one.
 """
 from __future__ import annotations
 
 from pathlib import Path
+
+from .errors import NoResult
 
 COLUMNS = (  # header, row key, format
     ("M", "m", "{:d}"),
@@ -99,6 +103,60 @@ def _plain(value) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
+def plot(result: dict, path: str | Path) -> Path:
+    """The lever figure for the Marlin benchmark; a generic rows figure for any other payload."""
+    if result.get("payload") == "bench_marlin_moe" or _is_lever_rows(result.get("rows")):
+        return plot_lever(result, path)
+    return plot_rows(result, path)
+
+
+def _is_lever_rows(rows) -> bool:
+    return _is_rows(rows) and all("m" in row and "us_per_token" in row and "lever" in row for row in rows)
+
+
+def plottable_series(result: dict) -> tuple[str, str, list[str], list[dict]]:
+    """(table key, x column, y columns, rows) of the first list of rows with numeric columns.
+
+    x is the first column whose values are all numbers; every other all-numeric column is a y series.
+    Raises NoResult saying why when nothing can be drawn.
+    """
+    tables = [(key, value) for key, value in result.items() if _is_rows(value)]
+    if not tables:
+        raise NoResult("nothing to plot: the result has no list of rows (e.g. `rows: [{size: 1, median_us: …}]`)")
+    for key, rows in tables:
+        numeric = [col for col in rows[0] if all(_is_number(row.get(col)) for row in rows)]
+        if len(numeric) >= 2:
+            return key, numeric[0], numeric[1:], rows
+    raise NoResult(f"nothing to plot: no list of rows in the result has two numeric columns "
+                   f"(tables: {', '.join(key for key, _ in tables)})")
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def plot_rows(result: dict, path: str | Path) -> Path:
+    """Each numeric column of the first table of rows against its first numeric column (log axes when all > 0)."""
+    key, x, ys, rows = plottable_series(result)
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = sorted(rows, key=lambda r: r[x])
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    for y in ys:
+        ax.plot([r[x] for r in rows], [r[y] for r in rows], "o-", label=y)
+    values = [r[c] for r in rows for c in (x, *ys)]
+    if all(v > 0 for v in values):
+        ax.set(xscale="log", yscale="log")
+    ax.set(xlabel=x, ylabel=", ".join(ys), title=f"{result.get('payload', 'result')}: {key} by {x}")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return Path(path)
+
+
 def plot_lever(result: dict, path: str | Path) -> Path:
     """µs per token (left axis, log) and lever with its per-repetition range (right axis) against M."""
     import matplotlib
@@ -108,7 +166,7 @@ def plot_lever(result: dict, path: str | Path) -> Path:
 
     rows = sorted(result.get("rows") or [], key=lambda r: r["m"])
     if not rows:
-        raise ValueError("the result has no timing rows to plot")
+        raise NoResult("nothing to plot: the result has no timing rows" + (f" ({result['error']})" if result.get("error") else ""))
     ms = [r["m"] for r in rows]
     fig, cost = plt.subplots(figsize=(7.5, 4.5))
     cost.plot(ms, [r["us_per_token"] for r in rows], "o-", color="tab:blue", label="µs per token")

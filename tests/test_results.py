@@ -66,7 +66,9 @@ def test_plot_writes_a_png(tmp_path):
 
 def test_plot_refuses_a_result_without_rows(tmp_path):
     pytest.importorskip("matplotlib")
-    with pytest.raises(ValueError, match="no timing rows"):
+    from runner.errors import NoResult
+
+    with pytest.raises(NoResult, match="no timing rows"):  # a RunnerError: a message and exit 1, no traceback
         plot_lever({"rows": []}, tmp_path / "x.png")
 
 
@@ -78,3 +80,36 @@ def test_any_other_payload_renders_scalars_and_row_lists():
     lines = text.splitlines()
     assert lines[lines.index("rows:") + 1].split() == ["size", "median_us"]
     assert lines[-1].split() == ["64", "9496"]
+
+
+def demo_result() -> dict:
+    """The shape remote_payload/demo_payload.py writes."""
+    return {"payload": "demo", "python": "3.11.2",
+            "rows": [{"size": n, "median_us": 10.0 * n, "samples": 40 - n} for n in (1, 4, 16, 64)]}
+
+
+def test_plot_of_the_demo_payload_draws_its_rows(tmp_path):
+    pytest.importorskip("matplotlib")
+    from runner.results import plot, plottable_series
+
+    assert plottable_series(demo_result())[1:3] == ("size", ["median_us", "samples"])
+    out = plot(demo_result(), tmp_path / "demo.png")
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plot_without_rows_says_why_instead_of_a_traceback(tmp_path):
+    from runner.errors import NoResult
+    from runner.results import plot
+
+    with pytest.raises(NoResult, match="nothing to plot"):
+        plot({"payload": "x", "value": 3}, tmp_path / "x.png")
+    with pytest.raises(NoResult, match="two numeric columns"):
+        plot({"payload": "x", "rows": [{"name": "a"}, {"name": "b"}]}, tmp_path / "x.png")
+    assert not (tmp_path / "x.png").exists()
+
+
+def test_plot_dispatches_marlin_results_to_the_lever_figure(tmp_path):
+    pytest.importorskip("matplotlib")
+    from runner.results import plot
+
+    assert plot(synthetic(), tmp_path / "lever.png").stat().st_size > 10_000
