@@ -16,14 +16,23 @@ def event(**fields):
     print(json.dumps(fields), flush=True)
 
 
-def parse_args(argv):
+def build_parser():
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--seconds", type=float, default=20.0, help="about how long to run")
     parser.add_argument("--sizes", default="1,4,16,64", help="comma-separated problem sizes")
     parser.add_argument("--fail", action="store_true", help="exit 3 after the first phase (for tests)")
     parser.add_argument("--out", default=os.environ.get("RUNNER_RESULT", "result.json"))
+    return parser
+
+
+def parse_args(argv):
+    """Also what the controller runs to check payload.args before submitting (runner/payload_args.py)."""
+    parser = build_parser()
     args = parser.parse_args(argv)
-    args.sizes = [int(s) for s in args.sizes.split(",")]
+    try:
+        args.sizes = [int(s) for s in args.sizes.split(",")]
+    except ValueError:
+        parser.error("--sizes must be comma-separated integers, got %r" % args.sizes)
     if args.seconds <= 0 or any(s <= 0 for s in args.sizes):
         parser.error("--seconds and --sizes must be positive")
     return args
