@@ -58,6 +58,7 @@ def time_size(n, budget):
 
 def main(argv=None):
     args = parse_args(argv)
+    event(event="plan", rows=len(args.sizes))
     event(event="phase", phase="compile", status="start")
     warm_up(args.seconds * 0.4)
     event(event="phase", phase="compile", status="end")

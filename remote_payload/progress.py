@@ -1,0 +1,74 @@
+"""A payload's progress, read from its JSON event lines (stdlib, pure; used by the host's `status` and by
+`runner watch` on the controller).
+
+The event convention (docs/design.md, "Writing a payload"): one JSON object per stdout line with an
+`event` key — `phase` (`phase`, `status`: start|end|error), `heartbeat` (`phase`), `row` (one result row),
+`plan` (`rows`: how many rows to expect), `done`, `error`; `t` is seconds since the payload started.
+Anything else on stdout is ordinary output and is ignored here.
+"""
+from __future__ import annotations
+
+import json
+
+SCAN_BYTES = 1 << 20  # the host summarises at most the last MiB of output.log
+
+
+def parse_event(line) -> dict | None:
+    """The event of one output line, or None when the line is not a JSON object with an `event`."""
+    if isinstance(line, bytes):
+        line = line.decode("utf-8", "replace")
+    line = line.strip()
+    if not line.startswith("{"):
+        return None
+    try:
+        obj = json.loads(line)
+    except ValueError:
+        return None
+    return obj if isinstance(obj, dict) and isinstance(obj.get("event"), str) else None
+
+
+def summarize(text) -> dict:
+    """{phase, phase_status, rows_done, rows_expected, last_t, errors} from the event lines in text."""
+    summary = {"phase": None, "phase_status": None, "rows_done": 0, "rows_expected": None, "last_t": None,
+               "errors": 0}
+    for line in (text.decode("utf-8", "replace") if isinstance(text, bytes) else text).splitlines():
+        event = parse_event(line)
+        if event is not None:
+            _fold(summary, event)
+    return summary
+
+
+def _fold(summary: dict, event: dict) -> None:
+    kind = event["event"]
+    if isinstance(event.get("t"), (int, float)):
+        summary["last_t"] = event["t"]
+    if kind == "phase":
+        summary["phase"], summary["phase_status"] = event.get("phase"), event.get("status")
+    elif kind == "heartbeat" and event.get("phase"):
+        summary["phase"], summary["phase_status"] = event["phase"], "start"
+    elif kind == "row":
+        summary["rows_done"] += 1
+    elif kind == "plan" and isinstance(event.get("rows"), int):
+        summary["rows_expected"] = event["rows"]
+    elif kind == "error":
+        summary["errors"] += 1
+
+
+def describe(event: dict) -> str:
+    """One short line for a person: `[12.3 s] jit (m=1): start`, `[40.1 s] row m=8: median_us=451.2 …`."""
+    t = event.get("t")
+    stamp = "[%7.1f s] " % t if isinstance(t, (int, float)) else ""
+    kind = event["event"]
+    rest = {k: v for k, v in event.items() if k not in ("event", "t", "phase", "status")}
+    if kind in ("phase", "heartbeat"):
+        head = "%s %s" % (event.get("phase", "?"), event.get("status", "…") if kind == "phase" else "…")
+    else:
+        head = kind
+    return stamp + head + ("" if not rest else "  " + " ".join("%s=%s" % (k, _brief(v)) for k, v in rest.items()))
+
+
+def _brief(value) -> str:
+    if isinstance(value, float):
+        return "%.4g" % value
+    text = json.dumps(value) if isinstance(value, (dict, list)) else str(value)
+    return text if len(text) <= 60 else text[:57] + "..."

@@ -1,0 +1,34 @@
+"""remote_payload.progress: a payload's progress from its event lines, on captured real output."""
+from pathlib import Path
+
+from remote_payload.progress import describe, parse_event, summarize
+
+RUN2 = Path(__file__).resolve().parents[1] / "results" / "h200" / "run2"
+
+
+def test_a_real_h200_log_is_summarised_rows_and_last_phase():
+    text = (RUN2 / "warm1.log").read_bytes()
+    summary = summarize(text)
+    rows = sum(1 for line in text.splitlines() if (parse_event(line) or {}).get("event") == "row")
+    assert rows >= 10 and summary["rows_done"] == rows
+    assert summary["last_t"] > 0 and summary["errors"] == 0
+
+
+def test_a_cold_compile_in_progress_shows_the_phase_from_its_heartbeats():
+    cut = b"".join(line for line in (RUN2 / "cold.log").read_bytes().splitlines(keepends=True)
+                   if b'"heartbeat"' in line or b'"jit", "status": "start"' in line)[:2000]
+    summary = summarize(cut.rsplit(b"\n", 1)[0])
+    assert summary["phase"] in ("import", "jit", "weights") and summary["phase_status"] == "start"
+
+
+def test_plan_gives_the_rows_expected_and_non_events_are_ignored():
+    text = 'hello\n{"event": "plan", "rows": 4, "t": 0.1}\n{"not": "an event"}\n{broken\n{"event": "row", "size": 1, "t": 2}\n'
+    summary = summarize(text)
+    assert (summary["rows_done"], summary["rows_expected"], summary["last_t"]) == (1, 4, 2)
+
+
+def test_describe_is_one_short_line():
+    line = describe({"event": "phase", "phase": "jit", "status": "start", "m": 1, "t": 20.391})
+    assert line == "[   20.4 s] jit start  m=1"
+    long = describe({"event": "row", "m": 8, "median_us": 451.234567, "blob": "x" * 500, "t": 3})
+    assert "median_us=451.2" in long and len(long) < 140 and "\n" not in long
