@@ -11,8 +11,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import BinaryIO, Callable
 
-from remote_payload.contract import DEFAULTS
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, stop_after_delay, wait_exponential
+
+from remote_payload.contract import DEFAULTS
 
 from . import preflight
 from .deadline import Deadline
@@ -65,7 +66,7 @@ def connect(host: dict, bundle: Bundle | None = None, deadline: Deadline | None 
     if bundle is None:
         bundle, _ = build_bundle()
     return HostClient(transport, root=host.get("root", DEFAULTS["host.root"]),
-                      python=host.get("python", DEFAULTS["payload.python"]), bundle=bundle, deadline=deadline)
+                      python=host.get("python", "python3"), bundle=bundle, deadline=deadline)
 
 
 def _retrying(deadline_s: float = 20.0) -> Retrying:
