@@ -13,15 +13,11 @@ class Deadline:
     """A point on the monotonic clock `seconds` from now; `Deadline(math.inf)` never passes."""
 
     def __init__(self, seconds: float) -> None:
-        self.seconds = seconds
         self._end = time.monotonic() + seconds
 
     def left(self) -> float:
         """Seconds until the deadline, never below 0."""
         return max(0.0, self._end - time.monotonic())
-
-    def passed(self) -> bool:
-        return self.left() <= 0.0
 
     def cap(self, timeout: float) -> float:
         """timeout, or less when the deadline comes first."""
