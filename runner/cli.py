@@ -1,4 +1,5 @@
-"""The `runner` command line. The only module that prints errors or chooses exit codes (see `main`).
+"""The `runner` command line. The only module that prints errors or exits: `main` for errors (each carries
+its code, errors.py), `exit_code` for what a command found (a job's or a service's state).
 
 Human output goes to stdout, progress and messages to stderr; `--json` prints one JSON document.
 """
@@ -11,11 +12,12 @@ from dataclasses import asdict
 
 import click
 
+from remote_payload.contract import STATES, is_terminal
+
 from . import controller
-from .errors import RunnerError, SpecError
+from .errors import EXIT_ABORTED, EXIT_FAILED, EXIT_OK, EXIT_STILL_RUNNING, EXIT_USAGE, RunnerError, SpecError
 from .store import Store
 
-EXIT_STILL_RUNNING = 75
 DEFAULT_MAX_WAIT = 50.0
 
 EXIT_CODES_HELP = """\b
@@ -77,7 +79,7 @@ def tail(job_id: str, follow: bool, max_wait: float, from_start: bool, as_json: 
         _progress(f"[runner] {job_id} still {outcome.state}; call again")
     else:
         _progress(f"[runner] {job_id} ended {outcome.state} (exit code {outcome.exit_code})")
-    sys.exit(_job_exit(outcome.state) if outcome.terminal else EXIT_STILL_RUNNING)
+    sys.exit(exit_code(outcome.state, settled=outcome.terminal))
 
 
 class _Capture:
@@ -92,10 +94,6 @@ class _Capture:
 
     def text(self) -> str:
         return self.buf.decode("utf-8", "replace")
-
-
-def _job_exit(state: str) -> int:
-    return 0 if state == "SUCCEEDED" else 1
 
 
 @cli.command(help="State, phase, service and GPU state of one job (or all known jobs).\n\n" + EXIT_CODES_HELP)
@@ -194,23 +192,32 @@ def restore_service(job_file, address, user, port, unit, scope, sudo, health_url
         click.echo(f"{service['unit']}: {answer.get('state')} ({answer.get('active_state')}/{answer.get('sub_state')})")
         if answer.get("state") == "failed" and answer.get("log_tail"):
             click.echo(answer["log_tail"])
-    sys.exit({"healthy": 0, "starting": EXIT_STILL_RUNNING}.get(answer.get("state"), 1))
+    sys.exit(exit_code(answer.get("state")))
 
 
 def _restore_target(job_file, address, user, port, unit, scope, sudo, health_url, host_key_policy):
     if job_file and (address or unit):
         raise SpecError("give either JOB.yaml or --host/--unit, not both")
     if job_file:
-        return controller.restore_target_from_spec(job_file, [])
+        return controller.restore_target(job_file, [])
     if not (address and unit):
         raise SpecError("restore-service needs JOB.yaml, or both --host and --unit")
-    from .spec import HostSpec, ServiceSpec, section_from_options
+    from .spec import HostSpec, ServiceSpec
+    from .spec_load import section_from_options
 
     host = section_from_options(HostSpec, "--host", address=address, user=user, port=port,
                                 host_key_policy=host_key_policy)
     service = section_from_options(ServiceSpec, "--unit", manager="systemd", unit=unit, scope=scope, sudo=sudo,
                                    health_url=health_url)
     return host.model_dump(), service.model_dump()
+
+
+def exit_code(state: str | None, *, settled: bool = True) -> int:
+    """The exit status for what a command found: a job state, or a restore's service state (healthy/starting/
+    failed). settled=False: there is more to come (tail has output left to print), so "call again"."""
+    if not settled or state == "starting" or (state in STATES and not is_terminal(state)):
+        return EXIT_STILL_RUNNING
+    return EXIT_OK if state in ("SUCCEEDED", "healthy") else EXIT_FAILED
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -221,15 +228,15 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(exc.exit_code)
     except click.ClickException as exc:
         exc.show()
-        sys.exit(2)
+        sys.exit(EXIT_USAGE)
     except click.Abort:
         click.echo("aborted", err=True)
-        sys.exit(130)
+        sys.exit(EXIT_ABORTED)
     except RunnerError as exc:
         click.echo(f"runner: error: {exc}", err=True)
         if exc.hint:
             click.echo(f"runner: hint: {exc.hint}", err=True)
         sys.exit(exc.exit_code)
     except BrokenPipeError:
-        sys.exit(1)
-    sys.exit(0)
+        sys.exit(EXIT_FAILED)
+    sys.exit(EXIT_OK)
