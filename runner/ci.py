@@ -4,6 +4,7 @@ Plain functions returning plain data, like controller.py; cli.py prints and exit
 """
 from __future__ import annotations
 
+import codecs
 import json
 import time
 from dataclasses import dataclass, field
@@ -12,6 +13,7 @@ from typing import BinaryIO, Callable
 
 from . import controller, gate, history
 from .errors import HostKeyError, NoResult, TransportError
+from .spec import check_job_id
 from .store import Store
 
 WAIT_CHUNK_S = 50.0
@@ -100,3 +102,50 @@ def wait(job_id: str, *, store: Store, out: BinaryIO, timeout: float, chunk: flo
         state, code = outcome.state, outcome.exit_code
         if outcome.terminal:
             return WaitOutcome(job_id, state, code, True, printed, calls)
+
+
+# -- a bounded tail for agents (the MCP server) ---------------------------------------------------------------
+
+@dataclass
+class TailText:
+    job_id: str
+    text: str
+    state: str
+    exit_code: int | None
+    call_again: bool  # false once the job is terminal and every byte has been returned
+    offset: int
+
+
+def tail_text(job_id: str, *, store: Store, max_wait: float, max_bytes: int) -> TailText:
+    """At most `max_bytes` of new log after the stored cursor, waiting up to `max_wait` for the first byte.
+
+    The cursor is the same one `runner tail` uses and moves only past bytes returned: an incomplete UTF-8
+    sequence at the end of a chunk is held back for the next call, so the texts of successive calls join
+    to the log exactly (undecodable bytes appear as \\xNN escapes).
+    """
+    deadline = time.monotonic() + max_wait
+    record = store.load(check_job_id(job_id))
+    client = controller.connect(record.host)
+    try:
+        while True:
+            left = deadline - time.monotonic()
+            wait = max(0.0, min(controller.LONG_POLL_S, left - 0.2))
+            answer = client.logs(job_id, record.cursor, max_bytes=max_bytes, wait=wait,
+                                 timeout=max(0.0, left) + controller.ROUND_TRIP_ALLOWANCE_S)
+            at_end = answer["next_offset"] >= answer["size"]
+            text, used = _decode_prefix(answer["data"], final=answer["terminal"] and at_end)
+            record.cursor += used
+            record.last_state = answer["state"]
+            store.save(record)
+            done = answer["terminal"] and record.cursor >= answer["size"]
+            if text or done or time.monotonic() >= deadline - 0.25:
+                return TailText(job_id, text, answer["state"], answer.get("exit_code"), not done, record.cursor)
+    finally:
+        client.transport.close()
+
+
+def _decode_prefix(data: bytes, *, final: bool) -> tuple[str, int]:
+    """(text, bytes used): everything but a trailing incomplete UTF-8 sequence, unless this is the end."""
+    decoder = codecs.getincrementaldecoder("utf-8")("backslashreplace")
+    text = decoder.decode(data, final=final)
+    return text, len(data) - len(decoder.getstate()[0])

@@ -343,3 +343,15 @@ def wait(job_id: str, timeout: str, as_json: bool) -> None:
         sys.exit(EXIT_STILL_RUNNING)
     _progress(f"[runner] {job_id} ended {outcome.state} (exit code {outcome.exit_code})")
     sys.exit(_job_exit(outcome.state))
+
+
+@cli.command(help="Serve the runner's commands as MCP tools over stdio (needs the `mcp` extra).\n\n"
+                  "Client config: {\"command\": \"runner\", \"args\": [\"mcp\"]}")
+def mcp() -> None:
+    try:
+        from .mcp_server import serve
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").split(".")[0] != "mcp":
+            raise
+        raise SpecError("`runner mcp` needs the MCP SDK", hint="pip install 'runner[mcp]'") from None
+    serve()
