@@ -138,7 +138,8 @@ def tail_text(job_id: str, *, store: Store, max_wait: float, max_bytes: int) -> 
             record.last_state = answer["state"]
             store.save(record)
             done = answer["terminal"] and record.cursor >= answer["size"]
-            if text or done or time.monotonic() >= deadline - 0.25:
+            # Any bytes end the call, even a held-back partial character: polling again would spin on it.
+            if answer["data"] or done or time.monotonic() >= deadline - 0.25:
                 return TailText(job_id, text, answer["state"], answer.get("exit_code"), not done, record.cursor)
     finally:
         client.transport.close()

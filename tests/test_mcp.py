@@ -23,10 +23,10 @@ TOOLS = {"submit", "tail", "status", "list", "cancel", "results", "restore_servi
 
 
 @asynccontextmanager
-async def session(state: Path):
+async def session(state: Path, env: dict | None = None):
     params = StdioServerParameters(command=sys.executable, args=["-m", "runner", "mcp"], cwd=str(REPO),
                                    env={"RUNNER_STATE_DIR": str(state), "PYTHONPATH": str(REPO),
-                                        "PATH": os.environ["PATH"]})
+                                        "PATH": os.environ["PATH"], **(env or {})})
     with open(state.parent / "server-stderr.log", "w") as errlog:
         async with stdio_client(params, errlog=errlog) as (read, write):
             async with ClientSession(read, write) as client:
@@ -47,8 +47,20 @@ async def error_of(client: ClientSession, tool: str, **arguments) -> str:
     return result.content[0].text
 
 
-def demo_overrides(tmp_path: Path, seconds: int) -> list[str]:
-    return [f"payload.args.seconds={seconds}", f"host.root={tmp_path / 'host root'}"]
+def demo_overrides(root: Path, seconds: int, address: str = "local") -> list[str]:
+    return [f"payload.args.seconds={seconds}", f"host.root={root}", f"host.address={address}"]
+
+
+@pytest.fixture(params=["local", "ssh"])
+def host(request) -> tuple[str, Path, dict]:
+    """(host.address, host root as seen from here, server env): this machine, or the loopback sshd."""
+    from tests.hosts._proc import shared_tmpdir
+
+    root = shared_tmpdir("runner-mcp-root-") / "host root"
+    if request.param == "local":
+        return "local", root, {}
+    sshd = request.getfixturevalue("ssh_host")
+    return sshd.alias, root, {"RUNNER_SSH_CONFIG": str(sshd.ssh_config)}
 
 
 async def tail_until_done(client: ClientSession, job_id: str, **kw) -> tuple[str, dict, int]:
@@ -73,13 +85,15 @@ def test_tools_are_listed_with_bounded_waits(tmp_path):
     anyio.run(go)
 
 
-def test_submit_tail_every_byte_once_then_results(tmp_path):
+def test_submit_tail_every_byte_once_then_results(tmp_path, host):
+    address, root, env = host
     async def go():
-        async with session(tmp_path / "state") as client:
-            done = await call(client, "submit", job_file="jobs/demo.yaml", overrides=demo_overrides(tmp_path, 3))
+        async with session(tmp_path / "state", env) as client:
+            done = await call(client, "submit", job_file="jobs/demo.yaml", overrides=demo_overrides(root, 3, address))
             job_id = done["job_id"]
+            assert done["host"] == address
             text, last, calls = await tail_until_done(client, job_id, max_wait=5, max_bytes=1024)
-            log = (tmp_path / "host root" / "jobs" / job_id / "output.log").read_bytes()
+            log = (root / "jobs" / job_id / "output.log").read_bytes()
             assert text.encode() == log and calls > 1
             assert (last["state"], last["cli_exit_code"], last["call_again"]) == ("SUCCEEDED", 0, False)
             again = await call(client, "tail", job_id=job_id, max_wait=1)
@@ -111,7 +125,7 @@ def test_cancel_ends_the_job_cancelled(tmp_path):
     async def go():
         async with session(tmp_path / "state") as client:
             job_id = (await call(client, "submit", job_file="jobs/demo.yaml",
-                                 overrides=demo_overrides(tmp_path, 60)))["job_id"]
+                                 overrides=demo_overrides(tmp_path / "host root", 60)))["job_id"]
             first = await call(client, "tail", job_id=job_id, max_wait=10)
             assert first["call_again"] is True and first["text"]
             await call(client, "cancel", job_id=job_id)
