@@ -304,12 +304,12 @@ def results_gated(job_id, as_json, plot_path, baseline_path, save_path, other, t
 def history(host, metric, plot_path, imports, as_json) -> None:
     from . import history as hist
     from . import history_report
+    from .ci import collect
 
-    path = hist.db_path(Store().root)
+    store = Store()
+    path = hist.db_path(store.root)
     for ref in imports:
-        from .ci import collect
-
-        warning = hist.record(path, hist.run_from_result(ref, collect(ref, store=Store()).result))
+        warning = hist.record(path, hist.run_from_result(ref, collect(ref, store=store, record=False).result))
         if warning:
             raise RunnerError(warning)
     runs = hist.runs(path, host=host, metric=metric or (history_report.DEFAULT_METRIC if plot_path else None))
