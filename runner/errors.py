@@ -9,7 +9,8 @@ these into messages and process exits (`cli.exit_code` for outcomes that are not
     ├── HostBusy                     5  a lock is held; the message names the holder
     ├── RemoteError                  1  the supervisor answered an error
     │   └── UnknownJob               2  no such job id on the host or in the local index
-    └── NoResult                     1  the job wrote no result.json
+    ├── NoResult                     1  the job wrote no result.json
+    └── BadBaseline                  2  a regression-gate baseline file that cannot be used
 """
 from __future__ import annotations
 
@@ -66,3 +67,9 @@ class UnknownJob(RemoteError):
 
 class NoResult(RunnerError):
     pass
+
+
+class BadBaseline(RunnerError):
+    """A regression-gate baseline file that cannot be used (runner/gate.py)."""
+
+    exit_code = 2
