@@ -13,7 +13,8 @@ from typing import BinaryIO, Callable
 
 from . import controller, gate, history
 from .errors import HostKeyError, NoResult, TransportError
-from .spec import check_job_id
+from .deadline import Deadline
+from .job_id import check_job_id
 from .store import Store
 
 WAIT_CHUNK_S = 50.0
@@ -125,13 +126,11 @@ def tail_text(job_id: str, *, store: Store, max_wait: float, max_bytes: int) -> 
     """
     deadline = time.monotonic() + max_wait
     record = store.load(check_job_id(job_id))
-    client = controller.connect(record.host)
-    try:
+    with controller.connect(record.host, deadline=Deadline(max_wait + controller.ROUND_TRIP_ALLOWANCE_S)) as client:
         while True:
             left = deadline - time.monotonic()
             wait = max(0.0, min(controller.LONG_POLL_S, left - 0.2))
-            answer = client.logs(job_id, record.cursor, max_bytes=max_bytes, wait=wait,
-                                 timeout=max(0.0, left) + controller.ROUND_TRIP_ALLOWANCE_S)
+            answer = client.logs(job_id, record.cursor, max_bytes=max_bytes, wait=wait)
             at_end = answer["next_offset"] >= answer["size"]
             text, used = _decode_prefix(answer["data"], final=answer["terminal"] and at_end)
             record.cursor += used
@@ -141,8 +140,6 @@ def tail_text(job_id: str, *, store: Store, max_wait: float, max_bytes: int) -> 
             # Any bytes end the call, even a held-back partial character: polling again would spin on it.
             if answer["data"] or done or time.monotonic() >= deadline - 0.25:
                 return TailText(job_id, text, answer["state"], answer.get("exit_code"), not done, record.cursor)
-    finally:
-        client.transport.close()
 
 
 def _decode_prefix(data: bytes, *, final: bool) -> tuple[str, int]:

@@ -179,20 +179,8 @@ def restore_service(job_file, address, user, port, unit, scope, sudo, health_url
 
 
 def _restore_target(job_file, address, user, port, unit, scope, sudo, health_url, host_key_policy):
-    if job_file and (address or unit):
-        raise SpecError("give either JOB.yaml or --host/--unit, not both")
-    if job_file:
-        return controller.restore_target(job_file, [])
-    if not (address and unit):
-        raise SpecError("restore-service needs JOB.yaml, or both --host and --unit")
-    from .spec import HostSpec, ServiceSpec
-    from .spec_load import section_from_options
-
-    host = section_from_options(HostSpec, "--host", address=address, user=user, port=port,
-                                host_key_policy=host_key_policy)
-    service = section_from_options(ServiceSpec, "--unit", manager="systemd", unit=unit, scope=scope, sudo=sudo,
-                                   health_url=health_url)
-    return host.model_dump(), service.model_dump()
+    return controller.restore_target(job_file, address=address, user=user, port=port, unit=unit, scope=scope,
+                                     sudo=sudo, health_url=health_url, host_key_policy=host_key_policy)
 
 
 def exit_code(state: str | None, *, settled: bool = True) -> int:
@@ -317,7 +305,7 @@ def history(host, metric, plot_path, imports, as_json) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document at the end (the log still streams).")
 def wait(job_id: str, timeout: str, as_json: bool) -> None:
     from . import ci
-    from .spec import parse_duration
+    from .spec_fields import parse_duration
 
     try:
         seconds = parse_duration(timeout)
@@ -328,9 +316,9 @@ def wait(job_id: str, timeout: str, as_json: bool) -> None:
         _emit_json(asdict(outcome))
     if not outcome.terminal:
         _progress(f"[runner] {job_id} still {outcome.state} after {timeout}; it keeps running (`runner cancel {job_id}`)")
-        sys.exit(EXIT_STILL_RUNNING)
-    _progress(f"[runner] {job_id} ended {outcome.state} (exit code {outcome.exit_code})")
-    sys.exit(_job_exit(outcome.state))
+    else:
+        _progress(f"[runner] {job_id} ended {outcome.state} (payload exit code {outcome.exit_code})")
+    sys.exit(exit_code(outcome.state, settled=outcome.terminal))
 
 
 @cli.command(help="Serve the runner's commands as MCP tools over stdio (needs the `mcp` extra).\n\n"

@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import BinaryIO, Callable
+from typing import BinaryIO, Callable, Sequence
 
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, stop_after_delay, wait_exponential
 
@@ -20,8 +20,8 @@ from .deadline import Deadline
 from .errors import HostKeyError, PreflightError, RemoteError, SpecError, TransportError
 from .host import CALL_TIMEOUT_S, Bundle, HostClient, build_bundle, payload_dir
 from .job_id import check_job_id, job_id_for
-from .spec import JobSpec
-from .spec_load import load_spec
+from .spec import HostSpec, JobSpec, ServiceSpec
+from .spec_load import load_spec, section_from_options
 from .store import JobRecord, Store
 from .transport import LocalTransport, SshTarget, SshTransport
 
@@ -223,7 +223,20 @@ def restore_service(host: dict, service: dict, *, max_wait: float) -> dict:
         return client.restore_service(service, max_wait=max_wait)
 
 
-def restore_target(spec_path: str, overrides: list[str]) -> tuple[dict, dict]:
-    """The (host, service) sections `restore-service JOB.yaml` restores."""
-    spec = load_spec(spec_path, overrides)
-    return spec.host.model_dump(), spec.service.model_dump()
+def restore_target(spec_path: str | None, *, address: str | None = None, unit: str | None = None,
+                   overrides: Sequence[str] = (), **options) -> tuple[dict, dict]:
+    """The (host, service) sections to restore: from JOB.yaml, or from --host/--unit and their options
+    (user, port, host_key_policy for the host; scope, sudo, health_url for the service), validated alike."""
+    if spec_path and (address or unit):
+        raise SpecError("give either JOB.yaml or --host/--unit, not both")
+    if spec_path:
+        spec = load_spec(spec_path, overrides)
+        return spec.host.model_dump(), spec.service.model_dump()
+    if not (address and unit):
+        raise SpecError("restore-service needs JOB.yaml, or both --host and --unit")
+    host_keys = ("user", "port", "host_key_policy")
+    host = section_from_options(HostSpec, "--host", address=address,
+                                **{k: v for k, v in options.items() if k in host_keys and v is not None})
+    service = section_from_options(ServiceSpec, "--unit", manager="systemd", unit=unit,
+                                   **{k: v for k, v in options.items() if k not in host_keys and v is not None})
+    return host.model_dump(), service.model_dump()

@@ -93,20 +93,11 @@ def results(job_id: str, baseline: str | None = None, tolerance: str = "5%") -> 
 
 def restore_service(job_file: str | None = None, host: str | None = None, unit: str | None = None,
                     scope: str = "system", sudo: bool = False, max_wait: float = DEFAULT_MAX_WAIT_S) -> dict:
-    if job_file and (host or unit):
-        raise SpecError("give either job_file or host and unit, not both")
-    if job_file:
-        host_spec, service = controller.restore_target_from_spec(job_file, [])
-    elif host and unit:
-        from .spec import HostSpec, ServiceSpec, section_from_options
-
-        host_spec = section_from_options(HostSpec, "host", address=host).model_dump()
-        service = section_from_options(ServiceSpec, "unit", manager="systemd", unit=unit, scope=scope,
-                                       sudo=sudo).model_dump()
-    else:
-        raise SpecError("restore_service needs job_file, or both host and unit")
+    host_spec, service = controller.restore_target(job_file, address=host, unit=unit, scope=scope, sudo=sudo)
     answer = controller.restore_service(host_spec, service, max_wait=max_wait)
-    return {**answer, "cli_exit_code": {"healthy": 0, "starting": EXIT_STILL_RUNNING}.get(answer.get("state"), 1)}
+    from .cli import exit_code
+
+    return {**answer, "cli_exit_code": exit_code(answer.get("state"))}
 
 
 # -- the server ---------------------------------------------------------------------------------------------------
