@@ -11,7 +11,11 @@ import time
 import pytest
 
 from remote_payload import contract
-from remote_payload import supervisor as sup
+from remote_payload import supervisor, supervisor_files, supervisor_host, supervisor_job, supervisor_spec
+from remote_payload import supervisor_host as host
+from remote_payload import supervisor_spec as checks
+
+ROOMS = (supervisor, supervisor_files, supervisor_host, supervisor_job, supervisor_spec)
 
 CONTRACT_RULES = {
     "job_id": contract.job_id_problem,
@@ -106,17 +110,17 @@ MEMORY_ROWS = [
 
 def host_accepts(kind: str, value) -> bool:
     """The supervisor's own check for one kind of value: True when it accepts it."""
-    checks = {
-        "job_id": lambda v: sup.check_job_id(v),
-        "unit": lambda v: sup.check_unit(v),
-        "script": lambda v: sup.check_spec({"payload": {"script": v}}, "j"),
-        "env_key": lambda v: sup.check_spec({"payload": {"command": ["/bin/true"], "env": {v: "x"}}}, "j"),
-        "device": lambda v: sup.check_spec({"payload": {"command": ["/bin/true"]}, "gpu": {"devices": [v]}}, "j"),
-        "root": lambda v: sup.check_root(v),
+    rules = {
+        "job_id": lambda v: checks.check_job_id(v),
+        "unit": lambda v: checks.check_unit(v),
+        "script": lambda v: checks.check_spec({"payload": {"script": v}}, "j"),
+        "env_key": lambda v: checks.check_spec({"payload": {"command": ["/bin/true"], "env": {v: "x"}}}, "j"),
+        "device": lambda v: checks.check_spec({"payload": {"command": ["/bin/true"]}, "gpu": {"devices": [v]}}, "j"),
+        "root": lambda v: checks.check_root(v),
     }
     try:
-        checks[kind](value)
-    except sup.Fail:
+        rules[kind](value)
+    except host.Fail:
         return False
     return True
 
@@ -124,10 +128,10 @@ def host_accepts(kind: str, value) -> bool:
 def host_memory_verdict(gpu: dict, need: int) -> str:
     card = dict(gpu, index="0", uuid="GPU-x", name="t", used_mib=None)
     try:
-        sup.refuse_too_small([card], need)
-    except sup.Fail:
+        host.refuse_too_small([card], need)
+    except host.Fail:
         return "too-small"
-    return "short" if sup.short_gpus([card], need) else "ok"
+    return "short" if host.short_gpus([card], need) else "ok"
 
 
 @pytest.mark.parametrize("kind, value, ok", ROWS)
@@ -149,27 +153,30 @@ def test_memory_rows(gpu, need, verdict):
 # ── the drift issue 8 found, one test each ──────────────────────────────────────────────────────────────
 
 def test_drift_job_id_starting_with_dash_is_refused():
-    with pytest.raises(sup.Fail) as err:
-        sup.check_job_id("-rf")
+    with pytest.raises(host.Fail) as err:
+        checks.check_job_id("-rf")
     assert err.value.code == "bad-args"
 
 
 def test_drift_unit_names_follow_the_contract():
     for unit in ("a..b.service", ".hidden", "@x", "a@b@c", "x" * 245):
-        with pytest.raises(sup.Fail):
-            sup.check_unit(unit)
-    assert sup.check_unit("sglang") == contract.normalize_unit("sglang") == "sglang.service"
+        with pytest.raises(host.Fail):
+            checks.check_unit(unit)
+    assert checks.check_unit("sglang") == contract.normalize_unit("sglang") == "sglang.service"
 
 
 def test_drift_default_max_runtime_is_the_contract_default():
-    checked = sup.check_spec({"payload": {"command": ["/bin/true"]}}, "j")
+    checked = checks.check_spec({"payload": {"command": ["/bin/true"]}}, "j")
     assert checked["limits"]["max_runtime"] == contract.DEFAULTS["limits.max_runtime"] == 3600.0
     assert checked["limits"]["grace"] == contract.DEFAULTS["limits.grace"]
     assert checked["gpu"]["drain_timeout"] == contract.DEFAULTS["gpu.drain_timeout"]
 
 
 def test_drift_states_come_from_the_contract():
-    assert sup.STATES is contract.STATES and sup.TERMINAL is contract.TERMINAL
+    for room in ROOMS:
+        for name in ("STATES", "TERMINAL", "RUNNING_SERVICE_STATES", "DEFAULTS"):
+            assert getattr(room, name, getattr(contract, name)) is getattr(contract, name), (room.__name__, name)
+    assert "TERMINAL" in vars(supervisor_job) and "TERMINAL" in vars(supervisor)
 
 
 def test_drift_a_card_smaller_than_the_need_is_refused_at_once(tmp_path):
