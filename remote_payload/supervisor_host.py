@@ -25,7 +25,7 @@ NOT_A_NUMBER = ("[N/A]", "N/A", "[Not Supported]", "Not Supported", "[Unknown Er
 POLL_S = 0.1
 KILL_CONFIRM_S = 10.0        # after SIGKILL, how long to wait for the group to vanish
 CMD_TIMEOUT_S = 120.0
-STAY_ACTIVE_S = 2.0               # without a health URL, how long a unit must stay active to count as healthy
+STAY_ACTIVE_S = 2.0          # without a health URL, how long a unit must stay active to count as healthy
 SUDO_HINT = ("sudo asks for a password; add a NOPASSWD sudoers rule for systemctl (and systemd-run), e.g. "
              "'USER ALL=(root) NOPASSWD: /usr/bin/systemctl, /usr/bin/systemd-run' via visudo -f "
              "/etc/sudoers.d/runner")

@@ -193,3 +193,14 @@ def test_drift_a_card_smaller_than_the_need_is_refused_at_once(tmp_path):
         assert final["payload"] is None and final["restored"] is True
     finally:
         host.cleanup()
+
+
+def test_every_error_code_the_supervisor_answers_is_a_contract_code():
+    import inspect
+    import re
+
+    codes = set()
+    for room in ROOMS:
+        codes |= set(re.findall(r'Fail\(\s*"([a-z-]+)"', inspect.getsource(room)))
+        codes |= set(re.findall(r'"error": "([a-z-]+)"', inspect.getsource(room)))
+    assert codes and codes <= set(contract.ERRORS), codes - set(contract.ERRORS)
