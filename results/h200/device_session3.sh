@@ -25,11 +25,14 @@ step() {   # step NAME PYTHONPATH JITDIR ARGS...
 W=/tmp/jit
 # 1. Both cold compiles at once, each into its own empty cache (nvcc runs on the CPU, one core each of 16;
 #    the prepare step touches no weights): the prepare step alone, and a whole run whose first call compiles.
-rm -rf $W /tmp/jitcold
-step cold_prepare $FULL $W $K26 --backend auto --prepare-only &
-step cold_first_call $FULL /tmp/jitcold $K26 --backend auto $NEW &
-wait
-touch "$B/done.cold"
+#    COLD=0 skips this (a second machine, given the prebuilt cache in /tmp/jit instead).
+if [ "${COLD:-1}" = 1 ]; then
+  rm -rf $W /tmp/jitcold
+  step cold_prepare $FULL $W $K26 --backend auto --prepare-only &
+  step cold_first_call $FULL /tmp/jitcold $K26 --backend auto $NEW &
+  wait
+  touch "$B/done.cold"
+fi
 # 2. The run after the prepare step: every module is found built. Then the timing comparisons, warm.
 for s in ${STEPS:-after_prepare asc1 rnd1 busy1 asc2 rnd2 busy2 asc3 rnd3 busy3 fused1 kseq1 fused2 kseq2 fused3 kseq3 check_fused check_fused_corrupt}; do
   case $s in
@@ -37,6 +40,8 @@ for s in ${STEPS:-after_prepare asc1 rnd1 busy1 asc2 rnd2 busy2 asc3 rnd3 busy3 
     asc*)  step $s $BARE $W $K26 --backend sglang-kernels --order ascending ;;
     rnd*)  step $s $BARE $W $K26 --backend sglang-kernels --order random ;;
     busy*) step $s $BARE $W $K26 --backend sglang-kernels $NEW ;;
+    # a longer busy settle, a different order seed per process (machine 2: STEPS="asc4 busy4 long1 long2 long3")
+    long*) step $s $BARE $W $K26 --backend sglang-kernels --order random --order-seed ${s#long} --settle busy --settle-ms 1000 ;;
     fused*) step $s $FULL $W $K26 --backend sglang $NEW ;;
     kseq*) step $s $FULL $W $K26 --backend sglang-kernels $NEW ;;
     check_fused) step $s $FULL $W $SMALL --backend sglang --check ;;
