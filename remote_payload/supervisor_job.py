@@ -148,23 +148,24 @@ def prepare_service(job: Job, flags: Flags) -> None:
         stop_service(job)
 
 
-def measure_gpus(job: Job) -> None:
-    """The job's cards before anything is stopped; a card smaller than the need fails the job here, with the
-    service untouched (contract.memory_verdict "too-small": no stop and no drain can help)."""
+def measure_gpus(job: Job) -> list:
+    """The job's cards before the service is stopped; a card smaller than the need fails the job here, with
+    the service untouched (contract.memory_verdict "too-small": no stop and no drain can help)."""
     gpu = job.spec["gpu"]
     if not gpu["devices"]:
-        return
+        return []
     gpus = query_gpus(gpu["devices"])
     job.save(gpu=dict(job.status["gpu"], before=gpus))
     refuse_too_small(gpus, gpu["required_mib"])
+    return gpus
 
 
 def should_stop(job: Job) -> bool:
     policy = job.spec["service"]["stop"]
-    if policy != "if-needed":
-        return policy == "always"
-    before = job.status["gpu"]["before"]
-    return bool(before) and bool(short_gpus(before, job.spec["gpu"]["required_mib"]))
+    if policy == "never":
+        return False
+    gpus = measure_gpus(job)
+    return policy == "always" or bool(short_gpus(gpus, job.spec["gpu"]["required_mib"]))
 
 
 def stop_service(job: Job) -> None:
@@ -428,7 +429,6 @@ def supervise(job: Job, locks: Locks, flags: Flags) -> None:
         if not locks.held:
             wait_for_locks(job, locks, flags)
         locks.write_holders()
-        measure_gpus(job)
         prepare_service(job, flags)
         drain(job, flags)
         run_payload(job, flags)
