@@ -114,6 +114,9 @@ def _check_payload_args(spec: JobSpec, source: Path | None) -> str:
         return "payload is a command: its arguments are passed as written"
     from .payload_args import check_args
 
+    merged = spec.prepare_args_merged()
+    if merged is not None:  # the prepare run's args are the script's too: checked alike
+        check_args(source, payload_dir(), merged, spec.payload_args(merged), spec.spec_path)
     return check_args(source, payload_dir(), spec.payload.args, spec.payload_args(), spec.spec_path).note
 
 
