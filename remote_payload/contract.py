@@ -16,7 +16,7 @@ import re
 PROTOCOL = 1  # bump when an answer's shape changes incompatibly
 
 # ── job states, ordered; the last five are terminal ─────────────────────────────────────────────────────
-STATES = ("QUEUED", "STOPPING_SERVICE", "DRAINING", "RUNNING", "TERMINATING", "RESTORING",
+STATES = ("QUEUED", "PREPARING", "STOPPING_SERVICE", "DRAINING", "RUNNING", "TERMINATING", "RESTORING",
           "SUCCEEDED", "FAILED", "TIMED_OUT", "CANCELLED", "LOST")
 TERMINAL = frozenset(("SUCCEEDED", "FAILED", "TIMED_OUT", "CANCELLED", "LOST"))
 # systemd ActiveStates in which a service is (or is becoming) up: stopping it means restoring it later.
@@ -31,6 +31,7 @@ def is_terminal(state: str) -> bool:
 DEFAULTS = {
     "limits.max_runtime": 3600.0,
     "limits.grace": 30.0,
+    "limits.prepare_timeout": 1800.0,  # a cold JIT compile before the stop (5-6 min measured on an H200)
     "gpu.drain_timeout": 120.0,
     "gpu.required_mib": 0,
     "service.manager": "none",

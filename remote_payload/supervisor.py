@@ -57,6 +57,11 @@ except ImportError:  # run as a script: sys.path[0] is this directory
         with_restore_lock
     from supervisor_spec import check_health_url, check_job_id, check_root, check_unit, read_spec_stdin
 
+try:
+    from .progress import SCAN_BYTES, summarize
+except ImportError:
+    from progress import SCAN_BYTES, summarize
+
 READY_TIMEOUT_S = 30.0       # how long `start` waits for the detached supervisor's handshake
 START_GRACE_S = 60.0         # a status with no supervisor recorded yet is "starting" this long
 LOG_MAX_BYTES = 4 << 20
@@ -153,7 +158,7 @@ def claim_job_dir(paths: JobPaths, spec: dict) -> None:
     for path in (os.path.dirname(paths.dir), staging):
         os.makedirs(path, exist_ok=True)
     if os.path.exists(paths.dir):
-        raise Fail("exists", "job %s exists on this host" % paths.job_id, job_id=paths.job_id)
+        raise job_exists(paths, spec)
     tmp = tempfile.mkdtemp(prefix=paths.job_id + ".", dir=staging)
     write_json_atomic(os.path.join(tmp, "spec.json"), spec)
     write_json_atomic(os.path.join(tmp, "status.json"), initial_status(spec))
@@ -163,8 +168,19 @@ def claim_job_dir(paths: JobPaths, spec: dict) -> None:
         os.rename(tmp, paths.dir)  # fails when the target exists and is not empty: every job dir has files
     except OSError:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise Fail("exists", "job %s exists on this host" % paths.job_id, job_id=paths.job_id)
+        raise job_exists(paths, spec)
     fsync_dir(os.path.dirname(paths.dir))
+
+
+def job_exists(paths: JobPaths, spec: dict) -> Fail:
+    """`exists`, saying whether the recorded spec is this one: a retried submit is idempotent, a different
+    spec under a used id is refused by the controller (both specs are in the normalised form check_spec makes)."""
+    try:
+        same = read_json(paths.spec) == spec
+    except (OSError, ValueError):
+        same = False
+    return Fail("exists", "job %s exists on this host%s" % (paths.job_id, "" if same else " with a different spec"),
+                job_id=paths.job_id, same_spec=same)
 
 
 def start_failed(paths: JobPaths) -> dict:
@@ -257,7 +273,25 @@ def reap_if_dead(paths: JobPaths) -> dict:
 
 def status_entry(paths: JobPaths) -> dict:
     status = reap_if_dead(paths)
-    return dict(status, supervisor_pid=(status.get("supervisor") or {}).get("pid"))
+    return dict(status, supervisor_pid=(status.get("supervisor") or {}).get("pid"),
+                progress=payload_progress(paths, status), now=time.time())
+
+
+def payload_progress(paths: JobPaths, status: dict):
+    """For a job not yet ended: its phase, rows done of expected, and how long its output has been silent
+    (read from the event lines in the last MiB of output.log; progress.py has the convention)."""
+    if status["state"] in TERMINAL:
+        return None
+    try:
+        with open(paths.output, "rb") as fh:
+            info = os.fstat(fh.fileno())
+            fh.seek(max(0, info.st_size - SCAN_BYTES))
+            text = fh.read(SCAN_BYTES)
+    except FileNotFoundError:
+        return None
+    if info.st_size > SCAN_BYTES:
+        text = text.split(b"\n", 1)[-1]  # the first line may be cut
+    return dict(summarize(text), output_bytes=info.st_size, silent_s=round(max(0.0, time.time() - info.st_mtime), 1))
 
 
 def cmd_status(args) -> dict:
@@ -353,7 +387,14 @@ def cmd_result(args) -> dict:
     try:
         return {"ok": True, "job_id": paths.job_id, "result": read_json(paths.result)}
     except (OSError, ValueError) as exc:
-        raise Fail("no-result", "job %s has no readable result.json: %s" % (paths.job_id, exc), job_id=paths.job_id)
+        unreadable = "" if isinstance(exc, FileNotFoundError) else " (result.json unreadable: %s)" % exc
+        status = reap_if_dead(paths)
+        state, why = status.get("state"), status.get("message") or ""
+        if state in TERMINAL:
+            text = "job %s ended %s without a result%s%s" % (paths.job_id, state, ": " + why if why else "", unreadable)
+        else:
+            text = "job %s is %s: no result yet%s" % (paths.job_id, state, unreadable)
+        raise Fail("no-result", text, job_id=paths.job_id, state=state)
 
 
 def preflight_gpus(spec: dict) -> dict:

@@ -148,23 +148,24 @@ def prepare_service(job: Job, flags: Flags) -> None:
         stop_service(job)
 
 
-def measure_gpus(job: Job) -> None:
-    """The job's cards before anything is stopped; a card smaller than the need fails the job here, with the
-    service untouched (contract.memory_verdict "too-small": no stop and no drain can help)."""
+def measure_gpus(job: Job) -> list:
+    """The job's cards before the service is stopped; a card smaller than the need fails the job here, with
+    the service untouched (contract.memory_verdict "too-small": no stop and no drain can help)."""
     gpu = job.spec["gpu"]
     if not gpu["devices"]:
-        return
+        return []
     gpus = query_gpus(gpu["devices"])
     job.save(gpu=dict(job.status["gpu"], before=gpus))
     refuse_too_small(gpus, gpu["required_mib"])
+    return gpus
 
 
 def should_stop(job: Job) -> bool:
     policy = job.spec["service"]["stop"]
-    if policy != "if-needed":
-        return policy == "always"
-    before = job.status["gpu"]["before"]
-    return bool(before) and bool(short_gpus(before, job.spec["gpu"]["required_mib"]))
+    if policy == "never":
+        return False
+    gpus = measure_gpus(job)
+    return policy == "always" or bool(short_gpus(gpus, job.spec["gpu"]["required_mib"]))
 
 
 def stop_service(job: Job) -> None:
@@ -265,25 +266,28 @@ def payload_env(job: Job) -> dict:
     return env
 
 
-def launch_payload(job: Job) -> subprocess.Popen:
-    """The payload in its own process group (so the group can be killed as one), output appended to the log."""
+def launch_payload(job: Job, argv=None, state: str = "RUNNING", phase: str = "payload running") -> subprocess.Popen:
+    """The payload (or its prepare step: argv) in its own process group, so the group can be killed as one;
+    output appended to the log."""
+    argv = argv or payload_argv(job.spec)
     with open(job.paths.output, "ab") as log:
         try:
-            proc = subprocess.Popen(payload_argv(job.spec), cwd=job.paths.dir, env=payload_env(job),
-                                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                    start_new_session=True)
+            proc = subprocess.Popen(argv, cwd=job.paths.dir, env=payload_env(job), stdin=subprocess.DEVNULL,
+                                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         except OSError as exc:
-            raise Fail("start-failed", "cannot start the payload %r: %s" % (payload_argv(job.spec)[0], exc))
+            raise Fail("start-failed", "cannot start the payload %r: %s" % (argv[0], exc))
     ident = identity(proc.pid)
     job.payload_pids.add(proc.pid)
-    job.set_state("RUNNING", "payload running", started_at=time.time(),
-                  payload=dict(ident, pgid=proc.pid, exit_code=None, signal=None))
+    job.set_state(state, phase, payload=dict(ident, pgid=proc.pid, exit_code=None, signal=None),
+                  **({"started_at": time.time()} if state == "RUNNING" else {}))
     return proc
 
 
-def watch_payload(job: Job, proc: subprocess.Popen, flags: Flags):
-    """Wait for the payload; returns None when it exited, or (state, message) when it must be stopped."""
-    deadline = time.monotonic() + job.spec["limits"]["max_runtime"]
+def watch_payload(job: Job, proc: subprocess.Popen, flags: Flags, limit: str = "max_runtime"):
+    """Wait for the payload; returns None when it exited, or (state, message) when it must be stopped.
+    limit: the key of spec.limits that bounds it (max_runtime, or prepare_timeout for the prepare step)."""
+    seconds = job.spec["limits"][limit]
+    deadline = time.monotonic() + seconds
     next_sample = 0.0
     while proc.poll() is None:
         if time.monotonic() >= next_sample:  # remember the group's pids: they may hold GPU memory later
@@ -294,7 +298,8 @@ def watch_payload(job: Job, proc: subprocess.Popen, flags: Flags):
         except Interrupted as stop:
             return stop.state, str(stop)
         if time.monotonic() >= deadline:
-            return "TIMED_OUT", "the payload ran past limits.max_runtime (%gs)" % job.spec["limits"]["max_runtime"]
+            return "TIMED_OUT", "the %s ran past limits.%s (%gs)" % (
+                "payload" if limit == "max_runtime" else "prepare step", limit, seconds)
         time.sleep(POLL_S)
     return None
 
@@ -319,6 +324,37 @@ def run_payload(job: Job, flags: Flags) -> None:
     record_exit(job, proc.wait())
     if stop is not None:
         raise Interrupted(*stop)
+
+
+def prepare_argv(spec: dict):
+    """The prepare step's argv (the script again with its prepare args, or the prepare command), or None."""
+    payload = spec["payload"]
+    if payload.get("prepare") is None:
+        return None
+    if payload["command"] is not None:
+        return list(payload["prepare"])
+    return [payload["python"], os.path.join(HERE, payload["script"])] + payload["prepare"]
+
+
+def run_prepare_step(job: Job, flags: Flags) -> None:
+    """Before the service is stopped: the payload's prepare step (e.g. a JIT compile needing no GPU memory),
+    bounded by limits.prepare_timeout. If it fails, the job fails with the service never stopped."""
+    argv = prepare_argv(job.spec)
+    if argv is None:
+        return
+    check_interrupt(job, flags)
+    began = time.monotonic()
+    job.event("prepare", status="start", argv=argv)
+    proc = launch_payload(job, argv, "PREPARING", "prepare step running (the service is untouched)")
+    stop = watch_payload(job, proc, flags, limit="prepare_timeout")
+    kill_group(proc.pid, job.spec["limits"]["grace"], proc)
+    code = proc.wait()
+    job.event("prepare", status="end", exit_code=code, seconds=round(time.monotonic() - began, 3))
+    job.save(prepare={"exit_code": code, "seconds": round(time.monotonic() - began, 3)})
+    if stop is not None:
+        raise Interrupted("FAILED" if stop[0] == "TIMED_OUT" else stop[0], stop[1] + "; the service was not stopped")
+    if code != 0:
+        raise Fail("internal", "the prepare step exited with code %d; the service was not stopped" % code)
 
 
 def wait_gpu_release(job: Job) -> None:
@@ -428,7 +464,7 @@ def supervise(job: Job, locks: Locks, flags: Flags) -> None:
         if not locks.held:
             wait_for_locks(job, locks, flags)
         locks.write_holders()
-        measure_gpus(job)
+        run_prepare_step(job, flags)
         prepare_service(job, flags)
         drain(job, flags)
         run_payload(job, flags)

@@ -129,11 +129,16 @@ def check_payload(raw) -> dict:
         _need(isinstance(value, str) and "\0" not in value, "payload.env.%s must be a string without NUL" % key)
     args = raw.get("args") or []
     _need(_strings(args), "payload.args must be a list of strings")
+    prepare = raw.get("prepare")
+    _need(prepare is None or (_strings(prepare) and (script is not None or bool(prepare))),
+          "payload.prepare must be null or a list of strings (a non-empty command for a command payload)")
+    prepare = None if prepare is None else list(prepare)
     if command is not None:
         _need(_strings(command) and bool(command), "payload.command must be a non-empty list of strings")
-        return {"command": list(command), "script": None, "python": None, "args": [], "env": dict(env)}
-    return {"command": None, "script": check_script(script),
-            "python": _text(_default(raw, "payload.python"), "payload.python"), "args": list(args), "env": dict(env)}
+        return {"command": list(command), "script": None, "python": None, "args": [], "env": dict(env),
+                "prepare": prepare}
+    return {"command": None, "script": check_script(script), "python": _text(_default(raw, "payload.python"),
+            "payload.python"), "args": list(args), "env": dict(env), "prepare": prepare}
 
 
 def check_spec(raw, job_id=None) -> dict:
@@ -149,7 +154,9 @@ def check_spec(raw, job_id=None) -> dict:
     return {"name": name, "job_id": job_id, "service": check_service(raw.get("service") or {"manager": "none"}),
             "gpu": check_gpu(raw.get("gpu")), "payload": check_payload(raw.get("payload")),
             "limits": {"max_runtime": _number(_default(limits, "limits.max_runtime"), "limits.max_runtime", 0.001),
-                       "grace": _number(_default(limits, "limits.grace"), "limits.grace")}}
+                       "grace": _number(_default(limits, "limits.grace"), "limits.grace"),
+                       "prepare_timeout": _number(_default(limits, "limits.prepare_timeout"),
+                                                  "limits.prepare_timeout", 0.001)}}
 
 
 def read_spec_stdin(job_id=None) -> dict:

@@ -6,6 +6,7 @@ Human output goes to stdout, progress and messages to stderr; `--json` prints on
 from __future__ import annotations
 
 import json
+import logging
 import sys
 import time
 from dataclasses import asdict
@@ -15,21 +16,23 @@ import click
 from remote_payload.contract import STATES, is_terminal
 
 from . import controller
-from .errors import EXIT_ABORTED, EXIT_FAILED, EXIT_OK, EXIT_STILL_RUNNING, EXIT_USAGE, RunnerError, SpecError
+from .errors import (EXIT_ABORTED, EXIT_FAILED, EXIT_OK, EXIT_STILL_RUNNING, EXIT_USAGE, RunnerError, SpecError,
+                     UnknownJob)
 from .store import Store
 
 DEFAULT_MAX_WAIT = 50.0
 
 EXIT_CODES_HELP = """\b
-Exit codes:
-  0   done / accepted / healthy
-  1   the job ended other than SUCCEEDED, no result, or the service failed
-  2   bad job spec or usage, unknown job id
+Exit codes (every command; `--json` errors are JSON objects {error, message, hint, exit}):
+  0   done / accepted / healthy / SUCCEEDED
+  1   the job ended other than SUCCEEDED, no result, or the service failed to come back
+  2   bad job spec or usage, unknown job id (the message names the file and field)
   3   host unreachable, authentication failed, host key unknown or changed
   4   preflight refused (GPU memory, service policy, missing interpreter)
   5   host busy: another job holds the lock (the message names it)
   75  still running / still starting: call again
 """
+JOB_EXITS = "Exit: 0 SUCCEEDED · 1 ended otherwise · 75 still running · 2 · 3 (see `runner --help`)."
 
 
 def _progress(message: str) -> None:
@@ -47,23 +50,54 @@ def cli() -> None:
     pass
 
 
-@cli.command(help="Validate JOB.yaml, preflight the host, start the job detached; print its id.\n\n" + EXIT_CODES_HELP)
+@cli.command(help="Validate JOB.yaml, check the payload's args, preflight the host, start the job detached; "
+                  "print its id. Exit: 0 accepted · 2 bad spec · 3 · 4 refused · 5 busy (75 with --follow: "
+                  "still running).")
 @click.argument("job_file")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Override a spec field, e.g. payload.args.experts=128.")
-@click.option("--queue", is_flag=True, help="Wait on the host for a busy lock instead of refusing (exit 5).")
+@click.option("--queue", is_flag=True, help="If the service/GPU lock is held, wait on the host until it is free "
+              "(bounded by the holder's own deadline) instead of refusing with exit 5.")
 @click.option("--job-id", default=None, help="Choose the job id (makes a retried submit safe).")
+@click.option("--dry-run", is_flag=True, help="Validate and preflight, print the decision (stop the service? "
+              "memory needed and free, the command), change nothing.")
+@click.option("--follow", is_flag=True, help="After submitting, print the log like `tail -f` for up to --max-wait.")
+@click.option("--max-wait", type=click.FloatRange(0, 3600), default=DEFAULT_MAX_WAIT, show_default=True,
+              help="With --follow: seconds to follow before returning 75.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
-def submit(job_file: str, overrides: tuple[str, ...], queue: bool, job_id: str | None, as_json: bool) -> None:
+def submit(job_file, overrides, queue, job_id, dry_run, follow, max_wait, as_json) -> None:
+    if dry_run:
+        plan = controller.dry_run(job_file, list(overrides), queue=queue, job_id=job_id)
+        _emit_json(asdict(plan)) if as_json else click.echo(_dry_run_text(plan))
+        return
     done = controller.submit(job_file, list(overrides), queue=queue, job_id=job_id, store=Store(), progress=_progress)
-    if as_json:
+    if as_json and not follow:
         _emit_json(asdict(done))
-    else:
-        _progress(f"{'already submitted' if done.already else 'accepted'}: {done.state} on {done.host}; "
-                  f"follow with `runner tail {done.job_id} -f`")
-        click.echo(done.job_id)
+        return
+    _progress(f"{'already submitted' if done.already else 'accepted'}: {done.state} on {done.host}"
+              + ("" if follow else f"; follow with `runner tail {done.job_id} -f`"))
+    click.echo(done.job_id)
+    if follow:
+        sys.stdout.flush()
+        _tail_and_exit(done.job_id, follow=True, max_wait=max_wait, from_start=False, as_json=as_json)
 
 
-@cli.command(help="Print the job's log bytes after the stored cursor (exactly once across calls).\n\n" + EXIT_CODES_HELP)
+def _dry_run_text(plan) -> str:
+    service = plan.service or {}
+    lines = [f"dry run on {plan.host}: nothing was started or changed",
+             f"  job id        {plan.job_id}",
+             f"  command       {' '.join(plan.argv)}",
+             f"  GPU memory    {plan.required_mib} MiB needed; "
+             + ("; ".join(f"GPU {g['index']}: {g.get('free_mib')} of {g.get('total_mib')} MiB free" for g in plan.gpus)
+                or "no GPUs requested")]
+    if service:
+        lines.append(f"  service       {service.get('unit')} is {service.get('active_state')}: "
+                     + ("WOULD BE STOPPED and restored afterwards" if plan.stop_service else "left running"))
+    lines += [f"  note          {note}" for note in plan.notes]
+    return "\n".join(lines)
+
+
+@cli.command(help="Print the job's log bytes after the stored cursor, unchanged (exactly once across calls). "
+                  + JOB_EXITS)
 @click.argument("job_id")
 @click.option("-f", "--follow", is_flag=True, help="Keep printing until the job ends or --max-wait passes.")
 @click.option("--max-wait", type=click.FloatRange(0, 3600), default=DEFAULT_MAX_WAIT, show_default=True,
@@ -71,6 +105,10 @@ def submit(job_file: str, overrides: tuple[str, ...], queue: bool, job_id: str |
 @click.option("--from-start", is_flag=True, help="Print from the first byte, not from the cursor.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document (output decoded as UTF-8, lossy).")
 def tail(job_id: str, follow: bool, max_wait: float, from_start: bool, as_json: bool) -> None:
+    _tail_and_exit(job_id, follow=follow, max_wait=max_wait, from_start=from_start, as_json=as_json)
+
+
+def _tail_and_exit(job_id: str, *, follow: bool, max_wait: float, from_start: bool, as_json: bool) -> None:
     sink = _Capture() if as_json else sys.stdout.buffer
     outcome = controller.tail(job_id, store=Store(), out=sink, follow=follow, max_wait=max_wait, from_start=from_start)
     if as_json:
@@ -78,7 +116,7 @@ def tail(job_id: str, follow: bool, max_wait: float, from_start: bool, as_json: 
     elif not outcome.terminal:
         _progress(f"[runner] {job_id} still {outcome.state}; call again")
     else:
-        _progress(f"[runner] {job_id} ended {outcome.state} (exit code {outcome.exit_code})")
+        _progress(f"[runner] {job_id} ended {outcome.state} (payload exit code {outcome.exit_code})")
     sys.exit(exit_code(outcome.state, settled=outcome.terminal))
 
 
@@ -96,54 +134,119 @@ class _Capture:
         return self.buf.decode("utf-8", "replace")
 
 
-@cli.command(help="State, phase, service and GPU state of one job (or all known jobs).\n\n" + EXIT_CODES_HELP)
+@cli.command(help="Follow the job for a person: a live panel (phase, rows done, recent events) on a terminal, "
+                  "plain lines otherwise; `tail` keeps the raw bytes. Never moves tail's cursor. " + JOB_EXITS)
+@click.argument("job_id")
+@click.option("--max-wait", type=click.FloatRange(0, 86400), default=DEFAULT_MAX_WAIT, show_default=True,
+              help="Seconds to watch before returning 75.")
+@click.option("--plain", is_flag=True, help="Plain lines even on a terminal.")
+def watch(job_id: str, max_wait: float, plain: bool) -> None:
+    from .watch import LivePanel, plain_sink
+
+    def follow(sink):
+        return controller.tail(job_id, store=Store(), out=sink, follow=True, max_wait=max_wait, from_start=True,
+                               save_cursor=False)
+
+    if plain or not sys.stdout.isatty():
+        sink = plain_sink(sys.stdout)
+        outcome = follow(sink)
+        sink.close()
+    else:
+        with LivePanel(f"runner watch {job_id}") as sink:
+            outcome = follow(sink)
+    if outcome.terminal:
+        _progress(f"[runner] {job_id} ended {outcome.state} (payload exit code {outcome.exit_code})")
+    sys.exit(exit_code(outcome.state, settled=outcome.terminal))
+
+
+@cli.command(help="State, phase, progress, service and downtime of one job (or every job this controller knows). "
+                  "Exit: like tail for one job; for all, the worst wins (1 > 75 > 0). 2 unknown id · 3.")
 @click.argument("job_id", required=False)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 def status(job_id: str | None, as_json: bool) -> None:
     jobs = controller.status([job_id] if job_id else [], store=Store())
+    if job_id and jobs and jobs[0].get("state") == "UNKNOWN":
+        raise UnknownJob(f"job {job_id} is not on its host (it was never started there, or its directory was removed)")
     if as_json:
         _emit_json(jobs[0] if job_id else jobs)
-        return
-    for job in jobs:
-        click.echo(_status_line(job))
+    else:
+        if not job_id and not jobs:
+            _progress("no jobs yet (`runner submit JOB.yaml`)")
+        for job in jobs:
+            click.echo(_status_text(job))
+    sys.exit(max((exit_code(job.get("state")) for job in jobs), key=_worse, default=EXIT_OK))
 
 
-def _status_line(job: dict) -> str:
+def _worse(code: int) -> int:
+    """Order for 'the worst state wins': ended badly, then still running, then fine."""
+    return {EXIT_FAILED: 2, EXIT_STILL_RUNNING: 1}.get(code, 0)
+
+
+def _status_text(job: dict) -> str:
+    head = f"{job.get('job_id')}: {job.get('state')}" + (f" ({job['phase']})" if job.get("phase") else "")
+    lines = [head]
+    now = job.get("now") or time.time()
+    started = job.get("started_at") or job.get("created_at")
+    if started:
+        end = job.get("ended_at") or now
+        lines.append(f"  elapsed     {_duration(end - started)}")
+    progress = job.get("progress")
+    if progress:
+        rows = progress["rows_done"]
+        rows_text = f"{rows} of {progress['rows_expected']}" if progress.get("rows_expected") else str(rows)
+        lines.append(f"  payload     phase {progress.get('phase') or '-'}, rows {rows_text}, "
+                     f"last output {progress.get('silent_s', 0):.0f} s ago")
     service = job.get("service") or {}
-    parts = [f"{job.get('job_id')}: {job.get('state')}"]
-    if job.get("phase"):
-        parts.append(f"({job['phase']})")
-    if job.get("exit_code") is not None:
-        parts.append(f"exit {job['exit_code']}")
     if service.get("unit"):
-        parts.append(f"service {service['unit']} was {service.get('was')} now {service.get('now')}"
-                     + (f" downtime {service['downtime_s']:.1f}s" if service.get("downtime_s") is not None else ""))
+        lines.append(f"  service     {service['unit']} was {service.get('was')} now {service.get('now')}"
+                     + _downtime(service, now))
+    if job.get("exit_code") is not None:
+        lines.append(f"  payload exit code {job['exit_code']}")
     if job.get("message"):
-        parts.append(f"— {job['message']}")
-    return " ".join(parts)
+        lines.append(f"  why         {job['message']}")
+    return "\n".join(lines)
 
 
-@cli.command(name="list", help="Jobs this controller knows (local index, no network).")
+def _downtime(service: dict, now: float) -> str:
+    if service.get("downtime_s") is not None:
+        return f", downtime {service['downtime_s']:.1f} s"
+    if service.get("stopped_at") and not service.get("restored_at"):
+        return f", down for {_duration(now - service['stopped_at'])} so far"
+    return ""
+
+
+def _duration(seconds: float) -> str:
+    seconds = max(0.0, seconds)
+    return f"{seconds:.1f} s" if seconds < 120 else f"{int(seconds // 60)} min {int(seconds % 60)} s"
+
+
+@cli.command(name="list", help="Jobs this controller knows (local index, no network; states as last seen).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 def list_jobs(as_json: bool) -> None:
     records = Store().all()
     if as_json:
         _emit_json([asdict(r) for r in records])
         return
-    for r in records:
-        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.submitted_at))
-        click.echo(f"{r.job_id}  {r.last_state:<10} {r.host['address']}  {when}  {r.name}")
+    rows = [(r.job_id, r.last_state, r.host["address"],
+             time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.submitted_at)), r.name) for r in records]
+    header = ("JOB ID", "STATE", "HOST", "SUBMITTED", "NAME")
+    widths = [max(len(str(row[i])) for row in [header, *rows]) for i in range(len(header))]
+    for row in [header, *rows]:
+        click.echo("  ".join(str(cell).ljust(w) for cell, w in zip(row, widths)).rstrip())
 
 
-@cli.command(help="Stop the job's payload (TERM, grace, KILL); the host then restores the service.\n\n" + EXIT_CODES_HELP)
+@cli.command(help="Stop the job's payload (TERM, grace, KILL of its process group); the host then restores the "
+                  "service. Exit: 0 requested or already ended · 2 · 3.")
 @click.argument("job_id")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 def cancel(job_id: str, as_json: bool) -> None:
     answer = controller.cancel(job_id, store=Store())
     if as_json:
         _emit_json(answer)
+    elif answer.get("already"):
+        _progress(f"{job_id} already ended {answer.get('state')}; nothing to cancel")
     else:
-        _progress(f"cancel requested: {job_id} is {answer.get('state')}; follow with `runner tail {job_id} -f`")
+        _progress(f"cancel requested: {job_id} was {answer.get('state')}; follow with `runner tail {job_id} -f`")
 
 
 def _render_result(result: dict) -> str:
@@ -153,18 +256,23 @@ def _render_result(result: dict) -> str:
 
 
 @cli.command(name="restore-service",
-             help="Start the service if inactive and wait until healthy; idempotent.\n\n"
-                  "Give JOB.yaml, or --host and --unit.\n\n" + EXIT_CODES_HELP)
+             help="Start the service if inactive and wait until healthy; idempotent. Give JOB.yaml (its host "
+                  "and service sections), or --host and --unit. Exit: 0 healthy · 75 still starting · 1 failed "
+                  "(the unit's log is printed) · 2 · 3.")
 @click.argument("job_file", required=False)
 @click.option("--host", "address", default=None, help="ssh_config alias or hostname ('local' for this machine).")
-@click.option("--user", default=None)
-@click.option("--port", type=int, default=None)
-@click.option("--unit", default=None, help="systemd unit name.")
-@click.option("--scope", type=click.Choice(["system", "user"]), default="system", show_default=True)
-@click.option("--sudo", is_flag=True, help="Run systemctl through `sudo -n`.")
-@click.option("--health-url", default=None)
-@click.option("--host-key-policy", type=click.Choice(["strict", "accept-new"]), default="strict", show_default=True)
-@click.option("--max-wait", type=click.FloatRange(0, 3600), default=DEFAULT_MAX_WAIT, show_default=True)
+@click.option("--user", default=None, help="Login user (overrides the ssh_config alias's User, like ssh -l).")
+@click.option("--port", type=int, default=None, help="SSH port (overrides the alias's Port, like ssh -p).")
+@click.option("--unit", default=None, help="systemd unit name (NAME means NAME.service).")
+@click.option("--scope", type=click.Choice(["system", "user"]), default="system", show_default=True,
+              help="system units, or the login user's own manager (systemctl --user).")
+@click.option("--sudo", is_flag=True, help="Run systemctl through `sudo -n` (needs a NOPASSWD rule).")
+@click.option("--health-url", default=None, help="http(s) URL that answers 2xx once the service is ready; "
+              "without it the unit must stay active for 2 s.")
+@click.option("--host-key-policy", type=click.Choice(["strict", "accept-new"]), default="strict", show_default=True,
+              help="strict: the key must be in known_hosts; accept-new: record an unknown key once.")
+@click.option("--max-wait", type=click.FloatRange(0, 3600), default=DEFAULT_MAX_WAIT, show_default=True,
+              help="Seconds to wait for healthy before returning 75 (the start goes on).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 def restore_service(job_file, address, user, port, unit, scope, sudo, health_url, host_key_policy, max_wait, as_json) -> None:
     host, service = _restore_target(job_file, address, user, port, unit, scope, sudo, health_url, host_key_policy)
@@ -193,24 +301,36 @@ def exit_code(state: str | None, *, settled: bool = True) -> int:
 
 def main(argv: list[str] | None = None) -> None:
     """The one place that turns errors into messages and exit codes."""
+    # paramiko logs a failed handshake with a traceback through logging's last-resort handler; the error
+    # itself reaches us as an exception and is reported once, below.
+    logging.getLogger("paramiko").addHandler(logging.NullHandler())
     try:
         cli.main(args=argv, prog_name="runner", standalone_mode=False)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
     except click.ClickException as exc:
-        exc.show()
-        sys.exit(EXIT_USAGE)
+        _fail(argv, "usage", exc.format_message(), "", EXIT_USAGE, exc.show)
     except click.Abort:
-        click.echo("aborted", err=True)
-        sys.exit(EXIT_ABORTED)
+        _fail(argv, "aborted", "aborted", "", EXIT_ABORTED)
     except RunnerError as exc:
-        click.echo(f"runner: error: {exc}", err=True)
-        if exc.hint:
-            click.echo(f"runner: hint: {exc.hint}", err=True)
-        sys.exit(exc.exit_code)
+        _fail(argv, type(exc).__name__, str(exc), exc.hint, exc.exit_code)
     except BrokenPipeError:
         sys.exit(EXIT_FAILED)
     sys.exit(EXIT_OK)
+
+
+def _fail(argv, error: str, message: str, hint: str, code: int, show=None) -> None:
+    """An error as text on stderr, or with --json as one JSON object on stdout (an agent parses one format)."""
+    args = sys.argv[1:] if argv is None else argv
+    if "--json" in args:
+        _emit_json({"error": error, "message": message, "hint": hint, "exit": code})
+    elif show is not None:
+        show()
+    else:
+        click.echo(f"runner: error: {message}", err=True)
+        if hint:
+            click.echo(f"runner: hint: {hint}", err=True)
+    sys.exit(code)
 
 
 # -- results, the regression gate, history, wait, mcp (logic in ci.py, gate.py, history.py, mcp_server.py) --
@@ -226,8 +346,8 @@ def _tolerance(_ctx, _param, value: str) -> float:
 
 @cli.command(name="results", help="Fetch the job's result.json (ID may be a result.json path): a table, a lever "
                                   "plot, a regression gate against a baseline, or two runs side by side.\n\n"
-                                  "Gate exit codes: 0 within, 1 regression or missing metric, 2 bad baseline.\n\n"
-                                  + EXIT_CODES_HELP)
+                                  "Exit: 0 · 1 no result (the message says the job's state and why) · 2 · 3; "
+                                  "with --baseline: 0 within, 1 regression or missing metric, 2 bad baseline.")
 @click.argument("job_id", metavar="ID")
 @click.option("--json", "as_json", is_flag=True, help="Print result.json as one JSON document.")
 @click.option("--plot", "plot_path", default=None, metavar="FILE.png", help="Plot the rows (the lever figure for the Marlin benchmark).")

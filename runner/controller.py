@@ -44,6 +44,19 @@ class Submitted:
 
 
 @dataclass
+class DryRun:
+    """What submit would do, decided from a real preflight; nothing was started or changed."""
+    job_id: str
+    host: str
+    stop_service: bool
+    required_mib: int
+    argv: list[str]
+    notes: list[str] = field(default_factory=list)
+    gpus: list[dict] = field(default_factory=list)
+    service: dict | None = None
+
+
+@dataclass
 class TailOutcome:
     job_id: str
     state: str
@@ -95,13 +108,33 @@ def required_mib(spec: JobSpec) -> int:
     return -(-int(estimate) // (1 << 20))
 
 
-def submit(spec_path: str, overrides: list[str], *, queue: bool = False, job_id: str | None = None,
-           store: Store, progress: Callable[[str], None]) -> Submitted:
+def _check_payload_args(spec: JobSpec, source: Path | None) -> str:
+    """A script's args are checked against its own parser before any host is contacted (exit 2 naming the key)."""
+    if source is None:
+        return "payload is a command: its arguments are passed as written"
+    from .payload_args import check_args
+
+    merged = spec.prepare_args_merged()
+    if merged is not None:  # the prepare run's args are the script's too: checked alike
+        check_args(source, payload_dir(), merged, spec.payload_args(merged), spec.spec_path)
+    return check_args(source, payload_dir(), spec.payload.args, spec.payload_args(), spec.spec_path).note
+
+
+def _plan(spec_path: str, overrides: list[str], job_id: str | None) -> tuple[JobSpec, Bundle, dict, str]:
+    """Everything decided locally: the validated spec, the bundle, the wire form and the args check's note."""
     spec = load_spec(spec_path, overrides)
     job_id = check_job_id(job_id) if job_id is not None else job_id_for(spec.name, datetime.now(timezone.utc), secrets.token_hex(3))
     source = spec.script_source(payload_dir())
+    args_note = _check_payload_args(spec, source)
     bundle, script_name = build_bundle(source)
-    wire = spec.to_wire(job_id, required_mib(spec), script_name)
+    return spec, bundle, spec.to_wire(job_id, required_mib(spec), script_name), args_note
+
+
+def submit(spec_path: str, overrides: list[str], *, queue: bool = False, job_id: str | None = None,
+           store: Store, progress: Callable[[str], None]) -> Submitted:
+    spec, bundle, wire, args_note = _plan(spec_path, overrides, job_id)
+    job_id = wire["job_id"]
+    progress(args_note)
     host = spec.host.model_dump()
     with connect(host, bundle) as client:
         progress(f"preflight on {spec.host.address} …")
@@ -114,6 +147,19 @@ def submit(spec_path: str, overrides: list[str], *, queue: bool = False, job_id:
                          submitted_at=time.time(), service=wire["service"], last_state=answer.get("state", "QUEUED")))
     return Submitted(job_id, answer.get("state", "QUEUED"), spec.host.address, decision.stop_service,
                      decision.notes, client.round_trips, already)
+
+
+def dry_run(spec_path: str, overrides: list[str], *, queue: bool = False, job_id: str | None = None) -> DryRun:
+    """Validate, check the args, preflight the host and decide — without starting or changing anything.
+    A refusal raises exactly what submit would raise (exit 2/3/4/5)."""
+    spec, bundle, wire, args_note = _plan(spec_path, overrides, job_id)
+    with connect(spec.host.model_dump(), bundle) as client:
+        report = _preflight(client, wire)
+    decision = preflight.decide(wire, report, queue=queue)
+    payload = wire["payload"]
+    argv = payload["command"] or [payload["python"], payload["script"], *payload["args"]]
+    return DryRun(wire["job_id"], spec.host.address, decision.stop_service, wire["gpu"]["required_mib"], argv,
+                  [args_note, *decision.notes], report.get("gpus", []), report.get("service"))
 
 
 def _preflight(client: HostClient, wire: dict) -> dict:
@@ -141,15 +187,20 @@ def _start_once(client: HostClient, wire: dict, queue: bool) -> tuple[dict, bool
     except RemoteError as exc:
         if exc.code != "exists":
             raise
+        if exc.answer.get("same_spec") is False:
+            raise SpecError(f"job id {wire['job_id']} is already used on this host by a different spec",
+                            hint="Resubmit the same spec to adopt that job, or choose another --job-id.") from None
         found = client.status([wire["job_id"]])
         return found[0], True
 
 
 # -- tail -------------------------------------------------------------------------------------------------
 
-def tail(job_id: str, *, store: Store, out: BinaryIO, follow: bool, max_wait: float, from_start: bool) -> TailOutcome:
+def tail(job_id: str, *, store: Store, out: BinaryIO, follow: bool, max_wait: float, from_start: bool,
+         save_cursor: bool = True) -> TailOutcome:
     """Print log bytes after the stored cursor; with follow, until terminal or max_wait. Never past max_wait
-    plus one round trip's allowance (the client's deadline)."""
+    plus one round trip's allowance (the client's deadline). save_cursor=False: a reader of its own (watch)
+    that leaves tail's cursor where it was."""
     waiting = Deadline(max_wait)
     record = store.load(check_job_id(job_id))
     cursor = 0 if from_start else record.cursor
@@ -171,7 +222,9 @@ def tail(job_id: str, *, store: Store, out: BinaryIO, follow: bool, max_wait: fl
                 out.flush()
                 printed += len(data)
             cursor = answer["next_offset"]
-            record.cursor, record.last_state = cursor, answer["state"]
+            record.last_state = answer["state"]
+            if save_cursor:
+                record.cursor = cursor
             store.save(record)
             caught_up = cursor >= answer["size"]
             if answer["terminal"] and caught_up:

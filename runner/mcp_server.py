@@ -18,13 +18,13 @@ from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import Field
 
 from . import ci, controller, gate, gate_report
+from .cli import exit_code
 from .errors import RunnerError, SpecError
 from .store import Store
 
 MAX_WAIT_LIMIT_S = 100.0
 DEFAULT_MAX_WAIT_S = 50.0
 DEFAULT_MAX_BYTES = 64 * 1024
-EXIT_STILL_RUNNING = 75
 
 MaxWait = Annotated[float, Field(ge=0, le=MAX_WAIT_LIMIT_S, description="seconds this call may wait (≤ 100)")]
 INSTRUCTIONS = """\
@@ -44,10 +44,6 @@ async def _call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         raise ToolError(f"{exc} [exit code {exc.exit_code}]{hint}") from exc
 
 
-def _job_exit(state: str, terminal: bool) -> int:
-    return (0 if state == "SUCCEEDED" else 1) if terminal else EXIT_STILL_RUNNING
-
-
 # -- tools (plain functions: the server registers them, tests may call them) ------------------------------------
 
 def submit(job_file: str, overrides: list[str] | None = None, queue: bool = False, job_id: str | None = None) -> dict:
@@ -59,7 +55,7 @@ def submit(job_file: str, overrides: list[str] | None = None, queue: bool = Fals
 
 def tail(job_id: str, max_wait: float = DEFAULT_MAX_WAIT_S, max_bytes: int = DEFAULT_MAX_BYTES) -> dict:
     chunk = ci.tail_text(job_id, store=Store(), max_wait=max_wait, max_bytes=max_bytes)
-    return {**asdict(chunk), "cli_exit_code": _job_exit(chunk.state, not chunk.call_again)}
+    return {**asdict(chunk), "cli_exit_code": exit_code(chunk.state, settled=not chunk.call_again)}
 
 
 def status(job_id: str | None = None) -> dict:
@@ -95,8 +91,6 @@ def restore_service(job_file: str | None = None, host: str | None = None, unit: 
                     scope: str = "system", sudo: bool = False, max_wait: float = DEFAULT_MAX_WAIT_S) -> dict:
     host_spec, service = controller.restore_target(job_file, address=host, unit=unit, scope=scope, sudo=sudo)
     answer = controller.restore_service(host_spec, service, max_wait=max_wait)
-    from .cli import exit_code
-
     return {**answer, "cli_exit_code": exit_code(answer.get("state"))}
 
 

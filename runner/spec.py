@@ -75,6 +75,10 @@ class PayloadSpec(_Section):
     args: dict[ArgKey, ArgValue] = {}
     env: dict[EnvKey, EnvValue] = {}
     command: list[CommandWord] | None = None
+    # A prepare step runs before the service is stopped (e.g. a JIT compile that needs no GPU memory):
+    # the script again with these args merged over `args`, or for a command payload its own command.
+    prepare_args: dict[ArgKey, ArgValue] | None = None
+    prepare_command: list[CommandWord] | None = None
 
     @model_validator(mode="after")
     def _script_or_command(self) -> PayloadSpec:
@@ -84,12 +88,17 @@ class PayloadSpec(_Section):
             raise ValueError("`command` must not be empty")
         if self.command is not None and self.args:
             raise ValueError("`args` go with `script`; with `command`, put the arguments in the list")
+        if self.prepare_args is not None and self.script is None:
+            raise ValueError("`prepare_args` go with `script`; with `command`, give `prepare_command`")
+        if self.prepare_command is not None and (self.command is None or not self.prepare_command):
+            raise ValueError("`prepare_command` goes with `command` and must not be empty")
         return self
 
 
 class LimitsSpec(_Section):
     max_runtime: Duration = DEFAULTS["limits.max_runtime"]
     grace: Duration = DEFAULTS["limits.grace"]
+    prepare_timeout: Duration = DEFAULTS["limits.prepare_timeout"]
 
 
 class JobSpec(_Section):
@@ -110,10 +119,10 @@ class JobSpec(_Section):
         """Remember the YAML file (for error messages and a script relative to it); load_spec calls it."""
         self._spec_path = path
 
-    def payload_args(self) -> list[str]:
+    def payload_args(self, args: dict | None = None) -> list[str]:
         """args → argv: `batch_sizes: [1, 2]` → `--batch-sizes 1,2`; true → a bare flag; false/null → left out."""
         argv: list[str] = []
-        for key, value in self.payload.args.items():
+        for key, value in (self.payload.args if args is None else args).items():
             if value is False or value is None:
                 continue
             argv.append("--" + key.replace("_", "-"))
@@ -150,4 +159,18 @@ class JobSpec(_Section):
         payload = self.payload
         script = (script_name or payload.script) if payload.script is not None else None
         return {"python": payload.python, "script": script, "args": self.payload_args(),
-                "command": list(payload.command) if payload.command is not None else None, "env": dict(payload.env)}
+                "command": list(payload.command) if payload.command is not None else None, "env": dict(payload.env),
+                "prepare": self.prepare_argv()}
+
+    def prepare_args_merged(self) -> dict | None:
+        """The prepare run's args: `args` with `prepare_args` over them (None without a prepare step)."""
+        if self.payload.prepare_args is None:
+            return None
+        return {**self.payload.args, **self.payload.prepare_args}
+
+    def prepare_argv(self) -> list[str] | None:
+        """On the wire: the script's argv tail for the prepare run, or the prepare command; None = no step."""
+        if self.payload.prepare_command is not None:
+            return list(self.payload.prepare_command)
+        merged = self.prepare_args_merged()
+        return None if merged is None else self.payload_args(merged)

@@ -204,3 +204,20 @@ def test_every_error_code_the_supervisor_answers_is_a_contract_code():
         codes |= set(re.findall(r'Fail\(\s*"([a-z-]+)"', inspect.getsource(room)))
         codes |= set(re.findall(r'"error": "([a-z-]+)"', inspect.getsource(room)))
     assert codes and codes <= set(contract.ERRORS), codes - set(contract.ERRORS)
+
+
+@pytest.mark.systemd
+def test_drift_a_too_small_card_never_stops_the_service(service_host):
+    """stop: always, a need above the card's total: refused before the stop, the service never goes down."""
+    from tests.test_supervisor import RemoteHost
+
+    remote = RemoteHost(service_host)
+    try:
+        assert remote.call("start", "--job-id", "small", spec=remote.spec("always", "sleep", "0", "0",
+                                                                          required=200000))["ok"]
+        final = remote.wait("small", "FAILED", "SUCCEEDED")
+        assert final["state"] == "FAILED" and "143771 MiB in total" in final["message"], final
+        assert final["service"]["stopped"] is False and final["payload"] is None
+        assert remote.sh.service_state() == "active"
+    finally:
+        remote.cleanup()

@@ -134,8 +134,19 @@ def test_to_wire_has_the_protocol_shape():
     assert wire["payload"]["script"] == "bench_marlin_moe.py" and wire["payload"]["command"] is None
     assert wire["payload"]["args"][:2] == ["--experts", "384"]
     assert wire["payload"]["env"] == {"TVM_FFI_CACHE_DIR": "/root/.cache/tvm-ffi"}
-    assert wire["limits"] == {"max_runtime": 1800.0, "grace": 30.0}
+    assert wire["limits"] == {"max_runtime": 1800.0, "grace": 30.0, "prepare_timeout": 1800.0}
+    assert wire["payload"]["prepare"] is None
     assert json.loads(json.dumps(wire)) == wire
+
+
+def test_prepare_args_merge_over_args_and_go_with_a_script_only(tmp_path):
+    spec_file = tmp_path / "p.yaml"
+    spec_file.write_text(EXAMPLE.read_text())
+    spec = load_spec(spec_file, ["payload.prepare_args.prepare_only=true", "payload.prepare_args.experts=8"])
+    prepare = spec.to_wire("p-1", 1, "bench_marlin_moe.py")["payload"]["prepare"]
+    assert prepare[:2] == ["--experts", "8"] and prepare[-1] == "--prepare-only"
+    with pytest.raises(SpecError, match="prepare_command"):
+        load_spec(spec_file, ["payload.prepare_command=[true]"])
 
 
 def test_to_wire_uses_the_uploaded_script_name():
@@ -146,7 +157,8 @@ def test_to_wire_uses_the_uploaded_script_name():
 def test_to_wire_with_command_and_no_service():
     wire = load_spec(DATA / "minimal.yaml").to_wire("minimal-1", 0, None)
     assert wire["service"] == {"manager": "none"}
-    assert wire["payload"] == {"python": "python3", "script": None, "args": [], "command": ["sleep", "1"], "env": {}}
+    assert wire["payload"] == {"python": "python3", "script": None, "args": [], "command": ["sleep", "1"], "env": {},
+                               "prepare": None}
     assert wire["gpu"]["devices"] == []
 
 

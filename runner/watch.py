@@ -1,0 +1,122 @@
+"""`runner watch`: a job's event lines rendered for people — a live panel on a terminal, plain lines otherwise.
+
+The bytes come from the same bounded log reads as `runner tail` (the watcher keeps no cursor of its own and
+never moves tail's). Event lines follow remote_payload/progress.py's convention; other output lines are
+passed through as they are. Heartbeats are folded: on a terminal they update the panel, in plain mode one
+is printed at most every HEARTBEAT_EVERY_S seconds of the payload's own clock.
+"""
+from __future__ import annotations
+
+from typing import Callable, TextIO
+
+from remote_payload.progress import describe, parse_event
+
+HEARTBEAT_EVERY_S = 30.0
+RECENT_LINES = 8
+
+
+class EventSink:
+    """A binary sink for controller.tail: splits lines, folds each event into a summary, renders."""
+
+    def __init__(self, render: Callable[[str], None], on_change: Callable[[dict], None] = lambda _s: None) -> None:
+        self.render = render
+        self.on_change = on_change
+        self.partial = b""
+        self.summary = {"phase": None, "rows_done": 0, "rows_expected": None, "last_t": None, "errors": 0}
+        self.last_heartbeat_t = None
+
+    def write(self, data: bytes) -> None:
+        lines = (self.partial + data).split(b"\n")
+        self.partial = lines.pop()
+        for line in lines:
+            self._line(line)
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        if self.partial:
+            self._line(self.partial)
+            self.partial = b""
+
+    def _line(self, raw: bytes) -> None:
+        event = parse_event(raw)
+        if event is None:
+            self.render(raw.decode("utf-8", "replace"))
+            return
+        self._fold(event)
+        if event["event"] != "heartbeat" or self._heartbeat_due(event.get("t")):
+            self.render(describe(event))
+        self.on_change(self.summary)
+
+    def _fold(self, event: dict) -> None:
+        kind, s = event["event"], self.summary
+        s["last_t"] = event.get("t", s["last_t"])
+        if kind in ("phase", "heartbeat") and event.get("phase"):
+            s["phase"] = event["phase"] if event.get("status") in (None, "start") else f"{event['phase']} done"
+        elif kind == "row":
+            s["rows_done"] += 1
+        elif kind == "plan" and isinstance(event.get("rows"), int):
+            s["rows_expected"] = event["rows"]
+        elif kind == "error":
+            s["errors"] += 1
+
+    def _heartbeat_due(self, t) -> bool:
+        if not isinstance(t, (int, float)):
+            return False
+        if self.last_heartbeat_t is None or t - self.last_heartbeat_t >= HEARTBEAT_EVERY_S:
+            self.last_heartbeat_t = t
+            return True
+        return False
+
+
+def summary_line(summary: dict) -> str:
+    rows = f"{summary['rows_done']}/{summary['rows_expected']}" if summary["rows_expected"] else str(summary["rows_done"])
+    t = summary["last_t"]
+    return (f"phase {summary['phase'] or '-'} · rows {rows} · payload clock "
+            f"{'-' if t is None else f'{t:.0f} s'}" + (f" · {summary['errors']} errors" if summary["errors"] else ""))
+
+
+def plain_sink(stream: TextIO) -> EventSink:
+    return EventSink(lambda line: print(line, file=stream, flush=True))
+
+
+class LivePanel:
+    """A rich Live panel: the summary line and the most recent lines; used only on a terminal."""
+
+    def __init__(self, title: str) -> None:
+        from rich.console import Console
+        from rich.live import Live
+
+        self.title = title
+        self.recent: list[str] = []
+        self.summary: dict = {}
+        self.live = Live(self._view(), console=Console(stderr=False), refresh_per_second=4, transient=False)
+        self.sink = EventSink(self._add, self._update)
+
+    def __enter__(self) -> EventSink:
+        self.live.__enter__()
+        return self.sink
+
+    def __exit__(self, *exc) -> None:
+        self.sink.close()
+        self.live.update(self._view())
+        self.live.__exit__(*exc)
+
+    def _add(self, line: str) -> None:
+        self.recent = (self.recent + [line])[-RECENT_LINES:]
+        self.live.update(self._view())
+
+    def _update(self, summary: dict) -> None:
+        self.summary = dict(summary)
+        self.live.update(self._view())
+
+    def _view(self):
+        from rich.panel import Panel
+        from rich.text import Text
+
+        body = Text(summary_line(self.summary) if self.summary else "waiting for the payload's first event …",
+                    style="bold")
+        for line in self.recent:
+            body.append("\n" + line, style="dim" if line.startswith("{") else "")
+        return Panel(body, title=self.title)
