@@ -255,6 +255,14 @@ def _render_result(result: dict) -> str:
     return render_any(result)
 
 
+@cli.command(help="Print the job spec's JSON Schema (for editors: `# yaml-language-server: $schema=FILE`). "
+                  "The same reference as a table: docs/spec-reference.md.")
+def schema() -> None:
+    from .spec_reference import json_schema
+
+    _emit_json(json_schema())
+
+
 @cli.command(name="restore-service",
              help="Start the service if inactive and wait until healthy; idempotent. Give JOB.yaml (its host "
                   "and service sections), or --host and --unit. Exit: 0 healthy · 75 still starting · 1 failed "

@@ -14,7 +14,7 @@ from pathlib import PurePosixPath
 from typing import Annotated, Any, Literal, Union
 from urllib.parse import urlsplit
 
-from pydantic import BeforeValidator
+from pydantic import BeforeValidator, WithJsonSchema
 
 from remote_payload import contract
 
@@ -78,7 +78,10 @@ def _seconds_from_text(text: str) -> float:
     return sum(float(amount) * _UNIT_SECONDS[unit] for unit, amount in match.groupdict().items() if amount)
 
 
-Duration = Annotated[float, BeforeValidator(parse_duration)]
+# In the JSON Schema a duration is what a user may write: seconds, or text like 30s, 5m, 1h30m, 2d.
+Duration = Annotated[float, BeforeValidator(parse_duration), WithJsonSchema(
+    {"anyOf": [{"type": "number", "exclusiveMinimum": 0},
+               {"type": "string", "pattern": r"^\s*(\d+(\.\d+)?|(\d+(\.\d+)?d)?(\d+(\.\d+)?h)?(\d+(\.\d+)?m)?(\d+(\.\d+)?s)?)\s*$"}]})]
 
 
 # -- field checks (each raises ValueError with a message that says what is allowed) -----------------------
@@ -217,11 +220,13 @@ def _number_as_text(value: Any, what: str) -> str:
 
 
 EnvKey = Annotated[str, BeforeValidator(_check_env_key)]
-EnvValue = Annotated[str, BeforeValidator(lambda v: _number_as_text(v, "an environment value"))]
+EnvValue = Annotated[str, BeforeValidator(lambda v: _number_as_text(v, "an environment value")),
+                     WithJsonSchema({"type": ["string", "number"]})]
 ArgKey = Annotated[str, BeforeValidator(_check_arg_key)]
 Scalar = Union[str, int, float, bool, None]
 ArgValue = Annotated[Union[Scalar, list[Union[str, int, float]]], BeforeValidator(_check_arg_value)]
-CommandWord = Annotated[str, BeforeValidator(lambda v: _number_as_text(v, "a command word"))]
+CommandWord = Annotated[str, BeforeValidator(lambda v: _number_as_text(v, "a command word")),
+                        WithJsonSchema({"type": ["string", "number"]})]
 Device = Annotated[Union[int, str], BeforeValidator(_check_device)]
 Name = Annotated[str, BeforeValidator(_check_name)]
 Address = Annotated[str, BeforeValidator(_check_address)]

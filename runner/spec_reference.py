@@ -1,0 +1,138 @@
+"""The job spec's reference: the JSON Schema (`runner schema`, for editors) and docs/spec-reference.md, both
+generated from the pydantic models. Types, defaults and allowed values come from the models; the one thing
+written here is what each key is for (DESCRIPTIONS), injected into both. A key without a description fails
+tests/test_spec_reference.py, so the reference cannot fall behind the schema.
+"""
+from __future__ import annotations
+
+import json
+
+from .spec import JobSpec
+
+SCHEMA_ID = "https://runner.invalid/job-spec.schema.json"
+
+DESCRIPTIONS = {
+    "name": "What the job measures; becomes part of the job id.",
+    "host": "Where the job runs.",
+    "host.address": "An ssh_config alias (its HostName, User, Port, IdentityFile, ProxyJump apply), a host name, "
+                    "an IP address, or `local` (this machine, no SSH).",
+    "host.user": "Login user; overrides the alias's User (like `ssh -l`).",
+    "host.port": "SSH port; overrides the alias's Port (like `ssh -p`).",
+    "host.host_key_policy": "`strict`: the host key must already be in known_hosts. `accept-new`: record an "
+                            "unknown key once (a changed key is still refused).",
+    "host.root": "The supervisor's directory on the host (payload copies, job dirs, locks). Must be owned by the "
+                 "login user and not writable by others.",
+    "host.python": "Python 3 on the host that runs the stdlib-only supervisor (not the benchmark's).",
+    "host.connect_timeout": "How long to wait for the SSH connection.",
+    "service": "The inference service that may have to give up the GPU, and how to bring it back.",
+    "service.manager": "`systemd` to manage `unit`; `none` when nothing has to be stopped.",
+    "service.unit": "The systemd unit (NAME means NAME.service).",
+    "service.scope": "`system` units, or the login user's own manager (`systemctl --user`).",
+    "service.stop": "`if-needed`: stop only when the GPUs lack `gpu.min_free_mib`; `always`; `never` (then a "
+                    "short GPU is a preflight refusal, exit 4).",
+    "service.health_url": "http(s) URL answering 2xx once the service is ready again; without it the unit must "
+                          "stay active for 2 s.",
+    "service.health_timeout": "How long the restore waits for healthy.",
+    "service.sudo": "Run systemctl/systemd-run through `sudo -n` (a NOPASSWD rule is needed; see the README).",
+    "gpu": "The GPUs the payload uses and the memory it needs.",
+    "gpu.devices": "GPU indexes (nvidia-smi order) or UUIDs; the payload gets CUDA_VISIBLE_DEVICES for them.",
+    "gpu.min_free_mib": "Free memory needed on each device, in MiB, or `auto` (the payload's own estimator).",
+    "gpu.drain_timeout": "How long to wait, after stopping the service, for the memory to be free.",
+    "payload": "What runs: a script of remote_payload/ or your repo with `args`, or a `command`.",
+    "payload.python": "Interpreter that runs `script` on the host (e.g. the venv that has torch and sglang).",
+    "payload.script": "A script in remote_payload/ or relative to the job file; uploaded with the payload.",
+    "payload.args": "The script's arguments: `key: value` becomes `--key value`, `true` a bare flag, a list "
+                    "`1,2,3`. Checked against the script's own parser before the host is contacted.",
+    "payload.env": "Extra environment for the payload (RUNNER_* are reserved).",
+    "payload.command": "An argv list run as is (instead of `script`).",
+    "payload.prepare_args": "A prepare step run BEFORE the service is stopped: the script again with these args "
+                            "merged over `args` (e.g. `prepare_only: true` to JIT-compile with no GPU memory).",
+    "payload.prepare_command": "The prepare step of a `command` payload: an argv list.",
+    "limits": "Time limits.",
+    "limits.max_runtime": "The payload's deadline: TERM, `grace`, then KILL of its process group.",
+    "limits.grace": "Seconds between TERM and KILL.",
+    "limits.prepare_timeout": "The prepare step's deadline (the service is not stopped if it fails).",
+}
+
+
+def json_schema() -> dict:
+    """The models' JSON Schema with every key's description, for editors (`# yaml-language-server: $schema=`)."""
+    schema = JobSpec.model_json_schema()
+    schema = {"$schema": "https://json-schema.org/draft/2020-12/schema", "$id": SCHEMA_ID, **schema}
+    for path, props in _sections(schema):
+        for key, prop in props.items():
+            description = DESCRIPTIONS.get(f"{path}.{key}" if path else key)
+            if description:
+                prop["description"] = description
+    return schema
+
+
+def _sections(schema: dict):
+    """(path, properties) of the top level and of every section model."""
+    yield "", schema["properties"]
+    for key, prop in schema["properties"].items():
+        ref = prop.get("$ref") or next((a["$ref"] for a in prop.get("allOf", []) if "$ref" in a), None)
+        if ref:
+            yield key, schema["$defs"][ref.rsplit("/", 1)[1]]["properties"]
+
+
+def missing_descriptions() -> list[str]:
+    schema = JobSpec.model_json_schema()
+    return [f"{path}.{key}" if path else key for path, props in _sections(schema) for key in props
+            if (f"{path}.{key}" if path else key) not in DESCRIPTIONS]
+
+
+def markdown() -> str:
+    """docs/spec-reference.md: one table row per key (type, default, allowed values, what it is for)."""
+    schema = json_schema()
+    required = {"", *schema.get("required", [])}
+    lines = ["# Job spec reference", "",
+             "Generated from the schema by `python -m runner.spec_reference > docs/spec-reference.md` "
+             "(tests/test_spec_reference.py checks it is current). `runner schema` prints the JSON Schema "
+             "for editors: put `# yaml-language-server: $schema=./job-spec.schema.json` at the top of a "
+             "job file after `runner schema > job-spec.schema.json`.", "",
+             "Durations are seconds or text like `30s`, `5m`, `1h30m`, `2d`. Every key not listed is an error.", "",
+             "| key | type | default | what it is for |", "|---|---|---|---|"]
+    for path, props in _sections(schema):
+        for key, prop in props.items():
+            if path == "" and key in dict(_sections(schema)):
+                continue
+            name = f"{path}.{key}" if path else key
+            needed = "**required**" if (path == "" and key in required) or key in _required_in(schema, path) \
+                else _default(prop)
+            lines.append(f"| `{name}` | {_type(prop)} | {needed} | {prop.get('description', '')} |")
+    return "\n".join(lines) + "\n"
+
+
+def _required_in(schema: dict, section: str) -> list[str]:
+    ref = (schema["properties"].get(section) or {}).get("$ref")
+    return schema["$defs"][ref.rsplit("/", 1)[1]].get("required", []) if ref else []
+
+
+def _type(prop: dict) -> str:
+    if "enum" in prop:
+        return " \\| ".join(f"`{v}`" for v in prop["enum"])
+    if "const" in prop:
+        return f"`{prop['const']}`"
+    if "anyOf" in prop:
+        return " or ".join(dict.fromkeys(_type(p) for p in prop["anyOf"] if p.get("type") != "null"))
+    if "$ref" in prop or "allOf" in prop:
+        return "section"
+    kind = prop.get("type", "any")
+    if kind == "string" and "pattern" in prop:
+        return "duration"
+    if kind == "array":
+        return f"list of {_type(prop.get('items', {}))}"
+    if kind == "object":
+        return "mapping"
+    return " or ".join(kind) if isinstance(kind, list) else kind
+
+
+def _default(prop: dict) -> str:
+    if "default" not in prop:
+        return ""
+    return f"`{json.dumps(prop['default'])}`"
+
+
+if __name__ == "__main__":
+    print(markdown(), end="")
