@@ -116,8 +116,8 @@ def import_kernel_modules() -> KernelModules:
         raise BackendUnavailable(f"{type(exc).__name__}: {exc}") from exc
     check_gemm_signature(moe_wna16_marlin_gemm)
     mods = KernelModules(sgl_kernel, moe_wna16_marlin_gemm, scalar_types.uint4b8, gptq_marlin_repack, version)
-    mods.align_single_token = optional_kernel(mods, "single-token align", "sglang.kernels.ops.moe.moe_align_single_token",
-                                              "moe_align_single_token")
+    mods.align_single_token = optional_kernel(mods, "single-token align",
+                                              "sglang.kernels.ops.moe.moe_align_single_token", "moe_align_single_token")
     mods.activation = optional_kernel(mods, "activation", "sglang.kernels.ops.activation.activation", "silu_and_mul")
     return mods
 
