@@ -250,7 +250,7 @@ def test_sudo_without_rule_fails_clearly(service_host, work):
     if done.returncode == 0:  # refused on the host when the stop is attempted, not at preflight
         message = wait_terminal(target, json.loads(done.stdout)["job_id"])["message"]
     else:
-        message = done.stderr.decode()
+        message = done.stderr.decode() + done.stdout.decode()  # --json: the error is a JSON object on stdout
     assert "NOPASSWD" in message or "password" in message
     assert service_host.service_state() == "active"
 
