@@ -13,7 +13,7 @@ import pytest
 from tests.hosts._proc import free_port, wait_until
 from tests.hosts.netns import addresses_in_test_range, start_netns_host
 from tests.hosts.prereqs import missing_for_sshd, require
-from tests.hosts.sshd import NON_ROOT_USER, start_sshd
+from tests.hosts.sshd import start_sshd
 from tests.hosts.systemd_host import start_service_host
 
 
@@ -23,8 +23,18 @@ def test_root_login_runs_a_command(ssh_host):
 
 
 def test_non_root_login_runs_a_command(ssh_host):
-    result = ssh_host.as_user(NON_ROOT_USER).ssh(["id", "-un"])
-    assert (result.returncode, result.stdout) == (0, f"{NON_ROOT_USER}\n"), result.stderr
+    result = ssh_host.as_user(ssh_host.non_root_user).ssh(["id", "-un"])
+    assert (result.returncode, result.stdout) == (0, f"{ssh_host.non_root_user}\n"), result.stderr
+
+
+def test_logins_have_plain_shells_and_homes_of_their_own(ssh_host):
+    """No rc file of this machine runs on a test host (root's here runs `pyenv init` on every command)."""
+    for host in (ssh_host, ssh_host.as_user(ssh_host.non_root_user)):
+        result = host.ssh(["sh", "-c", 'echo "$HOME"; ls -A "$HOME"; env'], check=True)
+        home, *rest = result.stdout.splitlines()
+        assert home == ("/root" if host.user == "root" else str(ssh_host.workdir / "home" / host.user))
+        assert not {".bashrc", ".profile", ".bash_profile", ".ssh"} & set(rest), result.stdout
+        assert "PYENV" not in result.stdout
 
 
 def test_argv_with_hostile_characters_arrives_unchanged(ssh_host):
@@ -56,7 +66,7 @@ def test_strict_client_refuses_an_unverified_host_key(ssh_host, known_hosts):
 def test_nvidia_smi_stand_in_is_on_path_for_root_and_non_root(ssh_host):
     query = ["nvidia-smi", "--query-gpu=index,uuid,name,memory.total,memory.used,memory.free",
              "--format=csv,noheader,nounits"]
-    for host in (ssh_host, ssh_host.as_user(NON_ROOT_USER)):
+    for host in (ssh_host, ssh_host.as_user(ssh_host.non_root_user)):
         result = host.ssh(query)
         assert result.returncode == 0, result.stderr
         assert result.stdout == "0, GPU-00000000-0000-4000-8000-000000000000, NVIDIA H200, 143771, 0, 143156\n"
@@ -78,7 +88,7 @@ def start_detached(host, argv: list[str]) -> int:
 
 
 def test_hold_gpu_payload_shows_in_the_stand_in_until_it_ends(ssh_host):
-    user_host = ssh_host.as_user(NON_ROOT_USER)
+    user_host = ssh_host.as_user(ssh_host.non_root_user)
     pid = start_detached(user_host, ["python3", HOLD_GPU, "2048", "60"])
     wait_until(lambda: ssh_host.gpu_used_mib() == 2048, timeout=10, what="the payload's 2048 MiB")
     apps = ssh_host.ssh(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"])
@@ -169,8 +179,8 @@ def test_reset_removes_extra_units_and_foreign_gpu_holders(service_host):
 
 
 @pytest.mark.systemd
-def test_sudo_rule_lets_runnertest_drive_the_manager(service_host):
-    user_host = service_host.as_user("runnertest")
+def test_sudo_rule_lets_the_sudo_login_drive_the_manager(service_host):
+    user_host = service_host.as_user(service_host.sudo_user)
     assert user_host.ssh(["sudo", "-n", "systemctl", "stop", service_host.unit]).returncode == 0
     assert service_host.service_state() == "inactive"
     assert user_host.ssh(["sudo", "-n", "systemctl", "start", service_host.unit]).returncode == 0
@@ -179,7 +189,7 @@ def test_sudo_rule_lets_runnertest_drive_the_manager(service_host):
 
 @pytest.mark.systemd
 def test_user_without_sudo_rule_is_asked_for_a_password(service_host):
-    result = service_host.as_user("runnertest-nosudo").ssh(["sudo", "-n", "systemctl", "stop", service_host.unit])
+    result = service_host.as_user(service_host.nosudo_user).ssh(["sudo", "-n", "systemctl", "stop", service_host.unit])
     assert result.returncode == 1
     assert "a password is required" in result.stderr
     assert service_host.service_state() == "active"
