@@ -7,6 +7,7 @@ import itertools
 import os
 import pwd
 import re
+import shlex
 import shutil
 import signal
 import socket
@@ -71,32 +72,33 @@ def create_login_user(name: str, home: Path) -> None:
     """A throwaway login `name` whose HOME is the empty dir `home`: no rc files, so its shell is plain.
 
     The password field `*` ("no password works") instead of useradd's `!` (locked): sshd refuses a locked
-    account under `UsePAM no`. useradd exits 10 while another process holds the passwd lock (a second
-    test run creating its own users): retried.
+    account under `UsePAM no`.
     """
-    argv = ["useradd", "--home-dir", str(home), "--no-create-home", "--shell", "/bin/bash", "--password", "*",
-            name]
-    for _attempt in range(30):
-        done = subprocess.run(argv, capture_output=True, text=True, check=False)
-        if done.returncode != 10:
-            break
-        time.sleep(0.5)
-    if done.returncode != 0:
-        raise RuntimeError(f"useradd {name} failed ({done.returncode}): {done.stderr.strip()}")
+    run_account_tool(["useradd", "--home-dir", str(home), "--no-create-home", "--shell", "/bin/bash",
+                      "--password", "*", name])
     home.mkdir(mode=0o755)
     entry = pwd.getpwnam(name)
     os.chown(home, entry.pw_uid, entry.pw_gid)
 
 
 def remove_login_user(name: str) -> None:
-    """userdel `name` (its home lives in the host's workdir, removed with it); retried like useradd."""
-    for _attempt in range(30):
-        done = subprocess.run(["userdel", name], capture_output=True, text=True, check=False)
-        if done.returncode != 10:
+    """userdel `name` (its home lives in the host's workdir, removed with it); gone already is fine."""
+    run_account_tool(["userdel", name], fine=(0, 6))
+
+
+# useradd/userdel exit 1 or 10 when they cannot lock the passwd or group file (another test run is adding or
+# removing its logins), userdel 8 while a killed session's process is not yet reaped: worth another try.
+ACCOUNT_TOOL_RETRY = (1, 8, 10)
+
+
+def run_account_tool(argv: list[str], fine: tuple[int, ...] = (0,)) -> None:
+    for _attempt in range(40):
+        done = subprocess.run(argv, capture_output=True, text=True, check=False)
+        if done.returncode not in ACCOUNT_TOOL_RETRY:
             break
         time.sleep(0.5)
-    if done.returncode not in (0, 6):  # 6: no such user (already removed)
-        raise RuntimeError(f"userdel {name} failed ({done.returncode}): {done.stderr.strip()}")
+    if done.returncode not in fine:
+        raise RuntimeError(f"{shlex.join(argv)} failed ({done.returncode}): {done.stderr.strip()}")
 
 
 def remove_stale_login_users() -> None:
