@@ -32,7 +32,7 @@ def runner_state_dir(tmp_path, monkeypatch):
 
 @pytest.fixture(scope="session")
 def ssh_host():
-    """A loopback sshd (root login; `.as_user("runnertest")` for the non-root one), shared by the session."""
+    """A loopback sshd (root login; `.as_user(host.non_root_user)` for the non-root one), shared by the session."""
     require(prereqs.missing_for_sshd())
     host = start_sshd()
     yield host

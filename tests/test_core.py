@@ -289,15 +289,15 @@ def test_accept_new_records_the_key_once(ssh_host, work):
 
 
 def test_non_root_login_runs_jobs_in_its_home(ssh_host, work):
-    user_host = ssh_host.as_user("runnertest")
+    user_host = ssh_host.as_user(ssh_host.non_root_user)
     root = shared_tmpdir("runner-root-user-")
-    subprocess.run(["chown", "runnertest", str(root)], check=True)
+    subprocess.run(["chown", user_host.user, str(root)], check=True)
     target = Target("ssh", {"address": user_host.alias, "root": str(root)}, root,
                     {"RUNNER_SSH_CONFIG": str(ssh_host.ssh_config)})
     job = write_job(work / "job.yaml", target, command=["id", "-un"])
     job_id = submit(target, job)
     assert wait_terminal(target, job_id)["state"] == "SUCCEEDED"
-    assert run_cli(target, "tail", job_id).stdout == b"runnertest\n"
+    assert run_cli(target, "tail", job_id).stdout == f"{user_host.user}\n".encode()
 
 
 def test_large_backlog_drains_across_calls_never_past_max_wait(target, work):

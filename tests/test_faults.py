@@ -30,6 +30,7 @@ from runner.controller import ROUND_TRIP_ALLOWANCE_S
 from tests.case_report import record
 from tests.cli_helpers import REPO, Target, python_payload, run_cli, submit, wait_for, write_job
 from tests.hosts._proc import shared_tmpdir
+from tests.hosts.prereqs import cgroup2_root
 
 pytestmark = pytest.mark.netns
 
@@ -255,15 +256,28 @@ def test_link_down_at_submit_creates_nothing_and_retry_runs_once(netns_host, wor
     assert counter.read_text() == "ran\n"
 
 
-def host_process(needle: str) -> int | None:
-    """The pid of a process whose command line contains `needle` (the host shares our PID namespace)."""
+def host_process(host, needle: str) -> int | None:
+    """The pid of a process of `host` whose command line contains `needle` (the host shares our PID
+    namespace; only its cgroup is searched, so another test run's process with that command line is not
+    taken for ours)."""
     for entry in Path("/proc").iterdir():
         try:
-            if entry.name.isdigit() and needle.encode() in (entry / "cmdline").read_bytes().replace(b"\0", b" "):
+            if (entry.name.isdigit() and needle.encode() in (entry / "cmdline").read_bytes().replace(b"\0", b" ")
+                    and in_cgroup(int(entry.name), host.cgroup)):
                 return int(entry.name)
         except OSError:
             continue
     return None
+
+
+def in_cgroup(pid: int, cgroup: Path) -> bool:
+    """Whether `pid` lives in `cgroup` or below it (its cgroup2 line, "0::/PATH")."""
+    relative = "/" + str(cgroup.relative_to(cgroup2_root()))
+    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+        if line.startswith("0::"):
+            path = line[3:]
+            return path == relative or path.startswith(relative + "/")
+    return False
 
 
 def cut_both_ways(host) -> None:
@@ -296,7 +310,7 @@ def test_link_cut_during_start_then_retry_with_same_id_is_safe(netns_host, work)
     spec = job_spec(work, netns_host, python_payload(work, "counted.py", COUNTED) + [str(counter), str(gate)])
     first = cli_process(target, "submit", str(spec), "--job-id", "cut-start.1", "--json")
     try:
-        start = poll_tightly(lambda: host_process("supervisor.py start --job-id cut-start.1"),
+        start = poll_tightly(lambda: host_process(netns_host, "supervisor.py start --job-id cut-start.1"),
                              what="the host's start call")
         poll_tightly(job_file_on_host(netns_host, "cut-start.1", "").exists, what="the claimed job dir")
         kill_checked(start, "cut-start.1", signal.SIGSTOP)

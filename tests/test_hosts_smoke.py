@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 
 from tests.hosts._proc import free_port, wait_until
-from tests.hosts.netns import addresses_in_test_range, start_netns_host
+from tests.hosts.netns import (BLACKHOLE_MARKER, addresses_in_test_range, namespaces_of_test_runs, net_lock,
+                              start_netns_host)
 from tests.hosts.prereqs import missing_for_sshd, require
-from tests.hosts.sshd import NON_ROOT_USER, start_sshd
+from tests.hosts.sshd import start_sshd
 from tests.hosts.systemd_host import start_service_host
 
 
@@ -23,8 +24,18 @@ def test_root_login_runs_a_command(ssh_host):
 
 
 def test_non_root_login_runs_a_command(ssh_host):
-    result = ssh_host.as_user(NON_ROOT_USER).ssh(["id", "-un"])
-    assert (result.returncode, result.stdout) == (0, f"{NON_ROOT_USER}\n"), result.stderr
+    result = ssh_host.as_user(ssh_host.non_root_user).ssh(["id", "-un"])
+    assert (result.returncode, result.stdout) == (0, f"{ssh_host.non_root_user}\n"), result.stderr
+
+
+def test_logins_have_plain_shells_and_homes_of_their_own(ssh_host):
+    """No rc file of this machine runs on a test host (root's here runs `pyenv init` on every command)."""
+    for host in (ssh_host, ssh_host.as_user(ssh_host.non_root_user)):
+        result = host.ssh(["sh", "-c", 'echo "$HOME"; ls -A "$HOME"; env'], check=True)
+        home, *rest = result.stdout.splitlines()
+        assert home == ("/root" if host.user == "root" else str(ssh_host.workdir / "home" / host.user))
+        assert not {".bashrc", ".profile", ".bash_profile", ".ssh"} & set(rest), result.stdout
+        assert "PYENV" not in result.stdout
 
 
 def test_argv_with_hostile_characters_arrives_unchanged(ssh_host):
@@ -56,7 +67,7 @@ def test_strict_client_refuses_an_unverified_host_key(ssh_host, known_hosts):
 def test_nvidia_smi_stand_in_is_on_path_for_root_and_non_root(ssh_host):
     query = ["nvidia-smi", "--query-gpu=index,uuid,name,memory.total,memory.used,memory.free",
              "--format=csv,noheader,nounits"]
-    for host in (ssh_host, ssh_host.as_user(NON_ROOT_USER)):
+    for host in (ssh_host, ssh_host.as_user(ssh_host.non_root_user)):
         result = host.ssh(query)
         assert result.returncode == 0, result.stderr
         assert result.stdout == "0, GPU-00000000-0000-4000-8000-000000000000, NVIDIA H200, 143771, 0, 143156\n"
@@ -78,7 +89,7 @@ def start_detached(host, argv: list[str]) -> int:
 
 
 def test_hold_gpu_payload_shows_in_the_stand_in_until_it_ends(ssh_host):
-    user_host = ssh_host.as_user(NON_ROOT_USER)
+    user_host = ssh_host.as_user(ssh_host.non_root_user)
     pid = start_detached(user_host, ["python3", HOLD_GPU, "2048", "60"])
     wait_until(lambda: ssh_host.gpu_used_mib() == 2048, timeout=10, what="the payload's 2048 MiB")
     apps = ssh_host.ssh(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"])
@@ -169,8 +180,8 @@ def test_reset_removes_extra_units_and_foreign_gpu_holders(service_host):
 
 
 @pytest.mark.systemd
-def test_sudo_rule_lets_runnertest_drive_the_manager(service_host):
-    user_host = service_host.as_user("runnertest")
+def test_sudo_rule_lets_the_sudo_login_drive_the_manager(service_host):
+    user_host = service_host.as_user(service_host.sudo_user)
     assert user_host.ssh(["sudo", "-n", "systemctl", "stop", service_host.unit]).returncode == 0
     assert service_host.service_state() == "inactive"
     assert user_host.ssh(["sudo", "-n", "systemctl", "start", service_host.unit]).returncode == 0
@@ -179,7 +190,7 @@ def test_sudo_rule_lets_runnertest_drive_the_manager(service_host):
 
 @pytest.mark.systemd
 def test_user_without_sudo_rule_is_asked_for_a_password(service_host):
-    result = service_host.as_user("runnertest-nosudo").ssh(["sudo", "-n", "systemctl", "stop", service_host.unit])
+    result = service_host.as_user(service_host.nosudo_user).ssh(["sudo", "-n", "systemctl", "stop", service_host.unit])
     assert result.returncode == 1
     assert "a password is required" in result.stderr
     assert service_host.service_state() == "active"
@@ -222,7 +233,7 @@ def connect_error(address: str, port: int, timeout: float) -> str | None:
 @pytest.mark.netns
 def test_netns_host_is_a_separate_machine_on_the_test_range(netns_host):
     assert ipaddress.ip_address(netns_host.address) in ipaddress.ip_network("10.231.0.0/16")
-    assert netns_host.address.endswith(".2")
+    assert netns_host.address == str(netns_host.link.subnet[2])  # the host's end of its own /30
     result = netns_host.ssh(["ip", "-o", "-4", "addr", "show"])
     assert f"inet {netns_host.address}/30" in result.stdout
     assert netns_host.service_state() == "active"
@@ -242,12 +253,16 @@ def test_cut_makes_connects_time_out_and_restore_recovers(netns_host):
 @pytest.mark.netns
 def test_netns_host_teardown_leaves_nothing_behind():
     host = start_netns_host()
+    route_added_by_a_test_run = BLACKHOLE_MARKER.exists()  # kept while any test run's link exists
     host.cut()
     host.stop()
     assert host.link.netns not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
     assert host.link.outer_veth not in links
     assert not host.cgroup.exists()
-    if not addresses_in_test_range():  # another test run may still use the range and its blackhole
-        routes = subprocess.run(["ip", "route", "show", "type", "blackhole"], capture_output=True, text=True)
-        assert "10.231.0.0/16" not in routes.stdout
+    with net_lock():  # another test run may still use the range and its blackhole
+        if not addresses_in_test_range() and not namespaces_of_test_runs():
+            assert not BLACKHOLE_MARKER.exists()
+            routes = subprocess.run(["ip", "route", "show", "type", "blackhole"], capture_output=True, text=True)
+            if route_added_by_a_test_run:  # a route that was there before the tests is left alone
+                assert "10.231.0.0/16" not in routes.stdout

@@ -234,7 +234,7 @@ def test_second_submit_while_one_runs_is_busy(service_host, work):
 
 
 def test_sudo_path_as_non_root(service_host, work):
-    user = service_host.as_user("runnertest")
+    user = service_host.as_user(service_host.sudo_user)
     target = target_for(service_host, alias=user.alias)
     job_id = submit(target, gpu_job(work, service_host, stop="always", command=["python3", HOLD, "1000", "1"],
                                      target=target, sudo=True))
@@ -244,7 +244,7 @@ def test_sudo_path_as_non_root(service_host, work):
 
 
 def test_sudo_without_rule_fails_clearly(service_host, work):
-    user = service_host.as_user("runnertest-nosudo")
+    user = service_host.as_user(service_host.nosudo_user)
     target = target_for(service_host, alias=user.alias)
     done = run_cli(target, "submit", str(gpu_job(work, service_host, stop="always", target=target, sudo=True)), "--json")
     if done.returncode == 0:  # refused on the host when the stop is attempted, not at preflight

@@ -603,9 +603,7 @@ def test_restore_service_starts_a_stopped_unit_and_reports_a_broken_one(remote):
 
 @pytest.mark.systemd
 def test_a_sudo_login_stops_and_restores_through_sudo(service_host):
-    from tests.hosts.systemd_host import SUDO_USER
-
-    remote = RemoteHost(service_host, user=SUDO_USER, sudo=True)
+    remote = RemoteHost(service_host, user=service_host.sudo_user, sudo=True)
     try:
         assert remote.call("start", "--job-id", "u", spec=remote.spec("always", "sleep", "0.5", "0"))["ok"]
         status = remote.wait("u", "SUCCEEDED", "FAILED")
@@ -620,9 +618,7 @@ def test_a_sudo_login_stops_and_restores_through_sudo(service_host):
 
 @pytest.mark.systemd
 def test_sudo_that_wants_a_password_is_its_own_error(service_host):
-    from tests.hosts.systemd_host import NO_SUDO_USER
-
-    remote = RemoteHost(service_host, user=NO_SUDO_USER, sudo=True)
+    remote = RemoteHost(service_host, user=service_host.nosudo_user, sudo=True)
     try:
         answer = remote.call("restore-service", "--unit", service_host.unit, "--sudo", "--max-wait", "1")
         assert answer["ok"] is False and answer["error"] == "sudo-password" and "NOPASSWD" in answer["message"]

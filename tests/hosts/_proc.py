@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import ctypes
+import itertools
 import os
 import pwd
 import re
+import shlex
 import shutil
 import signal
 import socket
@@ -55,20 +57,80 @@ def host_workdir(kind: str) -> Path:
     return shared_tmpdir(f"runner-{kind}-{os.getpid()}-")
 
 
-def ensure_login_user(name: str) -> None:
-    """Create `name` if missing and make it able to log in with a key under `UsePAM no`.
+LOGIN_PREFIX = "rt"  # login names rt-<owner pid>-<n>-<role>: unique per test process, <= 32 characters
+_login_numbers = itertools.count()
+_created_here: set[str] = set()
 
-    `useradd` leaves the password field `!` (locked), which sshd refuses without PAM; `*` means
-    "no password works" but the account is not locked. Other test runs may create it concurrently,
-    so a failed useradd is fine as long as the user exists afterwards.
+
+def new_login_names(*roles: str) -> tuple[str, ...]:
+    """Fresh login names for one host, one per role: rt-<our pid>-<n>-<role>."""
+    number = next(_login_numbers)
+    return tuple(f"{LOGIN_PREFIX}-{os.getpid()}-{number}-{role}" for role in roles)
+
+
+def create_login_user(name: str, home: Path) -> None:
+    """A throwaway login `name` whose HOME is the empty dir `home`: no rc files, so its shell is plain.
+
+    The password field `*` ("no password works") instead of useradd's `!` (locked): sshd refuses a locked
+    account under `UsePAM no`.
     """
-    try:
-        pwd.getpwnam(name)
-    except KeyError:
-        subprocess.run(["useradd", "--create-home", "--shell", "/bin/bash", name],
-                       capture_output=True, check=False)
-        pwd.getpwnam(name)
-    subprocess.run(["usermod", "-p", "*", name], capture_output=True, check=True)
+    run_account_tool(["useradd", "--home-dir", str(home), "--no-create-home", "--shell", "/bin/bash",
+                      "--password", "*", name])
+    home.mkdir(mode=0o755)
+    entry = pwd.getpwnam(name)
+    os.chown(home, entry.pw_uid, entry.pw_gid)
+
+
+def remove_login_user(name: str) -> None:
+    """userdel `name` (its home lives in the host's workdir, removed with it); gone already is fine."""
+    run_account_tool(["userdel", name], fine=(0, 6))
+
+
+# useradd/userdel exit 1 or 10 when they cannot lock the passwd or group file (another test run is adding or
+# removing its logins), userdel 8 while a killed session's process is not yet reaped: worth another try.
+ACCOUNT_TOOL_RETRY = (1, 8, 10)
+
+
+def run_account_tool(argv: list[str], fine: tuple[int, ...] = (0,)) -> None:
+    for _attempt in range(40):
+        done = subprocess.run(argv, capture_output=True, text=True, check=False)
+        if done.returncode not in ACCOUNT_TOOL_RETRY:
+            break
+        time.sleep(0.5)
+    if done.returncode not in fine:
+        raise RuntimeError(f"{shlex.join(argv)} failed ({done.returncode}): {done.stderr.strip()}")
+
+
+def remove_stale_login_users() -> None:
+    """Remove logins left by test runs that died without teardown (owner pid in the name is gone).
+
+    Only names of our pattern whose HOME is one of our /tmp/runner-* dirs are touched. A name with our own
+    pid is stale too: this process has not created it (the pid was reused).
+    """
+    for entry in pwd.getpwall():
+        owner = re.fullmatch(rf"{LOGIN_PREFIX}-(\d+)-\d+-\w+", entry.pw_name)
+        if not owner or not entry.pw_dir.startswith("/tmp/runner-"):
+            continue
+        pid = int(owner.group(1))
+        if not pid_alive(pid) or (pid == os.getpid() and entry.pw_name not in _created_here):
+            remove_login_user(entry.pw_name)
+
+
+def create_host_logins(workdir: Path, roles: tuple[str, ...]) -> tuple[str, ...]:
+    """One fresh login per role with HOME under `workdir`/home; `remove_login_user` each at teardown."""
+    remove_stale_login_users()
+    names = new_login_names(*roles)
+    (workdir / "home").mkdir(mode=0o755, exist_ok=True)
+    for name in names:
+        create_login_user(name, workdir / "home" / name)
+        _created_here.add(name)
+    return names
+
+
+def remove_host_logins(names) -> None:
+    for name in names:
+        remove_login_user(name)
+        _created_here.discard(name)
 
 
 def child_pids(pid: int) -> list[int]:

@@ -4,16 +4,20 @@
 
 Why the namespaces: sshd needs a root-owned /run/sshd, which we keep private; and when sshd (PID 1 of
 the namespace) exits, the kernel kills every session and nohup'd job started through it, so a test
-never leaks a detached process. Homes are private overlays (see `private_home_lines`). Inside the
-namespace the nvidia-smi test stand-in is on PATH (/usr/local/sbin is a private tmpfs there) and reads
-this host's fake GPU state dir.
+never leaks a detached process. Inside the namespace the nvidia-smi test stand-in is on PATH
+(/usr/local/sbin is a private tmpfs there) and reads this host's fake GPU state dir.
+
+Logins have plain shells and homes of their own, so the suite never depends on this machine's login setup
+(root's ~/.bashrc here runs `pyenv init`, ~0.2 s per SSH command) and two test runs never share a home:
+root's /root is an empty dir of this host bind-mounted over /root inside the namespace, and the non-root
+logins are created for this host (`rt-<pid>-<n>-<role>`, HOME an empty dir in the host's workdir) and
+removed at teardown.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-import pwd
 import shlex
 import shutil
 import signal
@@ -22,13 +26,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import gpu_state
-from ._proc import (child_pids, die_with_parent, ensure_login_user, free_port, host_workdir, port_accepts,
-                    wait_until)
+from ._proc import (child_pids, create_host_logins, die_with_parent, free_port, host_workdir, port_accepts,
+                    remove_host_logins, wait_until)
 
 SSHD = "/usr/sbin/sshd"
 ADDRESS = "127.0.0.1"
 ROOT_ALIAS = "testhost"
-NON_ROOT_USER = "runnertest"
+ROOT_HOME = "/root"
+REPO = Path(__file__).resolve().parents[2]
 GPU_FIELDS = "index,uuid,name,memory.total,memory.used,memory.free"
 # Both root and non-root sessions get this PATH (sshd's default for non-root lacks /usr/local/sbin).
 SESSION_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -49,6 +54,11 @@ class SshHost:
     gpu_dir: Path  # the nvidia-smi stand-in's state dir, as seen from the test process
     workdir: Path
     process: subprocess.Popen = field(repr=False)
+    logins: tuple[str, ...] = ()  # the non-root logins created for this host, removed by `stop`
+
+    @property
+    def non_root_user(self) -> str:
+        return self.logins[0]
 
     def as_user(self, user: str) -> "SshHost":
         return dataclasses.replace(self, user=user, alias=alias_for(user))
@@ -107,6 +117,7 @@ class SshHost:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait(timeout=5)
+        remove_host_logins(self.logins)
         shutil.rmtree(self.workdir, ignore_errors=True)
 
 
@@ -187,24 +198,23 @@ def write_ssh_files(workdir: Path, port: int, users: list[str], address: str = A
     (workdir / "ssh_config").write_text(ssh_config_text(workdir, port, users, address))
 
 
-def private_home_lines(home: str, index: int) -> list[str]:
-    """Overlay `home` so that what sessions write there (~/.runner: jobs, locks) stays in this host's /run.
-
-    Reads still see the machine's files (root's ~/.bashrc sets up pyenv), and concurrent test runs
-    on one machine cannot see each other's jobs or locks.
-    """
-    layer = f"/run/runner-home/{index}"
-    return [
-        f"mkdir -p {layer}/upper {layer}/work",
-        f"chown --reference={shlex.quote(home)} {layer}/upper",
-        f"chmod --reference={shlex.quote(home)} {layer}/upper",
-        f"mount -t overlay overlay -o lowerdir={home},upperdir={layer}/upper,workdir={layer}/work"
-        f" {shlex.quote(home)}",
-    ]
+def root_home(workdir: Path) -> Path:
+    """The empty dir this host mounts over /root: root's ~/.runner (jobs, locks) stays private to the host."""
+    return workdir / "home" / "root"
 
 
-def namespace_setup_script(gpu_dir: Path, users: list[str]) -> str:
-    """Shell lines run inside the private mount namespace before sshd: private /run and homes, the stand-in."""
+def make_root_home(workdir: Path) -> Path:
+    """Create `root_home`; refuse when the checkout is under /root, which the mount would hide."""
+    if REPO.is_relative_to(ROOT_HOME):
+        raise RuntimeError(f"the test hosts mount an empty home over {ROOT_HOME}, which would hide this "
+                           f"checkout ({REPO}); clone it elsewhere (e.g. under /tmp)")
+    home = root_home(workdir)
+    home.mkdir(mode=0o700, parents=True)
+    return home
+
+
+def namespace_setup_script(workdir: Path, gpu_dir: Path) -> str:
+    """Shell lines run inside the private mount namespace before sshd: private /run and /root, the stand-in."""
     standin_dir = "/usr/local/sbin"
     lines = [
         "set -e",
@@ -215,9 +225,8 @@ def namespace_setup_script(gpu_dir: Path, users: list[str]) -> str:
         f"mount -t tmpfs -o mode=0755 tmpfs {standin_dir}",
         f"cp {shlex.quote(str(gpu_state.STANDIN))} {standin_dir}/nvidia-smi",
         f"chmod 0755 {standin_dir}/nvidia-smi",
+        f"mount --bind {shlex.quote(str(root_home(workdir)))} {ROOT_HOME}",
     ]
-    for index, user in enumerate(users):
-        lines += private_home_lines(pwd.getpwnam(user).pw_dir, index)
     return "\n".join(lines)
 
 
@@ -240,7 +249,7 @@ def launch_sshd(workdir: Path, gpu_dir: Path, users: list[str]) -> tuple[subproc
         port = free_port()
         write_ssh_files(workdir, port, users)
         config = shlex.quote(str(workdir / "sshd_config"))
-        script = f"{namespace_setup_script(gpu_dir, users)}\nexec {SSHD} -D -e -f {config}\n"
+        script = f"{namespace_setup_script(workdir, gpu_dir)}\nexec {SSHD} -D -e -f {config}\n"
         log = workdir / "sshd.log"
         with open(log, "ab") as log_file:
             process = subprocess.Popen(
@@ -255,15 +264,20 @@ def launch_sshd(workdir: Path, gpu_dir: Path, users: list[str]) -> tuple[subproc
     raise RuntimeError(f"sshd did not start; see {workdir / 'sshd.log'}")
 
 
-def start_sshd(users: tuple[str, ...] = ("root", NON_ROOT_USER)) -> SshHost:
-    """Start a test sshd accepting one client key for `users`; returns the root login (`as_user` for others)."""
-    for user in users:
-        if user != "root":
-            ensure_login_user(user)
+def start_sshd() -> SshHost:
+    """Start a test sshd accepting one client key for root and a fresh non-root login (`non_root_user`);
+    returns the root login (`as_user` for the other)."""
     workdir = host_workdir("sshd")
-    gpu_dir = gpu_state.make_state_dir(workdir / "gpu")
-    process, port = launch_sshd(workdir, gpu_dir, list(users))
+    make_root_home(workdir)
+    logins = create_host_logins(workdir, ("user",))
+    try:
+        gpu_dir = gpu_state.make_state_dir(workdir / "gpu")
+        process, port = launch_sshd(workdir, gpu_dir, ["root", *logins])
+    except BaseException:
+        remove_host_logins(logins)
+        shutil.rmtree(workdir, ignore_errors=True)
+        raise
     return SshHost(address=ADDRESS, port=port, user="root", key_path=workdir / "client_key",
                    known_hosts=workdir / "known_hosts", ssh_config=workdir / "ssh_config",
                    alias=ROOT_ALIAS, host_key=public_key(workdir / "host_key"), gpu_dir=gpu_dir,
-                   workdir=workdir, process=process)
+                   workdir=workdir, process=process, logins=logins)

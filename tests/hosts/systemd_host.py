@@ -8,37 +8,36 @@ subtree at once (cgroup.kill): manager, units, sshd, sessions, detached jobs.
 
 Inside the mount namespace: a private /run; the manager's private socket bind-mounted on
 /run/systemd/private, so plain `systemctl` as root (also through `sudo -n`) reaches it; a private
-/etc/sudoers.d (rule for `runnertest`, none for `runnertest-nosudo`); private home overlays; the
-nvidia-smi stand-in on PATH.
+/etc/sudoers.d (a rule for the host's `sudo_user`, none for its `nosudo_user`); an empty /root of the
+host's own (root logs in with a plain shell); the nvidia-smi stand-in on PATH. Root is the login of the
+host because the manager is root's; the two non-root logins are created for the host and removed with it.
 """
 
 from __future__ import annotations
 
 import itertools
 import os
-import pwd
 import re
 import shlex
 import shutil
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from . import gpu_state, sshd
-from ._proc import die_with_parent, ensure_login_user, free_port, host_workdir, pid_alive, wait_until
+from ._proc import (create_host_logins, die_with_parent, free_port, host_workdir, pid_alive, remove_host_logins,
+                    wait_until)
 from .prereqs import SYSTEMD, SYSTEMD_USER_UNITS, cgroup2_root
 
 UNIT = "dummy-infer.service"
-SUDO_USER = "runnertest"
-NO_SUDO_USER = "runnertest-nosudo"
-USERS = ("root", SUDO_USER, NO_SUDO_USER)
+LOGIN_ROLES = ("sudo", "nosudo")  # the non-root logins, in `logins` order
 DUMMY_SERVER = Path(__file__).parent / "dummy_inference.py"
 COPIED_UNITS = ("shutdown.target", "exit.target", "systemd-exit.service")
 STUB_UNITS = ("test.target", "basic.target")
 BASE_UNITS = STUB_UNITS + COPIED_UNITS
-SUDO_RULE = f"{SUDO_USER} ALL=(root) NOPASSWD: /usr/bin/systemctl, /bin/systemctl\n"
-# The probe needs only the stdlib; the system python starts faster than root's pyenv shim.
+SUDO_RULE = "{user} ALL=(root) NOPASSWD: /usr/bin/systemctl, /bin/systemctl\n"
+# What the host itself runs (health probe, dummy unit) needs only the stdlib. An absolute system python:
+# the test process's own interpreter may live under /root, which the host hides.
 HOST_PYTHON = "/usr/bin/python3" if Path("/usr/bin/python3").exists() else "python3"
 # Root sessions find the user manager like pam_systemd sessions do, so `systemctl --user` works too.
 ROOT_SESSION_CONFIG = "Match User root\n    SetEnv XDG_RUNTIME_DIR=/run/user/0\n"
@@ -56,6 +55,16 @@ class ServiceHost(sshd.SshHost):
     cgroup: Path = Path()
     units_dir: Path = Path()
     service_log: Path = Path()
+
+    @property
+    def sudo_user(self) -> str:
+        """A non-root login that may `sudo -n systemctl …`."""
+        return self.logins[0]
+
+    @property
+    def nosudo_user(self) -> str:
+        """A non-root login without a sudo rule ("sudo: a password is required")."""
+        return self.logins[1]
 
     def systemctl(self, *args: str, timeout: float = 30) -> subprocess.CompletedProcess:
         return self.ssh(["systemctl", *args], timeout=timeout)
@@ -98,8 +107,8 @@ class ServiceHost(sshd.SshHost):
             self.systemctl("restart", self.unit).check_returncode()
             wait_until(lambda: self.health_status() == 200, timeout=20, what=f"{self.unit} healthy")
         self.release_foreign_gpu_memory()
-        homes = [os.path.join(pwd.getpwnam(user).pw_dir, ".runner", "locks") for user in USERS]
-        self.ssh(["rm", "-rf", *homes], check=True)
+        homes = [sshd.ROOT_HOME, *(str(self.workdir / "home" / user) for user in self.logins)]
+        self.ssh(["rm", "-rf", *(f"{home}/.runner/locks" for home in homes)], check=True)
 
     def remove_extra_units(self) -> None:
         """Stop and delete units a test installed under other names."""
@@ -123,12 +132,13 @@ class ServiceHost(sshd.SshHost):
         """Kill everything in the host's cgroup subtree at once, wait until it is empty, remove it."""
         kill_cgroup_tree(self.cgroup)
         self.process.wait(timeout=10)
+        remove_host_logins(self.logins)
         shutil.rmtree(self.workdir, ignore_errors=True)
 
 
 def dummy_unit_text(log: Path, port: int, hold_mib: int = 4096, ready_delay: float = 2.0,
                     release_delay: float = 0.5, fail_on_start: bool = False, start_delay: float = 0) -> str:
-    argv = [sys.executable, str(DUMMY_SERVER), "--port", str(port), "--hold-mib", str(hold_mib),
+    argv = [HOST_PYTHON, str(DUMMY_SERVER), "--port", str(port), "--hold-mib", str(hold_mib),
             "--ready-delay", str(ready_delay), "--release-delay", str(release_delay)]
     if fail_on_start:
         argv.append("--fail-on-start")
@@ -147,14 +157,14 @@ def write_units_dir(units_dir: Path) -> None:
         (units_dir / name).write_text((SYSTEMD_USER_UNITS / name).read_text())
 
 
-def write_private_sudoers(sudoers_dir: Path) -> None:
-    """A copy of /etc/sudoers.d plus our rule, bind-mounted over it inside the host only."""
+def write_private_sudoers(sudoers_dir: Path, sudo_user: str) -> None:
+    """A copy of /etc/sudoers.d plus our rule for `sudo_user`, bind-mounted over it inside the host only."""
     sudoers_dir.mkdir(mode=0o755)
     for entry in Path("/etc/sudoers.d").iterdir():
         (sudoers_dir / entry.name).write_bytes(entry.read_bytes())
         (sudoers_dir / entry.name).chmod(0o440)
     rule = sudoers_dir / "runner-test"
-    rule.write_text(SUDO_RULE)
+    rule.write_text(SUDO_RULE.format(user=sudo_user))
     rule.chmod(0o440)
 
 
@@ -166,7 +176,7 @@ def inner_script(workdir: Path, gpu_dir: Path) -> str:
     return "\n".join([
         "grep -qx '0::/' /proc/self/cgroup"
         " || { echo 'refusing to start systemd: not at a cgroup namespace root' >&2; exit 97; }",
-        sshd.namespace_setup_script(gpu_dir, list(USERS)),
+        sshd.namespace_setup_script(workdir, gpu_dir),
         "mount -t cgroup2 none /sys/fs/cgroup",
         "mkdir -p /run/systemd/system /run/user/0",
         "chmod 700 /run/user/0",
@@ -229,10 +239,11 @@ class Placement:
     wrapper: tuple[str, ...] = ()
 
 
-def launch(workdir: Path, cgroup: Path, gpu_dir: Path, placement: Placement) -> tuple[subprocess.Popen, int]:
+def launch(workdir: Path, cgroup: Path, gpu_dir: Path, placement: Placement,
+           users: list[str]) -> tuple[subprocess.Popen, int]:
     for _attempt in range(3):
         port = placement.port or free_port()
-        sshd.write_ssh_files(workdir, port, list(USERS), placement.address)
+        sshd.write_ssh_files(workdir, port, users, placement.address)
         with open(workdir / "sshd_config", "a") as config:
             config.write(ROOT_SESSION_CONFIG)
         (workdir / "inner.sh").write_text(inner_script(workdir, gpu_dir) + "\n")
@@ -255,23 +266,26 @@ def start_service_host(placement: Placement = Placement(), host_class: type = Se
 
     `host_class`/`extra` let a variant (the network-namespace host) add its own fields and teardown.
     """
-    for user in USERS[1:]:
-        ensure_login_user(user)
     workdir = host_workdir("systemd")
+    sshd.make_root_home(workdir)
+    logins = create_host_logins(workdir, LOGIN_ROLES)
     gpu_dir = gpu_state.make_state_dir(workdir / "gpu")
     write_units_dir(workdir / "units")
-    write_private_sudoers(workdir / "sudoers.d")
+    write_private_sudoers(workdir / "sudoers.d", sudo_user=logins[0])
     cgroup = new_cgroup()
     try:
-        process, port = launch(workdir, cgroup, gpu_dir, placement)
+        process, port = launch(workdir, cgroup, gpu_dir, placement, ["root", *logins])
     except BaseException:
         kill_cgroup_tree(cgroup)
+        remove_host_logins(logins)
+        shutil.rmtree(workdir, ignore_errors=True)
         raise
     service_port = free_port()
     host = host_class(address=placement.address, port=port, user="root", key_path=workdir / "client_key",
                       known_hosts=workdir / "known_hosts", ssh_config=workdir / "ssh_config",
                       alias=sshd.ROOT_ALIAS, host_key=sshd.public_key(workdir / "host_key"), gpu_dir=gpu_dir,
-                      workdir=workdir, process=process, health_url=f"http://127.0.0.1:{service_port}/health",
+                      workdir=workdir, process=process, logins=logins,
+                      health_url=f"http://127.0.0.1:{service_port}/health",
                       service_port=service_port, cgroup=cgroup, units_dir=workdir / "units",
                       service_log=workdir / "dummy-infer.log", **extra)
     try:
