@@ -47,6 +47,7 @@ try:  # imported as remote_payload.supervisor (tests)
     from .supervisor_job import Flags, Job, initial_status, settle_as_restorer, start_guard, supervise, \
         with_restore_lock
     from .supervisor_spec import check_health_url, check_job_id, check_root, check_unit, read_spec_stdin
+    from . import supervisor_ledger as ledger
 except ImportError:  # run as a script: sys.path[0] is this directory
     from contract import DEFAULTS, RUNNING_SERVICE_STATES, SERVICE_SCOPES, TERMINAL
     from supervisor_files import RESERVE_BYTES, JobPaths, Locks, append_line, fsync_dir, lock_keys, probe_lock, \
@@ -56,6 +57,7 @@ except ImportError:  # run as a script: sys.path[0] is this directory
     from supervisor_job import Flags, Job, initial_status, settle_as_restorer, start_guard, supervise, \
         with_restore_lock
     from supervisor_spec import check_health_url, check_job_id, check_root, check_unit, read_spec_stdin
+    import supervisor_ledger as ledger
 
 READY_TIMEOUT_S = 30.0       # how long `start` waits for the detached supervisor's handshake
 START_GRACE_S = 60.0         # a status with no supervisor recorded yet is "starting" this long
@@ -232,9 +234,10 @@ def cmd_guard(args) -> dict:
     paths = JobPaths(args.root, args.job_id)
     if not os.path.isdir(paths.dir):
         return {"ok": True}
-    job = Job.load(paths)
-    with_restore_lock(job, lambda: settle_as_restorer(job, "supervisor died (SIGKILL?); guard restored the service"))
-    return {"ok": True, "state": job.status["state"]}
+    job = Job.load(paths)  # re-read under the restore lock: another restorer may have settled it meanwhile
+    with_restore_lock(job, lambda: settle_as_restorer(Job.load(paths), "supervisor died (SIGKILL?); guard restored "
+                                                      "the service"))
+    return {"ok": True, "state": Job.load(paths).status["state"]}
 
 
 def reap_if_dead(paths: JobPaths) -> dict:
@@ -325,7 +328,21 @@ def cmd_restore(args) -> dict:
         return dict(answer, state=job.status["state"], service=job.status["service"], deferred=True,
                     message="the job's supervisor (or guard) is alive and restores the service itself")
     message = "supervisor gone; restored by `restore`" if job.status["state"] != "LOST" else job.status["message"]
-    done = with_restore_lock(job, lambda: settle_as_restorer(job, message))
+    # A restorer acts only while holding the job's locks: a job that holds them now runs on this service and
+    # settles our stop through the host ledger (it adopts it); starting the service here would be under its run.
+    locks = Locks(args.root, lock_keys(job.spec), args.job_id)
+    locks.open()
+    holder = locks.try_acquire()
+    if holder is not None:
+        return dict(answer, state=job.status["state"], service=job.status["service"], deferred=True,
+                    message="%s is held by job %s, which settles this job's stop" % (holder.get("key"),
+                                                                                    holder.get("job_id", "?")))
+    try:
+        locks.write_holders()
+        done = with_restore_lock(job, lambda: settle_as_restorer(Job.load(paths), message))
+    finally:
+        locks.release()
+    job = Job.load(paths)
     return dict(answer, state=job.status["state"], service=job.status["service"], in_progress=not done)
 
 
@@ -374,7 +391,7 @@ def cmd_preflight(args) -> dict:
     if spec["service"]["manager"] == "systemd":
         unit = spec["service"]["unit"]
         ctl = Systemd(spec["service"]["scope"], spec["service"]["sudo"])
-        service = dict(ctl.show(unit), manager="systemd", unit=unit)
+        service = dict(ctl.show(unit), manager="systemd", unit=unit, ledger=ledger.read_entry(args.root, unit))
     locks = [probe_lock(args.root, key) for key in lock_keys(spec)]
     return dict({"ok": True, "service": service, "locks": locks, "python": "%d.%d.%d" % sys.version_info[:3]},
                 **preflight_gpus(spec))

@@ -28,6 +28,7 @@ try:  # imported as remote_payload.supervisor_job (tests)
     from .supervisor_host import CMD_TIMEOUT_S, HERE, POLL_S, SUPERVISOR, Fail, Systemd, describe_apps, \
         group_is_ours, group_members, health_ok, identity, kill_group, query_apps, query_gpus, refuse_too_small, \
         run_command, short_gpus, start_unit, wait_healthy
+    from . import supervisor_ledger as ledger
 except ImportError:  # run from supervisor.py as a script: sys.path[0] is this directory
     from contract import DEFAULTS, RUNNING_SERVICE_STATES, TERMINAL
     from supervisor_files import JobPaths, Locks, append_line, append_text, read_json, read_status, \
@@ -35,6 +36,7 @@ except ImportError:  # run from supervisor.py as a script: sys.path[0] is this d
     from supervisor_host import CMD_TIMEOUT_S, HERE, POLL_S, SUPERVISOR, Fail, Systemd, describe_apps, \
         group_is_ours, group_members, health_ok, identity, kill_group, query_apps, query_gpus, refuse_too_small, \
         run_command, short_gpus, start_unit, wait_healthy
+    import supervisor_ledger as ledger
 
 SCHEMA = 1
 GPU_POLL_S = 0.5
@@ -138,8 +140,8 @@ def wait_for_locks(job: Job, locks: Locks, flags: Flags) -> None:
 def prepare_service(job: Job, flags: Flags) -> None:
     """Record the service's state; stop it when the policy (decided here, on the host) says so."""
     service = job.status["service"]
-    if service["manager"] != "systemd":
-        return
+    if service["manager"] != "systemd" or service.get("adopted_from"):
+        return  # adopted: already stopped, recorded from the ledger, ours to restore
     before = job.ctl.show(service["unit"])
     job.save(service=dict(service, was=before["active_state"], now=before["active_state"]))
     job.event("service", unit=service["unit"], **before)
@@ -170,7 +172,9 @@ def should_stop(job: Job) -> bool:
 def stop_service(job: Job) -> None:
     unit = job.spec["service"]["unit"]
     start_guard_timer(job)
-    # Marked stopped before asking, so every restore path brings it back even if we die mid-stop.
+    # In the host ledger and marked stopped before asking, so every restore path (and the next job on this
+    # service, when all of ours are dead) brings it back even if we die mid-stop.
+    ledger.record_stop(job.paths.root, unit, job.paths.job_id, job.status["service"], job.spec["gpu"]["devices"])
     job.set_state("STOPPING_SERVICE", "stopping " + unit,
                   service=dict(job.status["service"], stopped=True, stopped_at=time.time()))
     try:
@@ -400,13 +404,79 @@ def settle(job: Job, decide, ended_at=None) -> None:
             step(job)
         except Exception as exc:  # nothing before the restore may keep the service down
             job.event("settle", error="%s: %s" % (type(exc).__name__, exc))
-    if stopped_by_us(job.status["service"]):
+    if stopped_by_us(job.status["service"]) and not handed_over(job):
         restore(job)
     else:
         observe(job)
+    if job.status["service"].get("manager") == "systemd":
+        ledger.clear(job.paths.root, job.status["service"]["unit"], job.paths.job_id)
     state, message = decide()
     job.set_state(state, "done", message=message, ended_at=ended_at or time.time(), restored=True)
     stop_guard_timer(job)
+
+
+def handed_over(job: Job) -> bool:
+    """Another job adopted our stop (the ledger names it): the restore is its to do, under its own run."""
+    entry = ledger.read_entry(job.paths.root, job.status["service"]["unit"])
+    if not entry or entry.get("job_id") in (None, job.paths.job_id):
+        return False
+    job.note_restore("job %s adopted the stop of %s; it restores the service" % (entry["job_id"], entry["unit"]))
+    job.save(service=dict(job.status["service"], handed_to=entry["job_id"]))
+    return True
+
+
+def settle_ledger(job: Job) -> None:
+    """With the service's lock held: an entry naming another job is a stop nobody will restore (that job's
+    supervisor and guard are gone, or they would hold the lock). Adopt it: we restore it after our run, and
+    the dead job is settled as handed over. An entry whose service runs again is only dropped."""
+    service = job.status["service"]
+    if service.get("manager") != "systemd":
+        return
+    entry = ledger.read_entry(job.paths.root, service["unit"])
+    if not entry or entry.get("job_id") == job.paths.job_id:
+        return
+    unit, previous = service["unit"], entry.get("job_id")
+    now = job.ctl.is_active(unit)
+    if now in RUNNING_SERVICE_STATES:
+        ledger.clear(job.paths.root, unit, previous)
+        job.event("ledger", unit=unit, dropped_from=previous, now=now,
+                  message="%s was recorded as stopped by job %s but runs again: nothing to restore" % (unit, previous))
+        return
+    hand_over(job, previous)
+    job.save(service=dict(service, was=entry.get("was") or "active", now=now, stopped=True,
+                          stopped_at=entry.get("stopped_at") or time.time(), adopted_from=previous))
+    start_guard_timer(job)
+    ledger.record_stop(job.paths.root, unit, job.paths.job_id, job.status["service"], job.spec["gpu"]["devices"],
+                       adopted_from=previous, stopped_at=job.status["service"]["stopped_at"])
+    job.event("ledger", unit=unit, adopted_from=previous, message="%s already stopped by job %s and not restored; "
+              "job %s adopts it and will restore it" % (unit, previous, job.paths.job_id))
+
+
+def hand_over(job: Job, previous) -> None:
+    """Settle the dead job whose stop we adopt: kill what is left of its payload, record who restores."""
+    if not previous or not os.path.isdir(JobPaths(job.paths.root, previous).dir):
+        return
+    paths = JobPaths(job.paths.root, previous)
+
+    def settle_dead():
+        dead = Job.load(paths)  # read under its restore lock: no other restorer is halfway through
+        if dead.status.get("restored"):
+            return
+        try:
+            kill_leftovers(dead)
+        except Exception as exc:  # its leftovers must not keep our job (and the service) waiting
+            job.event("ledger", error="killing leftovers of %s: %s" % (previous, exc))
+        message = "supervisor and guard died with the service stopped; job %s adopted the stop and restores it" \
+            % job.paths.job_id
+        dead.note_restore(message)
+        dead.set_state(dead.status["state"] if dead.terminal else "LOST", "done", message=message, restored=True,
+                       ended_at=dead.status.get("ended_at") or time.time(),
+                       service=dict(dead.status["service"], handed_to=job.paths.job_id))
+        stop_guard_timer(dead)
+    try:
+        with_restore_lock(Job.load(paths), settle_dead)
+    except Fail as exc:
+        job.event("ledger", error="cannot settle job %s: %s" % (previous, exc))
 
 
 def final_state(job: Job, ending) -> tuple:
@@ -428,6 +498,7 @@ def supervise(job: Job, locks: Locks, flags: Flags) -> None:
         if not locks.held:
             wait_for_locks(job, locks, flags)
         locks.write_holders()
+        settle_ledger(job)
         measure_gpus(job)
         prepare_service(job, flags)
         drain(job, flags)
