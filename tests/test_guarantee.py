@@ -88,3 +88,33 @@ def test_queued_gpu_job_waits_for_the_one_holding_the_service_stopped(service_ho
     assert_service_back(service_host, job, "queued GPU job (--queue) waits for the one holding the service stopped",
                         "SUCCEEDED")
     assert job["service"]["stopped"] is True
+
+
+SLOW_SMI = """#!/bin/sh
+# TEST WRAPPER around the nvidia-smi stand-in: the first call hangs 40 s (a GPU busy in the driver).
+if [ ! -e "$0.slept" ]; then : > "$0.slept"; sleep 40; fi
+exec "{standin}" "$@"
+"""
+
+
+def test_a_start_that_gave_up_leaves_no_job_behind(tmp_path):
+    """Defect 5: nvidia-smi slow before the ready handshake; `start` gives up (start-failed). The supervisor
+    must not go on untracked: no job dir, no process, and the same id starts cleanly afterwards."""
+    from tests.hosts import gpu_state
+    from tests.test_supervisor import Host, gpu_spec
+
+    host = Host(tmp_path)
+    slow = tmp_path / "slow-bin"
+    slow.mkdir()
+    (slow / "nvidia-smi").write_text(SLOW_SMI.format(standin=gpu_state.STANDIN))
+    (slow / "nvidia-smi").chmod(0o755)
+    host.env["PATH"] = f"{slow}:{host.env['PATH']}"
+    try:
+        rc, answer = host.call("start", "--job-id", "gave-up", spec=gpu_spec(host, "sleep", "30", "0"), timeout=90)
+        assert rc == 1 and answer["error"] == "start-failed", answer
+        time.sleep(45)  # the slow nvidia-smi has answered; an untracked supervisor would be running now
+        assert host.status("gave-up")["state"] == "UNKNOWN", host.status("gave-up")
+        again = host.start("gave-up", gpu_spec(host, "sleep", "0", "0"))
+        assert again["ok"] and host.wait("gave-up", "SUCCEEDED")
+    finally:
+        host.cleanup()
