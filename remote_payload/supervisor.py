@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
+import fcntl
 import json
 import os
 import select
@@ -110,8 +112,7 @@ def read_ready(fd: int, timeout: float):
     """The supervisor's one-line handshake; None on EOF or timeout."""
     data, deadline = b"", time.monotonic() + timeout
     while b"\n" not in data:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0 or not select.select([fd], [], [], remaining)[0]:
+        if not select.select([fd], [], [], max(0.0, deadline - time.monotonic()))[0]:
             return None
         chunk = os.read(fd, 65536)
         if not chunk:
@@ -142,10 +143,37 @@ def cmd_start(args) -> dict:
     daemonize_exec(argv, paths.supervisor_log, keep=[ready_w])
     os.close(ready_w)
     answer = read_ready(ready_r, READY_TIMEOUT_S)
+    if answer is None:
+        answer = give_up_start(paths, ready_r)
     os.close(ready_r)
     if answer is None:
         return start_failed(paths)
     return answer
+
+
+@contextlib.contextmanager
+def ready_lock(paths: JobPaths):
+    """`start` giving up and the supervisor answering exclude each other, so the two can never disagree on
+    whether the job exists (the supervisor holds it for one pipe write at most)."""
+    fd = os.open(paths.ready_lock, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def give_up_start(paths: JobPaths, ready_r: int):
+    """Past READY_TIMEOUT_S: take the answer if it arrived meanwhile, else mark the job abandoned. The
+    supervisor then gives up before touching anything: no job runs that the user never saw."""
+    try:
+        with ready_lock(paths):
+            answer = read_ready(ready_r, 0)
+            if answer is None:
+                open(paths.abandoned, "w").close()
+            return answer
+    except FileNotFoundError:  # the supervisor refused (busy) and removed the dir: its answer is in the pipe
+        return read_ready(ready_r, 0)
 
 
 def claim_job_dir(paths: JobPaths, spec: dict) -> None:
@@ -170,23 +198,36 @@ def claim_job_dir(paths: JobPaths, spec: dict) -> None:
 
 
 def start_failed(paths: JobPaths) -> dict:
+    """The job was abandoned before anything was stopped: a live supervisor removes its dir when it reaches
+    the handshake; a dead one cannot, so do it here. Either way the id is free again."""
     log = tail_file(paths.supervisor_log)
     try:
-        job = Job.load(paths)
-        if job.status.get("supervisor") is None or not is_alive(job.status.get("supervisor")):
-            job.set_state("FAILED", "done", message="the supervisor did not start", restored=True, ended_at=time.time())
+        if not is_alive(Job.load(paths).status.get("supervisor")):
+            shutil.rmtree(paths.dir, ignore_errors=True)
     except Fail:
-        pass
-    raise Fail("start-failed", "the supervisor did not report ready within %.0f s; its log: %s"
-               % (READY_TIMEOUT_S, log), job_id=paths.job_id)
+        shutil.rmtree(paths.dir, ignore_errors=True)
+    raise Fail("start-failed", "the supervisor did not report ready within %.0f s, so the job was abandoned "
+               "before anything was stopped (submit it again); its log: %s" % (READY_TIMEOUT_S, log),
+               job_id=paths.job_id)
 
 
-def send_ready(fd: int, answer: dict) -> None:
+def send_ready(fd: int, answer: dict) -> bool:
+    """Hand `start` its answer under the ready lock; False when `start` gave up (the job must not go on)."""
     try:
         os.write(fd, (json.dumps(answer) + "\n").encode("utf-8"))
+        return True
     except OSError:
-        pass  # `start` gave up waiting; the job goes on and `status` shows it
-    os.close(fd)
+        return False  # `start` is gone
+    finally:
+        os.close(fd)
+
+
+def answer_start(paths: JobPaths, fd: int, answer: dict) -> bool:
+    with ready_lock(paths):
+        if os.path.exists(paths.abandoned):
+            os.close(fd)
+            return False
+        return send_ready(fd, answer)
 
 
 def install_signal_handlers(flags: Flags) -> None:
@@ -213,13 +254,18 @@ def cmd_run(args) -> dict:
     locks.open()
     holder = locks.try_acquire()
     if holder is not None and not args.queue:
-        shutil.rmtree(paths.dir, ignore_errors=True)  # refused: the id was never used
-        send_ready(args.ready_fd, Fail("busy", "%s is held by job %s (supervisor pid %s)" % (
-            holder.get("key"), holder.get("job_id", "?"), holder.get("pid", "?")), holder=holder).answer())
+        with ready_lock(paths):
+            shutil.rmtree(paths.dir, ignore_errors=True)  # refused: the id was never used
+            send_ready(args.ready_fd, Fail("busy", "%s is held by job %s (supervisor pid %s)" % (
+                holder.get("key"), holder.get("job_id", "?"), holder.get("pid", "?")), holder=holder).answer())
         return {"ok": False, "error": "busy"}
-    start_guard(job, locks)
-    send_ready(args.ready_fd, {"ok": True, "job_id": args.job_id, "state": job.status["state"],
-                               "supervisor_pid": os.getpid(), "job_dir": paths.dir, "queued": holder is not None})
+    if not answer_start(paths, args.ready_fd, {"ok": True, "job_id": args.job_id, "state": job.status["state"],
+                                               "supervisor_pid": os.getpid(), "job_dir": paths.dir,
+                                               "queued": holder is not None}):
+        locks.release()  # nothing was touched yet: drop the job as if it never was
+        shutil.rmtree(paths.dir, ignore_errors=True)
+        return {"ok": False, "error": "start-failed"}
+    start_guard(job, locks)  # after the answer: before it nothing is stopped, so no guard is needed
     supervise(job, locks, flags)
     return {"ok": True, "state": job.status["state"]}
 

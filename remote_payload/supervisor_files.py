@@ -41,6 +41,8 @@ class JobPaths:
         self.supervisor_log = os.path.join(self.dir, "supervisor.log")
         self.reserve = os.path.join(self.dir, "reserve")
         self.restore_lock = os.path.join(self.dir, "restore.lock")
+        self.ready_lock = os.path.join(self.dir, "ready.lock")   # `start` and `_run` decide the handshake under it
+        self.abandoned = os.path.join(self.dir, "abandoned")     # `start` gave up: the supervisor must not go on
 
 
 def locks_dir(root: str) -> str:
