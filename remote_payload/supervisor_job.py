@@ -40,6 +40,7 @@ except ImportError:  # run from supervisor.py as a script: sys.path[0] is this d
 
 SCHEMA = 1
 GPU_POLL_S = 0.5
+STOP_TIMEOUT_S = 600.0   # `systemctl stop` of an inference server may wait for long requests to drain
 LOCK_POLL_S = 0.5
 
 
@@ -122,9 +123,17 @@ def initial_status(spec: dict) -> dict:
             "gpu": dict(spec["gpu"], before=None, drained_after_s=None), "restored": False, "ending": None}
 
 
+def signal_name(sig: int) -> str:
+    """SIGTERM, …; real-time signals have no Signals member (Signals(36) raises), so SIGRTMIN+n."""
+    try:
+        return signal.Signals(sig).name
+    except ValueError:
+        return "SIGRTMIN+%d" % (sig - signal.SIGRTMIN) if sig >= signal.SIGRTMIN else "signal %d" % sig
+
+
 def check_interrupt(job: Job, flags: Flags) -> None:
     if flags.signal is not None:
-        name = signal.Signals(flags.signal).name
+        name = signal_name(flags.signal)
         raise Interrupted("FAILED", "the supervisor got %s; the payload was stopped and the service restored" % name)
     if flags.cancel or os.path.exists(job.paths.cancel):
         raise Interrupted("CANCELLED", "cancelled on request")
@@ -178,7 +187,7 @@ def stop_service(job: Job) -> None:
     job.set_state("STOPPING_SERVICE", "stopping " + unit,
                   service=dict(job.status["service"], stopped=True, stopped_at=time.time()))
     try:
-        job.ctl.change("stop", unit, timeout=600)
+        job.ctl.change("stop", unit, timeout=STOP_TIMEOUT_S)
     except Fail:
         if job.ctl.is_active(unit) in RUNNING_SERVICE_STATES:  # it still runs: nothing to restore
             job.save(service=dict(job.status["service"], stopped=False, stopped_at=None))
@@ -192,10 +201,10 @@ def timer_unit(job_id: str) -> str:
 
 def guard_timer_seconds(spec: dict) -> float:
     """Later than any job that is still being handled could end: the timer fires once, and a `restore` that
-    finds the supervisor or guard alive does nothing. Run, grace, two drains, the stop and start commands,
-    the health wait, and a minute."""
+    finds the supervisor or guard alive does nothing. Run, grace, two drains, the stop (its own bound) and
+    start commands, the health wait, and a minute."""
     return (spec["limits"]["max_runtime"] + spec["limits"]["grace"] + 2 * spec["gpu"]["drain_timeout"]
-            + 2 * CMD_TIMEOUT_S + spec["service"].get("health_timeout", 0) + 60)
+            + STOP_TIMEOUT_S + CMD_TIMEOUT_S + spec["service"].get("health_timeout", 0) + 60)
 
 
 def start_guard_timer(job: Job) -> None:
@@ -307,7 +316,7 @@ def record_exit(job: Job, returncode: int) -> None:
     sig = -returncode if returncode < 0 else None
     exit_code = 128 + sig if sig else returncode
     job.save(exit_code=exit_code, payload=dict(job.status["payload"], exit_code=exit_code,
-                                               signal=signal.Signals(sig).name if sig else None))
+                                               signal=signal_name(sig) if sig else None))
     job.event("payload-exit", exit_code=exit_code, signal=sig)
 
 

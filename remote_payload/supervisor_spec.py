@@ -87,6 +87,7 @@ def check_service(raw) -> dict:
     _need(stop in contract.STOP_POLICIES, "service.stop must be always, if-needed or never")
     sudo = _default(raw, "service.sudo")
     _need(isinstance(sudo, bool), "service.sudo must be true or false")
+    _need(not (scope == "user" and sudo), contract.USER_SCOPE_SUDO)
     return {"manager": "systemd", "unit": check_unit(raw.get("unit")), "scope": scope, "stop": stop,
             "health_url": check_health_url(raw.get("health_url")),
             "health_timeout": _number(_default(raw, "service.health_timeout"), "service.health_timeout"),
