@@ -118,3 +118,46 @@ def test_a_start_that_gave_up_leaves_no_job_behind(tmp_path):
         assert again["ok"] and host.wait("gave-up", "SUCCEEDED")
     finally:
         host.cleanup()
+
+
+DEAF = ["python3", "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+        "print('deaf to TERM', flush=True); time.sleep(600)"]
+
+
+def test_term_to_the_whole_session_leaves_the_guard_to_restore(service_host, work):
+    """Defect 3: TERM to supervisor and guard at once (a session scope stopped, logind, oomd), the payload
+    deaf to TERM so the supervisor is still in its grace when it is SIGKILLed 45 s later: the guard restores."""
+    target = target_for(service_host)
+    job_id = submit(target, gpu_job(work, service_host, stop="always", command=DEAF, grace="120s"))
+    wait_for(lambda: status(target, job_id)["state"] == "RUNNING", what="running")
+    job = status(target, job_id)
+    supervisor, guard = str(job["supervisor"]["pid"]), str(job["guard"]["pid"])
+    service_host.ssh(["kill", "-TERM", supervisor, guard], check=True)
+    time.sleep(45)
+    service_host.ssh(["kill", "-KILL", supervisor], check=True)
+    wait_for(lambda: host_status(service_host, job_id).get("restored") is True, timeout=60, what="restored")
+    job = host_status(service_host, job_id)
+    assert_service_back(service_host, job, "TERM to supervisor+guard, supervisor SIGKILLed 45 s later", job["state"])
+    assert job["state"] in ("FAILED", "LOST") and "guard" in job["message"], job
+
+
+def test_a_hung_supervisor_is_overruled_within_its_hard_deadline(service_host, work):
+    """Defect 1: the supervisor SIGSTOPped for good while the service is stopped. Something independent of
+    it must restore within its hard deadline (run + grace + kill + release + margin), not the timer's."""
+    target = target_for(service_host)
+    job_id = submit(target, gpu_job(work, service_host, stop="always", command=HANG, max_runtime="3s",
+                                    grace="1s", drain="3s"))
+    wait_for(lambda: status(target, job_id)["state"] == "RUNNING", what="running")
+    job = status(target, job_id)
+    service_host.ssh(["kill", "-STOP", str(job["supervisor"]["pid"])], check=True)
+    t0 = time.monotonic()
+    try:
+        wait_for(lambda: host_status(service_host, job_id).get("restored") is True, timeout=150, what="restored")
+    finally:
+        service_host.ssh(["kill", "-KILL", str(job["supervisor"]["pid"])])
+    job = host_status(service_host, job_id)
+    assert_service_back(service_host, job, "supervisor SIGSTOPped (hung): guard overrules it at its hard deadline",
+                        job["state"])
+    assert "hard deadline" in job["message"], job
+    record_note = f"restored {time.monotonic() - t0:.0f} s after the SIGSTOP"
+    print(record_note)
