@@ -44,9 +44,9 @@ try:  # imported as remote_payload.supervisor (tests)
     from .contract import DEFAULTS, RUNNING_SERVICE_STATES, SERVICE_SCOPES, TERMINAL
     from .supervisor_files import RESERVE_BYTES, JobPaths, Locks, append_line, fsync_dir, lock_keys, probe_lock, \
         read_json, read_status, write_json_atomic
-    from .supervisor_host import GPU_QUERY, POLL_S, SUPERVISOR, Fail, Systemd, identity, is_alive, nvidia_smi, \
+    from .supervisor_host import GPU_QUERY, KILL_CONFIRM_S, POLL_S, SUPERVISOR, Fail, Systemd, identity, is_alive, nvidia_smi, \
         parse_gpu_csv, query_apps, start_unit, wait_healthy
-    from .supervisor_job import Flags, Job, initial_status, settle_as_restorer, start_guard, supervise, \
+    from .supervisor_job import Flags, Job, hard_deadline, initial_status, settle_as_restorer, start_guard, supervise, \
         with_restore_lock
     from .supervisor_spec import check_health_url, check_job_id, check_root, check_unit, read_spec_stdin
     from . import supervisor_ledger as ledger
@@ -54,13 +54,14 @@ except ImportError:  # run as a script: sys.path[0] is this directory
     from contract import DEFAULTS, RUNNING_SERVICE_STATES, SERVICE_SCOPES, TERMINAL
     from supervisor_files import RESERVE_BYTES, JobPaths, Locks, append_line, fsync_dir, lock_keys, probe_lock, \
         read_json, read_status, write_json_atomic
-    from supervisor_host import GPU_QUERY, POLL_S, SUPERVISOR, Fail, Systemd, identity, is_alive, nvidia_smi, \
+    from supervisor_host import GPU_QUERY, KILL_CONFIRM_S, POLL_S, SUPERVISOR, Fail, Systemd, identity, is_alive, nvidia_smi, \
         parse_gpu_csv, query_apps, start_unit, wait_healthy
-    from supervisor_job import Flags, Job, initial_status, settle_as_restorer, start_guard, supervise, \
+    from supervisor_job import Flags, Job, hard_deadline, initial_status, settle_as_restorer, start_guard, supervise, \
         with_restore_lock
     from supervisor_spec import check_health_url, check_job_id, check_root, check_unit, read_spec_stdin
     import supervisor_ledger as ledger
 
+GUARD_POLL_S = 2.0           # how often the guard compares a live supervisor with its hard deadline
 READY_TIMEOUT_S = 30.0       # how long `start` waits for the detached supervisor's handshake
 START_GRACE_S = 60.0         # a status with no supervisor recorded yet is "starting" this long
 LOG_MAX_BYTES = 4 << 20
@@ -273,17 +274,38 @@ def cmd_run(args) -> dict:
 def cmd_guard(args) -> dict:
     """The guard: wait for the supervisor's end (EOF on the life pipe), then settle the job as a restorer
     (nothing to do when the supervisor settled it)."""
-    for sig in (signal.SIGHUP, signal.SIGINT):
+    # TERM too: a session scope stopped, logind or oomd TERM every process of the session at once; the guard
+    # (in its own session since the fork) must outlive the supervisor to restore after it.
+    for sig in (signal.SIGHUP, signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)
-    while os.read(args.life_fd, 1):
-        pass  # the supervisor never writes; a read returns only at EOF
     paths = JobPaths(args.root, args.job_id)
+    message = watch_supervisor(paths, args.life_fd)
     if not os.path.isdir(paths.dir):
         return {"ok": True}
     job = Job.load(paths)  # re-read under the restore lock: another restorer may have settled it meanwhile
-    with_restore_lock(job, lambda: settle_as_restorer(Job.load(paths), "supervisor died (SIGKILL?); guard restored "
-                                                      "the service"))
+    with_restore_lock(job, lambda: settle_as_restorer(Job.load(paths), message))
     return {"ok": True, "state": Job.load(paths).status["state"]}
+
+
+def watch_supervisor(paths: JobPaths, life_fd: int) -> str:
+    """Until the supervisor's end (EOF on the life pipe; it never writes), or until it is alive but past its
+    hard deadline (hung: stopped, stuck in the kernel): then it counts as failed and is SIGKILLed."""
+    while True:
+        if select.select([life_fd], [], [], GUARD_POLL_S)[0]:
+            if not os.read(life_fd, 1):
+                return "supervisor died (SIGKILL?); guard restored the service"
+            continue
+        try:
+            job = Job.load(paths)
+        except Fail:
+            continue
+        deadline = hard_deadline(job.spec, job.status)
+        supervisor = job.status.get("supervisor")
+        if deadline is not None and time.time() > deadline and is_alive(supervisor):
+            os.kill(int(supervisor["pid"]), signal.SIGKILL)
+            select.select([life_fd], [], [], KILL_CONFIRM_S)  # its fds close as it dies; never wait longer
+            return ("supervisor alive but past its hard deadline in %s (hung); the guard killed it and restored "
+                    "the service" % job.status.get("state"))
 
 
 def reap_if_dead(paths: JobPaths) -> dict:

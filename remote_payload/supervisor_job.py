@@ -25,7 +25,7 @@ try:  # imported as remote_payload.supervisor_job (tests)
     from .contract import DEFAULTS, RUNNING_SERVICE_STATES, TERMINAL
     from .supervisor_files import JobPaths, Locks, append_line, append_text, read_json, read_status, \
         release_reserve, write_json_atomic
-    from .supervisor_host import CMD_TIMEOUT_S, HERE, POLL_S, SUPERVISOR, Fail, Systemd, describe_apps, \
+    from .supervisor_host import CMD_TIMEOUT_S, HERE, KILL_CONFIRM_S, POLL_S, SMI_TIMEOUT_S, SUPERVISOR, Fail, Systemd, describe_apps, \
         group_is_ours, group_members, health_ok, identity, kill_group, query_apps, query_gpus, refuse_too_small, \
         run_command, short_gpus, start_unit, wait_healthy
     from . import supervisor_ledger as ledger
@@ -33,7 +33,7 @@ except ImportError:  # run from supervisor.py as a script: sys.path[0] is this d
     from contract import DEFAULTS, RUNNING_SERVICE_STATES, TERMINAL
     from supervisor_files import JobPaths, Locks, append_line, append_text, read_json, read_status, \
         release_reserve, write_json_atomic
-    from supervisor_host import CMD_TIMEOUT_S, HERE, POLL_S, SUPERVISOR, Fail, Systemd, describe_apps, \
+    from supervisor_host import CMD_TIMEOUT_S, HERE, KILL_CONFIRM_S, POLL_S, SMI_TIMEOUT_S, SUPERVISOR, Fail, Systemd, describe_apps, \
         group_is_ours, group_members, health_ok, identity, kill_group, query_apps, query_gpus, refuse_too_small, \
         run_command, short_gpus, start_unit, wait_healthy
     import supervisor_ledger as ledger
@@ -325,11 +325,14 @@ def run_payload(job: Job, flags: Flags) -> None:
     proc = launch_payload(job)
     stop = watch_payload(job, proc, flags)
     if stop is not None:
-        job.set_state("TERMINATING", stop[1], ending={"state": stop[0], "message": stop[1]})
+        job.set_state("TERMINATING", stop[1], ending={"state": stop[0], "message": stop[1], "at": time.time()})
     job.payload_pids.update(group_members(proc.pid))
     # Also after a normal exit: children left in the group may still hold GPU memory.
     kill_group(proc.pid, job.spec["limits"]["grace"], proc)
-    record_exit(job, proc.wait())
+    try:
+        record_exit(job, proc.wait(timeout=KILL_CONFIRM_S))
+    except subprocess.TimeoutExpired:  # SIGKILLed and still there (stuck in the driver): abandoned, not awaited
+        job.event("payload-exit", abandoned=True, pid=proc.pid)
     if stop is not None:
         raise Interrupted(*stop)
 
@@ -353,6 +356,30 @@ def wait_gpu_release(job: Job) -> None:
             job.event("gpu", phase="release-timeout", holding=holding)
             return
         time.sleep(GPU_POLL_S)
+
+
+HANG_MARGIN_S = 20.0
+
+
+def hard_deadline(spec: dict, status: dict):
+    """When a supervisor that is still alive counts as hung (failed): the end of the step it is in, every
+    wait of that step at its own bound, plus a margin. None where nothing of the service waits on it."""
+    if status.get("state") in TERMINAL:
+        return None
+    limits, drain_s = spec["limits"], spec["gpu"]["drain_timeout"]
+    restore_s = limits["grace"] + KILL_CONFIRM_S + drain_s + SMI_TIMEOUT_S + CMD_TIMEOUT_S \
+        + spec["service"].get("health_timeout", 0)
+    state, since = status.get("state"), status.get("updated_at") or time.time()
+    if state == "RESTORING":
+        return since + restore_s + HANG_MARGIN_S
+    if status.get("started_at"):  # run, TERM grace, KILL, release wait: then it must be restoring
+        return status["started_at"] + limits["max_runtime"] + limits["grace"] + KILL_CONFIRM_S + drain_s \
+            + SMI_TIMEOUT_S + HANG_MARGIN_S
+    if state == "DRAINING":
+        return since + drain_s + SMI_TIMEOUT_S + HANG_MARGIN_S
+    if state == "STOPPING_SERVICE":
+        return since + STOP_TIMEOUT_S + CMD_TIMEOUT_S + HANG_MARGIN_S
+    return None
 
 
 def stopped_by_us(service: dict) -> bool:
@@ -399,7 +426,11 @@ def kill_leftovers(job: Job) -> None:
     payload = job.status.get("payload")
     if payload and group_is_ours(payload):
         job.payload_pids.update(group_members(int(payload["pgid"])))
-        kill_group(int(payload["pgid"]), job.spec["limits"]["grace"])
+        grace = job.spec["limits"]["grace"]
+        since = (job.status.get("ending") or {}).get("at")
+        if since:  # the payload got its TERM then: a restorer gives only what is left of the grace
+            grace = min(grace, max(0.0, since + grace - time.time()))
+        kill_group(int(payload["pgid"]), grace)
 
 
 def settle(job: Job, decide, ended_at=None) -> None:

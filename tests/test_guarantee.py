@@ -128,14 +128,15 @@ def test_term_to_the_whole_session_leaves_the_guard_to_restore(service_host, wor
     """Defect 3: TERM to supervisor and guard at once (a session scope stopped, logind, oomd), the payload
     deaf to TERM so the supervisor is still in its grace when it is SIGKILLed 45 s later: the guard restores."""
     target = target_for(service_host)
-    job_id = submit(target, gpu_job(work, service_host, stop="always", command=DEAF, grace="120s"))
+    job_id = submit(target, gpu_job(work, service_host, stop="always", command=DEAF, grace="60s"))
     wait_for(lambda: status(target, job_id)["state"] == "RUNNING", what="running")
     job = status(target, job_id)
     supervisor, guard = str(job["supervisor"]["pid"]), str(job["guard"]["pid"])
     service_host.ssh(["kill", "-TERM", supervisor, guard], check=True)
     time.sleep(45)
     service_host.ssh(["kill", "-KILL", supervisor], check=True)
-    wait_for(lambda: host_status(service_host, job_id).get("restored") is True, timeout=60, what="restored")
+    # the rest of the payload's 60 s grace, the kill, the release wait and the start: well within 90 s
+    wait_for(lambda: host_status(service_host, job_id).get("restored") is True, timeout=90, what="restored")
     job = host_status(service_host, job_id)
     assert_service_back(service_host, job, "TERM to supervisor+guard, supervisor SIGKILLed 45 s later", job["state"])
     assert job["state"] in ("FAILED", "LOST") and "guard" in job["message"], job
