@@ -32,3 +32,28 @@ def test_user_scope_with_sudo_is_refused_on_both_sides():
         check_service(raw)
     with pytest.raises(ValidationError, match="scope: user"):
         ServiceSpec(**raw)
+
+
+def test_an_unsafe_root_is_refused_by_boot_and_by_the_supervisor(tmp_path):
+    """Defect 7: a ROOT others may write to (e.g. `root: /tmp/runner`) is code execution for them: refuse it,
+    in BOOT before it runs ROOT/payload/<digest>/supervisor.py, and in the supervisor itself."""
+    import json
+    import shutil
+    import subprocess
+    import sys
+
+    from runner.host import BOOT
+
+    root = tmp_path / "root"
+    digest = "0123456789abcdef"
+    payload = root / "payload" / digest
+    payload.mkdir(parents=True)
+    for name in ("supervisor.py", "contract.py", "supervisor_host.py", "supervisor_files.py", "supervisor_spec.py",
+                 "supervisor_job.py", "supervisor_ledger.py"):
+        shutil.copy(f"remote_payload/{name}", payload / name)
+    root.chmod(0o777)  # world-writable, as /tmp/runner would be made by a careless mkdir
+    for argv in ([sys.executable, "-c", BOOT, str(root), digest, "status"],
+                 [sys.executable, str(payload / "supervisor.py"), "status", "--root", str(root)]):
+        done = subprocess.run(argv, capture_output=True, timeout=30)
+        answer = json.loads(done.stdout.decode().splitlines()[0])
+        assert answer["error"] == "unsafe-root" and "writable" in answer["message"], answer
