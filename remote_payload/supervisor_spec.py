@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 import sys
 
 try:  # imported as remote_payload.supervisor_spec (tests)
@@ -42,6 +43,21 @@ def check_root(root) -> str:
     if problem:
         raise Fail("bad-args", "invalid --root: " + problem)
     return root
+
+
+def check_root_safe(root: str, here: str) -> None:
+    """ROOT, its locks/jobs dirs and the payload dir this code runs from must be ours alone: anyone else who
+    can write there can replace the supervisor (run as us, and as root through the guard timer)."""
+    for path in (root, os.path.join(root, "locks"), os.path.join(root, "jobs"), here):
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            continue
+        # root (the guard timer through sudo) runs the login user's files by design: only the mode counts then
+        owner_ok = st.st_uid == os.geteuid() or os.geteuid() == 0
+        if stat.S_ISLNK(st.st_mode) or not owner_ok or st.st_mode & 0o022:
+            raise Fail("unsafe-root", "%s is writable by others, a link, or not owned by the login user (uid %d): "
+                       "chmod go-w it, or choose another host.root" % (path, os.geteuid()))
 
 
 def check_health_url(url, code: str = "bad-spec"):
