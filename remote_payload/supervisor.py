@@ -44,21 +44,23 @@ try:  # imported as remote_payload.supervisor (tests)
     from .contract import DEFAULTS, RUNNING_SERVICE_STATES, SERVICE_SCOPES, TERMINAL
     from .supervisor_files import RESERVE_BYTES, JobPaths, Locks, append_line, fsync_dir, lock_keys, probe_lock, \
         read_json, read_status, write_json_atomic
-    from .supervisor_host import GPU_QUERY, HERE, KILL_CONFIRM_S, POLL_S, SUPERVISOR, Fail, Systemd, identity, is_alive, nvidia_smi, \
-        parse_gpu_csv, query_apps, start_unit, wait_healthy
-    from .supervisor_job import Flags, Job, hard_deadline, initial_status, settle_as_restorer, start_guard, supervise, \
-        with_restore_lock
-    from .supervisor_spec import check_health_url, check_job_id, check_root, check_root_safe, check_unit, read_spec_stdin
+    from .supervisor_host import GPU_QUERY, HERE, KILL_CONFIRM_S, POLL_S, SUPERVISOR, Fail, Systemd, identity, \
+        is_alive, nvidia_smi, parse_gpu_csv, query_apps, start_unit, wait_healthy
+    from .supervisor_job import Flags, Job, hard_deadline, initial_status, settle_as_restorer, start_guard, \
+        supervise, with_restore_lock
+    from .supervisor_spec import check_health_url, check_job_id, check_root, check_root_safe, check_unit, \
+        read_spec_stdin
     from . import supervisor_ledger as ledger
 except ImportError:  # run as a script: sys.path[0] is this directory
     from contract import DEFAULTS, RUNNING_SERVICE_STATES, SERVICE_SCOPES, TERMINAL
     from supervisor_files import RESERVE_BYTES, JobPaths, Locks, append_line, fsync_dir, lock_keys, probe_lock, \
         read_json, read_status, write_json_atomic
-    from supervisor_host import GPU_QUERY, HERE, KILL_CONFIRM_S, POLL_S, SUPERVISOR, Fail, Systemd, identity, is_alive, nvidia_smi, \
-        parse_gpu_csv, query_apps, start_unit, wait_healthy
-    from supervisor_job import Flags, Job, hard_deadline, initial_status, settle_as_restorer, start_guard, supervise, \
-        with_restore_lock
-    from supervisor_spec import check_health_url, check_job_id, check_root, check_root_safe, check_unit, read_spec_stdin
+    from supervisor_host import GPU_QUERY, HERE, KILL_CONFIRM_S, POLL_S, SUPERVISOR, Fail, Systemd, identity, \
+        is_alive, nvidia_smi, parse_gpu_csv, query_apps, start_unit, wait_healthy
+    from supervisor_job import Flags, Job, hard_deadline, initial_status, settle_as_restorer, start_guard, \
+        supervise, with_restore_lock
+    from supervisor_spec import check_health_url, check_job_id, check_root, check_root_safe, check_unit, \
+        read_spec_stdin
     import supervisor_ledger as ledger
 
 GUARD_POLL_S = 2.0           # how often the guard compares a live supervisor with its hard deadline

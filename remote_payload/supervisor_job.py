@@ -25,17 +25,17 @@ try:  # imported as remote_payload.supervisor_job (tests)
     from .contract import DEFAULTS, RUNNING_SERVICE_STATES, TERMINAL
     from .supervisor_files import JobPaths, Locks, append_line, append_text, read_json, read_status, \
         release_reserve, write_json_atomic
-    from .supervisor_host import CMD_TIMEOUT_S, HERE, KILL_CONFIRM_S, POLL_S, SMI_TIMEOUT_S, SUPERVISOR, Fail, Systemd, describe_apps, \
-        group_is_ours, group_members, health_ok, identity, kill_group, query_apps, query_gpus, refuse_too_small, \
-        run_command, short_gpus, start_unit, wait_healthy
+    from .supervisor_host import CMD_TIMEOUT_S, HERE, KILL_CONFIRM_S, POLL_S, SMI_TIMEOUT_S, SUPERVISOR, Fail, \
+        Systemd, describe_apps, group_is_ours, group_members, health_ok, identity, kill_group, query_apps, \
+        query_gpus, refuse_too_small, run_command, short_gpus, start_unit, wait_healthy
     from . import supervisor_ledger as ledger
 except ImportError:  # run from supervisor.py as a script: sys.path[0] is this directory
     from contract import DEFAULTS, RUNNING_SERVICE_STATES, TERMINAL
     from supervisor_files import JobPaths, Locks, append_line, append_text, read_json, read_status, \
         release_reserve, write_json_atomic
-    from supervisor_host import CMD_TIMEOUT_S, HERE, KILL_CONFIRM_S, POLL_S, SMI_TIMEOUT_S, SUPERVISOR, Fail, Systemd, describe_apps, \
-        group_is_ours, group_members, health_ok, identity, kill_group, query_apps, query_gpus, refuse_too_small, \
-        run_command, short_gpus, start_unit, wait_healthy
+    from supervisor_host import CMD_TIMEOUT_S, HERE, KILL_CONFIRM_S, POLL_S, SMI_TIMEOUT_S, SUPERVISOR, Fail, \
+        Systemd, describe_apps, group_is_ours, group_members, health_ok, identity, kill_group, query_apps, \
+        query_gpus, refuse_too_small, run_command, short_gpus, start_unit, wait_healthy
     import supervisor_ledger as ledger
 
 SCHEMA = 1
