@@ -53,10 +53,11 @@ def check_root_safe(root: str, here: str) -> None:
             st = os.lstat(path)
         except FileNotFoundError:
             continue
-        # root (the guard timer through sudo) runs the login user's files by design: only the mode counts then
-        owner_ok = st.st_uid == os.geteuid() or os.geteuid() == 0
+        # owned by us or by root (like sshd's StrictModes); root itself (the guard timer through sudo) runs the
+        # login user's files by design, so only the mode counts then
+        owner_ok = st.st_uid in (os.geteuid(), 0) or os.geteuid() == 0
         if stat.S_ISLNK(st.st_mode) or not owner_ok or st.st_mode & 0o022:
-            raise Fail("unsafe-root", "%s is writable by others, a link, or not owned by the login user (uid %d): "
+            raise Fail("unsafe-root", "%s is writable by others, a link, or owned by neither the login user (uid %d) nor root: "
                        "chmod go-w it, or choose another host.root" % (path, os.geteuid()))
 
 

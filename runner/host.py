@@ -36,9 +36,9 @@ for p in (root, os.path.dirname(sup), sup):  # others able to write here could r
         st = os.lstat(p)
     except FileNotFoundError:
         break
-    if st.st_uid != os.geteuid() or st.st_mode & 0o022 or os.path.islink(p):
+    if st.st_uid not in (os.geteuid(), 0) or st.st_mode & 0o022 or os.path.islink(p):
         sys.stdout.write(json.dumps({"ok": False, "error": "unsafe-root", "message": p + " is writable by others, "
-                         "a link, or not owned by the login user: chmod go-w it or choose another host.root"}) + "\n")
+                         "a link, or owned by neither the login user nor root: chmod go-w it or choose another host.root"}) + "\n")
         sys.exit(1)
 if not os.path.isfile(sup):
     sys.stdout.write('{"ok": false, "error": "payload-missing"}\n')
