@@ -44,6 +44,8 @@ DEFAULTS = {
 }
 SERVICE_MANAGERS = ("systemd", "none")
 SERVICE_SCOPES = ("system", "user")
+USER_SCOPE_SUDO = ("scope: user with sudo: true would manage root's user manager, not the login's: "
+                   "use scope: user without sudo, or scope: system with sudo")
 STOP_POLICIES = ("always", "if-needed", "never")
 
 # ── the wire: exit status of BOOT and the `error` codes of `{"ok": false, …}` answers ───────────────────

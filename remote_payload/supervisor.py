@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
+import fcntl
 import json
 import os
 import select
@@ -42,26 +44,31 @@ try:  # imported as remote_payload.supervisor (tests)
     from .contract import DEFAULTS, RUNNING_SERVICE_STATES, SERVICE_SCOPES, TERMINAL
     from .supervisor_files import RESERVE_BYTES, JobPaths, Locks, append_line, fsync_dir, lock_keys, probe_lock, \
         read_json, read_status, write_json_atomic
-    from .supervisor_host import GPU_QUERY, POLL_S, SUPERVISOR, Fail, Systemd, identity, is_alive, nvidia_smi, \
-        parse_gpu_csv, query_apps, start_unit, wait_healthy
-    from .supervisor_job import Flags, Job, initial_status, settle_as_restorer, start_guard, supervise, \
-        with_restore_lock
-    from .supervisor_spec import check_health_url, check_job_id, check_root, check_unit, read_spec_stdin
+    from .supervisor_host import GPU_QUERY, HERE, KILL_CONFIRM_S, POLL_S, SUPERVISOR, Fail, Systemd, identity, \
+        is_alive, nvidia_smi, parse_gpu_csv, query_apps, start_unit, wait_healthy
+    from .supervisor_job import Flags, Job, hard_deadline, initial_status, settle_as_restorer, start_guard, \
+        supervise, with_restore_lock
+    from .supervisor_spec import check_health_url, check_job_id, check_root, check_root_safe, check_unit, \
+        read_spec_stdin
+    from . import supervisor_ledger as ledger
 except ImportError:  # run as a script: sys.path[0] is this directory
     from contract import DEFAULTS, RUNNING_SERVICE_STATES, SERVICE_SCOPES, TERMINAL
     from supervisor_files import RESERVE_BYTES, JobPaths, Locks, append_line, fsync_dir, lock_keys, probe_lock, \
         read_json, read_status, write_json_atomic
-    from supervisor_host import GPU_QUERY, POLL_S, SUPERVISOR, Fail, Systemd, identity, is_alive, nvidia_smi, \
-        parse_gpu_csv, query_apps, start_unit, wait_healthy
-    from supervisor_job import Flags, Job, initial_status, settle_as_restorer, start_guard, supervise, \
-        with_restore_lock
-    from supervisor_spec import check_health_url, check_job_id, check_root, check_unit, read_spec_stdin
+    from supervisor_host import GPU_QUERY, HERE, KILL_CONFIRM_S, POLL_S, SUPERVISOR, Fail, Systemd, identity, \
+        is_alive, nvidia_smi, parse_gpu_csv, query_apps, start_unit, wait_healthy
+    from supervisor_job import Flags, Job, hard_deadline, initial_status, settle_as_restorer, start_guard, \
+        supervise, with_restore_lock
+    from supervisor_spec import check_health_url, check_job_id, check_root, check_root_safe, check_unit, \
+        read_spec_stdin
+    import supervisor_ledger as ledger
 
 try:
     from .progress import SCAN_BYTES, summarize
 except ImportError:
     from progress import SCAN_BYTES, summarize
 
+GUARD_POLL_S = 2.0           # how often the guard compares a live supervisor with its hard deadline
 READY_TIMEOUT_S = 30.0       # how long `start` waits for the detached supervisor's handshake
 START_GRACE_S = 60.0         # a status with no supervisor recorded yet is "starting" this long
 LOG_MAX_BYTES = 4 << 20
@@ -113,8 +120,7 @@ def read_ready(fd: int, timeout: float):
     """The supervisor's one-line handshake; None on EOF or timeout."""
     data, deadline = b"", time.monotonic() + timeout
     while b"\n" not in data:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0 or not select.select([fd], [], [], remaining)[0]:
+        if not select.select([fd], [], [], max(0.0, deadline - time.monotonic()))[0]:
             return None
         chunk = os.read(fd, 65536)
         if not chunk:
@@ -145,10 +151,37 @@ def cmd_start(args) -> dict:
     daemonize_exec(argv, paths.supervisor_log, keep=[ready_w])
     os.close(ready_w)
     answer = read_ready(ready_r, READY_TIMEOUT_S)
+    if answer is None:
+        answer = give_up_start(paths, ready_r)
     os.close(ready_r)
     if answer is None:
         return start_failed(paths)
     return answer
+
+
+@contextlib.contextmanager
+def ready_lock(paths: JobPaths):
+    """`start` giving up and the supervisor answering exclude each other, so the two can never disagree on
+    whether the job exists (the supervisor holds it for one pipe write at most)."""
+    fd = os.open(paths.ready_lock, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def give_up_start(paths: JobPaths, ready_r: int):
+    """Past READY_TIMEOUT_S: take the answer if it arrived meanwhile, else mark the job abandoned. The
+    supervisor then gives up before touching anything: no job runs that the user never saw."""
+    try:
+        with ready_lock(paths):
+            answer = read_ready(ready_r, 0)
+            if answer is None:
+                open(paths.abandoned, "w").close()
+            return answer
+    except FileNotFoundError:  # the supervisor refused (busy) and removed the dir: its answer is in the pipe
+        return read_ready(ready_r, 0)
 
 
 def claim_job_dir(paths: JobPaths, spec: dict) -> None:
@@ -184,23 +217,36 @@ def job_exists(paths: JobPaths, spec: dict) -> Fail:
 
 
 def start_failed(paths: JobPaths) -> dict:
+    """The job was abandoned before anything was stopped: a live supervisor removes its dir when it reaches
+    the handshake; a dead one cannot, so do it here. Either way the id is free again."""
     log = tail_file(paths.supervisor_log)
     try:
-        job = Job.load(paths)
-        if job.status.get("supervisor") is None or not is_alive(job.status.get("supervisor")):
-            job.set_state("FAILED", "done", message="the supervisor did not start", restored=True, ended_at=time.time())
+        if not is_alive(Job.load(paths).status.get("supervisor")):
+            shutil.rmtree(paths.dir, ignore_errors=True)
     except Fail:
-        pass
-    raise Fail("start-failed", "the supervisor did not report ready within %.0f s; its log: %s"
-               % (READY_TIMEOUT_S, log), job_id=paths.job_id)
+        shutil.rmtree(paths.dir, ignore_errors=True)
+    raise Fail("start-failed", "the supervisor did not report ready within %.0f s, so the job was abandoned "
+               "before anything was stopped (submit it again); its log: %s" % (READY_TIMEOUT_S, log),
+               job_id=paths.job_id)
 
 
-def send_ready(fd: int, answer: dict) -> None:
+def send_ready(fd: int, answer: dict) -> bool:
+    """Hand `start` its answer under the ready lock; False when `start` gave up (the job must not go on)."""
     try:
         os.write(fd, (json.dumps(answer) + "\n").encode("utf-8"))
+        return True
     except OSError:
-        pass  # `start` gave up waiting; the job goes on and `status` shows it
-    os.close(fd)
+        return False  # `start` is gone
+    finally:
+        os.close(fd)
+
+
+def answer_start(paths: JobPaths, fd: int, answer: dict) -> bool:
+    with ready_lock(paths):
+        if os.path.exists(paths.abandoned):
+            os.close(fd)
+            return False
+        return send_ready(fd, answer)
 
 
 def install_signal_handlers(flags: Flags) -> None:
@@ -227,13 +273,18 @@ def cmd_run(args) -> dict:
     locks.open()
     holder = locks.try_acquire()
     if holder is not None and not args.queue:
-        shutil.rmtree(paths.dir, ignore_errors=True)  # refused: the id was never used
-        send_ready(args.ready_fd, Fail("busy", "%s is held by job %s (supervisor pid %s)" % (
-            holder.get("key"), holder.get("job_id", "?"), holder.get("pid", "?")), holder=holder).answer())
+        with ready_lock(paths):
+            shutil.rmtree(paths.dir, ignore_errors=True)  # refused: the id was never used
+            send_ready(args.ready_fd, Fail("busy", "%s is held by job %s (supervisor pid %s)" % (
+                holder.get("key"), holder.get("job_id", "?"), holder.get("pid", "?")), holder=holder).answer())
         return {"ok": False, "error": "busy"}
-    start_guard(job, locks)
-    send_ready(args.ready_fd, {"ok": True, "job_id": args.job_id, "state": job.status["state"],
-                               "supervisor_pid": os.getpid(), "job_dir": paths.dir, "queued": holder is not None})
+    if not answer_start(paths, args.ready_fd, {"ok": True, "job_id": args.job_id, "state": job.status["state"],
+                                               "supervisor_pid": os.getpid(), "job_dir": paths.dir,
+                                               "queued": holder is not None}):
+        locks.release()  # nothing was touched yet: drop the job as if it never was
+        shutil.rmtree(paths.dir, ignore_errors=True)
+        return {"ok": False, "error": "start-failed"}
+    start_guard(job, locks)  # after the answer: before it nothing is stopped, so no guard is needed
     supervise(job, locks, flags)
     return {"ok": True, "state": job.status["state"]}
 
@@ -241,16 +292,38 @@ def cmd_run(args) -> dict:
 def cmd_guard(args) -> dict:
     """The guard: wait for the supervisor's end (EOF on the life pipe), then settle the job as a restorer
     (nothing to do when the supervisor settled it)."""
-    for sig in (signal.SIGHUP, signal.SIGINT):
+    # TERM too: a session scope stopped, logind or oomd TERM every process of the session at once; the guard
+    # (in its own session since the fork) must outlive the supervisor to restore after it.
+    for sig in (signal.SIGHUP, signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)
-    while os.read(args.life_fd, 1):
-        pass  # the supervisor never writes; a read returns only at EOF
     paths = JobPaths(args.root, args.job_id)
+    message = watch_supervisor(paths, args.life_fd)
     if not os.path.isdir(paths.dir):
         return {"ok": True}
-    job = Job.load(paths)
-    with_restore_lock(job, lambda: settle_as_restorer(job, "supervisor died (SIGKILL?); guard restored the service"))
-    return {"ok": True, "state": job.status["state"]}
+    job = Job.load(paths)  # re-read under the restore lock: another restorer may have settled it meanwhile
+    with_restore_lock(job, lambda: settle_as_restorer(Job.load(paths), message))
+    return {"ok": True, "state": Job.load(paths).status["state"]}
+
+
+def watch_supervisor(paths: JobPaths, life_fd: int) -> str:
+    """Until the supervisor's end (EOF on the life pipe; it never writes), or until it is alive but past its
+    hard deadline (hung: stopped, stuck in the kernel): then it counts as failed and is SIGKILLed."""
+    while True:
+        if select.select([life_fd], [], [], GUARD_POLL_S)[0]:
+            if not os.read(life_fd, 1):
+                return "supervisor died (SIGKILL?); guard restored the service"
+            continue
+        try:
+            job = Job.load(paths)
+        except Fail:
+            continue
+        deadline = hard_deadline(job.spec, job.status)
+        supervisor = job.status.get("supervisor")
+        if deadline is not None and time.time() > deadline and is_alive(supervisor):
+            os.kill(int(supervisor["pid"]), signal.SIGKILL)
+            select.select([life_fd], [], [], KILL_CONFIRM_S)  # its fds close as it dies; never wait longer
+            return ("supervisor alive but past its hard deadline in %s (hung); the guard killed it and restored "
+                    "the service" % job.status.get("state"))
 
 
 def reap_if_dead(paths: JobPaths) -> dict:
@@ -359,7 +432,21 @@ def cmd_restore(args) -> dict:
         return dict(answer, state=job.status["state"], service=job.status["service"], deferred=True,
                     message="the job's supervisor (or guard) is alive and restores the service itself")
     message = "supervisor gone; restored by `restore`" if job.status["state"] != "LOST" else job.status["message"]
-    done = with_restore_lock(job, lambda: settle_as_restorer(job, message))
+    # A restorer acts only while holding the job's locks: a job that holds them now runs on this service and
+    # settles our stop through the host ledger (it adopts it); starting the service here would be under its run.
+    locks = Locks(args.root, lock_keys(job.spec), args.job_id)
+    locks.open()
+    holder = locks.try_acquire()
+    if holder is not None:
+        return dict(answer, state=job.status["state"], service=job.status["service"], deferred=True,
+                    message="%s is held by job %s, which settles this job's stop" % (holder.get("key"),
+                                                                                    holder.get("job_id", "?")))
+    try:
+        locks.write_holders()
+        done = with_restore_lock(job, lambda: settle_as_restorer(Job.load(paths), message))
+    finally:
+        locks.release()
+    job = Job.load(paths)
     return dict(answer, state=job.status["state"], service=job.status["service"], in_progress=not done)
 
 
@@ -415,7 +502,7 @@ def cmd_preflight(args) -> dict:
     if spec["service"]["manager"] == "systemd":
         unit = spec["service"]["unit"]
         ctl = Systemd(spec["service"]["scope"], spec["service"]["sudo"])
-        service = dict(ctl.show(unit), manager="systemd", unit=unit)
+        service = dict(ctl.show(unit), manager="systemd", unit=unit, ledger=ledger.read_entry(args.root, unit))
     locks = [probe_lock(args.root, key) for key in lock_keys(spec)]
     return dict({"ok": True, "service": service, "locks": locks, "python": "%d.%d.%d" % sys.version_info[:3]},
                 **preflight_gpus(spec))
@@ -464,6 +551,7 @@ def dispatch(argv: list) -> dict:
         raise Fail("bad-args", "usage: supervisor.py {%s} … --root ROOT" % ",".join(sorted(COMMANDS)))
     args = build_parser(argv[0]).parse_args(argv[1:])
     args.root = os.path.abspath(os.path.expanduser(check_root(args.root)))
+    check_root_safe(args.root, HERE)
     return COMMANDS[argv[0]](args)
 
 

@@ -41,6 +41,8 @@ class JobPaths:
         self.supervisor_log = os.path.join(self.dir, "supervisor.log")
         self.reserve = os.path.join(self.dir, "reserve")
         self.restore_lock = os.path.join(self.dir, "restore.lock")
+        self.ready_lock = os.path.join(self.dir, "ready.lock")   # `start` and `_run` decide the handshake under it
+        self.abandoned = os.path.join(self.dir, "abandoned")     # `start` gave up: the supervisor must not go on
 
 
 def locks_dir(root: str) -> str:
@@ -53,7 +55,8 @@ def write_json_atomic(path: str, obj) -> None:
     """Temp file in the same dir, fsync, rename, fsync the dir: a reader sees the old or the new file."""
     data = (json.dumps(obj, sort_keys=True) + "\n").encode("utf-8")
     tmp = "%s.tmp.%d" % (path, os.getpid())
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try_unlink(tmp)  # a leftover of a killed writer with our pid; never write through what sits there
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
     try:
         os.write(fd, data)
         os.fsync(fd)

@@ -25,6 +25,8 @@ NOT_A_NUMBER = ("[N/A]", "N/A", "[Not Supported]", "Not Supported", "[Unknown Er
 POLL_S = 0.1
 KILL_CONFIRM_S = 10.0        # after SIGKILL, how long to wait for the group to vanish
 CMD_TIMEOUT_S = 120.0
+SMI_TIMEOUT_S = 60.0         # one nvidia-smi call
+ABANDON_S = 5.0              # after killing a command that ran past its timeout: wait this long, then abandon it
 STAY_ACTIVE_S = 2.0          # without a health URL, how long a unit must stay active to count as healthy
 SUDO_HINT = ("sudo asks for a password; add a NOPASSWD sudoers rule for systemctl (and systemd-run), e.g. "
              "'USER ALL=(root) NOPASSWD: /usr/bin/systemctl, /usr/bin/systemd-run' via visudo -f "
@@ -205,11 +207,21 @@ def describe_apps(apps: list) -> str:
 def run_command(argv: list, timeout: float = CMD_TIMEOUT_S) -> subprocess.CompletedProcess:
     """Run argv (never a shell); sudo wanting a password becomes `sudo-password`."""
     try:
-        done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout)
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     except FileNotFoundError:
         raise Fail("internal", "%s is not installed on this host" % argv[0])
+    try:
+        out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
+        # subprocess.run would wait for the killed child without bound; one stuck in the kernel (nvidia-smi on
+        # a wedged GPU, a hung filesystem) never dies, and nothing may block the way to the restore.
+        proc.kill()
+        try:
+            proc.communicate(timeout=ABANDON_S)
+        except subprocess.TimeoutExpired:
+            pass  # abandoned, not waited for
         raise Fail("timeout", "%s did not finish within %.0f s" % (" ".join(argv[:4]), timeout))
+    done = subprocess.CompletedProcess(argv, proc.returncode, out, err)
     stderr = done.stderr.decode("utf-8", "replace")
     if os.path.basename(argv[0]) == "sudo" and sudo_wants_password(done.returncode, stderr):
         raise Fail("sudo-password", SUDO_HINT)
@@ -315,7 +327,7 @@ def nvidia_smi(args: list) -> str:
     exe = shutil.which("nvidia-smi")
     if exe is None:
         raise Fail("internal", "nvidia-smi is not on PATH, but the job asks for GPUs")
-    done = run_command([exe] + args, timeout=60)
+    done = run_command([exe] + args, timeout=SMI_TIMEOUT_S)
     if done.returncode != 0:
         raise Fail("internal", "nvidia-smi failed (exit %d): %s" % (
             done.returncode, done.stderr.decode("utf-8", "replace").strip()[-300:]))

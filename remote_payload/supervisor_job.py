@@ -25,19 +25,22 @@ try:  # imported as remote_payload.supervisor_job (tests)
     from .contract import DEFAULTS, RUNNING_SERVICE_STATES, TERMINAL
     from .supervisor_files import JobPaths, Locks, append_line, append_text, read_json, read_status, \
         release_reserve, write_json_atomic
-    from .supervisor_host import CMD_TIMEOUT_S, HERE, POLL_S, SUPERVISOR, Fail, Systemd, describe_apps, \
-        group_is_ours, group_members, health_ok, identity, kill_group, query_apps, query_gpus, refuse_too_small, \
-        run_command, short_gpus, start_unit, wait_healthy
+    from .supervisor_host import CMD_TIMEOUT_S, HERE, KILL_CONFIRM_S, POLL_S, SMI_TIMEOUT_S, SUPERVISOR, Fail, \
+        Systemd, describe_apps, group_is_ours, group_members, health_ok, identity, kill_group, query_apps, \
+        query_gpus, refuse_too_small, run_command, short_gpus, start_unit, wait_healthy
+    from . import supervisor_ledger as ledger
 except ImportError:  # run from supervisor.py as a script: sys.path[0] is this directory
     from contract import DEFAULTS, RUNNING_SERVICE_STATES, TERMINAL
     from supervisor_files import JobPaths, Locks, append_line, append_text, read_json, read_status, \
         release_reserve, write_json_atomic
-    from supervisor_host import CMD_TIMEOUT_S, HERE, POLL_S, SUPERVISOR, Fail, Systemd, describe_apps, \
-        group_is_ours, group_members, health_ok, identity, kill_group, query_apps, query_gpus, refuse_too_small, \
-        run_command, short_gpus, start_unit, wait_healthy
+    from supervisor_host import CMD_TIMEOUT_S, HERE, KILL_CONFIRM_S, POLL_S, SMI_TIMEOUT_S, SUPERVISOR, Fail, \
+        Systemd, describe_apps, group_is_ours, group_members, health_ok, identity, kill_group, query_apps, \
+        query_gpus, refuse_too_small, run_command, short_gpus, start_unit, wait_healthy
+    import supervisor_ledger as ledger
 
 SCHEMA = 1
 GPU_POLL_S = 0.5
+STOP_TIMEOUT_S = 600.0   # `systemctl stop` of an inference server may wait for long requests to drain
 LOCK_POLL_S = 0.5
 
 
@@ -120,9 +123,17 @@ def initial_status(spec: dict) -> dict:
             "gpu": dict(spec["gpu"], before=None, drained_after_s=None), "restored": False, "ending": None}
 
 
+def signal_name(sig: int) -> str:
+    """SIGTERM, …; real-time signals have no Signals member (Signals(36) raises), so SIGRTMIN+n."""
+    try:
+        return signal.Signals(sig).name
+    except ValueError:
+        return "SIGRTMIN+%d" % (sig - signal.SIGRTMIN) if sig >= signal.SIGRTMIN else "signal %d" % sig
+
+
 def check_interrupt(job: Job, flags: Flags) -> None:
     if flags.signal is not None:
-        name = signal.Signals(flags.signal).name
+        name = signal_name(flags.signal)
         raise Interrupted("FAILED", "the supervisor got %s; the payload was stopped and the service restored" % name)
     if flags.cancel or os.path.exists(job.paths.cancel):
         raise Interrupted("CANCELLED", "cancelled on request")
@@ -138,8 +149,8 @@ def wait_for_locks(job: Job, locks: Locks, flags: Flags) -> None:
 def prepare_service(job: Job, flags: Flags) -> None:
     """Record the service's state; stop it when the policy (decided here, on the host) says so."""
     service = job.status["service"]
-    if service["manager"] != "systemd":
-        return
+    if service["manager"] != "systemd" or service.get("adopted_from"):
+        return  # adopted: already stopped, recorded from the ledger, ours to restore
     before = job.ctl.show(service["unit"])
     job.save(service=dict(service, was=before["active_state"], now=before["active_state"]))
     job.event("service", unit=service["unit"], **before)
@@ -171,11 +182,13 @@ def should_stop(job: Job) -> bool:
 def stop_service(job: Job) -> None:
     unit = job.spec["service"]["unit"]
     start_guard_timer(job)
-    # Marked stopped before asking, so every restore path brings it back even if we die mid-stop.
+    # In the host ledger and marked stopped before asking, so every restore path (and the next job on this
+    # service, when all of ours are dead) brings it back even if we die mid-stop.
+    ledger.record_stop(job.paths.root, unit, job.paths.job_id, job.status["service"], job.spec["gpu"]["devices"])
     job.set_state("STOPPING_SERVICE", "stopping " + unit,
                   service=dict(job.status["service"], stopped=True, stopped_at=time.time()))
     try:
-        job.ctl.change("stop", unit, timeout=600)
+        job.ctl.change("stop", unit, timeout=STOP_TIMEOUT_S)
     except Fail:
         if job.ctl.is_active(unit) in RUNNING_SERVICE_STATES:  # it still runs: nothing to restore
             job.save(service=dict(job.status["service"], stopped=False, stopped_at=None))
@@ -189,10 +202,10 @@ def timer_unit(job_id: str) -> str:
 
 def guard_timer_seconds(spec: dict) -> float:
     """Later than any job that is still being handled could end: the timer fires once, and a `restore` that
-    finds the supervisor or guard alive does nothing. Run, grace, two drains, the stop and start commands,
-    the health wait, and a minute."""
+    finds the supervisor or guard alive does nothing. Run, grace, two drains, the stop (its own bound) and
+    start commands, the health wait, and a minute."""
     return (spec["limits"]["max_runtime"] + spec["limits"]["grace"] + 2 * spec["gpu"]["drain_timeout"]
-            + 2 * CMD_TIMEOUT_S + spec["service"].get("health_timeout", 0) + 60)
+            + STOP_TIMEOUT_S + CMD_TIMEOUT_S + spec["service"].get("health_timeout", 0) + 60)
 
 
 def start_guard_timer(job: Job) -> None:
@@ -308,7 +321,7 @@ def record_exit(job: Job, returncode: int) -> None:
     sig = -returncode if returncode < 0 else None
     exit_code = 128 + sig if sig else returncode
     job.save(exit_code=exit_code, payload=dict(job.status["payload"], exit_code=exit_code,
-                                               signal=signal.Signals(sig).name if sig else None))
+                                               signal=signal_name(sig) if sig else None))
     job.event("payload-exit", exit_code=exit_code, signal=sig)
 
 
@@ -317,11 +330,14 @@ def run_payload(job: Job, flags: Flags) -> None:
     proc = launch_payload(job)
     stop = watch_payload(job, proc, flags)
     if stop is not None:
-        job.set_state("TERMINATING", stop[1], ending={"state": stop[0], "message": stop[1]})
+        job.set_state("TERMINATING", stop[1], ending={"state": stop[0], "message": stop[1], "at": time.time()})
     job.payload_pids.update(group_members(proc.pid))
     # Also after a normal exit: children left in the group may still hold GPU memory.
     kill_group(proc.pid, job.spec["limits"]["grace"], proc)
-    record_exit(job, proc.wait())
+    try:
+        record_exit(job, proc.wait(timeout=KILL_CONFIRM_S))
+    except subprocess.TimeoutExpired:  # SIGKILLed and still there (stuck in the driver): abandoned, not awaited
+        job.event("payload-exit", abandoned=True, pid=proc.pid)
     if stop is not None:
         raise Interrupted(*stop)
 
@@ -378,6 +394,30 @@ def wait_gpu_release(job: Job) -> None:
         time.sleep(GPU_POLL_S)
 
 
+HANG_MARGIN_S = 20.0
+
+
+def hard_deadline(spec: dict, status: dict):
+    """When a supervisor that is still alive counts as hung (failed): the end of the step it is in, every
+    wait of that step at its own bound, plus a margin. None where nothing of the service waits on it."""
+    if status.get("state") in TERMINAL:
+        return None
+    limits, drain_s = spec["limits"], spec["gpu"]["drain_timeout"]
+    restore_s = limits["grace"] + KILL_CONFIRM_S + drain_s + SMI_TIMEOUT_S + CMD_TIMEOUT_S \
+        + spec["service"].get("health_timeout", 0)
+    state, since = status.get("state"), status.get("updated_at") or time.time()
+    if state == "RESTORING":
+        return since + restore_s + HANG_MARGIN_S
+    if status.get("started_at"):  # run, TERM grace, KILL, release wait: then it must be restoring
+        return status["started_at"] + limits["max_runtime"] + limits["grace"] + KILL_CONFIRM_S + drain_s \
+            + SMI_TIMEOUT_S + HANG_MARGIN_S
+    if state == "DRAINING":
+        return since + drain_s + SMI_TIMEOUT_S + HANG_MARGIN_S
+    if state == "STOPPING_SERVICE":
+        return since + STOP_TIMEOUT_S + CMD_TIMEOUT_S + HANG_MARGIN_S
+    return None
+
+
 def stopped_by_us(service: dict) -> bool:
     """We stopped a service that was running: it must be restored."""
     return bool(service.get("stopped")) and service.get("was") in RUNNING_SERVICE_STATES
@@ -422,7 +462,11 @@ def kill_leftovers(job: Job) -> None:
     payload = job.status.get("payload")
     if payload and group_is_ours(payload):
         job.payload_pids.update(group_members(int(payload["pgid"])))
-        kill_group(int(payload["pgid"]), job.spec["limits"]["grace"])
+        grace = job.spec["limits"]["grace"]
+        since = (job.status.get("ending") or {}).get("at")
+        if since:  # the payload got its TERM then: a restorer gives only what is left of the grace
+            grace = min(grace, max(0.0, since + grace - time.time()))
+        kill_group(int(payload["pgid"]), grace)
 
 
 def settle(job: Job, decide, ended_at=None) -> None:
@@ -436,13 +480,79 @@ def settle(job: Job, decide, ended_at=None) -> None:
             step(job)
         except Exception as exc:  # nothing before the restore may keep the service down
             job.event("settle", error="%s: %s" % (type(exc).__name__, exc))
-    if stopped_by_us(job.status["service"]):
+    if stopped_by_us(job.status["service"]) and not handed_over(job):
         restore(job)
     else:
         observe(job)
+    if job.status["service"].get("manager") == "systemd":
+        ledger.clear(job.paths.root, job.status["service"]["unit"], job.paths.job_id)
     state, message = decide()
     job.set_state(state, "done", message=message, ended_at=ended_at or time.time(), restored=True)
     stop_guard_timer(job)
+
+
+def handed_over(job: Job) -> bool:
+    """Another job adopted our stop (the ledger names it): the restore is its to do, under its own run."""
+    entry = ledger.read_entry(job.paths.root, job.status["service"]["unit"])
+    if not entry or entry.get("job_id") in (None, job.paths.job_id):
+        return False
+    job.note_restore("job %s adopted the stop of %s; it restores the service" % (entry["job_id"], entry["unit"]))
+    job.save(service=dict(job.status["service"], handed_to=entry["job_id"]))
+    return True
+
+
+def settle_ledger(job: Job) -> None:
+    """With the service's lock held: an entry naming another job is a stop nobody will restore (that job's
+    supervisor and guard are gone, or they would hold the lock). Adopt it: we restore it after our run, and
+    the dead job is settled as handed over. An entry whose service runs again is only dropped."""
+    service = job.status["service"]
+    if service.get("manager") != "systemd":
+        return
+    entry = ledger.read_entry(job.paths.root, service["unit"])
+    if not entry or entry.get("job_id") == job.paths.job_id:
+        return
+    unit, previous = service["unit"], entry.get("job_id")
+    now = job.ctl.is_active(unit)
+    if now in RUNNING_SERVICE_STATES:
+        ledger.clear(job.paths.root, unit, previous)
+        job.event("ledger", unit=unit, dropped_from=previous, now=now,
+                  message="%s was recorded as stopped by job %s but runs again: nothing to restore" % (unit, previous))
+        return
+    hand_over(job, previous)
+    job.save(service=dict(service, was=entry.get("was") or "active", now=now, stopped=True,
+                          stopped_at=entry.get("stopped_at") or time.time(), adopted_from=previous))
+    start_guard_timer(job)
+    ledger.record_stop(job.paths.root, unit, job.paths.job_id, job.status["service"], job.spec["gpu"]["devices"],
+                       adopted_from=previous, stopped_at=job.status["service"]["stopped_at"])
+    job.event("ledger", unit=unit, adopted_from=previous, message="%s already stopped by job %s and not restored; "
+              "job %s adopts it and will restore it" % (unit, previous, job.paths.job_id))
+
+
+def hand_over(job: Job, previous) -> None:
+    """Settle the dead job whose stop we adopt: kill what is left of its payload, record who restores."""
+    if not previous or not os.path.isdir(JobPaths(job.paths.root, previous).dir):
+        return
+    paths = JobPaths(job.paths.root, previous)
+
+    def settle_dead():
+        dead = Job.load(paths)  # read under its restore lock: no other restorer is halfway through
+        if dead.status.get("restored"):
+            return
+        try:
+            kill_leftovers(dead)
+        except Exception as exc:  # its leftovers must not keep our job (and the service) waiting
+            job.event("ledger", error="killing leftovers of %s: %s" % (previous, exc))
+        message = "supervisor and guard died with the service stopped; job %s adopted the stop and restores it" \
+            % job.paths.job_id
+        dead.note_restore(message)
+        dead.set_state(dead.status["state"] if dead.terminal else "LOST", "done", message=message, restored=True,
+                       ended_at=dead.status.get("ended_at") or time.time(),
+                       service=dict(dead.status["service"], handed_to=job.paths.job_id))
+        stop_guard_timer(dead)
+    try:
+        with_restore_lock(Job.load(paths), settle_dead)
+    except Fail as exc:
+        job.event("ledger", error="cannot settle job %s: %s" % (previous, exc))
 
 
 def final_state(job: Job, ending) -> tuple:
@@ -464,7 +574,9 @@ def supervise(job: Job, locks: Locks, flags: Flags) -> None:
         if not locks.held:
             wait_for_locks(job, locks, flags)
         locks.write_holders()
+        settle_ledger(job)
         run_prepare_step(job, flags)
+        measure_gpus(job)
         prepare_service(job, flags)
         drain(job, flags)
         run_payload(job, flags)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 import sys
 
 try:  # imported as remote_payload.supervisor_spec (tests)
@@ -42,6 +43,22 @@ def check_root(root) -> str:
     if problem:
         raise Fail("bad-args", "invalid --root: " + problem)
     return root
+
+
+def check_root_safe(root: str, here: str) -> None:
+    """ROOT, its locks/jobs dirs and the payload dir this code runs from must be ours alone: anyone else who
+    can write there can replace the supervisor (run as us, and as root through the guard timer)."""
+    for path in (root, os.path.join(root, "locks"), os.path.join(root, "jobs"), here):
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            continue
+        # owned by us or by root (like sshd's StrictModes); root itself (the guard timer through sudo) runs the
+        # login user's files by design, so only the mode counts then
+        owner_ok = st.st_uid in (os.geteuid(), 0) or os.geteuid() == 0
+        if stat.S_ISLNK(st.st_mode) or not owner_ok or st.st_mode & 0o022:
+            raise Fail("unsafe-root", "%s is writable by others, a link, or owned by neither the login user (uid %d) nor root: "
+                       "chmod go-w it, or choose another host.root" % (path, os.geteuid()))
 
 
 def check_health_url(url, code: str = "bad-spec"):
@@ -87,6 +104,7 @@ def check_service(raw) -> dict:
     _need(stop in contract.STOP_POLICIES, "service.stop must be always, if-needed or never")
     sudo = _default(raw, "service.sudo")
     _need(isinstance(sudo, bool), "service.sudo must be true or false")
+    _need(not (scope == "user" and sudo), contract.USER_SCOPE_SUDO)
     return {"manager": "systemd", "unit": check_unit(raw.get("unit")), "scope": scope, "stop": stop,
             "health_url": check_health_url(raw.get("health_url")),
             "health_timeout": _number(_default(raw, "service.health_timeout"), "service.health_timeout"),

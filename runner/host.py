@@ -28,9 +28,18 @@ CALL_TIMEOUT_S = 30.0
 START_TIMEOUT_S = 45.0
 
 BOOT = r"""
-import os, sys
+import json, os, sys
 root, digest = os.path.expanduser(sys.argv[1]), sys.argv[2]
 sup = os.path.join(root, "payload", digest, "supervisor.py")
+for p in (root, os.path.dirname(sup), sup):  # others able to write here could run code as us: refuse
+    try:
+        st = os.lstat(p)
+    except FileNotFoundError:
+        break
+    if st.st_uid not in (os.geteuid(), 0) or st.st_mode & 0o022 or os.path.islink(p):
+        sys.stdout.write(json.dumps({"ok": False, "error": "unsafe-root", "message": p + " is writable by others, "
+                         "a link, or owned by neither the login user nor root: chmod go-w it or choose another host.root"}) + "\n")
+        sys.exit(1)
 if not os.path.isfile(sup):
     sys.stdout.write('{"ok": false, "error": "payload-missing"}\n')
     sys.exit(%d)

@@ -30,7 +30,7 @@ def decide(wire: dict, report: dict, *, queue: bool = False) -> Decision:
     if not short:
         notes = [f"GPU {g['index']}: {g['free_mib']} MiB free >= {gpu['required_mib']} MiB needed" for g in _selected(gpu, report)]
         return Decision(stop_policy == "always", notes)
-    return _decide_short(short, stop_policy, service, report, gpu["required_mib"])
+    return _decide_short(short, stop_policy, service, report, gpu["required_mib"], queue)
 
 
 def _refuse_if_locked(locks: list[dict], job_id: str) -> None:
@@ -39,6 +39,17 @@ def _refuse_if_locked(locks: list[dict], job_id: str) -> None:
         if lock.get("held") and (lock.get("holder") or {}).get("job_id") != job_id:
             raise HostBusy(f"host busy: {lock['key']} is held by {describe_holder(lock.get('holder'))}",
                            hint="Wait for that job (`runner tail ID -f`), cancel it, or submit with --queue.")
+
+
+def _runner_holds_stopped(report: dict, unit: str) -> str | None:
+    """The runner job that holds `unit` stopped: the host ledger's entry, or the holder of its held lock."""
+    entry = (report.get("service") or {}).get("ledger")
+    if entry and entry.get("job_id"):
+        return entry["job_id"]
+    for lock in report.get("locks", []):
+        if lock.get("key") == f"service-{unit}" and lock.get("held"):
+            return (lock.get("holder") or {}).get("job_id") or "unknown"
+    return None
 
 
 def describe_holder(holder: dict | None) -> str:
@@ -70,7 +81,8 @@ def _short_gpus(gpu: dict, report: dict) -> list[dict]:
     return [g for g, verdict in verdicts if verdict == "short"]  # unknown free memory counts as short
 
 
-def _decide_short(short: list[dict], stop_policy: str, service: dict, report: dict, need: int) -> Decision:
+def _decide_short(short: list[dict], stop_policy: str, service: dict, report: dict, need: int,
+                  queue: bool = False) -> Decision:
     gaps = "; ".join(f"GPU {g['index']}: {g['free_mib']} MiB free < {need} MiB needed" for g in short)
     holders = ", ".join(f"pid {a['pid']} ({a['used_mib']} MiB)" for a in report.get("apps", [])) or "unknown"
     if stop_policy == "never" or service["manager"] == "none":
@@ -78,6 +90,12 @@ def _decide_short(short: list[dict], stop_policy: str, service: dict, report: di
         raise PreflightError(f"{gaps}; {why}. Memory is held by: {holders}",
                              hint="Free the GPU, lower gpu.min_free_mib, or allow `service.stop: if-needed`.")
     state = (report.get("service") or {}).get("active_state")
+    holder = _runner_holds_stopped(report, service["unit"])
+    if state != "active" and queue and holder:
+        # Another runner job stopped it and will restore it: a queued job waits for that, and the host
+        # decides the stop again when the locks are ours.
+        return Decision(False, [gaps, f"the service {service['unit']} is {state}: stopped by runner job {holder}, "
+                                      "which restores it; queued behind it, the host decides the stop again"])
     if state != "active":
         raise PreflightError(f"{gaps}; the service {service['unit']} is {state or 'unknown'}, so stopping it "
                              f"frees nothing. Memory is held by: {holders}")

@@ -13,7 +13,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
-from remote_payload.contract import DEFAULTS, SERVICE_MANAGERS, SERVICE_SCOPES, STOP_POLICIES
+from remote_payload.contract import DEFAULTS, SERVICE_MANAGERS, SERVICE_SCOPES, STOP_POLICIES, USER_SCOPE_SUDO
 
 from .errors import SpecError
 from .job_id import check_job_id
@@ -51,6 +51,8 @@ class ServiceSpec(_Section):
             raise ValueError("manager systemd needs a `unit` (e.g. sglang.service)")
         if self.manager == "none" and self.unit is not None:
             raise ValueError("`unit` is only used with `manager: systemd`")
+        if self.scope == "user" and self.sudo:
+            raise ValueError(USER_SCOPE_SUDO)
         return self
 
 

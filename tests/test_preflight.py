@@ -80,3 +80,16 @@ def test_unknown_memory_counts_as_short_not_a_crash():
     assert decide(wire(), unknown).stop_service is True  # if-needed: the service may hold it
     with pytest.raises(PreflightError):
         decide(wire(stop="never"), unknown)
+
+
+def test_queued_job_waits_for_the_runner_job_holding_the_service_stopped():
+    """Issue 9 defect 4: the ledger (or the held service lock) says a runner job stopped it: --queue waits."""
+    stopped = report(free=1000, active="inactive")
+    stopped["service"]["ledger"] = {"unit": "sglang.service", "job_id": "other-job"}
+    decision = decide(wire(), stopped, queue=True)
+    assert decision.stop_service is False and any("other-job" in n for n in decision.notes)
+    locked = report(free=1000, active="inactive", locks=[{"key": "service-sglang.service", "held": True,
+                                                           "holder": {"job_id": "other-job", "pid": 7}}])
+    assert any("other-job" in n for n in decide(wire(), locked, queue=True).notes)
+    with pytest.raises(PreflightError, match="frees nothing"):  # without --queue, or with no runner job, still refused
+        decide(wire(), report(free=1000, active="inactive"), queue=True)

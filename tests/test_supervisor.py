@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import pwd
 import signal
 import subprocess
 import sys
@@ -496,8 +497,12 @@ class RemoteHost:
 
         self.sh = service_host.as_user(user)
         self.sudo = sudo
-        self.root = shared_tmpdir("runner-supervisor-")
-        self.root.chmod(0o1777)  # a non-root login writes its jobs here
+        self.base = shared_tmpdir("runner-supervisor-")
+        # ROOT is the login's own, mode 0755: a ROOT others may write to is refused (`unsafe-root`)
+        self.root = self.base / "root"
+        self.root.mkdir(mode=0o755)
+        account = pwd.getpwnam(user)
+        os.chown(self.root, account.pw_uid, account.pw_gid)
         (self.root / "payload.py").write_text(PAYLOAD)
 
     def call(self, *args: str, spec: dict | None = None) -> dict:
@@ -525,7 +530,7 @@ class RemoteHost:
     def cleanup(self) -> None:
         import shutil
 
-        shutil.rmtree(self.root, ignore_errors=True)
+        shutil.rmtree(self.base, ignore_errors=True)
 
 
 @pytest.fixture

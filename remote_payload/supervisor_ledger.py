@@ -1,0 +1,52 @@
+"""The host ledger: "service S (on GPUs G) was stopped by job J and is not restored yet".
+
+One small JSON file per service beside the locks (ROOT/locks/ledger-service-<unit>.json), written atomically
+before the stop and removed only after a finished restore, so it outlives every process of the job: the
+supervisor, its guard and the guard timer can all die and the next job on that service still learns that
+the service is down because of J, not because someone wanted it down. Whoever holds the service's lock
+settles an entry that names another job: it adopts the stop ("already stopped by J, I will restore it")
+or finds the service running again and drops the entry. Imports only the stdlib and supervisor_files.py.
+"""
+from __future__ import annotations
+
+import os
+import time
+
+try:  # imported as remote_payload.supervisor_ledger (tests)
+    from .supervisor_files import fsync_dir, locks_dir, read_json, try_unlink, write_json_atomic
+except ImportError:  # run from supervisor.py as a script: sys.path[0] is this directory
+    from supervisor_files import fsync_dir, locks_dir, read_json, try_unlink, write_json_atomic
+
+
+def ledger_path(root: str, unit: str) -> str:
+    return os.path.join(locks_dir(root), "ledger-service-%s.json" % unit)
+
+
+def read_entry(root: str, unit: str):
+    """The entry for `unit`, or None. An unreadable entry still means "stopped by someone": keep it."""
+    path = ledger_path(root, unit)
+    try:
+        entry = read_json(path)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        return {"unit": unit, "job_id": None, "was": "active", "stopped_at": None, "unreadable": True}
+    return entry if isinstance(entry, dict) else None
+
+
+def record_stop(root: str, unit: str, job_id: str, service: dict, gpus: list, **extra) -> None:
+    """Before the stop: the host now knows job_id is about to stop unit and owes it a restore."""
+    os.makedirs(locks_dir(root), exist_ok=True)
+    write_json_atomic(ledger_path(root, unit), dict({
+        "unit": unit, "job_id": job_id, "was": service.get("was"), "scope": service.get("scope"),
+        "sudo": service.get("sudo"), "gpus": list(gpus), "stopped_at": time.time()}, **extra))
+
+
+def clear(root: str, unit: str, job_id: str) -> bool:
+    """After a finished restore: drop the entry if it still names job_id (an adopter's entry stays)."""
+    entry = read_entry(root, unit)
+    if not entry or entry.get("job_id") != job_id:
+        return False
+    try_unlink(ledger_path(root, unit))
+    fsync_dir(locks_dir(root))
+    return True

@@ -1,0 +1,59 @@
+"""Issue 9 defect 6, the small ones: pure checks of the supervisor's rooms and the spec, no host needed."""
+from __future__ import annotations
+
+import signal
+
+import pytest
+from pydantic import ValidationError
+
+from remote_payload.supervisor_host import Fail
+from remote_payload.supervisor_job import Flags, Interrupted, check_interrupt, guard_timer_seconds
+from remote_payload.supervisor_spec import check_service
+from runner.spec import ServiceSpec
+
+
+def test_a_real_time_signal_is_named_not_a_crash():
+    flags = Flags()
+    flags.signal = signal.SIGRTMIN + 2
+    with pytest.raises(Interrupted, match="SIGRTMIN"):
+        check_interrupt(None, flags)
+
+
+def test_the_guard_timer_outlasts_a_full_stop_and_start():
+    """A stop may take 600 s (stop_service's bound); the timer must not fire while a job is still handled."""
+    spec = {"limits": {"max_runtime": 60, "grace": 1}, "gpu": {"drain_timeout": 10},
+            "service": {"health_timeout": 30}}
+    assert guard_timer_seconds(spec) >= 60 + 1 + 2 * 10 + 600 + 120 + 30
+
+
+def test_user_scope_with_sudo_is_refused_on_both_sides():
+    raw = {"manager": "systemd", "unit": "x.service", "scope": "user", "sudo": True}
+    with pytest.raises(Fail, match="scope: user"):
+        check_service(raw)
+    with pytest.raises(ValidationError, match="scope: user"):
+        ServiceSpec(**raw)
+
+
+def test_an_unsafe_root_is_refused_by_boot_and_by_the_supervisor(tmp_path):
+    """Defect 7: a ROOT others may write to (e.g. `root: /tmp/runner`) is code execution for them: refuse it,
+    in BOOT before it runs ROOT/payload/<digest>/supervisor.py, and in the supervisor itself."""
+    import json
+    import shutil
+    import subprocess
+    import sys
+
+    from runner.host import BOOT
+
+    root = tmp_path / "root"
+    digest = "0123456789abcdef"
+    payload = root / "payload" / digest
+    payload.mkdir(parents=True)
+    for name in ("supervisor.py", "contract.py", "supervisor_host.py", "supervisor_files.py", "supervisor_spec.py",
+                 "supervisor_job.py", "supervisor_ledger.py"):
+        shutil.copy(f"remote_payload/{name}", payload / name)
+    root.chmod(0o777)  # world-writable, as /tmp/runner would be made by a careless mkdir
+    for argv in ([sys.executable, "-c", BOOT, str(root), digest, "status"],
+                 [sys.executable, str(payload / "supervisor.py"), "status", "--root", str(root)]):
+        done = subprocess.run(argv, capture_output=True, timeout=30)
+        answer = json.loads(done.stdout.decode().splitlines()[0])
+        assert answer["error"] == "unsafe-root" and "writable" in answer["message"], answer
