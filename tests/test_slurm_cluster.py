@@ -71,9 +71,10 @@ def test_scancel_ends_a_running_job_and_its_processes(slurm_cluster):
 
 
 def test_two_node_cluster_runs_beside_the_first_and_teardown_leaves_nothing(slurm_cluster):
-    second = start_slurm_cluster(nodes=2, accounting=False)
+    second = start_slurm_cluster(nodes=2)
     try:
         assert second.ports.ctld != slurm_cluster.ports.ctld and second.base != slurm_cluster.base
+        assert second.db_dir != slurm_cluster.db_dir
         job = second.sbatch("-N2", "-o", str(second.out_dir / "%j.out"), "--wrap", "srun -l hostname")
         assert second.wait_job_state(job, {"COMPLETED", "FAILED"}) == "COMPLETED"
         assert sorted(line.split(":")[0] for line in (second.out_dir / f"{job}.out").read_text().splitlines()) == ["0", "1"]
@@ -82,7 +83,7 @@ def test_two_node_cluster_runs_beside_the_first_and_teardown_leaves_nothing(slur
     finally:
         daemons = [proc.pid for proc in second.daemons.values()]
         second.stop()
-    assert not second.base.exists()
+    assert not second.base.exists() and not second.db_dir.exists()
     assert not [pid for pid in daemons if pid_alive(pid)]
     assert _pids_with_env("SLURM_CONF", str(second.conf)) == []
     # the first cluster was not disturbed
