@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from remote_payload import contract
+from remote_payload import slurm_states
 from remote_payload.slurm_states import (STATE_MAP, SlurmOutputError, job_view, parse_sacct, parse_squeue,
-                                         runner_state, squeue_forgot)
+                                         reconcile, runner_state, squeue_forgot)
 
 DATA = Path(__file__).parent / "data" / "slurm"
 # Job ids on the fresh capture cluster, in capture.py's submission order.
@@ -144,3 +145,44 @@ def test_the_text_forms_say_what_the_json_forms_say(name):
 
 def _waiting_reason(state: str, reason: str):
     return reason if state == "PENDING" and reason != "None" else None
+
+
+def test_terminal_states_are_the_contracts():
+    assert slurm_states.TERMINAL == contract.TERMINAL
+
+
+# ── reconcile: status.json's state + Slurm's view (captured rows) ───────────────────────────────────────
+
+def test_a_final_state_in_status_json_wins_over_slurm():
+    assert reconcile("SUCCEEDED", True, sacct("ended")[FAILED]) == ("SUCCEEDED", None)
+    assert reconcile("TIMED_OUT", True, squeue("ended")[CANCELLED_RUNNING]) == ("TIMED_OUT", None)
+
+
+def test_a_waiting_job_shows_slurms_reason():
+    assert reconcile("QUEUED", False, squeue("pending-resources")[RESOURCES]) == ("QUEUED", "Resources")
+    assert reconcile("QUEUED", False, squeue("running")[TIMEOUT]) == ("QUEUED", "allocated; the supervisor is starting")
+
+
+def test_a_live_supervisors_progress_is_kept():
+    assert reconcile("RUNNING", True, squeue("running")[TIMEOUT]) == ("RUNNING", None)
+    assert reconcile("DRAINING", True, squeue("running")[TIMEOUT]) == ("DRAINING", None)
+    assert reconcile("RUNNING", True, None) == ("RUNNING", None)  # Slurm does not know it (yet): no verdict
+
+
+@pytest.mark.parametrize("job, state, words", [
+    (PRIORITY, "CANCELLED", "Slurm ended the job: CANCELLED"),      # cancelled before it ever started
+    (TIMEOUT, "TIMED_OUT", "Slurm ended the job: TIMEOUT"),
+    (NODE_FAIL, "LOST", "NODE_FAIL (its node failed)"),
+])
+def test_slurm_decides_when_the_supervisor_could_not_write(job, state, words):
+    for started in (False, True):
+        got_state, message = reconcile("QUEUED" if not started else "RUNNING", started, sacct("ended")[job])
+        assert got_state == state and words in message
+
+
+def test_a_batch_script_that_ended_by_itself_without_a_final_state():
+    failed = sacct("ended")[FAILED]
+    assert reconcile("QUEUED", False, failed) == (
+        "FAILED", "the batch script ended (Slurm: FAILED, exit 3) before the supervisor started; see slurm-8.out")
+    assert reconcile("RUNNING", True, sacct("ended")[SUCCEEDED]) == (
+        "LOST", "the supervisor ended (Slurm: COMPLETED, exit 0) without writing a final state")
