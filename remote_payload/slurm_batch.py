@@ -50,7 +50,8 @@ def slurm_problem(slurm: dict) -> str | None:
         return "slurm.gpus must be a count (2) or TYPE:COUNT (a100:2); got %r" % (gpus,)
     constraint = slurm.get("constraint")
     if constraint is not None and not (isinstance(constraint, str) and CONSTRAINT_RE.fullmatch(constraint)):
-        return "slurm.constraint must be a Slurm feature expression (letters, digits, &|!*()[]:,.-_); got %r" % (constraint,)
+        return ("slurm.constraint must be a Slurm feature expression (letters, digits, &|!*()[]:,.-_); got %r"
+                % (constraint,))
     return extra_args_problem(slurm.get("extra_args") or [])
 
 

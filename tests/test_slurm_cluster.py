@@ -77,7 +77,8 @@ def test_two_node_cluster_runs_beside_the_first_and_teardown_leaves_nothing(slur
         assert second.db_dir != slurm_cluster.db_dir
         job = second.sbatch("-N2", "-o", str(second.out_dir / "%j.out"), "--wrap", "srun -l hostname")
         assert second.wait_job_state(job, {"COMPLETED", "FAILED"}) == "COMPLETED"
-        assert sorted(line.split(":")[0] for line in (second.out_dir / f"{job}.out").read_text().splitlines()) == ["0", "1"]
+        task_lines = (second.out_dir / f"{job}.out").read_text().splitlines()
+        assert sorted(line.split(":")[0] for line in task_lines) == ["0", "1"]  # srun -l: one task per node
         left_running = second.sbatch("-o", "/dev/null", "--wrap", "sleep 300")
         second.wait_job_state(left_running, {"RUNNING"})
     finally:

@@ -25,7 +25,6 @@ job processes outlive slurmd when slurmctld died first), and removes BASE.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -39,6 +38,7 @@ from pathlib import Path
 from ._proc import die_with_parent, free_port, host_workdir, pid_alive, port_accepts, wait_until
 
 SHM = Path("/dev/shm")
+CLIENT_ENV_PREFIXES = ("SLURM_", "SBATCH_", "SQUEUE_", "SACCT_", "SRUN_", "SALLOC_", "SCANCEL_", "SINFO_")
 
 PARTITION = "debug"
 GPUS_PER_NODE = 2
@@ -87,7 +87,8 @@ class SlurmCluster:
     def out_dir(self) -> Path:
         return self.base / "out"
 
-    def run(self, argv: list[str], *, timeout: float = 30, check: bool = False, **kwargs) -> subprocess.CompletedProcess:
+    def run(self, argv: list[str], *, timeout: float = 30, check: bool = False,
+            **kwargs) -> subprocess.CompletedProcess:
         """A client command (sbatch, squeue, …) against this cluster, cwd = BASE/out."""
         return subprocess.run(argv, env=self.env, cwd=self.out_dir, capture_output=True, text=True,
                               timeout=timeout, check=check, **kwargs)
@@ -96,12 +97,6 @@ class SlurmCluster:
         """`sbatch --parsable ARGS…`; the job id. Raises CalledProcessError (stderr has Slurm's reason)."""
         done = self.run(["sbatch", "--parsable", *args], timeout=timeout, check=True)
         return done.stdout.strip().split(";")[0]
-
-    def squeue_json(self) -> dict:
-        return json.loads(self.run(["squeue", "--json"], check=True).stdout)
-
-    def sacct_json(self, job_id: str) -> dict:
-        return json.loads(self.run(["sacct", "--json", "-j", job_id], check=True).stdout)
 
     def job_field(self, job_id: str, name: str) -> str:
         """One field of `scontrol show job` (e.g. JobState, Reason, ExitCode)."""
@@ -193,7 +188,8 @@ def _new_cluster(nodes: int, accounting: bool) -> SlurmCluster:
     names = [f"node{k}" for k in range(1, nodes + 1)]
     for name in names:
         (base / "state" / f"slurmd-{name}").mkdir()
-    env = {key: value for key, value in os.environ.items() if not key.startswith(("SLURM_", "SBATCH_", "SQUEUE_", "SACCT_", "SRUN_"))}
+    # a test run inside a Slurm job (or with SBATCH_* defaults set) must not leak them into this cluster
+    env = {key: value for key, value in os.environ.items() if not key.startswith(CLIENT_ENV_PREFIXES)}
     env["SLURM_CONF"] = str(base / "etc" / "slurm.conf")
     return SlurmCluster(base=base, nodes=names, ports=Ports.pick(nodes), accounting=accounting, env=env,
                         db_dir=db_dir)
