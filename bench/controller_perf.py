@@ -34,8 +34,10 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO), str(REPO / "bench")]
 
 from latency_proxy import LatencyProxy  # noqa: E402
+from remote_payload import contract  # noqa: E402
 from runner import controller  # noqa: E402
-from runner.spec import load_spec  # noqa: E402
+from runner.deadline import Deadline  # noqa: E402
+from runner.spec_load import load_spec  # noqa: E402
 from runner.store import JobRecord, Store  # noqa: E402
 from runner.transport import SshTarget, SshTransport  # noqa: E402
 from tests.cli_helpers import Target, python_payload, write_job  # noqa: E402
@@ -44,7 +46,6 @@ from tests.hosts._proc import shared_tmpdir, wait_until  # noqa: E402
 
 GIB = 1 << 30
 LOGINS = {"lean": sshd.NON_ROOT_USER, "root": "root"}
-TERMINAL = controller.TERMINAL
 
 SHORT_PAYLOAD = """
 import time
@@ -456,7 +457,7 @@ def status_cli(state_dir: Path, count: int) -> None:
 
 def status_api(ids: list[str], store: Store) -> None:
     jobs = controller.status(ids, store=store)
-    if len(jobs) != len(ids) or any(job["state"] not in TERMINAL for job in jobs):
+    if len(jobs) != len(ids) or any(job["state"] not in contract.TERMINAL for job in jobs):
         raise RuntimeError(f"status of {len(ids)} jobs answered {len(jobs)}")
 
 
@@ -475,10 +476,10 @@ def bench_exec_floor(meters: Meters, route: Route, runs: int) -> dict:
     and `python3 -c pass` (plus the interpreter's): the floor under every HostClient round trip."""
     transport = SshTransport(SshTarget(address=route.alias))
     try:
-        first, _ = measure(meters, route, lambda: transport.run(["true"], timeout=30))
+        first, _ = measure(meters, route, lambda: transport.run(["true"], deadline=Deadline(30)))
         out = {"connect_and_true": samples_summary([first])}
         for name, argv in (("true", ["true"]), ("python3_pass", ["python3", "-c", "pass"])):
-            out[name] = samples_summary([measure(meters, route, lambda: transport.run(argv, timeout=30))[0]
+            out[name] = samples_summary([measure(meters, route, lambda: transport.run(argv, deadline=Deadline(30)))[0]
                                          for _ in range(runs)])
         return out
     finally:
@@ -500,7 +501,7 @@ class Fixture:
 def one_command_on_new_connection(route: Route) -> None:
     transport = SshTransport(SshTarget(address=route.alias))
     try:
-        transport.run(["true"], timeout=30)
+        transport.run(["true"], deadline=Deadline(30))
     finally:
         transport.close()
 
@@ -510,7 +511,7 @@ def paired_operations(meters: Meters, fixture: Fixture, client, store: Store, bi
     route, offset = fixture.route, store.load(big_log_id).cursor
     return {
         "connect + one command": (None, lambda: one_command_on_new_connection(route)),
-        "one command, open connection": (None, lambda: client.transport.run(["true"], timeout=30)),
+        "one command, open connection": (None, lambda: client.transport.run(["true"], deadline=Deadline(30))),
         "tail poll, open connection": (None, lambda: poll_open(client, big_log_id, offset)),
         "tail poll, runner API": (lambda: point_record_at(store, big_log_id, route),
                                   lambda: tail_api(big_log_id, store)),
@@ -594,7 +595,7 @@ def first_finished(job_ids: list[str], store: Store) -> str:
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         for job in controller.status(job_ids[:3], store=store):
-            if job["state"] in TERMINAL:
+            if job["state"] in contract.TERMINAL:
                 return job["job_id"]
         time.sleep(0.5)
     raise RuntimeError(f"none of {job_ids[:3]} ended within 60 s")
@@ -604,7 +605,7 @@ def cancel_running(job_ids: list[str], store: Store) -> list[str]:
     """Cancel every job not yet terminal; return those cancelled."""
     cancelled = []
     for job in controller.status(sorted(set(job_ids)), store=store):
-        if job["state"] not in TERMINAL:
+        if job["state"] not in contract.TERMINAL:
             controller.cancel(job["job_id"], store=store)
             cancelled.append(job["job_id"])
     return cancelled

@@ -19,6 +19,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from runner.deadline import Deadline  # noqa: E402
 from runner.transport import SshTarget, SshTransport  # noqa: E402
 from tests.hosts import sshd  # noqa: E402
 
@@ -29,7 +30,7 @@ def median_command_seconds(transport: SshTransport) -> float:
     times = []
     for _ in range(RUNS):
         start = time.perf_counter()
-        transport.run(["true"], timeout=30)
+        transport.run(["true"], deadline=Deadline(30))
         times.append(time.perf_counter() - start)
     return statistics.median(times)
 
@@ -41,9 +42,9 @@ def main() -> int:
         # the non-root login: Debian's default ~/.bashrc, so the shell's start-up does not hide the stall
         transport = SshTransport(SshTarget(address=host.as_user(sshd.NON_ROOT_USER).alias))
         try:
-            transport.run(["true"], timeout=30)  # connects
+            transport.run(["true"], deadline=Deadline(30))  # connects
             as_is = median_command_seconds(transport)
-            sock = transport._transport().sock  # reaching in on purpose: this is the setting under test
+            sock = transport._conn.transport.sock  # reaching in on purpose: this is the setting under test
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             no_delay = median_command_seconds(transport)
         finally:

@@ -3,10 +3,14 @@
     python bench_marlin_moe.py --experts 384 --hidden 7168 --intermediate 2048 --topk 8 --group-size 32 \
         --batch-sizes 1,2,4,8,16,32,64,128,256,512 --backend auto --out result.json
 
-stdout: one JSON event line per event (phase start/end, heartbeats during long phases, one row per batch
-size). result.json: environment, backend used and why, JIT cold/warm, memory, rows, levers, args.
+stdout: one JSON event line per event (phase start/end, heartbeats during long phases, one line per timed
+window, one row per batch size). result.json: environment, backend used and why (every backend auto tried,
+the stage it failed at and the reason), JIT cold/warm, memory, the window order, rows with per-window GPU
+clock/power/cap flags, levers with per-repetition min/max and a bootstrap interval, args.
+Timed windows (one batch size, one repetition) run in a seeded random order by default (--order).
 --check: small shapes only; GPTQ weights with known values → repack → the Marlin backend against the
-torch reference; exit 1 on mismatch. Exit codes: 0 ok · 1 run failed or check mismatch · 2 bad arguments.
+torch reference; exit 1 on mismatch. --prepare-only: import and JIT-build the kernels for this device, no
+weights (run before the service stops). Exit codes: 0 ok · 1 run failed or check mismatch · 2 bad arguments.
 """
 import time
 
@@ -17,12 +21,13 @@ import glob  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import platform  # noqa: E402
+import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 
 from marlin_estimate import Shape, estimate, expert_bytes, weight_bytes  # noqa: E402
 from marlin_events import Events  # noqa: E402
-from marlin_stats import add_levers, floor_us, lever_summary, timing_row  # noqa: E402
+from marlin_stats import ORDERS, add_levers, floor_us, lever_summary, timing_row, window_order  # noqa: E402
 
 BACKENDS = ("auto", "sglang", "sglang-kernels", "torch")
 AUTO_ORDER = ("sglang", "sglang-kernels", "torch")
@@ -59,6 +64,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timing", choices=("graph", "eager"), default="graph")
     p.add_argument("--iterations", type=int, default=100)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--order", choices=ORDERS, default="random",
+                   help="order of the timed windows: every batch size once per repetition, shuffled (random) or "
+                        "up and down in turn (alternating); ascending = the old order, all repetitions of one M")
+    p.add_argument("--order-seed", type=int, default=None, help="seed of the random order (default: --seed)")
+    p.add_argument("--settle", choices=("none", "idle", "busy"), default="none",
+                   help="before each timed window: nothing, an idle pause, or the window's own call untimed")
+    p.add_argument("--settle-ms", type=float, default=200.0)
+    p.add_argument("--prepare-only", action="store_true",
+                   help="import and JIT-build the kernels for this device's arch, then exit: no weights, no timing")
     p.add_argument("--out", default=os.environ.get("RUNNER_RESULT", "result.json"))
     p.add_argument("--check", action="store_true", help="correctness check at small shapes, no timing")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
@@ -91,6 +105,10 @@ def shape_problems(a: argparse.Namespace) -> list[str]:
         problems.append("--check compares a Marlin backend with the torch reference: pick auto, sglang or sglang-kernels")
     if a.check and a.device == "cpu":
         problems.append("--check runs the Marlin kernels: it needs --device cuda")
+    if a.prepare_only and a.check:
+        problems.append("--prepare-only builds the kernels and exits: it cannot be combined with --check")
+    if a.settle_ms < 0:
+        problems.append("--settle-ms must not be negative")
     return problems
 
 
@@ -113,6 +131,27 @@ def shape_of(a: argparse.Namespace) -> Shape:
 
 
 # -- environment and backends -----------------------------------------------------------------------------
+
+def parse_compute_apps(text: str, pid: int) -> int | None:
+    """MiB used by process `pid` in `nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits`."""
+    for line in text.splitlines():
+        fields = [f.strip() for f in line.split(",")]
+        if len(fields) == 2 and fields[0] == str(pid) and fields[1].isdigit():
+            return int(fields[1])
+    return None
+
+
+def own_gpu_memory_mib() -> int | None:
+    """MiB this process holds on the GPU as nvidia-smi lists it; None when it is not listed (no context)."""
+    try:
+        done = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+                              capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if done.returncode != 0:
+        return None
+    return parse_compute_apps(done.stdout, os.getpid())
+
 
 def gpu_driver() -> str | None:
     try:
@@ -163,22 +202,9 @@ def finish_full_import_probe(probe: subprocess.Popen, timeout_s: float = 90.0) -
     return (False, lines[-1] if lines else f"import exited {probe.returncode}")
 
 
-def resolve_backend(requested: str, device: str, events: Events, probe):
-    """(name, loaded handle, attempts): the requested backend, or with auto the first that loads here."""
+def reason_of(exc: Exception) -> str:
     import marlin_backends as mb
-    order = AUTO_ORDER if requested == "auto" else (requested,)
-    attempts = []
-    for name in order:
-        try:
-            handle = load_backend(name, device, mb, probe)
-        except mb.BackendUnavailable as exc:
-            attempts.append({"backend": name, "ok": False, "reason": str(exc)})
-            events.emit("backend", backend=name, ok=False, reason=str(exc))
-            continue
-        attempts.append({"backend": name, "ok": True, "reason": "loaded"})
-        events.emit("backend", backend=name, ok=True)
-        return name, handle, attempts
-    raise mb.BackendUnavailable("no backend could run: " + "; ".join(f"{a['backend']}: {a['reason']}" for a in attempts))
+    return str(exc) if isinstance(exc, mb.BackendUnavailable) else f"{type(exc).__name__}: {exc}"
 
 
 def load_backend(name: str, device: str, mb, probe):
@@ -248,25 +274,104 @@ class Bench:
             self.device = a.device
             if self.device == "cuda" and not torch.cuda.is_available():
                 raise RuntimeError("--device cuda but torch sees no CUDA device")
-            self.name, handle, attempts = resolve_backend(a.backend, self.device, ev, probe)
             self.result["environment"] = environment(torch, self.device)
-            self.result["environment"]["sglang"] = backend_version(self.name, handle)
-            self.result["backend"] = {"requested": a.backend, "used": self.name, "attempts": attempts,
-                                      "why": self.why_backend(attempts)}
             slow_phase_hook(a.test_slow_phase, "import")
+        if a.prepare_only:
+            return self.prepare(probe)
         self.measure_copy_bandwidth()
-        modules_before = built_modules()
-        with ev.phase("weights", mode="check" if a.check else a.weights):
-            weights, reference_weights = self.make_weights(handle)
-            self.weights = weights
-        self.backend = build_backend(self.name, handle, self.shape, weights, max(a.batch_sizes))
         self.statics = self.allocate_statics()
-        self.first_call()
+        modules_before = built_modules()
+        reference_weights = self.start_backend(probe)
         self.result["jit"] = self.jit_record(modules_before)
         if a.check:
             return self.check(reference_weights)
         self.time_all()
         return 0
+
+    def prepare(self, probe) -> int:
+        """--prepare-only: import the backend and build its JIT kernels for this device, nothing else (the
+        supervisor runs this before stopping the service, so the compile is not downtime)."""
+        a, ev = self.args, self.events
+        modules_before = built_modules()
+        attempts, name = [], None
+        for candidate in AUTO_ORDER if a.backend == "auto" else (a.backend,):
+            try:
+                with ev.phase("load", backend=candidate):
+                    load_backend(candidate, self.device, self.mb, probe)
+            except Exception as exc:  # as in a run: auto moves on, the reason is kept
+                attempts.append({"backend": candidate, "ok": False, "stage": "import", "reason": reason_of(exc)})
+                continue
+            name = candidate
+            break
+        prepare = {"backend": name, "attempts": attempts, "kernels": [], "arch": None}
+        self.result["prepare"] = prepare
+        if name in ("sglang", "sglang-kernels"):
+            with ev.phase("jit", prepare=True):
+                prepare["kernels"] = self.mb.build_jit_kernels(self.dtype)
+            prepare["arch"] = self.mb.jit_arch()
+        self.result["jit"] = self.jit_record(modules_before)
+        self.result["environment"]["gpu_process_used_mib"] = own_gpu_memory_mib()
+        ev.emit("prepared", backend=name, kernels=prepare["kernels"], arch=prepare["arch"])
+        if name is None:
+            raise self.mb.BackendUnavailable("no backend could be imported: " + "; ".join(
+                f"{x['backend']}: {x['reason']}" for x in attempts))
+        gemm = [k for k in prepare["kernels"] if k["kernel"] == "moe_wna16_marlin"]
+        return 1 if gemm and not gemm[0]["ok"] else 0
+
+    def start_backend(self, probe):
+        """The requested backend, or with auto the first in AUTO_ORDER that imports, builds its weights,
+        constructs and survives a first call; each failure and its stage go to result.json. Returns the GPTQ
+        weights of --check (None otherwise)."""
+        a, ev = self.args, self.events
+        attempts = []
+        for name in AUTO_ORDER if a.backend == "auto" else (a.backend,):
+            self.name, stage = name, "import"
+            try:
+                with ev.phase("load", backend=name):
+                    handle = load_backend(name, self.device, self.mb, probe)
+                stage = "weights"
+                with ev.phase("weights", mode="check" if a.check else a.weights):
+                    self.weights, gptq = self.make_weights(handle)
+                stage = "construct"
+                self.backend = build_backend(name, handle, self.shape, self.weights, max(a.batch_sizes))
+                stage = "first_call"
+                self.first_call()
+            except Exception as exc:  # auto moves on from any failure; the reason and the stage are kept
+                attempts.append({"backend": name, "ok": False, "stage": stage, "reason": reason_of(exc)})
+                ev.emit("backend", backend=name, ok=False, stage=stage, reason=reason_of(exc))
+                self.release_backend()
+                continue
+            attempts.append({"backend": name, "ok": True, "stage": "first_call", "reason": "ran its first call"})
+            ev.emit("backend", backend=name, ok=True)
+            self.record_backend(handle, attempts)
+            return gptq
+        self.result["backend"] = {"requested": a.backend, "used": None, "attempts": attempts}
+        raise self.mb.BackendUnavailable("no backend could run: " + "; ".join(
+            f"{x['backend']} ({x['stage']}): {x['reason']}" for x in attempts))
+
+    @property
+    def mb(self):
+        import marlin_backends
+        return marlin_backends
+
+    def release_backend(self) -> None:
+        """Drop what a failed backend built, so the next one starts from the same free memory."""
+        self.backend = self.weights = None
+        self._weights_cache = None
+        if self.device == "cuda":
+            self.torch.cuda.synchronize()
+            self.torch.cuda.empty_cache()
+
+    def record_backend(self, handle, attempts: list[dict]) -> None:
+        self.result["environment"]["sglang"] = backend_version(self.name, handle)
+        self.result["environment"]["sgl_kernel"] = getattr(sys.modules.get("sgl_kernel"), "__version__", None)
+        record = {"requested": self.args.backend, "used": self.name, "attempts": attempts,
+                  "why": self.why_backend(attempts)}
+        if self.name == "sglang-kernels":
+            record["sequence"] = handle.sequence()
+        elif self.name == "sglang":
+            record["keywords"] = sorted(self.backend.kwargs)
+        self.result["backend"] = record
 
     def start_probe(self):
         if self.args.device != "cuda" or self.args.backend not in ("auto", "sglang"):
@@ -274,8 +379,9 @@ class Bench:
         return start_full_import_probe()
 
     def why_backend(self, attempts: list[dict]) -> str:
-        failed = [f"{x['backend']} unavailable ({x['reason']})" for x in attempts if not x["ok"]]
-        chosen = "requested" if self.args.backend != "auto" else "first that loads in auto order " + ", ".join(AUTO_ORDER)
+        failed = [f"{x['backend']} failed at {x['stage']} ({x['reason']})" for x in attempts if not x["ok"]]
+        chosen = "requested" if self.args.backend != "auto" else \
+            "first that runs in auto order " + ", ".join(AUTO_ORDER)
         return "; ".join([chosen] + failed)
 
     def measure_copy_bandwidth(self) -> None:
@@ -292,10 +398,15 @@ class Bench:
         self.device_used_peak = 0
 
     def make_weights(self, handle):
-        """(weights for the backend, GPTQ weights for the reference or None)."""
+        """(weights for the backend, GPTQ weights for the reference or None); a backend that failed after
+        building Marlin weights leaves them to the next Marlin backend."""
         import marlin_weights as mw
         a, s = self.args, self.shape
         layout = "gptq" if self.name == "torch" else "marlin"
+        cached = getattr(self, "_weights_cache", None)
+        if cached and cached[0] == layout:
+            self.result["weights"] = cached[3]
+            return cached[1], cached[2]
         if a.check:
             built = "GPTQ with known values, repacked expert by expert"
             gptq = mw.known_gptq_weights(s, self.dtype, self.device, a.seed)
@@ -307,6 +418,7 @@ class Bench:
             built, gptq = f"random bits straight in the {layout} layout", None
             weights = mw.direct_weights(s, layout, self.dtype, self.device, a.seed)
         self.result["weights"] = {"requested": a.weights, "built": built, "layout": layout}
+        self._weights_cache = (layout, weights, gptq, self.result["weights"])
         return weights, gptq
 
     def allocate_statics(self):
@@ -333,8 +445,9 @@ class Bench:
 
     def jit_record(self, modules_before: set[str]) -> dict:
         new = sorted(built_modules() - modules_before)
-        seconds = self.events.phase_seconds["jit"]
-        compile_s = seconds + (self.events.phase_seconds["weights"] if any("repack" in p for p in new) else 0.0)
+        seconds = self.events.phase_seconds.get("jit", 0.0)
+        repack_s = self.events.phase_seconds.get("weights", 0.0) if any("repack" in p for p in new) else 0.0
+        compile_s = seconds + repack_s
         return {"state": "cold" if new else "warm", "first_call_s": seconds, "compile_s": compile_s if new else 0.0,
                 "new_modules": new, "cache_dirs": jit_cache_dirs()}
 
@@ -350,23 +463,49 @@ class Bench:
         why = "as requested"
         if a.timing == "graph" and (self.device != "cuda" or not self.backend.graph_safe):
             timing_mode, why = "eager", "CUDA graphs need --device cuda and a capturable backend"
+        order_seed = a.seed if a.order_seed is None else a.order_seed
+        windows = window_order(a.batch_sizes, a.repeats, a.order, order_seed)
         self.result["timing"] = {"requested": a.timing, "used": timing_mode, "why": why,
-                                 "iterations": a.iterations, "repeats": a.repeats}
+                                 "iterations": a.iterations, "repeats": a.repeats,
+                                 "order": {"mode": a.order, "seed": order_seed, "windows": [m for _, m in windows]},
+                                 "settle": {"mode": a.settle, "ms": a.settle_ms}}
         from marlin_timing import nvml_sampler
         self.gpu_state = nvml_sampler(self.torch) if self.device == "cuda" else None
-        rows = []
-        for m in a.batch_sizes:
-            with self.events.phase("batch", m=m):
-                row = self.time_one(m, timing_mode)
-            if not rows:
-                self.result["first_row_s"] = self.events.since_start()
-            rows.append(row)
-            self.events.emit("row", **{k: v for k, v in row.items() if k not in ("rep_median_us", "gpu_state")})
+        timed = self.time_windows(windows, timing_mode)
+        rows = [self.row_of(m, timed[m], timing_mode) for m in a.batch_sizes]
+        capped = sum(r.get("capped_windows") or 0 for r in rows)
+        self.result["timing"]["capped_windows"] = capped if self.gpu_state else None
         self.finish(add_levers(rows))
 
-    def time_one(self, m: int, mode: str) -> dict:
+    def time_windows(self, windows: list[tuple[int, int]], mode: str) -> dict[int, list[dict]]:
+        """Time each (repetition, m) window in the given order. A batch size is prepared (rotation sets,
+        buffers, graph, warm-up) at its first window and dropped after its last, so the ascending order holds
+        one batch size's buffers at a time, as before, and an interleaved order holds all of them."""
+        a = self.args
+        last = {m: i for i, (_, m) in enumerate(windows)}
+        live, timed = {}, {m: [] for m in a.batch_sizes}
+        for index, (rep, m) in enumerate(windows):
+            if m not in live:
+                live[m] = self.prepare_window(m, mode)
+            window = live[m]
+            window.settle(a.settle, a.settle_ms)
+            start = self.gpu_state() if self.gpu_state else None
+            with self.events.phase("batch", m=m, rep=rep):
+                samples, end = window.time(a.iterations, self.gpu_state)
+            timed[m].append({"rep": rep, "index": index, "samples": samples, "start": start, "end": end,
+                             "distinct": window.sets.distinct_experts})
+            self.events.emit("window", m=m, rep=rep, index=index, median_us=statistics.median(samples),
+                             capped=window_capped(start, end))
+            if "first_row_s" not in self.result:
+                self.result["first_row_s"] = self.events.since_start()
+            if last[m] == index:
+                self.sample_device_memory()
+                del live[m]
+        return timed
+
+    def prepare_window(self, m: int, mode: str):
         import marlin_weights as mw
-        from marlin_timing import ROTATION_SETS, WARMUP_CALLS, capture_graph, measure, rotation_sets, static_views
+        from marlin_timing import Window, capture_graph, rotation_sets, static_views
         a = self.args
         gen = mw.generator("cpu", a.seed * 1000003 + m)
         sets = rotation_sets(m, self.shape, a.routing, a.zipf_skew, self.dtype, self.device, gen)
@@ -382,12 +521,24 @@ class Bench:
             with self.events.phase("capture", m=m):
                 graph, _ = capture_graph(eager)
             call = graph.replay
-        reps, states = measure(call, sets, statics, a.iterations, a.repeats, self.device == "cuda", self.gpu_state)
-        self.sample_device_memory()
-        row = timing_row(m, reps, sets.distinct_experts, expert_bytes(self.shape), self.copy_rate())
+        window = Window(call, sets, statics, self.device == "cuda")
+        window.warm_up()
+        window.graph_and_buffers = (call, buffers)          # alive while this batch size has windows left
+        return window
+
+    def row_of(self, m: int, windows: list[dict], mode: str) -> dict:
+        from marlin_timing import ROTATION_SETS, WARMUP_CALLS
+        windows = sorted(windows, key=lambda w: w["rep"])
+        row = timing_row(m, [w["samples"] for w in windows], windows[0]["distinct"], expert_bytes(self.shape),
+                         self.copy_rate())
         row.update(rotation_sets=ROTATION_SETS, warmup_calls=WARMUP_CALLS, timing=mode)
-        if states:
-            row["gpu_state"] = states
+        row["windows"] = [{"rep": w["rep"], "index": w["index"], "median_us": statistics.median(w["samples"]),
+                           "start": w["start"], "end": w["end"], "capped": window_capped(w["start"], w["end"])}
+                          for w in windows]
+        if self.gpu_state:
+            row["gpu_state"] = [w["end"] for w in windows]
+            row["capped_windows"] = sum(1 for w in row["windows"] if w["capped"])
+        self.events.emit("row", **{k: v for k, v in row.items() if k not in ("rep_median_us", "gpu_state", "windows")})
         return row
 
     def copy_rate(self) -> float | None:
@@ -413,7 +564,7 @@ class Bench:
     def memory_record(self) -> dict:
         a = self.args
         est = estimate(self.shape, a.batch_sizes, backend=self.name, weights=a.weights,
-                       sms=self.result["environment"].get("sms", 132))
+                       sms=self.result["environment"].get("sms", 132), order=a.order)
         record = {"weight_bytes": self.weights.nbytes(), "estimate": est.as_dict()}
         if self.device == "cuda":
             peak = self.torch.cuda.max_memory_allocated()
@@ -471,6 +622,12 @@ class Bench:
         finite = bool(torch.isfinite(out).all())
         rel = float((out - ref).norm() / ref.norm()) if finite else float("inf")
         return {"rel_err": rel, "finite": finite, "ok": finite and rel <= CHECK_TOLERANCE}
+
+
+def window_capped(start: dict | None, end: dict | None) -> bool | None:
+    """Whether a power or thermal cap held the clock down at the start or during a window (None without NVML)."""
+    states = [x for x in (start, end) if x]
+    return any(x.get("capped") for x in states) if states else None
 
 
 def handle_repack(name: str, handle):

@@ -11,11 +11,14 @@ backend.buffers(m) (allocated once per batch size, outside any timed region).
 """
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import inspect
 import sys
+import time
 import types
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 
@@ -23,11 +26,13 @@ from marlin_estimate import Shape, block_size_m, max_padded_tokens
 from marlin_weights import MoeWeights, dequantize
 
 ROUTED_SCALING_FACTOR = 2.827      # Kimi K2.x
-SEQUENCE_0517 = ("sgl_kernel.moe_align_block_size (all M) -> moe_wna16_marlin_gemm (top_k, no topk weights) "
-                 "-> sgl_kernel.silu_and_mul -> moe_wna16_marlin_gemm (top_k=1, topk weights) -> "
-                 "sgl_kernel.moe_sum_reduce; caches preallocated per batch size and zeroed each call. "
-                 "fused_marlin_moe 0.5.17 differs only at M=1 (a JIT single-token align) and in allocating "
-                 "the caches per call")
+SEQUENCE_0517 = ("align (sgl_kernel.moe_align_block_size; at M=1 with int32 ids sglang's JIT moe_align_single_token "
+                 "where importable) -> moe_wna16_marlin_gemm (top_k, no topk weights) -> silu_and_mul (sglang's "
+                 "JIT activation where importable, else sgl_kernel's) -> moe_wna16_marlin_gemm (top_k=1, topk "
+                 "weights) -> sgl_kernel.moe_sum_reduce; caches preallocated per batch size and zeroed each call")
+# What stays different from fused_marlin_moe 0.5.17 even when every sglang kernel it uses is importable.
+ALWAYS_DIFFERS = ("caches (sorted ids, intermediate caches, output) preallocated per batch size instead of "
+                  "allocated on every call; no custom-op dispatch",)
 
 
 class BackendUnavailable(Exception):
@@ -73,6 +78,18 @@ class KernelModules:
     uint4b8: object
     repack: object
     version: str
+    align_single_token: Callable | None = None     # sglang's JIT align for one token (what M=1 uses)
+    activation: Callable | None = None             # sglang's JIT silu_and_mul (what fused_marlin_moe uses)
+    missing: dict = field(default_factory=dict)    # kernel -> why the installed sglang could not give it
+
+    def sequence(self) -> dict:
+        """Which kernels this run uses and where it still differs from fused_marlin_moe (for result.json)."""
+        differs = list(ALWAYS_DIFFERS)
+        differs += [f"{kernel}: {why}" for kernel, why in self.missing.items()]
+        return {"align_m1": "sglang moe_align_single_token" if self.align_single_token
+                else "sgl_kernel.moe_align_block_size",
+                "activation": "sglang silu_and_mul (JIT)" if self.activation else "sgl_kernel.silu_and_mul",
+                "differs_from_fused_marlin_moe": differs}
 
 
 def sglang_package_dir() -> str:
@@ -98,7 +115,21 @@ def import_kernel_modules() -> KernelModules:
     except Exception as exc:  # any import failure means this backend is not available here
         raise BackendUnavailable(f"{type(exc).__name__}: {exc}") from exc
     check_gemm_signature(moe_wna16_marlin_gemm)
-    return KernelModules(sgl_kernel, moe_wna16_marlin_gemm, scalar_types.uint4b8, gptq_marlin_repack, version)
+    mods = KernelModules(sgl_kernel, moe_wna16_marlin_gemm, scalar_types.uint4b8, gptq_marlin_repack, version)
+    mods.align_single_token = optional_kernel(mods, "single-token align", "sglang.kernels.ops.moe.moe_align_single_token",
+                                              "moe_align_single_token")
+    mods.activation = optional_kernel(mods, "activation", "sglang.kernels.ops.activation.activation", "silu_and_mul")
+    return mods
+
+
+def optional_kernel(mods: KernelModules, kernel: str, module: str, name: str) -> Callable | None:
+    """A kernel fused_marlin_moe uses that this sglang may not offer without its full install (the JIT
+    activation module imports sglang.srt.utils); on failure the sequence uses sgl_kernel's and says why."""
+    try:
+        return getattr(importlib.import_module(module), name)
+    except Exception as exc:  # any failure: fall back to the sgl_kernel op, recorded in mods.missing
+        mods.missing[kernel] = f"{module}.{name} unavailable ({type(exc).__name__}: {exc}); used sgl_kernel's"
+        return None
 
 
 GEMM_PARAMS_0517 = ("a", "c_or_none", "b_q_weight", "b_bias_or_none", "b_scales", "global_scale_or_none",
@@ -126,8 +157,7 @@ class SglangKernels:
                  routed_scaling_factor: float = ROUTED_SCALING_FACTOR):
         self.shape, self.weights, self.mods, self.rsf = shape, weights, mods, routed_scaling_factor
         device = weights.w1.device
-        sms = torch.cuda.get_device_properties(device).multi_processor_count
-        self.workspace = torch.zeros(sms * 4, dtype=torch.int32, device=device)
+        self.workspace = marlin_workspace(device)
         # what fused_marlin_moe decides: atomic adds on fp16 or on sm90+
         self.atomic = weights.s1.dtype == torch.half or torch.cuda.get_device_capability(device)[0] >= 9
 
@@ -161,11 +191,16 @@ class SglangKernels:
     def __call__(self, x: torch.Tensor, topk_w: torch.Tensor, topk_ids: torch.Tensor, b: dict) -> torch.Tensor:
         s, w, sk = self.shape, self.weights, self.mods.sgl_kernel
         m = x.shape[0]
-        sk.moe_align_block_size(topk_ids, s.experts + 1, b["block_m"], b["sorted_ids"], b["expert_ids"],
-                                b["ntpp"], b["cumsum"], True)
+        if m == 1 and self.mods.align_single_token and topk_ids.dtype == torch.int32:
+            # fused_marlin_moe's M=1 path: one single-warp kernel (it allocates its three small outputs)
+            b = {**b, **dict(zip(("sorted_ids", "expert_ids", "ntpp"),
+                                 self.mods.align_single_token(topk_ids, b["block_m"])))}
+        else:
+            sk.moe_align_block_size(topk_ids, s.experts + 1, b["block_m"], b["sorted_ids"], b["expert_ids"],
+                                    b["ntpp"], b["cumsum"], True)
         b["c13"].zero_()                # Marlin skips masked rows: the shared cache must start at zero
         self._gemm(x, b["c1"], w.w1, w.s1, b, topk_w, s.topk, False, m, 2 * s.intermediate, s.hidden)
-        sk.silu_and_mul(b["c1"], b["c2"])
+        (self.mods.activation or sk.silu_and_mul)(b["c1"], b["c2"])
         self._gemm(b["c2"], b["c3"], w.w2, w.s2, b, topk_w, 1, True, m * s.topk, s.hidden, s.intermediate)
         sk.moe_sum_reduce(b["c3"].view(m, s.topk, s.hidden), b["out"], self.rsf)
         return b["out"]
@@ -183,22 +218,12 @@ class SglangFused:
                  routed_scaling_factor: float = ROUTED_SCALING_FACTOR):
         self.shape, self.weights, self.fused = shape, weights, fused
         device = weights.w1.device
-        sms = torch.cuda.get_device_properties(device).multi_processor_count
-        self.workspace = torch.zeros(sms * 4, dtype=torch.int32, device=device)
+        self.workspace = marlin_workspace(device)
         self.gating = torch.zeros(m_max, shape.experts, dtype=weights.s1.dtype, device=device)
-        self.kwargs = self.keywords(fused, routed_scaling_factor)
+        self.kwargs = fused_keywords(fused, {"num_bits": 4, "is_k_full": True, "inplace": False,
+                                             "routed_scaling_factor": routed_scaling_factor,
+                                             "workspace": self.workspace})
         self.version = version
-
-    def keywords(self, fused, rsf: float) -> dict:
-        wanted = {"num_bits": 4, "is_k_full": True, "inplace": False, "routed_scaling_factor": rsf,
-                  "workspace": self.workspace}
-        try:
-            params = inspect.signature(fused).parameters
-        except (TypeError, ValueError):
-            return wanted
-        if "num_bits" not in params:
-            raise BackendUnavailable("fused_marlin_moe has no num_bits parameter: cannot ask for int4")
-        return {k: v for k, v in wanted.items() if k in params}
 
     def buffers(self, m: int) -> dict:
         return {}
@@ -206,6 +231,38 @@ class SglangFused:
     def __call__(self, x: torch.Tensor, topk_w: torch.Tensor, topk_ids: torch.Tensor, buffers: dict) -> torch.Tensor:
         w = self.weights
         return self.fused(x, w.w1, w.w2, w.s1, w.s2, self.gating[: x.shape[0]], topk_w, topk_ids, **self.kwargs)
+
+
+def parameter_names(fn) -> list[str] | None:
+    """Parameter names of a registered torch op (from its schema: `inspect.signature` of an op only says
+    (*args, **kwargs)) or of a Python function; None when neither tells."""
+    overload = getattr(fn, "default", None) if isinstance(fn, torch._ops.OpOverloadPacket) else fn
+    schema = getattr(overload, "_schema", None)
+    if schema is not None:
+        return [arg.name for arg in schema.arguments]
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return None
+    return [p.name for p in params]
+
+
+def fused_keywords(fused, wanted: dict) -> dict:
+    """The keywords of `wanted` that this fused_marlin_moe accepts; int4 (num_bits) is not optional."""
+    names = parameter_names(fused)
+    if names is None:
+        return dict(wanted)
+    if "num_bits" not in names:
+        raise BackendUnavailable("fused_marlin_moe has no num_bits parameter: cannot ask for int4")
+    return {k: v for k, v in wanted.items() if k in names}
+
+
+def marlin_workspace(device: torch.device) -> torch.Tensor:
+    """The zeroed int32 locks both GEMMs share: 4 per SM (a token 4 elsewhere, where no kernel runs)."""
+    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
+    return torch.zeros(sms * 4, dtype=torch.int32, device=device)
 
 
 def import_fused():
@@ -220,3 +277,44 @@ def import_fused():
 def repack_function():
     """GPTQ → Marlin repack for one expert, wherever this sglang keeps it."""
     return import_kernel_modules().repack
+
+
+# -- building the JIT kernels ahead of the run (--prepare-only) --------------------------------------------
+
+# The module builders of sglang 0.5.17 that fused_marlin_moe and the kernel sequence load: (kernel, module,
+# builder, how to call it with the activation dtype). Each builds for the arch sglang detects on this device.
+JIT_BUILDERS_0517 = (
+    ("moe_wna16_marlin", "sglang.kernels.ops.moe.moe_wna16_marlin", "_jit_moe_wna16_marlin_module",
+     lambda build, dtype: build(dtype, False, False)),
+    ("moe_align_single_token", "sglang.kernels.ops.moe.moe_align_single_token", "_jit_align_single_token_module",
+     lambda build, dtype: build()),
+    ("activation", "sglang.kernels.ops.activation.activation", "activation_module",
+     lambda build, dtype: build(dtype)),
+    ("gptq_marlin_repack", "sglang.kernels.ops.quantization.gptq_marlin_repack", "_jit_gptq_marlin_repack_module",
+     lambda build, dtype: build()),
+)
+
+
+def build_jit_kernels(dtype: torch.dtype) -> list[dict]:
+    """Build (or load from the cache) every JIT module the Marlin backends use; no tensor is allocated."""
+    built = []
+    for kernel, module, builder, call in JIT_BUILDERS_0517:
+        began = time.monotonic()
+        try:
+            call(getattr(importlib.import_module(module), builder), dtype)
+        except Exception as exc:  # one module failing (e.g. the activation without sglang.srt) is recorded
+            built.append({"kernel": kernel, "ok": False, "seconds": time.monotonic() - began,
+                          "reason": f"{type(exc).__name__}: {exc}"})
+            continue
+        built.append({"kernel": kernel, "ok": True, "seconds": time.monotonic() - began})
+    return built
+
+
+def jit_arch() -> dict:
+    """The target sglang's JIT derives from this device (e.g. 9.0a on an H200, 10.0a on a B200)."""
+    try:
+        from sglang.kernels.jit.utils.arch import get_jit_cuda_arch
+        arch = get_jit_cuda_arch()
+    except Exception as exc:  # an sglang without this helper: say so rather than guess
+        return {"target": None, "reason": f"{type(exc).__name__}: {exc}"}
+    return {"target": arch.target_name, "major": arch.major, "minor": arch.minor}

@@ -7,10 +7,12 @@ The numbers follow the tensors bench_marlin_moe.py allocates, in the order it al
     repack scratch         --weights repack only: one expert's GPTQ source and repack output at a time
     workspace              sms * 4 int32 locks shared by both GEMMs
     static inputs          x, topk_ids, topk_weights (and gating for fused_marlin_moe) at the largest M
-    per-M buffers          align outputs + the GEMM caches + the output, one batch size at a time
+    per-M buffers          align outputs + the GEMM caches + the output: one batch size at a time with
+                           --order ascending; every batch size at once with an interleaved order (random,
+                           alternating), which keeps each batch size's buffers and graph until its last window
 
 so the peak of allocated bytes is weights + the larger of (repack scratch) and
-(workspace + static inputs + per-M buffers at the largest M). `required_bytes` adds the caching
+(workspace + static inputs + per-M buffers). `required_bytes` adds the caching
 allocator's slack and the memory CUDA and the kernel modules take outside the allocator: that is what
 must be free on the GPU before the payload starts.
 """
@@ -139,13 +141,14 @@ class Estimate:
 
 
 def estimate(s: Shape, batch_sizes: list[int], *, backend: str = "sglang-kernels", weights: str = "direct",
-             sms: int = H200_SMS) -> Estimate:
+             sms: int = H200_SMS, order: str = "random") -> Estimate:
     """Peak allocated bytes of one benchmark run, and the free GPU memory it needs to start."""
     m_max = max(batch_sizes)
     wbytes = weight_bytes(s)
     workspace = round_block(sms * 4 * 4)
     static = sum(static_inputs(m_max, s, gating=backend == "sglang").values())
-    per_m = max(sum(per_m_buffers(m, s).values()) for m in batch_sizes)
+    buffers = [sum(per_m_buffers(m, s).values()) for m in batch_sizes]
+    per_m = max(buffers) if order == "ascending" else sum(buffers)
     if backend == "torch":
         per_m = torch_reference_scratch(m_max, s)
     scratch = repack_scratch(s) if weights == "repack" else 0
@@ -181,4 +184,4 @@ def estimate_from_args(args: dict) -> Estimate:
     backend = str(args.get("backend", "auto"))
     return estimate(shape_from_args(args), batch_sizes_from_args(args),
                     backend="sglang" if backend == "auto" else backend,
-                    weights=str(args.get("weights", "direct")))
+                    weights=str(args.get("weights", "direct")), order=str(args.get("order", "random")))

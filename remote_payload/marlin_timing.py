@@ -21,6 +21,9 @@ from marlin_estimate import Shape
 ROTATION_SETS = 16
 WARMUP_CALLS = 10
 COPY_PROBE_ELEMENTS = 256 * (1 << 20) // 4      # 256 MiB of float32, source and destination
+# NVML clock-event reasons that mean a cap held the clock down: software power cap 0x4, hardware slowdown
+# 0x8, software thermal 0x20, hardware thermal 0x40, hardware power brake 0x80 (nvml.h)
+CAP_REASONS = 0x4 | 0x8 | 0x20 | 0x40 | 0x80
 
 
 @dataclass
@@ -105,26 +108,50 @@ def capture_graph(call: Call) -> tuple["torch.cuda.CUDAGraph", object]:
     return graph, output
 
 
-def measure(call: Call, sets: RotationSets, statics: Statics, iterations: int, repeats: int, cuda: bool,
-            gpu_state: Callable[[], dict] | None = None) -> tuple[list[list[float]], list[dict]]:
-    """Per repetition, `iterations` timings in µs, each after loading the next rotation set; and the GPU's
-    clocks and power read while the repetition's work is still queued (the host runs ahead of the GPU)."""
-    counter = 0
-    for _ in range(WARMUP_CALLS):
-        sets.load(counter % len(sets.x), statics)
-        counter += 1
-        call()
-    repetitions, states = [], []
-    for _ in range(repeats):
-        timer = CudaTimer() if cuda else HostTimer()
+class Window:
+    """One batch size ready to time: its call (a graph replay or the eager call), rotation sets and statics.
+    Windows of different batch sizes can be timed in any order; each keeps its own place in the rotation."""
+
+    def __init__(self, call: Call, sets: RotationSets, statics: Statics, cuda: bool):
+        self.call, self.sets, self.statics, self.cuda = call, sets, statics, cuda
+        self.counter = 0
+
+    def step(self) -> None:
+        self.sets.load(self.counter % len(self.sets.x), self.statics)
+        self.counter += 1
+        self.call()
+
+    def warm_up(self, calls: int = WARMUP_CALLS) -> None:
+        for _ in range(calls):
+            self.step()
+
+    def settle(self, mode: str, ms: float) -> None:
+        """Before a timed window: `idle` lets the card cool for ms; `busy` runs this window's own call, untimed,
+        for ms, so each window starts at the clock and power its own load settles to, not its predecessor's."""
+        if mode == "none" or ms <= 0:
+            return
+        self.synchronize()
+        deadline = time.perf_counter() + ms / 1000.0
+        if mode == "idle":
+            time.sleep(ms / 1000.0)
+            return
+        while time.perf_counter() < deadline:
+            self.step()
+            self.synchronize()
+
+    def time(self, iterations: int, gpu_state: Callable[[], dict] | None = None) -> tuple[list[float], dict | None]:
+        """`iterations` timings in µs, and the GPU's state read while they are still queued (the host runs ahead)."""
+        timer = CudaTimer() if self.cuda else HostTimer()
         for _ in range(iterations):
-            sets.load(counter % len(sets.x), statics)
-            counter += 1
-            timer.time(call)
-        if gpu_state:
-            states.append(gpu_state())
-        repetitions.append(timer.results_us())
-    return repetitions, states
+            self.sets.load(self.counter % len(self.sets.x), self.statics)
+            self.counter += 1
+            timer.time(self.call)
+        state = gpu_state() if gpu_state else None
+        return timer.results_us(), state
+
+    def synchronize(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize()
 
 
 def nvml_sampler(torch_module) -> Callable[[], dict] | None:
@@ -140,10 +167,11 @@ def nvml_sampler(torch_module) -> Callable[[], dict] | None:
         getattr(pynvml, "nvmlDeviceGetCurrentClocksThrottleReasons")
 
     def sample() -> dict:
+        bits = reasons(handle)
         return {"sm_mhz": pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM),
                 "power_w": pynvml.nvmlDeviceGetPowerUsage(handle) / 1000.0,
                 "temp_c": pynvml.nvmlDeviceGetTemperature(handle, pynvml.NVML_TEMPERATURE_GPU),
-                "clock_event_reasons": hex(reasons(handle))}
+                "clock_event_reasons": hex(bits), "capped": bool(bits & CAP_REASONS)}
     return sample
 
 

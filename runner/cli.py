@@ -1,4 +1,5 @@
-"""The `runner` command line. The only module that prints errors or chooses exit codes (see `main`).
+"""The `runner` command line. The only module that prints errors or exits: `main` for errors (each carries
+its code, errors.py), `exit_code` for what a command found (a job's or a service's state).
 
 Human output goes to stdout, progress and messages to stderr; `--json` prints one JSON document.
 """
@@ -11,11 +12,12 @@ from dataclasses import asdict
 
 import click
 
+from remote_payload.contract import STATES, is_terminal
+
 from . import controller
-from .errors import RunnerError, SpecError
+from .errors import EXIT_ABORTED, EXIT_FAILED, EXIT_OK, EXIT_STILL_RUNNING, EXIT_USAGE, RunnerError, SpecError
 from .store import Store
 
-EXIT_STILL_RUNNING = 75
 DEFAULT_MAX_WAIT = 50.0
 
 EXIT_CODES_HELP = """\b
@@ -77,7 +79,7 @@ def tail(job_id: str, follow: bool, max_wait: float, from_start: bool, as_json: 
         _progress(f"[runner] {job_id} still {outcome.state}; call again")
     else:
         _progress(f"[runner] {job_id} ended {outcome.state} (exit code {outcome.exit_code})")
-    sys.exit(_job_exit(outcome.state) if outcome.terminal else EXIT_STILL_RUNNING)
+    sys.exit(exit_code(outcome.state, settled=outcome.terminal))
 
 
 class _Capture:
@@ -92,10 +94,6 @@ class _Capture:
 
     def text(self) -> str:
         return self.buf.decode("utf-8", "replace")
-
-
-def _job_exit(state: str) -> int:
-    return 0 if state == "SUCCEEDED" else 1
 
 
 @cli.command(help="State, phase, service and GPU state of one job (or all known jobs).\n\n" + EXIT_CODES_HELP)
@@ -148,23 +146,6 @@ def cancel(job_id: str, as_json: bool) -> None:
         _progress(f"cancel requested: {job_id} is {answer.get('state')}; follow with `runner tail {job_id} -f`")
 
 
-@cli.command(help="Fetch the job's result.json: a table, or a lever plot with --plot.\n\n" + EXIT_CODES_HELP)
-@click.argument("job_id")
-@click.option("--json", "as_json", is_flag=True, help="Print result.json as one JSON document.")
-@click.option("--plot", "plot_path", default=None, metavar="FILE.png", help="Write µs/token and lever vs batch size.")
-def results(job_id: str, as_json: bool, plot_path: str | None) -> None:
-    result = controller.result(job_id, store=Store())
-    if as_json:
-        _emit_json(result)
-    else:
-        click.echo(_render_result(result))
-    if plot_path:
-        from .results import plot_lever
-
-        plot_lever(result, plot_path)
-        _progress(f"wrote {plot_path}")
-
-
 def _render_result(result: dict) -> str:
     from .results import render_any
 
@@ -194,23 +175,20 @@ def restore_service(job_file, address, user, port, unit, scope, sudo, health_url
         click.echo(f"{service['unit']}: {answer.get('state')} ({answer.get('active_state')}/{answer.get('sub_state')})")
         if answer.get("state") == "failed" and answer.get("log_tail"):
             click.echo(answer["log_tail"])
-    sys.exit({"healthy": 0, "starting": EXIT_STILL_RUNNING}.get(answer.get("state"), 1))
+    sys.exit(exit_code(answer.get("state")))
 
 
 def _restore_target(job_file, address, user, port, unit, scope, sudo, health_url, host_key_policy):
-    if job_file and (address or unit):
-        raise SpecError("give either JOB.yaml or --host/--unit, not both")
-    if job_file:
-        return controller.restore_target_from_spec(job_file, [])
-    if not (address and unit):
-        raise SpecError("restore-service needs JOB.yaml, or both --host and --unit")
-    from .spec import HostSpec, ServiceSpec, section_from_options
+    return controller.restore_target(job_file, address=address, user=user, port=port, unit=unit, scope=scope,
+                                     sudo=sudo, health_url=health_url, host_key_policy=host_key_policy)
 
-    host = section_from_options(HostSpec, "--host", address=address, user=user, port=port,
-                                host_key_policy=host_key_policy)
-    service = section_from_options(ServiceSpec, "--unit", manager="systemd", unit=unit, scope=scope, sudo=sudo,
-                                   health_url=health_url)
-    return host.model_dump(), service.model_dump()
+
+def exit_code(state: str | None, *, settled: bool = True) -> int:
+    """The exit status for what a command found: a job state, or a restore's service state (healthy/starting/
+    failed). settled=False: there is more to come (tail has output left to print), so "call again"."""
+    if not settled or state == "starting" or (state in STATES and not is_terminal(state)):
+        return EXIT_STILL_RUNNING
+    return EXIT_OK if state in ("SUCCEEDED", "healthy") else EXIT_FAILED
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -221,15 +199,135 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(exc.exit_code)
     except click.ClickException as exc:
         exc.show()
-        sys.exit(2)
+        sys.exit(EXIT_USAGE)
     except click.Abort:
         click.echo("aborted", err=True)
-        sys.exit(130)
+        sys.exit(EXIT_ABORTED)
     except RunnerError as exc:
         click.echo(f"runner: error: {exc}", err=True)
         if exc.hint:
             click.echo(f"runner: hint: {exc.hint}", err=True)
         sys.exit(exc.exit_code)
     except BrokenPipeError:
-        sys.exit(1)
-    sys.exit(0)
+        sys.exit(EXIT_FAILED)
+    sys.exit(EXIT_OK)
+
+
+# -- results, the regression gate, history, wait, mcp (logic in ci.py, gate.py, history.py, mcp_server.py) --
+
+def _tolerance(_ctx, _param, value: str) -> float:
+    from .gate import parse_tolerance
+
+    try:
+        return parse_tolerance(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+@cli.command(name="results", help="Fetch the job's result.json (ID may be a result.json path): a table, a lever "
+                                  "plot, a regression gate against a baseline, or two runs side by side.\n\n"
+                                  "Gate exit codes: 0 within, 1 regression or missing metric, 2 bad baseline.\n\n"
+                                  + EXIT_CODES_HELP)
+@click.argument("job_id", metavar="ID")
+@click.option("--json", "as_json", is_flag=True, help="Print result.json as one JSON document.")
+@click.option("--plot", "plot_path", default=None, metavar="FILE.png", help="Plot the rows (the lever figure for the Marlin benchmark).")
+@click.option("--baseline", "baseline_path", default=None, metavar="FILE", help="Gate against this baseline file.")
+@click.option("--save-baseline", "save_path", default=None, metavar="FILE", help="Write this result's metrics as a baseline.")
+@click.option("--compare", "other", default=None, metavar="ID2", help="Show ID and ID2 (id or result.json) side by side.")
+@click.option("--tolerance", default="5%", callback=_tolerance, show_default=True,
+              help="Allowed worsening on top of each metric's measured spread (5% or 0.05).")
+@click.option("--format", "fmt", type=click.Choice(["text", "markdown", "junit"]), default="text", show_default=True,
+              help="Gate output: a text table, GitHub markdown ($GITHUB_STEP_SUMMARY) or JUnit XML.")
+def results(job_id, as_json, plot_path, baseline_path, save_path, other, tolerance, fmt) -> None:
+    from . import ci, gate, gate_report
+
+    store = Store()
+    current = ci.collect(job_id, store=store)
+    if current.warning:
+        _progress(current.warning)
+    if save_path:
+        document = gate.write_baseline(save_path, current.result, current.source)
+        _progress(f"wrote {save_path}: {len(document['metrics'])} metrics from {current.source}")
+    if baseline_path:
+        verdicts = ci.gate_against(baseline_path, current, tolerance)
+        click.echo(gate_report.render(verdicts, fmt, baseline=baseline_path, current=current.source,
+                                      tolerance=tolerance), nl=False)
+        sys.exit(gate.exit_code(verdicts))
+    if other:
+        second = ci.collect(other, store=store)
+        verdicts = ci.compare_runs(current, second, tolerance)
+        click.echo(gate_report.side_by_side(current.result, second.result, verdicts,
+                                            name_a=current.source, name_b=second.source), nl=False)
+    elif as_json:
+        _emit_json(current.result)
+    elif not save_path:
+        click.echo(_render_result(current.result))
+    if plot_path:
+        from .results import plot
+
+        plot(current.result, plot_path)
+        _progress(f"wrote {plot_path}")
+
+
+@cli.command(help="Recorded results (every `runner results ID` records one): list, or plot a metric over runs.")
+@click.option("--host", default=None, help="Only runs on this host (the spec's host.address).")
+@click.option("--metric", default=None, metavar="NAME", help="Only runs with this metric, shown in the table "
+              "(e.g. lever_512, median_us_1, peak_over_weights; default column lever_512).")
+@click.option("--plot", "plot_path", default=None, metavar="FILE.png", help="Plot the metric (default lever_512).")
+@click.option("--import", "imports", multiple=True, metavar="RESULT.json",
+              help="Record result files first (job id = the path as given); repeatable.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+def history(host, metric, plot_path, imports, as_json) -> None:
+    from . import history as hist
+    from . import history_report
+    from .ci import collect
+
+    store = Store()
+    path = hist.db_path(store.root)
+    for ref in imports:
+        warning = hist.record(path, hist.run_from_result(ref, collect(ref, store=store, record=False).result))
+        if warning:
+            raise RunnerError(warning)
+    runs = hist.runs(path, host=host, metric=metric or (history_report.DEFAULT_METRIC if plot_path else None))
+    if as_json:
+        _emit_json([asdict(r) for r in runs])
+    else:
+        click.echo(history_report.render(runs, metric), nl=False)
+    if plot_path:
+        history_report.plot(runs, metric or history_report.DEFAULT_METRIC, plot_path)
+        _progress(f"wrote {plot_path}")
+
+
+@cli.command(help="Block until the job ends, printing its log as it comes (for CI; agents use `tail`).\n\n"
+                  "Exit codes: 0 SUCCEEDED · 1 ended otherwise · 75 still running at --timeout · 2 · 3")
+@click.argument("job_id")
+@click.option("--timeout", "timeout", default="30m", show_default=True, help="Give up after this long (30s, 5m, 1h).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document at the end (the log still streams).")
+def wait(job_id: str, timeout: str, as_json: bool) -> None:
+    from . import ci
+    from .spec_fields import parse_duration
+
+    try:
+        seconds = parse_duration(timeout)
+    except ValueError as exc:
+        raise SpecError(f"--timeout: {exc}") from None
+    outcome = ci.wait(job_id, store=Store(), out=sys.stdout.buffer, timeout=seconds, progress=_progress)
+    if as_json:
+        _emit_json(asdict(outcome))
+    if not outcome.terminal:
+        _progress(f"[runner] {job_id} still {outcome.state} after {timeout}; it keeps running (`runner cancel {job_id}`)")
+    else:
+        _progress(f"[runner] {job_id} ended {outcome.state} (payload exit code {outcome.exit_code})")
+    sys.exit(exit_code(outcome.state, settled=outcome.terminal))
+
+
+@cli.command(help="Serve the runner's commands as MCP tools over stdio (needs the `mcp` extra).\n\n"
+                  "Client config: {\"command\": \"runner\", \"args\": [\"mcp\"]}")
+def mcp() -> None:
+    try:
+        from .mcp_server import serve
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").split(".")[0] != "mcp":
+            raise
+        raise SpecError("`runner mcp` needs the MCP SDK", hint="pip install 'runner[mcp]'") from None
+    serve()

@@ -9,18 +9,22 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import BinaryIO, Callable
+from typing import BinaryIO, Callable, Sequence
 
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, stop_after_delay, wait_exponential
 
+from remote_payload.contract import DEFAULTS
+
 from . import preflight
+from .deadline import Deadline
 from .errors import HostKeyError, PreflightError, RemoteError, SpecError, TransportError
-from .host import Bundle, HostClient, build_bundle, payload_dir
-from .spec import JobSpec, check_job_id, job_id_for, load_spec
+from .host import CALL_TIMEOUT_S, Bundle, HostClient, build_bundle, payload_dir
+from .job_id import check_job_id, job_id_for
+from .spec import HostSpec, JobSpec, ServiceSpec
+from .spec_load import load_spec, section_from_options
 from .store import JobRecord, Store
 from .transport import LocalTransport, SshTarget, SshTransport
 
-TERMINAL = {"SUCCEEDED", "FAILED", "TIMED_OUT", "CANCELLED", "LOST"}
 LOG_CHUNK = 1 << 20
 LONG_POLL_S = 5.0
 # How far past --max-wait one round trip may run before the call gives up (exit 3): the bound of invariant 2
@@ -49,7 +53,9 @@ class TailOutcome:
     printed: int
 
 
-def connect(host: dict, bundle: Bundle | None = None) -> HostClient:
+def connect(host: dict, bundle: Bundle | None = None, deadline: Deadline | None = None) -> HostClient:
+    """A client for the host section of a spec; use it as `with connect(host) as client:` (closes the transport).
+    deadline: the command's own, which no call may outlive (default: each call's allowance alone)."""
     if host["address"] == "local":
         transport = LocalTransport()
     else:
@@ -59,7 +65,8 @@ def connect(host: dict, bundle: Bundle | None = None) -> HostClient:
             connect_timeout=host.get("connect_timeout", 10.0)))
     if bundle is None:
         bundle, _ = build_bundle()
-    return HostClient(transport, root=host.get("root", "~/.runner"), python=host.get("python", "python3"), bundle=bundle)
+    return HostClient(transport, root=host.get("root", DEFAULTS["host.root"]),
+                      python=host.get("python", "python3"), bundle=bundle, deadline=deadline)
 
 
 def _retrying(deadline_s: float = 20.0) -> Retrying:
@@ -96,16 +103,13 @@ def submit(spec_path: str, overrides: list[str], *, queue: bool = False, job_id:
     bundle, script_name = build_bundle(source)
     wire = spec.to_wire(job_id, required_mib(spec), script_name)
     host = spec.host.model_dump()
-    client = connect(host, bundle)
-    try:
+    with connect(host, bundle) as client:
         progress(f"preflight on {spec.host.address} …")
         report = _preflight(client, wire)
         decision = preflight.decide(wire, report, queue=queue)
         for note in decision.notes:
             progress(note)
         answer, already = _start_once(client, wire, queue)
-    finally:
-        client.transport.close()
     store.save(JobRecord(job_id=job_id, name=spec.name, host=host, spec_path=str(Path(spec_path).resolve()),
                          submitted_at=time.time(), service=wire["service"], last_state=answer.get("state", "QUEUED")))
     return Submitted(job_id, answer.get("state", "QUEUED"), spec.host.address, decision.stop_service,
@@ -129,7 +133,7 @@ def _start_once(client: HostClient, wire: dict, queue: bool) -> tuple[dict, bool
     except TransportError as exc:
         if isinstance(exc, HostKeyError):
             raise
-        client.transport.close()
+        client.close()
         found = _retrying()(client.status, [wire["job_id"]])
         if found and found[0].get("state") not in (None, "UNKNOWN"):
             return found[0], False
@@ -144,19 +148,17 @@ def _start_once(client: HostClient, wire: dict, queue: bool) -> tuple[dict, bool
 # -- tail -------------------------------------------------------------------------------------------------
 
 def tail(job_id: str, *, store: Store, out: BinaryIO, follow: bool, max_wait: float, from_start: bool) -> TailOutcome:
-    """Print log bytes after the stored cursor; with follow, until terminal or max_wait. Never past max_wait."""
-    deadline = time.monotonic() + max_wait
+    """Print log bytes after the stored cursor; with follow, until terminal or max_wait. Never past max_wait
+    plus one round trip's allowance (the client's deadline)."""
+    waiting = Deadline(max_wait)
     record = store.load(check_job_id(job_id))
     cursor = 0 if from_start else record.cursor
-    client = connect(record.host)
     printed = 0
-    try:
+    with connect(record.host, deadline=Deadline(max_wait + ROUND_TRIP_ALLOWANCE_S)) as client:
         while True:
-            left = deadline - time.monotonic()
-            wait = max(0.0, min(LONG_POLL_S, left - 0.2)) if follow else 0.0
+            wait = max(0.0, min(LONG_POLL_S, waiting.left() - 0.2)) if follow else 0.0
             try:
-                answer = client.logs(job_id, cursor, max_bytes=LOG_CHUNK, wait=wait,
-                                     timeout=max(0.0, left) + ROUND_TRIP_ALLOWANCE_S)
+                answer = client.logs(job_id, cursor, max_bytes=LOG_CHUNK, wait=wait)
             except TransportError:
                 if not printed:
                     raise
@@ -175,10 +177,8 @@ def tail(job_id: str, *, store: Store, out: BinaryIO, follow: bool, max_wait: fl
             if answer["terminal"] and caught_up:
                 return TailOutcome(job_id, answer["state"], answer.get("exit_code"), True, cursor, printed)
             # A backlog is drained chunk by chunk, but never past max_wait: the rest comes with the next call.
-            if (caught_up and not follow) or time.monotonic() >= deadline - 0.25:
+            if (caught_up and not follow) or waiting.left() <= 0.25:
                 return TailOutcome(job_id, answer["state"], answer.get("exit_code"), False, cursor, printed)
-    finally:
-        client.transport.close()
 
 
 # -- status, list, cancel, results, restore ---------------------------------------------------------------
@@ -190,11 +190,8 @@ def status(job_ids: list[str], *, store: Store) -> list[dict]:
         by_host.setdefault(_host_key(record.host), []).append(record)
     answers = []
     for group in by_host.values():
-        client = connect(group[0].host)
-        try:
+        with connect(group[0].host) as client:
             found = _retrying()(client.status, [r.job_id for r in group])
-        finally:
-            client.transport.close()
         for record, job in zip(group, found):
             if job.get("state", record.last_state) != record.last_state:
                 store.update_state(record.job_id, job["state"])
@@ -208,32 +205,38 @@ def _host_key(host: dict) -> tuple:
 
 def cancel(job_id: str, *, store: Store) -> dict:
     record = store.load(check_job_id(job_id))
-    client = connect(record.host)
-    try:
+    with connect(record.host) as client:
         return client.cancel(job_id)
-    finally:
-        client.transport.close()
 
 
 def result(job_id: str, *, store: Store) -> dict:
     record = store.load(check_job_id(job_id))
-    client = connect(record.host)
-    try:
+    with connect(record.host) as client:
         return _retrying()(client.result, job_id)
-    finally:
-        client.transport.close()
 
 
 def restore_service(host: dict, service: dict, *, max_wait: float) -> dict:
+    """Start the unit if inactive and wait until healthy, at most max_wait on the host plus one round trip."""
     if service.get("manager", "systemd") != "systemd" or not service.get("unit"):
         raise SpecError("restore-service needs a systemd unit (service.manager: systemd and service.unit)")
-    client = connect(host)
-    try:
-        return client.service_restore(service, max_wait=max_wait)
-    finally:
-        client.transport.close()
+    with connect(host, deadline=Deadline(max_wait + CALL_TIMEOUT_S)) as client:
+        return client.restore_service(service, max_wait=max_wait)
 
 
-def restore_target_from_spec(spec_path: str, overrides: list[str]) -> tuple[dict, dict]:
-    spec = load_spec(spec_path, overrides)
-    return spec.host.model_dump(), spec.service.model_dump()
+def restore_target(spec_path: str | None, *, address: str | None = None, unit: str | None = None,
+                   overrides: Sequence[str] = (), **options) -> tuple[dict, dict]:
+    """The (host, service) sections to restore: from JOB.yaml, or from --host/--unit and their options
+    (user, port, host_key_policy for the host; scope, sudo, health_url for the service), validated alike."""
+    if spec_path and (address or unit):
+        raise SpecError("give either JOB.yaml or --host/--unit, not both")
+    if spec_path:
+        spec = load_spec(spec_path, overrides)
+        return spec.host.model_dump(), spec.service.model_dump()
+    if not (address and unit):
+        raise SpecError("restore-service needs JOB.yaml, or both --host and --unit")
+    host_keys = ("user", "port", "host_key_policy")
+    host = section_from_options(HostSpec, "--host", address=address,
+                                **{k: v for k, v in options.items() if k in host_keys and v is not None})
+    service = section_from_options(ServiceSpec, "--unit", manager="systemd", unit=unit,
+                                   **{k: v for k, v in options.items() if k not in host_keys and v is not None})
+    return host.model_dump(), service.model_dump()

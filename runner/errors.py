@@ -1,4 +1,5 @@
-"""The one error tree of runner. `cli.py` is the only place that turns these into messages and exit codes.
+"""The one error tree of runner, and every exit status runner uses. `cli.py` is the only place that turns
+these into messages and process exits (`cli.exit_code` for outcomes that are not errors).
 
     RunnerError                      exit 1 unless a subclass says otherwise
     ├── SpecError                    2  bad job spec or bad command-line usage
@@ -8,13 +9,23 @@
     ├── HostBusy                     5  a lock is held; the message names the holder
     ├── RemoteError                  1  the supervisor answered an error
     │   └── UnknownJob               2  no such job id on the host or in the local index
-    └── NoResult                     1  the job wrote no result.json
+    ├── NoResult                     1  the job wrote no result.json
+    └── BadBaseline                  2  a regression-gate baseline file that cannot be used
 """
 from __future__ import annotations
 
+EXIT_OK = 0             # done, accepted, SUCCEEDED, healthy
+EXIT_FAILED = 1         # the job ended other than SUCCEEDED, no result, the service failed to come back
+EXIT_USAGE = 2          # bad spec or usage, unknown job id
+EXIT_UNREACHABLE = 3    # host unreachable, auth failed, host key unknown or changed
+EXIT_REFUSED = 4        # preflight refused
+EXIT_BUSY = 5           # a lock is held by another job
+EXIT_STILL_RUNNING = 75  # still running / still starting: call again (EX_TEMPFAIL)
+EXIT_ABORTED = 130      # interrupted (Ctrl-C)
+
 
 class RunnerError(Exception):
-    exit_code = 1
+    exit_code = EXIT_FAILED
     hint = ""
 
     def __init__(self, message: str, *, hint: str = "") -> None:
@@ -24,11 +35,11 @@ class RunnerError(Exception):
 
 
 class SpecError(RunnerError):
-    exit_code = 2
+    exit_code = EXIT_USAGE
 
 
 class TransportError(RunnerError):
-    exit_code = 3
+    exit_code = EXIT_UNREACHABLE
 
 
 class HostKeyError(TransportError):
@@ -36,11 +47,11 @@ class HostKeyError(TransportError):
 
 
 class PreflightError(RunnerError):
-    exit_code = 4
+    exit_code = EXIT_REFUSED
 
 
 class HostBusy(RunnerError):
-    exit_code = 5
+    exit_code = EXIT_BUSY
 
 
 class RemoteError(RunnerError):
@@ -51,8 +62,14 @@ class RemoteError(RunnerError):
 
 
 class UnknownJob(RemoteError):
-    exit_code = 2
+    exit_code = EXIT_USAGE
 
 
 class NoResult(RunnerError):
     pass
+
+
+class BadBaseline(RunnerError):
+    """A regression-gate baseline file that cannot be used (runner/gate.py)."""
+
+    exit_code = 2

@@ -1,7 +1,10 @@
 """The controller's side of the host protocol (docs/protocol.md): one method per supervisor subcommand.
 
 Every call is `python3 -c BOOT ROOT HASH SUBCOMMAND ARGS…`: BOOT execs the uploaded supervisor, or answers
-"payload-missing" (exit 42), in which case the bundle is uploaded once and the call repeated.
+"payload-missing" (exit 42), in which case the bundle is uploaded once and the call repeated. One call is
+bounded by one Deadline (its own allowance, capped by the command's), shared by its boot, upload and retry.
+
+`HostClient` is a context manager: `with connect(host) as client:` closes the transport on every path.
 """
 from __future__ import annotations
 
@@ -9,17 +12,19 @@ import base64
 import hashlib
 import io
 import json
+import math
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+from remote_payload.contract import EXIT_PAYLOAD_MISSING
+
+from .deadline import Deadline
 from .errors import HostBusy, PreflightError, RemoteError, UnknownJob
 from .transport import Completed, Transport
 
-PAYLOAD_MISSING = 42
 CALL_TIMEOUT_S = 30.0
-UPLOAD_TIMEOUT_S = 120.0
 START_TIMEOUT_S = 45.0
 
 BOOT = r"""
@@ -28,9 +33,9 @@ root, digest = os.path.expanduser(sys.argv[1]), sys.argv[2]
 sup = os.path.join(root, "payload", digest, "supervisor.py")
 if not os.path.isfile(sup):
     sys.stdout.write('{"ok": false, "error": "payload-missing"}\n')
-    sys.exit(42)
+    sys.exit(%d)
 os.execv(sys.executable, [sys.executable, sup] + sys.argv[3:] + ["--root", root])
-"""
+""" % EXIT_PAYLOAD_MISSING
 
 # Unpacks a tar.gz of the bundle from stdin into ROOT/payload/HASH, atomically (temp dir + rename), and
 # refuses members that are not plain files inside the bundle or whose content does not hash to HASH.
@@ -111,14 +116,28 @@ def build_bundle(extra_script: Path | None = None) -> tuple[Bundle, str | None]:
 
 
 class HostClient:
-    """Typed calls to the supervisor on one host. Raises RemoteError (or a subclass) for `ok: false`."""
+    """Typed calls to the supervisor on one host. Raises RemoteError (or a subclass) for `ok: false`.
 
-    def __init__(self, transport: Transport, *, root: str, python: str, bundle: Bundle) -> None:
+    `deadline` is the calling command's: no call runs past it, whatever its own allowance.
+    """
+
+    def __init__(self, transport: Transport, *, root: str, python: str, bundle: Bundle,
+                 deadline: Deadline | None = None) -> None:
         self.transport = transport
         self.root = root
         self.python = python
         self.bundle = bundle
+        self.deadline = deadline or Deadline(math.inf)
         self.round_trips = 0
+
+    def __enter__(self) -> HostClient:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.transport.close()
 
     def preflight(self, wire: dict) -> dict:
         return self.call("preflight", [], stdin=_json_bytes(wire))
@@ -126,51 +145,55 @@ class HostClient:
     def start(self, wire: dict, *, queue: bool = False) -> dict:
         args = ["--job-id", wire["job_id"]] + (["--queue"] if queue else [])
         # Longer than the host's own wait for the detached supervisor (30 s), so its answer always arrives.
-        return self.call("start", args, stdin=_json_bytes(wire), timeout=START_TIMEOUT_S)
+        return self.call("start", args, stdin=_json_bytes(wire), allowance=START_TIMEOUT_S)
 
     def status(self, job_ids: Sequence[str] = ()) -> list[dict]:
         args = [a for job_id in job_ids for a in ("--job-id", job_id)]
         return self.call("status", args)["jobs"]
 
-    def logs(self, job_id: str, offset: int, *, max_bytes: int, wait: float, timeout: float | None = None) -> dict:
+    def logs(self, job_id: str, offset: int, *, max_bytes: int, wait: float) -> dict:
         args = ["--job-id", job_id, "--offset", str(offset), "--max", str(max_bytes), "--wait", f"{wait:.2f}"]
-        answer = self.call("logs", args, timeout=timeout if timeout is not None else CALL_TIMEOUT_S + wait)
+        answer = self.call("logs", args, allowance=CALL_TIMEOUT_S + wait)
         answer["data"] = base64.b64decode(answer.pop("data_b64", ""))
         return answer
 
     def cancel(self, job_id: str) -> dict:
         return self.call("cancel", ["--job-id", job_id])
 
-    def restore(self, job_id: str) -> dict:
+    def restore_job(self, job_id: str) -> dict:
+        """Wire `restore`: bring the job's service back to its recorded prior state."""
         return self.call("restore", ["--job-id", job_id])
 
-    def service_restore(self, service: dict, *, max_wait: float) -> dict:
+    def restore_service(self, service: dict, *, max_wait: float) -> dict:
+        """Wire `restore-service`: start the unit if inactive and wait until healthy or max_wait."""
         args = ["--unit", service["unit"], "--scope", service.get("scope", "system"), "--max-wait", f"{max_wait:.1f}"]
         if service.get("sudo"):
             args.append("--sudo")
         if service.get("health_url"):
             args += ["--health-url", service["health_url"]]
-        return self.call("service-restore", args, timeout=CALL_TIMEOUT_S + max_wait)
+        return self.call("restore-service", args, allowance=CALL_TIMEOUT_S + max_wait)
 
     def result(self, job_id: str) -> dict:
         return self.call("result", ["--job-id", job_id])["result"]
 
-    def call(self, sub: str, args: list[str], *, stdin: bytes = b"", timeout: float = CALL_TIMEOUT_S) -> dict:
-        done = self._run_boot(sub, args, stdin, timeout)
-        if done.exit_code == PAYLOAD_MISSING:
-            self.upload(timeout=min(UPLOAD_TIMEOUT_S, timeout))
-            done = self._run_boot(sub, args, stdin, timeout)
+    def call(self, sub: str, args: list[str], *, stdin: bytes = b"", allowance: float = CALL_TIMEOUT_S) -> dict:
+        """One supervisor call; its boot, the upload it may need and the repeat share one deadline."""
+        deadline = self.deadline.within(allowance)
+        done = self._run_boot(sub, args, stdin, deadline)
+        if done.exit_code == EXIT_PAYLOAD_MISSING:
+            self.upload(deadline)
+            done = self._run_boot(sub, args, stdin, deadline)
         return _answer(done, sub)
 
-    def upload(self, timeout: float = UPLOAD_TIMEOUT_S) -> None:
+    def upload(self, deadline: Deadline) -> None:
         argv = [self.python, "-c", UNPACK, self.root, self.bundle.digest]
         self.round_trips += 1
-        _answer(self.transport.run(argv, stdin=self.bundle.tarball(), timeout=timeout), "upload")
+        _answer(self.transport.run(argv, stdin=self.bundle.tarball(), deadline=deadline), "upload")
 
-    def _run_boot(self, sub: str, args: list[str], stdin: bytes, timeout: float) -> Completed:
+    def _run_boot(self, sub: str, args: list[str], stdin: bytes, deadline: Deadline) -> Completed:
         argv = [self.python, "-c", BOOT, self.root, self.bundle.digest, sub, *args]
         self.round_trips += 1
-        return self.transport.run(argv, stdin=stdin, timeout=timeout)
+        return self.transport.run(argv, stdin=stdin, deadline=deadline)
 
 
 def _json_bytes(obj: dict) -> bytes:

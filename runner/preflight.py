@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from remote_payload.contract import memory_verdict
+
 from .errors import HostBusy, PreflightError
 
 
@@ -58,13 +60,14 @@ def _selected(gpu: dict, report: dict) -> list[dict]:
 
 
 def _short_gpus(gpu: dict, report: dict) -> list[dict]:
+    """The selected GPUs whose memory is short (contract.memory_verdict: the host applies the same rule)."""
     need = gpu["required_mib"]
-    selected = _selected(gpu, report)
-    for g in selected:
-        if g.get("total_mib") is not None and need > g["total_mib"]:
+    verdicts = [(g, memory_verdict(g, need)) for g in _selected(gpu, report)]
+    for g, verdict in verdicts:
+        if verdict == "too-small":
             raise PreflightError(f"the job needs {need} MiB but GPU {g['index']} has only {g['total_mib']} MiB in total",
                                  hint="Reduce the problem (e.g. fewer experts) or use a larger GPU.")
-    return [g for g in selected if g.get("free_mib") is None or g["free_mib"] < need]  # unknown counts as short
+    return [g for g, verdict in verdicts if verdict == "short"]  # unknown free memory counts as short
 
 
 def _decide_short(short: list[dict], stop_policy: str, service: dict, report: dict, need: int) -> Decision:

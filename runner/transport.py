@@ -2,7 +2,7 @@
 
 Two implementations of one small interface (the shape of httpx's transports):
 
-    Transport.run(argv, stdin=b"", timeout=S) -> Completed
+    Transport.run(argv, stdin=b"", deadline=Deadline(S)) -> Completed
     Transport.close()
 
 - `LocalTransport` (`host.address: local`): the same host protocol on this machine, through subprocess.
@@ -10,7 +10,9 @@ Two implementations of one small interface (the shape of httpx's transports):
   underneath), host keys verified against known_hosts, keepalive, and a deadline on every call.
 
 argv is quoted exactly once, here (`shlex.join`), so nothing a user wrote reaches a shell unquoted.
-paramiko and socket errors are translated into `TransportError`/`HostKeyError` at this boundary.
+Every paramiko, socket and OS error of an SSH call (connecting included: config, known_hosts, handshake,
+auth) is translated into `TransportError`/`HostKeyError` in one place, `_translated`. Each call is bounded
+by the calling command's `Deadline`.
 """
 from __future__ import annotations
 
@@ -21,11 +23,11 @@ import select
 import shlex
 import socket
 import subprocess
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, Sequence
 
+from .deadline import Deadline
 from .errors import HostKeyError, TransportError
 
 KEEPALIVE_S = 15
@@ -50,7 +52,7 @@ class Completed:
 class Transport(Protocol):
     name: str
 
-    def run(self, argv: Sequence[str], *, stdin: bytes = b"", timeout: float) -> Completed: ...
+    def run(self, argv: Sequence[str], *, stdin: bytes = b"", deadline: Deadline) -> Completed: ...
 
     def close(self) -> None: ...
 
@@ -58,7 +60,8 @@ class Transport(Protocol):
 class LocalTransport:
     name = "local"
 
-    def run(self, argv: Sequence[str], *, stdin: bytes = b"", timeout: float) -> Completed:
+    def run(self, argv: Sequence[str], *, stdin: bytes = b"", deadline: Deadline) -> Completed:
+        timeout = deadline.left()
         try:
             proc = subprocess.run(list(argv), input=stdin, capture_output=True, timeout=timeout)
         except subprocess.TimeoutExpired as exc:
@@ -89,14 +92,18 @@ class SshTransport:
         self.name = target.address
         self._conn = None
 
-    def run(self, argv: Sequence[str], *, stdin: bytes = b"", timeout: float) -> Completed:
-        deadline = time.monotonic() + timeout
-        transport = self._transport(timeout)
+    def run(self, argv: Sequence[str], *, stdin: bytes = b"", deadline: Deadline) -> Completed:
+        connecting = self._conn is None
         try:
-            return _exec(transport, tuple(argv), stdin, deadline, self.name)
-        except (socket.error, EOFError, _paramiko().SSHException) as exc:
+            if connecting:
+                self._conn = _connect(self.target, deadline.cap(self.target.connect_timeout))
+            return _exec(self._conn.transport, tuple(argv), stdin, deadline, self.name)  # paramiko's connection
+        except TransportError:
             self.close()
-            raise TransportError(f"ssh {self.name}: connection lost ({_describe(exc)})") from exc
+            raise
+        except _ssh_errors() as exc:
+            self.close()
+            raise _translated(exc, self.target, connecting) from exc
 
     def close(self) -> None:
         if self._conn is not None:
@@ -105,11 +112,6 @@ class SshTransport:
             finally:
                 self._conn = None
 
-    def _transport(self, timeout: float):
-        if self._conn is None:
-            self._conn = _connect(self.target, min(self.target.connect_timeout, timeout))
-        return self._conn.transport
-
 
 def _paramiko():
     import paramiko  # imported lazily: `address: local` never needs it
@@ -117,32 +119,40 @@ def _paramiko():
     return paramiko
 
 
-def _connect(target: SshTarget, timeout: float):
-    """Open a fabric Connection with our host-key rules; translate every failure into our errors."""
+def _ssh_errors() -> tuple[type[BaseException], ...]:
+    """What an SSH call can raise besides our own errors: paramiko's, the socket's, the files' (OSError)."""
     paramiko = _paramiko()
+    return (OSError, EOFError, paramiko.SSHException, paramiko.hostkeys.InvalidHostKey)
+
+
+def _translated(exc: BaseException, target: SshTarget, connecting: bool) -> TransportError:
+    """The one translation of a paramiko/socket/OS error into our tree (exit 3), with what to check next."""
+    paramiko = _paramiko()
+    name = target.address
+    if isinstance(exc, paramiko.BadHostKeyException):
+        return HostKeyError(
+            f"ssh {name}: the host key CHANGED: got {exc.key.get_name()} {fingerprint(exc.key)}, "
+            f"known_hosts has {fingerprint(exc.expected_key)}",
+            hint="If the host was legitimately reinstalled, remove the old line with "
+            f"`ssh-keygen -R {name}`; otherwise do not connect.")
+    if isinstance(exc, paramiko.AuthenticationException):
+        return TransportError(f"ssh {name}: authentication failed as {target.user or 'the ssh_config user'}",
+                              hint="Check the user and IdentityFile (ssh_config) and that `ssh` itself can log in.")
+    if isinstance(exc, paramiko.hostkeys.InvalidHostKey):
+        return HostKeyError(f"ssh {name}: a known_hosts line cannot be read: {exc.line[:100]!r}",
+                            hint="Fix or remove that line (`ssh-keygen -F HOST` shows the lines for a host).")
+    verb = "cannot connect" if connecting else "connection lost"
+    return TransportError(f"ssh {name}: {verb} ({_describe(exc)})")
+
+
+def _connect(target: SshTarget, timeout: float):
+    """Open a fabric Connection with our host-key rules. Errors are translated by the caller (`run`)."""
     conn = _fabric_connection(target, timeout)
     try:
         conn.open()
-    except HostKeyError:
+    except BaseException:
         conn.close()
         raise
-    except paramiko.BadHostKeyException as exc:
-        conn.close()
-        raise HostKeyError(
-            f"ssh {target.address}: the host key CHANGED: got {exc.key.get_name()} {fingerprint(exc.key)}, "
-            f"known_hosts has {fingerprint(exc.expected_key)}",
-            hint="If the host was legitimately reinstalled, remove the old line with "
-            f"`ssh-keygen -R {target.address}`; otherwise do not connect.",
-        ) from exc
-    except paramiko.AuthenticationException as exc:
-        conn.close()
-        raise TransportError(
-            f"ssh {target.address}: authentication failed as {conn.user}",
-            hint="Check the user and IdentityFile (ssh_config) and that `ssh` itself can log in.",
-        ) from exc
-    except (socket.error, EOFError, paramiko.SSHException) as exc:
-        conn.close()
-        raise TransportError(f"ssh {target.address}: cannot connect ({_describe(exc)})") from exc
     conn.transport.set_keepalive(KEEPALIVE_S)
     sock = conn.transport.sock
     if isinstance(sock, socket.socket):
@@ -177,7 +187,7 @@ def _secure_host_keys(conn, policy: str) -> None:
     files = known_hosts_files(conn.ssh_config)
     for path in files:
         if path.exists():
-            conn.client.load_host_keys(str(path))
+            load_known_hosts(conn.client.get_host_keys(), path)
     conn.client.set_missing_host_key_policy(_MissingKeyPolicy(policy, files[0]))
     gateway = conn.gateway
     if gateway is not None and not isinstance(gateway, str):
@@ -187,6 +197,30 @@ def _secure_host_keys(conn, policy: str) -> None:
         gateway.connect_kwargs.setdefault("banner_timeout", conn.connect_timeout)
         gateway.connect_kwargs.setdefault("auth_timeout", conn.connect_timeout)
         _secure_host_keys(gateway, policy)
+
+
+def load_known_hosts(keys, path: Path) -> None:
+    """paramiko's HostKeys.load, but knowing OpenSSH's markers, which paramiko cannot parse.
+
+    `@cert-authority` lines are skipped: paramiko cannot check host certificates, so they trust nothing here
+    and a host known only through its CA stays unknown (refused). `@revoked` refuses to go on: ignoring a
+    revocation would trust a key the user revoked.
+    """
+    from paramiko.hostkeys import HostKeyEntry
+
+    for number, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith(("#", "@cert-authority ")):
+            continue
+        if line.startswith("@"):
+            raise HostKeyError(f"{path}:{number}: `{line.split()[0]}` lines cannot be honoured by the "
+                               f"paramiko SSH transport", hint="Remove the line, or reach this host with `ssh`.")
+        try:
+            entry = HostKeyEntry.from_line(line, number)
+        except _paramiko().SSHException:
+            continue  # a key type paramiko does not know, as HostKeys.load does
+        for hostname in entry.hostnames if entry is not None else ():
+            keys.add(hostname, entry.key.get_name(), entry.key)
 
 
 def known_hosts_files(ssh_config: dict) -> list[Path]:
@@ -220,9 +254,9 @@ def fingerprint(key) -> str:
     return "SHA256:" + base64.b64encode(digest).decode("ascii").rstrip("=")
 
 
-def _exec(transport, argv: tuple[str, ...], stdin: bytes, deadline: float, name: str) -> Completed:
+def _exec(connection, argv: tuple[str, ...], stdin: bytes, deadline: Deadline, name: str) -> Completed:
     """Run one command on its own channel; read both streams until exit, never past the deadline."""
-    chan = transport.open_session(timeout=_remaining(deadline, name))
+    chan = connection.open_session(timeout=_remaining(deadline, name))
     try:
         chan.settimeout(_remaining(deadline, name))
         chan.exec_command(shlex.join(argv))
@@ -235,7 +269,7 @@ def _exec(transport, argv: tuple[str, ...], stdin: bytes, deadline: float, name:
         chan.close()
 
 
-def _drain(chan, deadline: float, name: str) -> tuple[bytes, bytes]:
+def _drain(chan, deadline: Deadline, name: str) -> tuple[bytes, bytes]:
     out, err = bytearray(), bytearray()
     while True:
         while chan.recv_ready():
@@ -249,8 +283,8 @@ def _drain(chan, deadline: float, name: str) -> tuple[bytes, bytes]:
         select.select([chan], [], [], min(0.05, _remaining(deadline, name)))
 
 
-def _remaining(deadline: float, name: str) -> float:
-    left = deadline - time.monotonic()
+def _remaining(deadline: Deadline, name: str) -> float:
+    left = deadline.left()
     if left <= 0:
         raise TransportError(f"ssh {name}: no answer before the deadline (link down or host overloaded?)")
     return left

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import yaml
 
+from remote_payload.contract import is_terminal
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -73,7 +75,7 @@ def wait_terminal(target: Target, job_id: str, timeout: float = 90) -> dict:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         job = status(target, job_id)
-        if job["state"] in ("SUCCEEDED", "FAILED", "TIMED_OUT", "CANCELLED", "LOST"):
+        if is_terminal(job["state"]):
             return job
         time.sleep(0.3)
     raise AssertionError(f"{job_id} not terminal after {timeout}s: {job}")

@@ -25,6 +25,9 @@ def bench(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     (["--backend", "sglang-kernels"], "needs --device cuda"),
     (["--check"], "needs --device cuda"),
     (["--heartbeat-s", "30"], "--heartbeat-s"),
+    (["--prepare-only", "--check"], "cannot be combined with --check"),
+    (["--settle-ms", "-1"], "--settle-ms must not be negative"),
+    (["--order", "descending"], "invalid choice"),
 ])
 def test_bad_arguments_exit_2_with_a_clear_message(args, message, tmp_path):
     done = bench(*TINY, *args, "--out", str(tmp_path / "r.json"), cwd=tmp_path)

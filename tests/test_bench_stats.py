@@ -1,7 +1,8 @@
 """Rows and levers from raw timings (pure)."""
 import pytest
 
-from remote_payload.marlin_stats import add_levers, floor_us, lever_summary, percentile, relative_spread, timing_row
+from remote_payload.marlin_stats import (add_levers, bootstrap_lever, floor_us, lever_summary, percentile,
+                                        relative_spread, timing_row, window_order)
 
 EXPERT = 24.77e6
 
@@ -45,3 +46,38 @@ def test_percentile_and_spread():
     assert percentile([1, 2, 3, 4, 5], 0.5) == 3
     assert percentile([0, 10], 0.1) == pytest.approx(1.0)
     assert relative_spread([9.0, 10.0, 11.0]) == pytest.approx(0.2)
+
+
+def test_interleaved_orders_time_every_batch_size_once_per_repetition():
+    sizes = [1, 8, 64, 512]
+    for order in ("random", "alternating"):
+        windows = window_order(sizes, 3, order, seed=7)
+        for r in range(3):
+            assert sorted(m for rep, m in windows if rep == r) == sizes
+        assert [rep for rep, _ in windows] == [0] * 4 + [1] * 4 + [2] * 4
+    assert [m for _, m in window_order(sizes, 2, "alternating", 0)] == sizes + sizes[::-1]
+
+
+def test_the_random_order_is_seeded_and_shuffles():
+    sizes = list(range(1, 11))
+    assert window_order(sizes, 3, "random", 5) == window_order(sizes, 3, "random", 5)
+    assert window_order(sizes, 3, "random", 5) != window_order(sizes, 3, "random", 6)
+    assert [m for _, m in window_order(sizes, 3, "random", 5)][:10] != sizes
+
+
+def test_ascending_is_the_old_order_all_repetitions_of_one_size_then_the_next():
+    assert window_order([1, 8], 3, "ascending", 0) == [(0, 1), (1, 1), (2, 1), (0, 8), (1, 8), (2, 8)]
+
+
+def test_bootstrap_interval_holds_the_lever_and_is_zero_wide_without_spread():
+    assert bootstrap_lever([80.0] * 3, [3600.0] * 3, 512) == pytest.approx([80 * 512 / 3600] * 2)
+    lo, hi = bootstrap_lever([80.0, 82.0, 84.0], [3500.0, 3600.0, 3900.0], 512)
+    assert 80 * 512 / 3900 <= lo <= 82 * 512 / 3600 <= hi <= 84 * 512 / 3500
+
+
+def test_rows_carry_the_interval_and_the_summary_names_its_method():
+    rows = rows_for({1: [80.0, 82.0, 84.0], 512: [3500.0, 3600.0, 3900.0]})
+    lo, hi = rows[1]["lever_ci95"]
+    assert lo <= rows[1]["lever"] <= hi
+    summary = lever_summary(rows)
+    assert summary["by_m"]["512"]["ci95"] == [lo, hi] and "bootstrap" in summary["ci"]

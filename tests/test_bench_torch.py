@@ -147,3 +147,41 @@ def test_zipf_routing_concentrates_on_fewer_experts(tmp_path):
     _, uniform = run_bench(tmp_path, "--backend", "torch", "--routing", "uniform")
     _, zipf = run_bench(tmp_path, "--backend", "torch", "--routing", "zipf", "--zipf-skew", "2.0")
     assert zipf["rows"][-1]["distinct_experts"] < uniform["rows"][-1]["distinct_experts"]
+
+
+def test_windows_follow_the_recorded_order_and_every_row_keeps_its_windows(tmp_path):
+    done, result = run_bench(tmp_path, "--backend", "torch", "--order", "random", "--order-seed", "11",
+                             "--settle", "idle", "--settle-ms", "1")
+    assert done.returncode == 0, done.stderr
+    order = result["timing"]["order"]
+    assert order["mode"] == "random" and order["seed"] == 11 and sorted(order["windows"]) == [1, 1, 1, 2, 2, 2, 4, 4, 4]
+    assert result["timing"]["settle"] == {"mode": "idle", "ms": 1.0}
+    events = [json.loads(line) for line in done.stdout.splitlines()]
+    assert [e["m"] for e in events if e["event"] == "window"] == order["windows"]
+    for row in result["rows"]:
+        assert [w["rep"] for w in row["windows"]] == [0, 1, 2]
+        assert [w["median_us"] for w in row["windows"]] == row["rep_median_us"]
+        assert [order["windows"][w["index"]] for w in row["windows"]] == [row["m"]] * 3
+        assert row["lever_ci95"][0] <= row["lever_ci95"][1]
+    assert result["timing"]["capped_windows"] is None            # no NVML on the CPU
+
+
+def test_ascending_order_reproduces_the_old_sequence(tmp_path):
+    done, result = run_bench(tmp_path, "--backend", "torch", "--order", "ascending")
+    assert done.returncode == 0, done.stderr
+    assert result["timing"]["order"]["windows"] == [1, 1, 1, 2, 2, 2, 4, 4, 4]
+
+
+def test_prepare_only_imports_and_builds_without_weights_or_timing(tmp_path):
+    done, result = run_bench(tmp_path, "--prepare-only", "--backend", "auto")
+    assert done.returncode == 0, done.stderr
+    prepare = result["prepare"]
+    assert prepare["backend"] == "torch" and prepare["kernels"] == []        # nothing to compile on the CPU
+    assert [a["backend"] for a in prepare["attempts"]] == ["sglang", "sglang-kernels"]
+    assert "weights" not in result["phases"] and "rows" not in result and result["jit"]["state"] == "warm"
+
+
+def test_own_gpu_memory_is_read_from_nvidia_smi_compute_apps():
+    import bench_marlin_moe as bench
+    text = "4242, 512\n77, 80000\n"
+    assert bench.parse_compute_apps(text, 4242) == 512 and bench.parse_compute_apps(text, 5) is None

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from remote_payload.contract import TERMINAL
 from tests.case_report import record
 from tests.cli_helpers import REPO, Target, python_payload, run_cli, wait_for, wait_terminal, write_job
 from tests.hosts._proc import shared_tmpdir
@@ -22,7 +23,6 @@ from tests.hosts._proc import shared_tmpdir
 pytestmark = pytest.mark.systemd
 
 SUBMITTERS = 10
-TERMINAL = {"SUCCEEDED", "FAILED", "TIMED_OUT", "CANCELLED", "LOST"}
 
 STAMPED = """
 import os, sys, time

@@ -16,7 +16,12 @@ class ScriptedHost:
 
     def __init__(self, answers):
         self.answers = list(answers)
-        self.transport = self
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        pass
 
     def logs(self, job_id, offset, **_kw):
         answer = self.answers.pop(0)
@@ -24,8 +29,6 @@ class ScriptedHost:
             raise answer
         return dict(answer, offset=offset)
 
-    def close(self):
-        pass
 
 
 def chunk(data: bytes, start: int, size: int, state="RUNNING"):
@@ -42,7 +45,7 @@ def store(tmp_path):
 
 def test_bytes_printed_before_a_failed_round_trip_are_kept(store, monkeypatch):
     host = ScriptedHost([chunk(b"hello\n", 0, 12), TransportError("link lost")])
-    monkeypatch.setattr(controller, "connect", lambda _h: host)
+    monkeypatch.setattr(controller, "connect", lambda _h, **_kw: host)
     out = io.BytesIO()
     outcome = controller.tail("j1", store=store, out=out, follow=True, max_wait=5, from_start=False)
     assert out.getvalue() == b"hello\n" and outcome.terminal is False  # exit 75: call again
@@ -50,7 +53,7 @@ def test_bytes_printed_before_a_failed_round_trip_are_kept(store, monkeypatch):
 
 
 def test_a_failed_first_round_trip_is_an_error(store, monkeypatch):
-    monkeypatch.setattr(controller, "connect", lambda _h: ScriptedHost([TransportError("link lost")]))
+    monkeypatch.setattr(controller, "connect", lambda _h, **_kw: ScriptedHost([TransportError("link lost")]))
     with pytest.raises(TransportError):
         controller.tail("j1", store=store, out=io.BytesIO(), follow=True, max_wait=5, from_start=False)
 

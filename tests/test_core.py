@@ -256,6 +256,25 @@ def test_changed_host_key_refused(ssh_host, work):
     assert not (work / "root").exists()
 
 
+@pytest.mark.parametrize("marker", ["@cert-authority", "@revoked"])
+def test_known_hosts_markers_are_understood_never_a_traceback(ssh_host, work, marker):
+    """OpenSSH's `@cert-authority`/`@revoked` lines (paramiko cannot read them): a CA line trusts nothing here,
+    so the host's own line still verifies it; a revocation cannot be honoured, so nothing runs (exit 3)."""
+    known = work / "known_hosts"
+    other_key = ssh_host.wrong_known_hosts().read_text().split()[-2:]
+    known.write_text(f"{marker} *.example.org {' '.join(other_key)}\n" + ssh_host.known_hosts.read_text())
+    target = Target("ssh", {"address": ssh_host.alias, "root": str(work / "root")}, work / "root",
+                    {"RUNNER_SSH_CONFIG": str(_ssh_config_with(ssh_host, known, work))})
+    job = write_job(work / "job.yaml", target, command=["true"])
+    done = run_cli(target, "submit", str(job))
+    assert b"Traceback" not in done.stderr, done.stderr.decode()
+    if marker == "@cert-authority":
+        assert done.returncode == 0, done.stderr.decode()
+        return
+    assert done.returncode == 3 and marker.encode() in done.stderr and str(known).encode() in done.stderr
+    assert not (work / "root").exists()  # nothing ran on the host
+
+
 def test_accept_new_records_the_key_once(ssh_host, work):
     known = work / "known_hosts"
     known.write_text("")

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 
+from remote_payload.contract import TERMINAL
 from runner.controller import ROUND_TRIP_ALLOWANCE_S
 from tests.case_report import record
 from tests.cli_helpers import REPO, Target, python_payload, run_cli, submit, wait_for, write_job
@@ -33,7 +34,6 @@ from tests.hosts._proc import shared_tmpdir
 pytestmark = pytest.mark.netns
 
 HOST_ROOT = "/root/.runner"
-TERMINAL = {"SUCCEEDED", "FAILED", "TIMED_OUT", "CANCELLED", "LOST"}
 CONNECT_TIMEOUT = "3s"  # spec host.connect_timeout: a refused connect costs 3 s, not the default 10
 HOLD = str(Path(__file__).parent / "hosts" / "hold_gpu.py")
 

@@ -51,3 +51,17 @@ def test_unpack_refuses_traversal_and_wrong_hash(tmp_path):
     bundle = Bundle({"a.py": b"1"})
     done = unpack(tmp_path, "f" * 16, bundle.tarball())
     assert done.returncode == 1 and b"hash mismatch" in done.stdout
+
+
+def test_unpacked_bundle_runs_the_supervisor_and_its_rooms_as_a_script(tmp_path):
+    """BOOT runs ROOT/payload/<digest>/supervisor.py as a script: its rooms and contract.py must travel and
+    import from there (sys.path[0] is the payload dir), with no remote_payload package on the host."""
+    bundle, _ = build_bundle()
+    rooms = {"contract.py", "supervisor.py", "supervisor_files.py", "supervisor_host.py", "supervisor_job.py",
+             "supervisor_spec.py"}
+    assert rooms <= set(bundle.files)
+    assert json.loads(unpack(tmp_path, bundle.digest, bundle.tarball()).stdout) == {"ok": True}
+    script = tmp_path / "payload" / bundle.digest / "supervisor.py"
+    done = subprocess.run([sys.executable, "-S", str(script), "status", "--root", str(tmp_path)], cwd="/",
+                          capture_output=True, env={"PATH": "/usr/bin:/bin"})
+    assert json.loads(done.stdout) == {"ok": True, "jobs": []}, done.stderr

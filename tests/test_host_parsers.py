@@ -1,4 +1,4 @@
-"""Pure parts of remote_payload/supervisor.py: parsers on captured output, validation, command construction."""
+"""Pure parts of the supervisor (remote_payload/supervisor_*.py): parsers on captured output, validation, command construction."""
 from __future__ import annotations
 
 import os
@@ -6,7 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from remote_payload import supervisor as sup
+from remote_payload import supervisor_files as files
+from remote_payload import supervisor_host as host
+from remote_payload import supervisor_job as job
+from remote_payload import supervisor_spec as checks
 
 DATA = Path(__file__).parent / "data"
 
@@ -18,66 +21,66 @@ def data(name: str) -> str:
 # ── nvidia-smi ───────────────────────────────────────────────────────────────────────────────────────
 
 def test_real_h200_line_parses():
-    assert sup.parse_gpu_csv(data("nvidia-smi/h200-gpus.csv")) == [
+    assert host.parse_gpu_csv(data("nvidia-smi/h200-gpus.csv")) == [
         {"index": "0", "uuid": "GPU-aaaa8a08-769e-fec6-004a-c6a67ee83402", "name": "NVIDIA H200",
          "total_mib": 143771, "used_mib": 0, "free_mib": 143156}]
 
 
 def test_empty_apps_output_means_no_apps():
-    assert sup.parse_apps_csv(data("nvidia-smi/apps-empty.csv")) == []
+    assert host.parse_apps_csv(data("nvidia-smi/apps-empty.csv")) == []
 
 
 def test_multi_gpu_output_parses_every_card_in_order():
-    gpus = sup.parse_gpu_csv(data("nvidia-smi/h200x8-busy-gpus.csv"))
+    gpus = host.parse_gpu_csv(data("nvidia-smi/h200x8-busy-gpus.csv"))
     assert [g["index"] for g in gpus] == [str(i) for i in range(8)]
     assert [g["free_mib"] for g in gpus[:3]] == [12084, 12084, 143156]
-    apps = sup.parse_apps_csv(data("nvidia-smi/h200x8-busy-apps.csv"))
+    apps = host.parse_apps_csv(data("nvidia-smi/h200x8-busy-apps.csv"))
     assert apps == [{"pid": 41230, "used_mib": 130456}, {"pid": 41231, "used_mib": 130456}]
 
 
 def test_na_and_not_supported_cells_become_none():
-    gpus = sup.parse_gpu_csv(data("nvidia-smi/na-values-gpus.csv"))
+    gpus = host.parse_gpu_csv(data("nvidia-smi/na-values-gpus.csv"))
     assert (gpus[0]["total_mib"], gpus[0]["used_mib"], gpus[0]["free_mib"]) == (97871, None, None)
     assert (gpus[1]["total_mib"], gpus[1]["free_mib"]) == (None, None)
     assert gpus[2]["free_mib"] == 81920 - 1024  # free derived when total and used are known
-    apps = sup.parse_apps_csv(data("nvidia-smi/na-values-apps.csv"))
+    apps = host.parse_apps_csv(data("nvidia-smi/na-values-apps.csv"))
     assert [a["used_mib"] for a in apps] == [None, None, 1024]
 
 
 def test_unknown_free_memory_counts_as_short():
-    gpus = sup.parse_gpu_csv(data("nvidia-smi/na-values-gpus.csv"))
-    assert [g["index"] for g in sup.short_gpus(gpus, 1000)] == ["0", "1"]
+    gpus = host.parse_gpu_csv(data("nvidia-smi/na-values-gpus.csv"))
+    assert [g["index"] for g in host.short_gpus(gpus, 1000)] == ["0", "1"]
 
 
 def test_gpu_name_with_a_comma_keeps_the_numbers_right():
-    gpus = sup.parse_gpu_csv("3, GPU-x, Some Board, Rev 2, 1000, 10, 990\n")
+    gpus = host.parse_gpu_csv("3, GPU-x, Some Board, Rev 2, 1000, 10, 990\n")
     assert gpus[0]["name"] == "Some Board, Rev 2" and gpus[0]["free_mib"] == 990
 
 
 def test_short_line_is_an_error():
     with pytest.raises(ValueError):
-        sup.parse_gpu_csv("0, GPU-x, 1000\n")
+        host.parse_gpu_csv("0, GPU-x, 1000\n")
 
 
 def test_select_by_index_and_uuid_in_spec_order():
-    gpus = sup.parse_gpu_csv(data("nvidia-smi/h200x8-busy-gpus.csv"))
-    chosen = sup.select_gpus(gpus, ["GPU-cccc2d3e-2222-4f30-8b4c-1d2e3f4a5b6c", "0"])
+    gpus = host.parse_gpu_csv(data("nvidia-smi/h200x8-busy-gpus.csv"))
+    chosen = host.select_gpus(gpus, ["GPU-cccc2d3e-2222-4f30-8b4c-1d2e3f4a5b6c", "0"])
     assert [g["index"] for g in chosen] == ["2", "0"]
 
 
 def test_missing_device_is_a_clear_error_listing_what_exists():
-    gpus = sup.parse_gpu_csv(data("nvidia-smi/h200-gpus.csv"))
-    with pytest.raises(sup.Fail) as err:
-        sup.select_gpus(gpus, ["0", "5"])
+    gpus = host.parse_gpu_csv(data("nvidia-smi/h200-gpus.csv"))
+    with pytest.raises(host.Fail) as err:
+        host.select_gpus(gpus, ["0", "5"])
     assert "GPU 5 not found" in str(err.value) and "GPU-aaaa8a08" in str(err.value)
 
 
 def test_drain_message_names_the_holders():
     short = [{"index": "0", "free_mib": 12084}]
-    apps = sup.parse_apps_csv(data("nvidia-smi/h200x8-busy-apps.csv"))
-    text = sup.drain_message(short, 9100 * 2, 120, apps)
+    apps = host.parse_apps_csv(data("nvidia-smi/h200x8-busy-apps.csv"))
+    text = job.drain_message(short, 9100 * 2, 120, apps)
     assert "GPU 0: 12084 MiB free < 18200 MiB needed" in text and "pid 41230" in text and "pid 41231" in text
-    assert "no compute process" in sup.drain_message(short, 20000, 1, [])
+    assert "no compute process" in job.drain_message(short, 20000, 1, [])
 
 
 # ── systemctl / sudo ─────────────────────────────────────────────────────────────────────────────────
@@ -91,31 +94,31 @@ def test_drain_message_names_the_holders():
 def test_systemctl_show_parses_in_any_order(name, active, sub, pid):
     text = data("systemctl/" + name)
     expected = {"active_state": active, "sub_state": sub, "main_pid": pid}
-    assert sup.parse_systemctl_show(text) == expected
-    assert sup.parse_systemctl_show("\n".join(reversed(text.splitlines()))) == expected
+    assert host.parse_systemctl_show(text) == expected
+    assert host.parse_systemctl_show("\n".join(reversed(text.splitlines()))) == expected
 
 
 def test_systemctl_show_of_an_unknown_unit_is_not_active():
-    assert sup.parse_systemctl_show("")["active_state"] == "unknown"
+    assert host.parse_systemctl_show("")["active_state"] == "unknown"
 
 
 def test_sudo_password_prompt_is_recognised():
-    assert sup.sudo_wants_password(1, data("systemctl/sudo-password-stderr.txt"))
-    assert sup.sudo_wants_password(1, "sudo: a terminal is required to read the password\n")
-    assert not sup.sudo_wants_password(5, "Failed to stop x.service: Unit x.service not loaded.\n")
+    assert host.sudo_wants_password(1, data("systemctl/sudo-password-stderr.txt"))
+    assert host.sudo_wants_password(1, "sudo: a terminal is required to read the password\n")
+    assert not host.sudo_wants_password(5, "Failed to stop x.service: Unit x.service not loaded.\n")
 
 
 def test_systemctl_argv_for_scope_and_sudo():
-    user = sup.Systemd("user", sudo=False)
+    user = host.Systemd("user", sudo=False)
     assert user.argv("systemctl", "show", "u.service") == ["systemctl", "--user", "show", "u.service"]
-    sudo = sup.Systemd("system", sudo=True)
+    sudo = host.Systemd("system", sudo=True)
     assert sudo.argv("systemctl", "stop", "u.service") == ["sudo", "-n", "systemctl", "stop", "u.service"]
 
 
 def test_guard_timer_argv():
-    argv = sup.Systemd("user").timer_argv("runner-guard-j1", 1990.5, ["/py", "/s.py", "restore"])
+    argv = host.Systemd("user").timer_argv("runner-guard-j1", 1990.5, ["/py", "/s.py", "restore"])
     assert argv == ["systemd-run", "--user", "--on-active=1990s", "--timer-property=AccuracySec=1s", "--unit=runner-guard-j1", "/py", "/s.py", "restore"]
-    assert sup.timer_unit("a.b_c-1") == "runner-guard-a.b_c-1"
+    assert job.timer_unit("a.b_c-1") == "runner-guard-a.b_c-1"
 
 
 def test_sudo_password_becomes_its_own_error(tmp_path, monkeypatch):
@@ -123,8 +126,8 @@ def test_sudo_password_becomes_its_own_error(tmp_path, monkeypatch):
     fake.write_text("#!/bin/sh\necho 'sudo: a password is required' >&2\nexit 1\n")
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
-    with pytest.raises(sup.Fail) as err:
-        sup.run_command(["sudo", "-n", "systemctl", "stop", "x.service"])
+    with pytest.raises(host.Fail) as err:
+        host.run_command(["sudo", "-n", "systemctl", "stop", "x.service"])
     assert err.value.code == "sudo-password" and "NOPASSWD" in str(err.value)
 
 
@@ -132,8 +135,8 @@ def test_sudo_password_becomes_its_own_error(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("job_id", ["", ".", "..", "a/b", "a b", "x;y", "$(id)", "a\nb", "x" * 129])
 def test_bad_job_ids_are_refused(job_id):
-    with pytest.raises(sup.Fail) as err:
-        sup.check_job_id(job_id)
+    with pytest.raises(host.Fail) as err:
+        checks.check_job_id(job_id)
     assert err.value.code == "bad-args"
 
 
@@ -142,13 +145,13 @@ def test_bad_job_ids_are_refused(job_id):
     ("getty@tty1.service", "getty@tty1.service"), ("x.socket", "x.socket"), ("a\\x2d.service", "a\\x2d.service"),
 ])
 def test_unit_names_get_a_suffix(unit, expected):
-    assert sup.check_unit(unit) == expected
+    assert checks.check_unit(unit) == expected
 
 
 @pytest.mark.parametrize("unit", ["", "-H", "--user", "a b", "a;b", "a/b", "$(id)", None, 5])
 def test_bad_unit_names_are_refused(unit):
-    with pytest.raises(sup.Fail):
-        sup.check_unit(unit)
+    with pytest.raises(host.Fail):
+        checks.check_unit(unit)
 
 
 def spec(**payload):
@@ -157,58 +160,58 @@ def spec(**payload):
 
 @pytest.mark.parametrize("key", ["A B", "1X", "X;Y", "X=Y", "", "X-Y"])
 def test_bad_env_keys_are_refused(key):
-    with pytest.raises(sup.Fail) as err:
-        sup.check_spec(spec(env={key: "v"}), "j")
+    with pytest.raises(host.Fail) as err:
+        checks.check_spec(spec(env={key: "v"}), "j")
     assert err.value.code == "bad-spec"
 
 
 @pytest.mark.parametrize("script", ["../x.py", "/etc/passwd", "a/../b.py", "./x.py", "a//b.py", ""])
 def test_scripts_outside_the_payload_dir_are_refused(script):
-    with pytest.raises(sup.Fail):
-        sup.check_spec({"payload": {"python": "python3", "script": script}}, "j")
+    with pytest.raises(host.Fail):
+        checks.check_spec({"payload": {"python": "python3", "script": script}}, "j")
 
 
 def test_script_inside_the_payload_dir_resolves_there():
-    checked = sup.check_spec({"payload": {"python": "/py", "script": "demo_payload.py", "args": ["--x", "1"]}}, "j")
-    assert sup.payload_argv(checked) == ["/py", os.path.join(sup.HERE, "demo_payload.py"), "--x", "1"]
+    checked = checks.check_spec({"payload": {"python": "/py", "script": "demo_payload.py", "args": ["--x", "1"]}}, "j")
+    assert job.payload_argv(checked) == ["/py", os.path.join(host.HERE, "demo_payload.py"), "--x", "1"]
 
 
 def test_exactly_one_of_script_and_command():
-    with pytest.raises(sup.Fail):
-        sup.check_spec({"payload": {"script": "demo_payload.py", "command": ["/bin/true"]}}, "j")
-    with pytest.raises(sup.Fail):
-        sup.check_spec({"payload": {}}, "j")
+    with pytest.raises(host.Fail):
+        checks.check_spec({"payload": {"script": "demo_payload.py", "command": ["/bin/true"]}}, "j")
+    with pytest.raises(host.Fail):
+        checks.check_spec({"payload": {}}, "j")
 
 
 def test_spec_job_id_must_match_argv():
-    with pytest.raises(sup.Fail):
-        sup.check_spec(dict(spec(), job_id="other"), "j")
+    with pytest.raises(host.Fail):
+        checks.check_spec(dict(spec(), job_id="other"), "j")
 
 
 def test_hostile_env_values_and_names_are_kept_verbatim():
     hostile = "a b 'q' \"d\" ; $(rm -rf /) `x`\nline2"
-    checked = sup.check_spec(dict(spec(env={"X": hostile}), name=hostile), "j")
+    checked = checks.check_spec(dict(spec(env={"X": hostile}), name=hostile), "j")
     assert checked["payload"]["env"] == {"X": hostile} and checked["name"] == hostile
 
 
 def test_lock_keys():
-    cpu = sup.check_spec(spec(), "j")
-    assert sup.lock_keys(cpu) == []
-    gpu = sup.check_spec(dict(spec(), gpu={"devices": [1, "0"]}, service={"manager": "systemd", "unit": "sg"}), "j")
-    assert sup.lock_keys(gpu) == ["gpu-0", "gpu-1", "service-sg.service"]
+    cpu = checks.check_spec(spec(), "j")
+    assert files.lock_keys(cpu) == []
+    gpu = checks.check_spec(dict(spec(), gpu={"devices": [1, "0"]}, service={"manager": "systemd", "unit": "sg"}), "j")
+    assert files.lock_keys(gpu) == ["gpu-0", "gpu-1", "service-sg.service"]
 
 
 def test_service_spec_defaults_and_checks():
-    checked = sup.check_service({"manager": "systemd", "unit": "sg", "scope": "user"})
+    checked = checks.check_service({"manager": "systemd", "unit": "sg", "scope": "user"})
     assert checked["unit"] == "sg.service" and checked["stop"] == "if-needed" and checked["sudo"] is False
     for bad in ({"manager": "upstart"}, {"manager": "systemd", "unit": "sg", "stop": "maybe"},
                 {"manager": "systemd", "unit": "sg", "health_url": "file:///etc/passwd"}):
-        with pytest.raises(sup.Fail):
-            sup.check_service(bad)
+        with pytest.raises(host.Fail):
+            checks.check_service(bad)
 
 
 def test_unknown_bracketed_memory_cells_are_unknown_not_a_crash():
-    from_apps = sup.parse_apps_csv("1234, [Insufficient Permissions]\n")
+    from_apps = host.parse_apps_csv("1234, [Insufficient Permissions]\n")
     assert from_apps == [{"pid": 1234, "used_mib": None}]
 
 
@@ -216,4 +219,4 @@ def test_guard_timer_fires_after_the_slowest_legitimate_end():
     spec = {"limits": {"max_runtime": 1800, "grace": 30}, "gpu": {"drain_timeout": 120},
             "service": {"health_timeout": 900}}
     # run + grace + both drains + stop and start commands + the health wait + a minute
-    assert sup.guard_timer_seconds(spec) == 1800 + 30 + 240 + 2 * sup.CMD_TIMEOUT_S + 900 + 60
+    assert job.guard_timer_seconds(spec) == 1800 + 30 + 240 + 2 * host.CMD_TIMEOUT_S + 900 + 60

@@ -125,13 +125,13 @@ class Host:
 
 
 def alive(ident: dict | None) -> bool:
-    from remote_payload.supervisor import is_alive
+    from remote_payload.supervisor_host import is_alive
 
     return is_alive(ident)
 
 
 def pid_gone(pid: int, timeout: float = 10) -> bool:
-    from remote_payload.supervisor import proc_stat
+    from remote_payload.supervisor_host import proc_stat
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -587,17 +587,17 @@ def test_guard_restores_the_service_after_the_supervisor_is_killed(remote):
 
 
 @pytest.mark.systemd
-def test_service_restore_starts_a_stopped_unit_and_reports_a_broken_one(remote):
+def test_restore_service_starts_a_stopped_unit_and_reports_a_broken_one(remote):
     unit = remote.sh.unit
     remote.sh.systemctl("stop", unit).check_returncode()
-    answer = remote.call("service-restore", "--unit", unit, "--health-url", remote.sh.health_url, "--max-wait", "20")
+    answer = remote.call("restore-service", "--unit", unit, "--health-url", remote.sh.health_url, "--max-wait", "20")
     assert answer["state"] == "healthy" and answer["active_state"] == "active"
     remote.sh.systemctl("stop", unit).check_returncode()
-    answer = remote.call("service-restore", "--unit", unit, "--health-url", remote.sh.health_url, "--max-wait", "0.5")
+    answer = remote.call("restore-service", "--unit", unit, "--health-url", remote.sh.health_url, "--max-wait", "0.5")
     assert answer["state"] == "starting"  # health answers 503 for its ready delay
     remote.sh.install_unit(fail_on_start=True)
     remote.sh.systemctl("stop", unit)
-    answer = remote.call("service-restore", "--unit", unit, "--max-wait", "10")
+    answer = remote.call("restore-service", "--unit", unit, "--max-wait", "10")
     assert answer["state"] == "failed" and answer["log_tail"]
 
 
@@ -624,7 +624,7 @@ def test_sudo_that_wants_a_password_is_its_own_error(service_host):
 
     remote = RemoteHost(service_host, user=NO_SUDO_USER, sudo=True)
     try:
-        answer = remote.call("service-restore", "--unit", service_host.unit, "--sudo", "--max-wait", "1")
+        answer = remote.call("restore-service", "--unit", service_host.unit, "--sudo", "--max-wait", "1")
         assert answer["ok"] is False and answer["error"] == "sudo-password" and "NOPASSWD" in answer["message"]
         answer = remote.call("preflight", spec=remote.spec("always", "sleep", "0", "0"))
         assert answer["error"] == "sudo-password"
@@ -659,34 +659,26 @@ def test_preflight_probes_never_make_a_start_busy(host):
 
 
 PROBE_LOOP = """
-import importlib.util, sys, time
-spec = importlib.util.spec_from_file_location("sup", sys.argv[1])
-sup = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(sup)
+import os, sys, time
+sys.path.insert(0, os.path.dirname(sys.argv[1]))  # as the supervisor runs: its own dir first on sys.path
+import supervisor_files as sup
 root, end = sys.argv[2], time.monotonic() + float(sys.argv[4])
 while time.monotonic() < end:  # the real probe, as fast as it goes
     sup.probe_lock(root, "gpu-0")
 """
 
 
-def load_supervisor_module():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("supervisor_under_test", SUPERVISOR)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_wind_down_restores_even_when_the_steps_before_it_fail(tmp_path, monkeypatch):
+def test_settle_restores_even_when_the_steps_before_it_fail(tmp_path, monkeypatch):
     """nvidia-smi answering something unparseable, or a kill failing, must never skip the restore."""
-    sup = load_supervisor_module()
+    from remote_payload import supervisor_job as sup
+
     paths = sup.JobPaths(str(tmp_path), "j")
     os.makedirs(paths.dir)
     spec = {"job_id": "j", "name": "j", "service": {"manager": "none"}, "gpu": {"devices": ["0"], "required_mib": 0,
             "drain_timeout": 1}, "limits": {"grace": 0.1}}
     job = sup.Job(paths, spec, sup.initial_status(spec))
     job.status["payload"] = {"pid": 999999, "pgid": 999999, "start_time": 1}
+    job.status["service"] = {"manager": "systemd", "unit": "u.service", "was": "active", "stopped": True}
 
     def broken(*_a, **_k):
         raise ValueError("nvidia-smi said something new")
@@ -694,8 +686,8 @@ def test_wind_down_restores_even_when_the_steps_before_it_fail(tmp_path, monkeyp
     restored = []
     monkeypatch.setattr(sup, "query_apps", broken)
     monkeypatch.setattr(sup, "group_is_ours", broken)
-    monkeypatch.setattr(sup, "restore_service", lambda j: restored.append(j))
-    sup.wind_down(job, 0.1)
+    monkeypatch.setattr(sup, "restore", lambda j: restored.append(j))
+    sup.settle(job, lambda: ("FAILED", "t"))
     assert restored == [job]
     events = (tmp_path / "jobs" / "j" / "events.jsonl").read_text()
     assert "nvidia-smi said something new" in events

@@ -1,0 +1,213 @@
+"""What the supervisor keeps on the host's disk under ROOT: the paths, atomic files and the locks.
+
+Owns: `JobPaths` (the one place job paths are built; layout in docs/protocol.md), atomic JSON writes
+(temp + fsync + rename + dir fsync) and appends, reading status.json (unreadable is `bad-status`, never
+"running"), the job's disk reserve, and the host-wide flock locks under ROOT/locks with their holder
+files. Host-level records that must outlive every process belong here, beside the locks.
+Imports only the stdlib and supervisor_host.py.
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import time
+
+try:  # imported as remote_payload.supervisor_files (tests)
+    from .supervisor_host import Fail, pid_exists, query_gpus
+except ImportError:  # run from supervisor.py as a script: sys.path[0] is this directory
+    from supervisor_host import Fail, pid_exists, query_gpus
+
+RESERVE_BYTES = 256 << 10   # given back when the disk fills, so the final status and restore log still fit
+LOCK_RETRY_S = 1.0          # how long a busy lock with no live holder recorded is retried before "busy"
+
+
+# ── paths ─────────────────────────────────────────────────────────────────────────────────────────────
+
+class JobPaths:
+    """The one place job paths are built (layout: docs/protocol.md)."""
+
+    def __init__(self, root: str, job_id: str) -> None:
+        self.root = root
+        self.job_id = job_id
+        self.dir = os.path.join(root, "jobs", job_id)
+        self.spec = os.path.join(self.dir, "spec.json")
+        self.status = os.path.join(self.dir, "status.json")
+        self.events = os.path.join(self.dir, "events.jsonl")
+        self.output = os.path.join(self.dir, "output.log")
+        self.result = os.path.join(self.dir, "result.json")
+        self.restore_log = os.path.join(self.dir, "restore.log")
+        self.cancel = os.path.join(self.dir, "cancel")
+        self.supervisor_log = os.path.join(self.dir, "supervisor.log")
+        self.reserve = os.path.join(self.dir, "reserve")
+        self.restore_lock = os.path.join(self.dir, "restore.lock")
+
+
+def locks_dir(root: str) -> str:
+    return os.path.join(root, "locks")
+
+
+# ── atomic io ─────────────────────────────────────────────────────────────────────────────────────────
+
+def write_json_atomic(path: str, obj) -> None:
+    """Temp file in the same dir, fsync, rename, fsync the dir: a reader sees the old or the new file."""
+    data = (json.dumps(obj, sort_keys=True) + "\n").encode("utf-8")
+    tmp = "%s.tmp.%d" % (path, os.getpid())
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        os.unlink(tmp)  # never publish a half-written file
+        raise
+    os.close(fd)
+    os.replace(tmp, path)
+    fsync_dir(os.path.dirname(path))
+
+
+def fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def read_json(path: str):
+    with open(path, "rb") as fh:
+        return json.loads(fh.read().decode("utf-8"))
+
+
+def append_line(path: str, obj) -> None:
+    with open(path, "ab") as fh:
+        fh.write((json.dumps(obj, sort_keys=True) + "\n").encode("utf-8"))
+
+
+def append_text(path: str, text: str) -> None:
+    with open(path, "a", encoding="utf-8") as fh:
+        fh.write("%s %s\n" % (time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), text))
+
+
+# ── locks ─────────────────────────────────────────────────────────────────────────────────────────────
+
+def lock_keys(spec: dict) -> list:
+    """`service-<unit>` when a systemd service is involved, `gpu-<device>` per device; none for CPU jobs."""
+    keys = ["gpu-" + d for d in gpu_lock_names(spec["gpu"]["devices"])]
+    if spec["service"]["manager"] == "systemd":
+        keys.append("service-" + spec["service"]["unit"])
+    return sorted(set(keys))
+
+
+def gpu_lock_names(devices: list) -> list:
+    """One name per card however the spec names it (index or UUID): its index, as nvidia-smi reports it."""
+    if not devices:
+        return []
+    try:
+        return [str(g["index"]) for g in query_gpus(devices)]
+    except (Fail, ValueError):
+        return list(devices)  # the drain step reports the GPU problem with its own message
+
+
+def read_holder(root: str, key: str):
+    try:
+        holder = read_json(os.path.join(locks_dir(root), key + ".json"))
+    except (OSError, ValueError):
+        return None
+    return dict(holder, key=key) if isinstance(holder, dict) else None
+
+
+def probe_lock(root: str, key: str) -> dict:
+    """Whether a lock is held now, without keeping it."""
+    path = os.path.join(locks_dir(root), key + ".lock")
+    if not os.path.exists(path):
+        return {"key": key, "held": False, "holder": None}
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # shared: two probes never make each other "busy"
+        return {"key": key, "held": False, "holder": None}
+    except BlockingIOError:
+        return {"key": key, "held": True, "holder": read_holder(root, key)}
+    finally:
+        os.close(fd)
+
+
+class Locks:
+    """flock files under ROOT/locks; all or nothing (so two queued jobs never hold one lock each)."""
+
+    def __init__(self, root: str, keys: list, job_id: str) -> None:
+        self.root, self.keys, self.job_id = root, keys, job_id
+        self.fds = {}
+        self.held = False
+
+    def open(self) -> None:
+        os.makedirs(locks_dir(self.root), exist_ok=True)
+        for key in self.keys:
+            self.fds[key] = os.open(os.path.join(locks_dir(self.root), key + ".lock"), os.O_RDWR | os.O_CREAT, 0o644)
+
+    def try_acquire(self):
+        """Take every lock or none. Returns the holder of the first busy one, or None when all are ours.
+        A lock that is busy with no live holder recorded is a probe or a starter that has not written its
+        holder yet: try again for a moment rather than answer "busy" naming nobody."""
+        deadline = time.monotonic() + LOCK_RETRY_S
+        while True:
+            holder = self._try_all()
+            if holder is None or pid_exists(holder.get("pid")) or time.monotonic() >= deadline:
+                return holder
+            time.sleep(0.05)
+
+    def _try_all(self):
+        taken = []
+        for key in self.keys:
+            try:
+                fcntl.flock(self.fds[key], fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                for done in taken:
+                    fcntl.flock(self.fds[done], fcntl.LOCK_UN)
+                return read_holder(self.root, key) or {"key": key}
+            taken.append(key)
+        self.held = True
+        return None
+
+    def write_holders(self) -> None:
+        for key in self.keys:
+            write_json_atomic(os.path.join(locks_dir(self.root), key + ".json"),
+                              {"job_id": self.job_id, "pid": os.getpid(), "since": time.time()})
+
+    def release(self) -> None:
+        """LOCK_UN releases the lock for every fd sharing the open file (the guard's copies too)."""
+        if not self.held:
+            return
+        for key in self.keys:
+            holder = read_holder(self.root, key)
+            if holder and holder.get("job_id") == self.job_id:
+                try_unlink(os.path.join(locks_dir(self.root), key + ".json"))
+            fcntl.flock(self.fds[key], fcntl.LOCK_UN)
+        self.held = False
+
+
+def try_unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def release_reserve(paths: JobPaths) -> bool:
+    try:
+        os.unlink(paths.reserve)
+        return True
+    except OSError:
+        return False
+
+
+def read_status(paths: JobPaths) -> dict:
+    try:
+        status = read_json(paths.status)
+        if not isinstance(status, dict) or "state" not in status:
+            raise ValueError("not a status object")
+        return status
+    except (OSError, ValueError) as exc:
+        raise Fail("bad-status", "cannot read %s: %s" % (paths.status, exc), job_id=paths.job_id)
+
+

@@ -1,0 +1,330 @@
+"""Host primitives of the supervisor: what it asks the machine, never what a job means.
+
+Owns: the `Fail` answer, external commands run without a shell and bounded (`run_command`), systemd
+(`Systemd`: systemctl/systemd-run/journalctl argv for one scope; start, health), nvidia-smi and the pure
+parsers of its output, and process identity from /proc (a pid is trusted only with its start time) with
+process-group kills. Imports only the stdlib and contract.py; every other room of the supervisor imports it.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import time
+
+try:  # imported as remote_payload.supervisor_host (tests)
+    from .contract import memory_verdict
+except ImportError:  # run from supervisor.py as a script: sys.path[0] is this directory
+    from contract import memory_verdict
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SUPERVISOR = os.path.join(HERE, "supervisor.py")  # the entry point every detached process re-executes
+
+NOT_A_NUMBER = ("[N/A]", "N/A", "[Not Supported]", "Not Supported", "[Unknown Error]", "")
+POLL_S = 0.1
+KILL_CONFIRM_S = 10.0        # after SIGKILL, how long to wait for the group to vanish
+CMD_TIMEOUT_S = 120.0
+STAY_ACTIVE_S = 2.0          # without a health URL, how long a unit must stay active to count as healthy
+SUDO_HINT = ("sudo asks for a password; add a NOPASSWD sudoers rule for systemctl (and systemd-run), e.g. "
+             "'USER ALL=(root) NOPASSWD: /usr/bin/systemctl, /usr/bin/systemd-run' via visudo -f "
+             "/etc/sudoers.d/runner")
+
+
+class Fail(Exception):
+    """An answer `{"ok": false, "error": code, "message": …}`; extra fields ride along."""
+
+    def __init__(self, code: str, message: str, **extra) -> None:
+        super().__init__(message)
+        self.code = code
+        self.extra = extra
+
+    def answer(self) -> dict:
+        return dict({"ok": False, "error": self.code, "message": str(self)}, **self.extra)
+
+
+# ── proc identity ─────────────────────────────────────────────────────────────────────────────────────
+
+def proc_stat(pid: int):
+    """Fields after the `(comm)` of /proc/PID/stat (field 3 first), or None when the process is gone."""
+    try:
+        with open("/proc/%d/stat" % pid, "rb") as fh:
+            text = fh.read().decode("ascii", "replace")
+    except (FileNotFoundError, ProcessLookupError, NotADirectoryError):
+        return None
+    return text.rsplit(")", 1)[1].split()
+
+
+def start_time(pid: int):
+    fields = proc_stat(pid)
+    return int(fields[19]) if fields else None  # field 22: starttime, in clock ticks since boot
+
+
+def identity(pid: int) -> dict:
+    return {"pid": pid, "start_time": start_time(pid)}
+
+
+def is_alive(ident) -> bool:
+    """The recorded process still runs: same pid, same start time, not a zombie."""
+    if not ident or not ident.get("pid"):
+        return False
+    fields = proc_stat(int(ident["pid"]))
+    return bool(fields) and fields[0] != "Z" and int(fields[19]) == ident.get("start_time")
+
+
+def group_members(pgid: int) -> list:
+    """Live (non-zombie) processes whose process group is pgid."""
+    members = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            fields = proc_stat(int(name))
+            if fields and fields[0] != "Z" and int(fields[2]) == pgid:
+                members.append(int(name))
+    return members
+
+
+def group_is_ours(payload: dict) -> bool:
+    """The group id is the leader's pid; if a process with that pid lives, it must be our leader."""
+    fields = proc_stat(int(payload["pgid"]))
+    return fields is None or fields[0] == "Z" or int(fields[19]) == payload.get("start_time")
+
+
+def pid_exists(pid) -> bool:
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
+
+
+def kill_group(pgid: int, grace: float, proc=None) -> None:
+    """TERM the whole group, give it `grace`, then KILL what is left and wait for it to vanish."""
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, KILL_CONFIRM_S)):
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            if proc is not None:
+                proc.poll()  # reap our own child so it does not linger as a zombie
+            if not group_members(pgid):
+                return
+            time.sleep(POLL_S)
+
+
+# ── parsers (pure) ────────────────────────────────────────────────────────────────────────────────────
+
+def parse_mib(text: str):
+    """An nvidia-smi memory cell in MiB; None for "[N/A]", "[Not Supported]" and the like."""
+    text = text.strip()
+    if text in NOT_A_NUMBER:
+        return None
+    try:
+        return int(float(text))
+    except ValueError:  # other bracketed words, e.g. "[Insufficient Permissions]" inside some containers
+        return None
+
+
+def parse_gpu_csv(text: str) -> list:
+    """`--query-gpu=index,uuid,name,memory.total,memory.used,memory.free --format=csv,noheader,nounits`."""
+    gpus = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        cells = line.split(",")
+        if len(cells) < 6:
+            raise ValueError("nvidia-smi line has %d fields, expected 6: %r" % (len(cells), line))
+        total, used, free = (parse_mib(c) for c in cells[-3:])
+        if free is None and total is not None and used is not None:
+            free = total - used
+        gpus.append({"index": cells[0].strip(), "uuid": cells[1].strip(), "name": ",".join(cells[2:-3]).strip(),
+                     "total_mib": total, "used_mib": used, "free_mib": free})
+    return gpus
+
+
+def parse_apps_csv(text: str) -> list:
+    """`--query-compute-apps=pid,used_memory --format=csv,noheader,nounits`."""
+    apps = []
+    for line in text.splitlines():
+        if line.strip():
+            pid, mib = line.split(",", 1)
+            apps.append({"pid": int(pid.strip()), "used_mib": parse_mib(mib)})
+    return apps
+
+
+def parse_systemctl_show(text: str) -> dict:
+    """`systemctl show --property=ActiveState,SubState,MainPID UNIT`: KEY=VALUE lines (any order)."""
+    values = dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
+    main_pid = values.get("MainPID", "0").strip()
+    return {"active_state": values.get("ActiveState", "").strip() or "unknown",
+            "sub_state": values.get("SubState", "").strip() or "unknown",
+            "main_pid": int(main_pid) if main_pid.isdigit() else 0}
+
+
+def sudo_wants_password(returncode: int, stderr: str) -> bool:
+    return "password is required" in stderr or (returncode == 1 and stderr.lstrip().startswith("sudo:"))
+
+
+def select_gpus(gpus: list, devices: list) -> list:
+    """The spec's devices, by index or UUID, in spec order; a device the host lacks is a clear error."""
+    by_key = {g["index"]: g for g in gpus}
+    by_key.update({g["uuid"]: g for g in gpus})
+    missing = [d for d in devices if d not in by_key]
+    if missing:
+        have = ", ".join("%s (%s)" % (g["index"], g["uuid"]) for g in gpus) or "no GPUs"
+        raise Fail("bad-spec", "GPU %s not found on this host; it has: %s" % (", ".join(missing), have))
+    return [by_key[d] for d in devices]
+
+
+def short_gpus(gpus: list, required_mib: int) -> list:
+    """GPUs that cannot give required_mib now (contract.memory_verdict: unknown free memory counts as short)."""
+    return [g for g in gpus if memory_verdict(g, required_mib) != "ok"]
+
+
+def refuse_too_small(gpus: list, required_mib: int) -> None:
+    """A card whose total is below the need: no stop and no wait can help, so say so at once."""
+    small = [g for g in gpus if memory_verdict(g, required_mib) == "too-small"]
+    if small:
+        raise Fail("bad-spec", "; ".join("GPU %s has %s MiB in total, less than the %d MiB the job needs" % (
+            g["index"], g["total_mib"], required_mib) for g in small) + ": stopping the service cannot free that")
+
+
+def describe_apps(apps: list) -> str:
+    if not apps:
+        return "no compute process is listed by nvidia-smi"
+    return ", ".join("pid %d (%s MiB)" % (a["pid"], a["used_mib"] if a["used_mib"] is not None else "?")
+                     for a in apps)
+
+# ── systemd ───────────────────────────────────────────────────────────────────────────────────────────
+
+def run_command(argv: list, timeout: float = CMD_TIMEOUT_S) -> subprocess.CompletedProcess:
+    """Run argv (never a shell); sudo wanting a password becomes `sudo-password`."""
+    try:
+        done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout)
+    except FileNotFoundError:
+        raise Fail("internal", "%s is not installed on this host" % argv[0])
+    except subprocess.TimeoutExpired:
+        raise Fail("timeout", "%s did not finish within %.0f s" % (" ".join(argv[:4]), timeout))
+    stderr = done.stderr.decode("utf-8", "replace")
+    if os.path.basename(argv[0]) == "sudo" and sudo_wants_password(done.returncode, stderr):
+        raise Fail("sudo-password", SUDO_HINT)
+    return done
+
+
+class Systemd:
+    """systemctl/systemd-run/journalctl argv for one scope. With sudo, every call goes through `sudo -n`:
+    a login that may not manage the unit often cannot even read its state (no system bus access)."""
+
+    def __init__(self, scope: str = "system", sudo: bool = False) -> None:
+        self.user = ["--user"] if scope == "user" else []
+        self.sudo = ["sudo", "-n"] if sudo else []
+
+    def argv(self, tool: str, *args: str) -> list:
+        return self.sudo + [tool] + self.user + list(args)
+
+    def show(self, unit: str) -> dict:
+        done = run_command(self.argv("systemctl", "show", "--property=ActiveState,SubState,MainPID", unit))
+        if done.returncode != 0:
+            raise Fail("internal", "cannot read the state of %s: %s" % (
+                unit, done.stderr.decode("utf-8", "replace").strip()[-300:]))
+        return parse_systemctl_show(done.stdout.decode("utf-8", "replace"))
+
+    def is_active(self, unit: str) -> str:
+        done = run_command(self.argv("systemctl", "is-active", unit))
+        return done.stdout.decode("utf-8", "replace").strip() or "unknown"
+
+    def change(self, verb: str, unit: str, *flags: str, timeout: float = CMD_TIMEOUT_S) -> None:
+        done = run_command(self.argv("systemctl", verb, *flags, unit), timeout=timeout)
+        if done.returncode != 0:
+            raise Fail("internal", "systemctl %s %s failed (exit %d): %s" % (
+                verb, unit, done.returncode, done.stderr.decode("utf-8", "replace").strip()[-500:]))
+
+    def timer_argv(self, unit: str, seconds: float, command: list) -> list:
+        # AccuracySec: systemd otherwise may fire a timer up to a minute late.
+        return self.argv("systemd-run", "--on-active=%ds" % int(seconds), "--timer-property=AccuracySec=1s",
+                         "--unit=" + unit, *command)
+
+    def log_tail(self, unit: str, lines: int = 20) -> str:
+        """The unit's last log lines; without a journal, say so and show `systemctl status` instead."""
+        try:
+            done = run_command(self.argv("journalctl", "-u", unit, "-n", str(lines), "--no-pager"), timeout=20)
+            text = done.stdout.decode("utf-8", "replace").strip()
+            if done.returncode == 0 and text and "No entries" not in text:
+                return text
+            why = "journalctl has no entries for %s" % unit
+        except Fail as exc:
+            why = str(exc)
+        done = run_command(self.argv("systemctl", "status", "--no-pager", "-n", str(lines), unit), timeout=20)
+        return "%s; systemctl status says:\n%s" % (why, done.stdout.decode("utf-8", "replace").strip())
+
+
+def start_unit(ctl: Systemd, unit: str, timeout: float) -> str:
+    """`systemctl start`, bounded; returns "" or why it did not finish (the unit's state then tells the rest).
+    A start cut short by the timeout goes on inside systemd; only the wait for it ends."""
+    try:
+        ctl.change("start", unit, timeout=max(0.5, timeout))
+        return ""
+    except Fail as exc:
+        if exc.code == "sudo-password":
+            raise
+        return str(exc)
+
+
+def health_ok(url: str, timeout: float) -> bool:
+    """True when url answers 2xx. Proxies from the environment are ignored: health URLs are local."""
+    import urllib.error  # here, not at the top: it is most of the script's import time, paid on every call
+    import urllib.request
+
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(url, timeout=min(5.0, max(0.2, timeout))) as answer:
+            return 200 <= answer.status < 300
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+def wait_healthy(ctl: Systemd, unit: str, url, timeout: float):
+    """Poll until healthy, failed or timeout; returns (healthy, active_state). Healthy: active and the
+    health URL answers 2xx; with no URL, active for STAY_ACTIVE_S in a row (a Type=simple unit is "active" the
+    moment its process is forked, even one that dies a second later)."""
+    deadline = time.monotonic() + timeout
+    active_since = None
+    while True:
+        state = ctl.is_active(unit)
+        now = time.monotonic()
+        active_since = (active_since or now) if state == "active" else None
+        if active_since is not None and (health_ok(url, deadline - now) if url else now - active_since >= STAY_ACTIVE_S):
+            return True, state
+        if state == "failed" or now >= deadline:
+            return False, state
+        time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
+
+
+# ── gpu ───────────────────────────────────────────────────────────────────────────────────────────────
+
+GPU_QUERY = ["--query-gpu=index,uuid,name,memory.total,memory.used,memory.free", "--format=csv,noheader,nounits"]
+APPS_QUERY = ["--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"]
+
+
+def nvidia_smi(args: list) -> str:
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        raise Fail("internal", "nvidia-smi is not on PATH, but the job asks for GPUs")
+    done = run_command([exe] + args, timeout=60)
+    if done.returncode != 0:
+        raise Fail("internal", "nvidia-smi failed (exit %d): %s" % (
+            done.returncode, done.stderr.decode("utf-8", "replace").strip()[-300:]))
+    return done.stdout.decode("utf-8", "replace")
+
+
+def query_gpus(devices: list) -> list:
+    return select_gpus(parse_gpu_csv(nvidia_smi(GPU_QUERY)), devices)
+
+
+def query_apps() -> list:
+    return parse_apps_csv(nvidia_smi(APPS_QUERY))

@@ -1,0 +1,160 @@
+"""The supervisor's own check of what it is given: the spec JSON on stdin, job ids, unit names, ROOT.
+
+The controller validated the spec already; the host never trusts it and checks again, with contract.py's
+rules and defaults, so both sides refuse and default alike. A problem is a `Fail` (`bad-spec` for the spec,
+`bad-args` for argv). Imports only the stdlib, contract.py and supervisor_host.py.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+
+try:  # imported as remote_payload.supervisor_spec (tests)
+    from . import contract
+    from .supervisor_host import HERE, Fail
+except ImportError:  # run from supervisor.py as a script: sys.path[0] is this directory
+    import contract
+    from supervisor_host import HERE, Fail
+
+DEFAULTS = contract.DEFAULTS
+
+
+def check_job_id(job_id) -> str:
+    problem = contract.job_id_problem(job_id)
+    if problem:
+        raise Fail("bad-args", "invalid job id: " + problem)
+    return job_id
+
+
+def check_unit(unit) -> str:
+    """A systemd unit name by contract.unit_problem; `.service` added as systemctl would."""
+    problem = contract.unit_problem(unit)
+    if problem:
+        raise Fail("bad-spec", "invalid systemd unit name: " + problem)
+    return contract.normalize_unit(unit)
+
+
+def check_root(root) -> str:
+    """--root as the controller sent it, before it is expanded (BOOT passes it expanded, so absolute)."""
+    problem = contract.root_problem(root)
+    if problem:
+        raise Fail("bad-args", "invalid --root: " + problem)
+    return root
+
+
+def check_health_url(url, code: str = "bad-spec"):
+    if url is not None and not (isinstance(url, str) and re.match(r"https?://[^\s]+$", url)):
+        raise Fail(code, "the health URL must be an http(s) URL")
+    return url
+
+
+def _need(cond: bool, message: str) -> None:
+    if not cond:
+        raise Fail("bad-spec", message)
+
+
+def _rule(problem) -> None:
+    if problem:
+        raise Fail("bad-spec", problem)
+
+
+def _number(value, field: str, minimum: float = 0.0) -> float:
+    _need(isinstance(value, (int, float)) and not isinstance(value, bool) and value >= minimum,
+          "%s must be a number >= %s, got %r" % (field, minimum, value))
+    return float(value)
+
+
+def _text(value, field: str) -> str:
+    _need(isinstance(value, str) and value != "" and "\0" not in value, "%s must be a non-empty string" % field)
+    return value
+
+
+def _default(raw: dict, field: str):
+    """raw's value for `section.key`, else the contract's default for it."""
+    return raw.get(field.split(".", 1)[1], DEFAULTS[field])
+
+
+def check_service(raw) -> dict:
+    _need(isinstance(raw, dict), "service must be an object")
+    manager = _default(raw, "service.manager")
+    if manager == "none":
+        return {"manager": "none"}
+    _need(manager in contract.SERVICE_MANAGERS, "service.manager must be systemd or none, got %r" % (manager,))
+    scope, stop = _default(raw, "service.scope"), _default(raw, "service.stop")
+    _need(scope in contract.SERVICE_SCOPES, "service.scope must be system or user")
+    _need(stop in contract.STOP_POLICIES, "service.stop must be always, if-needed or never")
+    sudo = _default(raw, "service.sudo")
+    _need(isinstance(sudo, bool), "service.sudo must be true or false")
+    return {"manager": "systemd", "unit": check_unit(raw.get("unit")), "scope": scope, "stop": stop,
+            "health_url": check_health_url(raw.get("health_url")),
+            "health_timeout": _number(_default(raw, "service.health_timeout"), "service.health_timeout"),
+            "sudo": sudo}
+
+
+def check_gpu(raw) -> dict:
+    raw = raw or {}
+    _need(isinstance(raw, dict), "gpu must be an object")
+    devices = raw.get("devices", [])
+    _need(isinstance(devices, list), "gpu.devices must be a list")
+    for device in devices:
+        _rule(contract.device_problem(device))
+    required = _default(raw, "gpu.required_mib")
+    _need(isinstance(required, int) and not isinstance(required, bool) and required >= 0,
+          "gpu.required_mib must be an integer >= 0")
+    return {"devices": [str(d) for d in devices], "required_mib": required,
+            "drain_timeout": _number(_default(raw, "gpu.drain_timeout"), "gpu.drain_timeout")}
+
+
+def check_script(script) -> str:
+    """A relative path inside the uploaded payload dir (contract.script_problem) that is really there."""
+    _rule(contract.script_problem(script))
+    _need(os.path.isfile(os.path.join(HERE, script)), "payload.script %r is not in the uploaded payload" % script)
+    return script
+
+
+def _strings(value) -> bool:
+    return isinstance(value, list) and all(isinstance(a, str) and "\0" not in a for a in value)
+
+
+def check_payload(raw) -> dict:
+    _need(isinstance(raw, dict), "payload must be an object")
+    script, command = raw.get("script"), raw.get("command")
+    _need((script is None) != (command is None), "payload needs exactly one of script and command")
+    env = raw.get("env") or {}
+    _need(isinstance(env, dict), "payload.env must be an object")
+    for key, value in env.items():
+        _rule(contract.env_key_problem(key))
+        _need(isinstance(value, str) and "\0" not in value, "payload.env.%s must be a string without NUL" % key)
+    args = raw.get("args") or []
+    _need(_strings(args), "payload.args must be a list of strings")
+    if command is not None:
+        _need(_strings(command) and bool(command), "payload.command must be a non-empty list of strings")
+        return {"command": list(command), "script": None, "python": None, "args": [], "env": dict(env)}
+    return {"command": None, "script": check_script(script),
+            "python": _text(_default(raw, "payload.python"), "payload.python"), "args": list(args), "env": dict(env)}
+
+
+def check_spec(raw, job_id=None) -> dict:
+    """The normalised spec; job_id (from argv) must agree with the spec's own when both are given."""
+    _need(isinstance(raw, dict), "the spec must be a JSON object")
+    if job_id is None:
+        job_id = raw.get("job_id") or "preflight"
+    _need(raw.get("job_id", job_id) == job_id, "spec job_id %r differs from --job-id" % (raw.get("job_id"),))
+    limits = raw.get("limits") or {}
+    _need(isinstance(limits, dict), "limits must be an object")
+    name = raw.get("name", job_id)
+    _need(isinstance(name, str) and len(name) <= 1000, "name must be a string")
+    return {"name": name, "job_id": job_id, "service": check_service(raw.get("service") or {"manager": "none"}),
+            "gpu": check_gpu(raw.get("gpu")), "payload": check_payload(raw.get("payload")),
+            "limits": {"max_runtime": _number(_default(limits, "limits.max_runtime"), "limits.max_runtime", 0.001),
+                       "grace": _number(_default(limits, "limits.grace"), "limits.grace")}}
+
+
+def read_spec_stdin(job_id=None) -> dict:
+    try:
+        raw = json.loads(sys.stdin.buffer.read().decode("utf-8"))
+    except ValueError as exc:
+        raise Fail("bad-spec", "stdin is not a JSON spec: %s" % exc)
+    return check_spec(raw, job_id)

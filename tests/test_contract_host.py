@@ -1,0 +1,206 @@
+"""One table of values, the contract's verdict, and the host side's own checks: they must agree.
+
+The table is module-level data so the controller side can walk the same rows through runner/spec.py
+(`from tests.test_contract_host import ROWS, MEMORY_ROWS, CONTRACT_RULES`). A row is (kind, value, ok):
+`ok` is what the contract says, written out so that a change of rule shows up here as a diff.
+"""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from remote_payload import contract
+from remote_payload import supervisor, supervisor_files, supervisor_host, supervisor_job, supervisor_spec
+from remote_payload import supervisor_host as host
+from remote_payload import supervisor_spec as checks
+
+ROOMS = (supervisor, supervisor_files, supervisor_host, supervisor_job, supervisor_spec)
+
+CONTRACT_RULES = {
+    "job_id": contract.job_id_problem,
+    "unit": contract.unit_problem,
+    "script": contract.script_problem,
+    "env_key": contract.env_key_problem,
+    "device": contract.device_problem,
+    "root": contract.root_problem,
+}
+
+ROWS = [
+    ("job_id", "k26-20261129-0826-ab12", True),
+    ("job_id", "a.b_c-1", True),
+    ("job_id", "x" * 128, True),
+    ("job_id", "x" * 129, False),
+    ("job_id", "-rf", False),
+    ("job_id", "--help", False),
+    ("job_id", "", False),
+    ("job_id", ".", False),
+    ("job_id", "..", False),
+    ("job_id", "a/b", False),
+    ("job_id", "a b", False),
+    ("job_id", "$(id)", False),
+    ("job_id", "a\nb", False),
+    ("job_id", None, False),
+    ("unit", "sglang", True),
+    ("unit", "sglang-k26.service", True),
+    ("unit", "getty@tty1.service", True),
+    ("unit", "a\\x2d.service", True),
+    ("unit", "x.socket", True),
+    ("unit", "-H", False),
+    ("unit", "--user", False),
+    ("unit", ".hidden", False),
+    ("unit", "@x.service", False),
+    ("unit", "a@b@c.service", False),
+    ("unit", "getty@", False),
+    ("unit", "a..b.service", False),
+    ("unit", "a b", False),
+    ("unit", "a;b", False),
+    ("unit", "a/b", False),
+    ("unit", "x" * 241, False),
+    ("unit", "", False),
+    ("unit", 5, False),
+    ("script", "demo_payload.py", True),
+    ("script", "marlin_stats.py", True),
+    ("script", "../x.py", False),
+    ("script", "/etc/passwd", False),
+    ("script", "a/../b.py", False),
+    ("script", "./x.py", False),
+    ("script", "a//b.py", False),
+    ("script", "", False),
+    ("env_key", "TVM_FFI_CACHE_DIR", True),
+    ("env_key", "_X1", True),
+    ("env_key", "RUNNER_JOB_ID", False),
+    ("env_key", "RUNNER_ANYTHING", False),
+    ("env_key", "1X", False),
+    ("env_key", "A B", False),
+    ("env_key", "X=Y", False),
+    ("env_key", "X-Y", False),
+    ("env_key", "", False),
+    ("device", "0", True),
+    ("device", 3, True),
+    ("device", "GPU-aaaa8a08-769e-fec6-004a-c6a67ee83402", True),
+    ("device", "-1", False),
+    ("device", -1, False),
+    ("device", True, False),
+    ("device", "GPU-x", False),
+    ("device", "gpu0", False),
+    ("device", "", False),
+    ("root", "~/.runner", True),
+    ("root", "/srv/runner", True),
+    ("root", "~", True),
+    ("root", "relative/dir", False),
+    ("root", "/tmp/$HOME", False),
+    ("root", "/tmp/100%", False),
+    ("root", "~other/x", False),
+]
+
+# (card as nvidia-smi reported it, MiB the job needs, verdict)
+MEMORY_ROWS = [
+    ({"total_mib": 143771, "free_mib": 143156}, 9100, "ok"),
+    ({"total_mib": 143771, "free_mib": 9100}, 9100, "ok"),
+    ({"total_mib": 143771, "free_mib": 12084}, 18200, "short"),
+    ({"total_mib": 143771, "free_mib": None}, 1000, "short"),
+    ({"total_mib": None, "free_mib": None}, 1000, "short"),
+    ({"total_mib": None, "free_mib": 5000}, 1000, "ok"),
+    ({"total_mib": 81559, "free_mib": 81000}, 90000, "too-small"),
+    ({"total_mib": 81559, "free_mib": None}, 90000, "too-small"),
+    ({"total_mib": 0, "free_mib": 0}, 0, "ok"),
+]
+
+
+def host_accepts(kind: str, value) -> bool:
+    """The supervisor's own check for one kind of value: True when it accepts it."""
+    rules = {
+        "job_id": lambda v: checks.check_job_id(v),
+        "unit": lambda v: checks.check_unit(v),
+        "script": lambda v: checks.check_spec({"payload": {"script": v}}, "j"),
+        "env_key": lambda v: checks.check_spec({"payload": {"command": ["/bin/true"], "env": {v: "x"}}}, "j"),
+        "device": lambda v: checks.check_spec({"payload": {"command": ["/bin/true"]}, "gpu": {"devices": [v]}}, "j"),
+        "root": lambda v: checks.check_root(v),
+    }
+    try:
+        rules[kind](value)
+    except host.Fail:
+        return False
+    return True
+
+
+def host_memory_verdict(gpu: dict, need: int) -> str:
+    card = dict(gpu, index="0", uuid="GPU-x", name="t", used_mib=None)
+    try:
+        host.refuse_too_small([card], need)
+    except host.Fail:
+        return "too-small"
+    return "short" if host.short_gpus([card], need) else "ok"
+
+
+@pytest.mark.parametrize("kind, value, ok", ROWS)
+def test_the_contract_says_what_the_table_says(kind, value, ok):
+    assert (CONTRACT_RULES[kind](value) is None) == ok
+
+
+@pytest.mark.parametrize("kind, value, ok", ROWS)
+def test_the_supervisor_agrees_with_the_contract(kind, value, ok):
+    assert host_accepts(kind, value) == ok
+
+
+@pytest.mark.parametrize("gpu, need, verdict", MEMORY_ROWS)
+def test_memory_rows(gpu, need, verdict):
+    assert contract.memory_verdict(gpu, need) == verdict
+    assert host_memory_verdict(gpu, need) == verdict
+
+
+# ── the drift issue 8 found, one test each ──────────────────────────────────────────────────────────────
+
+def test_drift_job_id_starting_with_dash_is_refused():
+    with pytest.raises(host.Fail) as err:
+        checks.check_job_id("-rf")
+    assert err.value.code == "bad-args"
+
+
+def test_drift_unit_names_follow_the_contract():
+    for unit in ("a..b.service", ".hidden", "@x", "a@b@c", "x" * 245):
+        with pytest.raises(host.Fail):
+            checks.check_unit(unit)
+    assert checks.check_unit("sglang") == contract.normalize_unit("sglang") == "sglang.service"
+
+
+def test_drift_default_max_runtime_is_the_contract_default():
+    checked = checks.check_spec({"payload": {"command": ["/bin/true"]}}, "j")
+    assert checked["limits"]["max_runtime"] == contract.DEFAULTS["limits.max_runtime"] == 3600.0
+    assert checked["limits"]["grace"] == contract.DEFAULTS["limits.grace"]
+    assert checked["gpu"]["drain_timeout"] == contract.DEFAULTS["gpu.drain_timeout"]
+
+
+def test_drift_states_come_from_the_contract():
+    for room in ROOMS:
+        for name in ("STATES", "TERMINAL", "RUNNING_SERVICE_STATES", "DEFAULTS"):
+            assert getattr(room, name, getattr(contract, name)) is getattr(contract, name), (room.__name__, name)
+    assert "TERMINAL" in vars(supervisor_job) and "TERMINAL" in vars(supervisor)
+
+
+def test_drift_a_card_smaller_than_the_need_is_refused_at_once(tmp_path):
+    """Not 'drain until drain_timeout': no stop can make a card larger than it is."""
+    from tests.test_supervisor import Host, gpu_spec
+
+    host = Host(tmp_path)
+    try:
+        began = time.monotonic()
+        host.start("big", gpu_spec(host, "sleep", "0", "0", required=200000, drain=30))
+        final = host.wait("big", "FAILED", timeout=20)
+        assert time.monotonic() - began < 15
+        assert "143771 MiB in total" in final["message"] and "200000 MiB" in final["message"]
+        assert final["payload"] is None and final["restored"] is True
+    finally:
+        host.cleanup()
+
+
+def test_every_error_code_the_supervisor_answers_is_a_contract_code():
+    import inspect
+    import re
+
+    codes = set()
+    for room in ROOMS:
+        codes |= set(re.findall(r'Fail\(\s*"([a-z-]+)"', inspect.getsource(room)))
+        codes |= set(re.findall(r'"error": "([a-z-]+)"', inspect.getsource(room)))
+    assert codes and codes <= set(contract.ERRORS), codes - set(contract.ERRORS)
