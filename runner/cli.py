@@ -115,6 +115,11 @@ def _status_line(job: dict) -> str:
         parts.append(f"({job['phase']})")
     if job.get("exit_code") is not None:
         parts.append(f"exit {job['exit_code']}")
+    slurm = job.get("slurm") or {}
+    if slurm.get("job_id"):
+        parts.append(f"slurm {slurm['job_id']} {slurm.get('state') or '?'}"
+                     + (f" ({slurm['reason']})" if slurm.get("reason") else "")
+                     + (f" on {slurm['node']}" if slurm.get("node") else ""))
     if service.get("unit"):
         parts.append(f"service {service['unit']} was {service.get('was')} now {service.get('now')}"
                      + (f" downtime {service['downtime_s']:.1f}s" if service.get("downtime_s") is not None else ""))

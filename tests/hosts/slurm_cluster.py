@@ -123,6 +123,15 @@ class SlurmCluster:
         text = path.read_text(errors="replace") if path.exists() else ""
         return "\n".join(text.splitlines()[-lines:])
 
+    def stop_slurmctld(self) -> None:
+        """SIGTERM slurmctld and wait for it (jobs keep running: slurmstepd does not need it)."""
+        _stop_processes([self.daemons.pop("slurmctld")])
+
+    def start_slurmctld(self, timeout: float = START_TIMEOUT) -> None:
+        """Start slurmctld again on the saved state; returns once every node is idle or allocated."""
+        _spawn(self, "slurmctld", ["slurmctld", "-D"])
+        wait_until(lambda: self.run(["sinfo", "-h"], timeout=5).returncode == 0, timeout, "slurmctld to answer", 0.1)
+
     def stop(self) -> None:
         """End every job, stop the daemons (slurm's first, then slurmdbd, MariaDB, munged), remove BASE."""
         try:
