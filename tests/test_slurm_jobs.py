@@ -8,6 +8,8 @@ script execs our supervisor's `slurm-run`. host.root has a space in it (it trave
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -16,6 +18,7 @@ import pytest
 import yaml
 
 from tests.cli_helpers import Target, job_dir, pid_alive, python_payload, run_cli, status, submit, wait_for
+from tests.hosts.gpu_state import STANDIN, make_state_dir, write_gpus
 from tests.hosts.prereqs import require
 from tests.hosts.slurm_cluster import missing_prerequisites, start_slurm_cluster
 
@@ -222,6 +225,44 @@ def test_slurmctld_restart_mid_job_the_job_finishes_and_status_is_right(target, 
     assert job["state"] == "SUCCEEDED"
     assert (job_dir(target, job_id) / "output.log").read_text() == "waiting\ndone\n"
     assert cluster.wait_job_state(submitted["slurm_job_id"], {"COMPLETED", "FAILED"}) == "COMPLETED"
+
+
+def test_gpu_memory_is_checked_inside_the_allocation_and_a_short_card_fails_the_job(target, tmp_path):
+    # nvidia-smi here is the test stand-in (tests/hosts/bin): this machine has no GPU. sbatch exports the
+    # submitting environment, so the allocation finds it on PATH with its state dir.
+    fake = make_state_dir(tmp_path / "gpus")
+    write_gpus(fake, total_mib=80000, baseline_used=60000, count=2)
+    target.env.update(PATH=f"{STANDIN.parent}:{os.environ['PATH']}", RUNNER_FAKE_GPU_DIR=str(fake))
+    spec = dict(slurm={"gres": "gpu:1"}, gpu={"min_free_mib": 30000})
+    short = submit_json(target, slurm_job(tmp_path / "short.yaml", target, command=["echo", "ran"], **spec))
+    no_gpu = submit_json(target, slurm_job(tmp_path / "none.yaml", target, command=["echo", "ran"],
+                                           gpu={"min_free_mib": 30000}))
+    ended = {name: wait_state(target, job["job_id"], {"SUCCEEDED", "FAILED", "CANCELLED", "LOST", "TIMED_OUT"})
+             for name, job in (("short", short), ("no_gpu", no_gpu))}
+
+    assert ended["short"]["state"] == "FAILED"
+    assert "GPU memory is short in the Slurm allocation on node1" in ended["short"]["message"]
+    assert "has 19385 MiB free of 80000 MiB, 30000 MiB needed" in ended["short"]["message"]
+    assert ended["no_gpu"]["state"] == "FAILED" and "allocation has no GPU" in ended["no_gpu"]["message"]
+    for job in (short, no_gpu):
+        assert not (job_dir(target, job["job_id"]) / "output.log").exists()  # the payload never ran
+
+    write_gpus(fake, total_mib=80000, baseline_used=0, count=2)
+    fits = submit_json(target, slurm_job(tmp_path / "fits.yaml", target, command=["echo", "ran"], **spec))
+    job = wait_state(target, fits["job_id"], {"SUCCEEDED", "FAILED", "CANCELLED", "LOST", "TIMED_OUT"})
+    assert job["state"] == "SUCCEEDED" and [g["free_mib"] for g in job["gpu"]["before"]] == [79385]
+
+
+def test_a_supervisor_killed_in_the_allocation_is_reported_lost(target, cluster, tmp_path):
+    submitted = submit_json(target, slurm_job(tmp_path / "job.yaml", target, command=["sleep", "300"]))
+    job = wait_state(target, submitted["job_id"], {"RUNNING"})
+
+    os.kill(job["supervisor_pid"], signal.SIGKILL)  # one machine: the "compute node" pid is ours to see
+
+    job = wait_state(target, submitted["job_id"], {"SUCCEEDED", "FAILED", "CANCELLED", "LOST", "TIMED_OUT"},
+                     timeout=30)
+    assert job["state"] == "LOST"
+    assert "without writing a final state" in job["message"] and job["slurm"]["state"] == "FAILED"
 
 
 def test_unknown_partition_is_refused_with_sbatchs_reason_exit_4(target, tmp_path):
