@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.cli_helpers import Target, job_dir, pid_alive, python_payload, run_cli, status, submit, wait_for
+from tests.cli_helpers import Target, job_dir, pid_alive, python_payload, run_cli, status, wait_for
 from tests.hosts.gpu_state import STANDIN, make_state_dir, write_gpus
 from tests.hosts.prereqs import require
 from tests.hosts.slurm_cluster import missing_prerequisites, start_slurm_cluster
