@@ -336,6 +336,8 @@ def cmd_restore(args) -> dict:
     answer = {"ok": True, "job_id": paths.job_id}
     if job.status.get("restored"):
         return dict(answer, state=job.status["state"], service=job.status["service"], already=True)
+    if slurm_launch.is_slurm_job(paths):  # no service, and its processes live on a compute node, not here
+        return dict(answer, state=job.status["state"], service=job.status["service"], already=True)
     if is_alive(job.status.get("supervisor")) or is_alive(job.status.get("guard")):
         return dict(answer, state=job.status["state"], service=job.status["service"], deferred=True,
                     message="the job's supervisor (or guard) is alive and restores the service itself")

@@ -136,6 +136,8 @@ def test_unplaceable_job_stays_queued_with_slurms_reason_and_tail_returns_75_in_
 
     assert done.returncode == EXIT_STILL_RUNNING and done.stdout == b""
     assert took < 3 + 5, f"tail -f --max-wait 3 took {took:.1f} s"
+    line = run_cli(target, "status", job_id).stdout.decode()
+    assert f"slurm {submitted['slurm_job_id']} PENDING ({job['slurm']['reason']})" in line
 
 
 def test_cancel_while_pending_ends_it_in_slurm_and_runner(target, cluster, tmp_path):
@@ -271,6 +273,24 @@ def test_unknown_partition_is_refused_with_sbatchs_reason_exit_4(target, tmp_pat
     assert done.returncode == 4, done.stderr.decode()
     assert "invalid partition specified: nosuch" in done.stderr.decode().lower()
     assert list((target.root / "jobs").iterdir()) == []  # the refused id was never used
+
+
+def test_a_login_node_without_slurm_or_with_slurmctld_down_is_exit_3(target, cluster, tmp_path):
+    job_file = slurm_job(tmp_path / "job.yaml", target, command=["true"])
+    done = run_cli(target, "submit", str(job_file), env={"PATH": str(tmp_path / "empty")})
+    assert done.returncode == 3, done.stderr.decode()
+    assert "sbatch, squeue, scancel not found on the login node's PATH" in done.stderr.decode()
+
+    cluster.stop_slurmctld()
+    try:
+        began = time.monotonic()
+        done = run_cli(target, "submit", str(job_file))
+        took = time.monotonic() - began
+    finally:
+        cluster.start_slurmctld()
+    assert done.returncode == 3, done.stderr.decode()
+    assert "slurmctld does not answer" in done.stderr.decode() and took < 30
+    assert not (target.root / "jobs").exists() or list((target.root / "jobs").iterdir()) == []
 
 
 @pytest.mark.parametrize("change, words", [
