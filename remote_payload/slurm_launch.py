@@ -241,6 +241,7 @@ def run_in_allocation(root: str, job_id: str) -> dict:
     if job.terminal:  # cancelled while it waited, and Slurm started it anyway
         return {"ok": True, "state": job.status["state"], "exit_status": 0}
     flags = Flags()
+    flags.slurm_term = False
     _install_handlers(flags)
     env = os.environ
     allocation = {"job_id": env.get("SLURM_JOB_ID"), "node": env.get("SLURMD_NODENAME"),
@@ -254,6 +255,11 @@ def run_in_allocation(root: str, job_id: str) -> dict:
     locks = Locks(root, [], job_id)  # none: Slurm gives this allocation its GPUs alone
     locks.try_acquire()
     supervise(job, locks, flags)
+    if flags.slurm_term and not os.path.exists(paths.cancel) and job.status["state"] in ("FAILED", "CANCELLED"):
+        # Slurm's TERM reaches every process of the step at once: the payload often dies of it before our
+        # watch loop sees the flag, which reads as FAILED (exit 143). Slurm cancelled it; say so.
+        job.set_state("CANCELLED", "done", message="Slurm sent SIGTERM (scancel outside runner, preemption or "
+                      "Slurm's time limit); the payload ended with exit code %s" % job.status.get("exit_code"))
     return {"ok": True, "state": job.status["state"], "exit_status": exit_status(job.status)}
 
 
@@ -262,6 +268,7 @@ def _install_handlers(flags: Flags) -> None:
     cancel: TERM → grace → KILL, then CANCELLED (Slurm's KILL follows KillWait after its TERM)."""
     def cancel(signum, frame):
         flags.cancel = True
+        flags.slurm_term = flags.slurm_term or signum == signal.SIGTERM
 
     def stop(signum, frame):
         flags.signal = signum

@@ -175,6 +175,20 @@ def test_cancel_while_running_stops_the_payload(target, cluster, tmp_path):
     assert cluster.wait_job_state(submitted["slurm_job_id"], {"COMPLETED", "FAILED", "CANCELLED"}) != "RUNNING"
 
 
+def test_scancel_outside_runner_stops_the_payload_and_says_so(target, cluster, tmp_path):
+    pid_file = tmp_path / "payload.pid"
+    command = ["sh", "-c", f"echo $$ > '{pid_file}'; exec sleep 300"]
+    submitted = submit_json(target, slurm_job(tmp_path / "job.yaml", target, command=command, grace="1s"))
+    wait_state(target, submitted["job_id"], {"RUNNING"})
+    wait_for(lambda: pid_file.exists() and pid_file.read_text().strip(), 30, "the payload's pid")
+
+    cluster.run(["scancel", submitted["slurm_job_id"]], check=True)  # TERM to the batch step: our supervisor
+
+    job = wait_state(target, submitted["job_id"], {"CANCELLED", "FAILED", "SUCCEEDED", "LOST", "TIMED_OUT"}, 30)
+    assert job["state"] == "CANCELLED" and "Slurm sent SIGTERM" in job["message"]
+    assert not pid_alive(int(pid_file.read_text()))
+
+
 def test_our_deadline_ends_the_job_as_timed_out_before_slurms_limit(target, cluster, tmp_path):
     submitted = submit_json(target, slurm_job(tmp_path / "job.yaml", target, command=["sleep", "300"],
                                               max_runtime="3s", grace="1s"))
