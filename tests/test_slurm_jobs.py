@@ -305,22 +305,3 @@ def test_a_login_node_without_slurm_or_with_slurmctld_down_is_exit_3(target, clu
     assert done.returncode == 3, done.stderr.decode()
     assert "slurmctld does not answer" in done.stderr.decode() and took < 30
     assert not (target.root / "jobs").exists() or list((target.root / "jobs").iterdir()) == []
-
-
-@pytest.mark.parametrize("change, words", [
-    ({"launcher": "ssh", "slurm": {"partition": "debug"}}, "needs `launcher: slurm`"),
-    ({"service": {"manager": "systemd", "unit": "sglang.service"}}, "the scheduler owns the GPUs"),
-    ({"gpu": {"devices": [0]}}, "Slurm hands out the GPUs"),
-    ({"slurm": {"time": "1m"}}, "slurm.time is 1 min, shorter"),
-    ({"slurm": {"partition": "gpu;reboot"}}, "slurm.partition"),
-])
-def test_bad_slurm_specs_exit_2_and_reach_no_host(change, words, tmp_path):
-    root = tmp_path / "never"
-    spec = {"name": "bad", "host": {"address": "local", "root": str(root)}, "launcher": "slurm",
-            "payload": {"command": ["true"]}, **change}
-    path = tmp_path / "job.yaml"
-    path.write_text(yaml.safe_dump(spec))
-    done = run_cli(Target(kind="none", host=spec["host"], root=root, env={}), "submit", str(path))
-    assert done.returncode == 2, done.stderr.decode()
-    assert words in done.stderr.decode()
-    assert not root.exists()  # the local "host" was never called: it would have made ROOT/payload

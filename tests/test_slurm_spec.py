@@ -1,14 +1,17 @@
 """The `launcher: slurm` spec on both sides: the controller's models and wire form (runner/spec_slurm.py) and
-the host's own check of that wire form (supervisor_spec.check_launcher): the same verdicts."""
+the host's own check of that wire form (supervisor_spec.check_launcher): the same verdicts. Last, the same
+refusals through the real CLI: exit 2 and no host contacted (no Slurm needed)."""
 
 from __future__ import annotations
 
 import pytest
+import yaml
 from pydantic import ValidationError
 
 from remote_payload.supervisor_host import Fail
 from remote_payload.supervisor_spec import check_spec
 from runner.spec import JobSpec
+from tests.cli_helpers import Target, run_cli
 
 BASE = {"name": "k26 on slurm", "host": {"address": "login-1"}, "launcher": "slurm",
         "payload": {"command": ["python3", "bench.py"]}, "limits": {"max_runtime": "30m", "grace": "30s"}}
@@ -68,3 +71,22 @@ def test_the_controller_refuses_with_the_reason(changes, words):
     with pytest.raises(ValidationError) as caught:
         spec(**changes)
     assert words in str(caught.value)
+
+
+@pytest.mark.parametrize("change, words", [
+    ({"launcher": "ssh", "slurm": {"partition": "debug"}}, "needs `launcher: slurm`"),
+    ({"service": {"manager": "systemd", "unit": "sglang.service"}}, "the scheduler owns the GPUs"),
+    ({"gpu": {"devices": [0]}}, "Slurm hands out the GPUs"),
+    ({"slurm": {"time": "1m"}}, "slurm.time is 1 min, shorter"),
+    ({"slurm": {"partition": "gpu;reboot"}}, "slurm.partition"),
+])
+def test_bad_slurm_specs_exit_2_and_reach_no_host(change, words, tmp_path):
+    root = tmp_path / "never"
+    spec = {"name": "bad", "host": {"address": "local", "root": str(root)}, "launcher": "slurm",
+            "payload": {"command": ["true"]}, **change}
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    done = run_cli(Target(kind="none", host=spec["host"], root=root, env={}), "submit", str(path))
+    assert done.returncode == 2, done.stderr.decode()
+    assert words in done.stderr.decode()
+    assert not root.exists()  # the local "host" was never called: it would have made ROOT/payload
