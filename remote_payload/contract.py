@@ -43,6 +43,7 @@ DEFAULTS = {
     "host.root": "~/.runner",
 }
 SERVICE_MANAGERS = ("systemd", "none")
+LAUNCHERS = ("ssh", "slurm")  # ssh: the supervisor runs the payload on the host; slurm: sbatch places it
 SERVICE_SCOPES = ("system", "user")
 USER_SCOPE_SUDO = ("scope: user with sudo: true would manage root's user manager, not the login's: "
                    "use scope: user without sudo, or scope: system with sudo")
@@ -66,6 +67,8 @@ ERRORS = {
     "sudo-password": "sudo asked for a password (a NOPASSWD rule is needed)",
     "timeout": "a host command did not finish in time",
     "unsafe-root": "host.root or the payload dir is writable by others or not owned by the login user",
+    "slurm-refused": "sbatch refused the job (the message is sbatch's own); nothing was queued",
+    "slurm-unavailable": "sbatch/squeue are missing on the login node, or slurmctld does not answer",
     "internal": "anything else; the message says what",
 }
 

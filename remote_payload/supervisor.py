@@ -15,6 +15,8 @@ each importing only the rooms above it in this list:
 Public subcommands: preflight, start, status, logs, cancel, restore, restore-service, result.
 Internal ones: _run (the detached supervisor of one job) and _guard (watches the supervisor; settles the job
 if the supervisor dies without doing it).
+`slurm-run` is what a Slurm batch script execs in its allocation (launcher slurm: slurm_launch.py, which
+also submits, follows and cancels such jobs for start/status/logs/cancel).
 
     start ──fork/setsid/fork/exec──▶ _run (supervisor) ──fork/setsid/exec──▶ _guard
       ◀──── one JSON line over the readiness pipe ───┘        holds the read end of the "life" pipe and the
@@ -41,6 +43,7 @@ import time
 import traceback
 
 try:  # imported as remote_payload.supervisor (tests)
+    from . import slurm_launch
     from .contract import DEFAULTS, RUNNING_SERVICE_STATES, SERVICE_SCOPES, TERMINAL
     from .supervisor_files import RESERVE_BYTES, JobPaths, Locks, append_line, fsync_dir, lock_keys, probe_lock, \
         read_json, read_status, write_json_atomic
@@ -52,6 +55,7 @@ try:  # imported as remote_payload.supervisor (tests)
         read_spec_stdin
     from . import supervisor_ledger as ledger
 except ImportError:  # run as a script: sys.path[0] is this directory
+    import slurm_launch
     from contract import DEFAULTS, RUNNING_SERVICE_STATES, SERVICE_SCOPES, TERMINAL
     from supervisor_files import RESERVE_BYTES, JobPaths, Locks, append_line, fsync_dir, lock_keys, probe_lock, \
         read_json, read_status, write_json_atomic
@@ -145,6 +149,8 @@ def cmd_start(args) -> dict:
     spec = read_spec_stdin(job_id)
     paths = JobPaths(args.root, job_id)
     claim_job_dir(paths, spec)
+    if spec.get("launcher") == "slurm":  # Slurm queues it: no lock, no --queue, no detached supervisor here
+        return slurm_launch.submit(paths, spec)
     ready_r, ready_w = os.pipe()
     argv = [sys.executable, SUPERVISOR, "_run", "--job-id", job_id, "--root", args.root,
             "--ready-fd", str(ready_w)] + (["--queue"] if args.queue else [])
@@ -289,6 +295,11 @@ def cmd_run(args) -> dict:
     return {"ok": True, "state": job.status["state"]}
 
 
+def cmd_slurm_run(args) -> dict:
+    """The batch script's process in a Slurm allocation (remote_payload/slurm_launch.py)."""
+    return slurm_launch.run_in_allocation(args.root, check_job_id(args.job_id))
+
+
 def cmd_guard(args) -> dict:
     """The guard: wait for the supervisor's end (EOF on the life pipe), then settle the job as a restorer
     (nothing to do when the supervisor settled it)."""
@@ -329,6 +340,8 @@ def watch_supervisor(paths: JobPaths, life_fd: int) -> str:
 def reap_if_dead(paths: JobPaths) -> dict:
     """status.json; NOT read-only: a job whose supervisor and guard are both gone is marked LOST here and a
     detached restorer (`supervisor.py restore`) is started to settle it."""
+    if slurm_launch.is_slurm_job(paths):  # its supervisor runs on a compute node: Slurm says if it lives
+        return slurm_launch.refresh(paths)
     status = read_status(paths)
     if status["state"] in TERMINAL or is_alive(status.get("supervisor")) or is_alive(status.get("guard")):
         return status
@@ -411,6 +424,8 @@ def cmd_cancel(args) -> dict:
     status = reap_if_dead(paths)
     if status["state"] in TERMINAL:
         return {"ok": True, "job_id": paths.job_id, "state": status["state"], "already": True}
+    if slurm_launch.is_slurm_job(paths):
+        return slurm_launch.cancel(paths, status)
     with open(paths.cancel, "w") as fh:
         fh.write("%f\n" % time.time())
     supervisor = status.get("supervisor")
@@ -427,6 +442,8 @@ def cmd_restore(args) -> dict:
     job = Job.load(paths)
     answer = {"ok": True, "job_id": paths.job_id}
     if job.status.get("restored"):
+        return dict(answer, state=job.status["state"], service=job.status["service"], already=True)
+    if slurm_launch.is_slurm_job(paths):  # no service, and its processes live on a compute node, not here
         return dict(answer, state=job.status["state"], service=job.status["service"], already=True)
     if is_alive(job.status.get("supervisor")) or is_alive(job.status.get("guard")):
         return dict(answer, state=job.status["state"], service=job.status["service"], deferred=True,
@@ -498,6 +515,8 @@ def preflight_gpus(spec: dict) -> dict:
 
 def cmd_preflight(args) -> dict:
     spec = read_spec_stdin(check_job_id(args.job_id) if args.job_id else None)
+    if spec.get("launcher") == "slurm":
+        return slurm_launch.preflight("%d.%d.%d" % sys.version_info[:3])
     service = None
     if spec["service"]["manager"] == "systemd":
         unit = spec["service"]["unit"]
@@ -543,7 +562,7 @@ def build_parser(sub: str) -> ArgParser:
 
 COMMANDS = {"preflight": cmd_preflight, "start": cmd_start, "status": cmd_status, "logs": cmd_logs,
             "cancel": cmd_cancel, "restore": cmd_restore, "restore-service": cmd_restore_service,
-            "result": cmd_result, "_run": cmd_run, "_guard": cmd_guard}
+            "result": cmd_result, "_run": cmd_run, "_guard": cmd_guard, "slurm-run": cmd_slurm_run}
 
 
 def dispatch(argv: list) -> dict:
@@ -565,7 +584,7 @@ def main(argv: list) -> int:
                   "traceback": traceback.format_exc()[-2000:]}
     sys.stdout.write(json.dumps(answer) + "\n")
     sys.stdout.flush()
-    return 0 if answer.get("ok") else 1
+    return answer.pop("exit_status", 0 if answer.get("ok") else 1)  # slurm-run: the payload's exit code
 
 
 if __name__ == "__main__":

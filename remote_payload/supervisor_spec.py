@@ -14,9 +14,11 @@ import sys
 
 try:  # imported as remote_payload.supervisor_spec (tests)
     from . import contract
+    from .slurm_batch import slurm_problem, time_problem
     from .supervisor_host import HERE, Fail
 except ImportError:  # run from supervisor.py as a script: sys.path[0] is this directory
     import contract
+    from slurm_batch import slurm_problem, time_problem
     from supervisor_host import HERE, Fail
 
 DEFAULTS = contract.DEFAULTS
@@ -169,12 +171,32 @@ def check_spec(raw, job_id=None) -> dict:
     _need(isinstance(limits, dict), "limits must be an object")
     name = raw.get("name", job_id)
     _need(isinstance(name, str) and len(name) <= 1000, "name must be a string")
-    return {"name": name, "job_id": job_id, "service": check_service(raw.get("service") or {"manager": "none"}),
+    spec = {"name": name, "job_id": job_id, "service": check_service(raw.get("service") or {"manager": "none"}),
             "gpu": check_gpu(raw.get("gpu")), "payload": check_payload(raw.get("payload")),
             "limits": {"max_runtime": _number(_default(limits, "limits.max_runtime"), "limits.max_runtime", 0.001),
                        "grace": _number(_default(limits, "limits.grace"), "limits.grace"),
                        "prepare_timeout": _number(_default(limits, "limits.prepare_timeout"),
                                                   "limits.prepare_timeout", 0.001)}}
+    return dict(spec, **check_launcher(raw, spec))
+
+
+def check_launcher(raw: dict, spec: dict) -> dict:
+    """`launcher: slurm` with its `slurm` section (slurm_batch's rules), or nothing for an ssh job."""
+    launcher = raw.get("launcher", "ssh")
+    _need(launcher in contract.LAUNCHERS, "launcher must be ssh or slurm, got %r" % (launcher,))
+    if launcher == "ssh":
+        _need(raw.get("slurm") is None, "a slurm section needs launcher slurm")
+        return {}
+    slurm = raw.get("slurm")
+    _need(isinstance(slurm, dict), "launcher slurm needs a slurm object")
+    _need(spec["service"]["manager"] == "none", "launcher slurm needs service.manager none (Slurm owns the GPUs)")
+    _need(not spec["gpu"]["devices"], "launcher slurm takes no gpu.devices (Slurm hands them out)")
+    _rule(slurm_problem(slurm))
+    minutes = slurm.get("time_min")
+    _need(isinstance(minutes, int) and not isinstance(minutes, bool) and minutes >= 1,
+          "slurm.time_min must be a whole number of minutes >= 1")
+    _rule(time_problem(minutes, spec["limits"]["max_runtime"], spec["limits"]["grace"]))
+    return {"launcher": "slurm", "slurm": dict(slurm)}
 
 
 def read_spec_stdin(job_id=None) -> dict:

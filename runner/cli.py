@@ -197,6 +197,11 @@ def _status_text(job: dict) -> str:
         lines.append(f"  payload     phase {progress.get('phase') or '-'}, rows {rows_text}, "
                      f"last output {progress.get('silent_s', 0):.0f} s ago")
     service = job.get("service") or {}
+    slurm = job.get("slurm") or {}
+    if slurm.get("job_id"):
+        lines.append(f"  slurm       job {slurm['job_id']} {slurm.get('state') or '?'}"
+                     + (f" ({slurm['reason']})" if slurm.get("reason") else "")
+                     + (f" on {slurm['node']}" if slurm.get("node") else ""))
     if service.get("unit"):
         lines.append(f"  service     {service['unit']} was {service.get('was')} now {service.get('now')}"
                      + _downtime(service, now))

@@ -41,6 +41,7 @@ class Submitted:
     notes: list[str] = field(default_factory=list)
     round_trips: int = 0
     already: bool = False
+    slurm_job_id: str | None = None
 
 
 @dataclass
@@ -146,7 +147,7 @@ def submit(spec_path: str, overrides: list[str], *, queue: bool = False, job_id:
     store.save(JobRecord(job_id=job_id, name=spec.name, host=host, spec_path=str(Path(spec_path).resolve()),
                          submitted_at=time.time(), service=wire["service"], last_state=answer.get("state", "QUEUED")))
     return Submitted(job_id, answer.get("state", "QUEUED"), spec.host.address, decision.stop_service,
-                     decision.notes, client.round_trips, already)
+                     decision.notes, client.round_trips, already, answer.get("slurm_job_id"))
 
 
 def dry_run(spec_path: str, overrides: list[str], *, queue: bool = False, job_id: str | None = None) -> DryRun:

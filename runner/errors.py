@@ -7,6 +7,7 @@ these into messages and process exits (`cli.exit_code` for outcomes that are not
     │   └── HostKeyError             3  unknown or changed host key (message has the fingerprint)
     ├── PreflightError               4  the host cannot run this job now (memory, service policy)
     ├── HostBusy                     5  a lock is held; the message names the holder
+    ├── SchedulerUnavailable         3  launcher slurm: no sbatch/squeue on the login node, slurmctld silent
     ├── RemoteError                  1  the supervisor answered an error
     │   └── UnknownJob               2  no such job id on the host or in the local index
     ├── NoResult                     1  the job wrote no result.json
@@ -52,6 +53,12 @@ class PreflightError(RunnerError):
 
 class HostBusy(RunnerError):
     exit_code = EXIT_BUSY
+
+
+class SchedulerUnavailable(RunnerError):
+    """Slurm cannot be used from the login node (not a lost link: never retried)."""
+
+    exit_code = EXIT_UNREACHABLE
 
 
 class RemoteError(RunnerError):

@@ -21,7 +21,7 @@ from typing import Sequence
 from remote_payload.contract import EXIT_PAYLOAD_MISSING
 
 from .deadline import Deadline
-from .errors import HostBusy, PreflightError, RemoteError, UnknownJob
+from .errors import HostBusy, PreflightError, RemoteError, SchedulerUnavailable, UnknownJob
 from .transport import Completed, Transport
 
 CALL_TIMEOUT_S = 30.0
@@ -218,6 +218,12 @@ def _answer(done: Completed, sub: str) -> dict:
     message = answer.get("message") or code
     if code == "busy":
         raise HostBusy(f"host busy: {message}", hint="Wait for that job, cancel it, or submit with --queue.")
+    if code == "slurm-refused":
+        raise PreflightError(f"Slurm refused the job: {message}", hint="Check the spec's slurm section (partition, "
+                             "gres/gpus, account, qos) against `sinfo` on the login node.")
+    if code == "slurm-unavailable":
+        raise SchedulerUnavailable(message, hint="Run submit against a login node with Slurm's client tools and a "
+                                   "reachable slurmctld (`sinfo` there should answer).")
     if code == "unknown-job":
         raise UnknownJob(message, code=code, answer=answer)
     raise RemoteError(f"{sub}: {message}", code=code, answer=answer)

@@ -13,12 +13,14 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
-from remote_payload.contract import DEFAULTS, SERVICE_MANAGERS, SERVICE_SCOPES, STOP_POLICIES, USER_SCOPE_SUDO
+from remote_payload.contract import DEFAULTS, LAUNCHERS, SERVICE_MANAGERS, SERVICE_SCOPES, STOP_POLICIES, \
+    USER_SCOPE_SUDO
 
 from .errors import SpecError
 from .job_id import check_job_id
 from .spec_fields import (Address, ArgKey, ArgValue, CommandWord, Device, Duration, EnvKey, EnvValue, HealthUrl,
                           HostRoot, MinFreeMib, Name, Python, Script, Unit, User, short)
+from .spec_slurm import SlurmSpec, launcher_problem, wire_slurm
 
 
 class _Section(BaseModel):
@@ -110,7 +112,16 @@ class JobSpec(_Section):
     gpu: GpuSpec = Field(default_factory=GpuSpec)
     payload: PayloadSpec
     limits: LimitsSpec = Field(default_factory=LimitsSpec)
+    launcher: Literal[LAUNCHERS] = "ssh"
+    slurm: SlurmSpec | None = None
     _spec_path: Path | None = PrivateAttr(None)
+
+    @model_validator(mode="after")
+    def _launcher_rules(self) -> JobSpec:
+        problem = launcher_problem(self)
+        if problem:
+            raise ValueError(problem)
+        return self
 
     @property
     def spec_path(self) -> Path | None:
@@ -147,10 +158,13 @@ class JobSpec(_Section):
     def to_wire(self, job_id: str, required_mib: int, script_name: str | None) -> dict:
         """The normalised JSON form of docs/protocol.md ("The spec JSON"); script_name is the script's name
         inside the uploaded payload dir (defaults to payload.script)."""
-        return {"name": self.name, "job_id": check_job_id(job_id), "service": self._wire_service(),
+        wire = {"name": self.name, "job_id": check_job_id(job_id), "service": self._wire_service(),
                 "gpu": {"devices": [str(d) for d in self.gpu.devices], "required_mib": int(required_mib),
                         "drain_timeout": self.gpu.drain_timeout},
                 "payload": self._wire_payload(script_name), "limits": self.limits.model_dump()}
+        if self.launcher == "slurm":  # an ssh job's wire form stays as it was
+            wire.update(launcher="slurm", slurm=wire_slurm(self))
+        return wire
 
     def _wire_service(self) -> dict:
         if self.service.manager == "none":

@@ -1,0 +1,311 @@
+"""`launcher: slurm` on the host side: submit with sbatch, run inside the allocation, follow Slurm's view.
+
+    login node: start  → claim the job dir → sbatch (slurm_batch's argv + script) → slurm.json {job_id}
+                status/logs/cancel → squeue (sacct once slurmctld forgot the job) → slurm_states.reconcile
+    compute node: slurm-run (the batch script execs it) → the job's usual choreography (supervisor_job.supervise)
+                  without locks, service or guard: Slurm owns the node and its GPUs
+
+Who writes what (one writer per file, so no update is lost): status.json, events.jsonl and output.log are
+the supervisor's in the allocation, as on an SSH host; slurm.json is the login node's (Slurm's job id, its
+last answer and when it was asked). The login node writes status.json only for a job Slurm has ended
+while the supervisor could not: one that ended still waiting (cancelled, refused a start) or whose
+supervisor died (node failure); then nobody else writes it any more.
+
+Slurm is asked at most every SLURM_POLL_S per job (slurm.json caches its answer), so `logs --wait`
+polling every 0.1 s and many `status` callers do not load slurmctld. Imports the stdlib and the rooms
+above supervisor.py; supervisor.py calls in from its commands.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict
+
+try:  # imported as remote_payload.slurm_launch (tests)
+    from .contract import TERMINAL, memory_verdict
+    from .slurm_batch import batch_script, parse_sbatch_parsable, sbatch_argv
+    from .slurm_states import SACCT_FIELDS, SQUEUE_FORMAT, SlurmJob, SlurmOutputError, parse_sacct, \
+        parse_squeue, reconcile, squeue_forgot
+    from .supervisor_files import JobPaths, Locks, append_line, read_json, read_status, write_json_atomic
+    from .supervisor_host import GPU_QUERY, SUPERVISOR, Fail, identity, nvidia_smi, parse_gpu_csv
+    from .supervisor_job import Flags, Job, supervise
+except ImportError:  # run from supervisor.py as a script: sys.path[0] is this directory
+    from contract import TERMINAL, memory_verdict
+    from slurm_batch import batch_script, parse_sbatch_parsable, sbatch_argv
+    from slurm_states import SACCT_FIELDS, SQUEUE_FORMAT, SlurmJob, SlurmOutputError, parse_sacct, \
+        parse_squeue, reconcile, squeue_forgot
+    from supervisor_files import JobPaths, Locks, append_line, read_json, read_status, write_json_atomic
+    from supervisor_host import GPU_QUERY, SUPERVISOR, Fail, identity, nvidia_smi, parse_gpu_csv
+    from supervisor_job import Flags, Job, supervise
+
+SLURM_POLL_S = 5.0       # ask Slurm about one job at most this often
+SBATCH_TIMEOUT_S = 30.0
+QUERY_TIMEOUT_S = 4.0    # squeue/sacct/scancel: short, so `logs --wait` stays within its bound
+CANCEL_SLACK_S = 30.0    # a cancelled job still running grace + this long after the request gets plain scancel
+UNREACHABLE = ("Unable to contact slurm controller", "Socket timed out", "Connection refused",
+               "Zero Bytes were transmitted")
+TOOLS = ("sbatch", "squeue", "scancel")
+
+
+# ── the login node ────────────────────────────────────────────────────────────────────────────────────
+
+def is_slurm_job(paths: JobPaths) -> bool:
+    try:
+        return read_json(paths.spec).get("launcher") == "slurm"
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def slurm_file(paths: JobPaths) -> str:
+    return os.path.join(paths.dir, "slurm.json")
+
+
+def preflight(python: str) -> dict:
+    """The login node can submit: sbatch, squeue and scancel are there and slurmctld answers."""
+    missing = [tool for tool in TOOLS if shutil.which(tool) is None]
+    if missing:
+        raise Fail("slurm-unavailable", "%s not found on the login node's PATH (%s)"
+                   % (", ".join(missing), os.environ.get("PATH", "")))
+    done = _slurm(["sinfo", "-h", "-o", "%P"])
+    _raise_if_unreachable(done, "sinfo")
+    return {"ok": True, "service": None, "locks": [], "python": python, "gpus": [], "apps": [],
+            "nvidia_smi": shutil.which("nvidia-smi") is not None,
+            "slurm": {"partitions": done.stdout.split()}}
+
+
+def submit(paths: JobPaths, spec: dict) -> dict:
+    """sbatch the claimed job dir's job; a refusal removes the dir (the id was never used) and says why."""
+    slurm = spec["slurm"]
+    try:
+        argv = sbatch_argv(slurm, paths.job_id, paths.dir, slurm["time_min"])
+    except ValueError as exc:
+        shutil.rmtree(paths.dir, ignore_errors=True)
+        raise Fail("bad-spec", str(exc))
+    script = batch_script(sys.executable, SUPERVISOR, paths.root, paths.job_id)
+    try:
+        done = _slurm(argv, stdin=script, timeout=SBATCH_TIMEOUT_S)
+        _raise_if_unreachable(done, "sbatch")
+        if done.returncode != 0:
+            raise Fail("slurm-refused", done.stderr.strip()[-2000:] or "sbatch exited %d" % done.returncode)
+        slurm_job_id = parse_sbatch_parsable(done.stdout)
+    except (Fail, ValueError):
+        shutil.rmtree(paths.dir, ignore_errors=True)
+        raise
+    write_json_atomic(slurm_file(paths), {"job_id": slurm_job_id, "submitted_at": time.time()})
+    append_line(paths.events, {"t": time.time(), "event": "slurm-submitted", "slurm_job_id": slurm_job_id})
+    return {"ok": True, "job_id": paths.job_id, "state": "QUEUED", "slurm_job_id": slurm_job_id,
+            "job_dir": paths.dir}
+
+
+def refresh(paths: JobPaths) -> dict:
+    """status.json with Slurm's view (`slurm`: job_id, state, reason, node, …); a job Slurm ended while its
+    supervisor could not write is given its final state here."""
+    status = read_status(paths)
+    known = _read_known(paths)
+    if known is None:  # sbatch has not answered yet
+        return status
+    if status["state"] not in TERMINAL:
+        known = _asked(paths, known)
+        status = read_status(paths)  # again, after Slurm's answer: a supervisor that just finished wins
+        view = _view(known)
+        state, message = reconcile(status["state"], status.get("supervisor") is not None, view)
+        if state in TERMINAL and state != status["state"]:
+            status = _record_end(paths, state, message)
+        elif message:
+            status = dict(status, message=message)
+        _escalate_cancel(paths, status, known)
+    return _with_view(status, known)
+
+
+def cancel(paths: JobPaths, status: dict) -> dict:
+    """Cancel file first (the supervisor checks it before and while the payload runs), then Slurm: a job
+    still waiting is scancelled and marked CANCELLED here; a running one gets SIGUSR1 in its batch step,
+    so our supervisor stops the payload (TERM → grace → KILL) and writes CANCELLED itself."""
+    with open(paths.cancel, "w") as fh:
+        fh.write("%f\n" % time.time())
+    append_line(paths.events, {"t": time.time(), "event": "cancel-requested"})
+    known = _read_known(paths)
+    answer = {"ok": True, "job_id": paths.job_id, "already": False}
+    if known is None:
+        return dict(answer, state=status["state"])
+    started = status.get("supervisor") is not None
+    argv = ["scancel", "--batch", "--signal=USR1", known["job_id"]] if started else ["scancel", known["job_id"]]
+    done = _slurm(argv)
+    if done.returncode != 0:
+        answer["scancel"] = done.stderr.strip()[-500:]
+    if not started:
+        job = Job.load(paths)
+        if not job.terminal and job.status.get("supervisor") is None:
+            job.set_state("CANCELLED", "done", message="cancelled while waiting in Slurm's queue",
+                          ended_at=time.time(), restored=True)
+        status = job.status
+    return dict(answer, state=status["state"], slurm_job_id=known["job_id"])
+
+
+def _read_known(paths: JobPaths):
+    try:
+        return read_json(slurm_file(paths))
+    except (OSError, ValueError):
+        return None
+
+
+def _asked(paths: JobPaths, known: dict) -> dict:
+    """slurm.json with a view of the job at most SLURM_POLL_S old (asking Slurm when it is older)."""
+    if time.time() - known.get("asked_at", 0) < SLURM_POLL_S:
+        return known
+    view, error = ask(known["job_id"])
+    known = dict(known, asked_at=time.time(), view=asdict(view) if view else None, error=error)
+    write_json_atomic(slurm_file(paths), known)
+    return known
+
+
+def ask(slurm_job_id: str) -> tuple:
+    """(SlurmJob or None, error text or None): squeue first (immediate), sacct once slurmctld forgot it."""
+    done = _slurm(["squeue", "-h", "-t", "all", "-j", slurm_job_id, "-o", SQUEUE_FORMAT])
+    try:
+        if done.returncode == 0:
+            found = parse_squeue(done.stdout).get(slurm_job_id)
+            if found is not None:
+                return found, None
+        elif not squeue_forgot(done.returncode, done.stderr):
+            return None, "squeue: " + (done.stderr.strip()[-300:] or "exit %d" % done.returncode)
+        done = _slurm(["sacct", "-n", "-P", "-X", "-j", slurm_job_id, "-o", SACCT_FIELDS])
+        if done.returncode != 0:
+            return None, "sacct: " + (done.stderr.strip()[-300:] or "exit %d" % done.returncode)
+        return parse_sacct(done.stdout).get(slurm_job_id), None
+    except SlurmOutputError as exc:
+        return None, str(exc)
+
+
+def _view(known: dict):
+    return SlurmJob(**known["view"]) if known.get("view") else None
+
+
+def _record_end(paths: JobPaths, state: str, message: str) -> dict:
+    job = Job.load(paths)
+    if not job.terminal:
+        job.set_state(state, "done", message=message, ended_at=time.time(), restored=True)
+    return job.status
+
+
+def _escalate_cancel(paths: JobPaths, status: dict, known: dict) -> None:
+    """A cancelled job whose supervisor did not end it within grace + CANCEL_SLACK_S: plain scancel (Slurm's
+    TERM, then KILL after KillWait)."""
+    view = _view(known)
+    if (status["state"] in TERMINAL or known.get("scancel_at") or not os.path.exists(paths.cancel)
+            or view is None or view.state in TERMINAL):
+        return
+    grace = read_json(paths.spec)["limits"]["grace"]
+    if time.time() - os.path.getmtime(paths.cancel) > grace + CANCEL_SLACK_S:
+        _slurm(["scancel", known["job_id"]])
+        write_json_atomic(slurm_file(paths), dict(known, scancel_at=time.time()))
+        append_line(paths.events, {"t": time.time(), "event": "slurm-scancel", "why": "cancel not done in time"})
+
+
+def _with_view(status: dict, known: dict) -> dict:
+    view = _view(known)
+    allocation = status.get("slurm") or {}  # what slurm-run recorded in the allocation
+    return dict(status, slurm={"job_id": known["job_id"], "state": view.slurm_state if view else None,
+                               "reason": view.reason if view else None, "node": allocation.get("node"),
+                               "cuda_visible_devices": allocation.get("cuda_visible_devices"),
+                               "error": known.get("error")})
+
+
+def _slurm(argv: list, stdin: str = "", timeout: float = QUERY_TIMEOUT_S) -> subprocess.CompletedProcess:
+    """A Slurm client command (no shell); missing tools and hangs are `slurm-unavailable`."""
+    try:
+        return subprocess.run(argv, input=stdin, capture_output=True, text=True, timeout=timeout)
+    except FileNotFoundError:
+        raise Fail("slurm-unavailable", "%s is not installed on the login node" % argv[0])
+    except subprocess.TimeoutExpired:
+        return subprocess.CompletedProcess(argv, 124, "", "%s did not answer within %.0f s" % (argv[0], timeout))
+
+
+def _raise_if_unreachable(done: subprocess.CompletedProcess, tool: str) -> None:
+    if done.returncode != 0 and (done.returncode == 124 or any(s in done.stderr for s in UNREACHABLE)):
+        raise Fail("slurm-unavailable", "%s: slurmctld does not answer: %s" % (tool, done.stderr.strip()[-500:]))
+
+
+# ── the allocation ────────────────────────────────────────────────────────────────────────────────────
+
+def run_in_allocation(root: str, job_id: str) -> dict:
+    """`slurm-run`: the batch script's process. The job as on an SSH host (deadline, cancel, output, events,
+    result) minus locks, service and guard; GPUs are Slurm's (CUDA_VISIBLE_DEVICES as it set them).
+    `exit_status` becomes the batch script's exit code, so Slurm's accounting shows the payload's."""
+    paths = JobPaths(root, job_id)
+    job = Job.load(paths)
+    if job.terminal:  # cancelled while it waited, and Slurm started it anyway
+        return {"ok": True, "state": job.status["state"], "exit_status": 0}
+    flags = Flags()
+    flags.slurm_term = False
+    _install_handlers(flags)
+    env = os.environ
+    allocation = {"job_id": env.get("SLURM_JOB_ID"), "node": env.get("SLURMD_NODENAME"),
+                  "cuda_visible_devices": env.get("CUDA_VISIBLE_DEVICES")}
+    job.save(supervisor=identity(os.getpid()), slurm=allocation)
+    job.event("slurm-allocation", **allocation)
+    problem = gpu_memory_problem(job)
+    if problem:
+        job.set_state("FAILED", "done", message=problem, ended_at=time.time(), restored=True)
+        return {"ok": True, "state": "FAILED", "exit_status": 1}
+    locks = Locks(root, [], job_id)  # none: Slurm gives this allocation its GPUs alone
+    locks.try_acquire()
+    supervise(job, locks, flags)
+    if flags.slurm_term and not os.path.exists(paths.cancel) and job.status["state"] in ("FAILED", "CANCELLED"):
+        # Slurm's TERM reaches every process of the step at once: the payload often dies of it before our
+        # watch loop sees the flag, which reads as FAILED (exit 143). Slurm cancelled it; say so.
+        job.set_state("CANCELLED", "done", message="Slurm sent SIGTERM (scancel outside runner, preemption or "
+                      "Slurm's time limit); the payload ended with exit code %s" % job.status.get("exit_code"))
+    return {"ok": True, "state": job.status["state"], "exit_status": exit_status(job.status)}
+
+
+def _install_handlers(flags: Flags) -> None:
+    """Slurm's SIGTERM (scancel, its time limit) and our SIGUSR1 (`cancel`) both stop the payload as a
+    cancel: TERM → grace → KILL, then CANCELLED (Slurm's KILL follows KillWait after its TERM)."""
+    def cancel(signum, frame):
+        flags.cancel = True
+        flags.slurm_term = flags.slurm_term or signum == signal.SIGTERM
+
+    def stop(signum, frame):
+        flags.signal = signum
+
+    for sig in (signal.SIGTERM, signal.SIGUSR1):
+        signal.signal(sig, cancel)
+    for sig in (signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, stop)
+
+
+def gpu_memory_problem(job: Job):
+    """None, or why the allocation's GPUs cannot hold gpu.required_mib (read with nvidia-smi, here)."""
+    need = job.spec["gpu"]["required_mib"]
+    if not need:
+        return None
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if not visible:
+        return ("the job needs %d MiB of GPU memory but its Slurm allocation has no GPU (ask with slurm.gres "
+                "or slurm.gpus)" % need)
+    try:
+        gpus = parse_gpu_csv(nvidia_smi(GPU_QUERY))
+    except (Fail, ValueError) as exc:
+        return "cannot check GPU memory in the Slurm allocation: %s" % exc
+    ids = (os.environ.get("SLURM_JOB_GPUS") or visible).split(",")
+    mine = [g for g in gpus if g["index"] in ids or g["uuid"] in ids] or gpus  # a cgroup shows only ours
+    job.save(gpu=dict(job.status["gpu"], before=mine))
+    short = [g for g in mine if memory_verdict(g, need) != "ok"]
+    if not short:
+        return None
+    return "GPU memory is short in the Slurm allocation on %s: %s" % (os.environ.get("SLURMD_NODENAME", "?"), "; ".join(
+        "GPU %s has %s MiB free of %s MiB, %d MiB needed" % (g["index"], g["free_mib"], g["total_mib"], need)
+        for g in short))
+
+
+def exit_status(status: dict) -> int:
+    """The batch script's exit code: 0 only for SUCCEEDED, else the payload's code (1 when it has none)."""
+    if status["state"] == "SUCCEEDED":
+        return 0
+    code = status.get("exit_code")
+    return code if isinstance(code, int) and 0 < code < 256 else 1
