@@ -48,6 +48,10 @@ DESCRIPTIONS = {
     "payload.prepare_args": "A prepare step run BEFORE the service is stopped: the script again with these args "
                             "merged over `args` (e.g. `prepare_only: true` to JIT-compile with no GPU memory).",
     "payload.prepare_command": "The prepare step of a `command` payload: an argv list.",
+    "launcher": "`ssh` (default): the supervisor runs on `host`. `slurm`: `host` is the login node and the job "
+                "goes through sbatch (service.manager none, no gpu.devices; see the README's Running on Slurm).",
+    "slurm": "With launcher slurm: partition, gres or gpus, time (default: max_runtime + grace + 60 s), "
+             "account, qos, constraint, extra_args (each `--name=value`).",
     "limits": "Time limits.",
     "limits.max_runtime": "The payload's deadline: TERM, `grace`, then KILL of its process group.",
     "limits.grace": "Seconds between TERM and KILL.",
