@@ -10,9 +10,12 @@ from tests.hosts.prereqs import require
 from tests.hosts.sshd import start_sshd
 from tests.hosts.systemd_host import start_service_host
 
+from tests.hosts.slurm_cluster import missing_prerequisites as missing_for_slurm  # noqa: E402
+
 PREREQUISITES_BY_MARKER = {
     "systemd": prereqs.missing_for_systemd_host,
     "netns": prereqs.missing_for_netns_host,
+    "slurm": missing_for_slurm,
 }
 
 
