@@ -21,7 +21,13 @@ class ChunkedHost:
         self.step, self.ends_after, self.calls = step, ends_after, 0
         self.transport = self
 
-    def logs(self, job_id, offset, *, max_bytes, wait, timeout):
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def logs(self, job_id, offset, *, max_bytes, wait):
         self.calls += 1
         written = min(len(LOG), self.calls * self.step)
         data = LOG[offset:min(written, offset + max_bytes)]
@@ -43,7 +49,7 @@ def store(tmp_path):
 @pytest.mark.parametrize("step", [1, 2, 3, 5, 7, len(LOG)])
 def test_texts_join_to_the_log_exactly_whatever_the_chunk_size(store, monkeypatch, step):
     host = ChunkedHost(step)
-    monkeypatch.setattr(controller, "connect", lambda _h: host)
+    monkeypatch.setattr(controller, "connect", lambda _h, **_kw: host)
     texts, answer = [], None
     for _ in range(3 * len(LOG)):
         answer = ci.tail_text("j1", store=store, max_wait=1, max_bytes=1024)
@@ -59,7 +65,7 @@ def test_texts_join_to_the_log_exactly_whatever_the_chunk_size(store, monkeypatc
 def test_a_running_job_with_a_partial_character_holds_it_back(store, monkeypatch):
     cut = LOG.index("€".encode()) + 1  # one byte into the three of €
     host = ChunkedHost(cut, ends_after=10)
-    monkeypatch.setattr(controller, "connect", lambda _h: host)
+    monkeypatch.setattr(controller, "connect", lambda _h, **_kw: host)
     first = ci.tail_text("j1", store=store, max_wait=1, max_bytes=1024)
     assert first.text == "start é ü " and first.call_again and store.load("j1").cursor == cut - 1
     started = time.monotonic()
@@ -68,6 +74,6 @@ def test_a_running_job_with_a_partial_character_holds_it_back(store, monkeypatch
 
 
 def test_max_bytes_bounds_one_call(store, monkeypatch):
-    monkeypatch.setattr(controller, "connect", lambda _h: ChunkedHost(len(LOG), ends_after=10))
+    monkeypatch.setattr(controller, "connect", lambda _h, **_kw: ChunkedHost(len(LOG), ends_after=10))
     answer = ci.tail_text("j1", store=store, max_wait=1, max_bytes=6)
     assert answer.text == "start " and answer.call_again and answer.offset == 6

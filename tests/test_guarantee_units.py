@@ -39,6 +39,7 @@ def test_an_unsafe_root_is_refused_by_boot_and_by_the_supervisor(tmp_path):
     in BOOT before it runs ROOT/payload/<digest>/supervisor.py, and in the supervisor itself."""
     import json
     import shutil
+    from pathlib import Path
     import subprocess
     import sys
 
@@ -48,9 +49,8 @@ def test_an_unsafe_root_is_refused_by_boot_and_by_the_supervisor(tmp_path):
     digest = "0123456789abcdef"
     payload = root / "payload" / digest
     payload.mkdir(parents=True)
-    for name in ("supervisor.py", "contract.py", "supervisor_host.py", "supervisor_files.py", "supervisor_spec.py",
-                 "supervisor_job.py", "supervisor_ledger.py"):
-        shutil.copy(f"remote_payload/{name}", payload / name)
+    for source in Path("remote_payload").glob("*.py"):  # what the bundle carries
+        shutil.copy(source, payload / source.name)
     root.chmod(0o777)  # world-writable, as /tmp/runner would be made by a careless mkdir
     for argv in ([sys.executable, "-c", BOOT, str(root), digest, "status"],
                  [sys.executable, str(payload / "supervisor.py"), "status", "--root", str(root)]):
