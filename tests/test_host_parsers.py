@@ -218,5 +218,5 @@ def test_unknown_bracketed_memory_cells_are_unknown_not_a_crash():
 def test_guard_timer_fires_after_the_slowest_legitimate_end():
     spec = {"limits": {"max_runtime": 1800, "grace": 30}, "gpu": {"drain_timeout": 120},
             "service": {"health_timeout": 900}}
-    # run + grace + both drains + stop and start commands + the health wait + a minute
-    assert job.guard_timer_seconds(spec) == 1800 + 30 + 240 + 2 * host.CMD_TIMEOUT_S + 900 + 60
+    # run + grace + both drains + the stop at its own 600 s bound + the start command + the health wait + a minute
+    assert job.guard_timer_seconds(spec) == 1800 + 30 + 240 + 600 + host.CMD_TIMEOUT_S + 900 + 60
