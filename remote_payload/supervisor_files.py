@@ -19,7 +19,8 @@ except ImportError:  # run from supervisor.py as a script: sys.path[0] is this d
     from supervisor_host import Fail, pid_exists, query_gpus
 
 RESERVE_BYTES = 256 << 10   # given back when the disk fills, so the final status and restore log still fit
-LOCK_RETRY_S = 1.0          # how long a busy lock with no live holder recorded is retried before "busy"
+LOCK_RETRY_S = 5.0          # how long a busy lock with no live holder recorded is retried before "busy"
+#                              (a starter writes its holder record just after its flock; under load that takes >1 s)
 
 
 # ── paths ─────────────────────────────────────────────────────────────────────────────────────────────
@@ -121,7 +122,18 @@ def read_holder(root: str, key: str):
 
 
 def probe_lock(root: str, key: str) -> dict:
-    """Whether a lock is held now, without keeping it."""
+    """Whether a lock is held now, without keeping it. Held with no live holder recorded means a starter that
+    has not written its record yet: look again for a moment, so the answer names the job (or finds it free)."""
+    deadline = time.monotonic() + LOCK_RETRY_S
+    while True:
+        probe = _probe_once(root, key)
+        holder = probe["holder"]
+        if not probe["held"] or (holder and pid_exists(holder.get("pid"))) or time.monotonic() >= deadline:
+            return probe
+        time.sleep(0.05)
+
+
+def _probe_once(root: str, key: str) -> dict:
     path = os.path.join(locks_dir(root), key + ".lock")
     if not os.path.exists(path):
         return {"key": key, "held": False, "holder": None}
