@@ -88,7 +88,7 @@ def test_ten_simultaneous_submits_one_accepted_nine_told_the_holder(quick_unit, 
     host, target, gate = quick_unit, target_for(quick_unit), work / "gate"
     results = submit_all_at_once(target, stamped_job(work, host, str(gate)))
     accepted = [json.loads(r.stdout)["job_id"] for r in results if r.returncode == 0]
-    busy = [r.stderr.decode() for r in results if r.returncode == 5]
+    busy = [r.stderr.decode() + r.stdout.decode() for r in results if r.returncode == 5]  # --json: on stdout
     gate.touch()
     job = wait_terminal(target, accepted[0]) if accepted else None
     now, healthy = service_back(host)

@@ -172,10 +172,13 @@ def assert_recovered(host, target: Target, job_id: str, case: str, expected: str
                      root: str = HOST_ROOT) -> dict:
     """Service active + healthy, status.json terminal + restored, `status` and `tail` agree with the host."""
     done = run_cli(target, "status", job_id, "--json")
-    job = json.loads(done.stdout) if done.returncode == 0 else host_status(host, job_id, root)
+    answered = done.stdout.strip().startswith(b"{") and b'"job_id"' in done.stdout
+    job = json.loads(done.stdout) if answered else host_status(host, job_id, root)
     now, health = host.service_state(), host.health_status()
     record(case, job, expected=expected, service_now=now, healthy=(now == "active" and health == 200), note=note)
-    assert done.returncode == 0, done.stderr.decode()
+    # status exits by the job's state: 0 SUCCEEDED, 1 any other end (issue 11)
+    assert answered and done.returncode == (0 if expected == "SUCCEEDED" else 1), (done.returncode, done.stdout,
+                                                                                    done.stderr.decode())
     assert job["state"] == expected, job
     on_disk = host_status(host, job_id, root)
     assert on_disk["state"] == expected and on_disk["restored"] is True, on_disk
