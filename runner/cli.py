@@ -199,7 +199,7 @@ def _status_text(job: dict) -> str:
     service = job.get("service") or {}
     slurm = job.get("slurm") or {}
     if slurm.get("job_id"):
-        lines.append(f"  slurm       job {slurm['job_id']} {slurm.get('state') or '?'}"
+        lines.append(f"  scheduler   slurm {slurm['job_id']} {slurm.get('state') or '?'}"
                      + (f" ({slurm['reason']})" if slurm.get("reason") else "")
                      + (f" on {slurm['node']}" if slurm.get("node") else ""))
     if service.get("unit"):
