@@ -27,18 +27,22 @@ def parse_event(line) -> dict | None:
     return obj if isinstance(obj, dict) and isinstance(obj.get("event"), str) else None
 
 
+def new_summary() -> dict:
+    return {"phase": None, "phase_status": None, "rows_done": 0, "rows_expected": None, "last_t": None, "errors": 0}
+
+
 def summarize(text) -> dict:
     """{phase, phase_status, rows_done, rows_expected, last_t, errors} from the event lines in text."""
-    summary = {"phase": None, "phase_status": None, "rows_done": 0, "rows_expected": None, "last_t": None,
-               "errors": 0}
+    summary = new_summary()
     for line in (text.decode("utf-8", "replace") if isinstance(text, bytes) else text).splitlines():
         event = parse_event(line)
         if event is not None:
-            _fold(summary, event)
+            fold(summary, event)
     return summary
 
 
-def _fold(summary: dict, event: dict) -> None:
+def fold(summary: dict, event: dict) -> None:
+    """One event into a summary (the host's status and `runner watch` keep theirs this way)."""
     kind = event["event"]
     if isinstance(event.get("t"), (int, float)):
         summary["last_t"] = event["t"]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Callable, TextIO
 
-from remote_payload.progress import describe, parse_event
+from remote_payload.progress import describe, fold, new_summary, parse_event
 
 HEARTBEAT_EVERY_S = 30.0
 RECENT_LINES = 8
@@ -22,7 +22,7 @@ class EventSink:
         self.render = render
         self.on_change = on_change
         self.partial = b""
-        self.summary = {"phase": None, "rows_done": 0, "rows_expected": None, "last_t": None, "errors": 0}
+        self.summary = new_summary()
         self.last_heartbeat_t = None
 
     def write(self, data: bytes) -> None:
@@ -44,22 +44,10 @@ class EventSink:
         if event is None:
             self.render(raw.decode("utf-8", "replace"))
             return
-        self._fold(event)
+        fold(self.summary, event)
         if event["event"] != "heartbeat" or self._heartbeat_due(event.get("t")):
             self.render(describe(event))
         self.on_change(self.summary)
-
-    def _fold(self, event: dict) -> None:
-        kind, s = event["event"], self.summary
-        s["last_t"] = event.get("t", s["last_t"])
-        if kind in ("phase", "heartbeat") and event.get("phase"):
-            s["phase"] = event["phase"] if event.get("status") in (None, "start") else f"{event['phase']} done"
-        elif kind == "row":
-            s["rows_done"] += 1
-        elif kind == "plan" and isinstance(event.get("rows"), int):
-            s["rows_expected"] = event["rows"]
-        elif kind == "error":
-            s["errors"] += 1
 
     def _heartbeat_due(self, t) -> bool:
         if not isinstance(t, (int, float)):
@@ -73,7 +61,8 @@ class EventSink:
 def summary_line(summary: dict) -> str:
     rows = f"{summary['rows_done']}/{summary['rows_expected']}" if summary["rows_expected"] else str(summary["rows_done"])
     t = summary["last_t"]
-    return (f"phase {summary['phase'] or '-'} · rows {rows} · payload clock "
+    phase = summary["phase"] and f"{summary['phase']} {summary['phase_status'] or ''}".strip()
+    return (f"phase {phase or '-'} · rows {rows} · payload clock "
             f"{'-' if t is None else f'{t:.0f} s'}" + (f" · {summary['errors']} errors" if summary["errors"] else ""))
 
 

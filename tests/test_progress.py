@@ -32,3 +32,21 @@ def test_describe_is_one_short_line():
     assert line == "[   20.4 s] jit start  m=1"
     long = describe({"event": "row", "m": 8, "median_us": 451.234567, "blob": "x" * 500, "t": 3})
     assert "median_us=451.2" in long and len(long) < 140 and "\n" not in long
+
+
+def test_watch_renders_events_passes_other_lines_and_folds_like_status():
+    import io
+
+    from runner.watch import plain_sink, summary_line
+
+    out = io.StringIO()
+    sink = plain_sink(out)
+    sink.write(b'{"event": "plan", "rows": 2, "t": 0.1}\nplain line\n{"event": "phase", "phase": "jit", ')
+    sink.write(b'"status": "start", "t": 1}\n{"event": "row", "m": 1, "t": 2}')  # the last line arrives unterminated
+    sink.close()
+    assert out.getvalue().splitlines() == ["[    0.1 s] plan  rows=2", "plain line", "[    1.0 s] jit start",
+                                           "[    2.0 s] row  m=1"]
+    text = '{"event": "plan", "rows": 2, "t": 0.1}\n{"event": "phase", "phase": "jit", "status": "start", "t": 1}\n' \
+           '{"event": "row", "m": 1, "t": 2}\n'
+    assert sink.summary == summarize(text)
+    assert summary_line(sink.summary) == "phase jit start · rows 1/2 · payload clock 2 s"
