@@ -49,8 +49,9 @@ try:  # imported as remote_payload.supervisor (tests)
         read_json, read_status, write_json_atomic
     from .supervisor_host import GPU_QUERY, HERE, KILL_CONFIRM_S, POLL_S, SUPERVISOR, Fail, Systemd, identity, \
         is_alive, nvidia_smi, parse_gpu_csv, query_apps, start_unit, wait_healthy
-    from .supervisor_job import Flags, Job, hard_deadline, initial_status, settle_as_restorer, start_guard, \
-        supervise, with_restore_lock
+    from .supervisor_job import supervise
+    from .supervisor_record import Flags, Job, initial_status
+    from .supervisor_settle import hard_deadline, settle_as_restorer, start_guard, with_restore_lock
     from .supervisor_spec import check_health_url, check_job_id, check_root, check_root_safe, check_unit, \
         read_spec_stdin
     from . import supervisor_ledger as ledger
@@ -61,8 +62,9 @@ except ImportError:  # run as a script: sys.path[0] is this directory
         read_json, read_status, write_json_atomic
     from supervisor_host import GPU_QUERY, HERE, KILL_CONFIRM_S, POLL_S, SUPERVISOR, Fail, Systemd, identity, \
         is_alive, nvidia_smi, parse_gpu_csv, query_apps, start_unit, wait_healthy
-    from supervisor_job import Flags, Job, hard_deadline, initial_status, settle_as_restorer, start_guard, \
-        supervise, with_restore_lock
+    from supervisor_job import supervise
+    from supervisor_record import Flags, Job, initial_status
+    from supervisor_settle import hard_deadline, settle_as_restorer, start_guard, with_restore_lock
     from supervisor_spec import check_health_url, check_job_id, check_root, check_root_safe, check_unit, \
         read_spec_stdin
     import supervisor_ledger as ledger

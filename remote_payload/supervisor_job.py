@@ -1,135 +1,40 @@
-"""One job's choreography on the host, and its guard: everything between "locks held" and "final state".
+"""One job's choreography on the host: everything between "supervisor started" and "settle".
 
-    supervise: locks → record the service → stop it (policy) → drain GPU memory → run the payload
-               (deadline, cancel, signals) → settle, on every path out
-    settle:    kill leftovers → wait for GPU release → restore (or observe) → final state → stop the timer
-    guard:     a forked process that holds the lock fds; when the supervisor dies without settling, it
-               settles as a restorer (so does `supervisor.py restore`, run by the guard timer or after LOST)
+    supervise: locks → settle the ledger → prepare step → record the service → stop it (policy) → drain GPU
+               memory → run the payload (deadline, cancel, signals) → settle, on every path out
 
-`Job` is the job's status.json + events.jsonl; every state change goes through `Job.set_state`. Imports
-only the stdlib, contract.py and the supervisor_host/_files rooms; supervisor.py (commands) imports it.
+The record (`Job`, `Flags`, `Interrupted`) is supervisor_record.py; settle, restore, the ledger's adoption
+and the guard are supervisor_settle.py. Imports only the stdlib, contract.py and those rooms;
+supervisor.py (commands) and slurm_launch.py import it.
 """
 from __future__ import annotations
 
-import errno
-import fcntl
 import os
-import re
-import signal
 import subprocess
-import sys
 import time
 import traceback
 
 try:  # imported as remote_payload.supervisor_job (tests)
-    from .contract import DEFAULTS, RUNNING_SERVICE_STATES, TERMINAL
-    from .supervisor_files import JobPaths, Locks, append_line, append_text, read_json, read_status, \
-        release_reserve, write_json_atomic
-    from .supervisor_host import CMD_TIMEOUT_S, HERE, KILL_CONFIRM_S, POLL_S, SMI_TIMEOUT_S, SUPERVISOR, Fail, \
-        Systemd, describe_apps, group_is_ours, group_members, health_ok, identity, kill_group, query_apps, \
-        query_gpus, refuse_too_small, run_command, short_gpus, start_unit, wait_healthy
+    from .contract import RUNNING_SERVICE_STATES
+    from .supervisor_files import Locks
+    from .supervisor_host import HERE, KILL_CONFIRM_S, POLL_S, Fail, describe_apps, group_members, identity, \
+        kill_group, query_apps, query_gpus, refuse_too_small, short_gpus
+    from .supervisor_record import Flags, Interrupted, Job, signal_name
+    from .supervisor_settle import GPU_POLL_S, STOP_TIMEOUT_S, final_state, settle, settle_ledger, start_guard_timer
     from . import supervisor_ledger as ledger
 except ImportError:  # run from supervisor.py as a script: sys.path[0] is this directory
-    from contract import DEFAULTS, RUNNING_SERVICE_STATES, TERMINAL
-    from supervisor_files import JobPaths, Locks, append_line, append_text, read_json, read_status, \
-        release_reserve, write_json_atomic
-    from supervisor_host import CMD_TIMEOUT_S, HERE, KILL_CONFIRM_S, POLL_S, SMI_TIMEOUT_S, SUPERVISOR, Fail, \
-        Systemd, describe_apps, group_is_ours, group_members, health_ok, identity, kill_group, query_apps, \
-        query_gpus, refuse_too_small, run_command, short_gpus, start_unit, wait_healthy
+    from contract import RUNNING_SERVICE_STATES
+    from supervisor_files import Locks
+    from supervisor_host import HERE, KILL_CONFIRM_S, POLL_S, Fail, describe_apps, group_members, identity, \
+        kill_group, query_apps, query_gpus, refuse_too_small, short_gpus
+    from supervisor_record import Flags, Interrupted, Job, signal_name
+    from supervisor_settle import GPU_POLL_S, STOP_TIMEOUT_S, final_state, settle, settle_ledger, start_guard_timer
     import supervisor_ledger as ledger
 
-SCHEMA = 1
-GPU_POLL_S = 0.5
-STOP_TIMEOUT_S = 600.0   # `systemctl stop` of an inference server may wait for long requests to drain
 LOCK_POLL_S = 0.5
 
 
-class Interrupted(Exception):
-    """A cancel or a signal stopped the job before its payload finished; carries the final state."""
-
-    def __init__(self, state: str, message: str) -> None:
-        super().__init__(message)
-        self.state = state
-
-
 # ── choreography ──────────────────────────────────────────────────────────────────────────────────────
-
-class Flags:
-    """What the signal handlers set; the loops look at it between steps."""
-
-    def __init__(self) -> None:
-        self.cancel = False
-        self.signal = None
-
-
-class Job:
-    """One job's status.json and events.jsonl; every state change goes through `set_state`."""
-
-    def __init__(self, paths: JobPaths, spec: dict, status: dict) -> None:
-        self.paths, self.spec, self.status = paths, spec, status
-        self.ctl = Systemd(spec["service"].get("scope", DEFAULTS["service.scope"]),
-                           spec["service"].get("sudo", DEFAULTS["service.sudo"]))
-        self.payload_pids = set()
-
-    @classmethod
-    def load(cls, paths: JobPaths) -> "Job":
-        return cls(paths, read_json(paths.spec), read_status(paths))
-
-    def save(self, **changes) -> None:
-        self.status.update(changes)
-        self.status["updated_at"] = time.time()
-        self.persist(lambda: write_json_atomic(self.paths.status, self.status))
-
-    def set_state(self, state: str, phase: str, **changes) -> None:
-        self.save(state=state, phase=phase, **changes)
-        self.event("state", state=state, phase=phase)
-
-    def event(self, kind: str, **fields) -> None:
-        self.persist(lambda: append_line(self.paths.events, dict(fields, t=time.time(), event=kind)))
-
-    def note_restore(self, text: str) -> None:
-        self.persist(lambda: append_text(self.paths.restore_log, text))
-        self.event("restore", message=text)
-
-    def persist(self, write) -> None:
-        """A write that can never stop the choreography: the host's disk filling up (the payload's log can
-        do that) must not keep the service down. On a full disk the job's reserve is given back once and the
-        write retried; a write that still fails is reported on stderr (supervisor.log) and skipped."""
-        try:
-            write()
-            return
-        except OSError as exc:
-            failure = exc
-        if failure.errno in (errno.ENOSPC, errno.EDQUOT) and release_reserve(self.paths):
-            try:
-                write()
-                return
-            except OSError as exc:
-                failure = exc
-        sys.stderr.write("runner supervisor: a write failed and was skipped: %s\n" % failure)
-
-    @property
-    def terminal(self) -> bool:
-        return self.status.get("state") in TERMINAL
-
-
-def initial_status(spec: dict) -> dict:
-    now = time.time()
-    service = dict(spec["service"], was=None, now=None, stopped=False, stopped_at=None, restored_at=None,
-                   downtime_s=None, healthy=None) if spec["service"]["manager"] == "systemd" else {"manager": "none"}
-    return {"schema": SCHEMA, "job_id": spec["job_id"], "name": spec["name"], "state": "QUEUED", "phase": "starting",
-            "message": "", "created_at": now, "started_at": None, "ended_at": None, "updated_at": now,
-            "supervisor": None, "guard": None, "payload": None, "exit_code": None, "service": service,
-            "gpu": dict(spec["gpu"], before=None, drained_after_s=None), "restored": False, "ending": None}
-
-
-def signal_name(sig: int) -> str:
-    """SIGTERM, …; real-time signals have no Signals member (Signals(36) raises), so SIGRTMIN+n."""
-    try:
-        return signal.Signals(sig).name
-    except ValueError:
-        return "SIGRTMIN+%d" % (sig - signal.SIGRTMIN) if sig >= signal.SIGRTMIN else "signal %d" % sig
-
 
 def check_interrupt(job: Job, flags: Flags) -> None:
     if flags.signal is not None:
@@ -194,42 +99,6 @@ def stop_service(job: Job) -> None:
             job.save(service=dict(job.status["service"], stopped=False, stopped_at=None))
         raise
     job.save(service=dict(job.status["service"], now=job.ctl.is_active(unit)))
-
-
-def timer_unit(job_id: str) -> str:
-    return "runner-guard-" + re.sub(r"[^A-Za-z0-9:_.-]", "_", job_id)
-
-
-def guard_timer_seconds(spec: dict) -> float:
-    """Later than any job that is still being handled could end: the timer fires once, and a `restore` that
-    finds the supervisor or guard alive does nothing. Run, grace, two drains, the stop (its own bound) and
-    start commands, the health wait, and a minute."""
-    return (spec["limits"]["max_runtime"] + spec["limits"]["grace"] + 2 * spec["gpu"]["drain_timeout"]
-            + STOP_TIMEOUT_S + CMD_TIMEOUT_S + spec["service"].get("health_timeout", 0) + 60)
-
-
-def start_guard_timer(job: Job) -> None:
-    """Last line of defence when even the guard dies: systemd runs `restore` after the longest job could take."""
-    seconds = guard_timer_seconds(job.spec)
-    command = [sys.executable, SUPERVISOR, "restore", "--job-id", job.paths.job_id,
-               "--root", job.paths.root]
-    try:
-        done = run_command(job.ctl.timer_argv(timer_unit(job.paths.job_id), seconds, command))
-        ok, detail = done.returncode == 0, done.stderr.decode("utf-8", "replace").strip()[-300:]
-    except Fail as exc:
-        ok, detail = False, str(exc)
-    job.event("guard-timer", created=ok, unit=timer_unit(job.paths.job_id) + ".timer", seconds=int(seconds),
-              detail=detail)
-    job.save(timer=timer_unit(job.paths.job_id) + ".timer" if ok else None)
-
-
-def stop_guard_timer(job: Job) -> None:
-    timer = job.status.get("timer")
-    if timer:
-        try:
-            run_command(job.ctl.argv("systemctl", "stop", timer), timeout=30)
-        except Fail as exc:
-            job.event("guard-timer", stopped=False, detail=str(exc))
 
 
 def drain(job: Job, flags: Flags) -> None:
@@ -373,200 +242,6 @@ def run_prepare_step(job: Job, flags: Flags) -> None:
         raise Fail("internal", "the prepare step exited with code %d; the service was not stopped" % code)
 
 
-def wait_gpu_release(job: Job) -> None:
-    """Bounded wait until no process of the payload still holds GPU memory (the service needs it back)."""
-    payload = job.status.get("payload")
-    if not job.spec["gpu"]["devices"] or not payload:
-        return
-    ours = job.payload_pids | {int(payload["pid"])}
-    deadline = time.monotonic() + job.spec["gpu"]["drain_timeout"]
-    while True:
-        try:
-            holding = [a for a in query_apps() if a["pid"] in ours]
-        except (Fail, ValueError) as exc:
-            job.event("gpu", phase="release", error=str(exc))
-            return
-        if not holding:
-            return
-        if time.monotonic() >= deadline:
-            job.event("gpu", phase="release-timeout", holding=holding)
-            return
-        time.sleep(GPU_POLL_S)
-
-
-HANG_MARGIN_S = 20.0
-
-
-def hard_deadline(spec: dict, status: dict):
-    """When a supervisor that is still alive counts as hung (failed): the end of the step it is in, every
-    wait of that step at its own bound, plus a margin. None where nothing of the service waits on it."""
-    if status.get("state") in TERMINAL:
-        return None
-    limits, drain_s = spec["limits"], spec["gpu"]["drain_timeout"]
-    restore_s = limits["grace"] + KILL_CONFIRM_S + drain_s + SMI_TIMEOUT_S + CMD_TIMEOUT_S \
-        + spec["service"].get("health_timeout", 0)
-    state, since = status.get("state"), status.get("updated_at") or time.time()
-    if state == "RESTORING":
-        return since + restore_s + HANG_MARGIN_S
-    if status.get("started_at"):  # run, TERM grace, KILL, release wait: then it must be restoring
-        return status["started_at"] + limits["max_runtime"] + limits["grace"] + KILL_CONFIRM_S + drain_s \
-            + SMI_TIMEOUT_S + HANG_MARGIN_S
-    if state == "DRAINING":
-        return since + drain_s + SMI_TIMEOUT_S + HANG_MARGIN_S
-    if state == "STOPPING_SERVICE":
-        return since + STOP_TIMEOUT_S + CMD_TIMEOUT_S + HANG_MARGIN_S
-    return None
-
-
-def stopped_by_us(service: dict) -> bool:
-    """We stopped a service that was running: it must be restored."""
-    return bool(service.get("stopped")) and service.get("was") in RUNNING_SERVICE_STATES
-
-
-def restore(job: Job) -> None:
-    """Start the service this job stopped and wait until it is healthy (bounded by health_timeout)."""
-    service, spec_service = job.status["service"], job.spec["service"]
-    unit = service["unit"]
-    job.note_restore("starting %s" % unit)
-    deadline = time.monotonic() + spec_service["health_timeout"]
-    try:
-        why = start_unit(job.ctl, unit, spec_service["health_timeout"])
-        if why:
-            job.note_restore(why)
-        healthy, now = wait_healthy(job.ctl, unit, spec_service["health_url"], deadline - time.monotonic())
-    except Fail as exc:
-        job.note_restore("restoring %s failed: %s" % (unit, exc))
-        healthy, now = False, "unknown"
-    restored_at = time.time()
-    job.save(service=dict(service, now=now, healthy=healthy, restored_at=restored_at,
-                          downtime_s=round(restored_at - (service.get("stopped_at") or restored_at), 3)))
-    job.note_restore("%s is %s, %s" % (unit, now, "healthy" if healthy else "NOT healthy"))
-
-
-def observe(job: Job) -> None:
-    """Record how a service this job did not stop looks at the end: one probe, no waiting, no change."""
-    service, url = job.status["service"], job.spec["service"].get("health_url")
-    if service["manager"] != "systemd" or service.get("was") is None:
-        return
-    try:
-        now = job.ctl.is_active(service["unit"])
-    except Fail as exc:
-        job.event("service", error=str(exc))
-        return
-    running = service.get("was") in RUNNING_SERVICE_STATES
-    healthy = now == "active" and (not url or health_ok(url, 5.0)) if running else None
-    job.save(service=dict(service, now=now, healthy=healthy))
-
-
-def kill_leftovers(job: Job) -> None:
-    payload = job.status.get("payload")
-    if payload and group_is_ours(payload):
-        job.payload_pids.update(group_members(int(payload["pgid"])))
-        grace = job.spec["limits"]["grace"]
-        since = (job.status.get("ending") or {}).get("at")
-        if since:  # the payload got its TERM then: a restorer gives only what is left of the grace
-            grace = min(grace, max(0.0, since + grace - time.time()))
-        kill_group(int(payload["pgid"]), grace)
-
-
-def settle(job: Job, decide, ended_at=None) -> None:
-    """The end of every job, whoever runs it: kill leftovers → wait for GPU release → restore (or observe)
-    → final state. `decide()` names the final (state, message) once the service is back or not; ended_at
-    is kept when the job had ended already (LOST)."""
-    if not job.terminal:
-        job.set_state("RESTORING", "restoring the host")
-    for step in (kill_leftovers, wait_gpu_release):
-        try:
-            step(job)
-        except Exception as exc:  # nothing before the restore may keep the service down
-            job.event("settle", error="%s: %s" % (type(exc).__name__, exc))
-    if stopped_by_us(job.status["service"]) and not handed_over(job):
-        restore(job)
-    else:
-        observe(job)
-    if job.status["service"].get("manager") == "systemd":
-        ledger.clear(job.paths.root, job.status["service"]["unit"], job.paths.job_id)
-    state, message = decide()
-    job.set_state(state, "done", message=message, ended_at=ended_at or time.time(), restored=True)
-    stop_guard_timer(job)
-
-
-def handed_over(job: Job) -> bool:
-    """Another job adopted our stop (the ledger names it): the restore is its to do, under its own run."""
-    entry = ledger.read_entry(job.paths.root, job.status["service"]["unit"])
-    if not entry or entry.get("job_id") in (None, job.paths.job_id):
-        return False
-    job.note_restore("job %s adopted the stop of %s; it restores the service" % (entry["job_id"], entry["unit"]))
-    job.save(service=dict(job.status["service"], handed_to=entry["job_id"]))
-    return True
-
-
-def settle_ledger(job: Job) -> None:
-    """With the service's lock held: an entry naming another job is a stop nobody will restore (that job's
-    supervisor and guard are gone, or they would hold the lock). Adopt it: we restore it after our run, and
-    the dead job is settled as handed over. An entry whose service runs again is only dropped."""
-    service = job.status["service"]
-    if service.get("manager") != "systemd":
-        return
-    entry = ledger.read_entry(job.paths.root, service["unit"])
-    if not entry or entry.get("job_id") == job.paths.job_id:
-        return
-    unit, previous = service["unit"], entry.get("job_id")
-    now = job.ctl.is_active(unit)
-    if now in RUNNING_SERVICE_STATES:
-        ledger.clear(job.paths.root, unit, previous)
-        job.event("ledger", unit=unit, dropped_from=previous, now=now,
-                  message="%s was recorded as stopped by job %s but runs again: nothing to restore" % (unit, previous))
-        return
-    hand_over(job, previous)
-    job.save(service=dict(service, was=entry.get("was") or "active", now=now, stopped=True,
-                          stopped_at=entry.get("stopped_at") or time.time(), adopted_from=previous))
-    start_guard_timer(job)
-    ledger.record_stop(job.paths.root, unit, job.paths.job_id, job.status["service"], job.spec["gpu"]["devices"],
-                       adopted_from=previous, stopped_at=job.status["service"]["stopped_at"])
-    job.event("ledger", unit=unit, adopted_from=previous, message="%s already stopped by job %s and not restored; "
-              "job %s adopts it and will restore it" % (unit, previous, job.paths.job_id))
-
-
-def hand_over(job: Job, previous) -> None:
-    """Settle the dead job whose stop we adopt: kill what is left of its payload, record who restores."""
-    if not previous or not os.path.isdir(JobPaths(job.paths.root, previous).dir):
-        return
-    paths = JobPaths(job.paths.root, previous)
-
-    def settle_dead():
-        dead = Job.load(paths)  # read under its restore lock: no other restorer is halfway through
-        if dead.status.get("restored"):
-            return
-        try:
-            kill_leftovers(dead)
-        except Exception as exc:  # its leftovers must not keep our job (and the service) waiting
-            job.event("ledger", error="killing leftovers of %s: %s" % (previous, exc))
-        message = "supervisor and guard died with the service stopped; job %s adopted the stop and restores it" \
-            % job.paths.job_id
-        dead.note_restore(message)
-        dead.set_state(dead.status["state"] if dead.terminal else "LOST", "done", message=message, restored=True,
-                       ended_at=dead.status.get("ended_at") or time.time(),
-                       service=dict(dead.status["service"], handed_to=job.paths.job_id))
-        stop_guard_timer(dead)
-    try:
-        with_restore_lock(Job.load(paths), settle_dead)
-    except Fail as exc:
-        job.event("ledger", error="cannot settle job %s: %s" % (previous, exc))
-
-
-def final_state(job: Job, ending) -> tuple:
-    """SUCCEEDED only if the payload exited 0 and the service (when we stopped it) is back healthy."""
-    service = job.status["service"]
-    service_back = not stopped_by_us(service) or service.get("healthy")
-    note = "" if service_back else "; the service %s did not come back healthy" % service.get("unit")
-    if ending is not None:
-        return ending[0], ending[1] + note
-    if job.status.get("exit_code") == 0:
-        return ("SUCCEEDED", "payload exited 0") if service_back else ("FAILED", "payload exited 0" + note)
-    return "FAILED", "payload exited with code %s%s" % (job.status.get("exit_code"), note)
-
-
 def supervise(job: Job, locks: Locks, flags: Flags) -> None:
     """The whole job; `settle` runs on every path out, exceptions included."""
     ending = None
@@ -592,53 +267,3 @@ def supervise(job: Job, locks: Locks, flags: Flags) -> None:
         # Only after a finished restore: if settle raised, the guard's inherited lock fds keep the host
         # locked until it has restored the service (LOCK_UN would release its copies too).
         locks.release()
-
-
-# ── guard ─────────────────────────────────────────────────────────────────────────────────────────────
-
-def start_guard(job: Job, locks: Locks) -> None:
-    """Fork the guard: it holds the lock fds and the read end of a pipe only the supervisor can write to.
-    The write end stays open, unused, until the supervisor exits however it exits: that EOF wakes the guard."""
-    life_r, life_w = os.pipe()
-    keep = [life_r] + list(locks.fds.values())
-    argv = [sys.executable, SUPERVISOR, "_guard", "--job-id", job.paths.job_id,
-            "--root", job.paths.root, "--life-fd", str(life_r)]
-    pid = os.fork()
-    if pid == 0:
-        try:
-            os.setsid()
-            for fd in keep:
-                os.set_inheritable(fd, True)
-            os.execv(sys.executable, argv)
-        finally:
-            os._exit(127)
-    os.close(life_r)
-    job.save(guard=identity(pid))
-
-
-def settle_as_restorer(job: Job, message: str) -> None:
-    """Settle a job whose supervisor is gone (the guard, or `restore`): keep a decided or terminal state
-    (TIMED_OUT, CANCELLED, LOST), else FAILED; `message` says who settled it."""
-    if job.terminal and job.status.get("restored"):
-        return
-    ending = job.status.get("ending")
-    state = job.status["state"] if job.terminal else (ending or {}).get("state", "FAILED")
-    job.note_restore(message)
-    settle(job, lambda: (state, message), ended_at=job.status.get("ended_at"))
-
-
-def with_restore_lock(job: Job, action) -> bool:
-    """Run action under the job's restore lock; False when another restorer holds it."""
-    fd = os.open(job.paths.restore_lock, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        return False
-    try:
-        action()
-        return True
-    finally:
-        os.close(fd)
-
-

@@ -11,11 +11,13 @@ import time
 import pytest
 
 from remote_payload import contract
-from remote_payload import supervisor, supervisor_files, supervisor_host, supervisor_job, supervisor_spec
+from remote_payload import supervisor, supervisor_files, supervisor_host, supervisor_job, supervisor_record, \
+    supervisor_settle, supervisor_spec
 from remote_payload import supervisor_host as host
 from remote_payload import supervisor_spec as checks
 
-ROOMS = (supervisor, supervisor_files, supervisor_host, supervisor_job, supervisor_spec)
+ROOMS = (supervisor, supervisor_files, supervisor_host, supervisor_job, supervisor_record, supervisor_settle,
+         supervisor_spec)
 
 CONTRACT_RULES = {
     "job_id": contract.job_id_problem,
@@ -176,7 +178,7 @@ def test_drift_states_come_from_the_contract():
     for room in ROOMS:
         for name in ("STATES", "TERMINAL", "RUNNING_SERVICE_STATES", "DEFAULTS"):
             assert getattr(room, name, getattr(contract, name)) is getattr(contract, name), (room.__name__, name)
-    assert "TERMINAL" in vars(supervisor_job) and "TERMINAL" in vars(supervisor)
+    assert all("TERMINAL" in vars(room) for room in (supervisor_record, supervisor_settle, supervisor))
 
 
 def test_drift_a_card_smaller_than_the_need_is_refused_at_once(tmp_path):

@@ -58,7 +58,7 @@ def test_unpacked_bundle_runs_the_supervisor_and_its_rooms_as_a_script(tmp_path)
     import from there (sys.path[0] is the payload dir), with no remote_payload package on the host."""
     bundle, _ = build_bundle()
     rooms = {"contract.py", "supervisor.py", "supervisor_files.py", "supervisor_host.py", "supervisor_job.py",
-             "supervisor_spec.py"}
+             "supervisor_record.py", "supervisor_settle.py", "supervisor_spec.py"}
     assert rooms <= set(bundle.files)
     assert json.loads(unpack(tmp_path, bundle.digest, bundle.tarball()).stdout) == {"ok": True}
     script = tmp_path / "payload" / bundle.digest / "supervisor.py"

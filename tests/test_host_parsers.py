@@ -9,6 +9,7 @@ import pytest
 from remote_payload import supervisor_files as files
 from remote_payload import supervisor_host as host
 from remote_payload import supervisor_job as job
+from remote_payload import supervisor_settle as settle
 from remote_payload import supervisor_spec as checks
 
 DATA = Path(__file__).parent / "data"
@@ -118,7 +119,7 @@ def test_systemctl_argv_for_scope_and_sudo():
 def test_guard_timer_argv():
     argv = host.Systemd("user").timer_argv("runner-guard-j1", 1990.5, ["/py", "/s.py", "restore"])
     assert argv == ["systemd-run", "--user", "--on-active=1990s", "--timer-property=AccuracySec=1s", "--unit=runner-guard-j1", "/py", "/s.py", "restore"]
-    assert job.timer_unit("a.b_c-1") == "runner-guard-a.b_c-1"
+    assert settle.timer_unit("a.b_c-1") == "runner-guard-a.b_c-1"
 
 
 def test_sudo_password_becomes_its_own_error(tmp_path, monkeypatch):
@@ -219,4 +220,4 @@ def test_guard_timer_fires_after_the_slowest_legitimate_end():
     spec = {"limits": {"max_runtime": 1800, "grace": 30}, "gpu": {"drain_timeout": 120},
             "service": {"health_timeout": 900}}
     # run + grace + both drains + the stop at its own 600 s bound + the start command + the health wait + a minute
-    assert job.guard_timer_seconds(spec) == 1800 + 30 + 240 + 600 + host.CMD_TIMEOUT_S + 900 + 60
+    assert settle.guard_timer_seconds(spec) == 1800 + 30 + 240 + 600 + host.CMD_TIMEOUT_S + 900 + 60

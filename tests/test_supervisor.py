@@ -671,13 +671,14 @@ while time.monotonic() < end:  # the real probe, as fast as it goes
 
 def test_settle_restores_even_when_the_steps_before_it_fail(tmp_path, monkeypatch):
     """nvidia-smi answering something unparseable, or a kill failing, must never skip the restore."""
-    from remote_payload import supervisor_job as sup
+    from remote_payload import supervisor_settle as sup
+    from remote_payload.supervisor_record import initial_status
 
     paths = sup.JobPaths(str(tmp_path), "j")
     os.makedirs(paths.dir)
     spec = {"job_id": "j", "name": "j", "service": {"manager": "none"}, "gpu": {"devices": ["0"], "required_mib": 0,
             "drain_timeout": 1}, "limits": {"grace": 0.1}}
-    job = sup.Job(paths, spec, sup.initial_status(spec))
+    job = sup.Job(paths, spec, initial_status(spec))
     job.status["payload"] = {"pid": 999999, "pgid": 999999, "start_time": 1}
     job.status["service"] = {"manager": "systemd", "unit": "u.service", "was": "active", "stopped": True}
 

@@ -1,0 +1,109 @@
+"""One job's record on the host: status.json and events.jsonl (`Job`, whose `set_state` every state change goes
+through), the flags the signal handlers set, and `Interrupted`, which carries a final state out of a step.
+
+Imports only the stdlib, contract.py and the supervisor_host/_files rooms.
+"""
+from __future__ import annotations
+
+import errno
+import signal
+import sys
+import time
+
+try:  # imported as remote_payload.supervisor_record (tests)
+    from .contract import DEFAULTS, TERMINAL
+    from .supervisor_files import JobPaths, append_line, append_text, read_json, read_status, release_reserve, \
+        write_json_atomic
+    from .supervisor_host import Systemd
+except ImportError:  # run from supervisor.py as a script: sys.path[0] is this directory
+    from contract import DEFAULTS, TERMINAL
+    from supervisor_files import JobPaths, append_line, append_text, read_json, read_status, release_reserve, \
+        write_json_atomic
+    from supervisor_host import Systemd
+
+SCHEMA = 1
+
+
+class Interrupted(Exception):
+    """A cancel or a signal stopped the job before its payload finished; carries the final state."""
+
+    def __init__(self, state: str, message: str) -> None:
+        super().__init__(message)
+        self.state = state
+
+
+class Flags:
+    """What the signal handlers set; the loops look at it between steps."""
+
+    def __init__(self) -> None:
+        self.cancel = False
+        self.signal = None
+
+
+class Job:
+    """One job's status.json and events.jsonl; every state change goes through `set_state`."""
+
+    def __init__(self, paths: JobPaths, spec: dict, status: dict) -> None:
+        self.paths, self.spec, self.status = paths, spec, status
+        self.ctl = Systemd(spec["service"].get("scope", DEFAULTS["service.scope"]),
+                           spec["service"].get("sudo", DEFAULTS["service.sudo"]))
+        self.payload_pids = set()
+
+    @classmethod
+    def load(cls, paths: JobPaths) -> "Job":
+        return cls(paths, read_json(paths.spec), read_status(paths))
+
+    def save(self, **changes) -> None:
+        self.status.update(changes)
+        self.status["updated_at"] = time.time()
+        self.persist(lambda: write_json_atomic(self.paths.status, self.status))
+
+    def set_state(self, state: str, phase: str, **changes) -> None:
+        self.save(state=state, phase=phase, **changes)
+        self.event("state", state=state, phase=phase)
+
+    def event(self, kind: str, **fields) -> None:
+        self.persist(lambda: append_line(self.paths.events, dict(fields, t=time.time(), event=kind)))
+
+    def note_restore(self, text: str) -> None:
+        self.persist(lambda: append_text(self.paths.restore_log, text))
+        self.event("restore", message=text)
+
+    def persist(self, write) -> None:
+        """A write that can never stop the choreography: the host's disk filling up (the payload's log can
+        do that) must not keep the service down. On a full disk the job's reserve is given back once and the
+        write retried; a write that still fails is reported on stderr (supervisor.log) and skipped."""
+        try:
+            write()
+            return
+        except OSError as exc:
+            failure = exc
+        if failure.errno in (errno.ENOSPC, errno.EDQUOT) and release_reserve(self.paths):
+            try:
+                write()
+                return
+            except OSError as exc:
+                failure = exc
+        sys.stderr.write("runner supervisor: a write failed and was skipped: %s\n" % failure)
+
+    @property
+    def terminal(self) -> bool:
+        return self.status.get("state") in TERMINAL
+
+
+def initial_status(spec: dict) -> dict:
+    now = time.time()
+    service = dict(spec["service"], was=None, now=None, stopped=False, stopped_at=None, restored_at=None,
+                   downtime_s=None, healthy=None) if spec["service"]["manager"] == "systemd" else {"manager": "none"}
+    return {"schema": SCHEMA, "job_id": spec["job_id"], "name": spec["name"], "state": "QUEUED", "phase": "starting",
+            "message": "", "created_at": now, "started_at": None, "ended_at": None, "updated_at": now,
+            "supervisor": None, "guard": None, "payload": None, "exit_code": None, "service": service,
+            "gpu": dict(spec["gpu"], before=None, drained_after_s=None), "restored": False, "ending": None}
+
+
+def signal_name(sig: int) -> str:
+    """SIGTERM, …; real-time signals have no Signals member (Signals(36) raises), so SIGRTMIN+n."""
+    try:
+        return signal.Signals(sig).name
+    except ValueError:
+        return "SIGRTMIN+%d" % (sig - signal.SIGRTMIN) if sig >= signal.SIGRTMIN else "signal %d" % sig
