@@ -408,6 +408,19 @@ def test_queue_waits_for_the_lock_then_runs(host):
     assert status["started_at"] >= host.status("a")["ended_at"]
 
 
+def test_a_queued_job_gives_up_after_its_queue_timeout(host):
+    """--queue is bounded: limits.queue_timeout ends the wait (TIMED_OUT, nothing started, the holder untouched)."""
+    host.start("a", gpu_spec(host, "sleep", "30", "0"))
+    host.wait("a", "RUNNING")
+    spec = gpu_spec(host, "sleep", "0", "0")
+    spec["limits"]["queue_timeout"] = 1.0
+    host.start("b", spec, "--queue")
+    status = host.wait("b", "TIMED_OUT", timeout=20)
+    assert status["payload"] is None and status["started_at"] is None
+    assert "queue_timeout" in status["message"] and "job a" in status["message"], status["message"]
+    assert host.status("a")["state"] == "RUNNING"
+
+
 def test_a_queued_job_can_be_cancelled(host):
     host.start("a", gpu_spec(host, "sleep", "30", "0"))
     host.wait("a", "RUNNING")
