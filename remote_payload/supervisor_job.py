@@ -45,9 +45,19 @@ def check_interrupt(job: Job, flags: Flags) -> None:
 
 
 def wait_for_locks(job: Job, locks: Locks, flags: Flags) -> None:
-    job.set_state("QUEUED", "waiting for locks: " + ", ".join(locks.keys))
-    while locks.try_acquire() is not None:
+    """--queue: wait for the locks, at most limits.queue_timeout; past it the job ends TIMED_OUT, nothing touched."""
+    bound = job.spec["limits"]["queue_timeout"]
+    job.set_state("QUEUED", "waiting for locks: %s (at most %.0f s)" % (", ".join(locks.keys), bound))
+    deadline = time.monotonic() + bound
+    while True:
+        holder = locks.try_acquire()
+        if holder is None:
+            return
         check_interrupt(job, flags)
+        if time.monotonic() >= deadline:
+            who = "job %s" % holder["job_id"] if holder.get("job_id") else "another process"
+            raise Interrupted("TIMED_OUT", "waited %.0f s (limits.queue_timeout) for %s, held by %s; gave up with "
+                              "nothing stopped" % (bound, holder.get("key", "the locks"), who))
         time.sleep(LOCK_POLL_S)
 
 

@@ -176,7 +176,8 @@ def check_spec(raw, job_id=None) -> dict:
             "limits": {"max_runtime": _number(_default(limits, "limits.max_runtime"), "limits.max_runtime", 0.001),
                        "grace": _number(_default(limits, "limits.grace"), "limits.grace"),
                        "prepare_timeout": _number(_default(limits, "limits.prepare_timeout"),
-                                                  "limits.prepare_timeout", 0.001)}}
+                                                  "limits.prepare_timeout", 0.001),
+                       "queue_timeout": _number(_default(limits, "limits.queue_timeout"), "limits.queue_timeout")}}
     return dict(spec, **check_launcher(raw, spec))
 
 

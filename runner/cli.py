@@ -56,7 +56,10 @@ def cli() -> None:
 @click.argument("job_file")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Override a spec field, e.g. payload.args.experts=128.")
 @click.option("--queue", is_flag=True, help="If the service/GPU lock is held, wait on the host until it is free "
-              "(bounded by the holder's own deadline) instead of refusing with exit 5.")
+              "instead of refusing with exit 5; at most limits.queue_timeout (default 2h), then the job ends "
+              "TIMED_OUT with nothing stopped.")
+@click.option("--queue-timeout", default=None, metavar="DURATION",
+              help="--queue, waiting at most this long (e.g. 30m; same as --set limits.queue_timeout=...).")
 @click.option("--job-id", default=None, help="Choose the job id (makes a retried submit safe).")
 @click.option("--dry-run", is_flag=True, help="Validate and preflight, print the decision (stop the service? "
               "memory needed and free, the command), change nothing.")
@@ -64,7 +67,9 @@ def cli() -> None:
 @click.option("--max-wait", type=click.FloatRange(0, 3600), default=DEFAULT_MAX_WAIT, show_default=True,
               help="With --follow: seconds to follow before returning 75.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
-def submit(job_file, overrides, queue, job_id, dry_run, follow, max_wait, as_json) -> None:
+def submit(job_file, overrides, queue, queue_timeout, job_id, dry_run, follow, max_wait, as_json) -> None:
+    if queue_timeout is not None:
+        overrides, queue = (*overrides, "limits.queue_timeout=" + queue_timeout), True
     if dry_run:
         plan = controller.dry_run(job_file, list(overrides), queue=queue, job_id=job_id)
         _emit_json(asdict(plan)) if as_json else click.echo(_dry_run_text(plan))

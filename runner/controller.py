@@ -159,8 +159,10 @@ def dry_run(spec_path: str, overrides: list[str], *, queue: bool = False, job_id
     decision = preflight.decide(wire, report, queue=queue)
     payload = wire["payload"]
     argv = payload["command"] or [payload["python"], payload["script"], *payload["args"]]
+    queued = [f"--queue: waits at most {wire['limits']['queue_timeout']:.0f} s for the locks (limits.queue_timeout), "
+              "then ends TIMED_OUT with nothing stopped"] if queue else []
     return DryRun(wire["job_id"], spec.host.address, decision.stop_service, wire["gpu"]["required_mib"], argv,
-                  [args_note, *decision.notes], report.get("gpus", []), report.get("service"))
+                  [args_note, *decision.notes, *queued], report.get("gpus", []), report.get("service"))
 
 
 def _preflight(client: HostClient, wire: dict) -> dict:

@@ -103,6 +103,7 @@ class LimitsSpec(_Section):
     max_runtime: Duration = DEFAULTS["limits.max_runtime"]
     grace: Duration = DEFAULTS["limits.grace"]
     prepare_timeout: Duration = DEFAULTS["limits.prepare_timeout"]
+    queue_timeout: Duration = DEFAULTS["limits.queue_timeout"]
 
 
 class JobSpec(_Section):

@@ -55,6 +55,7 @@ DESCRIPTIONS = {
     "limits": "Time limits.",
     "limits.max_runtime": "The payload's deadline: TERM, `grace`, then KILL of its process group.",
     "limits.grace": "Seconds between TERM and KILL.",
+    "limits.queue_timeout": "With `submit --queue`: the longest wait for the service/GPU locks; past it the job ends TIMED_OUT with nothing stopped.",
     "limits.prepare_timeout": "The prepare step's deadline (the service is not stopped if it fails).",
 }
 

@@ -95,6 +95,16 @@ def test_dry_run_decides_and_changes_nothing(work, target):
     assert not (target.root / "jobs").exists() and run_cli(target, "list").stdout.count(b"\n") == 1  # header only
 
 
+def test_queue_says_its_bound_and_takes_one(work, target):
+    """Item 9: --queue says how long it may wait; --queue-timeout sets the bound (and a bad one is exit 2)."""
+    done = run_cli(target, "submit", str(demo_job(work, target)), "--dry-run", "--json", "--queue-timeout", "90s")
+    assert done.returncode == 0, done.stderr
+    assert any("at most 90 s" in note and "limits.queue_timeout" in note for note in json.loads(done.stdout)["notes"])
+    bad = run_cli(target, "submit", str(demo_job(work, target)), "--queue-timeout", "soon")
+    assert bad.returncode == 2 and b"limits.queue_timeout" in bad.stderr
+    assert "limits.queue_timeout" in run_cli(target, "submit", "--help").stdout.decode()
+
+
 def test_submit_follow_prints_the_log_and_the_verdict(work, target):
     done = run_cli(target, "submit", str(demo_job(work, target)), "--follow", "--max-wait", "60")
     assert done.returncode == 0, done.stderr

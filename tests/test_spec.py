@@ -134,7 +134,8 @@ def test_to_wire_has_the_protocol_shape():
     assert wire["payload"]["script"] == "bench_marlin_moe.py" and wire["payload"]["command"] is None
     assert wire["payload"]["args"][:2] == ["--experts", "384"]
     assert wire["payload"]["env"] == {"TVM_FFI_CACHE_DIR": "/root/.cache/tvm-ffi"}
-    assert wire["limits"] == {"max_runtime": 1800.0, "grace": 30.0, "prepare_timeout": 1800.0}
+    assert wire["limits"] == {"max_runtime": 1800.0, "grace": 30.0, "prepare_timeout": 1800.0,
+                              "queue_timeout": 7200.0}
     assert wire["payload"]["prepare"] is None
     assert json.loads(json.dumps(wire)) == wire
 
