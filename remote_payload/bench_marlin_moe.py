@@ -17,15 +17,15 @@ import time
 PROCESS_START = time.time()          # before any import: "seconds from start" includes importing torch
 
 import argparse  # noqa: E402
-import glob  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
-import platform  # noqa: E402
 import statistics  # noqa: E402
-import subprocess  # noqa: E402
 import sys  # noqa: E402
 
 from marlin_estimate import Shape, estimate, expert_bytes, weight_bytes  # noqa: E402
+from marlin_env import (backend_version, build_backend, built_modules, environment, jit_cache_dirs,  # noqa: E402
+                        load_backend, own_gpu_memory_mib, reason_of, slow_phase_hook,
+                        start_full_import_probe)
 from marlin_events import Events  # noqa: E402
 from marlin_stats import ORDERS, add_levers, floor_us, lever_summary, timing_row, window_order  # noqa: E402
 
@@ -34,7 +34,6 @@ AUTO_ORDER = ("sglang", "sglang-kernels", "torch")
 GROUP_SIZES = (32, 64, 128)
 CHECK_TOLERANCE = 2e-2       # ‖out − ref‖/‖ref‖ for bf16 activations and bf16 intermediates
 CHECK_MAX_WEIGHT_BYTES = 1 << 30     # the check holds GPTQ and Marlin copies and loops experts in fp32
-FULL_IMPORT = "from sglang.srt.layers.moe.fused_moe_triton.fused_marlin_moe import fused_marlin_moe"
 
 
 def batch_size_list(text: str) -> list[int]:
@@ -128,132 +127,6 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def shape_of(a: argparse.Namespace) -> Shape:
     return Shape(a.experts, a.hidden, a.intermediate, a.topk, a.group_size)
-
-
-# -- environment and backends -----------------------------------------------------------------------------
-
-def parse_compute_apps(text: str, pid: int) -> int | None:
-    """MiB used by process `pid` in `nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits`."""
-    for line in text.splitlines():
-        fields = [f.strip() for f in line.split(",")]
-        if len(fields) == 2 and fields[0] == str(pid) and fields[1].isdigit():
-            return int(fields[1])
-    return None
-
-
-def own_gpu_memory_mib() -> int | None:
-    """MiB this process holds on the GPU as nvidia-smi lists it; None when it is not listed (no context)."""
-    try:
-        done = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
-                              capture_output=True, text=True, timeout=20)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    if done.returncode != 0:
-        return None
-    return parse_compute_apps(done.stdout, os.getpid())
-
-
-def gpu_driver() -> str | None:
-    try:
-        done = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                              capture_output=True, text=True, timeout=20)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return done.stdout.strip().splitlines()[0] if done.returncode == 0 and done.stdout.strip() else None
-
-
-def package_version(name: str) -> str | None:
-    from importlib import metadata
-    try:
-        return metadata.version(name)
-    except metadata.PackageNotFoundError:
-        return None
-
-
-def environment(torch, device: str) -> dict:
-    sgl_kernel = sys.modules.get("sgl_kernel")          # loaded by the sglang backends, not imported here
-    env = {"python": platform.python_version(), "torch": torch.__version__, "device": device,
-           "triton": package_version("triton"), "sgl_kernel": getattr(sgl_kernel, "__version__", None)}
-    if device == "cuda":
-        props = torch.cuda.get_device_properties(0)
-        env.update(gpu=props.name, sms=props.multi_processor_count, gpu_total_bytes=props.total_memory,
-                   capability=".".join(map(str, torch.cuda.get_device_capability(0))),
-                   cuda=torch.version.cuda, driver=gpu_driver())
-    return env
-
-
-def start_full_import_probe() -> subprocess.Popen:
-    """Try the full import in a child process (a half-finished import would leave this process unusable);
-    started before this process imports torch, so the two imports overlap."""
-    return subprocess.Popen([sys.executable, "-c", FULL_IMPORT], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
-
-
-def finish_full_import_probe(probe: subprocess.Popen, timeout_s: float = 90.0) -> tuple[bool, str]:
-    try:
-        _, stderr = probe.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        probe.kill()
-        probe.communicate()
-        return (False, f"full import took over {timeout_s:.0f} s")
-    if probe.returncode == 0:
-        return True, "full import works"
-    lines = [ln for ln in stderr.splitlines() if ln.strip()]
-    return (False, lines[-1] if lines else f"import exited {probe.returncode}")
-
-
-def reason_of(exc: Exception) -> str:
-    import marlin_backends as mb
-    return str(exc) if isinstance(exc, mb.BackendUnavailable) else f"{type(exc).__name__}: {exc}"
-
-
-def load_backend(name: str, device: str, mb, probe):
-    if name != "torch" and device != "cuda":
-        raise mb.BackendUnavailable("needs a CUDA device")
-    if name == "sglang":
-        ok, reason = finish_full_import_probe(probe)
-        if not ok:
-            raise mb.BackendUnavailable(reason)
-        return mb.import_fused()
-    if name == "sglang-kernels":
-        return mb.import_kernel_modules()
-    return None
-
-
-def build_backend(name: str, handle, shape: Shape, weights, m_max: int):
-    import marlin_backends as mb
-    if name == "sglang":
-        fused, version = handle
-        return mb.SglangFused(shape, weights, fused, version, m_max)
-    if name == "sglang-kernels":
-        return mb.SglangKernels(shape, weights, handle)
-    return mb.TorchReference(shape, weights)
-
-
-def backend_version(name: str, handle) -> str | None:
-    if name == "sglang":
-        return handle[1]
-    if name == "sglang-kernels":
-        return handle.version
-    return None
-
-
-# -- JIT cache --------------------------------------------------------------------------------------------
-
-def jit_cache_dirs() -> list[str]:
-    """Where sglang keeps built kernel modules: 0.5.17 uses tvm-ffi's cache, 0.5.23 its own."""
-    return [os.path.expanduser(os.environ.get("TVM_FFI_CACHE_DIR", "~/.cache/tvm-ffi")),
-            os.path.expanduser(os.environ.get("SGLANG_JIT_CACHE_DIR", "~/.cache/sglang/jit"))]
-
-
-def built_modules() -> set[str]:
-    return {path for d in jit_cache_dirs() for path in glob.glob(os.path.join(d, "**", "*.so"), recursive=True)}
-
-
-def slow_phase_hook(spec: str | None, phase: str) -> None:
-    """Test hook: make one phase take SECONDS longer, so a test can see its heartbeats."""
-    if spec and spec.split(":")[0] == phase:
-        time.sleep(float(spec.split(":")[1]))
 
 
 # -- the run ---------------------------------------------------------------------------------------------

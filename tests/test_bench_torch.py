@@ -182,6 +182,6 @@ def test_prepare_only_imports_and_builds_without_weights_or_timing(tmp_path):
 
 
 def test_own_gpu_memory_is_read_from_nvidia_smi_compute_apps():
-    import bench_marlin_moe as bench
+    import marlin_env
     text = "4242, 512\n77, 80000\n"
-    assert bench.parse_compute_apps(text, 4242) == 512 and bench.parse_compute_apps(text, 5) is None
+    assert marlin_env.parse_compute_apps(text, 4242) == 512 and marlin_env.parse_compute_apps(text, 5) is None
