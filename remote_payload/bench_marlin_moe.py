@@ -64,12 +64,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--iterations", type=int, default=100)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--order", choices=ORDERS, default="random",
-                   help="order of the timed windows: every batch size once per repetition, shuffled (random) or "
-                        "up and down in turn (alternating); ascending = the old order, all repetitions of one M")
+                   help="order of the timed windows: every batch size once per repetition, shuffled (random), "
+                        "up and down in turn (alternating), or light and heavy in turn, the same each repetition "
+                        "(interleave); ascending = the old order, all repetitions of one M")
     p.add_argument("--order-seed", type=int, default=None, help="seed of the random order (default: --seed)")
-    p.add_argument("--settle", choices=("none", "idle", "busy"), default="none",
-                   help="before each timed window: nothing, an idle pause, or the window's own call untimed")
+    p.add_argument("--settle", choices=("none", "idle", "busy", "cool"), default="none",
+                   help="before each timed window: nothing, an idle pause, the window's own call untimed (busy), "
+                        "or idle until the GPU is back within --cool-c of the first window's temperature "
+                        "(at most --cool-max-ms), then busy (cool)")
     p.add_argument("--settle-ms", type=float, default=200.0)
+    p.add_argument("--cool-c", type=float, default=3.0, help="--settle cool: degrees above the first window's start")
+    p.add_argument("--cool-max-ms", type=float, default=3000.0, help="--settle cool: the longest idle wait per window")
     p.add_argument("--prepare-only", action="store_true",
                    help="import and JIT-build the kernels for this device's arch, then exit: no weights, no timing")
     p.add_argument("--out", default=os.environ.get("RUNNER_RESULT", "result.json"))
@@ -106,8 +111,8 @@ def shape_problems(a: argparse.Namespace) -> list[str]:
         problems.append("--check runs the Marlin kernels: it needs --device cuda")
     if a.prepare_only and a.check:
         problems.append("--prepare-only builds the kernels and exits: it cannot be combined with --check")
-    if a.settle_ms < 0:
-        problems.append("--settle-ms must not be negative")
+    problems += [f"--{name} must not be negative" for name, value in
+                 (("settle-ms", a.settle_ms), ("cool-c", a.cool_c), ("cool-max-ms", a.cool_max_ms)) if value < 0]
     return problems
 
 
@@ -342,6 +347,8 @@ class Bench:
                                  "iterations": a.iterations, "repeats": a.repeats,
                                  "order": {"mode": a.order, "seed": order_seed, "windows": [m for _, m in windows]},
                                  "settle": {"mode": a.settle, "ms": a.settle_ms}}
+        if a.settle == "cool":
+            self.result["timing"]["settle"].update(cool_c=a.cool_c, cool_max_ms=a.cool_max_ms)
         from marlin_timing import nvml_sampler
         self.gpu_state = nvml_sampler(self.torch) if self.device == "cuda" else None
         timed = self.time_windows(windows, timing_mode)
@@ -361,12 +368,13 @@ class Bench:
             if m not in live:
                 live[m] = self.prepare_window(m, mode)
             window = live[m]
-            window.settle(a.settle, a.settle_ms)
+            cooled = self.cool_down(timed) if a.settle == "cool" else None
+            window.settle("busy" if a.settle == "cool" else a.settle, a.settle_ms)
             start = self.gpu_state() if self.gpu_state else None
             with self.events.phase("batch", m=m, rep=rep):
                 samples, end = window.time(a.iterations, self.gpu_state)
             timed[m].append({"rep": rep, "index": index, "samples": samples, "start": start, "end": end,
-                             "distinct": window.sets.distinct_experts})
+                             "distinct": window.sets.distinct_experts, **({"cooled": cooled} if cooled else {})})
             self.events.emit("window", m=m, rep=rep, index=index, median_us=statistics.median(samples),
                              capped=window_capped(start, end))
             if "first_row_s" not in self.result:
@@ -375,6 +383,23 @@ class Bench:
                 self.sample_device_memory()
                 del live[m]
         return timed
+
+    def cool_down(self, timed: dict[int, list[dict]]) -> dict | None:
+        """--settle cool: idle until the GPU's temperature is within cool_c of the first window's start (the
+        slow state that sets the clock under the power cap), at most cool_max_ms. Outside the timed window."""
+        if not self.gpu_state:
+            return None
+        first = min((w for ws in timed.values() for w in ws), key=lambda w: w["index"], default=None)
+        if first is None or not first.get("start"):
+            return None
+        target = first["start"]["temp_c"] + self.args.cool_c
+        began = time.perf_counter()
+        deadline = began + self.args.cool_max_ms / 1000.0
+        temp = self.gpu_state()["temp_c"]
+        while temp > target and time.perf_counter() < deadline:
+            time.sleep(0.05)
+            temp = self.gpu_state()["temp_c"]
+        return {"waited_ms": round((time.perf_counter() - began) * 1000.0, 1), "temp_c": temp, "target_c": target}
 
     def prepare_window(self, m: int, mode: str):
         import marlin_weights as mw
@@ -406,8 +431,8 @@ class Bench:
                          self.copy_rate())
         row.update(rotation_sets=ROTATION_SETS, warmup_calls=WARMUP_CALLS, timing=mode)
         row["windows"] = [{"rep": w["rep"], "index": w["index"], "median_us": statistics.median(w["samples"]),
-                           "start": w["start"], "end": w["end"], "capped": window_capped(w["start"], w["end"])}
-                          for w in windows]
+                           "start": w["start"], "end": w["end"], "capped": window_capped(w["start"], w["end"]),
+                           **({"cooled": w["cooled"]} if w.get("cooled") else {})} for w in windows]
         if self.gpu_state:
             row["gpu_state"] = [w["end"] for w in windows]
             row["capped_windows"] = sum(1 for w in row["windows"] if w["capped"])
