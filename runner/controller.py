@@ -23,7 +23,7 @@ from .job_id import check_job_id, job_id_for
 from .spec import HostSpec, JobSpec, ServiceSpec
 from .spec_load import load_spec, section_from_options
 from .store import JobRecord, Store
-from .transport import LocalTransport, SshTarget, SshTransport
+from .transport_openssh import for_host
 
 LOG_CHUNK = 1 << 20
 LONG_POLL_S = 5.0
@@ -56,13 +56,7 @@ class TailOutcome:
 def connect(host: dict, bundle: Bundle | None = None, deadline: Deadline | None = None) -> HostClient:
     """A client for the host section of a spec; use it as `with connect(host) as client:` (closes the transport).
     deadline: the command's own, which no call may outlive (default: each call's allowance alone)."""
-    if host["address"] == "local":
-        transport = LocalTransport()
-    else:
-        transport = SshTransport(SshTarget(
-            address=host["address"], user=host.get("user"), port=host.get("port"),
-            host_key_policy=host.get("host_key_policy", "strict"),
-            connect_timeout=host.get("connect_timeout", 10.0)))
+    transport = for_host(host)
     if bundle is None:
         bundle, _ = build_bundle()
     return HostClient(transport, root=host.get("root", DEFAULTS["host.root"]),
