@@ -1,0 +1,100 @@
+"""SSH as users have it (issue 10), on real loopback sshds: login shells that are not POSIX (tcsh, fish), one
+master connection reused by every command, and the remote command line that any shell passes unchanged.
+
+Needs the Debian packages `tcsh` and `fish` (skips without them, fails in CI like every prerequisite).
+"""
+from __future__ import annotations
+
+import shlex
+import shutil
+import subprocess
+import time
+
+import pytest
+
+from runner.host import BOOT, launch_argv
+from tests.cli_helpers import Target, run_cli, status, submit, wait_for, wait_terminal, write_job
+from tests.hosts import prereqs
+from tests.hosts._proc import ensure_login_user, shared_tmpdir
+from tests.hosts.prereqs import require
+from tests.hosts.sshd import start_sshd
+
+SHELLS = {"runnertcsh": "/usr/bin/tcsh", "runnerfish": "/usr/bin/fish"}
+HOSTILE = "it's \"quoted\"; $(touch /tmp/runner-pwned) `id` & !1 \\ spaces"
+
+
+def missing_shells() -> list[str]:
+    return [f"the login shell {path} (Debian package `{path.rsplit('/', 1)[1]}`)"
+            for path in SHELLS.values() if shutil.which(path) is None]
+
+
+@pytest.fixture(scope="module")
+def shell_host():
+    """A loopback sshd whose two logins have tcsh and fish as their login shells."""
+    require(prereqs.missing_for_sshd() + missing_shells())
+    for user, shell in SHELLS.items():
+        ensure_login_user(user)
+        subprocess.run(["usermod", "-s", shell, user], check=True, capture_output=True)
+    host = start_sshd(tuple(SHELLS))
+    yield host
+    host.stop()
+
+
+def shell_target(host, user: str, transport: str) -> Target:
+    root = shared_tmpdir(f"runner-root-{user}-")
+    subprocess.run(["chown", user, str(root)], check=True)
+    login = host.as_user(user)
+    return Target("ssh", {"address": login.alias, "root": str(root), "transport": transport}, root,
+                  {"RUNNER_SSH_CONFIG": str(host.ssh_config)}, login)
+
+
+@pytest.mark.parametrize("user", sorted(SHELLS))
+def test_launch_line_reaches_python_unchanged_through_the_login_shell(shell_host, user):
+    program = "import sys, json; print(json.dumps(sys.argv[1:]))"
+    args = ["~/.runner", HOSTILE, "line one\nline two", "--job-id"]
+    done = shell_host.as_user(user).ssh(launch_argv("python3", program, args), timeout=30)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == __import__("json").dumps(args)
+
+
+@pytest.mark.parametrize("transport", ["openssh", "paramiko"])
+@pytest.mark.parametrize("user", sorted(SHELLS))
+def test_submit_tail_cancel_with_a_non_posix_login_shell(shell_host, tmp_path, user, transport):
+    target = shell_target(shell_host, user, transport)
+    job = write_job(tmp_path / "job.yaml", target, command=["sh", "-c", 'echo "$1"; exec sleep 60', "sh", HOSTILE])
+    job_id = submit(target, job)
+    wait_for(lambda: status(target, job_id)["state"] == "RUNNING", timeout=30, what="RUNNING")
+    wait_for(lambda: run_cli(target, "tail", job_id, "--from-start").stdout == HOSTILE.encode() + b"\n",
+             timeout=20, what="the echoed line")
+    cancelled = run_cli(target, "cancel", job_id)
+    assert cancelled.returncode == 0, cancelled.stderr.decode()
+    assert wait_terminal(target, job_id)["state"] == "CANCELLED"
+
+
+def accepted_connections(log_text: str) -> int:
+    """sshd -e logs one `Accepted publickey for …` line per connection that logged in (LogLevel INFO)."""
+    return sum(1 for line in log_text.splitlines() if "Accepted publickey for" in line)
+
+
+def test_commands_in_a_row_share_one_master_connection(ssh_host, tmp_path):
+    root = shared_tmpdir("runner-root-cm-")
+    target = Target("ssh", {"address": ssh_host.alias, "root": str(root), "transport": "openssh"}, root,
+                    {"RUNNER_SSH_CONFIG": str(ssh_host.ssh_config)}, ssh_host)
+    job = write_job(tmp_path / "job.yaml", target, command=["true"])
+    job_id = submit(target, job)  # opens the master (and uploads the payload)
+    log = ssh_host.workdir / "sshd.log"
+    before = accepted_connections(log.read_text())
+    assert before >= 1, "sshd logged no login: the count below would prove nothing"
+    for _ in range(5):
+        assert run_cli(target, "status", job_id).returncode in (0, 75)
+        assert run_cli(target, "tail", job_id).returncode in (0, 1, 75)
+    time.sleep(0.2)
+    assert accepted_connections(log.read_text()) == before
+
+
+def test_quoting_is_done_once():
+    """The wire line is one shlex.join of launch_argv: only a single-quoted fixed program and a base64 word."""
+    line = shlex.join(launch_argv("python3", BOOT, ["~/.runner", "abc", "status", "--job-id", HOSTILE]))
+    words = shlex.split(line)
+    assert len(words) == 4 and set(words[3]) <= set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/=")
+    assert not set(line) & set("!\\\n$\"`")
