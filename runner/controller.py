@@ -9,9 +9,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import BinaryIO, Callable, Sequence
-
-from tenacity import Retrying, retry_if_exception, stop_after_attempt, stop_after_delay, wait_exponential
+from typing import TYPE_CHECKING, BinaryIO, Callable, Sequence
 
 from remote_payload.contract import DEFAULTS
 
@@ -20,10 +18,13 @@ from .deadline import Deadline
 from .errors import HostKeyError, PreflightError, RemoteError, SpecError, TransportError
 from .host import CALL_TIMEOUT_S, Bundle, HostClient, build_bundle, payload_dir
 from .job_id import check_job_id, job_id_for
-from .spec import HostSpec, JobSpec, ServiceSpec
-from .spec_load import load_spec, section_from_options
 from .store import JobRecord, Store
 from .transport_openssh import for_host
+
+if TYPE_CHECKING:  # pydantic, yaml and tenacity load only in the commands that use them (`runner tail` starts fast)
+    from tenacity import Retrying
+
+    from .spec import JobSpec
 
 LOG_CHUNK = 1 << 20
 LONG_POLL_S = 5.0
@@ -65,6 +66,8 @@ def connect(host: dict, bundle: Bundle | None = None, deadline: Deadline | None 
 
 def _retrying(deadline_s: float = 20.0) -> Retrying:
     """Retries for idempotent calls only: a lost link, never a refused host key."""
+    from tenacity import Retrying, retry_if_exception, stop_after_attempt, stop_after_delay, wait_exponential
+
     return Retrying(
         retry=retry_if_exception(lambda e: isinstance(e, TransportError) and not isinstance(e, HostKeyError)),
         stop=stop_after_attempt(3) | stop_after_delay(deadline_s),
@@ -91,6 +94,8 @@ def required_mib(spec: JobSpec) -> int:
 
 def submit(spec_path: str, overrides: list[str], *, queue: bool = False, job_id: str | None = None,
            store: Store, progress: Callable[[str], None]) -> Submitted:
+    from .spec_load import load_spec
+
     spec = load_spec(spec_path, overrides)
     job_id = check_job_id(job_id) if job_id is not None else job_id_for(spec.name, datetime.now(timezone.utc), secrets.token_hex(3))
     source = spec.script_source(payload_dir())
@@ -221,6 +226,9 @@ def restore_target(spec_path: str | None, *, address: str | None = None, unit: s
                    overrides: Sequence[str] = (), **options) -> tuple[dict, dict]:
     """The (host, service) sections to restore: from JOB.yaml, or from --host/--unit and their options
     (user, port, host_key_policy for the host; scope, sudo, health_url for the service), validated alike."""
+    from .spec import HostSpec, ServiceSpec
+    from .spec_load import load_spec, section_from_options
+
     if spec_path and (address or unit):
         raise SpecError("give either JOB.yaml or --host/--unit, not both")
     if spec_path:
