@@ -12,7 +12,7 @@ each importing only the rooms above it in this list:
     supervisor_job.py    one job's choreography (supervise → settle) and its guard
     supervisor.py        the subcommands, fork/setsid/exec, argv parsing, the one JSON answer
 
-Public subcommands: preflight, start, status, logs, cancel, restore, restore-service, result.
+Public subcommands: preflight, start, submit (preflight + start in one call), status, logs, cancel, restore, restore-service, result.
 Internal ones: _run (the detached supervisor of one job) and _guard (watches the supervisor; settles the job
 if the supervisor dies without doing it).
 
@@ -47,6 +47,7 @@ try:  # imported as remote_payload.supervisor (tests)
     from .supervisor_job import Flags, Job, initial_status, settle_as_restorer, start_guard, supervise, \
         with_restore_lock
     from .supervisor_spec import check_health_url, check_job_id, check_root, check_unit, read_spec_stdin
+    from .supervisor_submit import starts_without_asking
 except ImportError:  # run as a script: sys.path[0] is this directory
     from contract import DEFAULTS, RUNNING_SERVICE_STATES, SERVICE_SCOPES, TERMINAL
     from supervisor_files import RESERVE_BYTES, JobPaths, Locks, append_line, fsync_dir, lock_keys, probe_lock, \
@@ -56,6 +57,7 @@ except ImportError:  # run as a script: sys.path[0] is this directory
     from supervisor_job import Flags, Job, initial_status, settle_as_restorer, start_guard, supervise, \
         with_restore_lock
     from supervisor_spec import check_health_url, check_job_id, check_root, check_unit, read_spec_stdin
+    from supervisor_submit import starts_without_asking
 
 READY_TIMEOUT_S = 30.0       # how long `start` waits for the detached supervisor's handshake
 START_GRACE_S = 60.0         # a status with no supervisor recorded yet is "starting" this long
@@ -130,8 +132,11 @@ def tail_file(path: str, limit: int = 2000) -> str:
 
 
 def cmd_start(args) -> dict:
+    return start_job(args, read_spec_stdin(check_job_id(args.job_id)))
+
+
+def start_job(args, spec: dict) -> dict:
     job_id = check_job_id(args.job_id)
-    spec = read_spec_stdin(job_id)
     paths = JobPaths(args.root, job_id)
     claim_job_dir(paths, spec)
     ready_r, ready_w = os.pipe()
@@ -369,7 +374,10 @@ def preflight_gpus(spec: dict) -> dict:
 
 
 def cmd_preflight(args) -> dict:
-    spec = read_spec_stdin(check_job_id(args.job_id) if args.job_id else None)
+    return preflight_report(args, read_spec_stdin(check_job_id(args.job_id) if args.job_id else None))
+
+
+def preflight_report(args, spec: dict) -> dict:
     service = None
     if spec["service"]["manager"] == "systemd":
         unit = spec["service"]["unit"]
@@ -378,6 +386,22 @@ def cmd_preflight(args) -> dict:
     locks = [probe_lock(args.root, key) for key in lock_keys(spec)]
     return dict({"ok": True, "service": service, "locks": locks, "python": "%d.%d.%d" % sys.version_info[:3]},
                 **preflight_gpus(spec))
+
+
+# ── submit: preflight + start in one call (the warm path's one round trip; supervisor_submit.py) ──────
+
+def cmd_submit(args) -> dict:
+    """The preflight report, and the start's answer when nothing in the report could refuse the job
+    (`started`: false leaves the decision and the start to the controller)."""
+    spec = read_spec_stdin(check_job_id(args.job_id))
+    try:
+        report = preflight_report(args, spec)
+    except Fail as exc:
+        raise Fail(exc.code, str(exc), stage="preflight", **exc.extra)
+    if not starts_without_asking(args.job_id, spec, report, args.queue):
+        return {"ok": True, "started": False, "report": report}
+    answer = start_job(args, spec)
+    return dict(answer, started=answer.get("ok", False), report=report)
 
 
 # ── main ──────────────────────────────────────────────────────────────────────────────────────────────
@@ -400,6 +424,7 @@ def build_parser(sub: str) -> ArgParser:
         parser.add_argument("--job-id", required=True)
     options = {
         "start": [("--queue", dict(action="store_true"))],
+        "submit": [("--queue", dict(action="store_true"))],
         "_run": [("--queue", dict(action="store_true")), ("--ready-fd", dict(type=int, required=True))],
         "_guard": [("--life-fd", dict(type=int, required=True))],
         "logs": [("--offset", dict(type=int, required=True)), ("--max", dict(type=int, default=1 << 20)),
@@ -413,7 +438,7 @@ def build_parser(sub: str) -> ArgParser:
     return parser
 
 
-COMMANDS = {"preflight": cmd_preflight, "start": cmd_start, "status": cmd_status, "logs": cmd_logs,
+COMMANDS = {"preflight": cmd_preflight, "start": cmd_start, "submit": cmd_submit, "status": cmd_status, "logs": cmd_logs,
             "cancel": cmd_cancel, "restore": cmd_restore, "restore-service": cmd_restore_service,
             "result": cmd_result, "_run": cmd_run, "_guard": cmd_guard}
 

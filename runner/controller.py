@@ -104,15 +104,36 @@ def submit(spec_path: str, overrides: list[str], *, queue: bool = False, job_id:
     host = spec.host.model_dump()
     with connect(host, bundle) as client:
         progress(f"preflight on {spec.host.address} …")
-        report = _preflight(client, wire)
-        decision = preflight.decide(wire, report, queue=queue)
+        report, answer = _submit_once(client, wire, queue)
+        decision = preflight.decide(wire, report, queue=queue)  # the host started it only if this passes
         for note in decision.notes:
             progress(note)
-        answer, already = _start_once(client, wire, queue)
+        already = False
+        if answer is None:
+            answer, already = _start_once(client, wire, queue)
     store.save(JobRecord(job_id=job_id, name=spec.name, host=host, spec_path=str(Path(spec_path).resolve()),
                          submitted_at=time.time(), service=wire["service"], last_state=answer.get("state", "QUEUED")))
     return Submitted(job_id, answer.get("state", "QUEUED"), spec.host.address, decision.stop_service,
                      decision.notes, client.round_trips, already)
+
+
+def _submit_once(client: HostClient, wire: dict, queue: bool) -> tuple[dict, dict | None]:
+    """Preflight and start in one round trip (the warm path). The start's answer is None when the host left
+    the decision to us, or when the call was lost (then the start path finds a job the lost call made)."""
+    try:
+        answer = client.submit(wire, queue=queue)
+    except TransportError as exc:
+        if isinstance(exc, HostKeyError):
+            raise
+        client.close()
+        return _preflight(client, wire), None
+    except RemoteError as exc:
+        if exc.answer.get("stage") == "preflight" or exc.code in ("bad-spec", "bad-args"):
+            raise _refusal(exc) from exc
+        if exc.code != "exists" or "report" not in exc.answer:
+            raise
+        return exc.answer["report"], None
+    return answer["report"], (answer if answer.get("started") else None)
 
 
 def _preflight(client: HostClient, wire: dict) -> dict:
@@ -120,9 +141,13 @@ def _preflight(client: HostClient, wire: dict) -> dict:
     try:
         return _retrying()(client.preflight, wire)
     except RemoteError as exc:
-        if exc.code in ("bad-spec", "bad-args"):
-            raise SpecError(f"the host refused the spec: {exc}") from exc
-        raise PreflightError(f"{exc}", hint=exc.hint) from exc
+        raise _refusal(exc) from exc
+
+
+def _refusal(exc: RemoteError) -> SpecError | PreflightError:
+    if exc.code in ("bad-spec", "bad-args"):
+        return SpecError(f"the host refused the spec: {exc}")
+    return PreflightError(f"{exc}", hint=exc.hint)
 
 
 def _start_once(client: HostClient, wire: dict, queue: bool) -> tuple[dict, bool]:

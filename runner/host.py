@@ -162,6 +162,12 @@ class HostClient:
         # Longer than the host's own wait for the detached supervisor (30 s), so its answer always arrives.
         return self.call("start", args, stdin=_json_bytes(wire), allowance=START_TIMEOUT_S)
 
+    def submit(self, wire: dict, *, queue: bool = False) -> dict:
+        """Wire `submit`: the preflight report (`report`) and, when nothing in it could refuse the job, the
+        start's answer (`started`: true) in one round trip."""
+        args = ["--job-id", wire["job_id"]] + (["--queue"] if queue else [])
+        return self.call("submit", args, stdin=_json_bytes(wire), allowance=START_TIMEOUT_S)
+
     def status(self, job_ids: Sequence[str] = ()) -> list[dict]:
         args = [a for job_id in job_ids for a in ("--job-id", job_id)]
         return self.call("status", args)["jobs"]
