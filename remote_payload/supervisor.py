@@ -400,7 +400,10 @@ def cmd_submit(args) -> dict:
         raise Fail(exc.code, str(exc), stage="preflight", **exc.extra)
     if not starts_without_asking(args.job_id, spec, report, args.queue):
         return {"ok": True, "started": False, "report": report}
-    answer = start_job(args, spec)
+    try:
+        answer = start_job(args, spec)
+    except Fail as exc:  # e.g. `exists`: the controller decides what that means from the report
+        raise Fail(exc.code, str(exc), report=report, **exc.extra)
     return dict(answer, started=answer.get("ok", False), report=report)
 
 
