@@ -130,11 +130,13 @@ def _translated(exc: BaseException, target: SshTarget, connecting: bool) -> Tran
     paramiko = _paramiko()
     name = target.address
     if isinstance(exc, paramiko.BadHostKeyException):
+        # `ssh-keygen -R` needs the known_hosts name (`[host]:port` off port 22), not the ssh_config alias.
         return HostKeyError(
             f"ssh {name}: the host key CHANGED: got {exc.key.get_name()} {fingerprint(exc.key)}, "
             f"known_hosts has {fingerprint(exc.expected_key)}",
             hint="If the host was legitimately reinstalled, remove the old line with "
-            f"`ssh-keygen -R {name}`; otherwise do not connect.")
+            f"`ssh-keygen -R {shlex.quote(_known_hosts_name(exc.hostname or name, target.port))}`; "
+            "otherwise do not connect.")
     if isinstance(exc, paramiko.AuthenticationException):
         return TransportError(f"ssh {name}: authentication failed as {target.user or 'the ssh_config user'}",
                               hint="Check the user and IdentityFile (ssh_config) and that `ssh` itself can log in.")
@@ -145,10 +147,15 @@ def _translated(exc: BaseException, target: SshTarget, connecting: bool) -> Tran
     return TransportError(f"ssh {name}: {verb} ({_describe(exc)})")
 
 
+def _known_hosts_name(host: str, port: int | None) -> str:
+    return host if not port or port == 22 else f"[{host}]:{port}"
+
+
 def _connect(target: SshTarget, timeout: float):
     """Open a fabric Connection with our host-key rules. Errors are translated by the caller (`run`)."""
     conn = _fabric_connection(target, timeout)
     try:
+        _open_gateway(conn.gateway, target, timeout)
         conn.open()
     except BaseException:
         conn.close()
@@ -159,6 +166,25 @@ def _connect(target: SshTarget, timeout: float):
         # Without it, each new channel on the connection waits ~40 ms for the server's delayed ACK (Nagle).
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     return conn
+
+
+def _open_gateway(gateway, target: SshTarget, timeout: float) -> None:
+    """Open a ProxyJump hop before the target (fabric would open it inside the target's connect): its errors
+    then name the jump host, and the direct-tcpip channel through it waits at most `timeout` (paramiko's
+    default is 3600 s: a dead target behind a live jump host held `tail --max-wait 10` for ~130 s)."""
+    if gateway is None or isinstance(gateway, str):
+        return
+    _open_gateway(gateway.gateway, target, timeout)
+    hop = SshTarget(address=gateway.host, user=gateway.user, port=gateway.port,
+                    host_key_policy=target.host_key_policy, connect_timeout=timeout)
+    try:
+        gateway.open()
+    except TransportError as exc:
+        raise type(exc)(f"{exc} (the jump host on the way to {target.address})", hint=exc.hint) from exc
+    except _ssh_errors() as exc:
+        error = _translated(exc, hop, True)
+        raise type(error)(f"{error} (the jump host on the way to {target.address})", hint=error.hint) from exc
+    gateway.transport.channel_timeout = timeout
 
 
 def _fabric_connection(target: SshTarget, timeout: float):

@@ -57,21 +57,31 @@ class OpenSshTransport:
             raise TransportError(f"ssh {self.name}: cannot run {self.ssh}: {exc.strerror}") from exc
         if proc.returncode == EXIT_SSH_FAILED:
             stderr = proc.stderr.decode("utf-8", "replace")
-            if is_host_key_failure(stderr) and not _FINGERPRINT.search(stderr):
-                stderr += self._offered_key(command, deadline)
+            if self._says_too_little(stderr):
+                stderr = self._diagnosed(command, deadline) or stderr
             raise translated(stderr, self.target, self._known_as())
         return Completed(tuple(argv), proc.returncode, proc.stdout, proc.stderr)
 
-    def _offered_key(self, command: list[str], deadline: Deadline) -> str:
-        """The `Server host key: TYPE SHA256:…` line of the refused host: under strict checking OpenSSH does
-        not print an unknown key's fingerprint, so ask once more with -v (refused again before any auth)."""
+    def _says_too_little(self, stderr: str) -> bool:
+        """A refused key without its fingerprint (strict checking does not print an unknown key's), or a
+        jump host's failure hidden: with ControlPersist, ssh sends the ProxyJump hop's stderr to /dev/null."""
+        if is_host_key_failure(stderr):
+            return not _FINGERPRINT.search(stderr)
+        through_jump = self._resolved.get("proxyjump", "none") != "none" or \
+            self._resolved.get("proxycommand", "none") != "none"
+        return through_jump and "Permission denied" not in stderr
+
+    def _diagnosed(self, command: list[str], deadline: Deadline) -> str:
+        """ssh's stderr once more with -v (the hops' stderr kept, `Server host key: TYPE SHA256:…` printed),
+        debug lines but that one dropped. A key problem fails again before any authentication."""
         try:
             proc = subprocess.run([command[0], "-v", *command[1:-1], "true"], capture_output=True,
                                   stdin=subprocess.DEVNULL, timeout=_left(deadline, self.name))
-        except (OSError, subprocess.TimeoutExpired):
+        except (OSError, subprocess.TimeoutExpired, TransportError):
             return ""
-        offered = re.findall(r"Server host key: .*", proc.stderr.decode("utf-8", "replace"))
-        return "\n" + offered[-1] if offered else ""
+        lines = proc.stderr.decode("utf-8", "replace").splitlines()
+        return "\n".join(line.split("debug1: ", 1)[-1] for line in lines
+                         if not line.startswith("debug") or "Server host key:" in line)
 
     def command(self, remote: str, deadline: Deadline) -> list[str]:
         """The ssh argv for one remote command line (already quoted once)."""
@@ -140,7 +150,7 @@ def control_socket_dir(preferred: Path) -> Path:
 # the jump host's key: the hop's own ssh prints it).
 _HOST_KEY_MARKS = ("Host key verification failed", "REMOTE HOST IDENTIFICATION HAS CHANGED",
                    "host key is known for", "Certificate invalid", "No matching host key")
-_KEY_HOST = re.compile(r"(?:Host key for|host key is known for|the RSA host key for|Offending key for IP in) (\S+?)[ .,]")
+_KEY_HOST = re.compile(r"(?:Host key for|host key is known for) (\S+) (?:has changed|and you have)")
 _FINGERPRINT = re.compile(r"SHA256:[A-Za-z0-9+/]{43}")
 
 

@@ -9,6 +9,7 @@ import shlex
 import shutil
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -98,3 +99,47 @@ def test_quoting_is_done_once():
     words = shlex.split(line)
     assert len(words) == 4 and set(words[3]) <= set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/=")
     assert not set(line) & set("!\\\n$\"`")
+
+
+def behind_jump_config(ssh_host, tmp_path, known_hosts: str) -> Path:
+    """ssh_host's config plus `behind`: the same sshd reached as `localhost` through ProxyJump testhost, so
+    the jump host ([127.0.0.1]:PORT) and the target ([localhost]:PORT) have known_hosts lines of their own."""
+    known = tmp_path / "known_hosts"
+    known.write_text(known_hosts)
+    block = "\n".join([
+        "Host behind", "    HostName localhost", f"    Port {ssh_host.port}", "    User root",
+        f"    IdentityFile {ssh_host.key_path}", "    IdentitiesOnly yes", "    ProxyJump testhost",
+        f"    UserKnownHostsFile {known}", "    GlobalKnownHostsFile /dev/null", "    BatchMode yes",
+        "    ConnectTimeout 5", "    LogLevel ERROR", ""])
+    config = tmp_path / "ssh_config"
+    config.write_text(block + ssh_host.ssh_config.read_text().replace(str(ssh_host.known_hosts), str(known)))
+    return config
+
+
+@pytest.mark.parametrize("transport", ["openssh", "paramiko"])
+def test_a_changed_jump_host_key_names_the_jump_host(ssh_host, tmp_path, transport):
+    jump_name = f"[127.0.0.1]:{ssh_host.port}"
+    wrong_key = " ".join(ssh_host.wrong_known_hosts().read_text().split()[1:3])
+    config = behind_jump_config(ssh_host, tmp_path, f"{jump_name} {wrong_key}\n"
+                                                    f"[localhost]:{ssh_host.port} {ssh_host.host_key}\n")
+    root = tmp_path / "root"
+    target = Target("ssh", {"address": "behind", "root": str(root), "transport": transport}, root,
+                    {"RUNNER_SSH_CONFIG": str(config)}, ssh_host)
+    done = run_cli(target, "submit", str(write_job(tmp_path / "job.yaml", target, command=["true"])))
+    stderr = done.stderr.decode()
+    assert done.returncode == 3, stderr
+    assert "CHANGED" in stderr and "jump host" in stderr and jump_name in stderr, stderr
+    assert f"ssh-keygen -R '{jump_name}'" in stderr and "ssh-keygen -R behind" not in stderr, stderr
+    assert "Traceback" not in stderr
+
+
+@pytest.mark.parametrize("transport", ["openssh", "paramiko"])
+def test_through_a_jump_host_with_good_keys_jobs_run(ssh_host, tmp_path, transport):
+    config = behind_jump_config(ssh_host, tmp_path, f"[127.0.0.1]:{ssh_host.port} {ssh_host.host_key}\n"
+                                                    f"[localhost]:{ssh_host.port} {ssh_host.host_key}\n")
+    root = shared_tmpdir("runner-root-jump-")
+    target = Target("ssh", {"address": "behind", "root": str(root), "transport": transport}, root,
+                    {"RUNNER_SSH_CONFIG": str(config)}, ssh_host)
+    job_id = submit(target, write_job(tmp_path / "job.yaml", target, command=["echo", "through the jump"]))
+    assert wait_terminal(target, job_id)["state"] == "SUCCEEDED"
+    assert run_cli(target, "tail", job_id).stdout == b"through the jump\n"
