@@ -143,3 +143,36 @@ def test_through_a_jump_host_with_good_keys_jobs_run(ssh_host, tmp_path, transpo
     job_id = submit(target, write_job(tmp_path / "job.yaml", target, command=["echo", "through the jump"]))
     assert wait_terminal(target, job_id)["state"] == "SUCCEEDED"
     assert run_cli(target, "tail", job_id).stdout == b"through the jump\n"
+
+
+MAX_WAIT = 4.0
+
+
+@pytest.mark.netns
+@pytest.mark.parametrize("transport", ["openssh", "paramiko"])
+def test_target_unreachable_behind_a_live_jump_host_tail_returns_within_max_wait(netns_host, ssh_host, tmp_path,
+                                                                                 transport):
+    """The target's link cut (packets dropped) while the jump host (the loopback sshd) answers: `tail -f
+    --max-wait 4` gives up within max-wait plus one round trip's allowance (paramiko's direct-tcpip channel
+    used to wait its default 3600 s, the jump host's kernel connect ~130 s)."""
+    from runner.controller import ROUND_TRIP_ALLOWANCE_S
+
+    netns_block = netns_host.ssh_config.read_text().replace("Host testhost\n", "Host netns-target\n    ProxyJump testhost\n", 1)
+    config = tmp_path / "ssh_config"
+    config.write_text(netns_block + "\n" + ssh_host.ssh_config.read_text())
+    target = Target("ssh", {"address": "netns-target", "root": "/root/.runner", "transport": transport,
+                            "connect_timeout": "3s"}, Path("/root/.runner"), {"RUNNER_SSH_CONFIG": str(config)},
+                    netns_host)
+    job_id = submit(target, write_job(tmp_path / "job.yaml", target, command=["sleep", "60"]))
+    netns_host.cut()
+    try:
+        t0 = time.monotonic()
+        done = run_cli(target, "tail", job_id, "-f", "--max-wait", str(MAX_WAIT), timeout=200)
+        returned_after = time.monotonic() - t0
+    finally:
+        netns_host.restore()
+    assert done.returncode in (3, 75), done.stderr.decode()
+    # --max-wait, one round trip's allowance, and the CLI's own start-up (imports) under load, as test_faults
+    assert returned_after <= MAX_WAIT + ROUND_TRIP_ALLOWANCE_S + 3, f"tail took {returned_after:.1f}s"
+    assert b"Traceback" not in done.stderr
+    run_cli(target, "cancel", job_id)
