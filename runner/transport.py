@@ -211,10 +211,11 @@ def _secure_host_keys(conn, policy: str) -> None:
     so the gateway chain is secured too.
     """
     files = known_hosts_files(conn.ssh_config)
+    skipped = 0
     for path in files:
         if path.exists():
-            load_known_hosts(conn.client.get_host_keys(), path)
-    conn.client.set_missing_host_key_policy(_MissingKeyPolicy(policy, files[0]))
+            skipped += load_known_hosts(conn.client.get_host_keys(), path)
+    conn.client.set_missing_host_key_policy(_MissingKeyPolicy(policy, files[0], ca_lines=skipped))
     gateway = conn.gateway
     if gateway is not None and not isinstance(gateway, str):
         # fabric builds a ProxyJump hop with no timeouts at all: a dead jump host would block for the
@@ -225,17 +226,20 @@ def _secure_host_keys(conn, policy: str) -> None:
         _secure_host_keys(gateway, policy)
 
 
-def load_known_hosts(keys, path: Path) -> None:
+def load_known_hosts(keys, path: Path) -> int:
     """paramiko's HostKeys.load, but knowing OpenSSH's markers, which paramiko cannot parse.
 
     `@cert-authority` lines are skipped: paramiko cannot check host certificates, so they trust nothing here
-    and a host known only through its CA stays unknown (refused). `@revoked` refuses to go on: ignoring a
-    revocation would trust a key the user revoked.
+    and a host known only through its CA stays unknown (refused, the message naming the marker). `@revoked`
+    refuses to go on: ignoring a revocation would trust a key the user revoked. Returns how many
+    `@cert-authority` lines were skipped.
     """
     from paramiko.hostkeys import HostKeyEntry
 
+    ca_lines = 0
     for number, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
         line = line.strip()
+        ca_lines += line.startswith("@cert-authority ")
         if not line or line.startswith(("#", "@cert-authority ")):
             continue
         if line.startswith("@"):
@@ -247,6 +251,7 @@ def load_known_hosts(keys, path: Path) -> None:
             continue  # a key type paramiko does not know, as HostKeys.load does
         for hostname in entry.hostnames if entry is not None else ():
             keys.add(hostname, entry.key.get_name(), entry.key)
+    return ca_lines
 
 
 def known_hosts_files(ssh_config: dict) -> list[Path]:
@@ -258,14 +263,17 @@ def known_hosts_files(ssh_config: dict) -> list[Path]:
 
 
 class _MissingKeyPolicy:
-    def __init__(self, policy: str, record_in: Path) -> None:
+    def __init__(self, policy: str, record_in: Path, *, ca_lines: int = 0) -> None:
         self.policy = policy
         self.record_in = record_in
+        self.ca_lines = ca_lines
 
     def missing_host_key(self, client, hostname: str, key) -> None:
         if self.policy != "accept-new":
             raise HostKeyError(
-                f"ssh {hostname}: host key not in known_hosts: {key.get_name()} {fingerprint(key)}",
+                f"ssh {hostname}: host key not in known_hosts: {key.get_name()} {fingerprint(key)}"
+                + (f" (known_hosts has {self.ca_lines} `@cert-authority` line(s): host certificates cannot be "
+                   "checked by the paramiko transport; `host.transport: openssh` checks them)" if self.ca_lines else ""),
                 hint="Verify the fingerprint out of band, then add it (`ssh-keyscan` or one `ssh` login), "
                 "or set `host.host_key_policy: accept-new` to trust it on first use.",
             )

@@ -72,7 +72,7 @@ class OpenSshTransport:
         return through_jump and "Permission denied" not in stderr
 
     def _diagnosed(self, command: list[str], deadline: Deadline) -> str:
-        """ssh's stderr once more with -v (the hops' stderr kept, `Server host key: TYPE SHA256:…` printed),
+        """ssh's stderr once more with -v (the hops' stderr kept, `Server host key|certificate: TYPE SHA256:…`),
         debug lines but that one dropped. A key problem fails again before any authentication."""
         try:
             proc = subprocess.run([command[0], "-v", *command[1:-1], "true"], capture_output=True,
@@ -81,7 +81,8 @@ class OpenSshTransport:
             return ""
         lines = proc.stderr.decode("utf-8", "replace").splitlines()
         return "\n".join(line.split("debug1: ", 1)[-1] for line in lines
-                         if not line.startswith("debug") or "Server host key:" in line)
+                         if not line.startswith("debug") or "Server host key:" in line
+                         or "Server host certificate:" in line)
 
     def command(self, remote: str, deadline: Deadline) -> list[str]:
         """The ssh argv for one remote command line (already quoted once)."""
@@ -175,7 +176,7 @@ def _host_key_error(stderr: str, name: str, policy: str, known_as: set[str]) -> 
     found = _KEY_HOST.search(stderr)
     key_host = found.group(1) if found else name
     fingerprint = _FINGERPRINT.search(stderr)
-    offered = re.findall(r"Server host key: (\S+) (SHA256:\S+)", stderr)
+    offered = re.findall(r"Server host (?:key|certificate): (\S+) (SHA256:[^\s,]+)", stderr)
     seen = (f" (the host sent {offered[-1][0]} {offered[-1][1]})" if offered
             else f" (the host sent {fingerprint.group(0)})" if fingerprint else "")
     whose = name if key_host in known_as else f"{key_host} (the jump host on the way to {name})"
@@ -185,7 +186,7 @@ def _host_key_error(stderr: str, name: str, policy: str, known_as: set[str]) -> 
                             f"`ssh-keygen -R {_keygen_name(key_host)}`; otherwise do not connect.")
     if "host key is known for" in stderr:
         return HostKeyError(f"ssh {whose}: host key not in known_hosts{seen}", hint=_unknown_hint(policy))
-    detail = " ".join(line for line in stderr.strip().splitlines() if "Server host key" not in line)[-300:]
+    detail = " ".join(line for line in stderr.strip().splitlines() if "Server host " not in line)[-300:]
     return HostKeyError(f"ssh {whose}: host key not accepted{seen}: {detail}", hint=_unknown_hint(policy))
 
 

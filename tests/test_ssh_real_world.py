@@ -18,6 +18,7 @@ from tests.cli_helpers import Target, run_cli, status, submit, wait_for, wait_te
 from tests.hosts import prereqs
 from tests.hosts._proc import ensure_login_user, shared_tmpdir
 from tests.hosts.prereqs import require
+from tests.hosts import sshd
 from tests.hosts.sshd import start_sshd
 
 SHELLS = {"runnertcsh": "/usr/bin/tcsh", "runnerfish": "/usr/bin/fish"}
@@ -176,3 +177,66 @@ def test_target_unreachable_behind_a_live_jump_host_tail_returns_within_max_wait
     assert returned_after <= MAX_WAIT + ROUND_TRIP_ALLOWANCE_S + 3, f"tail took {returned_after:.1f}s"
     assert b"Traceback" not in done.stderr
     run_cli(target, "cancel", job_id)
+
+
+# -- an SSH certificate authority --------------------------------------------------------------------------
+
+def make_ca(path: Path) -> str:
+    sshd.generate_key(path)
+    return sshd.public_key(path)
+
+
+@pytest.fixture(scope="module")
+def cert_host():
+    """A loopback sshd presenting a host certificate (HostCertificate) signed by a CA made here."""
+    require(prereqs.missing_for_sshd())
+    plain = sshd.sshd_config_text
+
+    def with_certificate(workdir: Path, *args) -> str:
+        if not (workdir / "ca").exists():
+            make_ca(workdir / "ca")
+        subprocess.run(["ssh-keygen", "-q", "-s", str(workdir / "ca"), "-I", "runner-test-host", "-h",
+                        "-n", "127.0.0.1,localhost", str(workdir / "host_key.pub")], check=True, capture_output=True)
+        return plain(workdir, *args) + f"HostCertificate {workdir / 'host_key-cert.pub'}\n"
+
+    sshd.sshd_config_text = with_certificate
+    try:
+        host = sshd.start_sshd(("root",))
+    finally:
+        sshd.sshd_config_text = plain
+    yield host
+    host.stop()
+
+
+def cert_target(cert_host, tmp_path, ca_public_key: str, transport: str) -> Target:
+    known = tmp_path / "known_hosts"
+    known.write_text(f"@cert-authority * {ca_public_key}\n")  # no line for the host's own key
+    config = tmp_path / "ssh_config"
+    config.write_text(cert_host.ssh_config.read_text().replace(str(cert_host.known_hosts), str(known)))
+    root = shared_tmpdir("runner-root-ca-")
+    return Target("ssh", {"address": cert_host.alias, "root": str(root), "transport": transport}, root,
+                  {"RUNNER_SSH_CONFIG": str(config)}, cert_host)
+
+
+def test_a_host_certificate_from_a_trusted_ca_connects_strictly(cert_host, tmp_path):
+    target = cert_target(cert_host, tmp_path, sshd.public_key(cert_host.workdir / "ca"), "openssh")
+    job_id = submit(target, write_job(tmp_path / "job.yaml", target, command=["echo", "certified"]))
+    assert wait_terminal(target, job_id)["state"] == "SUCCEEDED"
+    assert run_cli(target, "tail", job_id).stdout == b"certified\n"
+
+
+def test_a_host_certificate_from_another_ca_is_refused(cert_host, tmp_path):
+    target = cert_target(cert_host, tmp_path, make_ca(tmp_path / "other_ca"), "openssh")
+    done = run_cli(target, "submit", str(write_job(tmp_path / "job.yaml", target, command=["true"])))
+    stderr = done.stderr.decode()
+    assert done.returncode == 3, stderr
+    assert "host key" in stderr and "SHA256:" in stderr and "Traceback" not in stderr, stderr
+    assert not target.root.joinpath("jobs").exists()  # nothing ran on the host
+
+
+def test_paramiko_refuses_a_ca_only_host_naming_the_marker(cert_host, tmp_path):
+    target = cert_target(cert_host, tmp_path, sshd.public_key(cert_host.workdir / "ca"), "paramiko")
+    done = run_cli(target, "submit", str(write_job(tmp_path / "job.yaml", target, command=["true"])))
+    stderr = done.stderr.decode()
+    assert done.returncode == 3, stderr
+    assert "@cert-authority" in stderr and "Traceback" not in stderr, stderr
