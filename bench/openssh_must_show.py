@@ -82,7 +82,7 @@ class Bench:
         return elapsed
 
     def close_masters(self) -> None:
-        for sock in (self.state / "cm").glob("*"):
+        for sock in (self.state / "cm").glob("*/*"):
             subprocess.run(["ssh", "-F", str(self.config), "-S", str(sock), "-O", "exit", "b-direct"],
                            capture_output=True, timeout=10)
 

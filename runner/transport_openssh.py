@@ -2,10 +2,11 @@
 (ProxyJump, certificates, agents, FIDO keys, GSSAPI, Match blocks, their own ControlMaster) works as in a shell.
 
     ssh [-F CONFIG] -o BatchMode=yes -o ConnectTimeout=N -o ServerAlive… -o StrictHostKeyChecking=yes|accept-new
-        [-o ControlMaster=auto -o ControlPath=STATE/cm/%C -o ControlPersist=120] [-l USER] [-p PORT] -- HOST CMD
+        [-o ControlMaster=auto -o ControlPath=STATE/cm/TRUST/%C -o ControlPersist=120] [-l USER] [-p PORT] -- HOST CMD
 
 One master connection per host is kept in our state dir (unless the user's config names a ControlPath of its
-own), so a warm command is one exec on an open connection. Host keys are checked by OpenSSH itself (strict
+own), so a warm command is one exec on an open connection; TRUST names the known_hosts files as they are now,
+so a changed known_hosts never rides on a master verified under the old one. Host keys are checked by OpenSSH itself (strict
 unless the spec opts in to accept-new). Exit 255 is ssh's own failure: its stderr is mapped into our tree
 (`HostKeyError` naming the host whose key failed, with the fingerprint line ssh printed; auth; unreachable),
 all exit 3. Each call is bounded by the command's Deadline (the process is killed when it passes).
@@ -52,6 +53,7 @@ class OpenSshTransport:
         try:
             proc = subprocess.run(command, input=stdin, capture_output=True, timeout=_left(deadline, self.name))
         except subprocess.TimeoutExpired as exc:
+            self._drop_master()
             raise TransportError(f"ssh {self.name}: no answer before the deadline (link down or host overloaded?)") from exc
         except OSError as exc:
             raise TransportError(f"ssh {self.name}: cannot run {self.ssh}: {exc.strerror}") from exc
@@ -61,6 +63,18 @@ class OpenSshTransport:
                 stderr = self._diagnosed(command, deadline) or stderr
             raise translated(stderr, self.target, self._known_as())
         return Completed(tuple(argv), proc.returncode, proc.stdout, proc.stderr)
+
+    def _drop_master(self) -> None:
+        """Close the master after a call ran out of time: its TCP connection may be stalled in retransmit
+        back-off long after the link returns; the next command then connects afresh (`-O exit` talks to
+        the local socket only, so it answers with the link down)."""
+        if self._options is None or "ControlMaster=auto" not in self._options:
+            return
+        try:
+            subprocess.run([self.ssh, *self._options, "-O", "exit", "--", self.target.address], capture_output=True,
+                           stdin=subprocess.DEVNULL, timeout=5)
+        except (OSError, subprocess.TimeoutExpired):
+            pass
 
     def _says_too_little(self, stderr: str) -> bool:
         """A refused key without its fingerprint (strict checking does not print an unknown key's), or a
@@ -112,7 +126,7 @@ class OpenSshTransport:
             options += ["-p", str(target.port)]
         self._resolved = self._ssh_g(options)
         if not has_control_path(self._resolved):
-            socket_dir = control_socket_dir(self.control_dir)
+            socket_dir = control_socket_dir(self.control_dir / trust_tag(self._resolved))
             options += ["-o", "ControlMaster=auto", "-o", f"ControlPath={socket_dir}/%C",
                         "-o", f"ControlPersist={CONTROL_PERSIST_S}"]
         return options
@@ -135,6 +149,22 @@ def parse_ssh_g(text: str) -> dict[str, str]:
 def has_control_path(resolved: dict[str, str]) -> bool:
     """Whether the user's ssh_config already sets a ControlPath for this host (then theirs is used)."""
     return resolved.get("controlpath", "none") not in ("", "none")
+
+
+def trust_tag(resolved: dict[str, str]) -> str:
+    """Which known_hosts files, as they are now, a master was verified against. A master connection is not
+    checked again when reused, so a known_hosts that changed (a key removed or replaced) gets a new master,
+    verified afresh, instead of riding on one made under the old trust."""
+    h = hashlib.sha256()
+    for option in ("userknownhostsfile", "globalknownhostsfile", "stricthostkeychecking"):
+        for word in resolved.get(option, "").split():
+            path = os.path.expanduser(word)
+            try:
+                st = os.stat(path)
+                h.update(f"{path}|{st.st_ino}|{st.st_size}|{st.st_mtime_ns}\n".encode())
+            except OSError:
+                h.update(f"{path}|absent\n".encode())
+    return h.hexdigest()[:10]
 
 
 def control_socket_dir(preferred: Path) -> Path:
