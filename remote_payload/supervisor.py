@@ -10,9 +10,11 @@ each importing only the rooms above it in this list:
     supervisor_files.py  ROOT on disk: job paths, atomic files, status.json, the locks
     supervisor_spec.py   the spec and argv checked again with the contract's rules and defaults
     supervisor_job.py    one job's choreography (supervise → settle) and its guard
+    supervisor_submit.py `submit`: preflight + start in one call when the report cannot refuse the job
     supervisor.py        the subcommands, fork/setsid/exec, argv parsing, the one JSON answer
 
-Public subcommands: preflight, start, status, logs, cancel, restore, restore-service, result.
+Public subcommands: preflight, start, submit (preflight + start in one call), status, logs, cancel, restore,
+restore-service, result.
 Internal ones: _run (the detached supervisor of one job) and _guard (watches the supervisor; settles the job
 if the supervisor dies without doing it).
 `slurm-run` is what a Slurm batch script execs in its allocation (launcher slurm: slurm_launch.py, which
@@ -55,6 +57,7 @@ try:  # imported as remote_payload.supervisor (tests)
     from .supervisor_spec import check_health_url, check_job_id, check_root, check_root_safe, check_unit, \
         read_spec_stdin
     from . import supervisor_ledger as ledger
+    from .supervisor_submit import submit
 except ImportError:  # run as a script: sys.path[0] is this directory
     import slurm_launch
     from contract import DEFAULTS, RUNNING_SERVICE_STATES, SERVICE_SCOPES, TERMINAL
@@ -68,6 +71,7 @@ except ImportError:  # run as a script: sys.path[0] is this directory
     from supervisor_spec import check_health_url, check_job_id, check_root, check_root_safe, check_unit, \
         read_spec_stdin
     import supervisor_ledger as ledger
+    from supervisor_submit import submit
 
 try:
     from .progress import SCAN_BYTES, summarize
@@ -147,8 +151,11 @@ def tail_file(path: str, limit: int = 2000) -> str:
 
 
 def cmd_start(args) -> dict:
+    return start_job(args, read_spec_stdin(check_job_id(args.job_id)))
+
+
+def start_job(args, spec: dict) -> dict:
     job_id = check_job_id(args.job_id)
-    spec = read_spec_stdin(job_id)
     paths = JobPaths(args.root, job_id)
     claim_job_dir(paths, spec)
     if spec.get("launcher") == "slurm":  # Slurm queues it: no lock, no --queue, no detached supervisor here
@@ -516,7 +523,10 @@ def preflight_gpus(spec: dict) -> dict:
 
 
 def cmd_preflight(args) -> dict:
-    spec = read_spec_stdin(check_job_id(args.job_id) if args.job_id else None)
+    return preflight_report(args, read_spec_stdin(check_job_id(args.job_id) if args.job_id else None))
+
+
+def preflight_report(args, spec: dict) -> dict:
     if spec.get("launcher") == "slurm":
         return slurm_launch.preflight("%d.%d.%d" % sys.version_info[:3])
     service = None
@@ -527,6 +537,11 @@ def cmd_preflight(args) -> dict:
     locks = [probe_lock(args.root, key) for key in lock_keys(spec)]
     return dict({"ok": True, "service": service, "locks": locks, "python": "%d.%d.%d" % sys.version_info[:3]},
                 **preflight_gpus(spec))
+
+
+def cmd_submit(args) -> dict:
+    """Preflight + start in one call (the warm path's one round trip): supervisor_submit.submit."""
+    return submit(args, read_spec_stdin(check_job_id(args.job_id)), preflight_report, start_job)
 
 
 # ── main ──────────────────────────────────────────────────────────────────────────────────────────────
@@ -549,6 +564,7 @@ def build_parser(sub: str) -> ArgParser:
         parser.add_argument("--job-id", required=True)
     options = {
         "start": [("--queue", dict(action="store_true"))],
+        "submit": [("--queue", dict(action="store_true"))],
         "_run": [("--queue", dict(action="store_true")), ("--ready-fd", dict(type=int, required=True))],
         "_guard": [("--life-fd", dict(type=int, required=True))],
         "logs": [("--offset", dict(type=int, required=True)), ("--max", dict(type=int, default=1 << 20)),
@@ -562,8 +578,8 @@ def build_parser(sub: str) -> ArgParser:
     return parser
 
 
-COMMANDS = {"preflight": cmd_preflight, "start": cmd_start, "status": cmd_status, "logs": cmd_logs,
-            "cancel": cmd_cancel, "restore": cmd_restore, "restore-service": cmd_restore_service,
+COMMANDS = {"preflight": cmd_preflight, "start": cmd_start, "submit": cmd_submit, "status": cmd_status,
+            "logs": cmd_logs, "cancel": cmd_cancel, "restore": cmd_restore, "restore-service": cmd_restore_service,
             "result": cmd_result, "_run": cmd_run, "_guard": cmd_guard, "slurm-run": cmd_slurm_run}
 
 

@@ -9,9 +9,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import BinaryIO, Callable, Sequence
-
-from tenacity import Retrying, retry_if_exception, stop_after_attempt, stop_after_delay, wait_exponential
+from typing import TYPE_CHECKING, BinaryIO, Callable, Sequence
 
 from remote_payload.contract import DEFAULTS
 
@@ -20,10 +18,13 @@ from .deadline import Deadline
 from .errors import HostKeyError, PreflightError, RemoteError, SpecError, TransportError
 from .host import CALL_TIMEOUT_S, Bundle, HostClient, build_bundle, payload_dir
 from .job_id import check_job_id, job_id_for
-from .spec import HostSpec, JobSpec, ServiceSpec
-from .spec_load import load_spec, section_from_options
 from .store import JobRecord, Store
-from .transport import LocalTransport, SshTarget, SshTransport
+from .transport_openssh import for_host
+
+if TYPE_CHECKING:  # pydantic, yaml and tenacity load only in the commands that use them (`runner tail` starts fast)
+    from tenacity import Retrying
+
+    from .spec import JobSpec
 
 LOG_CHUNK = 1 << 20
 LONG_POLL_S = 5.0
@@ -70,13 +71,7 @@ class TailOutcome:
 def connect(host: dict, bundle: Bundle | None = None, deadline: Deadline | None = None) -> HostClient:
     """A client for the host section of a spec; use it as `with connect(host) as client:` (closes the transport).
     deadline: the command's own, which no call may outlive (default: each call's allowance alone)."""
-    if host["address"] == "local":
-        transport = LocalTransport()
-    else:
-        transport = SshTransport(SshTarget(
-            address=host["address"], user=host.get("user"), port=host.get("port"),
-            host_key_policy=host.get("host_key_policy", "strict"),
-            connect_timeout=host.get("connect_timeout", 10.0)))
+    transport = for_host(host)
     if bundle is None:
         bundle, _ = build_bundle()
     return HostClient(transport, root=host.get("root", DEFAULTS["host.root"]),
@@ -85,6 +80,8 @@ def connect(host: dict, bundle: Bundle | None = None, deadline: Deadline | None 
 
 def _retrying(deadline_s: float = 20.0) -> Retrying:
     """Retries for idempotent calls only: a lost link, never a refused host key."""
+    from tenacity import Retrying, retry_if_exception, stop_after_attempt, stop_after_delay, wait_exponential
+
     return Retrying(
         retry=retry_if_exception(lambda e: isinstance(e, TransportError) and not isinstance(e, HostKeyError)),
         stop=stop_after_attempt(3) | stop_after_delay(deadline_s),
@@ -123,6 +120,8 @@ def _check_payload_args(spec: JobSpec, source: Path | None) -> str:
 
 def _plan(spec_path: str, overrides: list[str], job_id: str | None) -> tuple[JobSpec, Bundle, dict, str]:
     """Everything decided locally: the validated spec, the bundle, the wire form and the args check's note."""
+    from .spec_load import load_spec
+
     spec = load_spec(spec_path, overrides)
     job_id = check_job_id(job_id) if job_id is not None else job_id_for(spec.name, datetime.now(timezone.utc), secrets.token_hex(3))
     source = spec.script_source(payload_dir())
@@ -139,11 +138,13 @@ def submit(spec_path: str, overrides: list[str], *, queue: bool = False, job_id:
     host = spec.host.model_dump()
     with connect(host, bundle) as client:
         progress(f"preflight on {spec.host.address} …")
-        report = _preflight(client, wire)
-        decision = preflight.decide(wire, report, queue=queue)
+        report, answer = _submit_once(client, wire, queue)
+        decision = preflight.decide(wire, report, queue=queue)  # the host started it only if this passes
         for note in decision.notes:
             progress(note)
-        answer, already = _start_once(client, wire, queue)
+        already = False
+        if answer is None:
+            answer, already = _start_once(client, wire, queue)
     store.save(JobRecord(job_id=job_id, name=spec.name, host=host, spec_path=str(Path(spec_path).resolve()),
                          submitted_at=time.time(), service=wire["service"], last_state=answer.get("state", "QUEUED")))
     return Submitted(job_id, answer.get("state", "QUEUED"), spec.host.address, decision.stop_service,
@@ -163,14 +164,37 @@ def dry_run(spec_path: str, overrides: list[str], *, queue: bool = False, job_id
                   [args_note, *decision.notes], report.get("gpus", []), report.get("service"))
 
 
+def _submit_once(client: HostClient, wire: dict, queue: bool) -> tuple[dict, dict | None]:
+    """Preflight and start in one round trip (the warm path). The start's answer is None when the host left
+    the decision to us, or when the call was lost (then the start path finds a job the lost call made)."""
+    try:
+        answer = client.submit(wire, queue=queue)
+    except TransportError as exc:
+        if isinstance(exc, HostKeyError):
+            raise
+        client.close()
+        return _preflight(client, wire), None
+    except RemoteError as exc:
+        if exc.answer.get("stage") == "preflight" or exc.code in ("bad-spec", "bad-args"):
+            raise _refusal(exc) from exc
+        if exc.code != "exists" or "report" not in exc.answer:
+            raise
+        return exc.answer["report"], None
+    return answer["report"], (answer if answer.get("started") else None)
+
+
 def _preflight(client: HostClient, wire: dict) -> dict:
     """The host's own refusal (systemd unreachable, sudo wants a password …) is a preflight refusal: exit 4."""
     try:
         return _retrying()(client.preflight, wire)
     except RemoteError as exc:
-        if exc.code in ("bad-spec", "bad-args"):
-            raise SpecError(f"the host refused the spec: {exc}") from exc
-        raise PreflightError(f"{exc}", hint=exc.hint) from exc
+        raise _refusal(exc) from exc
+
+
+def _refusal(exc: RemoteError) -> SpecError | PreflightError:
+    if exc.code in ("bad-spec", "bad-args"):
+        return SpecError(f"the host refused the spec: {exc}")
+    return PreflightError(f"{exc}", hint=exc.hint)
 
 
 def _start_once(client: HostClient, wire: dict, queue: bool) -> tuple[dict, bool]:
@@ -281,6 +305,9 @@ def restore_target(spec_path: str | None, *, address: str | None = None, unit: s
                    overrides: Sequence[str] = (), **options) -> tuple[dict, dict]:
     """The (host, service) sections to restore: from JOB.yaml, or from --host/--unit and their options
     (user, port, host_key_policy for the host; scope, sudo, health_url for the service), validated alike."""
+    from .spec import HostSpec, ServiceSpec
+    from .spec_load import load_spec, section_from_options
+
     if spec_path and (address or unit):
         raise SpecError("give either JOB.yaml or --host/--unit, not both")
     if spec_path:

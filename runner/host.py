@@ -1,7 +1,9 @@
 """The controller's side of the host protocol (docs/protocol.md): one method per supervisor subcommand.
 
 Every call is `python3 -c BOOT ROOT HASH SUBCOMMAND ARGS…`: BOOT execs the uploaded supervisor, or answers
-"payload-missing" (exit 42), in which case the bundle is uploaded once and the call repeated. One call is
+"payload-missing" (exit 42), in which case the bundle is uploaded once and the call repeated. On the wire
+it travels as `launch_argv`: one fixed single-line program plus one base64 word, which every login shell
+(sh, bash, zsh, csh/tcsh, fish) hands to python unchanged. One call is
 bounded by one Deadline (its own allowance, capped by the command's), shared by its boot, upload and retry.
 
 `HostClient` is a context manager: `with connect(host) as client:` closes the transport on every path.
@@ -81,6 +83,19 @@ sys.stdout.write('{"ok": true}\n')
 """
 
 
+# The program every remote command runs: it decodes its one argument, a base64 JSON list [program, *argv],
+# and runs program with that argv. Only characters that no login shell treats specially inside single
+# quotes (no newline, `!`, backslash, `$` or quote), so sh, csh/tcsh and fish all pass it through unchanged;
+# base64 itself is [A-Za-z0-9+/=], a plain word in every shell.
+LAUNCH = "import base64,json,sys;a=json.loads(base64.b64decode(sys.argv[1]));sys.argv=a[1:];exec(a[0])"
+
+
+def launch_argv(python: str, program: str, args: Sequence[str]) -> list[str]:
+    """argv that runs `python -c program ARGS…` through any login shell (quoted once by the transport)."""
+    word = base64.b64encode(json.dumps([program, "-c", *args]).encode("utf-8")).decode("ascii")
+    return [python, "-c", LAUNCH, word]
+
+
 @dataclass(frozen=True)
 class Bundle:
     """The files uploaded to ROOT/payload/<digest>/: remote_payload/*.py plus an optional user script."""
@@ -156,6 +171,12 @@ class HostClient:
         # Longer than the host's own wait for the detached supervisor (30 s), so its answer always arrives.
         return self.call("start", args, stdin=_json_bytes(wire), allowance=START_TIMEOUT_S)
 
+    def submit(self, wire: dict, *, queue: bool = False) -> dict:
+        """Wire `submit`: the preflight report (`report`) and, when nothing in it could refuse the job, the
+        start's answer (`started`: true) in one round trip."""
+        args = ["--job-id", wire["job_id"]] + (["--queue"] if queue else [])
+        return self.call("submit", args, stdin=_json_bytes(wire), allowance=START_TIMEOUT_S)
+
     def status(self, job_ids: Sequence[str] = ()) -> list[dict]:
         args = [a for job_id in job_ids for a in ("--job-id", job_id)]
         return self.call("status", args)["jobs"]
@@ -195,12 +216,12 @@ class HostClient:
         return _answer(done, sub)
 
     def upload(self, deadline: Deadline) -> None:
-        argv = [self.python, "-c", UNPACK, self.root, self.bundle.digest]
+        argv = launch_argv(self.python, UNPACK, [self.root, self.bundle.digest])
         self.round_trips += 1
         _answer(self.transport.run(argv, stdin=self.bundle.tarball(), deadline=deadline), "upload")
 
     def _run_boot(self, sub: str, args: list[str], stdin: bytes, deadline: Deadline) -> Completed:
-        argv = [self.python, "-c", BOOT, self.root, self.bundle.digest, sub, *args]
+        argv = launch_argv(self.python, BOOT, [self.root, self.bundle.digest, sub, *args])
         self.round_trips += 1
         return self.transport.run(argv, stdin=stdin, deadline=deadline)
 

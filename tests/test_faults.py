@@ -313,7 +313,8 @@ def test_link_cut_during_start_then_retry_with_same_id_is_safe(netns_host, work)
     spec = job_spec(work, netns_host, python_payload(work, "counted.py", COUNTED) + [str(counter), str(gate)])
     first = cli_process(target, "submit", str(spec), "--job-id", "cut-start.1", "--json")
     try:
-        start = poll_tightly(lambda: host_process(netns_host, "supervisor.py start --job-id cut-start.1"),
+        # `submit` is the host's preflight + start in one call (the start path of a cached submit)
+        start = poll_tightly(lambda: host_process(netns_host, "supervisor.py submit --job-id cut-start.1"),
                              what="the host's start call")
         poll_tightly(job_file_on_host(netns_host, "cut-start.1", "").exists, what="the claimed job dir")
         kill_checked(start, "cut-start.1", signal.SIGSTOP)
