@@ -1,6 +1,7 @@
 """The controller's side of the host protocol (docs/protocol.md): one method per supervisor subcommand.
 
-Every call is `python3 -c BOOT ROOT HASH SUBCOMMAND ARGS…`: BOOT execs the uploaded supervisor, or answers
+Every call is `python3 -c BOOT ROOT HASH SUBCOMMAND ARGS…`: BOOT runs the uploaded supervisor (imported, in
+the same interpreter: no second start-up on the host), or answers
 "payload-missing" (exit 42), in which case the bundle is uploaded once and the call repeated. On the wire
 it travels as `launch_argv`: one fixed single-line program plus one base64 word, which every login shell
 (sh, bash, zsh, csh/tcsh, fish) hands to python unchanged. One call is
@@ -15,7 +16,6 @@ import hashlib
 import io
 import json
 import math
-import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -30,22 +30,26 @@ CALL_TIMEOUT_S = 30.0
 START_TIMEOUT_S = 45.0
 
 BOOT = r"""
-import json, os, sys
+import os, sys
 root, digest = os.path.expanduser(sys.argv[1]), sys.argv[2]
-sup = os.path.join(root, "payload", digest, "supervisor.py")
-for p in (root, os.path.dirname(sup), sup):  # others able to write here could run code as us: refuse
+here = os.path.join(root, "payload", digest)
+sup = os.path.join(here, "supervisor.py")
+for p in (root, here, sup):  # others able to write here could run code as us: refuse
     try:
         st = os.lstat(p)
     except FileNotFoundError:
         break
     if st.st_uid not in (os.geteuid(), 0) or st.st_mode & 0o022 or os.path.islink(p):
+        import json
         sys.stdout.write(json.dumps({"ok": False, "error": "unsafe-root", "message": p + " is writable by others, "
                          "a link, or owned by neither the login user nor root: chmod go-w it or choose another host.root"}) + "\n")
         sys.exit(1)
 if not os.path.isfile(sup):
     sys.stdout.write('{"ok": false, "error": "payload-missing"}\n')
     sys.exit(%d)
-os.execv(sys.executable, [sys.executable, sup] + sys.argv[3:] + ["--root", root])
+sys.path[0] = here  # in place of the login dir: the supervisor and its rooms, bytecode cached beside them
+import supervisor
+sys.exit(supervisor.main(sys.argv[3:] + ["--root", root]))
 """ % EXIT_PAYLOAD_MISSING
 
 # Unpacks a tar.gz of the bundle from stdin into ROOT/payload/HASH, atomically (temp dir + rename), and
@@ -83,17 +87,21 @@ sys.stdout.write('{"ok": true}\n')
 """
 
 
-# The program every remote command runs: it decodes its one argument, a base64 JSON list [program, *argv],
-# and runs program with that argv. Only characters that no login shell treats specially inside single
-# quotes (no newline, `!`, backslash, `$` or quote), so sh, csh/tcsh and fish all pass it through unchanged;
-# base64 itself is [A-Za-z0-9+/=], a plain word in every shell.
-LAUNCH = "import base64,json,sys;a=json.loads(base64.b64decode(sys.argv[1]));sys.argv=a[1:];exec(a[0])"
+# The program every remote command runs: it decodes its one argument, base64 of [program, *argv] joined by
+# NUL (no argv string can hold one), and runs program with that argv. Only characters that no login shell
+# treats specially inside single quotes (no newline, `!`, backslash, `$` or quote), so sh, csh/tcsh and fish
+# all pass it through unchanged; base64 itself is [A-Za-z0-9+/=], a plain word in every shell. binascii is
+# built in: decoding imports nothing.
+LAUNCH = "import binascii,sys;a=binascii.a2b_base64(sys.argv[1]).decode().split(chr(0));sys.argv=a[1:];exec(a[0])"
 
 
 def launch_argv(python: str, program: str, args: Sequence[str]) -> list[str]:
-    """argv that runs `python -c program ARGS…` through any login shell (quoted once by the transport)."""
-    word = base64.b64encode(json.dumps([program, "-c", *args]).encode("utf-8")).decode("ascii")
-    return [python, "-c", LAUNCH, word]
+    """argv that runs `python -S -c program ARGS…` through any login shell (quoted once by the transport).
+    -S: no site-packages on the host side (stdlib only), and none of their .pth files run at each call."""
+    words = [program, "-c", *args]
+    if any("\0" in word for word in words):
+        raise ValueError("an argument holds a NUL character, which no argv can carry")
+    return [python, "-S", "-c", LAUNCH, base64.b64encode("\0".join(words).encode("utf-8")).decode("ascii")]
 
 
 @dataclass(frozen=True)
@@ -110,6 +118,8 @@ class Bundle:
         return h.hexdigest()[:16]
 
     def tarball(self) -> bytes:
+        import tarfile  # only an upload needs it
+
         buf = io.BytesIO()
         with tarfile.open(fileobj=buf, mode="w:gz") as tar:
             for name in sorted(self.files):

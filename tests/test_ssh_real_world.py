@@ -97,10 +97,12 @@ def test_commands_in_a_row_share_one_master_connection(ssh_host, tmp_path):
 
 
 def test_quoting_is_done_once():
-    """The wire line is one shlex.join of launch_argv: only a single-quoted fixed program and a base64 word."""
+    """The wire line is one shlex.join of launch_argv: python, -S, a single-quoted fixed program and a base64
+    word."""
     line = shlex.join(launch_argv("python3", BOOT, ["~/.runner", "abc", "status", "--job-id", HOSTILE]))
     words = shlex.split(line)
-    assert len(words) == 4 and set(words[3]) <= set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/=")
+    assert words[:3] == ["python3", "-S", "-c"]
+    assert len(words) == 5 and set(words[4]) <= set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/=")
     assert not set(line) & set("!\\\n$\"`")
 
 
