@@ -13,12 +13,12 @@ from typing import TYPE_CHECKING, BinaryIO, Callable, Sequence
 
 from remote_payload.contract import DEFAULTS
 
-from . import preflight
+from . import plan_cache, preflight
 from .deadline import Deadline
 from .errors import HostKeyError, PreflightError, RemoteError, SpecError, TransportError
 from .host import CALL_TIMEOUT_S, Bundle, HostClient, build_bundle, payload_dir
 from .job_id import check_job_id, job_id_for
-from .store import JobRecord, Store
+from .store import JobRecord, Store, default_state_dir
 from .transport_openssh import for_host
 
 if TYPE_CHECKING:  # pydantic, yaml and tenacity load only in the commands that use them (`runner tail` starts fast)
@@ -31,6 +31,7 @@ LONG_POLL_S = 5.0
 # How far past --max-wait one round trip may run before the call gives up (exit 3): the bound of invariant 2
 # on a link that went silent.
 ROUND_TRIP_ALLOWANCE_S = 5.0
+PLANNED_JOB_ID = "planned"  # the wire form's job id in a plan; each submit sets its own
 
 
 @dataclass
@@ -118,26 +119,38 @@ def _check_payload_args(spec: JobSpec, source: Path | None) -> str:
     return check_args(source, payload_dir(), spec.payload.args, spec.payload_args(), spec.spec_path).note
 
 
-def _plan(spec_path: str, overrides: list[str], job_id: str | None) -> tuple[JobSpec, Bundle, dict, str]:
-    """Everything decided locally: the validated spec, the bundle, the wire form and the args check's note."""
+def _plan(spec_path: str, overrides: list[str], job_id: str | None, state: Path) -> tuple[dict, Bundle, dict, str]:
+    """Everything decided locally: the host section, the bundle, the wire form and the args check's note.
+    A spec planned before from the same bytes, overrides, bundle and code is not validated again (plan_cache)."""
+    key = plan_cache.key(spec_path, overrides)
+    cached = plan_cache.load(state, key, build_bundle)
+    if cached is None:
+        cached = _validated_plan(spec_path, overrides)
+        plan_cache.save(state, key, cached[0])
+    plan, bundle = cached
+    job_id = check_job_id(job_id) if job_id is not None else job_id_for(plan.wire["name"], datetime.now(timezone.utc), secrets.token_hex(3))
+    return plan.host, bundle, dict(plan.wire, job_id=job_id), plan.args_note
+
+
+def _validated_plan(spec_path: str, overrides: list[str]) -> tuple[plan_cache.Plan, Bundle]:
     from .spec_load import load_spec
 
     spec = load_spec(spec_path, overrides)
-    job_id = check_job_id(job_id) if job_id is not None else job_id_for(spec.name, datetime.now(timezone.utc), secrets.token_hex(3))
     source = spec.script_source(payload_dir())
     args_note = _check_payload_args(spec, source)
     bundle, script_name = build_bundle(source)
-    return spec, bundle, spec.to_wire(job_id, required_mib(spec), script_name), args_note
+    wire = spec.to_wire(PLANNED_JOB_ID, required_mib(spec), script_name)
+    return plan_cache.Plan(spec.host.model_dump(), wire, str(source.resolve()) if source else None, bundle.digest,
+                           args_note), bundle
 
 
 def submit(spec_path: str, overrides: list[str], *, queue: bool = False, job_id: str | None = None,
            store: Store, progress: Callable[[str], None]) -> Submitted:
-    spec, bundle, wire, args_note = _plan(spec_path, overrides, job_id)
+    host, bundle, wire, args_note = _plan(spec_path, overrides, job_id, store.root)
     job_id = wire["job_id"]
     progress(args_note)
-    host = spec.host.model_dump()
     with connect(host, bundle) as client:
-        progress(f"preflight on {spec.host.address} …")
+        progress(f"preflight on {host['address']} …")
         report, answer = _submit_once(client, wire, queue)
         decision = preflight.decide(wire, report, queue=queue)  # the host started it only if this passes
         for note in decision.notes:
@@ -145,22 +158,22 @@ def submit(spec_path: str, overrides: list[str], *, queue: bool = False, job_id:
         already = False
         if answer is None:
             answer, already = _start_once(client, wire, queue)
-    store.save(JobRecord(job_id=job_id, name=spec.name, host=host, spec_path=str(Path(spec_path).resolve()),
+    store.save(JobRecord(job_id=job_id, name=wire["name"], host=host, spec_path=str(Path(spec_path).resolve()),
                          submitted_at=time.time(), service=wire["service"], last_state=answer.get("state", "QUEUED")))
-    return Submitted(job_id, answer.get("state", "QUEUED"), spec.host.address, decision.stop_service,
+    return Submitted(job_id, answer.get("state", "QUEUED"), host["address"], decision.stop_service,
                      decision.notes, client.round_trips, already, answer.get("slurm_job_id"))
 
 
 def dry_run(spec_path: str, overrides: list[str], *, queue: bool = False, job_id: str | None = None) -> DryRun:
     """Validate, check the args, preflight the host and decide — without starting or changing anything.
     A refusal raises exactly what submit would raise (exit 2/3/4/5)."""
-    spec, bundle, wire, args_note = _plan(spec_path, overrides, job_id)
-    with connect(spec.host.model_dump(), bundle) as client:
+    host, bundle, wire, args_note = _plan(spec_path, overrides, job_id, default_state_dir())
+    with connect(host, bundle) as client:
         report = _preflight(client, wire)
     decision = preflight.decide(wire, report, queue=queue)
     payload = wire["payload"]
     argv = payload["command"] or [payload["python"], payload["script"], *payload["args"]]
-    return DryRun(wire["job_id"], spec.host.address, decision.stop_service, wire["gpu"]["required_mib"], argv,
+    return DryRun(wire["job_id"], host["address"], decision.stop_service, wire["gpu"]["required_mib"], argv,
                   [args_note, *decision.notes], report.get("gpus", []), report.get("service"))
 
 

@@ -21,7 +21,6 @@ import hashlib
 import os
 import select
 import shlex
-import socket
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -161,6 +160,8 @@ def _connect(target: SshTarget, timeout: float):
         conn.close()
         raise
     conn.transport.set_keepalive(KEEPALIVE_S)
+    import socket  # here: the OpenSSH transport never needs it, and `runner` starts without it
+
     sock = conn.transport.sock
     if isinstance(sock, socket.socket):
         # Without it, each new channel on the connection waits ~40 ms for the server's delayed ACK (Nagle).
@@ -188,7 +189,13 @@ def _open_gateway(gateway, target: SshTarget, timeout: float) -> None:
 
 
 def _fabric_connection(target: SshTarget, timeout: float):
+    import logging
+
     from fabric import Config, Connection
+
+    # paramiko logs a failed handshake with a traceback through logging's last-resort handler; the error
+    # itself reaches cli.main as an exception and is reported once there.
+    logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
     config_path = target.ssh_config or os.environ.get("RUNNER_SSH_CONFIG")
     config = Config(runtime_ssh_path=config_path) if config_path else Config()
@@ -326,6 +333,6 @@ def _remaining(deadline: Deadline, name: str) -> float:
 
 def _describe(exc: BaseException) -> str:
     text = str(exc) or type(exc).__name__
-    if isinstance(exc, socket.timeout):
+    if isinstance(exc, TimeoutError):  # socket.timeout is TimeoutError since Python 3.10
         return "timed out"
     return text

@@ -21,7 +21,6 @@ import re
 import shlex
 import shutil
 import subprocess
-import tempfile
 from pathlib import Path
 from typing import Sequence
 
@@ -170,6 +169,8 @@ def trust_tag(resolved: dict[str, str]) -> str:
 def control_socket_dir(preferred: Path) -> Path:
     """`preferred`, or a short per-user dir under the temp dir when socket paths there would be too long."""
     if len(str(preferred)) + 1 + CONTROL_NAME_LEN > SOCKET_PATH_MAX:
+        import tempfile
+
         tag = hashlib.sha256(str(preferred).encode()).hexdigest()[:8]
         preferred = Path(tempfile.gettempdir()) / f"runner-cm-{os.getuid()}-{tag}"
     preferred.mkdir(mode=0o700, parents=True, exist_ok=True)
