@@ -141,7 +141,7 @@ def health_inside(host) -> int:
 def command_line(pid: int) -> str:
     """pid's command line, with the launch line's base64 word decoded (a host call runs the supervisor
     in the interpreter of `python3 -S -c LAUNCH WORD`: its subcommand and job id are inside WORD)."""
-    argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode("utf-8", "replace").split("\0")
+    argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode("utf-8", "replace").rstrip("\0").split("\0")
     if LAUNCH in argv and argv[-1] != LAUNCH:
         argv += base64.b64decode(argv[-1]).decode("utf-8", "replace").split("\0")[1:]
     return " ".join(argv)
