@@ -2,8 +2,8 @@
 
     python bench/openssh_must_show.py --runs 12 --out bench/results/openssh_must_show.json  (root: own sshd)
 
-On one loopback test sshd (login `runnertest`: Debian's default ~/.bashrc), runs interleaved so both sides
-see the same load, medians over --runs:
+On one loopback test sshd (its non-root login, given Debian's default rc files from /etc/skel), runs
+interleaved so both sides see the same load, medians over --runs:
 - submit: `runner submit JOB.yaml` as a CLI process, with the master connection warm and cold (masters
   closed with `ssh -O exit` before each run), vs the hand-written `ssh host 'nohup … & echo $!'` (no master);
 - tail with no new bytes: `runner tail ID` (warm) vs `ssh host cat FILE` (no master);
@@ -17,6 +17,7 @@ import argparse
 import json
 import os
 import platform
+import pwd
 import shutil
 import statistics
 import subprocess
@@ -35,13 +36,22 @@ from tests.cli_helpers import Target, write_job  # noqa: E402
 from tests.hosts import sshd  # noqa: E402
 from tests.hosts._proc import shared_tmpdir  # noqa: E402
 
-USER = sshd.NON_ROOT_USER
 RTT_S = 0.1
+
+
+def with_skel_rc_files(host: sshd.SshHost) -> str:
+    """The host's non-root login, its empty HOME given Debian's default .bashrc/.profile (a user's usual shell)."""
+    user = host.non_root_user
+    home = Path(pwd.getpwnam(user).pw_dir)
+    for name in (".bashrc", ".profile"):
+        shutil.copy(Path("/etc/skel") / name, home / name)
+        shutil.chown(home / name, user=user, group=user)
+    return user
 
 
 def alias_block(alias: str, port: int, host: sshd.SshHost, known_hosts: Path) -> str:
     return "\n".join([
-        f"Host {alias}", f"    HostName {host.address}", f"    Port {port}", f"    User {USER}",
+        f"Host {alias}", f"    HostName {host.address}", f"    Port {port}", f"    User {host.non_root_user}",
         f"    IdentityFile {host.key_path}", "    IdentitiesOnly yes", f"    UserKnownHostsFile {known_hosts}",
         "    GlobalKnownHostsFile /dev/null", "    StrictHostKeyChecking yes", "    BatchMode yes",
         "    ConnectTimeout 10", "    LogLevel ERROR", ""])
@@ -56,9 +66,12 @@ class Bench:
         self.config = work / "ssh_config"
         self.config.write_text("\n".join(alias_block(f"b-{route}", port, host, known) for route, port in ports.items()))
         self.env = {**os.environ, "RUNNER_SSH_CONFIG": str(self.config), "RUNNER_STATE_DIR": str(self.state)}
+        # As installed (pip compiles the package): bytecode cached. This machine's shells set
+        # PYTHONDONTWRITEBYTECODE, which made every CLI run compile runner/ from source.
+        self.env.pop("PYTHONDONTWRITEBYTECODE", None)
         root = work / "root"
         root.mkdir()
-        shutil.chown(root, user=USER, group=USER)
+        shutil.chown(root, user=with_skel_rc_files(host), group=host.non_root_user)
         self.jobs = {route: write_job(work / f"job-{route}.yaml",
                                       Target("ssh", {"address": f"b-{route}", "root": str(root), "transport": "openssh"},
                                              root, {}), command=["sleep", "1"], name="bench submit")
@@ -137,7 +150,8 @@ def import_time(args: list[str]) -> float:
     values = []
     for _ in range(5):
         done = subprocess.run([sys.executable, "-X", "importtime", "-m", "runner", *args], capture_output=True,
-                              cwd=REPO, text=True)
+                              cwd=REPO, text=True, env={k: v for k, v in os.environ.items()
+                                                        if k != "PYTHONDONTWRITEBYTECODE"})
         line = next(l for l in done.stderr.splitlines() if l.rstrip().endswith("| runner.cli"))
         values.append(int(line.split("|")[1]) / 1000)
     return round(statistics.median(values), 1)
