@@ -177,8 +177,11 @@ def test_target_unreachable_behind_a_live_jump_host_tail_returns_within_max_wait
     finally:
         netns_host.restore()
     assert done.returncode in (3, 75), done.stderr.decode()
-    # --max-wait, one round trip's allowance, and the CLI's own start-up (imports) under load, as test_faults
-    assert returned_after <= MAX_WAIT + ROUND_TRIP_ALLOWANCE_S + 3, f"tail took {returned_after:.1f}s"
+    # --max-wait, one round trip's allowance, and the CLI's own start-up under load: a generous bound that proves
+    # "does not block" (unbounded: 134 s). Quiet machine: openssh 9.2 s (ssh waits out our deadline: its
+    # ConnectTimeout does not cover the jump host's channel open), paramiko 3.6 s; two CI runs side by side on
+    # 2 cores: 12.3 s / 12.8 s.
+    assert returned_after <= MAX_WAIT + ROUND_TRIP_ALLOWANCE_S + 15, f"tail took {returned_after:.1f}s"
     assert b"Traceback" not in done.stderr
     run_cli(target, "cancel", job_id)
 

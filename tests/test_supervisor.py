@@ -398,12 +398,14 @@ def test_cpu_jobs_take_no_lock_and_run_side_by_side(host):
 
 
 def test_queue_waits_for_the_lock_then_runs(host):
-    host.start("a", gpu_spec(host, "sleep", "1.5", "0"))
+    # a holds the lock until the test ends it (a timed holder raced a loaded machine: b arrived after it)
+    host.start("a", gpu_spec(host, "sleep", "60", "0"))
     host.wait("a", "RUNNING")
     answer = host.start("b", gpu_spec(host, "sleep", "0", "0"), "--queue")
     assert answer["state"] == "QUEUED" and answer["queued"] is True
     assert host.status("b")["state"] == "QUEUED"
-    host.wait("a", "SUCCEEDED")
+    host.ok("cancel", "--job-id", "a")
+    host.wait("a", "CANCELLED")
     status = host.wait("b", "SUCCEEDED")
     assert status["started_at"] >= host.status("a")["ended_at"]
 
@@ -442,9 +444,14 @@ def hold_gpu(host: Host, mib: int, seconds: float) -> subprocess.Popen:
 
 
 def test_drain_waits_for_memory_then_runs(host):
-    holder = hold_gpu(host, 140000, 1.5)
+    # the holder lets go only once d is seen draining (a timed holder raced a loaded machine: gone before d began)
+    holder = hold_gpu(host, 140000, 60)
     try:
         host.start("d", gpu_spec(host, "report", required=9100, drain=20))
+        host.wait("d", "DRAINING")
+        time.sleep(0.6)
+        holder.kill()
+        holder.wait()
         status = host.wait("d", "SUCCEEDED")
     finally:
         holder.kill()
