@@ -10,6 +10,7 @@ each importing only the rooms above it in this list:
     supervisor_files.py  ROOT on disk: job paths, atomic files, status.json, the locks
     supervisor_spec.py   the spec and argv checked again with the contract's rules and defaults
     supervisor_job.py    one job's choreography (supervise → settle) and its guard
+    supervisor_unit.py   where systemd is: _run in a transient unit (ExecStopPost= restore, watchdog, cgroup)
     supervisor.py        the subcommands, fork/setsid/exec, argv parsing, the one JSON answer
 
 Public subcommands: preflight, start, status, logs, cancel, restore, restore-service, result.
@@ -457,6 +458,7 @@ def cmd_restore(args) -> dict:
         return dict(answer, state=job.status["state"], service=job.status["service"], deferred=True,
                     message="the job's supervisor (or guard) is alive and restores the service itself")
     message = "supervisor gone; restored by `restore`" if job.status["state"] != "LOST" else job.status["message"]
+    message = supervisor_unit.stop_post_message() or message
     # A restorer acts only while holding the job's locks: a job that holds them now runs on this service and
     # settles our stop through the host ledger (it adopts it); starting the service here would be under its run.
     locks = Locks(args.root, lock_keys(job.spec), args.job_id)

@@ -8,8 +8,9 @@ watchdog or at RuntimeMaxSec=) stops the unit, systemd kills what is left of its
 double-forked and called setsid included, KillMode=control-group) and then runs ExecStopPost=`supervisor.py
 restore`, with no controller call. A supervisor frozen as a whole (SIGSTOP, a stuck host) stops pinging the
 watchdog (a thread, so a main thread blocked in a bounded wait still pings) and is killed after WATCHDOG_S.
-The job is outside the SSH session's scope. Where systemd-run is missing or fails, `start` falls back to the
-fork + guard path (containers, the GPU machine); status.json's `launch` says which path ran.
+The job is outside the SSH session's scope. Where systemd-run is missing or fails (or ROOT/launch-fork
+exists), `start` falls back to the fork + guard path (containers, the GPU machine); status.json's `launch`
+says which path ran, events.jsonl why the fork path was taken.
 
 Imports only the stdlib, contract.py and the supervisor_host/_files/_settle rooms.
 """
@@ -35,6 +36,7 @@ except ImportError:  # run from supervisor.py as a script: sys.path[0] is this d
 UNIT_PREFIX = "runner-job-"
 WATCHDOG_S = 30              # a supervisor that stops pinging this long is hung (frozen): systemd kills the unit
 SYSTEMD_RUN_TIMEOUT_S = 20.0
+FORK_MARKER = "launch-fork"  # ROOT/launch-fork: use the fork + guard path even where systemd-run works
 SKIP_ENV = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "INVOCATION_ID", "LISTEN_FDS", "LISTEN_PID",
             "SSH_AUTH_SOCK", "SSH_CONNECTION", "SSH_CLIENT", "SSH_TTY")
 
@@ -75,6 +77,10 @@ def launch(paths: JobPaths, spec: dict, queue: bool):
     service = spec["service"]
     if service.get("manager") != "systemd" or shutil.which("systemd-run") is None:
         return None
+    if os.path.exists(os.path.join(paths.root, FORK_MARKER)):
+        append_line(paths.events, {"t": time.time(), "event": "launch", "mode": "fork",
+                                   "message": "ROOT/%s asks for the fork + guard path" % FORK_MARKER})
+        return None
     fifo = os.path.join(paths.dir, "ready.fifo")
     os.mkfifo(fifo, 0o600)
     fd = os.open(fifo, os.O_RDWR)  # a reader from now on: the supervisor's open never blocks, never fails
@@ -114,6 +120,17 @@ def launch_record(job_id: str) -> dict:
     except OSError:
         inside = False
     return {"mode": "systemd-unit", "unit": unit} if inside else {"mode": "fork"}
+
+
+def stop_post_message():
+    """Under ExecStopPost= (systemd sets SERVICE_RESULT there): how the unit ended, for the restore's message."""
+    result = os.environ.get("SERVICE_RESULT")
+    if not result:
+        return None
+    why = {"watchdog": "stopped answering systemd's watchdog for %d s (hung); systemd killed it" % WATCHDOG_S,
+           "timeout": "ran past its unit's hard deadline (RuntimeMaxSec=); systemd killed it"}.get(
+        result, "ended (%s, %s)" % (result, os.environ.get("EXIT_STATUS", "?")))
+    return "the supervisor %s; the unit's ExecStopPost= restored the service" % why
 
 
 def start_watchdog() -> None:

@@ -64,6 +64,7 @@ def test_supervisor_and_guard_sigkilled_systemd_restores_without_a_controller_ca
     assert_service_back(service_host, job, f"supervisor+guard SIGKILLed: systemd's ExecStopPost restores, no controller "
                         f"call ({seconds:.0f} s)", job["state"])
     assert job["launch"]["mode"] == "systemd-unit", job.get("launch")
+    assert "ExecStopPost" in job["message"], job["message"]
 
 
 def test_a_double_forked_setsid_payload_is_gone_after_cancel(service_host, work):
@@ -103,3 +104,4 @@ def test_supervisor_and_guard_sigstopped_are_overruled_by_the_unit_watchdog(serv
     assert_service_back(service_host, job, f"supervisor+guard SIGSTOPped (hung): the unit's watchdog overrules them "
                         f"({seconds:.0f} s)", job["state"])
     assert "hanging" in host_output(service_host, job_id)
+    assert "watchdog" in job["message"], job["message"]
