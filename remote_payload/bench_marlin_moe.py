@@ -7,7 +7,8 @@ stdout: one JSON event line per event (phase start/end, heartbeats during long p
 window, one row per batch size). result.json: environment, backend used and why (every backend auto tried,
 the stage it failed at and the reason), JIT cold/warm, memory, the window order, rows with per-window GPU
 clock/power/cap flags, levers with per-repetition min/max and a bootstrap interval, args.
-Timed windows (one batch size, one repetition) run in a seeded random order by default (--order).
+Timed windows (one batch size, one repetition) run light and heavy in turn, the same order every repetition,
+each after 200 ms of its own call untimed (--order interleave --settle busy: results/README.md, run4).
 --check: small shapes only; GPTQ weights with known values → repack → the Marlin backend against the
 torch reference; exit 1 on mismatch. --prepare-only: import and JIT-build the kernels for this device, no
 weights (run before the service stops). Exit codes: 0 ok · 1 run failed or check mismatch · 2 bad arguments.
@@ -17,15 +18,15 @@ import time
 PROCESS_START = time.time()          # before any import: "seconds from start" includes importing torch
 
 import argparse  # noqa: E402
-import glob  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
-import platform  # noqa: E402
 import statistics  # noqa: E402
-import subprocess  # noqa: E402
 import sys  # noqa: E402
 
 from marlin_estimate import Shape, estimate, expert_bytes, weight_bytes  # noqa: E402
+from marlin_env import (backend_version, build_backend, built_modules, environment, jit_cache_dirs,  # noqa: E402
+                        load_backend, own_gpu_memory_mib, reason_of, slow_phase_hook,
+                        start_full_import_probe)
 from marlin_events import Events  # noqa: E402
 from marlin_stats import ORDERS, add_levers, floor_us, lever_summary, timing_row, window_order  # noqa: E402
 
@@ -34,7 +35,6 @@ AUTO_ORDER = ("sglang", "sglang-kernels", "torch")
 GROUP_SIZES = (32, 64, 128)
 CHECK_TOLERANCE = 2e-2       # ‖out − ref‖/‖ref‖ for bf16 activations and bf16 intermediates
 CHECK_MAX_WEIGHT_BYTES = 1 << 30     # the check holds GPTQ and Marlin copies and loops experts in fp32
-FULL_IMPORT = "from sglang.srt.layers.moe.fused_moe_triton.fused_marlin_moe import fused_marlin_moe"
 
 
 def batch_size_list(text: str) -> list[int]:
@@ -64,13 +64,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timing", choices=("graph", "eager"), default="graph")
     p.add_argument("--iterations", type=int, default=100)
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--order", choices=ORDERS, default="random",
-                   help="order of the timed windows: every batch size once per repetition, shuffled (random) or "
-                        "up and down in turn (alternating); ascending = the old order, all repetitions of one M")
+    p.add_argument("--order", choices=ORDERS, default="interleave",
+                   help="order of the timed windows: every batch size once per repetition, shuffled (random), "
+                        "up and down in turn (alternating), or light and heavy in turn, the same each repetition "
+                        "(interleave); ascending = the old order, all repetitions of one M")
     p.add_argument("--order-seed", type=int, default=None, help="seed of the random order (default: --seed)")
-    p.add_argument("--settle", choices=("none", "idle", "busy"), default="none",
-                   help="before each timed window: nothing, an idle pause, or the window's own call untimed")
+    p.add_argument("--settle", choices=("none", "idle", "busy", "cool"), default="busy",
+                   help="before each timed window: nothing, an idle pause, the window's own call untimed (busy), "
+                        "or idle until the GPU is back within --cool-c of the first window's temperature "
+                        "(at most --cool-max-ms), then busy (cool)")
     p.add_argument("--settle-ms", type=float, default=200.0)
+    p.add_argument("--cool-c", type=float, default=3.0, help="--settle cool: degrees above the first window's start")
+    p.add_argument("--cool-max-ms", type=float, default=3000.0, help="--settle cool: the longest idle wait per window")
     p.add_argument("--prepare-only", action="store_true",
                    help="import and JIT-build the kernels for this device's arch, then exit: no weights, no timing")
     p.add_argument("--out", default=os.environ.get("RUNNER_RESULT", "result.json"))
@@ -107,8 +112,8 @@ def shape_problems(a: argparse.Namespace) -> list[str]:
         problems.append("--check runs the Marlin kernels: it needs --device cuda")
     if a.prepare_only and a.check:
         problems.append("--prepare-only builds the kernels and exits: it cannot be combined with --check")
-    if a.settle_ms < 0:
-        problems.append("--settle-ms must not be negative")
+    problems += [f"--{name} must not be negative" for name, value in
+                 (("settle-ms", a.settle_ms), ("cool-c", a.cool_c), ("cool-max-ms", a.cool_max_ms)) if value < 0]
     return problems
 
 
@@ -128,132 +133,6 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def shape_of(a: argparse.Namespace) -> Shape:
     return Shape(a.experts, a.hidden, a.intermediate, a.topk, a.group_size)
-
-
-# -- environment and backends -----------------------------------------------------------------------------
-
-def parse_compute_apps(text: str, pid: int) -> int | None:
-    """MiB used by process `pid` in `nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits`."""
-    for line in text.splitlines():
-        fields = [f.strip() for f in line.split(",")]
-        if len(fields) == 2 and fields[0] == str(pid) and fields[1].isdigit():
-            return int(fields[1])
-    return None
-
-
-def own_gpu_memory_mib() -> int | None:
-    """MiB this process holds on the GPU as nvidia-smi lists it; None when it is not listed (no context)."""
-    try:
-        done = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
-                              capture_output=True, text=True, timeout=20)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    if done.returncode != 0:
-        return None
-    return parse_compute_apps(done.stdout, os.getpid())
-
-
-def gpu_driver() -> str | None:
-    try:
-        done = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                              capture_output=True, text=True, timeout=20)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return done.stdout.strip().splitlines()[0] if done.returncode == 0 and done.stdout.strip() else None
-
-
-def package_version(name: str) -> str | None:
-    from importlib import metadata
-    try:
-        return metadata.version(name)
-    except metadata.PackageNotFoundError:
-        return None
-
-
-def environment(torch, device: str) -> dict:
-    sgl_kernel = sys.modules.get("sgl_kernel")          # loaded by the sglang backends, not imported here
-    env = {"python": platform.python_version(), "torch": torch.__version__, "device": device,
-           "triton": package_version("triton"), "sgl_kernel": getattr(sgl_kernel, "__version__", None)}
-    if device == "cuda":
-        props = torch.cuda.get_device_properties(0)
-        env.update(gpu=props.name, sms=props.multi_processor_count, gpu_total_bytes=props.total_memory,
-                   capability=".".join(map(str, torch.cuda.get_device_capability(0))),
-                   cuda=torch.version.cuda, driver=gpu_driver())
-    return env
-
-
-def start_full_import_probe() -> subprocess.Popen:
-    """Try the full import in a child process (a half-finished import would leave this process unusable);
-    started before this process imports torch, so the two imports overlap."""
-    return subprocess.Popen([sys.executable, "-c", FULL_IMPORT], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
-
-
-def finish_full_import_probe(probe: subprocess.Popen, timeout_s: float = 90.0) -> tuple[bool, str]:
-    try:
-        _, stderr = probe.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        probe.kill()
-        probe.communicate()
-        return (False, f"full import took over {timeout_s:.0f} s")
-    if probe.returncode == 0:
-        return True, "full import works"
-    lines = [ln for ln in stderr.splitlines() if ln.strip()]
-    return (False, lines[-1] if lines else f"import exited {probe.returncode}")
-
-
-def reason_of(exc: Exception) -> str:
-    import marlin_backends as mb
-    return str(exc) if isinstance(exc, mb.BackendUnavailable) else f"{type(exc).__name__}: {exc}"
-
-
-def load_backend(name: str, device: str, mb, probe):
-    if name != "torch" and device != "cuda":
-        raise mb.BackendUnavailable("needs a CUDA device")
-    if name == "sglang":
-        ok, reason = finish_full_import_probe(probe)
-        if not ok:
-            raise mb.BackendUnavailable(reason)
-        return mb.import_fused()
-    if name == "sglang-kernels":
-        return mb.import_kernel_modules()
-    return None
-
-
-def build_backend(name: str, handle, shape: Shape, weights, m_max: int):
-    import marlin_backends as mb
-    if name == "sglang":
-        fused, version = handle
-        return mb.SglangFused(shape, weights, fused, version, m_max)
-    if name == "sglang-kernels":
-        return mb.SglangKernels(shape, weights, handle)
-    return mb.TorchReference(shape, weights)
-
-
-def backend_version(name: str, handle) -> str | None:
-    if name == "sglang":
-        return handle[1]
-    if name == "sglang-kernels":
-        return handle.version
-    return None
-
-
-# -- JIT cache --------------------------------------------------------------------------------------------
-
-def jit_cache_dirs() -> list[str]:
-    """Where sglang keeps built kernel modules: 0.5.17 uses tvm-ffi's cache, 0.5.23 its own."""
-    return [os.path.expanduser(os.environ.get("TVM_FFI_CACHE_DIR", "~/.cache/tvm-ffi")),
-            os.path.expanduser(os.environ.get("SGLANG_JIT_CACHE_DIR", "~/.cache/sglang/jit"))]
-
-
-def built_modules() -> set[str]:
-    return {path for d in jit_cache_dirs() for path in glob.glob(os.path.join(d, "**", "*.so"), recursive=True)}
-
-
-def slow_phase_hook(spec: str | None, phase: str) -> None:
-    """Test hook: make one phase take SECONDS longer, so a test can see its heartbeats."""
-    if spec and spec.split(":")[0] == phase:
-        time.sleep(float(spec.split(":")[1]))
 
 
 # -- the run ---------------------------------------------------------------------------------------------
@@ -469,6 +348,8 @@ class Bench:
                                  "iterations": a.iterations, "repeats": a.repeats,
                                  "order": {"mode": a.order, "seed": order_seed, "windows": [m for _, m in windows]},
                                  "settle": {"mode": a.settle, "ms": a.settle_ms}}
+        if a.settle == "cool":
+            self.result["timing"]["settle"].update(cool_c=a.cool_c, cool_max_ms=a.cool_max_ms)
         from marlin_timing import nvml_sampler
         self.gpu_state = nvml_sampler(self.torch) if self.device == "cuda" else None
         timed = self.time_windows(windows, timing_mode)
@@ -488,12 +369,13 @@ class Bench:
             if m not in live:
                 live[m] = self.prepare_window(m, mode)
             window = live[m]
-            window.settle(a.settle, a.settle_ms)
+            cooled = self.cool_down(timed) if a.settle == "cool" else None
+            window.settle("busy" if a.settle == "cool" else a.settle, a.settle_ms)
             start = self.gpu_state() if self.gpu_state else None
             with self.events.phase("batch", m=m, rep=rep):
                 samples, end = window.time(a.iterations, self.gpu_state)
             timed[m].append({"rep": rep, "index": index, "samples": samples, "start": start, "end": end,
-                             "distinct": window.sets.distinct_experts})
+                             "distinct": window.sets.distinct_experts, **({"cooled": cooled} if cooled else {})})
             self.events.emit("window", m=m, rep=rep, index=index, median_us=statistics.median(samples),
                              capped=window_capped(start, end))
             if "first_row_s" not in self.result:
@@ -502,6 +384,23 @@ class Bench:
                 self.sample_device_memory()
                 del live[m]
         return timed
+
+    def cool_down(self, timed: dict[int, list[dict]]) -> dict | None:
+        """--settle cool: idle until the GPU's temperature is within cool_c of the first window's start (the
+        slow state that sets the clock under the power cap), at most cool_max_ms. Outside the timed window."""
+        if not self.gpu_state:
+            return None
+        first = min((w for ws in timed.values() for w in ws), key=lambda w: w["index"], default=None)
+        if first is None or not first.get("start"):
+            return None
+        target = first["start"]["temp_c"] + self.args.cool_c
+        began = time.perf_counter()
+        deadline = began + self.args.cool_max_ms / 1000.0
+        temp = self.gpu_state()["temp_c"]
+        while temp > target and time.perf_counter() < deadline:
+            time.sleep(0.05)
+            temp = self.gpu_state()["temp_c"]
+        return {"waited_ms": round((time.perf_counter() - began) * 1000.0, 1), "temp_c": temp, "target_c": target}
 
     def prepare_window(self, m: int, mode: str):
         import marlin_weights as mw
@@ -533,8 +432,8 @@ class Bench:
                          self.copy_rate())
         row.update(rotation_sets=ROTATION_SETS, warmup_calls=WARMUP_CALLS, timing=mode)
         row["windows"] = [{"rep": w["rep"], "index": w["index"], "median_us": statistics.median(w["samples"]),
-                           "start": w["start"], "end": w["end"], "capped": window_capped(w["start"], w["end"])}
-                          for w in windows]
+                           "start": w["start"], "end": w["end"], "capped": window_capped(w["start"], w["end"]),
+                           **({"cooled": w["cooled"]} if w.get("cooled") else {})} for w in windows]
         if self.gpu_state:
             row["gpu_state"] = [w["end"] for w in windows]
             row["capped_windows"] = sum(1 for w in row["windows"] if w["capped"])

@@ -15,7 +15,7 @@ from __future__ import annotations
 import random
 import statistics
 
-ORDERS = ("random", "alternating", "ascending")
+ORDERS = ("random", "alternating", "ascending", "interleave")
 BOOTSTRAP_RESAMPLES = 2000
 
 
@@ -36,6 +36,10 @@ def window_order(batch_sizes: list[int], repeats: int, order: str, seed: int) ->
     """(repetition, m) in the order the windows are timed."""
     if order == "ascending":
         return [(r, m) for m in batch_sizes for r in range(repeats)]
+    if order == "interleave":  # light, heavy, light, …: every M has the same neighbours in every repetition
+        ranked = sorted(batch_sizes)
+        pairs = [ranked[i // 2] if i % 2 == 0 else ranked[-1 - i // 2] for i in range(len(ranked))]
+        return [(r, m) for r in range(repeats) for m in pairs]
     rng = random.Random(seed)
     windows = []
     for r in range(repeats):

@@ -53,13 +53,6 @@ TOOLS = ("sbatch", "squeue", "scancel")
 
 # ── the login node ────────────────────────────────────────────────────────────────────────────────────
 
-def is_slurm_job(paths: JobPaths) -> bool:
-    try:
-        return read_json(paths.spec).get("launcher") == "slurm"
-    except (OSError, ValueError, AttributeError):
-        return False
-
-
 def slurm_file(paths: JobPaths) -> str:
     return os.path.join(paths.dir, "slurm.json")
 

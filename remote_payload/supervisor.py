@@ -11,9 +11,11 @@ each importing only the rooms above it in this list:
     supervisor_spec.py   the spec and argv checked again with the contract's rules and defaults
     supervisor_job.py    one job's choreography (supervise → settle) and its guard
     supervisor_unit.py   where systemd is: _run in a transient unit (ExecStopPost= restore, watchdog, cgroup)
+    supervisor_submit.py `submit`: preflight + start in one call when the report cannot refuse the job
     supervisor.py        the subcommands, fork/setsid/exec, argv parsing, the one JSON answer
 
-Public subcommands: preflight, start, status, logs, cancel, restore, restore-service, result.
+Public subcommands: preflight, start, submit (preflight + start in one call), status, logs, cancel, restore,
+restore-service, result.
 Internal ones: _run (the detached supervisor of one job) and _guard (watches the supervisor; settles the job
 if the supervisor dies without doing it).
 `slurm-run` is what a Slurm batch script execs in its allocation (launcher slurm: slurm_launch.py, which
@@ -39,16 +41,13 @@ import select
 import shutil
 import signal
 import sys
-import tempfile
 import time
-import traceback
 
 try:  # imported as remote_payload.supervisor (tests)
-    from . import slurm_launch
     from .contract import DEFAULTS, RUNNING_SERVICE_STATES, SERVICE_SCOPES, TERMINAL
-    from .supervisor_files import RESERVE_BYTES, JobPaths, Locks, append_line, fsync_dir, lock_keys, probe_lock, \
-        read_json, read_status, write_json_atomic
-    from .supervisor_host import GPU_QUERY, HERE, KILL_CONFIRM_S, POLL_S, SUPERVISOR, Fail, Systemd, identity, \
+    from .supervisor_files import RESERVE_BYTES, JobPaths, Locks, append_line, fsync_dir, is_slurm_job, lock_keys, \
+        probe_lock, read_json, read_status, write_json_atomic
+    from .supervisor_host import GPU_QUERY, HERE, KILL_CONFIRM_S, POLL_S, RUN_SUPERVISOR, Fail, Systemd, identity, \
         is_alive, nvidia_smi, parse_gpu_csv, query_apps, start_unit, wait_healthy
     from .supervisor_job import supervise
     from .supervisor_record import Flags, Job, initial_status
@@ -56,12 +55,12 @@ try:  # imported as remote_payload.supervisor (tests)
     from .supervisor_spec import check_health_url, check_job_id, check_root, check_root_safe, check_unit, \
         read_spec_stdin
     from . import supervisor_ledger as ledger, supervisor_unit
+    from .supervisor_submit import submit
 except ImportError:  # run as a script: sys.path[0] is this directory
-    import slurm_launch
     from contract import DEFAULTS, RUNNING_SERVICE_STATES, SERVICE_SCOPES, TERMINAL
-    from supervisor_files import RESERVE_BYTES, JobPaths, Locks, append_line, fsync_dir, lock_keys, probe_lock, \
-        read_json, read_status, write_json_atomic
-    from supervisor_host import GPU_QUERY, HERE, KILL_CONFIRM_S, POLL_S, SUPERVISOR, Fail, Systemd, identity, \
+    from supervisor_files import RESERVE_BYTES, JobPaths, Locks, append_line, fsync_dir, is_slurm_job, lock_keys, \
+        probe_lock, read_json, read_status, write_json_atomic
+    from supervisor_host import GPU_QUERY, HERE, KILL_CONFIRM_S, POLL_S, RUN_SUPERVISOR, Fail, Systemd, identity, \
         is_alive, nvidia_smi, parse_gpu_csv, query_apps, start_unit, wait_healthy
     from supervisor_job import supervise
     from supervisor_record import Flags, Job, initial_status
@@ -70,11 +69,24 @@ except ImportError:  # run as a script: sys.path[0] is this directory
         read_spec_stdin
     import supervisor_ledger as ledger
     import supervisor_unit
+    from supervisor_submit import submit
 
 try:
     from .progress import SCAN_BYTES, summarize
 except ImportError:
     from progress import SCAN_BYTES, summarize
+
+
+
+def slurm_launch():
+    """remote_payload/slurm_launch.py, imported on first use: only Slurm jobs need it, and its imports
+    (dataclasses, typing) were a third of every call's start-up on the host."""
+    try:
+        from . import slurm_launch as module
+    except ImportError:  # run as a script: sys.path[0] is this directory
+        import slurm_launch as module
+    return module
+
 
 GUARD_POLL_S = 2.0           # how often the guard compares a live supervisor with its hard deadline
 READY_TIMEOUT_S = 30.0       # how long `start` waits for the detached supervisor's handshake
@@ -149,17 +161,20 @@ def tail_file(path: str, limit: int = 2000) -> str:
 
 
 def cmd_start(args) -> dict:
+    return start_job(args, read_spec_stdin(check_job_id(args.job_id)))
+
+
+def start_job(args, spec: dict) -> dict:
     job_id = check_job_id(args.job_id)
-    spec = read_spec_stdin(job_id)
     paths = JobPaths(args.root, job_id)
     claim_job_dir(paths, spec)
     if spec.get("launcher") == "slurm":  # Slurm queues it: no lock, no --queue, no detached supervisor here
-        return slurm_launch.submit(paths, spec)
+        return slurm_launch().submit(paths, spec)
     ready_r = supervisor_unit.launch(paths, spec, args.queue)  # in a systemd unit where the host has one
     if ready_r is None:
         ready_r, ready_w = os.pipe()
-        argv = [sys.executable, SUPERVISOR, "_run", "--job-id", job_id, "--root", args.root,
-                "--ready-fd", str(ready_w)] + (["--queue"] if args.queue else [])
+        argv = RUN_SUPERVISOR + ["_run", "--job-id", job_id, "--root", args.root,
+                                 "--ready-fd", str(ready_w)] + (["--queue"] if args.queue else [])
         daemonize_exec(argv, paths.supervisor_log, keep=[ready_w])
         os.close(ready_w)
     answer = read_ready(ready_r, READY_TIMEOUT_S)
@@ -204,6 +219,8 @@ def claim_job_dir(paths: JobPaths, spec: dict) -> None:
         os.makedirs(path, exist_ok=True)
     if os.path.exists(paths.dir):
         raise job_exists(paths, spec)
+    import tempfile  # only `start` needs it: not at the top, where every call would pay for it
+
     tmp = tempfile.mkdtemp(prefix=paths.job_id + ".", dir=staging)
     write_json_atomic(os.path.join(tmp, "spec.json"), spec)
     write_json_atomic(os.path.join(tmp, "status.json"), initial_status(spec))
@@ -306,7 +323,7 @@ def cmd_run(args) -> dict:
 
 def cmd_slurm_run(args) -> dict:
     """The batch script's process in a Slurm allocation (remote_payload/slurm_launch.py)."""
-    return slurm_launch.run_in_allocation(args.root, check_job_id(args.job_id))
+    return slurm_launch().run_in_allocation(args.root, check_job_id(args.job_id))
 
 
 def cmd_guard(args) -> dict:
@@ -349,8 +366,8 @@ def watch_supervisor(paths: JobPaths, life_fd: int) -> str:
 def reap_if_dead(paths: JobPaths) -> dict:
     """status.json; NOT read-only: a job whose supervisor and guard are both gone is marked LOST here and a
     detached restorer (`supervisor.py restore`) is started to settle it."""
-    if slurm_launch.is_slurm_job(paths):  # its supervisor runs on a compute node: Slurm says if it lives
-        return slurm_launch.refresh(paths)
+    if is_slurm_job(paths):  # its supervisor runs on a compute node: Slurm says if it lives
+        return slurm_launch().refresh(paths)
     status = read_status(paths)
     if status["state"] in TERMINAL or is_alive(status.get("supervisor")) or is_alive(status.get("guard")):
         return status
@@ -361,8 +378,7 @@ def reap_if_dead(paths: JobPaths) -> dict:
         return job.status
     job.set_state("LOST", "supervisor and guard are gone", message="the supervisor and its guard died; "
                   "a restore was started", ending=job.status.get("ending"), ended_at=time.time())
-    daemonize_exec([sys.executable, SUPERVISOR, "restore", "--job-id", paths.job_id,
-                    "--root", paths.root], paths.restore_log)
+    daemonize_exec(RUN_SUPERVISOR + ["restore", "--job-id", paths.job_id, "--root", paths.root], paths.restore_log)
     return job.status
 
 
@@ -433,8 +449,8 @@ def cmd_cancel(args) -> dict:
     status = reap_if_dead(paths)
     if status["state"] in TERMINAL:
         return {"ok": True, "job_id": paths.job_id, "state": status["state"], "already": True}
-    if slurm_launch.is_slurm_job(paths):
-        return slurm_launch.cancel(paths, status)
+    if is_slurm_job(paths):
+        return slurm_launch().cancel(paths, status)
     with open(paths.cancel, "w") as fh:
         fh.write("%f\n" % time.time())
     supervisor = status.get("supervisor")
@@ -452,7 +468,7 @@ def cmd_restore(args) -> dict:
     answer = {"ok": True, "job_id": paths.job_id}
     if job.status.get("restored"):
         return dict(answer, state=job.status["state"], service=job.status["service"], already=True)
-    if slurm_launch.is_slurm_job(paths):  # no service, and its processes live on a compute node, not here
+    if is_slurm_job(paths):  # no service, and its processes live on a compute node, not here
         return dict(answer, state=job.status["state"], service=job.status["service"], already=True)
     if is_alive(job.status.get("supervisor")) or is_alive(job.status.get("guard")):
         return dict(answer, state=job.status["state"], service=job.status["service"], deferred=True,
@@ -524,9 +540,12 @@ def preflight_gpus(spec: dict) -> dict:
 
 
 def cmd_preflight(args) -> dict:
-    spec = read_spec_stdin(check_job_id(args.job_id) if args.job_id else None)
+    return preflight_report(args, read_spec_stdin(check_job_id(args.job_id) if args.job_id else None))
+
+
+def preflight_report(args, spec: dict) -> dict:
     if spec.get("launcher") == "slurm":
-        return slurm_launch.preflight("%d.%d.%d" % sys.version_info[:3])
+        return slurm_launch().preflight("%d.%d.%d" % sys.version_info[:3])
     service = None
     if spec["service"]["manager"] == "systemd":
         unit = spec["service"]["unit"]
@@ -535,6 +554,11 @@ def cmd_preflight(args) -> dict:
     locks = [probe_lock(args.root, key) for key in lock_keys(spec)]
     return dict({"ok": True, "service": service, "locks": locks, "python": "%d.%d.%d" % sys.version_info[:3]},
                 **preflight_gpus(spec))
+
+
+def cmd_submit(args) -> dict:
+    """Preflight + start in one call (the warm path's one round trip): supervisor_submit.submit."""
+    return submit(args, read_spec_stdin(check_job_id(args.job_id)), preflight_report, start_job)
 
 
 # ── main ──────────────────────────────────────────────────────────────────────────────────────────────
@@ -557,6 +581,7 @@ def build_parser(sub: str) -> ArgParser:
         parser.add_argument("--job-id", required=True)
     options = {
         "start": [("--queue", dict(action="store_true"))],
+        "submit": [("--queue", dict(action="store_true"))],
         "_run": [("--queue", dict(action="store_true")), ("--ready-fd", dict(type=int)), ("--ready-fifo", dict())],
         "_guard": [("--life-fd", dict(type=int, required=True))],
         "logs": [("--offset", dict(type=int, required=True)), ("--max", dict(type=int, default=1 << 20)),
@@ -570,8 +595,8 @@ def build_parser(sub: str) -> ArgParser:
     return parser
 
 
-COMMANDS = {"preflight": cmd_preflight, "start": cmd_start, "status": cmd_status, "logs": cmd_logs,
-            "cancel": cmd_cancel, "restore": cmd_restore, "restore-service": cmd_restore_service,
+COMMANDS = {"preflight": cmd_preflight, "start": cmd_start, "submit": cmd_submit, "status": cmd_status,
+            "logs": cmd_logs, "cancel": cmd_cancel, "restore": cmd_restore, "restore-service": cmd_restore_service,
             "result": cmd_result, "_run": cmd_run, "_guard": cmd_guard, "slurm-run": cmd_slurm_run}
 
 
@@ -590,6 +615,8 @@ def main(argv: list) -> int:
     except Fail as exc:
         answer = exc.answer()
     except Exception as exc:  # the one place an unexpected error becomes an answer
+        import traceback
+
         answer = {"ok": False, "error": "internal", "message": "%s: %s" % (type(exc).__name__, exc),
                   "traceback": traceback.format_exc()[-2000:]}
     sys.stdout.write(json.dumps(answer) + "\n")

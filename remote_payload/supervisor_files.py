@@ -83,6 +83,14 @@ def read_json(path: str):
         return json.loads(fh.read().decode("utf-8"))
 
 
+def is_slurm_job(paths: JobPaths) -> bool:
+    """A `launcher: slurm` job (its supervisor runs in an allocation: slurm_launch.py follows it)."""
+    try:
+        return read_json(paths.spec).get("launcher") == "slurm"
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 def append_line(path: str, obj) -> None:
     with open(path, "ab") as fh:
         fh.write((json.dumps(obj, sort_keys=True) + "\n").encode("utf-8"))

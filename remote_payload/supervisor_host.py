@@ -11,6 +11,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 
 try:  # imported as remote_payload.supervisor_host (tests)
@@ -20,6 +21,8 @@ except ImportError:  # run from supervisor.py as a script: sys.path[0] is this d
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SUPERVISOR = os.path.join(HERE, "supervisor.py")  # the entry point every detached process re-executes
+# ... with this interpreter and its -S (the launch line's: stdlib only, no site-packages' .pth files to run)
+RUN_SUPERVISOR = [sys.executable] + (["-S"] if sys.flags.no_site else []) + [SUPERVISOR]
 
 NOT_A_NUMBER = ("[N/A]", "N/A", "[Not Supported]", "Not Supported", "[Unknown Error]", "")
 POLL_S = 0.1

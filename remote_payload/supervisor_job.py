@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import subprocess
 import time
-import traceback
 
 try:  # imported as remote_payload.supervisor_job (tests)
     from .contract import RUNNING_SERVICE_STATES
@@ -270,6 +269,8 @@ def supervise(job: Job, locks: Locks, flags: Flags) -> None:
     except Fail as exc:
         ending = ("FAILED", str(exc))
     except Exception as exc:  # a bug here must still end in a restored host and a readable status
+        import traceback  # here: it is a tenth of the start-up the host pays before `start` answers
+
         traceback.print_exc()
         ending = ("FAILED", "supervisor error: %s: %s" % (type(exc).__name__, exc))
     finally:

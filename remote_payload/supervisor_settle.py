@@ -19,14 +19,14 @@ import time
 try:  # imported as remote_payload.supervisor_settle (tests)
     from .contract import RUNNING_SERVICE_STATES, TERMINAL
     from .supervisor_files import JobPaths, Locks
-    from .supervisor_host import CMD_TIMEOUT_S, KILL_CONFIRM_S, SMI_TIMEOUT_S, SUPERVISOR, Fail, group_is_ours, \
+    from .supervisor_host import CMD_TIMEOUT_S, KILL_CONFIRM_S, SMI_TIMEOUT_S, RUN_SUPERVISOR, Fail, group_is_ours, \
         group_members, health_ok, identity, kill_group, query_apps, run_command, start_unit, wait_healthy
     from .supervisor_record import Job
     from . import supervisor_ledger as ledger
 except ImportError:  # run from supervisor.py as a script: sys.path[0] is this directory
     from contract import RUNNING_SERVICE_STATES, TERMINAL
     from supervisor_files import JobPaths, Locks
-    from supervisor_host import CMD_TIMEOUT_S, KILL_CONFIRM_S, SMI_TIMEOUT_S, SUPERVISOR, Fail, group_is_ours, \
+    from supervisor_host import CMD_TIMEOUT_S, KILL_CONFIRM_S, SMI_TIMEOUT_S, RUN_SUPERVISOR, Fail, group_is_ours, \
         group_members, health_ok, identity, kill_group, query_apps, run_command, start_unit, wait_healthy
     from supervisor_record import Job
     import supervisor_ledger as ledger
@@ -52,8 +52,7 @@ def guard_timer_seconds(spec: dict) -> float:
 def start_guard_timer(job: Job) -> None:
     """Last line of defence when even the guard dies: systemd runs `restore` after the longest job could take."""
     seconds = guard_timer_seconds(job.spec)
-    command = [sys.executable, SUPERVISOR, "restore", "--job-id", job.paths.job_id,
-               "--root", job.paths.root]
+    command = RUN_SUPERVISOR + ["restore", "--job-id", job.paths.job_id, "--root", job.paths.root]
     try:
         done = run_command(job.ctl.timer_argv(timer_unit(job.paths.job_id), seconds, command))
         ok, detail = done.returncode == 0, done.stderr.decode("utf-8", "replace").strip()[-300:]
@@ -276,8 +275,8 @@ def start_guard(job: Job, locks: Locks) -> None:
     The write end stays open, unused, until the supervisor exits however it exits: that EOF wakes the guard."""
     life_r, life_w = os.pipe()
     keep = [life_r] + list(locks.fds.values())
-    argv = [sys.executable, SUPERVISOR, "_guard", "--job-id", job.paths.job_id,
-            "--root", job.paths.root, "--life-fd", str(life_r)]
+    argv = RUN_SUPERVISOR + ["_guard", "--job-id", job.paths.job_id, "--root", job.paths.root,
+                             "--life-fd", str(life_r)]
     pid = os.fork()
     if pid == 0:
         try:

@@ -20,17 +20,18 @@ import os
 import shlex
 import shutil
 import socket
-import sys
 import threading
 import time
 
 try:  # imported as remote_payload.supervisor_unit (tests)
     from .supervisor_files import JobPaths, append_line, try_unlink
-    from .supervisor_host import CMD_TIMEOUT_S, KILL_CONFIRM_S, SMI_TIMEOUT_S, SUPERVISOR, Fail, Systemd, run_command
+    from .supervisor_host import CMD_TIMEOUT_S, KILL_CONFIRM_S, RUN_SUPERVISOR, SMI_TIMEOUT_S, Fail, Systemd, \
+        run_command
     from .supervisor_settle import guard_timer_seconds
 except ImportError:  # run from supervisor.py as a script: sys.path[0] is this directory
     from supervisor_files import JobPaths, append_line, try_unlink
-    from supervisor_host import CMD_TIMEOUT_S, KILL_CONFIRM_S, SMI_TIMEOUT_S, SUPERVISOR, Fail, Systemd, run_command
+    from supervisor_host import CMD_TIMEOUT_S, KILL_CONFIRM_S, RUN_SUPERVISOR, SMI_TIMEOUT_S, Fail, Systemd, \
+        run_command
     from supervisor_settle import guard_timer_seconds
 
 UNIT_PREFIX = "runner-job-"
@@ -58,7 +59,7 @@ def stop_timeout_s(spec: dict) -> float:
 
 
 def run_argv(ctl: Systemd, paths: JobPaths, spec: dict, fifo: str, queue: bool) -> list:
-    restore = [sys.executable, SUPERVISOR, "restore", "--job-id", paths.job_id, "--root", paths.root]
+    restore = RUN_SUPERVISOR + ["restore", "--job-id", paths.job_id, "--root", paths.root]
     props = ["KillMode=control-group", "RuntimeMaxSec=%d" % runtime_max_s(spec, queue),
              "TimeoutStopSec=%d" % stop_timeout_s(spec), "WatchdogSec=%d" % WATCHDOG_S, "NotifyAccess=main",
              "StandardOutput=append:" + paths.supervisor_log, "StandardError=append:" + paths.supervisor_log,
@@ -67,7 +68,7 @@ def run_argv(ctl: Systemd, paths: JobPaths, spec: dict, fifo: str, queue: bool) 
     env = ["--setenv=%s=%s" % (k, v) for k, v in sorted(os.environ.items()) if k not in SKIP_ENV and "=" not in k]
     return ctl.argv("systemd-run", "--unit=" + unit_name(paths.job_id), "--collect", "--quiet",
                     "--working-directory=" + os.getcwd(), *ids, *env, *["--property=" + p for p in props],
-                    sys.executable, SUPERVISOR, "_run", "--job-id", paths.job_id, "--root", paths.root,
+                    *RUN_SUPERVISOR, "_run", "--job-id", paths.job_id, "--root", paths.root,
                     "--ready-fifo", fifo, *(["--queue"] if queue else []))
 
 

@@ -6,7 +6,6 @@ Human output goes to stdout, progress and messages to stderr; `--json` prints on
 from __future__ import annotations
 
 import json
-import logging
 import sys
 import time
 from dataclasses import asdict
@@ -319,9 +318,6 @@ def exit_code(state: str | None, *, settled: bool = True) -> int:
 
 def main(argv: list[str] | None = None) -> None:
     """The one place that turns errors into messages and exit codes."""
-    # paramiko logs a failed handshake with a traceback through logging's last-resort handler; the error
-    # itself reaches us as an exception and is reported once, below.
-    logging.getLogger("paramiko").addHandler(logging.NullHandler())
     try:
         cli.main(args=argv, prog_name="runner", standalone_mode=False)
     except click.exceptions.Exit as exc:

@@ -9,27 +9,29 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import BinaryIO, Callable, Sequence
-
-from tenacity import Retrying, retry_if_exception, stop_after_attempt, stop_after_delay, wait_exponential
+from typing import TYPE_CHECKING, BinaryIO, Callable, Sequence
 
 from remote_payload.contract import DEFAULTS
 
-from . import preflight
+from . import plan_cache, preflight
 from .deadline import Deadline
 from .errors import HostKeyError, PreflightError, RemoteError, SpecError, TransportError
 from .host import CALL_TIMEOUT_S, Bundle, HostClient, build_bundle, payload_dir
 from .job_id import check_job_id, job_id_for
-from .spec import HostSpec, JobSpec, ServiceSpec
-from .spec_load import load_spec, section_from_options
-from .store import JobRecord, Store
-from .transport import LocalTransport, SshTarget, SshTransport
+from .store import JobRecord, Store, default_state_dir
+from .transport_openssh import for_host
+
+if TYPE_CHECKING:  # pydantic, yaml and tenacity load only in the commands that use them (`runner tail` starts fast)
+    from tenacity import Retrying
+
+    from .spec import JobSpec
 
 LOG_CHUNK = 1 << 20
 LONG_POLL_S = 5.0
 # How far past --max-wait one round trip may run before the call gives up (exit 3): the bound of invariant 2
 # on a link that went silent.
 ROUND_TRIP_ALLOWANCE_S = 5.0
+PLANNED_JOB_ID = "planned"  # the wire form's job id in a plan; each submit sets its own
 
 
 @dataclass
@@ -70,13 +72,7 @@ class TailOutcome:
 def connect(host: dict, bundle: Bundle | None = None, deadline: Deadline | None = None) -> HostClient:
     """A client for the host section of a spec; use it as `with connect(host) as client:` (closes the transport).
     deadline: the command's own, which no call may outlive (default: each call's allowance alone)."""
-    if host["address"] == "local":
-        transport = LocalTransport()
-    else:
-        transport = SshTransport(SshTarget(
-            address=host["address"], user=host.get("user"), port=host.get("port"),
-            host_key_policy=host.get("host_key_policy", "strict"),
-            connect_timeout=host.get("connect_timeout", 10.0)))
+    transport = for_host(host)
     if bundle is None:
         bundle, _ = build_bundle()
     return HostClient(transport, root=host.get("root", DEFAULTS["host.root"]),
@@ -85,6 +81,8 @@ def connect(host: dict, bundle: Bundle | None = None, deadline: Deadline | None 
 
 def _retrying(deadline_s: float = 20.0) -> Retrying:
     """Retries for idempotent calls only: a lost link, never a refused host key."""
+    from tenacity import Retrying, retry_if_exception, stop_after_attempt, stop_after_delay, wait_exponential
+
     return Retrying(
         retry=retry_if_exception(lambda e: isinstance(e, TransportError) and not isinstance(e, HostKeyError)),
         stop=stop_after_attempt(3) | stop_after_delay(deadline_s),
@@ -121,48 +119,83 @@ def _check_payload_args(spec: JobSpec, source: Path | None) -> str:
     return check_args(source, payload_dir(), spec.payload.args, spec.payload_args(), spec.spec_path).note
 
 
-def _plan(spec_path: str, overrides: list[str], job_id: str | None) -> tuple[JobSpec, Bundle, dict, str]:
-    """Everything decided locally: the validated spec, the bundle, the wire form and the args check's note."""
+def _plan(spec_path: str, overrides: list[str], job_id: str | None, state: Path) -> tuple[dict, Bundle, dict, str]:
+    """Everything decided locally: the host section, the bundle, the wire form and the args check's note.
+    A spec planned before from the same bytes, overrides, bundle and code is not validated again (plan_cache)."""
+    key = plan_cache.key(spec_path, overrides)
+    cached = plan_cache.load(state, key, build_bundle)
+    if cached is None:
+        cached = _validated_plan(spec_path, overrides)
+        plan_cache.save(state, key, cached[0])
+    plan, bundle = cached
+    job_id = check_job_id(job_id) if job_id is not None else job_id_for(plan.wire["name"], datetime.now(timezone.utc), secrets.token_hex(3))
+    return plan.host, bundle, dict(plan.wire, job_id=job_id), plan.args_note
+
+
+def _validated_plan(spec_path: str, overrides: list[str]) -> tuple[plan_cache.Plan, Bundle]:
+    from .spec_load import load_spec
+
     spec = load_spec(spec_path, overrides)
-    job_id = check_job_id(job_id) if job_id is not None else job_id_for(spec.name, datetime.now(timezone.utc), secrets.token_hex(3))
     source = spec.script_source(payload_dir())
     args_note = _check_payload_args(spec, source)
     bundle, script_name = build_bundle(source)
-    return spec, bundle, spec.to_wire(job_id, required_mib(spec), script_name), args_note
+    wire = spec.to_wire(PLANNED_JOB_ID, required_mib(spec), script_name)
+    return plan_cache.Plan(spec.host.model_dump(), wire, str(source.resolve()) if source else None, bundle.digest,
+                           args_note), bundle
 
 
 def submit(spec_path: str, overrides: list[str], *, queue: bool = False, job_id: str | None = None,
            store: Store, progress: Callable[[str], None]) -> Submitted:
-    spec, bundle, wire, args_note = _plan(spec_path, overrides, job_id)
+    host, bundle, wire, args_note = _plan(spec_path, overrides, job_id, store.root)
     job_id = wire["job_id"]
     progress(args_note)
-    host = spec.host.model_dump()
     with connect(host, bundle) as client:
-        progress(f"preflight on {spec.host.address} …")
-        report = _preflight(client, wire)
-        decision = preflight.decide(wire, report, queue=queue)
+        progress(f"preflight on {host['address']} …")
+        report, answer = _submit_once(client, wire, queue)
+        decision = preflight.decide(wire, report, queue=queue)  # the host started it only if this passes
         for note in decision.notes:
             progress(note)
-        answer, already = _start_once(client, wire, queue)
-    store.save(JobRecord(job_id=job_id, name=spec.name, host=host, spec_path=str(Path(spec_path).resolve()),
+        already = False
+        if answer is None:
+            answer, already = _start_once(client, wire, queue)
+    store.save(JobRecord(job_id=job_id, name=wire["name"], host=host, spec_path=str(Path(spec_path).resolve()),
                          submitted_at=time.time(), service=wire["service"], last_state=answer.get("state", "QUEUED")))
-    return Submitted(job_id, answer.get("state", "QUEUED"), spec.host.address, decision.stop_service,
+    return Submitted(job_id, answer.get("state", "QUEUED"), host["address"], decision.stop_service,
                      decision.notes, client.round_trips, already, answer.get("slurm_job_id"))
 
 
 def dry_run(spec_path: str, overrides: list[str], *, queue: bool = False, job_id: str | None = None) -> DryRun:
     """Validate, check the args, preflight the host and decide — without starting or changing anything.
     A refusal raises exactly what submit would raise (exit 2/3/4/5)."""
-    spec, bundle, wire, args_note = _plan(spec_path, overrides, job_id)
-    with connect(spec.host.model_dump(), bundle) as client:
+    host, bundle, wire, args_note = _plan(spec_path, overrides, job_id, default_state_dir())
+    with connect(host, bundle) as client:
         report = _preflight(client, wire)
     decision = preflight.decide(wire, report, queue=queue)
     payload = wire["payload"]
     argv = payload["command"] or [payload["python"], payload["script"], *payload["args"]]
     queued = [f"--queue: waits at most {wire['limits']['queue_timeout']:.0f} s for the locks (limits.queue_timeout), "
               "then ends TIMED_OUT with nothing stopped"] if queue else []
-    return DryRun(wire["job_id"], spec.host.address, decision.stop_service, wire["gpu"]["required_mib"], argv,
+    return DryRun(wire["job_id"], host["address"], decision.stop_service, wire["gpu"]["required_mib"], argv,
                   [args_note, *decision.notes, *queued], report.get("gpus", []), report.get("service"))
+
+
+def _submit_once(client: HostClient, wire: dict, queue: bool) -> tuple[dict, dict | None]:
+    """Preflight and start in one round trip (the warm path). The start's answer is None when the host left
+    the decision to us, or when the call was lost (then the start path finds a job the lost call made)."""
+    try:
+        answer = client.submit(wire, queue=queue)
+    except TransportError as exc:
+        if isinstance(exc, HostKeyError):
+            raise
+        client.close()
+        return _preflight(client, wire), None
+    except RemoteError as exc:
+        if exc.answer.get("stage") == "preflight" or exc.code in ("bad-spec", "bad-args"):
+            raise _refusal(exc) from exc
+        if exc.code != "exists" or "report" not in exc.answer:
+            raise
+        return exc.answer["report"], None
+    return answer["report"], (answer if answer.get("started") else None)
 
 
 def _preflight(client: HostClient, wire: dict) -> dict:
@@ -170,9 +203,13 @@ def _preflight(client: HostClient, wire: dict) -> dict:
     try:
         return _retrying()(client.preflight, wire)
     except RemoteError as exc:
-        if exc.code in ("bad-spec", "bad-args"):
-            raise SpecError(f"the host refused the spec: {exc}") from exc
-        raise PreflightError(f"{exc}", hint=exc.hint) from exc
+        raise _refusal(exc) from exc
+
+
+def _refusal(exc: RemoteError) -> SpecError | PreflightError:
+    if exc.code in ("bad-spec", "bad-args"):
+        return SpecError(f"the host refused the spec: {exc}")
+    return PreflightError(f"{exc}", hint=exc.hint)
 
 
 def _start_once(client: HostClient, wire: dict, queue: bool) -> tuple[dict, bool]:
@@ -283,6 +320,9 @@ def restore_target(spec_path: str | None, *, address: str | None = None, unit: s
                    overrides: Sequence[str] = (), **options) -> tuple[dict, dict]:
     """The (host, service) sections to restore: from JOB.yaml, or from --host/--unit and their options
     (user, port, host_key_policy for the host; scope, sudo, health_url for the service), validated alike."""
+    from .spec import HostSpec, ServiceSpec
+    from .spec_load import load_spec, section_from_options
+
     if spec_path and (address or unit):
         raise SpecError("give either JOB.yaml or --host/--unit, not both")
     if spec_path:

@@ -1,7 +1,10 @@
 """The controller's side of the host protocol (docs/protocol.md): one method per supervisor subcommand.
 
-Every call is `python3 -c BOOT ROOT HASH SUBCOMMAND ARGS…`: BOOT execs the uploaded supervisor, or answers
-"payload-missing" (exit 42), in which case the bundle is uploaded once and the call repeated. One call is
+Every call is `python3 -c BOOT ROOT HASH SUBCOMMAND ARGS…`: BOOT runs the uploaded supervisor (imported, in
+the same interpreter: no second start-up on the host), or answers
+"payload-missing" (exit 42), in which case the bundle is uploaded once and the call repeated. On the wire
+it travels as `launch_argv`: one fixed single-line program plus one base64 word, which every login shell
+(sh, bash, zsh, csh/tcsh, fish) hands to python unchanged. One call is
 bounded by one Deadline (its own allowance, capped by the command's), shared by its boot, upload and retry.
 
 `HostClient` is a context manager: `with connect(host) as client:` closes the transport on every path.
@@ -13,7 +16,6 @@ import hashlib
 import io
 import json
 import math
-import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -28,22 +30,26 @@ CALL_TIMEOUT_S = 30.0
 START_TIMEOUT_S = 45.0
 
 BOOT = r"""
-import json, os, sys
+import os, sys
 root, digest = os.path.expanduser(sys.argv[1]), sys.argv[2]
-sup = os.path.join(root, "payload", digest, "supervisor.py")
-for p in (root, os.path.dirname(sup), sup):  # others able to write here could run code as us: refuse
+here = os.path.join(root, "payload", digest)
+sup = os.path.join(here, "supervisor.py")
+for p in (root, here, sup):  # others able to write here could run code as us: refuse
     try:
         st = os.lstat(p)
     except FileNotFoundError:
         break
     if st.st_uid not in (os.geteuid(), 0) or st.st_mode & 0o022 or os.path.islink(p):
+        import json
         sys.stdout.write(json.dumps({"ok": False, "error": "unsafe-root", "message": p + " is writable by others, "
                          "a link, or owned by neither the login user nor root: chmod go-w it or choose another host.root"}) + "\n")
         sys.exit(1)
 if not os.path.isfile(sup):
     sys.stdout.write('{"ok": false, "error": "payload-missing"}\n')
     sys.exit(%d)
-os.execv(sys.executable, [sys.executable, sup] + sys.argv[3:] + ["--root", root])
+sys.path[0] = here  # in place of the login dir: the supervisor and its rooms, bytecode cached beside them
+import supervisor
+sys.exit(supervisor.main(sys.argv[3:] + ["--root", root]))
 """ % EXIT_PAYLOAD_MISSING
 
 # Unpacks a tar.gz of the bundle from stdin into ROOT/payload/HASH, atomically (temp dir + rename), and
@@ -81,6 +87,23 @@ sys.stdout.write('{"ok": true}\n')
 """
 
 
+# The program every remote command runs: it decodes its one argument, base64 of [program, *argv] joined by
+# NUL (no argv string can hold one), and runs program with that argv. Only characters that no login shell
+# treats specially inside single quotes (no newline, `!`, backslash, `$` or quote), so sh, csh/tcsh and fish
+# all pass it through unchanged; base64 itself is [A-Za-z0-9+/=], a plain word in every shell. binascii is
+# built in: decoding imports nothing.
+LAUNCH = "import binascii,sys;a=binascii.a2b_base64(sys.argv[1]).decode().split(chr(0));sys.argv=a[1:];exec(a[0])"
+
+
+def launch_argv(python: str, program: str, args: Sequence[str]) -> list[str]:
+    """argv that runs `python -S -c program ARGS…` through any login shell (quoted once by the transport).
+    -S: no site-packages on the host side (stdlib only), and none of their .pth files run at each call."""
+    words = [program, "-c", *args]
+    if any("\0" in word for word in words):
+        raise ValueError("an argument holds a NUL character, which no argv can carry")
+    return [python, "-S", "-c", LAUNCH, base64.b64encode("\0".join(words).encode("utf-8")).decode("ascii")]
+
+
 @dataclass(frozen=True)
 class Bundle:
     """The files uploaded to ROOT/payload/<digest>/: remote_payload/*.py plus an optional user script."""
@@ -95,6 +118,8 @@ class Bundle:
         return h.hexdigest()[:16]
 
     def tarball(self) -> bytes:
+        import tarfile  # only an upload needs it
+
         buf = io.BytesIO()
         with tarfile.open(fileobj=buf, mode="w:gz") as tar:
             for name in sorted(self.files):
@@ -156,6 +181,12 @@ class HostClient:
         # Longer than the host's own wait for the detached supervisor (30 s), so its answer always arrives.
         return self.call("start", args, stdin=_json_bytes(wire), allowance=START_TIMEOUT_S)
 
+    def submit(self, wire: dict, *, queue: bool = False) -> dict:
+        """Wire `submit`: the preflight report (`report`) and, when nothing in it could refuse the job, the
+        start's answer (`started`: true) in one round trip."""
+        args = ["--job-id", wire["job_id"]] + (["--queue"] if queue else [])
+        return self.call("submit", args, stdin=_json_bytes(wire), allowance=START_TIMEOUT_S)
+
     def status(self, job_ids: Sequence[str] = ()) -> list[dict]:
         args = [a for job_id in job_ids for a in ("--job-id", job_id)]
         return self.call("status", args)["jobs"]
@@ -195,12 +226,12 @@ class HostClient:
         return _answer(done, sub)
 
     def upload(self, deadline: Deadline) -> None:
-        argv = [self.python, "-c", UNPACK, self.root, self.bundle.digest]
+        argv = launch_argv(self.python, UNPACK, [self.root, self.bundle.digest])
         self.round_trips += 1
         _answer(self.transport.run(argv, stdin=self.bundle.tarball(), deadline=deadline), "upload")
 
     def _run_boot(self, sub: str, args: list[str], stdin: bytes, deadline: Deadline) -> Completed:
-        argv = [self.python, "-c", BOOT, self.root, self.bundle.digest, sub, *args]
+        argv = launch_argv(self.python, BOOT, [self.root, self.bundle.digest, sub, *args])
         self.round_trips += 1
         return self.transport.run(argv, stdin=stdin, deadline=deadline)
 

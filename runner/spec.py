@@ -36,6 +36,7 @@ class HostSpec(_Section):
     root: HostRoot = DEFAULTS["host.root"]
     python: Python = "python3"  # runs the supervisor (the controller's choice: the host never defaults it)
     connect_timeout: Duration = 10.0
+    transport: Literal["auto", "openssh", "paramiko"] = "auto"  # auto: the system `ssh` when present
 
 
 class ServiceSpec(_Section):

@@ -24,6 +24,9 @@ DESCRIPTIONS = {
                  "login user and not writable by others.",
     "host.python": "Python 3 on the host that runs the stdlib-only supervisor (not the benchmark's).",
     "host.connect_timeout": "How long to wait for the SSH connection.",
+    "host.transport": "How to reach the host: `openssh` runs your `ssh` with your ~/.ssh/config (certificates, "
+                      "agents, Match, ProxyJump; one ControlMaster per host), `paramiko` the embedded client "
+                      "(no `ssh` binary needed; no host certificates); `auto` is `openssh` when `ssh` is on PATH.",
     "service": "The inference service that may have to give up the GPU, and how to bring it back.",
     "service.manager": "`systemd` to manage `unit`; `none` when nothing has to be stopped.",
     "service.unit": "The systemd unit (NAME means NAME.service).",

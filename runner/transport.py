@@ -21,7 +21,6 @@ import hashlib
 import os
 import select
 import shlex
-import socket
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -130,11 +129,13 @@ def _translated(exc: BaseException, target: SshTarget, connecting: bool) -> Tran
     paramiko = _paramiko()
     name = target.address
     if isinstance(exc, paramiko.BadHostKeyException):
+        # `ssh-keygen -R` needs the known_hosts name (`[host]:port` off port 22), not the ssh_config alias.
         return HostKeyError(
             f"ssh {name}: the host key CHANGED: got {exc.key.get_name()} {fingerprint(exc.key)}, "
             f"known_hosts has {fingerprint(exc.expected_key)}",
             hint="If the host was legitimately reinstalled, remove the old line with "
-            f"`ssh-keygen -R {name}`; otherwise do not connect.")
+            f"`ssh-keygen -R {shlex.quote(_known_hosts_name(exc.hostname or name, target.port))}`; "
+            "otherwise do not connect.")
     if isinstance(exc, paramiko.AuthenticationException):
         return TransportError(f"ssh {name}: authentication failed as {target.user or 'the ssh_config user'}",
                               hint="Check the user and IdentityFile (ssh_config) and that `ssh` itself can log in.")
@@ -145,15 +146,22 @@ def _translated(exc: BaseException, target: SshTarget, connecting: bool) -> Tran
     return TransportError(f"ssh {name}: {verb} ({_describe(exc)})")
 
 
+def _known_hosts_name(host: str, port: int | None) -> str:
+    return host if not port or port == 22 else f"[{host}]:{port}"
+
+
 def _connect(target: SshTarget, timeout: float):
     """Open a fabric Connection with our host-key rules. Errors are translated by the caller (`run`)."""
     conn = _fabric_connection(target, timeout)
     try:
+        _open_gateway(conn.gateway, target, timeout)
         conn.open()
     except BaseException:
         conn.close()
         raise
     conn.transport.set_keepalive(KEEPALIVE_S)
+    import socket  # here: the OpenSSH transport never needs it, and `runner` starts without it
+
     sock = conn.transport.sock
     if isinstance(sock, socket.socket):
         # Without it, each new channel on the connection waits ~40 ms for the server's delayed ACK (Nagle).
@@ -161,8 +169,33 @@ def _connect(target: SshTarget, timeout: float):
     return conn
 
 
+def _open_gateway(gateway, target: SshTarget, timeout: float) -> None:
+    """Open a ProxyJump hop before the target (fabric would open it inside the target's connect): its errors
+    then name the jump host, and the direct-tcpip channel through it waits at most `timeout` (paramiko's
+    default is 3600 s: a dead target behind a live jump host held `tail --max-wait 10` for ~130 s)."""
+    if gateway is None or isinstance(gateway, str):
+        return
+    _open_gateway(gateway.gateway, target, timeout)
+    hop = SshTarget(address=gateway.host, user=gateway.user, port=gateway.port,
+                    host_key_policy=target.host_key_policy, connect_timeout=timeout)
+    try:
+        gateway.open()
+    except TransportError as exc:
+        raise type(exc)(f"{exc} (the jump host on the way to {target.address})", hint=exc.hint) from exc
+    except _ssh_errors() as exc:
+        error = _translated(exc, hop, True)
+        raise type(error)(f"{error} (the jump host on the way to {target.address})", hint=error.hint) from exc
+    gateway.transport.channel_timeout = timeout
+
+
 def _fabric_connection(target: SshTarget, timeout: float):
+    import logging
+
     from fabric import Config, Connection
+
+    # paramiko logs a failed handshake with a traceback through logging's last-resort handler; the error
+    # itself reaches cli.main as an exception and is reported once there.
+    logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
     config_path = target.ssh_config or os.environ.get("RUNNER_SSH_CONFIG")
     config = Config(runtime_ssh_path=config_path) if config_path else Config()
@@ -185,10 +218,11 @@ def _secure_host_keys(conn, policy: str) -> None:
     so the gateway chain is secured too.
     """
     files = known_hosts_files(conn.ssh_config)
+    skipped = 0
     for path in files:
         if path.exists():
-            load_known_hosts(conn.client.get_host_keys(), path)
-    conn.client.set_missing_host_key_policy(_MissingKeyPolicy(policy, files[0]))
+            skipped += load_known_hosts(conn.client.get_host_keys(), path)
+    conn.client.set_missing_host_key_policy(_MissingKeyPolicy(policy, files[0], ca_lines=skipped))
     gateway = conn.gateway
     if gateway is not None and not isinstance(gateway, str):
         # fabric builds a ProxyJump hop with no timeouts at all: a dead jump host would block for the
@@ -199,17 +233,20 @@ def _secure_host_keys(conn, policy: str) -> None:
         _secure_host_keys(gateway, policy)
 
 
-def load_known_hosts(keys, path: Path) -> None:
+def load_known_hosts(keys, path: Path) -> int:
     """paramiko's HostKeys.load, but knowing OpenSSH's markers, which paramiko cannot parse.
 
     `@cert-authority` lines are skipped: paramiko cannot check host certificates, so they trust nothing here
-    and a host known only through its CA stays unknown (refused). `@revoked` refuses to go on: ignoring a
-    revocation would trust a key the user revoked.
+    and a host known only through its CA stays unknown (refused, the message naming the marker). `@revoked`
+    refuses to go on: ignoring a revocation would trust a key the user revoked. Returns how many
+    `@cert-authority` lines were skipped.
     """
     from paramiko.hostkeys import HostKeyEntry
 
+    ca_lines = 0
     for number, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
         line = line.strip()
+        ca_lines += line.startswith("@cert-authority ")
         if not line or line.startswith(("#", "@cert-authority ")):
             continue
         if line.startswith("@"):
@@ -221,6 +258,7 @@ def load_known_hosts(keys, path: Path) -> None:
             continue  # a key type paramiko does not know, as HostKeys.load does
         for hostname in entry.hostnames if entry is not None else ():
             keys.add(hostname, entry.key.get_name(), entry.key)
+    return ca_lines
 
 
 def known_hosts_files(ssh_config: dict) -> list[Path]:
@@ -232,14 +270,17 @@ def known_hosts_files(ssh_config: dict) -> list[Path]:
 
 
 class _MissingKeyPolicy:
-    def __init__(self, policy: str, record_in: Path) -> None:
+    def __init__(self, policy: str, record_in: Path, *, ca_lines: int = 0) -> None:
         self.policy = policy
         self.record_in = record_in
+        self.ca_lines = ca_lines
 
     def missing_host_key(self, client, hostname: str, key) -> None:
         if self.policy != "accept-new":
             raise HostKeyError(
-                f"ssh {hostname}: host key not in known_hosts: {key.get_name()} {fingerprint(key)}",
+                f"ssh {hostname}: host key not in known_hosts: {key.get_name()} {fingerprint(key)}"
+                + (f" (known_hosts has {self.ca_lines} `@cert-authority` line(s): host certificates cannot be "
+                   "checked by the paramiko transport; `host.transport: openssh` checks them)" if self.ca_lines else ""),
                 hint="Verify the fingerprint out of band, then add it (`ssh-keyscan` or one `ssh` login), "
                 "or set `host.host_key_policy: accept-new` to trust it on first use.",
             )
@@ -292,6 +333,6 @@ def _remaining(deadline: Deadline, name: str) -> float:
 
 def _describe(exc: BaseException) -> str:
     text = str(exc) or type(exc).__name__
-    if isinstance(exc, socket.timeout):
+    if isinstance(exc, TimeoutError):  # socket.timeout is TimeoutError since Python 3.10
         return "timed out"
     return text

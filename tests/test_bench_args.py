@@ -27,6 +27,7 @@ def bench(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     (["--heartbeat-s", "30"], "--heartbeat-s"),
     (["--prepare-only", "--check"], "cannot be combined with --check"),
     (["--settle-ms", "-1"], "--settle-ms must not be negative"),
+    (["--settle", "cool", "--cool-max-ms", "-5"], "--cool-max-ms must not be negative"),
     (["--order", "descending"], "invalid choice"),
 ])
 def test_bad_arguments_exit_2_with_a_clear_message(args, message, tmp_path):

@@ -58,6 +58,18 @@ def test_interleaved_orders_time_every_batch_size_once_per_repetition():
     assert [m for _, m in window_order(sizes, 2, "alternating", 0)] == sizes + sizes[::-1]
 
 
+def test_the_interleave_order_alternates_light_and_heavy_the_same_in_every_repetition():
+    """Issue 15: each window of a batch size has the same predecessor in every repetition, and no two heavy
+    windows run back to back (the slow repetition of M=512 followed M=512 and M=64)."""
+    sizes = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
+    windows = window_order(sizes, 3, "interleave", seed=0)
+    order = [m for _, m in windows]
+    assert order[:10] == [1, 512, 2, 256, 4, 128, 8, 64, 16, 32] and order == order[:10] * 3
+    assert [rep for rep, _ in windows] == [0] * 10 + [1] * 10 + [2] * 10
+    assert all(not (a >= 64 and b >= 64) for a, b in zip(order, order[1:]))
+    assert sorted(window_order([3, 1, 2], 1, "interleave", 0)) == [(0, 1), (0, 2), (0, 3)]
+
+
 def test_the_random_order_is_seeded_and_shuffles():
     sizes = list(range(1, 11))
     assert window_order(sizes, 3, "random", 5) == window_order(sizes, 3, "random", 5)

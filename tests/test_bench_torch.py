@@ -182,6 +182,32 @@ def test_prepare_only_imports_and_builds_without_weights_or_timing(tmp_path):
 
 
 def test_own_gpu_memory_is_read_from_nvidia_smi_compute_apps():
-    import bench_marlin_moe as bench
+    import marlin_env
     text = "4242, 512\n77, 80000\n"
-    assert bench.parse_compute_apps(text, 4242) == 512 and bench.parse_compute_apps(text, 5) is None
+    assert marlin_env.parse_compute_apps(text, 4242) == 512 and marlin_env.parse_compute_apps(text, 5) is None
+
+
+def test_cool_settle_waits_for_the_first_windows_temperature_and_is_bounded():
+    """--settle cool: idle until within cool_c of the first window's start temperature, never past cool_max_ms."""
+    import argparse
+    import bench_marlin_moe as bench
+    temps = iter([60, 58, 56, 55, 54])
+    runner = bench.Bench.__new__(bench.Bench)
+    runner.args = argparse.Namespace(cool_c=3.0, cool_max_ms=5000.0)
+    runner.gpu_state = lambda: {"temp_c": next(temps)}
+    timed = {512: [{"index": 0, "start": {"temp_c": 52}}], 1: []}
+    cooled = runner.cool_down(timed)
+    assert cooled["temp_c"] == 55 and cooled["target_c"] == 55 and cooled["waited_ms"] < 5000
+    runner.args.cool_max_ms = 100.0
+    runner.gpu_state = lambda: {"temp_c": 90}
+    cooled = runner.cool_down(timed)
+    assert cooled["temp_c"] == 90 and 100 <= cooled["waited_ms"] < 2000
+    assert runner.cool_down({1: []}) is None  # nothing timed yet: no reference temperature
+
+
+def test_cool_settle_runs_without_nvml_and_is_recorded(tmp_path):
+    done, result = run_bench(tmp_path, "--backend", "torch", "--order", "interleave", "--settle", "cool",
+                             "--settle-ms", "1", "--cool-max-ms", "10")
+    assert done.returncode == 0, done.stderr
+    assert result["timing"]["order"]["mode"] == "interleave"
+    assert result["timing"]["settle"] == {"mode": "cool", "ms": 1.0, "cool_c": 3.0, "cool_max_ms": 10.0}

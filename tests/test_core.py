@@ -1,7 +1,7 @@
 """The core contract, through the real CLI, over a real loopback sshd and over the local transport.
 
-Each test runs twice: `ssh` (OpenSSH sshd on 127.0.0.1, ssh_config alias, known_hosts checked) and
-`local` (`address: local`, the embedded default). The host side is the real supervisor, detached.
+Each test runs three times: `openssh` and `paramiko` (the two SSH transports, `host.transport`, to an OpenSSH
+sshd on 127.0.0.1 through an ssh_config alias, known_hosts checked) and `local` (`address: local`). The host side is the real supervisor, detached.
 """
 from __future__ import annotations
 
@@ -22,14 +22,20 @@ from tests.hosts._proc import shared_tmpdir
 HOSTILE = "it's \"quoted\"; $(touch /tmp/runner-pwned) `id` & spaces"
 
 
-@pytest.fixture(params=["local", "ssh"])
+@pytest.fixture(params=["local", "openssh", "paramiko"])
 def target(request) -> Target:
     root = shared_tmpdir("runner-root-")
     if request.param == "local":
         return Target("local", {"address": "local", "root": str(root)}, root, {})
     host = request.getfixturevalue("ssh_host")
-    return Target("ssh", {"address": host.alias, "root": str(root)}, root, {"RUNNER_SSH_CONFIG": str(host.ssh_config)},
-                  host)
+    return Target("ssh", {"address": host.alias, "root": str(root), "transport": request.param}, root,
+                  {"RUNNER_SSH_CONFIG": str(host.ssh_config)}, host)
+
+
+@pytest.fixture(params=["openssh", "paramiko"])
+def transport(request) -> str:
+    """host.transport for the tests that only make sense over SSH."""
+    return request.param
 
 
 @pytest.fixture
@@ -237,8 +243,8 @@ def _ssh_config_with(ssh_host, known_hosts: Path, tmp: Path) -> Path:
     return path
 
 
-def test_unknown_host_key_refused_with_fingerprint(ssh_host, work):
-    target = Target("ssh", {"address": ssh_host.alias, "root": str(work / "root")}, work / "root",
+def test_unknown_host_key_refused_with_fingerprint(ssh_host, work, transport):
+    target = Target("ssh", {"address": ssh_host.alias, "root": str(work / "root"), "transport": transport}, work / "root",
                     {"RUNNER_SSH_CONFIG": str(_ssh_config_with(ssh_host, ssh_host.empty_known_hosts(), work))})
     job = write_job(work / "job.yaml", target, command=["true"])
     done = run_cli(target, "submit", str(job))
@@ -247,8 +253,8 @@ def test_unknown_host_key_refused_with_fingerprint(ssh_host, work):
     assert not (work / "root").exists()  # nothing ran on the host
 
 
-def test_changed_host_key_refused(ssh_host, work):
-    target = Target("ssh", {"address": ssh_host.alias, "root": str(work / "root")}, work / "root",
+def test_changed_host_key_refused(ssh_host, work, transport):
+    target = Target("ssh", {"address": ssh_host.alias, "root": str(work / "root"), "transport": transport}, work / "root",
                     {"RUNNER_SSH_CONFIG": str(_ssh_config_with(ssh_host, ssh_host.wrong_known_hosts(), work))})
     job = write_job(work / "job.yaml", target, command=["true"])
     done = run_cli(target, "submit", str(job))
@@ -257,28 +263,30 @@ def test_changed_host_key_refused(ssh_host, work):
 
 
 @pytest.mark.parametrize("marker", ["@cert-authority", "@revoked"])
-def test_known_hosts_markers_are_understood_never_a_traceback(ssh_host, work, marker):
-    """OpenSSH's `@cert-authority`/`@revoked` lines (paramiko cannot read them): a CA line trusts nothing here,
-    so the host's own line still verifies it; a revocation cannot be honoured, so nothing runs (exit 3)."""
+def test_known_hosts_markers_are_understood_never_a_traceback(ssh_host, work, marker, transport):
+    """OpenSSH's `@cert-authority`/`@revoked` lines for another host: OpenSSH honours both (the host's own line
+    verifies it). paramiko cannot read them: a CA line trusts nothing there, so the host's own line still
+    verifies it; a revocation cannot be honoured, so nothing runs (exit 3)."""
     known = work / "known_hosts"
     other_key = ssh_host.wrong_known_hosts().read_text().split()[-2:]
     known.write_text(f"{marker} *.example.org {' '.join(other_key)}\n" + ssh_host.known_hosts.read_text())
-    target = Target("ssh", {"address": ssh_host.alias, "root": str(work / "root")}, work / "root",
-                    {"RUNNER_SSH_CONFIG": str(_ssh_config_with(ssh_host, known, work))})
+    target = Target("ssh", {"address": ssh_host.alias, "root": str(work / "root"), "transport": transport},
+                    work / "root", {"RUNNER_SSH_CONFIG": str(_ssh_config_with(ssh_host, known, work))})
     job = write_job(work / "job.yaml", target, command=["true"])
     done = run_cli(target, "submit", str(job))
     assert b"Traceback" not in done.stderr, done.stderr.decode()
-    if marker == "@cert-authority":
+    if marker == "@cert-authority" or transport == "openssh":
         assert done.returncode == 0, done.stderr.decode()
         return
     assert done.returncode == 3 and marker.encode() in done.stderr and str(known).encode() in done.stderr
     assert not (work / "root").exists()  # nothing ran on the host
 
 
-def test_accept_new_records_the_key_once(ssh_host, work):
+def test_accept_new_records_the_key_once(ssh_host, work, transport):
     known = work / "known_hosts"
     known.write_text("")
-    host = {"address": ssh_host.alias, "root": str(work / "root"), "host_key_policy": "accept-new"}
+    host = {"address": ssh_host.alias, "root": str(work / "root"), "host_key_policy": "accept-new",
+            "transport": transport}
     target = Target("ssh", host, work / "root",
                     {"RUNNER_SSH_CONFIG": str(_ssh_config_with(ssh_host, known, work))})
     job = write_job(work / "job.yaml", target, command=["true"])

@@ -14,6 +14,7 @@ link is cut. The host shares this machine's PID namespace, so pids in status.jso
 """
 from __future__ import annotations
 
+import base64
 import json
 import os
 import shutil
@@ -27,6 +28,7 @@ import pytest
 
 from remote_payload.contract import TERMINAL
 from runner.controller import ROUND_TRIP_ALLOWANCE_S
+from runner.host import LAUNCH
 from tests.case_report import record
 from tests.cli_helpers import REPO, Target, python_payload, run_cli, submit, wait_for, write_job
 from tests.hosts._proc import shared_tmpdir
@@ -136,9 +138,18 @@ def health_inside(host) -> int:
     return int(done.stdout.strip() or 0)
 
 
+def command_line(pid: int) -> str:
+    """pid's command line, with the launch line's base64 word decoded (a host call runs the supervisor
+    in the interpreter of `python3 -S -c LAUNCH WORD`: its subcommand and job id are inside WORD)."""
+    argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode("utf-8", "replace").rstrip("\0").split("\0")
+    if LAUNCH in argv and argv[-1] != LAUNCH:
+        argv += base64.b64decode(argv[-1]).decode("utf-8", "replace").split("\0")[1:]
+    return " ".join(argv)
+
+
 def kill_checked(pid: int, needle: str, sig: signal.Signals) -> None:
     """Signal pid only if its command line names `needle` (this test's job id or script)."""
-    cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode("utf-8", "replace")
+    cmdline = command_line(pid)
     assert needle in cmdline, f"pid {pid} is not ours: {cmdline!r}"
     os.kill(pid, sig)
 
@@ -265,8 +276,8 @@ def host_process(host, needle: str) -> int | None:
     taken for ours)."""
     for entry in Path("/proc").iterdir():
         try:
-            if (entry.name.isdigit() and needle.encode() in (entry / "cmdline").read_bytes().replace(b"\0", b" ")
-                    and in_cgroup(int(entry.name), host.cgroup)):
+            if entry.name.isdigit() and needle in command_line(int(entry.name)) \
+                    and in_cgroup(int(entry.name), host.cgroup):
                 return int(entry.name)
         except OSError:
             continue
@@ -313,7 +324,8 @@ def test_link_cut_during_start_then_retry_with_same_id_is_safe(netns_host, work)
     spec = job_spec(work, netns_host, python_payload(work, "counted.py", COUNTED) + [str(counter), str(gate)])
     first = cli_process(target, "submit", str(spec), "--job-id", "cut-start.1", "--json")
     try:
-        start = poll_tightly(lambda: host_process(netns_host, "supervisor.py start --job-id cut-start.1"),
+        # `submit` is the host's preflight + start in one call (the start path of a cached submit)
+        start = poll_tightly(lambda: host_process(netns_host, "submit --job-id cut-start.1"),
                              what="the host's start call")
         poll_tightly(job_file_on_host(netns_host, "cut-start.1", "").exists, what="the claimed job dir")
         kill_checked(start, "cut-start.1", signal.SIGSTOP)

@@ -240,7 +240,7 @@ def test_section_from_options_validates_like_a_file():
         section_from_options(HostSpec, "--host", address="ct200; id", colour="red")
     assert str(info.value).splitlines() == [
         "--host: address: address must be `local`, a host name, an ssh_config alias or an IP address; got 'ct200; id'",
-        "--host: colour: unknown key (allowed: address, user, port, host_key_policy, root, python, connect_timeout)"]
+        "--host: colour: unknown key (allowed: address, user, port, host_key_policy, root, python, connect_timeout, transport)"]
 
 
 # -- script_source ----------------------------------------------------------------------------------------

@@ -68,13 +68,13 @@ def new_login_names(*roles: str) -> tuple[str, ...]:
     return tuple(f"{LOGIN_PREFIX}-{os.getpid()}-{number}-{role}" for role in roles)
 
 
-def create_login_user(name: str, home: Path) -> None:
+def create_login_user(name: str, home: Path, shell: str = "/bin/bash") -> None:
     """A throwaway login `name` whose HOME is the empty dir `home`: no rc files, so its shell is plain.
 
     The password field `*` ("no password works") instead of useradd's `!` (locked): sshd refuses a locked
     account under `UsePAM no`.
     """
-    run_account_tool(["useradd", "--home-dir", str(home), "--no-create-home", "--shell", "/bin/bash",
+    run_account_tool(["useradd", "--home-dir", str(home), "--no-create-home", "--shell", shell,
                       "--password", "*", name])
     home.mkdir(mode=0o755)
     entry = pwd.getpwnam(name)
@@ -116,13 +116,14 @@ def remove_stale_login_users() -> None:
             remove_login_user(entry.pw_name)
 
 
-def create_host_logins(workdir: Path, roles: tuple[str, ...]) -> tuple[str, ...]:
-    """One fresh login per role with HOME under `workdir`/home; `remove_login_user` each at teardown."""
+def create_host_logins(workdir: Path, roles: tuple[str, ...], shells: dict | None = None) -> tuple[str, ...]:
+    """One fresh login per role with HOME under `workdir`/home, its login shell `shells[role]` (default bash);
+    `remove_login_user` each at teardown."""
     remove_stale_login_users()
     names = new_login_names(*roles)
     (workdir / "home").mkdir(mode=0o755, exist_ok=True)
-    for name in names:
-        create_login_user(name, workdir / "home" / name)
+    for role, name in zip(roles, names):
+        create_login_user(name, workdir / "home" / name, (shells or {}).get(role, "/bin/bash"))
         _created_here.add(name)
     return names
 

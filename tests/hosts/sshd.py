@@ -264,12 +264,13 @@ def launch_sshd(workdir: Path, gpu_dir: Path, users: list[str]) -> tuple[subproc
     raise RuntimeError(f"sshd did not start; see {workdir / 'sshd.log'}")
 
 
-def start_sshd() -> SshHost:
-    """Start a test sshd accepting one client key for root and a fresh non-root login (`non_root_user`);
-    returns the root login (`as_user` for the other)."""
+def start_sshd(shells: dict | None = None) -> SshHost:
+    """Start a test sshd accepting one client key for root and a fresh non-root login (`non_root_user`),
+    plus one login per role in `shells` ({role: login shell}, after it in `logins`); returns the root login
+    (`as_user` for the others)."""
     workdir = host_workdir("sshd")
     make_root_home(workdir)
-    logins = create_host_logins(workdir, ("user",))
+    logins = create_host_logins(workdir, ("user", *(shells or {})), shells)
     try:
         gpu_dir = gpu_state.make_state_dir(workdir / "gpu")
         process, port = launch_sshd(workdir, gpu_dir, ["root", *logins])

@@ -1,0 +1,95 @@
+"""A submit's local plan, cached by everything it came from: a warm `runner submit` of a spec it has planned
+before neither imports pydantic and yaml nor validates again (they were most of the CLI's start-up).
+
+A plan is what submit decides before any host is contacted: the host section, the wire form of the spec
+(its job id left to each submit), the payload script's path and the bundle digest, and the args check's note.
+Its key hashes the spec file (resolved path and bytes), the `--set` overrides, and a stamp of the code that
+validates (every runner/*.py file, the Python version, the pydantic and yaml packages): any change is a
+miss, so a plan is never older than what it was made from. On a hit the bundle is built again from the files
+and must hash to the recorded digest (remote_payload/*.py and the script unchanged), else it is a miss too.
+Entries are STATE/plans/<key>.json, replaced atomically; an unreadable one is a miss, never an error.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import stat
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+FORMAT = 1
+RUNNER_DIR = Path(__file__).resolve().parent
+VALIDATING_PACKAGES = ("pydantic", "pydantic_core", "yaml")
+
+
+@dataclass
+class Plan:
+    host: dict
+    wire: dict  # the spec's wire form; its job_id is set by each submit
+    source: str | None  # the payload script uploaded with the bundle (absolute), or None
+    digest: str
+    args_note: str
+
+
+def key(spec_path: str, overrides: Sequence[str]) -> str | None:
+    """The plan's key, or None when the spec is not a readable regular file (validation then says why)."""
+    path = Path(spec_path).resolve()
+    try:
+        if not stat.S_ISREG(path.stat().st_mode):
+            return None
+        data = path.read_bytes()
+    except (OSError, ValueError):
+        return None
+    h = hashlib.sha256(json.dumps([FORMAT, str(path), list(overrides), _code_stamp()]).encode())
+    h.update(data)
+    return h.hexdigest()[:32]
+
+
+def _code_stamp() -> list:
+    """What validation depends on besides the spec: runner's own files and the validating packages."""
+    files = sorted(RUNNER_DIR.glob("*.py")) + [_package_file(name) for name in VALIDATING_PACKAGES]
+    return [sys.version] + [_file_stamp(path) for path in files]
+
+
+def _package_file(name: str) -> Path | None:
+    from importlib.util import find_spec
+
+    spec = find_spec(name)
+    return Path(spec.origin) if spec is not None and spec.origin else None
+
+
+def _file_stamp(path: Path | None) -> list:
+    try:
+        st = path.stat()
+        return [str(path), st.st_size, st.st_mtime_ns]
+    except (AttributeError, OSError):
+        return [str(path), None]
+
+
+def load(root: Path, plan_key: str | None, bundle_of: Callable) -> tuple[Plan, object] | None:
+    """The cached plan and its bundle (`bundle_of(source)`, checked against the recorded digest), or None."""
+    if plan_key is None:
+        return None
+    try:
+        plan = Plan(**json.loads((root / "plans" / f"{plan_key}.json").read_text()))
+        bundle, _ = bundle_of(Path(plan.source) if plan.source else None)
+    except (OSError, ValueError, TypeError):
+        return None
+    return (plan, bundle) if bundle.digest == plan.digest else None
+
+
+def save(root: Path, plan_key: str | None, plan: Plan) -> None:
+    """Record a plan (best effort: a read-only state dir only costs the next submit its validation)."""
+    if plan_key is None:
+        return
+    directory = root / "plans"
+    tmp = directory / f".tmp-{plan_key}-{os.getpid()}"
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(plan.__dict__))
+        os.replace(tmp, directory / f"{plan_key}.json")
+    except OSError:
+        tmp.unlink(missing_ok=True)

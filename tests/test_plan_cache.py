@@ -1,0 +1,85 @@
+"""A warm submit reuses its validated plan (runner/plan_cache.py) and never a stale one: through the real CLI
+on the local transport (the plan is decided before any host, so the transport does not matter here)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from tests.cli_helpers import REPO, Target, run_cli, submit, wait_terminal, write_job
+from tests.hosts._proc import shared_tmpdir
+
+# The CLI in a child that reports, as it exits, whether pydantic (the validation) was imported.
+REPORTING = ("import atexit, sys\n"
+             "atexit.register(lambda: print('pydantic imported:', 'pydantic' in sys.modules, file=sys.stderr))\n"
+             "from runner.cli import main\n"
+             "main(sys.argv[1:])\n")
+
+
+def local_target() -> Target:
+    root = shared_tmpdir("runner-root-plan-")
+    return Target("local", {"address": "local", "root": str(root)}, root, {})
+
+
+def submit_reporting(job, *extra: str) -> tuple[str, bool]:
+    done = subprocess.run([sys.executable, "-c", REPORTING, "submit", str(job), "--json", *extra], cwd=REPO,
+                          capture_output=True, timeout=120)
+    assert done.returncode == 0, done.stderr.decode()
+    return json.loads(done.stdout)["job_id"], b"pydantic imported: True" in done.stderr
+
+
+def output_of(target: Target, job_id: str) -> bytes:
+    assert wait_terminal(target, job_id)["state"] == "SUCCEEDED"
+    return run_cli(target, "tail", job_id, "--from-start").stdout
+
+
+def test_a_second_submit_of_the_same_spec_skips_validation_and_runs_alike(tmp_path):
+    target = local_target()
+    job = write_job(tmp_path / "job.yaml", target, command=["echo", "same plan"])
+    first, validated_first = submit_reporting(job)
+    second, validated_second = submit_reporting(job)
+    assert validated_first and not validated_second
+    assert first != second  # each submit still gets its own job id
+    assert output_of(target, first) == output_of(target, second) == b"same plan\n"
+
+
+def test_an_edited_spec_or_other_overrides_are_planned_afresh(tmp_path):
+    target = local_target()
+    job = write_job(tmp_path / "job.yaml", target, command=["sh", "-c", 'echo "$GREETING"'], env={"GREETING": "one"})
+    submit_reporting(job)
+    _, validated = submit_reporting(job, "--set", "payload.env.GREETING=two")
+    assert validated
+    overridden, _ = submit_reporting(job, "--set", "payload.env.GREETING=two")
+    assert output_of(target, overridden) == b"two\n"
+    write_job(job, target, command=["sh", "-c", 'echo "$GREETING"'], env={"GREETING": "three"})
+    edited, validated = submit_reporting(job)
+    assert validated and output_of(target, edited) == b"three\n"
+    bad = job.read_text().replace("max_runtime:", "max_runtim:")
+    job.write_text(bad)
+    refused = run_cli(target, "submit", str(job))
+    assert refused.returncode == 2 and b"max_runtim" in refused.stderr  # a cached plan never hides an error
+
+
+def test_a_changed_payload_script_is_uploaded_and_run(tmp_path):
+    """The plan records the bundle's digest: a script edited since is a miss, and its new bytes run."""
+    target = local_target()
+    script = tmp_path / "say.py"
+    script.write_text("print('first version')\n")
+    job = write_job(tmp_path / "job.yaml", target, script="say.py")
+    first, _ = submit_reporting(job)
+    assert output_of(target, first) == b"first version\n"
+    script.write_text("print('second version')\n")
+    second, validated = submit_reporting(job)
+    assert validated and output_of(target, second) == b"second version\n"
+
+
+def test_an_unreadable_plan_is_a_miss_not_an_error(tmp_path, runner_state_dir):
+    target = local_target()
+    job = write_job(tmp_path / "job.yaml", target, command=["echo", "fine"])
+    submit_reporting(job)
+    for entry in (runner_state_dir / "plans").iterdir():
+        entry.write_text("{not json")
+    job_id, validated = submit_reporting(job)
+    assert validated and output_of(target, job_id) == b"fine\n"
+    assert not any(name.startswith(".tmp-") for name in os.listdir(runner_state_dir / "plans"))
