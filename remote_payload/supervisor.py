@@ -10,6 +10,7 @@ each importing only the rooms above it in this list:
     supervisor_files.py  ROOT on disk: job paths, atomic files, status.json, the locks
     supervisor_spec.py   the spec and argv checked again with the contract's rules and defaults
     supervisor_job.py    one job's choreography (supervise → settle) and its guard
+    supervisor_unit.py   where systemd is: _run in a transient unit (ExecStopPost= restore, watchdog, cgroup)
     supervisor_submit.py `submit`: preflight + start in one call when the report cannot refuse the job
     supervisor.py        the subcommands, fork/setsid/exec, argv parsing, the one JSON answer
 
@@ -53,7 +54,7 @@ try:  # imported as remote_payload.supervisor (tests)
     from .supervisor_settle import hard_deadline, settle_as_restorer, start_guard, with_restore_lock
     from .supervisor_spec import check_health_url, check_job_id, check_root, check_root_safe, check_unit, \
         read_spec_stdin
-    from . import supervisor_ledger as ledger
+    from . import supervisor_ledger as ledger, supervisor_unit
     from .supervisor_submit import submit
 except ImportError:  # run as a script: sys.path[0] is this directory
     from contract import DEFAULTS, RUNNING_SERVICE_STATES, SERVICE_SCOPES, TERMINAL
@@ -67,6 +68,7 @@ except ImportError:  # run as a script: sys.path[0] is this directory
     from supervisor_spec import check_health_url, check_job_id, check_root, check_root_safe, check_unit, \
         read_spec_stdin
     import supervisor_ledger as ledger
+    import supervisor_unit
     from supervisor_submit import submit
 
 try:
@@ -168,11 +170,13 @@ def start_job(args, spec: dict) -> dict:
     claim_job_dir(paths, spec)
     if spec.get("launcher") == "slurm":  # Slurm queues it: no lock, no --queue, no detached supervisor here
         return slurm_launch().submit(paths, spec)
-    ready_r, ready_w = os.pipe()
-    argv = RUN_SUPERVISOR + ["_run", "--job-id", job_id, "--root", args.root,
-                             "--ready-fd", str(ready_w)] + (["--queue"] if args.queue else [])
-    daemonize_exec(argv, paths.supervisor_log, keep=[ready_w])
-    os.close(ready_w)
+    ready_r = supervisor_unit.launch(paths, spec, args.queue)  # in a systemd unit where the host has one
+    if ready_r is None:
+        ready_r, ready_w = os.pipe()
+        argv = RUN_SUPERVISOR + ["_run", "--job-id", job_id, "--root", args.root,
+                                 "--ready-fd", str(ready_w)] + (["--queue"] if args.queue else [])
+        daemonize_exec(argv, paths.supervisor_log, keep=[ready_w])
+        os.close(ready_w)
     answer = read_ready(ready_r, READY_TIMEOUT_S)
     if answer is None:
         answer = give_up_start(paths, ready_r)
@@ -288,12 +292,15 @@ def install_signal_handlers(flags: Flags) -> None:
 
 def cmd_run(args) -> dict:
     """The detached supervisor: claim locks, start the guard, answer `start`, then run the job."""
+    if args.ready_fifo:  # started by systemd-run (supervisor_unit.py): no fd is passed, the fifo is named
+        args.ready_fd = supervisor_unit.open_ready(args.ready_fifo)
+        supervisor_unit.start_watchdog()
     os.set_inheritable(args.ready_fd, False)  # the guard and the payload must not hold `start`'s pipe
     paths = JobPaths(args.root, args.job_id)
     job = Job.load(paths)
     flags = Flags()
     install_signal_handlers(flags)
-    job.save(supervisor=identity(os.getpid()))
+    job.save(supervisor=identity(os.getpid()), launch=supervisor_unit.launch_record(args.job_id))
     locks = Locks(args.root, lock_keys(job.spec), args.job_id)
     locks.open()
     holder = locks.try_acquire()
@@ -467,6 +474,7 @@ def cmd_restore(args) -> dict:
         return dict(answer, state=job.status["state"], service=job.status["service"], deferred=True,
                     message="the job's supervisor (or guard) is alive and restores the service itself")
     message = "supervisor gone; restored by `restore`" if job.status["state"] != "LOST" else job.status["message"]
+    message = supervisor_unit.stop_post_message() or message
     # A restorer acts only while holding the job's locks: a job that holds them now runs on this service and
     # settles our stop through the host ledger (it adopts it); starting the service here would be under its run.
     locks = Locks(args.root, lock_keys(job.spec), args.job_id)
@@ -574,7 +582,7 @@ def build_parser(sub: str) -> ArgParser:
     options = {
         "start": [("--queue", dict(action="store_true"))],
         "submit": [("--queue", dict(action="store_true"))],
-        "_run": [("--queue", dict(action="store_true")), ("--ready-fd", dict(type=int, required=True))],
+        "_run": [("--queue", dict(action="store_true")), ("--ready-fd", dict(type=int)), ("--ready-fifo", dict())],
         "_guard": [("--life-fd", dict(type=int, required=True))],
         "logs": [("--offset", dict(type=int, required=True)), ("--max", dict(type=int, default=1 << 20)),
                  ("--wait", dict(type=float, default=0.0))],

@@ -1,7 +1,7 @@
 """docs/reliability.md from one test run: the fault matrix (pass/fail, service downtime), bad input, tests.
 
     rm -f /tmp/cases.jsonl*; RUNNER_CASE_REPORT=/tmp/cases.jsonl python -m pytest -p tests.reliability_report \\
-        tests/test_service.py tests/test_guarantee.py tests/test_faults.py tests/test_concurrency.py \\
+        tests/test_service.py tests/test_guarantee.py tests/test_pid1.py tests/test_faults.py tests/test_concurrency.py \\
         tests/test_bad_input.py -q; \\
     python -m tests.reliability_report /tmp/cases.jsonl > docs/reliability.md
 
@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 COMMAND = ("rm -f /tmp/cases.jsonl*; RUNNER_CASE_REPORT=/tmp/cases.jsonl python -m pytest -p tests.reliability_report "
-           "tests/test_service.py tests/test_guarantee.py tests/test_faults.py tests/test_concurrency.py "
+           "tests/test_service.py tests/test_guarantee.py tests/test_pid1.py tests/test_faults.py tests/test_concurrency.py "
            "tests/test_bad_input.py -q; "
            "python -m tests.reliability_report /tmp/cases.jsonl > docs/reliability.md")
 

@@ -33,6 +33,15 @@ def work():
     return shared_tmpdir("runner-guar-")
 
 
+@pytest.fixture
+def fork_path(service_host):
+    """These cases are about the fork + guard path (hosts without systemd): pin it on the systemd host, where
+    the supervisor would otherwise run in a unit whose ExecStopPost= restores first (tests/test_pid1.py)."""
+    service_host.ssh(["sh", "-c", "mkdir -p /root/.runner && touch /root/.runner/launch-fork"], check=True)
+    yield
+    service_host.ssh(["rm", "-f", "/root/.runner/launch-fork"], check=True)
+
+
 def host_events(host, job_id: str) -> list[dict]:
     done = host.ssh(["cat", f"/root/.runner/jobs/{job_id}/events.jsonl"])
     return [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
@@ -42,7 +51,7 @@ def host_output(host, job_id: str) -> str:
     return host.ssh(["cat", f"/root/.runner/jobs/{job_id}/output.log"]).stdout
 
 
-def test_dead_job_stop_is_settled_by_the_next_job_never_under_its_run(service_host, work):
+def test_dead_job_stop_is_settled_by_the_next_job_never_under_its_run(service_host, work, fork_path):
     """Defect 2: A's supervisor and guard SIGKILLed while the service is stopped; B right after on the same
     GPU. While B runs, nobody (A's restorers included: `runner status A` reaps A) may start the service;
     after B it must be back."""
@@ -141,7 +150,7 @@ def test_term_to_the_whole_session_leaves_the_guard_to_restore(service_host, wor
     assert job["state"] in ("FAILED", "LOST") and "guard" in job["message"], job
 
 
-def test_a_hung_supervisor_is_overruled_within_its_hard_deadline(service_host, work):
+def test_a_hung_supervisor_is_overruled_within_its_hard_deadline(service_host, work, fork_path):
     """Defect 1: the supervisor SIGSTOPped for good while the service is stopped. Something independent of
     it must restore within its hard deadline (run + grace + kill + release + margin), not the timer's."""
     target = target_for(service_host)
