@@ -30,7 +30,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-TERMINAL = frozenset(("SUCCEEDED", "FAILED", "TIMED_OUT", "CANCELLED", "LOST"))  # = contract.TERMINAL
+try:  # imported as remote_payload.slurm_states (tests)
+    from .contract import TERMINAL
+except ImportError:  # run from supervisor.py as a script: sys.path[0] is this directory
+    from contract import TERMINAL
 
 SQUEUE_FORMAT = "%i|%T|%r"
 SACCT_FIELDS = "JobID,State,ExitCode,Reason"

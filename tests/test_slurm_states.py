@@ -165,7 +165,7 @@ def _waiting_reason(state: str, reason: str):
 
 
 def test_terminal_states_are_the_contracts():
-    assert slurm_states.TERMINAL == contract.TERMINAL
+    assert slurm_states.TERMINAL is contract.TERMINAL  # one definition: the contract's
 
 
 # ── reconcile: status.json's state + Slurm's view (captured rows) ───────────────────────────────────────
