@@ -8,8 +8,6 @@ supervisor never starts and status.json stays QUEUED until the login node asks S
 """
 from __future__ import annotations
 
-import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -17,7 +15,7 @@ import pytest
 from tests.cli_helpers import Target, job_dir, run_cli, status, wait_for
 from tests.hosts.prereqs import require
 from tests.hosts.slurm_cluster import missing_prerequisites, start_slurm_cluster
-from tests.test_slurm_jobs import slurm_job, submit_json
+from tests.test_slurm_jobs import slurm_job, slurm_target, submit_json
 
 pytestmark = pytest.mark.slurm
 MIN_JOB_AGE = 2
@@ -33,10 +31,7 @@ def cluster(request):
 
 @pytest.fixture
 def target(cluster):
-    root = Path(f"{cluster.base}/runner root {time.monotonic_ns()}")
-    root.mkdir()
-    host = {"address": "local", "root": str(root), "python": sys.executable}
-    return Target(kind="slurm", host=host, root=root, env={"SLURM_CONF": str(cluster.conf)})
+    return slurm_target(cluster)
 
 
 def held_then_scancelled_and_forgotten(cluster, target: Target, tmp_path: Path) -> dict:
