@@ -28,16 +28,16 @@ from dataclasses import asdict
 try:  # imported as remote_payload.slurm_launch (tests)
     from .contract import TERMINAL, memory_verdict
     from .slurm_batch import batch_script, parse_sbatch_parsable, sbatch_argv
-    from .slurm_states import SACCT_FIELDS, SQUEUE_FORMAT, SlurmJob, SlurmOutputError, parse_sacct, \
-        parse_squeue, reconcile, squeue_forgot
+    from .slurm_states import SACCT_FIELDS, SQUEUE_FORMAT, SlurmJob, SlurmOutputError, forgotten, parse_sacct, \
+        parse_squeue, reconcile, sacct_disabled, squeue_forgot
     from .supervisor_files import JobPaths, Locks, append_line, read_json, read_status, write_json_atomic
     from .supervisor_host import GPU_QUERY, SUPERVISOR, Fail, identity, nvidia_smi, parse_gpu_csv
     from .supervisor_job import Flags, Job, supervise
 except ImportError:  # run from supervisor.py as a script: sys.path[0] is this directory
     from contract import TERMINAL, memory_verdict
     from slurm_batch import batch_script, parse_sbatch_parsable, sbatch_argv
-    from slurm_states import SACCT_FIELDS, SQUEUE_FORMAT, SlurmJob, SlurmOutputError, parse_sacct, \
-        parse_squeue, reconcile, squeue_forgot
+    from slurm_states import SACCT_FIELDS, SQUEUE_FORMAT, SlurmJob, SlurmOutputError, forgotten, parse_sacct, \
+        parse_squeue, reconcile, sacct_disabled, squeue_forgot
     from supervisor_files import JobPaths, Locks, append_line, read_json, read_status, write_json_atomic
     from supervisor_host import GPU_QUERY, SUPERVISOR, Fail, identity, nvidia_smi, parse_gpu_csv
     from supervisor_job import Flags, Job, supervise
@@ -157,7 +157,8 @@ def _asked(paths: JobPaths, known: dict) -> dict:
 
 
 def ask(slurm_job_id: str) -> tuple:
-    """(SlurmJob or None, error text or None): squeue first (immediate), sacct once slurmctld forgot it."""
+    """(SlurmJob or None, error text or None): squeue first (immediate), sacct once slurmctld forgot it;
+    `forgotten` (LOST) when sacct cannot know it either."""
     done = _slurm(["squeue", "-h", "-t", "all", "-j", slurm_job_id, "-o", SQUEUE_FORMAT])
     try:
         if done.returncode == 0:
@@ -167,9 +168,11 @@ def ask(slurm_job_id: str) -> tuple:
         elif not squeue_forgot(done.returncode, done.stderr):
             return None, "squeue: " + (done.stderr.strip()[-300:] or "exit %d" % done.returncode)
         done = _slurm(["sacct", "-n", "-P", "-X", "-j", slurm_job_id, "-o", SACCT_FIELDS])
+        if sacct_disabled(done.returncode, done.stderr):
+            return forgotten(slurm_job_id, done.stderr.strip()[-300:]), None
         if done.returncode != 0:
             return None, "sacct: " + (done.stderr.strip()[-300:] or "exit %d" % done.returncode)
-        return parse_sacct(done.stdout).get(slurm_job_id), None
+        return parse_sacct(done.stdout).get(slurm_job_id) or forgotten(slurm_job_id, "no record of it"), None
     except SlurmOutputError as exc:
         return None, str(exc)
 

@@ -10,6 +10,9 @@ Slurm 17 to 24, while the JSON's shape changed in 23.02 (job_state became a list
 Ask squeue first: it is immediate, while sacct is eventually consistent (a job that already runs can
 show PENDING there for a moment). A job slurmctld has forgotten (MinJobAge after its end, default 300 s)
 makes `squeue -j` fail with "Invalid job id specified" (`squeue_forgot`); then sacct has the final record.
+Where sacct has none either (a cluster without accounting: "Slurm accounting storage is disabled", or no
+row for the job), nobody can say how the job ended: `forgotten` makes it LOST with a message naming both,
+rather than leaving it QUEUED/RUNNING for ever. (A merely unreachable slurmdbd is an error, no verdict.)
 Both read only a job's latest incarnation (no --duplicates): a requeued job is PENDING again in squeue at
 once, in sacct REQUEUED until its next start is recorded; either way it is QUEUED. PREEMPTED is seen only
 when it is final (PreemptMode=CANCEL, or a job that may not be requeued).
@@ -27,11 +30,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-TERMINAL = frozenset(("SUCCEEDED", "FAILED", "TIMED_OUT", "CANCELLED", "LOST"))  # = contract.TERMINAL
+try:  # imported as remote_payload.slurm_states (tests)
+    from .contract import TERMINAL
+except ImportError:  # run from supervisor.py as a script: sys.path[0] is this directory
+    from contract import TERMINAL
 
 SQUEUE_FORMAT = "%i|%T|%r"
 SACCT_FIELDS = "JobID,State,ExitCode,Reason"
 SQUEUE_FORGOT = "Invalid job id specified"
+SACCT_DISABLED = "accounting storage is disabled"
 
 # Slurm job state → (runner state, why, when runner's state alone does not say it)
 STATE_MAP = {
@@ -74,7 +81,7 @@ class SlurmJob:
     reason: Optional[str]       # Slurm's reason ("Resources", "Priority", …) or our note; None when nothing
     exit_code: Optional[int] = None  # sacct only: the batch script's exit status
     signal: Optional[int] = None     # sacct only: the signal that ended it, 0 when none
-    source: str = "squeue"      # "squeue" or "sacct"
+    source: str = "squeue"      # "squeue" or "sacct"; "none" when neither knows the job (`forgotten`)
 
 
 def runner_state(slurm_state: str) -> tuple[str, Optional[str]]:
@@ -109,6 +116,16 @@ def parse_sacct(text: str) -> dict:
 def squeue_forgot(returncode: int, stderr: str) -> bool:
     """True when `squeue -j ID` failed only because slurmctld no longer knows the job (ask sacct)."""
     return returncode != 0 and SQUEUE_FORGOT in stderr
+
+
+def sacct_disabled(returncode: int, stderr: str) -> bool:
+    """True when sacct failed because the cluster keeps no accounting: it will never know the job."""
+    return returncode != 0 and SACCT_DISABLED in stderr
+
+
+def forgotten(job_id: str, sacct_said: str) -> SlurmJob:
+    """The view of a job squeue forgot and sacct has no record of (`sacct_said`: why, in sacct's words)."""
+    return SlurmJob(job_id=job_id, slurm_state="", state="LOST", reason="sacct: " + sacct_said, source="none")
 
 
 def job_view(job_id: str, squeue: dict, sacct: dict) -> Optional[SlurmJob]:
@@ -154,6 +171,9 @@ def reconcile(recorded: str, supervisor_started: bool, slurm: Optional[SlurmJob]
     """
     if recorded in TERMINAL or slurm is None:
         return recorded, None
+    if slurm.source == "none":
+        return "LOST", ("neither squeue nor sacct knows Slurm job %s (squeue forgot it: it ended at least "
+                        "MinJobAge ago; %s): how it ended is unknown" % (slurm.job_id, slurm.reason))
     if slurm.state not in TERMINAL:
         if recorded == "QUEUED" and slurm.state == "QUEUED":
             return "QUEUED", slurm.reason

@@ -36,12 +36,17 @@ def cluster():
 
 @pytest.fixture
 def target(cluster):
-    """A fresh host.root per test (on the cluster's "shared" filesystem); every Slurm job ended afterwards."""
+    """A fresh host.root per test; every Slurm job ended afterwards."""
+    yield slurm_target(cluster)
+    cluster._cancel_all_jobs()
+
+
+def slurm_target(cluster) -> Target:
+    """The cluster's login node (`local`) with a fresh host.root on the cluster's "shared" filesystem."""
     root = Path(f"{cluster.base}/runner root {time.monotonic_ns()}")
     root.mkdir()
     host = {"address": "local", "root": str(root), "python": sys.executable}
-    yield Target(kind="slurm", host=host, root=root, env={"SLURM_CONF": str(cluster.conf)})
-    cluster._cancel_all_jobs()
+    return Target(kind="slurm", host=host, root=root, env={"SLURM_CONF": str(cluster.conf)})
 
 
 def slurm_job(path: Path, target: Target, *, command: list[str], slurm: dict | None = None,

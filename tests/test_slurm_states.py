@@ -10,8 +10,8 @@ import pytest
 
 from remote_payload import contract
 from remote_payload import slurm_states
-from remote_payload.slurm_states import (STATE_MAP, SlurmOutputError, job_view, parse_sacct, parse_squeue,
-                                         reconcile, runner_state, squeue_forgot)
+from remote_payload.slurm_states import (STATE_MAP, SlurmOutputError, forgotten, job_view, parse_sacct,
+                                         parse_squeue, reconcile, runner_state, sacct_disabled, squeue_forgot)
 
 DATA = Path(__file__).parent / "data" / "slurm"
 # Job ids on the fresh capture cluster, in capture.py's submission order.
@@ -86,6 +86,23 @@ def test_squeue_forgot_a_job_means_ask_sacct():
     assert not squeue_forgot(1, "squeue: error: Unable to contact slurm controller (connect failure)")
 
 
+def test_sacct_without_accounting_will_never_know_but_an_unreachable_slurmdbd_may_later():
+    # the words of Slurm 22.05's sacct on a cluster with AccountingStorageType=accounting_storage/none
+    assert sacct_disabled(1, "sacct: error: Slurm accounting storage is disabled\n")
+    assert not sacct_disabled(0, "")
+    assert not sacct_disabled(1, "sacct: error: Problem talking to the database: Connection refused")
+
+
+def test_a_job_nobody_knows_is_lost_and_the_message_says_why():
+    view = forgotten("42", "Slurm accounting storage is disabled")
+    for recorded, started in (("QUEUED", False), ("RUNNING", True)):
+        state, message = reconcile(recorded, started, view)
+        assert state == "LOST" and message == (
+            "neither squeue nor sacct knows Slurm job 42 (squeue forgot it: it ended at least MinJobAge ago; "
+            "sacct: Slurm accounting storage is disabled): how it ended is unknown")
+    assert reconcile("SUCCEEDED", True, view) == ("SUCCEEDED", None)  # the supervisor's final word stands
+
+
 def test_job_view_prefers_squeue_then_sacct_then_none():
     listed, recorded = squeue("pending-resources"), sacct("ended")
     assert job_view(RESOURCES, listed, recorded).source == "squeue"
@@ -148,7 +165,7 @@ def _waiting_reason(state: str, reason: str):
 
 
 def test_terminal_states_are_the_contracts():
-    assert slurm_states.TERMINAL == contract.TERMINAL
+    assert slurm_states.TERMINAL is contract.TERMINAL  # one definition: the contract's
 
 
 # ── reconcile: status.json's state + Slurm's view (captured rows) ───────────────────────────────────────

@@ -75,6 +75,7 @@ class SlurmCluster:
     ports: Ports
     accounting: bool
     env: dict[str, str]
+    min_job_age: int = 300  # s slurmctld keeps an ended job (squeue shows it); Slurm's least is 2
     startup_s: float = 0.0
     db_dir: Path | None = None  # where BASE/mysql points, when it is on tmpfs
     daemons: dict[str, subprocess.Popen] = field(default_factory=dict, repr=False)
@@ -171,10 +172,14 @@ def missing_prerequisites(accounting: bool = True) -> list[str]:
     return missing
 
 
-def start_slurm_cluster(nodes: int = 1, accounting: bool = True, timeout: float = START_TIMEOUT) -> SlurmCluster:
-    """Start a fresh cluster of `nodes` nodes; returns once every node is idle, or raises (after cleaning up)."""
+def start_slurm_cluster(nodes: int = 1, accounting: bool = True, timeout: float = START_TIMEOUT,
+                        min_job_age: int = 300) -> SlurmCluster:
+    """Start a fresh cluster of `nodes` nodes; returns once every node is idle, or raises (after cleaning up).
+    A small `min_job_age` (seconds, at least 2) makes slurmctld forget ended jobs soon: squeue then says
+    "Invalid job id" and only sacct still knows them."""
     begin = time.monotonic()
     cluster = _new_cluster(nodes, accounting)
+    cluster.min_job_age = min_job_age
     try:
         _write_files(cluster)
         _start_daemons(cluster, begin + timeout)
@@ -230,7 +235,8 @@ def _write_files(cluster: SlurmCluster) -> None:
     key.chmod(0o400)
     for index in range(GPUS_PER_NODE):  # Slurm only stat()s them; 22.05 needs char devices for gpu GRES
         os.mknod(base / "dev" / f"nvidia{index}", 0o666 | 0o020000, os.makedev(NVIDIA_MAJOR, index))
-    (base / "etc" / "slurm.conf").write_text(slurm_conf_text(base, cluster.nodes, cluster.ports, cluster.accounting))
+    (base / "etc" / "slurm.conf").write_text(slurm_conf_text(base, cluster.nodes, cluster.ports, cluster.accounting,
+                                                                    cluster.min_job_age))
     (base / "etc" / "gres.conf").write_text(gres_conf_text(base, cluster.nodes))
     if cluster.accounting:
         dbd_conf = base / "etc" / "slurmdbd.conf"
@@ -238,7 +244,7 @@ def _write_files(cluster: SlurmCluster) -> None:
         dbd_conf.chmod(0o600)  # slurmdbd refuses a group- or world-readable slurmdbd.conf
 
 
-def slurm_conf_text(base: Path, nodes: list[str], ports: Ports, accounting: bool) -> str:
+def slurm_conf_text(base: Path, nodes: list[str], ports: Ports, accounting: bool, min_job_age: int = 300) -> str:
     if accounting:
         acct = [f"AccountingStorageType=accounting_storage/slurmdbd", "AccountingStorageHost=localhost",
                 f"AccountingStoragePort={ports.dbd}",
@@ -264,7 +270,7 @@ def slurm_conf_text(base: Path, nodes: list[str], ports: Ports, accounting: bool
         "SchedulerType=sched/backfill", "SchedulerParameters=sched_interval=2,bf_interval=1",
         "SlurmdParameters=config_overrides", "CommunicationParameters=NoInAddrAny", "ReturnToService=2",
         *acct, "JobCompType=jobcomp/filetxt", f"JobCompLoc={base}/log/jobcomp.txt", "GresTypes=gpu",
-        "KillWait=5", "InactiveLimit=0", "MinJobAge=300", "SlurmctldTimeout=30", "SlurmdTimeout=30",
+        "KillWait=5", "InactiveLimit=0", f"MinJobAge={min_job_age}", "SlurmctldTimeout=30", "SlurmdTimeout=30",
         *node_lines, f"PartitionName={PARTITION} Nodes={','.join(nodes)} Default=YES MaxTime=INFINITE State=UP",
     ]
     return "\n".join(lines) + "\n"
