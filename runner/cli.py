@@ -14,6 +14,7 @@ from dataclasses import asdict
 import click
 
 from remote_payload.contract import STATES, is_terminal
+from remote_payload.sweep import label as variant_label
 
 from . import controller
 from .errors import (EXIT_ABORTED, EXIT_FAILED, EXIT_OK, EXIT_STILL_RUNNING, EXIT_USAGE, RunnerError, SpecError,
@@ -97,6 +98,9 @@ def _dry_run_text(plan) -> str:
     if service:
         lines.append(f"  service       {service.get('unit')} is {service.get('active_state')}: "
                      + ("WOULD BE STOPPED and restored afterwards" if plan.stop_service else "left running"))
+    if plan.variants:
+        lines.append(f"  sweep         {len(plan.variants)} variants in one downtime window (one stop, one restore):")
+        lines += [f"    {k + 1:>4}. {variant_label(v['args'])}" for k, v in enumerate(plan.variants)]
     lines += [f"  note          {note}" for note in plan.notes]
     return "\n".join(lines)
 

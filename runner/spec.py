@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator,
 
 from remote_payload.contract import DEFAULTS, LAUNCHERS, SERVICE_MANAGERS, SERVICE_SCOPES, STOP_POLICIES, \
     USER_SCOPE_SUDO
+from remote_payload import sweep as sweeps
 
 from .errors import SpecError
 from .job_id import check_job_id
@@ -104,6 +105,27 @@ class LimitsSpec(_Section):
     grace: Duration = DEFAULTS["limits.grace"]
     prepare_timeout: Duration = DEFAULTS["limits.prepare_timeout"]
     queue_timeout: Duration = DEFAULTS["limits.queue_timeout"]
+    # A sweep's whole downtime window: no variant starts that could not end inside it (the host decides).
+    max_downtime: Duration | None = DEFAULTS["limits.max_downtime"]
+
+
+class SweepSpec(_Section):
+    """Many variants of a script payload in one downtime window: each variant's keys become its args."""
+    matrix: dict[ArgKey, Annotated[list[ArgValue], Field(min_length=1)]] = {}
+    include: list[dict[ArgKey, ArgValue]] = []
+    fail_fast: bool = False
+
+    @model_validator(mode="after")
+    def _some_within_the_cap(self) -> SweepSpec:
+        n = sweeps.count(self.matrix, self.include)
+        if n == 0:
+            raise ValueError("a sweep needs a `matrix` axis or an `include` entry")
+        if n > sweeps.MAX_VARIANTS:
+            raise ValueError(f"{n} variants is over the cap of {sweeps.MAX_VARIANTS}; split the sweep")
+        return self
+
+    def variants(self) -> list[dict]:
+        return sweeps.expand(self.matrix, self.include)
 
 
 class JobSpec(_Section):
@@ -115,6 +137,7 @@ class JobSpec(_Section):
     limits: LimitsSpec = Field(default_factory=LimitsSpec)
     launcher: Literal[LAUNCHERS] = "ssh"
     slurm: SlurmSpec | None = None
+    sweep: SweepSpec | None = None
     _spec_path: Path | None = PrivateAttr(None)
 
     @model_validator(mode="after")
@@ -122,7 +145,13 @@ class JobSpec(_Section):
         problem = launcher_problem(self)
         if problem:
             raise ValueError(problem)
+        if self.sweep is not None and (self.payload.script is None or self.launcher != "ssh"):
+            raise ValueError("`sweep` needs `payload.script` (each variant's keys become its args) and launcher ssh")
         return self
+
+    def variant_args(self) -> list[dict]:
+        """Each variant's full args: `payload.args` with the variant's keys over them ([] without a sweep)."""
+        return [] if self.sweep is None else [{**self.payload.args, **v} for v in self.sweep.variants()]
 
     @property
     def spec_path(self) -> Path | None:
@@ -165,6 +194,12 @@ class JobSpec(_Section):
                 "payload": self._wire_payload(script_name), "limits": self.limits.model_dump()}
         if self.launcher == "slurm":  # an ssh job's wire form stays as it was
             wire.update(launcher="slurm", slurm=wire_slurm(self))
+        if wire["limits"]["max_downtime"] is None:  # as it was without one
+            del wire["limits"]["max_downtime"]
+        if self.sweep is not None:  # expanded here: the host runs the variants as given
+            wire["sweep"] = {"fail_fast": self.sweep.fail_fast,
+                             "variants": [{"args": v, "argv": self.payload_args({**self.payload.args, **v})}
+                                          for v in self.sweep.variants()]}
         return wire
 
     def _wire_service(self) -> dict:
