@@ -205,6 +205,10 @@ def _status_text(job: dict) -> str:
         rows_text = f"{rows} of {progress['rows_expected']}" if progress.get("rows_expected") else str(rows)
         lines.append(f"  payload     phase {progress.get('phase') or '-'}, rows {rows_text}, "
                      f"last output {progress.get('silent_s', 0):.0f} s ago")
+        variant = progress.get("variant")
+        if variant:
+            lines.append(f"  sweep       variant {variant['index']} of {variant['of']}: {variant_label(variant['args'] or {})}"
+                         + (" (skipped)" if variant.get("status") == "skipped" else ""))
     service = job.get("service") or {}
     slurm = job.get("slurm") or {}
     if slurm.get("job_id"):
