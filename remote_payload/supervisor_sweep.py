@@ -75,8 +75,10 @@ def run_variant(job: Job, flags, index: int, of: int, variant: dict, started: fl
         outcome = read_json(result)
     except (OSError, ValueError):
         outcome = None
+    tables = [t for t in (outcome or {}).values() if isinstance(t, list) and t and isinstance(t[0], dict)]
     record = {"index": index, "args": variant["args"], "status": "ended", "exit_code": code, "seconds": seconds,
-              "reason": stop[1] if stop else None, "result": outcome}
+              "reason": stop[1] if stop else None, "result": outcome,
+              "columns": list(tables[0][0]) if tables else None}  # the payload's column order (the file is sorted)
     announce(job, index, of, variant, "end", exit_code=code, seconds=seconds)
     return record, stop
 
