@@ -1,0 +1,135 @@
+"""Sweeps (issue 12): many variants of a script payload in one downtime window, on a real (confined) systemd
+over real sshd; bad sweep input refused before any host is contacted."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from tests.cli_helpers import Target, run_cli, submit, wait_terminal, write_job
+from tests.hosts._proc import shared_tmpdir
+from tests.test_guarantee import host_events, host_output
+from tests.test_service import assert_service_back, service_section, target_for
+
+
+@pytest.fixture
+def work():
+    return shared_tmpdir("runner-sweep-")
+
+
+def sweep_job(path, target: Target, sweep: dict, *, service=None, gpu=None, max_runtime="2m",
+              max_downtime=None, args=None):
+    write_job(path, target, script="demo_payload.py", args=args or {"seconds": 1, "sizes": [1, 4]},
+              service=service, gpu=gpu, max_runtime=max_runtime)
+    spec = yaml.safe_load(path.read_text())
+    spec["sweep"] = sweep
+    if max_downtime:
+        spec["limits"]["max_downtime"] = max_downtime
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return path
+
+
+def starts_and_stops(host) -> tuple[int, int]:
+    """The dummy unit's starts and SIGTERMs so far, from its own log."""
+    log = host.service_log.read_text() if host.service_log.exists() else ""
+    return log.count(" serving on "), log.count("SIGTERM")
+
+
+def variant_events(host, job_id: str) -> list[dict]:
+    return [e for e in host_events(host, job_id) if e.get("event") == "variant"]
+
+
+# -- bad input: exit 2 naming the field, nothing reaches the host ----------------------------------------------
+
+@pytest.fixture
+def local():
+    root = shared_tmpdir("runner-root-")
+    return Target("local", {"address": "local", "root": str(root)}, root, {})
+
+
+@pytest.mark.parametrize("sweep, field", [
+    ({"matrix": {"seconds": []}}, b"sweep.matrix.seconds"),
+    ({"matrix": {"secnds": [1, 2]}}, b"sweep.matrix.secnds: demo_payload.py has no argument --secnds"),
+    ({"matrix": {"seconds": list(range(1, 41)), "sizes": list(range(1, 31))}}, b"sweep: 1200 variants is over the cap"),
+    ({"matrix": {}}, b"sweep: a sweep needs"),
+    ({"include": [{"sizes": "x"}]}, b"sweep.include"),
+])
+def test_bad_sweep_is_refused_naming_the_field_before_the_host(work, local, sweep, field):
+    done = run_cli(local, "submit", str(sweep_job(work / "bad.yaml", local, sweep)))
+    assert done.returncode == 2 and field in done.stderr, done.stderr
+    assert not (local.root / "jobs").exists()
+
+
+def test_a_sweep_of_a_command_payload_is_refused(work, local):
+    path = write_job(work / "cmd.yaml", local, command=["true"])
+    spec = yaml.safe_load(path.read_text())
+    spec["sweep"] = {"matrix": {"n": [1, 2]}}
+    path.write_text(yaml.safe_dump(spec))
+    done = run_cli(local, "submit", str(path))
+    assert done.returncode == 2 and b"`sweep` needs `payload.script`" in done.stderr
+
+
+def test_dry_run_lists_the_variants(work, local):
+    path = sweep_job(work / "dry.yaml", local, {"matrix": {"seconds": [1, 2]}, "include": [{"fail": True}]})
+    done = run_cli(local, "submit", str(path), "--dry-run", "--json")
+    assert done.returncode == 0, done.stderr
+    assert [v["args"] for v in json.loads(done.stdout)["variants"]] == [{"seconds": 1}, {"seconds": 2}, {"fail": True}]
+    text = run_cli(local, "submit", str(path), "--dry-run").stdout.decode()
+    assert "3 variants in one downtime window" in text and "3. fail=True" in text
+
+
+# -- on a real service ---------------------------------------------------------------------------------------
+
+def stopping(host) -> dict:
+    return dict(service=service_section(host, "always"), gpu={"devices": [0], "min_free_mib": 1000})
+
+
+@pytest.mark.systemd
+def test_three_variants_one_stop_one_start_three_results(service_host, work):
+    target = target_for(service_host)
+    starts, stops = starts_and_stops(service_host)
+    job_id = submit(target, sweep_job(work / "s.yaml", target, {"include": [{"sizes": [1]}, {"sizes": [2]},
+                                                                            {"sizes": [4]}]}, **stopping(service_host)))
+    job = wait_terminal(target, job_id)
+    assert_service_back(service_host, job, "sweep of 3: one stop, one restore", "SUCCEEDED")
+    assert starts_and_stops(service_host) == (starts + 1, stops + 1)  # one stop, one start for three variants
+    events = variant_events(service_host, job_id)
+    assert [(e["index"], e["status"]) for e in events] == [(1, "start"), (1, "end"), (2, "start"), (2, "end"),
+                                                           (3, "start"), (3, "end")]
+    assert all(e["of"] == 3 for e in events) and all(e.get("exit_code") == 0 for e in events if e["status"] == "end")
+    assert host_output(service_host, job_id).count('"event": "variant"') == 6  # the boundaries in the log too
+    done = run_cli(target, "results", job_id)
+    assert done.returncode == 0, done.stderr
+    table = done.stdout.decode()
+    assert "3 succeeded, 0 failed, 0 skipped of 3" in table
+    for size in (1, 2, 4):
+        assert f"sizes={size}" in table
+    result = json.loads(run_cli(target, "results", job_id, "--json").stdout)
+    assert [v["result"]["rows"][0]["size"] for v in result["variants"]] == [1, 2, 4]
+
+
+@pytest.mark.systemd
+def test_a_variant_that_cannot_fit_max_downtime_is_skipped_and_the_service_is_back_in_time(service_host, work):
+    target = target_for(service_host)
+    sweep = {"include": [{"seconds": 1}, {"seconds": 13}, {"seconds": 1, "sizes": [2]}]}
+    job_id = submit(target, sweep_job(work / "d.yaml", target, sweep, max_runtime="15s", max_downtime="25s",
+                                      **stopping(service_host)))
+    job = wait_terminal(target, job_id, timeout=120)
+    assert_service_back(service_host, job, "sweep: third variant past max_downtime is skipped", "FAILED")
+    assert "2 succeeded, 0 failed, 1 skipped" in job["message"]
+    skipped = [e for e in variant_events(service_host, job_id) if e["status"] == "skipped"]
+    assert [e["index"] for e in skipped] == [3] and "limits.max_downtime" in skipped[0]["reason"]
+    assert job["service"]["downtime_s"] < 25
+
+
+@pytest.mark.systemd
+def test_a_failing_middle_variant_does_not_stop_the_others(service_host, work):
+    target = target_for(service_host)
+    sweep = {"include": [{"seconds": 1}, {"seconds": 1, "fail": True}, {"seconds": 1, "sizes": [2]}]}
+    job_id = submit(target, sweep_job(work / "f.yaml", target, sweep, **stopping(service_host)))
+    job = wait_terminal(target, job_id)
+    assert_service_back(service_host, job, "sweep: failing middle variant", "FAILED")
+    assert "2 succeeded, 1 failed, 0 skipped of 3" in job["message"]
+    ends = [(e["index"], e["exit_code"]) for e in variant_events(service_host, job_id) if e["status"] == "end"]
+    assert ends == [(1, 0), (2, 3), (3, 0)]
