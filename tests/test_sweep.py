@@ -133,3 +133,28 @@ def test_a_failing_middle_variant_does_not_stop_the_others(service_host, work):
     assert "2 succeeded, 1 failed, 0 skipped of 3" in job["message"]
     ends = [(e["index"], e["exit_code"]) for e in variant_events(service_host, job_id) if e["status"] == "end"]
     assert ends == [(1, 0), (2, 3), (3, 0)]
+
+
+@pytest.mark.systemd
+def test_a_sweep_downtime_against_three_separate_jobs(service_host, work):
+    """The issue's measure: the same three variants as one sweep and as three jobs, one after the other, on
+    this host; downtime is the supervisor's own (stop to healthy again). Prints the ratio (run with -s)."""
+    target = target_for(service_host)
+    variants = [{"sizes": [1]}, {"sizes": [2]}, {"sizes": [4]}]
+    separate = []
+    for k, variant in enumerate(variants):
+        path = sweep_job(work / f"one-{k}.yaml", target, {"include": [variant]}, **stopping(service_host))
+        spec = yaml.safe_load(path.read_text())
+        del spec["sweep"]
+        spec["payload"]["args"].update(variant)
+        path.write_text(yaml.safe_dump(spec))
+        job = wait_terminal(target, submit(target, path))
+        assert job["state"] == "SUCCEEDED", job
+        separate.append(job["service"]["downtime_s"])
+    job = wait_terminal(target, submit(target, sweep_job(work / "all.yaml", target, {"include": variants},
+                                                         **stopping(service_host))))
+    assert_service_back(service_host, job, "sweep of 3 vs 3 jobs: downtime", "SUCCEEDED")
+    swept = job["service"]["downtime_s"]
+    print(f"\ndowntime: sweep {swept:.2f} s; 3 separate jobs {' + '.join(f'{s:.2f}' for s in separate)} = "
+          f"{sum(separate):.2f} s; ratio {swept / sum(separate):.2f}")
+    assert swept < sum(separate)  # one stop/drain/restore instead of three
