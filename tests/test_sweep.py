@@ -158,3 +158,44 @@ def test_a_sweep_downtime_against_three_separate_jobs(service_host, work):
     print(f"\ndowntime: sweep {swept:.2f} s; 3 separate jobs {' + '.join(f'{s:.2f}' for s in separate)} = "
           f"{sum(separate):.2f} s; ratio {swept / sum(separate):.2f}")
     assert swept < sum(separate)  # one stop/drain/restore instead of three
+
+
+# -- the pure parts ------------------------------------------------------------------------------------------
+
+def test_expand_is_the_product_then_the_new_includes():
+    from remote_payload.sweep import count, expand
+
+    matrix, include = {"experts": [384, 128], "routing": ["uniform", "zipf"]}, [{"experts": 384, "routing": "zipf"},
+                                                                               {"experts": 64}]
+    assert expand(matrix, include) == [{"experts": 384, "routing": "uniform"}, {"experts": 384, "routing": "zipf"},
+                                       {"experts": 128, "routing": "uniform"}, {"experts": 128, "routing": "zipf"},
+                                       {"experts": 64}]
+    assert count(matrix, include) == 6  # an upper bound, checked against the cap before anything is built
+
+
+def test_progress_counts_variants_and_rows_per_variant():
+    from remote_payload.progress import summarize
+
+    lines = ['{"event": "variant", "index": 1, "of": 2, "args": {"a": 1}, "status": "start"}',
+             '{"event": "plan", "rows": 3}', '{"event": "row"}', '{"event": "row"}',
+             '{"event": "variant", "index": 1, "of": 2, "args": {"a": 1}, "status": "end", "exit_code": 0}',
+             '{"event": "variant", "index": 2, "of": 2, "args": {"a": 2}, "status": "start"}', '{"event": "row"}']
+    summary = summarize("\n".join(lines))
+    assert summary["variant"] == {"index": 2, "of": 2, "args": {"a": 2}, "status": "start"}
+    assert summary["rows_done"] == 1 and summary["rows_expected"] is None
+
+
+def test_the_sweep_table_has_a_variant_column_and_says_why_one_was_skipped(tmp_path):
+    from runner.results import plot, render_any
+
+    rows = lambda k: [{"size": 1, "median_us": 10.0 * k}, {"size": 4, "median_us": 40.0 * k}]  # noqa: E731
+    result = {"payload": "sweep", "sweep": {"variants": 3, "succeeded": 2, "failed": 0, "skipped": 1},
+              "variants": [{"index": k, "args": {"k": k}, "status": "ended", "exit_code": 0, "result": {"rows": rows(k)},
+                            "columns": ["size", "median_us"]} for k in (1, 2)]
+              + [{"index": 3, "args": {"k": 3}, "status": "skipped", "reason": "needs about 9 s", "result": None}]}
+    text = render_any(result)
+    assert "2 succeeded, 0 failed, 1 skipped of 3" in text and "variant 3 skipped: needs about 9 s" in text
+    assert text.splitlines()[3].split() == ["#", "variant", "status", "size", "median_us"]
+    assert len([line for line in text.splitlines() if " k=" in line or line.strip().startswith(("1 ", "2 ", "3 "))]) == 5
+    pytest.importorskip("matplotlib")
+    assert plot(result, tmp_path / "p.png").stat().st_size > 0
