@@ -193,12 +193,12 @@ def _optional_number(value, field: str):
 
 
 def check_sweep(raw, spec: dict) -> dict:
-    """The variants as the controller expanded them (the host never expands): each its label args and argv."""
+    """The variants as the controller expanded them (the host never expands): each its label args and argv
+    (a script's argument list, or a command payload's whole command)."""
     _need(isinstance(raw, dict) and isinstance(raw.get("variants"), list) and raw["variants"],
           "sweep.variants must be a non-empty list")
     _need(len(raw["variants"]) <= MAX_VARIANTS, "sweep.variants: at most %d" % MAX_VARIANTS)
-    _need(spec["payload"]["script"] is not None and spec.get("launcher", "ssh") == "ssh",
-          "a sweep needs payload.script and launcher ssh")
+    _need(spec.get("launcher", "ssh") == "ssh", "a sweep needs launcher ssh")
     _need(isinstance(raw.get("fail_fast", False), bool), "sweep.fail_fast must be true or false")
     for variant in raw["variants"]:
         _need(isinstance(variant, dict) and isinstance(variant.get("args"), dict) and _strings(variant.get("argv")),

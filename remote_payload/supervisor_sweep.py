@@ -56,7 +56,8 @@ def run_variant(job: Job, flags, index: int, of: int, variant: dict, started: fl
     result = os.path.join(job.paths.dir, "results", "variant-%d.json" % index)
     announce(job, index, of, variant, "start")
     began = time.monotonic()
-    argv = [payload["python"], os.path.join(HERE, payload["script"])] + variant["argv"]
+    argv = list(variant["argv"]) if payload["command"] is not None else \
+        [payload["python"], os.path.join(HERE, payload["script"])] + variant["argv"]
     proc = launch_payload(job, argv, phase="variant %d of %d: %s" % (index, of, label(variant["args"])), result=result)
     bound = None
     if limits.get("max_downtime") is not None:  # never past the window's end

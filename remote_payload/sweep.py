@@ -29,6 +29,25 @@ def count(matrix: dict, include: list) -> int:
     return (product if matrix else 0) + len(include)
 
 
+def _text(value) -> str:
+    return ",".join(map(str, value)) if isinstance(value, list) else str(value)
+
+
+def fill(command: list, args: dict) -> list:
+    """A command payload's argv for one variant: each literal `{KEY}` replaced by the variant's value."""
+    filled = []
+    for word in command:
+        for key, value in args.items():
+            word = word.replace("{%s}" % key, _text(value))
+        filled.append(word)
+    return filled
+
+
+def unused_keys(command: list, keys) -> list:
+    """Sweep keys that no `{KEY}` of the command uses (an error: the variants would all run the same)."""
+    return [key for key in keys if not any("{%s}" % key in word for word in command)]
+
+
 def label(args: dict) -> str:
     """`experts=384 routing=zipf`: a variant's name in tables, logs and plot legends."""
-    return " ".join("%s=%s" % (k, ",".join(map(str, v)) if isinstance(v, list) else v) for k, v in args.items())
+    return " ".join("%s=%s" % (k, _text(v)) for k, v in args.items())

@@ -145,8 +145,20 @@ class JobSpec(_Section):
         problem = launcher_problem(self)
         if problem:
             raise ValueError(problem)
-        if self.sweep is not None and (self.payload.script is None or self.launcher != "ssh"):
-            raise ValueError("`sweep` needs `payload.script` (each variant's keys become its args) and launcher ssh")
+        if self.sweep is not None and self.launcher != "ssh":
+            raise ValueError("`sweep` needs launcher ssh (the variants run inside one supervisor's window)")
+        return self
+
+    @model_validator(mode="after")
+    def _sweep_keys_used(self) -> JobSpec:
+        if self.sweep is None or self.payload.command is None:
+            return self
+        keys = dict.fromkeys(k for v in [self.sweep.matrix, *self.sweep.include] for k in v)
+        unused = sweeps.unused_keys(self.payload.command, keys)
+        if unused:
+            where = "sweep.matrix" if unused[0] in self.sweep.matrix else "sweep.include"
+            raise ValueError(f"{where}.{unused[0]}: no `{{{unused[0]}}}` in payload.command uses it "
+                             "(write the placeholder in an argument)")
         return self
 
     def variant_args(self) -> list[dict]:
@@ -198,9 +210,14 @@ class JobSpec(_Section):
             del wire["limits"]["max_downtime"]
         if self.sweep is not None:  # expanded here: the host runs the variants as given
             wire["sweep"] = {"fail_fast": self.sweep.fail_fast,
-                             "variants": [{"args": v, "argv": self.payload_args({**self.payload.args, **v})}
-                                          for v in self.sweep.variants()]}
+                             "variants": [{"args": v, "argv": self._variant_argv(v)} for v in self.sweep.variants()]}
         return wire
+
+    def _variant_argv(self, variant: dict) -> list[str]:
+        """A script's args with the variant's over them, or the command with its `{KEY}`s filled."""
+        if self.payload.command is not None:
+            return sweeps.fill(self.payload.command, variant)
+        return self.payload_args({**self.payload.args, **variant})
 
     def _wire_service(self) -> dict:
         if self.service.manager == "none":

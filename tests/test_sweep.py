@@ -61,13 +61,28 @@ def test_bad_sweep_is_refused_naming_the_field_before_the_host(work, local, swee
     assert not (local.root / "jobs").exists()
 
 
-def test_a_sweep_of_a_command_payload_is_refused(work, local):
-    path = write_job(work / "cmd.yaml", local, command=["true"])
+def command_sweep(path, target, command, sweep):
+    write_job(path, target, command=command)
     spec = yaml.safe_load(path.read_text())
-    spec["sweep"] = {"matrix": {"n": [1, 2]}}
+    spec["sweep"] = sweep
     path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def test_a_command_sweep_key_used_nowhere_is_refused(work, local):
+    path = command_sweep(work / "cmd.yaml", local, ["echo", "n={n}"], {"matrix": {"n": [1, 2], "m": [3]}})
     done = run_cli(local, "submit", str(path))
-    assert done.returncode == 2 and b"`sweep` needs `payload.script`" in done.stderr
+    assert done.returncode == 2 and b"sweep.matrix.m: no `{m}` in payload.command" in done.stderr, done.stderr
+    assert not (local.root / "jobs").exists()
+
+
+def test_a_command_sweep_fills_its_placeholders(work, local):
+    path = command_sweep(work / "cmd.yaml", local, ["sh", "-c", "echo n={n} s={s}"],
+                         {"matrix": {"n": [1, 2]}, "include": [{"n": 3, "s": "x"}]})
+    job = wait_terminal(local, submit(local, path))
+    assert job["state"] == "SUCCEEDED", job
+    log = run_cli(local, "tail", job["job_id"], "--from-start").stdout.decode()
+    assert "n=1 s={s}" in log and "n=2 s={s}" in log and "n=3 s=x" in log
 
 
 def test_dry_run_lists_the_variants(work, local):
