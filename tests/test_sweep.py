@@ -214,3 +214,17 @@ def test_the_sweep_table_has_a_variant_column_and_says_why_one_was_skipped(tmp_p
     assert len([line for line in text.splitlines() if " k=" in line or line.strip().startswith(("1 ", "2 ", "3 "))]) == 5
     pytest.importorskip("matplotlib")
     assert plot(result, tmp_path / "p.png").stat().st_size > 0
+
+
+def test_a_cancel_ends_the_sweep_and_skips_the_rest(work, local):
+    from tests.cli_helpers import status, wait_for
+
+    path = sweep_job(work / "c.yaml", local, {"include": [{"seconds": 30}, {"seconds": 1}]})
+    job_id = submit(local, path)
+    wait_for(lambda: (status(local, job_id).get("progress") or {}).get("variant"), what="the first variant")
+    run_cli(local, "cancel", job_id)
+    job = wait_terminal(local, job_id)
+    assert job["state"] == "CANCELLED", job
+    result = json.loads(run_cli(local, "results", job_id, "--json").stdout)
+    assert [v["status"] for v in result["variants"]] == ["ended", "skipped"]
+    assert result["variants"][1]["reason"].startswith("not started: cancelled")
