@@ -3,7 +3,8 @@
 
 The event convention (docs/design.md, "Writing a payload"): one JSON object per stdout line with an
 `event` key — `phase` (`phase`, `status`: start|end|error), `heartbeat` (`phase`), `row` (one result row),
-`plan` (`rows`: how many rows to expect), `done`, `error`; `t` is seconds since the payload started.
+`plan` (`rows`: how many rows to expect), `done`, `error`; `t` is seconds since the payload started. The
+supervisor adds `variant` lines (`index`, `of`, `args`, `status`) between a sweep's variants.
 Anything else on stdout is ordinary output and is ignored here.
 """
 from __future__ import annotations
@@ -56,6 +57,11 @@ def fold(summary: dict, event: dict) -> None:
         summary["rows_expected"] = event["rows"]
     elif kind == "error":
         summary["errors"] += 1
+    elif kind == "variant" and event.get("status") in ("start", "skipped"):  # a sweep's boundary (the host's)
+        summary["variant"] = {"index": event.get("index"), "of": event.get("of"), "args": event.get("args"),
+                              "status": event.get("status")}
+        if event.get("status") == "start":  # rows count per variant
+            summary["rows_done"], summary["rows_expected"] = 0, None
 
 
 def describe(event: dict) -> str:

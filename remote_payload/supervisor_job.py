@@ -144,11 +144,11 @@ def payload_argv(spec: dict) -> list:
     return [payload["python"], os.path.join(HERE, payload["script"])] + payload["args"]
 
 
-def payload_env(job: Job) -> dict:
+def payload_env(job: Job, result=None) -> dict:
     env = dict(os.environ)
     env.update(job.spec["payload"]["env"])
     env.update({"PYTHONUNBUFFERED": "1", "RUNNER_JOB_ID": job.paths.job_id, "RUNNER_JOB_DIR": job.paths.dir,
-                "RUNNER_RESULT": job.paths.result})
+                "RUNNER_RESULT": result or job.paths.result})
     if job.spec["gpu"]["devices"]:
         # nvidia-smi numbers GPUs in PCI bus order; CUDA by default puts the fastest first. Same order, so
         # "GPU 1" is the card whose memory the preflight and the drain checked.
@@ -157,13 +157,14 @@ def payload_env(job: Job) -> dict:
     return env
 
 
-def launch_payload(job: Job, argv=None, state: str = "RUNNING", phase: str = "payload running") -> subprocess.Popen:
-    """The payload (or its prepare step: argv) in its own process group, so the group can be killed as one;
-    output appended to the log."""
+def launch_payload(job: Job, argv=None, state: str = "RUNNING", phase: str = "payload running",
+                   result=None) -> subprocess.Popen:
+    """The payload (or its prepare step, or a sweep's variant: argv; result: its RUNNER_RESULT) in its own
+    process group, so the group can be killed as one; output appended to the log."""
     argv = argv or payload_argv(job.spec)
     with open(job.paths.output, "ab") as log:
         try:
-            proc = subprocess.Popen(argv, cwd=job.paths.dir, env=payload_env(job), stdin=subprocess.DEVNULL,
+            proc = subprocess.Popen(argv, cwd=job.paths.dir, env=payload_env(job, result), stdin=subprocess.DEVNULL,
                                     stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         except OSError as exc:
             raise Fail("start-failed", "cannot start the payload %r: %s" % (argv[0], exc))
@@ -174,10 +175,11 @@ def launch_payload(job: Job, argv=None, state: str = "RUNNING", phase: str = "pa
     return proc
 
 
-def watch_payload(job: Job, proc: subprocess.Popen, flags: Flags, limit: str = "max_runtime"):
+def watch_payload(job: Job, proc: subprocess.Popen, flags: Flags, limit: str = "max_runtime", seconds=None):
     """Wait for the payload; returns None when it exited, or (state, message) when it must be stopped.
-    limit: the key of spec.limits that bounds it (max_runtime, or prepare_timeout for the prepare step)."""
-    seconds = job.spec["limits"][limit]
+    limit: the key of spec.limits that bounds it (max_runtime, or prepare_timeout for the prepare step);
+    seconds: a tighter bound than that limit (a sweep's variant near the end of limits.max_downtime)."""
+    seconds = job.spec["limits"][limit] if seconds is None else seconds
     deadline = time.monotonic() + seconds
     next_sample = 0.0
     while proc.poll() is None:
@@ -251,6 +253,15 @@ def run_prepare_step(job: Job, flags: Flags) -> None:
         raise Fail("internal", "the prepare step exited with code %d; the service was not stopped" % code)
 
 
+def sweep_room():
+    """supervisor_sweep.py, imported when a sweep runs (it imports this module)."""
+    try:
+        from . import supervisor_sweep
+    except ImportError:  # run from supervisor.py as a script
+        import supervisor_sweep
+    return supervisor_sweep
+
+
 def supervise(job: Job, locks: Locks, flags: Flags) -> None:
     """The whole job; `settle` runs on every path out, exceptions included."""
     ending = None
@@ -263,7 +274,10 @@ def supervise(job: Job, locks: Locks, flags: Flags) -> None:
         measure_gpus(job)
         prepare_service(job, flags)
         drain(job, flags)
-        run_payload(job, flags)
+        if job.spec.get("sweep"):
+            sweep_room().run_sweep(job, flags)  # every variant in this one window
+        else:
+            run_payload(job, flags)
     except Interrupted as stop:
         ending = (stop.state, str(stop))
     except Fail as exc:

@@ -45,7 +45,8 @@ def guard_timer_seconds(spec: dict) -> float:
     """Later than any job that is still being handled could end: the timer fires once, and a `restore` that
     finds the supervisor or guard alive does nothing. Run, grace, two drains, the stop (its own bound) and
     start commands, the health wait, and a minute."""
-    return (spec["limits"]["max_runtime"] + spec["limits"]["grace"] + 2 * spec["gpu"]["drain_timeout"]
+    variants = len((spec.get("sweep") or {}).get("variants") or [None])  # a sweep: each variant's run and grace
+    return (variants * (spec["limits"]["max_runtime"] + spec["limits"]["grace"]) + 2 * spec["gpu"]["drain_timeout"]
             + STOP_TIMEOUT_S + CMD_TIMEOUT_S + spec["service"].get("health_timeout", 0) + 60)
 
 

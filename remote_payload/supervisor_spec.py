@@ -16,9 +16,11 @@ try:  # imported as remote_payload.supervisor_spec (tests)
     from . import contract
     from .slurm_batch import slurm_problem, time_problem
     from .supervisor_host import HERE, Fail
+    from .sweep import MAX_VARIANTS
 except ImportError:  # run from supervisor.py as a script: sys.path[0] is this directory
     import contract
     from slurm_batch import slurm_problem, time_problem
+    from sweep import MAX_VARIANTS
     from supervisor_host import HERE, Fail
 
 DEFAULTS = contract.DEFAULTS
@@ -177,8 +179,32 @@ def check_spec(raw, job_id=None) -> dict:
                        "grace": _number(_default(limits, "limits.grace"), "limits.grace"),
                        "prepare_timeout": _number(_default(limits, "limits.prepare_timeout"),
                                                   "limits.prepare_timeout", 0.001),
-                       "queue_timeout": _number(_default(limits, "limits.queue_timeout"), "limits.queue_timeout")}}
-    return dict(spec, **check_launcher(raw, spec))
+                       "queue_timeout": _number(_default(limits, "limits.queue_timeout"), "limits.queue_timeout"),
+                       "max_downtime": _optional_number(_default(limits, "limits.max_downtime"),
+                                                        "limits.max_downtime")}}
+    spec.update(check_launcher(raw, spec))
+    if raw.get("sweep") is not None:
+        spec["sweep"] = check_sweep(raw["sweep"], spec)
+    return spec
+
+
+def _optional_number(value, field: str):
+    return None if value is None else _number(value, field, 0.001)
+
+
+def check_sweep(raw, spec: dict) -> dict:
+    """The variants as the controller expanded them (the host never expands): each its label args and argv
+    (a script's argument list, or a command payload's whole command)."""
+    _need(isinstance(raw, dict) and isinstance(raw.get("variants"), list) and raw["variants"],
+          "sweep.variants must be a non-empty list")
+    _need(len(raw["variants"]) <= MAX_VARIANTS, "sweep.variants: at most %d" % MAX_VARIANTS)
+    _need(spec.get("launcher", "ssh") == "ssh", "a sweep needs launcher ssh")
+    _need(isinstance(raw.get("fail_fast", False), bool), "sweep.fail_fast must be true or false")
+    for variant in raw["variants"]:
+        _need(isinstance(variant, dict) and isinstance(variant.get("args"), dict) and _strings(variant.get("argv")),
+              "each sweep variant needs args (an object) and argv (a list of strings)")
+    return {"fail_fast": raw.get("fail_fast", False),
+            "variants": [{"args": dict(v["args"]), "argv": list(v["argv"])} for v in raw["variants"]]}
 
 
 def check_launcher(raw: dict, spec: dict) -> dict:

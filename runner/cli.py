@@ -13,6 +13,7 @@ from dataclasses import asdict
 import click
 
 from remote_payload.contract import STATES, is_terminal
+from remote_payload.sweep import label as variant_label
 
 from . import controller
 from .errors import (EXIT_ABORTED, EXIT_FAILED, EXIT_OK, EXIT_STILL_RUNNING, EXIT_USAGE, RunnerError, SpecError,
@@ -96,6 +97,9 @@ def _dry_run_text(plan) -> str:
     if service:
         lines.append(f"  service       {service.get('unit')} is {service.get('active_state')}: "
                      + ("WOULD BE STOPPED and restored afterwards" if plan.stop_service else "left running"))
+    if plan.variants:
+        lines.append(f"  sweep         {len(plan.variants)} variants in one downtime window (one stop, one restore):")
+        lines += [f"    {k + 1:>4}. {variant_label(v['args'])}" for k, v in enumerate(plan.variants)]
     lines += [f"  note          {note}" for note in plan.notes]
     return "\n".join(lines)
 
@@ -200,6 +204,10 @@ def _status_text(job: dict) -> str:
         rows_text = f"{rows} of {progress['rows_expected']}" if progress.get("rows_expected") else str(rows)
         lines.append(f"  payload     phase {progress.get('phase') or '-'}, rows {rows_text}, "
                      f"last output {progress.get('silent_s', 0):.0f} s ago")
+        variant = progress.get("variant")
+        if variant:
+            lines.append(f"  sweep       variant {variant['index']} of {variant['of']}: {variant_label(variant['args'] or {})}"
+                         + (" (skipped)" if variant.get("status") == "skipped" else ""))
     service = job.get("service") or {}
     slurm = job.get("slurm") or {}
     if slurm.get("job_id"):

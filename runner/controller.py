@@ -57,6 +57,7 @@ class DryRun:
     notes: list[str] = field(default_factory=list)
     gpus: list[dict] = field(default_factory=list)
     service: dict | None = None
+    variants: list[dict] = field(default_factory=list)  # a sweep's, as the host will run them
 
 
 @dataclass
@@ -100,7 +101,9 @@ def required_mib(spec: JobSpec) -> int:
     from remote_payload.estimates import estimate_peak_bytes
 
     script = spec.payload.script
-    estimate = estimate_peak_bytes(Path(script).name, spec.payload.args) if script else None
+    estimates = [estimate_peak_bytes(Path(script).name, args) if script else None
+                 for args in spec.variant_args() or [spec.payload.args]]  # a sweep: its largest variant decides
+    estimate = None if None in estimates else max(estimates)
     if estimate is None:
         raise SpecError(f"{spec.spec_path}: gpu.min_free_mib: `auto` needs a payload with a memory estimator "
                         f"({script or 'a command'} has none); give a number of MiB")
@@ -111,12 +114,16 @@ def _check_payload_args(spec: JobSpec, source: Path | None) -> str:
     """A script's args are checked against its own parser before any host is contacted (exit 2 naming the key)."""
     if source is None:
         return "payload is a command: its arguments are passed as written"
-    from .payload_args import check_args
+    from .payload_args import check_many
 
+    runs = [(spec.payload.args, spec.payload_args(), "payload.args")]
     merged = spec.prepare_args_merged()
     if merged is not None:  # the prepare run's args are the script's too: checked alike
-        check_args(source, payload_dir(), merged, spec.payload_args(merged), spec.spec_path)
-    return check_args(source, payload_dir(), spec.payload.args, spec.payload_args(), spec.spec_path).note
+        runs.append((merged, spec.payload_args(merged), "payload.args"))
+    matrix = spec.sweep.matrix if spec.sweep is not None else {}
+    for variant, full in zip(spec.sweep.variants() if spec.sweep else [], spec.variant_args()):
+        runs.append((variant, spec.payload_args(full), "sweep.matrix" if set(variant) <= set(matrix) else "sweep.include"))
+    return check_many(source, payload_dir(), runs, spec.spec_path).note
 
 
 def _plan(spec_path: str, overrides: list[str], job_id: str | None, state: Path) -> tuple[dict, Bundle, dict, str]:
@@ -176,7 +183,8 @@ def dry_run(spec_path: str, overrides: list[str], *, queue: bool = False, job_id
     queued = [f"--queue: waits at most {wire['limits']['queue_timeout']:.0f} s for the locks (limits.queue_timeout), "
               "then ends TIMED_OUT with nothing stopped"] if queue else []
     return DryRun(wire["job_id"], host["address"], decision.stop_service, wire["gpu"]["required_mib"], argv,
-                  [args_note, *decision.notes, *queued], report.get("gpus", []), report.get("service"))
+                  [args_note, *decision.notes, *queued], report.get("gpus", []), report.get("service"),
+                  (wire.get("sweep") or {}).get("variants", []))
 
 
 def _submit_once(client: HostClient, wire: dict, queue: bool) -> tuple[dict, dict | None]:

@@ -21,10 +21,11 @@ from .errors import SpecError
 
 CHECK_TIMEOUT_S = 30.0
 
-# Runs in a child interpreter: argv = [script path, JSON list of arguments]; prints one JSON line.
+# Runs in a child interpreter: argv = [script path, JSON list of argument lists]; prints one JSON line
+# (one answer per argument list: a sweep's variants are checked in one child).
 _CHECK = r"""
 import argparse, importlib.util, json, os, sys
-path, argv = sys.argv[1], json.loads(sys.argv[2])
+path, argvs = sys.argv[1], json.loads(sys.argv[2])
 sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
 class Refused(Exception):
     pass
@@ -37,12 +38,13 @@ spec.loader.exec_module(module)
 parser = module.build_parser() if hasattr(module, "build_parser") else None
 options = sorted({o for a in (parser._actions if parser else []) for o in a.option_strings if o.startswith("--")
                   and a.help != argparse.SUPPRESS} - {"--help"})
-try:
-    module.parse_args(argv)
-    answer = {"ok": True, "options": options}
-except Refused as exc:
-    answer = {"ok": False, "message": str(exc), "options": options}
-sys.stdout.write(json.dumps(answer) + "\n")
+def ask(argv):
+    try:
+        module.parse_args(argv)
+        return {"ok": True, "options": options}
+    except Refused as exc:
+        return {"ok": False, "message": str(exc), "options": options}
+sys.stdout.write(json.dumps([ask(argv) for argv in argvs]) + "\n")
 """
 
 
@@ -63,19 +65,27 @@ def is_checkable(script: Path, payload_root: Path) -> bool:
 
 def check_args(script: Path, payload_root: Path, args: dict, argv: list[str], spec_path: object) -> ArgsCheck:
     """Raise SpecError naming `payload.args.KEY` (and the allowed names) when the script refuses argv."""
+    return check_many(script, payload_root, [(args, argv, "payload.args")], spec_path)
+
+
+def check_many(script: Path, payload_root: Path, runs: list, spec_path: object) -> ArgsCheck:
+    """runs: (args, argv, field) each, checked in one child; the first refusal raises SpecError naming
+    `field.KEY` (a sweep's variant names `sweep.matrix.KEY`)."""
     if not is_checkable(script, payload_root):
         return ArgsCheck(False, f"payload.args unchecked: {script.name} does not expose parse_args() in "
                                 f"{payload_root.name}/")
-    answer = _ask_script(script, argv)
-    options = answer.get("options", [])
-    if answer.get("ok"):
-        return ArgsCheck(True, f"payload.args checked against {script.name}'s parser", options)
-    raise SpecError(_describe_refusal(spec_path, script.name, args, answer["message"], options))
+    answers = _ask_script(script, [argv for _, argv, _ in runs])
+    for (args, _, where), answer in zip(runs, answers):
+        if not answer.get("ok"):
+            raise SpecError(_describe_refusal(spec_path, script.name, args, answer["message"],
+                                              answer.get("options", []), where))
+    options = answers[0].get("options", []) if answers else []
+    return ArgsCheck(True, f"payload.args checked against {script.name}'s parser", options)
 
 
-def _ask_script(script: Path, argv: list[str]) -> dict:
+def _ask_script(script: Path, argvs: list[list[str]]) -> list[dict]:
     try:
-        done = subprocess.run([sys.executable, "-c", _CHECK, str(script), json.dumps(argv)], capture_output=True,
+        done = subprocess.run([sys.executable, "-c", _CHECK, str(script), json.dumps(argvs)], capture_output=True,
                               text=True, timeout=CHECK_TIMEOUT_S, stdin=subprocess.DEVNULL)
         return json.loads(done.stdout.strip().splitlines()[-1])
     except (subprocess.TimeoutExpired, OSError, ValueError, IndexError) as exc:
@@ -84,15 +94,16 @@ def _ask_script(script: Path, argv: list[str]) -> dict:
             from None
 
 
-def _describe_refusal(spec_path: object, script: str, args: dict, message: str, options: list[str]) -> str:
+def _describe_refusal(spec_path: object, script: str, args: dict, message: str, options: list[str],
+                      field: str = "payload.args") -> str:
     allowed = ", ".join(o[2:].replace("-", "_") for o in options) or "none"
     unknown = [key for key in args if _flag(key) not in options] if options else []
     if unknown:
-        return "\n".join(f"{spec_path}: payload.args.{key}: {script} has no argument {_flag(key)}; allowed: {allowed}"
+        return "\n".join(f"{spec_path}: {field}.{key}: {script} has no argument {_flag(key)}; allowed: {allowed}"
                          for key in unknown)
     named = re.search(r"argument (--[A-Za-z0-9_-]+)", message)
     key = next((k for k in args if named and _flag(k) == named.group(1)), None)
-    where = f"payload.args.{key}" if key else "payload.args"
+    where = f"{field}.{key}" if key else field
     return f"{spec_path}: {where}: {script} refuses it: {message}"
 
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from remote_payload.sweep import label
+
 from .errors import NoResult
 
 COLUMNS = (  # header, row key, format
@@ -105,10 +107,45 @@ def render_any(result: dict) -> str:
     """The Marlin benchmark's table, or for any other payload: scalars as `key: value`, lists of rows as grids."""
     if result.get("payload") == "bench_marlin_moe":
         return render_table(result)
+    if result.get("payload") == "sweep":
+        return render_sweep(result)
     scalars = [f"{key}: {value}" for key, value in result.items() if not isinstance(value, (dict, list))]
     grids = [f"{key}:\n" + _grid(list(value[0]), [[_plain(row.get(col)) for col in value[0]] for row in value])
              for key, value in result.items() if _is_rows(value)]
     return "\n\n".join(["\n".join(scalars)] + grids) + "\n"
+
+
+def render_sweep(result: dict) -> str:
+    """One table across a sweep's variants: a variant column (its args), its status, then each variant's rows
+    (the Marlin benchmark's columns, or the union of any payload's first table of rows)."""
+    variants = result.get("variants") or []
+    outcomes = [_in_payload_order(v) for v in variants]
+    marlin = any(o.get("payload") == "bench_marlin_moe" for o in outcomes)
+    tables = [o.get("rows") if marlin else next((t for t in o.values() if _is_rows(t)), None) for o in outcomes]
+    if marlin:
+        columns = [(h, key, fmt) for h, key, fmt in COLUMNS]
+    else:
+        keys = list(dict.fromkeys(k for t in tables if t for row in t for k in row))
+        columns = [(k, k, None) for k in keys]
+    rows = []
+    for variant, table in zip(variants, tables):
+        status = variant.get("status") if variant.get("status") == "skipped" else f"exit {variant.get('exit_code')}"
+        head = [str(variant.get("index")), label(variant.get("args") or {}), status]
+        for row in table or [{}]:
+            rows.append(head + [(_cell(fmt, row.get(key)) if fmt else ("-" if row.get(key) is None else _plain(row[key])))
+                                for _, key, fmt in columns])
+    summary = result.get("sweep") or {}
+    lines = [f"sweep: {summary.get('succeeded', '?')} succeeded, {summary.get('failed', '?')} failed, "
+             f"{summary.get('skipped', '?')} skipped of {summary.get('variants', len(variants))} variants"]
+    lines += [f"variant {v['index']} skipped: {v.get('reason')}" for v in variants if v.get("status") == "skipped"]
+    return "\n".join(lines) + "\n\n" + _grid(["#", "variant", "status", *(h for h, _, _ in columns)], rows) + "\n"
+
+
+def _in_payload_order(variant: dict) -> dict:
+    """A variant's result with its rows' keys in the order the payload wrote them (`columns`)."""
+    outcome, columns = variant.get("result") or {}, variant.get("columns") or []
+    return {key: [{**{c: row[c] for c in columns if c in row}, **row} for row in value] if _is_rows(value) else value
+            for key, value in outcome.items()}
 
 
 def _is_rows(value) -> bool:
@@ -121,6 +158,8 @@ def _plain(value) -> str:
 
 def plot(result: dict, path: str | Path) -> Path:
     """The lever figure for the Marlin benchmark; a generic rows figure for any other payload."""
+    if result.get("payload") == "sweep":
+        return plot_sweep(result, path)
     if result.get("payload") == "bench_marlin_moe" or _is_lever_rows(result.get("rows")):
         return plot_lever(result, path)
     return plot_rows(result, path)
@@ -205,6 +244,40 @@ def plot_lever(result: dict, path: str | Path) -> Path:
     timing = (result.get("timing") or {}).get("used", "?")
     cost.set_title(f"Marlin int4 MoE on {env.get('gpu', '?')}: {backend.get('used', '?')}, {timing} timing")
     fig.legend(loc="upper center", bbox_to_anchor=(0.5, 0.88), ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return Path(path)
+
+
+def plot_sweep(result: dict, path: str | Path) -> Path:
+    """One curve per variant, labelled by its args: the Marlin benchmark's µs/token and lever against M, or
+    any payload's first numeric column against its x."""
+    curves = [(label(v.get("args") or {}), _in_payload_order(v)) for v in result.get("variants") or [] if v.get("result")]
+    if not curves:
+        raise NoResult("nothing to plot: no variant of the sweep wrote a result")
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    lever = all(_is_lever_rows(r.get("rows")) for _, r in curves)
+    fig, axes = plt.subplots(1, 2 if lever else 1, figsize=(12 if lever else 7.5, 4.5), squeeze=False)
+    for name, outcome in curves:
+        if lever:
+            rows = sorted(outcome["rows"], key=lambda r: r["m"])
+            axes[0][0].plot([r["m"] for r in rows], [r["us_per_token"] for r in rows], "o-", label=name)
+            axes[0][1].plot([r["m"] for r in rows], [r["lever"] for r in rows], "s-", label=name)
+        else:
+            _, x, ys, rows = plottable_series(outcome)
+            rows = sorted(rows, key=lambda r: r[x])
+            axes[0][0].plot([r[x] for r in rows], [r[ys[0]] for r in rows], "o-", label=name)
+            axes[0][0].set(xlabel=x, ylabel=ys[0])
+    if lever:
+        axes[0][0].set(xscale="log", yscale="log", xlabel="batch size M (tokens)", ylabel="µs per token")
+        axes[0][1].set(xscale="log", xlabel="batch size M (tokens)", ylabel="lever (cost/token at smallest M ÷ at M)")
+    for ax in axes[0]:
+        ax.legend(fontsize=8)
+    fig.suptitle(f"sweep: one curve per variant ({len(curves)})")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator,
 
 from remote_payload.contract import DEFAULTS, LAUNCHERS, SERVICE_MANAGERS, SERVICE_SCOPES, STOP_POLICIES, \
     USER_SCOPE_SUDO
+from remote_payload import sweep as sweeps
 
 from .errors import SpecError
 from .job_id import check_job_id
@@ -105,6 +106,27 @@ class LimitsSpec(_Section):
     grace: Duration = DEFAULTS["limits.grace"]
     prepare_timeout: Duration = DEFAULTS["limits.prepare_timeout"]
     queue_timeout: Duration = DEFAULTS["limits.queue_timeout"]
+    # A sweep's whole downtime window: no variant starts that could not end inside it (the host decides).
+    max_downtime: Duration | None = DEFAULTS["limits.max_downtime"]
+
+
+class SweepSpec(_Section):
+    """Many variants of a script payload in one downtime window: each variant's keys become its args."""
+    matrix: dict[ArgKey, Annotated[list[ArgValue], Field(min_length=1)]] = {}
+    include: list[dict[ArgKey, ArgValue]] = []
+    fail_fast: bool = False
+
+    @model_validator(mode="after")
+    def _some_within_the_cap(self) -> SweepSpec:
+        n = sweeps.count(self.matrix, self.include)
+        if n == 0:
+            raise ValueError("a sweep needs a `matrix` axis or an `include` entry")
+        if n > sweeps.MAX_VARIANTS:
+            raise ValueError(f"{n} variants is over the cap of {sweeps.MAX_VARIANTS}; split the sweep")
+        return self
+
+    def variants(self) -> list[dict]:
+        return sweeps.expand(self.matrix, self.include)
 
 
 class JobSpec(_Section):
@@ -116,6 +138,7 @@ class JobSpec(_Section):
     limits: LimitsSpec = Field(default_factory=LimitsSpec)
     launcher: Literal[LAUNCHERS] = "ssh"
     slurm: SlurmSpec | None = None
+    sweep: SweepSpec | None = None
     _spec_path: Path | None = PrivateAttr(None)
 
     @model_validator(mode="after")
@@ -123,7 +146,25 @@ class JobSpec(_Section):
         problem = launcher_problem(self)
         if problem:
             raise ValueError(problem)
+        if self.sweep is not None and self.launcher != "ssh":
+            raise ValueError("`sweep` needs launcher ssh (the variants run inside one supervisor's window)")
         return self
+
+    @model_validator(mode="after")
+    def _sweep_keys_used(self) -> JobSpec:
+        if self.sweep is None or self.payload.command is None:
+            return self
+        keys = dict.fromkeys(k for v in [self.sweep.matrix, *self.sweep.include] for k in v)
+        unused = sweeps.unused_keys(self.payload.command, keys)
+        if unused:
+            where = "sweep.matrix" if unused[0] in self.sweep.matrix else "sweep.include"
+            raise ValueError(f"{where}.{unused[0]}: no `{{{unused[0]}}}` in payload.command uses it "
+                             "(write the placeholder in an argument)")
+        return self
+
+    def variant_args(self) -> list[dict]:
+        """Each variant's full args: `payload.args` with the variant's keys over them ([] without a sweep)."""
+        return [] if self.sweep is None else [{**self.payload.args, **v} for v in self.sweep.variants()]
 
     @property
     def spec_path(self) -> Path | None:
@@ -166,7 +207,18 @@ class JobSpec(_Section):
                 "payload": self._wire_payload(script_name), "limits": self.limits.model_dump()}
         if self.launcher == "slurm":  # an ssh job's wire form stays as it was
             wire.update(launcher="slurm", slurm=wire_slurm(self))
+        if wire["limits"]["max_downtime"] is None:  # as it was without one
+            del wire["limits"]["max_downtime"]
+        if self.sweep is not None:  # expanded here: the host runs the variants as given
+            wire["sweep"] = {"fail_fast": self.sweep.fail_fast,
+                             "variants": [{"args": v, "argv": self._variant_argv(v)} for v in self.sweep.variants()]}
         return wire
+
+    def _variant_argv(self, variant: dict) -> list[str]:
+        """A script's args with the variant's over them, or the command with its `{KEY}`s filled."""
+        if self.payload.command is not None:
+            return sweeps.fill(self.payload.command, variant)
+        return self.payload_args({**self.payload.args, **variant})
 
     def _wire_service(self) -> dict:
         if self.service.manager == "none":

@@ -1,0 +1,53 @@
+"""A sweep's variants: the cartesian product of `sweep.matrix` plus the `sweep.include` combinations.
+
+Stdlib only, pure (no I/O). The controller expands the spec with it (runner/spec.py) and sends the variants
+on the wire; the host reads them as given (supervisor_sweep.py) and never expands.
+"""
+from __future__ import annotations
+
+import itertools
+
+MAX_VARIANTS = 1000  # over it the spec is refused (exit 2 naming `sweep`)
+
+
+def expand(matrix: dict, include: list) -> list:
+    """[{KEY: value, …}, …]: every combination of the matrix's axes (in their order), then each `include`
+    entry not already produced. An empty matrix with includes gives just the includes."""
+    keys = list(matrix)
+    variants = [dict(zip(keys, values)) for values in itertools.product(*(matrix[k] for k in keys))] if keys else []
+    for extra in include:
+        if dict(extra) not in variants:
+            variants.append(dict(extra))
+    return variants
+
+
+def count(matrix: dict, include: list) -> int:
+    """How many variants `expand` would give at most, without building them (the cap is checked first)."""
+    product = 1
+    for values in matrix.values():
+        product *= len(values)
+    return (product if matrix else 0) + len(include)
+
+
+def _text(value) -> str:
+    return ",".join(map(str, value)) if isinstance(value, list) else str(value)
+
+
+def fill(command: list, args: dict) -> list:
+    """A command payload's argv for one variant: each literal `{KEY}` replaced by the variant's value."""
+    filled = []
+    for word in command:
+        for key, value in args.items():
+            word = word.replace("{%s}" % key, _text(value))
+        filled.append(word)
+    return filled
+
+
+def unused_keys(command: list, keys) -> list:
+    """Sweep keys that no `{KEY}` of the command uses (an error: the variants would all run the same)."""
+    return [key for key in keys if not any("{%s}" % key in word for word in command)]
+
+
+def label(args: dict) -> str:
+    """`experts=384 routing=zipf`: a variant's name in tables, logs and plot legends."""
+    return " ".join("%s=%s" % (k, _text(v)) for k, v in args.items())
