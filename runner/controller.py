@@ -70,6 +70,9 @@ class TailOutcome:
 def connect(host: dict, bundle: Bundle | None = None, deadline: Deadline | None = None) -> HostClient:
     """A client for the host section of a spec; use it as `with connect(host) as client:` (closes the transport).
     deadline: the command's own, which no call may outlive (default: each call's allowance alone)."""
+    if isinstance(host["address"], list):
+        raise SpecError("host.address is a list of hosts (a fleet): this command takes one host",
+                        hint="Submit the fleet with `runner submit JOB.yaml`; give --host H for one of its hosts.")
     if host["address"] == "local":
         transport = LocalTransport()
     else:
@@ -129,6 +132,11 @@ def _plan(spec_path: str, overrides: list[str], job_id: str | None) -> tuple[Job
     args_note = _check_payload_args(spec, source)
     bundle, script_name = build_bundle(source)
     return spec, bundle, spec.to_wire(job_id, required_mib(spec), script_name), args_note
+
+
+def check_locally(spec_path: str, overrides: list[str]) -> str:
+    """Everything submit checks before it contacts a host (spec, payload args, memory estimate); the args note."""
+    return _plan(spec_path, overrides, None)[3]
 
 
 def submit(spec_path: str, overrides: list[str], *, queue: bool = False, job_id: str | None = None,

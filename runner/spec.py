@@ -18,8 +18,9 @@ from remote_payload.contract import DEFAULTS, LAUNCHERS, SERVICE_MANAGERS, SERVI
 
 from .errors import SpecError
 from .job_id import check_job_id
-from .spec_fields import (Address, ArgKey, ArgValue, CommandWord, Device, Duration, EnvKey, EnvValue, HealthUrl,
+from .spec_fields import (ArgKey, ArgValue, CommandWord, Device, Duration, EnvKey, EnvValue, HealthUrl,
                           HostRoot, MinFreeMib, Name, Python, Script, Unit, User, short)
+from .spec_fleet import Addresses, RolloutSpec, fleet_problem
 from .spec_slurm import SlurmSpec, launcher_problem, wire_slurm
 
 
@@ -29,7 +30,7 @@ class _Section(BaseModel):
 
 
 class HostSpec(_Section):
-    address: Address
+    address: Addresses  # one host, or a list of them: a fleet (spec_fleet.py)
     user: User = None
     port: Annotated[int, Field(ge=1, le=65535)] | None = None
     host_key_policy: Literal["strict", "accept-new"] = "strict"
@@ -114,11 +115,12 @@ class JobSpec(_Section):
     limits: LimitsSpec = Field(default_factory=LimitsSpec)
     launcher: Literal[LAUNCHERS] = "ssh"
     slurm: SlurmSpec | None = None
+    rollout: RolloutSpec | None = None
     _spec_path: Path | None = PrivateAttr(None)
 
     @model_validator(mode="after")
     def _launcher_rules(self) -> JobSpec:
-        problem = launcher_problem(self)
+        problem = launcher_problem(self) or fleet_problem(self)
         if problem:
             raise ValueError(problem)
         return self
