@@ -15,7 +15,7 @@ import click
 from remote_payload.contract import STATES, is_terminal
 from remote_payload.sweep import label as variant_label
 
-from . import controller
+from . import controller, fleet, fleet_cli  # neither imports pydantic: a one-host tail stays light
 from .errors import (EXIT_ABORTED, EXIT_FAILED, EXIT_OK, EXIT_STILL_RUNNING, EXIT_USAGE, RunnerError, SpecError,
                      UnknownJob)
 from .store import Store
@@ -65,11 +65,15 @@ def cli() -> None:
               "memory needed and free, the command), change nothing.")
 @click.option("--follow", is_flag=True, help="After submitting, print the log like `tail -f` for up to --max-wait.")
 @click.option("--max-wait", type=click.FloatRange(0, 3600), default=DEFAULT_MAX_WAIT, show_default=True,
-              help="With --follow: seconds to follow before returning 75.")
+              help="With --follow: seconds to follow before returning 75. A fleet (a list of hosts): seconds to "
+                   "drive the rollout before returning 75 (`runner wait RUN` goes on).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 def submit(job_file, overrides, queue, queue_timeout, job_id, dry_run, follow, max_wait, as_json) -> None:
     if queue_timeout is not None:
         overrides, queue = (*overrides, "limits.queue_timeout=" + queue_timeout), True
+    if fleet.is_fleet(job_file, list(overrides)):
+        sys.exit(fleet_cli.submit(job_file, list(overrides), run_id=job_id, queue=queue, dry_run=dry_run,
+                                  max_wait=max_wait, as_json=as_json))
     if dry_run:
         plan = controller.dry_run(job_file, list(overrides), queue=queue, job_id=job_id)
         _emit_json(asdict(plan)) if as_json else click.echo(_dry_run_text(plan))
@@ -113,6 +117,10 @@ def _dry_run_text(plan) -> str:
 @click.option("--from-start", is_flag=True, help="Print from the first byte, not from the cursor.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document (output decoded as UTF-8, lossy).")
 def tail(job_id: str, follow: bool, max_wait: float, from_start: bool, as_json: bool) -> None:
+    if _is_run(job_id):
+        if as_json:
+            raise SpecError("tail --json takes one job id; for a run, tail one of its jobs (RUN.N) or drop --json")
+        sys.exit(fleet_cli.tail(job_id, follow=follow, max_wait=max_wait, from_start=from_start))
     _tail_and_exit(job_id, follow=follow, max_wait=max_wait, from_start=from_start, as_json=as_json)
 
 
@@ -172,6 +180,8 @@ def watch(job_id: str, max_wait: float, plain: bool) -> None:
 @click.argument("job_id", required=False)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 def status(job_id: str | None, as_json: bool) -> None:
+    if job_id and _is_run(job_id):
+        sys.exit(fleet_cli.status(job_id, as_json=as_json))
     jobs = controller.status([job_id] if job_id else [], store=Store())
     if job_id and jobs and jobs[0].get("state") == "UNKNOWN":
         raise UnknownJob(f"job {job_id} is not on its host (it was never started there, or its directory was removed)")
@@ -183,6 +193,13 @@ def status(job_id: str | None, as_json: bool) -> None:
         for job in jobs:
             click.echo(_status_text(job))
     sys.exit(max((exit_code(job.get("state")) for job in jobs), key=_worse, default=EXIT_OK))
+
+
+def _is_run(ref: str) -> bool:
+    """A fleet run's id (one job per host) rather than one job's: the fleet_cli commands take it."""
+    from .fleet_view import is_run
+
+    return is_run(ref, Store())
 
 
 def _worse(code: int) -> int:
@@ -257,6 +274,8 @@ def list_jobs(as_json: bool) -> None:
 @click.argument("job_id")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 def cancel(job_id: str, as_json: bool) -> None:
+    if _is_run(job_id):
+        sys.exit(fleet_cli.cancel(job_id, as_json=as_json))
     answer = controller.cancel(job_id, store=Store())
     if as_json:
         _emit_json(answer)
@@ -383,6 +402,8 @@ def _tolerance(_ctx, _param, value: str) -> float:
 def results(job_id, as_json, plot_path, baseline_path, save_path, other, tolerance, fmt) -> None:
     from . import ci, gate, gate_report
 
+    if _is_run(job_id) and not (baseline_path or save_path or other):
+        sys.exit(fleet_cli.results(job_id, as_json=as_json, plot_path=plot_path))
     store = Store()
     current = ci.collect(job_id, store=store)
     if current.warning:
@@ -440,7 +461,8 @@ def history(host, metric, plot_path, imports, as_json) -> None:
         _progress(f"wrote {plot_path}")
 
 
-@cli.command(help="Block until the job ends, printing its log as it comes (for CI; agents use `tail`).\n\n"
+@cli.command(help="Block until the job ends, printing its log as it comes (for CI; agents use `tail`). For a "
+                  "fleet run: drive its rollout until every host is done or --timeout passes.\n\n"
                   "Exit codes: 0 SUCCEEDED · 1 ended otherwise · 75 still running at --timeout · 2 · 3")
 @click.argument("job_id")
 @click.option("--timeout", "timeout", default="30m", show_default=True, help="Give up after this long (30s, 5m, 1h).")
@@ -453,6 +475,8 @@ def wait(job_id: str, timeout: str, as_json: bool) -> None:
         seconds = parse_duration(timeout)
     except ValueError as exc:
         raise SpecError(f"--timeout: {exc}") from None
+    if _is_run(job_id):
+        sys.exit(fleet_cli.wait(job_id, max_wait=seconds, as_json=as_json))
     outcome = ci.wait(job_id, store=Store(), out=sys.stdout.buffer, timeout=seconds, progress=_progress)
     if as_json:
         _emit_json(asdict(outcome))

@@ -73,6 +73,9 @@ class TailOutcome:
 def connect(host: dict, bundle: Bundle | None = None, deadline: Deadline | None = None) -> HostClient:
     """A client for the host section of a spec; use it as `with connect(host) as client:` (closes the transport).
     deadline: the command's own, which no call may outlive (default: each call's allowance alone)."""
+    if isinstance(host["address"], list):
+        raise SpecError("host.address is a list of hosts (a fleet): this command takes one host",
+                        hint="Submit the fleet with `runner submit JOB.yaml`; give --host H for one of its hosts.")
     transport = for_host(host)
     if bundle is None:
         bundle, _ = build_bundle()
@@ -149,6 +152,16 @@ def _validated_plan(spec_path: str, overrides: list[str]) -> tuple[plan_cache.Pl
     wire = spec.to_wire(PLANNED_JOB_ID, required_mib(spec), script_name)
     return plan_cache.Plan(spec.host.model_dump(), wire, str(source.resolve()) if source else None, bundle.digest,
                            args_note), bundle
+
+
+def check_locally(spec_path: str, overrides: list[str]) -> str:
+    """Everything submit checks before it contacts a host (spec, payload args, memory estimate); the args note."""
+    return _plan(spec_path, overrides, None, default_state_dir())[3]
+
+
+def planned_host(spec_path: str, overrides: Sequence[str]) -> dict | None:
+    """The host section of this spec's cached plan (no validation), or None when it was not planned yet."""
+    return plan_cache.host(default_state_dir(), plan_cache.key(spec_path, overrides))
 
 
 def submit(spec_path: str, overrides: list[str], *, queue: bool = False, job_id: str | None = None,

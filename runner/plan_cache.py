@@ -69,16 +69,31 @@ def _file_stamp(path: Path | None) -> list:
         return [str(path), None]
 
 
-def load(root: Path, plan_key: str | None, bundle_of: Callable) -> tuple[Plan, object] | None:
-    """The cached plan and its bundle (`bundle_of(source)`, checked against the recorded digest), or None."""
+def _read(root: Path, plan_key: str | None) -> Plan | None:
     if plan_key is None:
         return None
     try:
-        plan = Plan(**json.loads((root / "plans" / f"{plan_key}.json").read_text()))
+        return Plan(**json.loads((root / "plans" / f"{plan_key}.json").read_text()))
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def load(root: Path, plan_key: str | None, bundle_of: Callable) -> tuple[Plan, object] | None:
+    """The cached plan and its bundle (`bundle_of(source)`, checked against the recorded digest), or None."""
+    plan = _read(root, plan_key)
+    if plan is None:
+        return None
+    try:
         bundle, _ = bundle_of(Path(plan.source) if plan.source else None)
     except (OSError, ValueError, TypeError):
         return None
     return (plan, bundle) if bundle.digest == plan.digest else None
+
+
+def host(root: Path, plan_key: str | None) -> dict | None:
+    """The cached plan's host section alone (the key already covers everything it came from), or None."""
+    plan = _read(root, plan_key)
+    return plan.host if plan is not None and isinstance(plan.host, dict) else None
 
 
 def save(root: Path, plan_key: str | None, plan: Plan) -> None:

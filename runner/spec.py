@@ -19,8 +19,9 @@ from remote_payload import sweep as sweeps
 
 from .errors import SpecError
 from .job_id import check_job_id
-from .spec_fields import (Address, ArgKey, ArgValue, CommandWord, Device, Duration, EnvKey, EnvValue, HealthUrl,
+from .spec_fields import (ArgKey, ArgValue, CommandWord, Device, Duration, EnvKey, EnvValue, HealthUrl,
                           HostRoot, MinFreeMib, Name, Python, Script, Unit, User, short)
+from .spec_fleet import Addresses, RolloutSpec, fleet_problem
 from .spec_slurm import SlurmSpec, launcher_problem, wire_slurm
 
 
@@ -30,7 +31,7 @@ class _Section(BaseModel):
 
 
 class HostSpec(_Section):
-    address: Address
+    address: Addresses  # one host, or a list of them: a fleet (spec_fleet.py)
     user: User = None
     port: Annotated[int, Field(ge=1, le=65535)] | None = None
     host_key_policy: Literal["strict", "accept-new"] = "strict"
@@ -139,11 +140,12 @@ class JobSpec(_Section):
     launcher: Literal[LAUNCHERS] = "ssh"
     slurm: SlurmSpec | None = None
     sweep: SweepSpec | None = None
+    rollout: RolloutSpec | None = None
     _spec_path: Path | None = PrivateAttr(None)
 
     @model_validator(mode="after")
     def _launcher_rules(self) -> JobSpec:
-        problem = launcher_problem(self)
+        problem = launcher_problem(self) or fleet_problem(self)
         if problem:
             raise ValueError(problem)
         if self.sweep is not None and self.launcher != "ssh":

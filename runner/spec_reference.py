@@ -15,7 +15,8 @@ DESCRIPTIONS = {
     "name": "What the job measures; becomes part of the job id.",
     "host": "Where the job runs.",
     "host.address": "An ssh_config alias (its HostName, User, Port, IdentityFile, ProxyJump apply), a host name, "
-                    "an IP address, or `local` (this machine, no SSH).",
+                    "an IP address, or `local` (this machine, no SSH). A list of them is a fleet: one run, one job per "
+                    "host (the rest of host, service, gpu apply to each), rolled out as `rollout` says.",
     "host.user": "Login user; overrides the alias's User (like `ssh -l`).",
     "host.port": "SSH port; overrides the alias's Port (like `ssh -p`).",
     "host.host_key_policy": "`strict`: the host key must already be in known_hosts. `accept-new`: record an "
@@ -55,6 +56,11 @@ DESCRIPTIONS = {
                 "goes through sbatch (service.manager none, no gpu.devices; see the README's Running on Slurm).",
     "slurm": "With launcher slurm: partition, gres or gpus, time (default: max_runtime + grace + 60 s), "
              "account, qos, constraint, extra_args (each `--name=value`).",
+    "rollout": "With a list of hosts: how the run's jobs are rolled out over them.",
+    "rollout.max_unavailable": "At most this many hosts have their service stopped by the run at a time (a job "
+                               "that leaves its service running does not count).",
+    "rollout.stop_on_failure": "After a host fails (skipped, or its job ended other than SUCCEEDED), start no "
+                               "more hosts.",
     "limits": "Time limits.",
     "limits.max_runtime": "The payload's deadline: TERM, `grace`, then KILL of its process group.",
     "limits.grace": "Seconds between TERM and KILL.",
