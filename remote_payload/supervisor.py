@@ -2,7 +2,7 @@
 """The host side of runner: one stdlib-only script, one JSON line per call (docs/protocol.md is binding).
 
 This file is the entry point (BOOT runs ROOT/payload/<digest>/supervisor.py; the guard timer runs
-`supervisor.py restore`) and owns the commands, the daemonizing and `main`. The rest lives in rooms beside it,
+`supervisor.py restore`) and owns the commands and `main`. The rest lives in rooms beside it,
 each importing only the rooms above it in this list:
 
     contract.py          the rules both sides share: ids, unit names, defaults, states, wire codes, memory
@@ -11,8 +11,10 @@ each importing only the rooms above it in this list:
     supervisor_spec.py   the spec and argv checked again with the contract's rules and defaults
     supervisor_job.py    one job's choreography (supervise → settle) and its guard
     supervisor_unit.py   where systemd is: _run in a transient unit (ExecStopPost= restore, watchdog, cgroup)
+    supervisor_start.py  starting a job: the claim of its dir, the detached launch, the ready handshake
+    supervisor_sweep.py  a sweep's variants inside the one window supervise() opened
     supervisor_submit.py `submit`: preflight + start in one call when the report cannot refuse the job
-    supervisor.py        the subcommands, fork/setsid/exec, argv parsing, the one JSON answer
+    supervisor.py        the subcommands, argv parsing, the one JSON answer
 
 Public subcommands: preflight, start, submit (preflight + start in one call), status, logs, cancel, restore,
 restore-service, result.
@@ -33,8 +35,6 @@ from __future__ import annotations
 
 import argparse
 import base64
-import contextlib
-import fcntl
 import json
 import os
 import select
@@ -45,12 +45,14 @@ import time
 
 try:  # imported as remote_payload.supervisor (tests)
     from .contract import DEFAULTS, RUNNING_SERVICE_STATES, SERVICE_SCOPES, TERMINAL
-    from .supervisor_files import RESERVE_BYTES, JobPaths, Locks, append_line, fsync_dir, is_slurm_job, lock_keys, \
-        probe_lock, read_json, read_status, write_json_atomic
+    from .supervisor_files import JobPaths, Locks, append_line, is_slurm_job, lock_keys, probe_lock, read_json, \
+        read_status
     from .supervisor_host import GPU_QUERY, HERE, KILL_CONFIRM_S, POLL_S, RUN_SUPERVISOR, Fail, Systemd, identity, \
         is_alive, nvidia_smi, parse_gpu_csv, query_apps, start_unit, wait_healthy
     from .supervisor_job import supervise
-    from .supervisor_record import Flags, Job, initial_status
+    from .supervisor_record import Flags, Job
+    from .supervisor_start import answer_start, claim_job_dir, daemonize_exec, launch_detached, ready_lock, \
+        send_ready
     from .supervisor_settle import hard_deadline, settle_as_restorer, start_guard, with_restore_lock
     from .supervisor_spec import check_health_url, check_job_id, check_root, check_root_safe, check_unit, \
         read_spec_stdin
@@ -58,12 +60,14 @@ try:  # imported as remote_payload.supervisor (tests)
     from .supervisor_submit import submit
 except ImportError:  # run as a script: sys.path[0] is this directory
     from contract import DEFAULTS, RUNNING_SERVICE_STATES, SERVICE_SCOPES, TERMINAL
-    from supervisor_files import RESERVE_BYTES, JobPaths, Locks, append_line, fsync_dir, is_slurm_job, lock_keys, \
-        probe_lock, read_json, read_status, write_json_atomic
+    from supervisor_files import JobPaths, Locks, append_line, is_slurm_job, lock_keys, probe_lock, read_json, \
+        read_status
     from supervisor_host import GPU_QUERY, HERE, KILL_CONFIRM_S, POLL_S, RUN_SUPERVISOR, Fail, Systemd, identity, \
         is_alive, nvidia_smi, parse_gpu_csv, query_apps, start_unit, wait_healthy
     from supervisor_job import supervise
-    from supervisor_record import Flags, Job, initial_status
+    from supervisor_record import Flags, Job
+    from supervisor_start import answer_start, claim_job_dir, daemonize_exec, launch_detached, ready_lock, \
+        send_ready
     from supervisor_settle import hard_deadline, settle_as_restorer, start_guard, with_restore_lock
     from supervisor_spec import check_health_url, check_job_id, check_root, check_root_safe, check_unit, \
         read_spec_stdin
@@ -77,7 +81,6 @@ except ImportError:
     from progress import SCAN_BYTES, summarize
 
 
-
 def slurm_launch():
     """remote_payload/slurm_launch.py, imported on first use: only Slurm jobs need it, and its imports
     (dataclasses, typing) were a third of every call's start-up on the host."""
@@ -89,7 +92,6 @@ def slurm_launch():
 
 
 GUARD_POLL_S = 2.0           # how often the guard compares a live supervisor with its hard deadline
-READY_TIMEOUT_S = 30.0       # how long `start` waits for the detached supervisor's handshake
 START_GRACE_S = 60.0         # a status with no supervisor recorded yet is "starting" this long
 LOG_MAX_BYTES = 4 << 20
 
@@ -103,179 +105,17 @@ def job_paths(args) -> JobPaths:
     return paths
 
 
-def close_fds_except(keep: list) -> None:
-    """Close every fd above 2 but `keep`, so nothing the caller (e.g. sshd) opened stays open."""
-    for name in os.listdir("/proc/self/fd"):
-        if int(name) > 2 and int(name) not in keep:
-            try:
-                os.close(int(name))
-            except OSError:
-                pass  # the fd listdir itself used, already closed
-
-
-def daemonize_exec(argv: list, log_path: str, keep: list = ()) -> None:
-    """fork, setsid, fork, exec argv with stdin /dev/null and stdout+stderr appended to log_path."""
-    pid = os.fork()
-    if pid:
-        os.waitpid(pid, 0)
-        return
-    try:
-        os.setsid()
-        if os.fork():
-            os._exit(0)
-        null = os.open(os.devnull, os.O_RDONLY)
-        log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        os.dup2(null, 0)
-        os.dup2(log, 1)
-        os.dup2(log, 2)
-        close_fds_except(keep)
-        for fd in keep:
-            os.set_inheritable(fd, True)
-        os.execv(sys.executable, argv)
-    finally:
-        os._exit(127)
-
-
-def read_ready(fd: int, timeout: float):
-    """The supervisor's one-line handshake; None on EOF or timeout."""
-    data, deadline = b"", time.monotonic() + timeout
-    while b"\n" not in data:
-        if not select.select([fd], [], [], max(0.0, deadline - time.monotonic()))[0]:
-            return None
-        chunk = os.read(fd, 65536)
-        if not chunk:
-            break
-        data += chunk
-    try:
-        return json.loads(data.decode("utf-8").splitlines()[0])
-    except (ValueError, IndexError):
-        return None
-
-
-def tail_file(path: str, limit: int = 2000) -> str:
-    try:
-        with open(path, "rb") as fh:
-            return fh.read()[-limit:].decode("utf-8", "replace")
-    except OSError:
-        return ""
-
-
 def cmd_start(args) -> dict:
     return start_job(args, read_spec_stdin(check_job_id(args.job_id)))
 
 
 def start_job(args, spec: dict) -> dict:
-    job_id = check_job_id(args.job_id)
-    paths = JobPaths(args.root, job_id)
+    """Claim the job id, then hand the job to Slurm or to its own detached supervisor (supervisor_start.py)."""
+    paths = JobPaths(args.root, check_job_id(args.job_id))
     claim_job_dir(paths, spec)
     if spec.get("launcher") == "slurm":  # Slurm queues it: no lock, no --queue, no detached supervisor here
         return slurm_launch().submit(paths, spec)
-    ready_r = supervisor_unit.launch(paths, spec, args.queue)  # in a systemd unit where the host has one
-    if ready_r is None:
-        ready_r, ready_w = os.pipe()
-        argv = RUN_SUPERVISOR + ["_run", "--job-id", job_id, "--root", args.root,
-                                 "--ready-fd", str(ready_w)] + (["--queue"] if args.queue else [])
-        daemonize_exec(argv, paths.supervisor_log, keep=[ready_w])
-        os.close(ready_w)
-    answer = read_ready(ready_r, READY_TIMEOUT_S)
-    if answer is None:
-        answer = give_up_start(paths, ready_r)
-    os.close(ready_r)
-    if answer is None:
-        return start_failed(paths)
-    return answer
-
-
-@contextlib.contextmanager
-def ready_lock(paths: JobPaths):
-    """`start` giving up and the supervisor answering exclude each other, so the two can never disagree on
-    whether the job exists (the supervisor holds it for one pipe write at most)."""
-    fd = os.open(paths.ready_lock, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
-
-
-def give_up_start(paths: JobPaths, ready_r: int):
-    """Past READY_TIMEOUT_S: take the answer if it arrived meanwhile, else mark the job abandoned. The
-    supervisor then gives up before touching anything: no job runs that the user never saw."""
-    try:
-        with ready_lock(paths):
-            answer = read_ready(ready_r, 0)
-            if answer is None:
-                open(paths.abandoned, "w").close()
-            return answer
-    except FileNotFoundError:  # the supervisor refused (busy) and removed the dir: its answer is in the pipe
-        return read_ready(ready_r, 0)
-
-
-def claim_job_dir(paths: JobPaths, spec: dict) -> None:
-    """Build the job dir aside, then rename it into place: the rename is the atomic claim of the id, and no
-    reader ever sees a job dir without its spec.json and status.json."""
-    staging = os.path.join(paths.root, "tmp")
-    for path in (os.path.dirname(paths.dir), staging):
-        os.makedirs(path, exist_ok=True)
-    if os.path.exists(paths.dir):
-        raise job_exists(paths, spec)
-    import tempfile  # only `start` needs it: not at the top, where every call would pay for it
-
-    tmp = tempfile.mkdtemp(prefix=paths.job_id + ".", dir=staging)
-    write_json_atomic(os.path.join(tmp, "spec.json"), spec)
-    write_json_atomic(os.path.join(tmp, "status.json"), initial_status(spec))
-    with open(os.path.join(tmp, "reserve"), "wb") as fh:  # real blocks, not a sparse file
-        fh.write(b"\0" * RESERVE_BYTES)
-    try:
-        os.rename(tmp, paths.dir)  # fails when the target exists and is not empty: every job dir has files
-    except OSError:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise job_exists(paths, spec)
-    fsync_dir(os.path.dirname(paths.dir))
-
-
-def job_exists(paths: JobPaths, spec: dict) -> Fail:
-    """`exists`, saying whether the recorded spec is this one: a retried submit is idempotent, a different
-    spec under a used id is refused by the controller (both specs are in the normalised form check_spec makes)."""
-    try:
-        same = read_json(paths.spec) == spec
-    except (OSError, ValueError):
-        same = False
-    return Fail("exists", "job %s exists on this host%s" % (paths.job_id, "" if same else " with a different spec"),
-                job_id=paths.job_id, same_spec=same)
-
-
-def start_failed(paths: JobPaths) -> dict:
-    """The job was abandoned before anything was stopped: a live supervisor removes its dir when it reaches
-    the handshake; a dead one cannot, so do it here. Either way the id is free again."""
-    log = tail_file(paths.supervisor_log)
-    try:
-        if not is_alive(Job.load(paths).status.get("supervisor")):
-            shutil.rmtree(paths.dir, ignore_errors=True)
-    except Fail:
-        shutil.rmtree(paths.dir, ignore_errors=True)
-    raise Fail("start-failed", "the supervisor did not report ready within %.0f s, so the job was abandoned "
-               "before anything was stopped (submit it again); its log: %s" % (READY_TIMEOUT_S, log),
-               job_id=paths.job_id)
-
-
-def send_ready(fd: int, answer: dict) -> bool:
-    """Hand `start` its answer under the ready lock; False when `start` gave up (the job must not go on)."""
-    try:
-        os.write(fd, (json.dumps(answer) + "\n").encode("utf-8"))
-        return True
-    except OSError:
-        return False  # `start` is gone
-    finally:
-        os.close(fd)
-
-
-def answer_start(paths: JobPaths, fd: int, answer: dict) -> bool:
-    with ready_lock(paths):
-        if os.path.exists(paths.abandoned):
-            os.close(fd)
-            return False
-        return send_ready(fd, answer)
+    return launch_detached(paths, spec, args.queue)
 
 
 def install_signal_handlers(flags: Flags) -> None:

@@ -1,0 +1,201 @@
+"""Starting a job, both sides of it: the atomic claim of its directory, the detached launch of its supervisor
+(a transient systemd unit where the host has one, else fork/setsid/fork/exec) and the one-line ready handshake.
+
+    start ──claim_job_dir──▶ ROOT/jobs/<id>/ ──launch_detached──▶ _run ──answer_start──▶ one JSON line
+      ◀── read_ready (at most READY_TIMEOUT_S; past it give_up_start marks the job abandoned) ──┘
+
+`start` giving up and the supervisor answering exclude each other under ready.lock, so they never disagree
+on whether the job exists. Imports only the stdlib, contract.py and the supervisor_host/_files/_record/_unit
+rooms; supervisor.py dispatches `start` (and the Slurm launcher) and runs `_run`.
+"""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import select
+import shutil
+import sys
+import time
+
+try:  # imported as remote_payload.supervisor_start (tests)
+    from .supervisor_files import RESERVE_BYTES, JobPaths, fsync_dir, read_json, write_json_atomic
+    from .supervisor_host import RUN_SUPERVISOR, Fail, is_alive
+    from .supervisor_record import Job, initial_status
+    from . import supervisor_unit
+except ImportError:  # run from supervisor.py as a script: sys.path[0] is this directory
+    from supervisor_files import RESERVE_BYTES, JobPaths, fsync_dir, read_json, write_json_atomic
+    from supervisor_host import RUN_SUPERVISOR, Fail, is_alive
+    from supervisor_record import Job, initial_status
+    import supervisor_unit
+
+READY_TIMEOUT_S = 30.0       # how long `start` waits for the detached supervisor's handshake
+
+
+def close_fds_except(keep: list) -> None:
+    """Close every fd above 2 but `keep`, so nothing the caller (e.g. sshd) opened stays open."""
+    for name in os.listdir("/proc/self/fd"):
+        if int(name) > 2 and int(name) not in keep:
+            try:
+                os.close(int(name))
+            except OSError:
+                pass  # the fd listdir itself used, already closed
+
+
+def daemonize_exec(argv: list, log_path: str, keep: list = ()) -> None:
+    """fork, setsid, fork, exec argv with stdin /dev/null and stdout+stderr appended to log_path."""
+    pid = os.fork()
+    if pid:
+        os.waitpid(pid, 0)
+        return
+    try:
+        os.setsid()
+        if os.fork():
+            os._exit(0)
+        null = os.open(os.devnull, os.O_RDONLY)
+        log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(null, 0)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        close_fds_except(keep)
+        for fd in keep:
+            os.set_inheritable(fd, True)
+        os.execv(sys.executable, argv)
+    finally:
+        os._exit(127)
+
+
+def read_ready(fd: int, timeout: float):
+    """The supervisor's one-line handshake; None on EOF or timeout."""
+    data, deadline = b"", time.monotonic() + timeout
+    while b"\n" not in data:
+        if not select.select([fd], [], [], max(0.0, deadline - time.monotonic()))[0]:
+            return None
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            break
+        data += chunk
+    try:
+        return json.loads(data.decode("utf-8").splitlines()[0])
+    except (ValueError, IndexError):
+        return None
+
+
+def tail_file(path: str, limit: int = 2000) -> str:
+    try:
+        with open(path, "rb") as fh:
+            return fh.read()[-limit:].decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+def launch_detached(paths: JobPaths, spec: dict, queue: bool) -> dict:
+    """Start the job's supervisor away from this call (in a systemd unit where the host has one) and return
+    its answer: started, queued or busy; `start-failed` when it did not answer in time."""
+    ready_r = supervisor_unit.launch(paths, spec, queue)
+    if ready_r is None:
+        ready_r, ready_w = os.pipe()
+        argv = RUN_SUPERVISOR + ["_run", "--job-id", paths.job_id, "--root", paths.root,
+                                 "--ready-fd", str(ready_w)] + (["--queue"] if queue else [])
+        daemonize_exec(argv, paths.supervisor_log, keep=[ready_w])
+        os.close(ready_w)
+    answer = read_ready(ready_r, READY_TIMEOUT_S)
+    if answer is None:
+        answer = give_up_start(paths, ready_r)
+    os.close(ready_r)
+    if answer is None:
+        return start_failed(paths)
+    return answer
+
+
+@contextlib.contextmanager
+def ready_lock(paths: JobPaths):
+    """`start` giving up and the supervisor answering exclude each other, so the two can never disagree on
+    whether the job exists (the supervisor holds it for one pipe write at most)."""
+    fd = os.open(paths.ready_lock, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def give_up_start(paths: JobPaths, ready_r: int):
+    """Past READY_TIMEOUT_S: take the answer if it arrived meanwhile, else mark the job abandoned. The
+    supervisor then gives up before touching anything: no job runs that the user never saw."""
+    try:
+        with ready_lock(paths):
+            answer = read_ready(ready_r, 0)
+            if answer is None:
+                open(paths.abandoned, "w").close()
+            return answer
+    except FileNotFoundError:  # the supervisor refused (busy) and removed the dir: its answer is in the pipe
+        return read_ready(ready_r, 0)
+
+
+def claim_job_dir(paths: JobPaths, spec: dict) -> None:
+    """Build the job dir aside, then rename it into place: the rename is the atomic claim of the id, and no
+    reader ever sees a job dir without its spec.json and status.json."""
+    staging = os.path.join(paths.root, "tmp")
+    for path in (os.path.dirname(paths.dir), staging):
+        os.makedirs(path, exist_ok=True)
+    if os.path.exists(paths.dir):
+        raise job_exists(paths, spec)
+    import tempfile  # only `start` needs it: not at the top, where every call would pay for it
+
+    tmp = tempfile.mkdtemp(prefix=paths.job_id + ".", dir=staging)
+    write_json_atomic(os.path.join(tmp, "spec.json"), spec)
+    write_json_atomic(os.path.join(tmp, "status.json"), initial_status(spec))
+    with open(os.path.join(tmp, "reserve"), "wb") as fh:  # real blocks, not a sparse file
+        fh.write(b"\0" * RESERVE_BYTES)
+    try:
+        os.rename(tmp, paths.dir)  # fails when the target exists and is not empty: every job dir has files
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise job_exists(paths, spec)
+    fsync_dir(os.path.dirname(paths.dir))
+
+
+def job_exists(paths: JobPaths, spec: dict) -> Fail:
+    """`exists`, saying whether the recorded spec is this one: a retried submit is idempotent, a different
+    spec under a used id is refused by the controller (both specs are in the normalised form check_spec makes)."""
+    try:
+        same = read_json(paths.spec) == spec
+    except (OSError, ValueError):
+        same = False
+    return Fail("exists", "job %s exists on this host%s" % (paths.job_id, "" if same else " with a different spec"),
+                job_id=paths.job_id, same_spec=same)
+
+
+def start_failed(paths: JobPaths) -> dict:
+    """The job was abandoned before anything was stopped: a live supervisor removes its dir when it reaches
+    the handshake; a dead one cannot, so do it here. Either way the id is free again."""
+    log = tail_file(paths.supervisor_log)
+    try:
+        if not is_alive(Job.load(paths).status.get("supervisor")):
+            shutil.rmtree(paths.dir, ignore_errors=True)
+    except Fail:
+        shutil.rmtree(paths.dir, ignore_errors=True)
+    raise Fail("start-failed", "the supervisor did not report ready within %.0f s, so the job was abandoned "
+               "before anything was stopped (submit it again); its log: %s" % (READY_TIMEOUT_S, log),
+               job_id=paths.job_id)
+
+
+def send_ready(fd: int, answer: dict) -> bool:
+    """Hand `start` its answer under the ready lock; False when `start` gave up (the job must not go on)."""
+    try:
+        os.write(fd, (json.dumps(answer) + "\n").encode("utf-8"))
+        return True
+    except OSError:
+        return False  # `start` is gone
+    finally:
+        os.close(fd)
+
+
+def answer_start(paths: JobPaths, fd: int, answer: dict) -> bool:
+    with ready_lock(paths):
+        if os.path.exists(paths.abandoned):
+            os.close(fd)
+            return False
+        return send_ready(fd, answer)
