@@ -8,8 +8,9 @@ and on the hosts; a host's job is started with a fixed id (RUN.N), so a start in
 a killed driver is resumed, never doubled. One process drives a run at a time (a lock); another only watches.
 
 Each host has a thread: preflight (is it reachable, may it run, will it stop the service?) → wait for its
-turn (a job that will stop the service waits until fewer than max_unavailable hosts are stopped; one that
-will not starts at once) → start (the ordinary submit: preflight again, start) → poll until its job ends.
+turn (a job that will stop the service waits until fewer than max_unavailable hosts are stopped, and takes
+its turn in list order — a host whose preflight has not answered yet keeps its place —; one that will not
+starts at once) → start (the ordinary submit: preflight again, start) → poll until its job ends.
 A host that is refused or unreachable is skipped and reported, without holding back the others; a host
 whose service did not come back keeps its slot (the fleet is that much smaller), and when no slot can
 free again the hosts still waiting are held with the reason.
@@ -125,6 +126,9 @@ class Rollout:
         self.progress = progress
         self.cond = threading.Condition()
         self.waiting: set[int] = set()  # hosts whose preflight says "will stop", waiting for their turn
+        # Hosts still in preflight: none after them takes a turn first, so the rollout follows the list
+        # (the first host is the canary that stop_on_failure watches), whichever preflight answers first.
+        self.undecided = {i for i, e in enumerate(run.hosts) if e.phase == PENDING}
         self.starting = 0               # starts in flight (the driver waits for them past its deadline)
 
     def run(self) -> RunRecord:
@@ -153,6 +157,7 @@ class Rollout:
         finally:
             with self.cond:
                 self.waiting.discard(index)
+                self.undecided.discard(index)
                 self.cond.notify_all()
 
     def _preflight(self, entry: HostEntry) -> bool:
@@ -175,6 +180,7 @@ class Rollout:
         with self.cond:
             if entry.stops:
                 self.waiting.add(index)
+            self.undecided.discard(index)
             while True:
                 reason = self._hold_reason()
                 if reason:
@@ -182,7 +188,8 @@ class Rollout:
                     return False
                 if self.deadline.left() <= START_MARGIN_S:
                     return False  # still pending: the next driver call goes on
-                if not entry.stops or (self._used() < self.run_record.max_unavailable and index == min(self.waiting)):
+                if not entry.stops or (self._used() < self.run_record.max_unavailable
+                                       and index == min(self.waiting | self.undecided)):
                     self.waiting.discard(index)
                     entry.phase, entry.note = STARTING, "starting"
                     self._save()
