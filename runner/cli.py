@@ -5,7 +5,6 @@ Human output goes to stdout, progress and messages to stderr; `--json` prints on
 """
 from __future__ import annotations
 
-import json
 import sys
 import time
 from dataclasses import asdict
@@ -16,6 +15,7 @@ from remote_payload.contract import STATES, is_terminal
 from remote_payload.sweep import label as variant_label
 
 from . import controller, fleet, fleet_cli  # neither imports pydantic: a one-host tail stays light
+from .cli_echo import emit_json as _emit_json, progress as _progress
 from .errors import (EXIT_ABORTED, EXIT_FAILED, EXIT_OK, EXIT_STILL_RUNNING, EXIT_USAGE, RunnerError, SpecError,
                      UnknownJob)
 from .store import Store
@@ -33,14 +33,6 @@ Exit codes (every command; `--json` errors are JSON objects {error, message, hin
   75  still running / still starting: call again
 """
 JOB_EXITS = "Exit: 0 SUCCEEDED · 1 ended otherwise · 75 still running · 2 · 3 (see `runner --help`)."
-
-
-def _progress(message: str) -> None:
-    click.echo(message, err=True)
-
-
-def _emit_json(obj) -> None:
-    click.echo(json.dumps(obj, indent=1, sort_keys=True, default=str))
 
 
 @click.group(help="Detached remote benchmark jobs over SSH that stop a GPU service, run, and bring it back.\n\n"

@@ -5,25 +5,17 @@ exit code, and cli.py exits with it (errors still go through cli.main). Logic: f
 """
 from __future__ import annotations
 
-import json
 import sys
 from dataclasses import asdict
 
 import click
 
 from . import controller, fleet, fleet_view
+from .cli_echo import emit_json as _emit_json, progress as _progress
 from .errors import EXIT_OK
 from .fleet import for_each_host
 from .fleet_store import HostEntry, RunRecord
 from .store import Store
-
-
-def _progress(message: str) -> None:
-    click.echo(message, err=True)
-
-
-def _emit_json(obj) -> None:
-    click.echo(json.dumps(obj, indent=1, sort_keys=True, default=str))
 
 
 def run_exit(run: RunRecord) -> int:

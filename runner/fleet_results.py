@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .errors import NoResult
-from .results import _grid, _plain, plottable_series
+from .results import _grid, _plain, plottable_series, pyplot, save_figure
 
 PREFERRED_Y = "median_us"
 
@@ -48,9 +48,7 @@ def plot_hosts(results: dict[str, dict], path: str | Path) -> Path:
     series = {h: s for h, r in results.items() if (s := _series(r)) is not None}
     if not series:
         raise NoResult("nothing to plot: no host's result has a list of rows with two numeric columns")
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
     for host, (_, _, _, points) in series.items():
@@ -61,7 +59,4 @@ def plot_hosts(results: dict[str, dict], path: str | Path) -> Path:
         ax.set(xscale="log", yscale="log")
     ax.set(xlabel=x, ylabel=y, title=f"{table}: {y} by {x}, one curve per host")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return Path(path)
+    return save_figure(fig, path)

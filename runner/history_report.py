@@ -11,6 +11,7 @@ from pathlib import Path
 from .errors import NoResult
 from .gate import label
 from .history import Run
+from .results import pyplot, save_figure
 
 DEFAULT_METRIC = "lever_512"
 
@@ -65,10 +66,7 @@ def plot(runs: list[Run], metric: str, path: str | Path, title: str = "") -> Pat
     if not points:
         raise NoResult(f"nothing to plot: no recorded run has {metric}",
                        hint="`runner history` lists the runs; metric names look like lever_512, median_us_1")
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     labels = variant_labels([r for _, r in points])
     fig, ax = plt.subplots(figsize=(max(7.5, 0.45 * len(points) + 3), 4.8))
     for key, name in labels.items():
@@ -81,7 +79,4 @@ def plot(runs: list[Run], metric: str, path: str | Path, title: str = "") -> Pat
            title=title or f"{label(metric)} over recorded runs")
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return Path(path)
+    return save_figure(fig, path)

@@ -190,12 +190,29 @@ def _is_number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def plot_rows(result: dict, path: str | Path) -> Path:
-    """Each numeric column of the first table of rows against its first numeric column (log axes when all > 0)."""
-    key, x, ys, rows = plottable_series(result)
+def pyplot():
+    """matplotlib's pyplot on the Agg backend (files, no display), imported only when a plot is asked for."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save_figure(fig, path: str | Path) -> Path:
+    """Every figure alike: tight layout, 120 dpi, then closed (a long-lived caller keeps no figures)."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return Path(path)
+
+
+def plot_rows(result: dict, path: str | Path) -> Path:
+    """Each numeric column of the first table of rows against its first numeric column (log axes when all > 0)."""
+    key, x, ys, rows = plottable_series(result)
+    plt = pyplot()
 
     rows = sorted(rows, key=lambda r: r[x])
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
@@ -206,17 +223,12 @@ def plot_rows(result: dict, path: str | Path) -> Path:
         ax.set(xscale="log", yscale="log")
     ax.set(xlabel=x, ylabel=", ".join(ys), title=f"{result.get('payload', 'result')}: {key} by {x}")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return Path(path)
+    return save_figure(fig, path)
 
 
 def plot_lever(result: dict, path: str | Path) -> Path:
     """µs per token (left axis, log) and lever with its per-repetition range (right axis) against M."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     import matplotlib.ticker
 
     rows = sorted(result.get("rows") or [], key=lambda r: r["m"])
@@ -244,10 +256,7 @@ def plot_lever(result: dict, path: str | Path) -> Path:
     timing = (result.get("timing") or {}).get("used", "?")
     cost.set_title(f"Marlin int4 MoE on {env.get('gpu', '?')}: {backend.get('used', '?')}, {timing} timing")
     fig.legend(loc="upper center", bbox_to_anchor=(0.5, 0.88), ncol=2)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return Path(path)
+    return save_figure(fig, path)
 
 
 def plot_sweep(result: dict, path: str | Path) -> Path:
@@ -256,9 +265,7 @@ def plot_sweep(result: dict, path: str | Path) -> Path:
     curves = [(label(v.get("args") or {}), _in_payload_order(v)) for v in result.get("variants") or [] if v.get("result")]
     if not curves:
         raise NoResult("nothing to plot: no variant of the sweep wrote a result")
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     lever = all(_is_lever_rows(r.get("rows")) for _, r in curves)
     fig, axes = plt.subplots(1, 2 if lever else 1, figsize=(12 if lever else 7.5, 4.5), squeeze=False)
@@ -278,7 +285,4 @@ def plot_sweep(result: dict, path: str | Path) -> Path:
     for ax in axes[0]:
         ax.legend(fontsize=8)
     fig.suptitle(f"sweep: one curve per variant ({len(curves)})")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return Path(path)
+    return save_figure(fig, path)
