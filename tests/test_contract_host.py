@@ -211,7 +211,7 @@ def test_every_error_code_the_supervisor_answers_is_a_contract_code():
 @pytest.mark.systemd
 def test_drift_a_too_small_card_never_stops_the_service(service_host):
     """stop: always, a need above the card's total: refused before the stop, the service never goes down."""
-    from tests.test_supervisor import RemoteHost
+    from tests.test_supervisor_service import RemoteHost
 
     remote = RemoteHost(service_host)
     try:
