@@ -7,7 +7,8 @@ stdout: one JSON event line per event (phase start/end, heartbeats during long p
 window, one row per batch size). result.json: environment, backend used and why (every backend auto tried,
 the stage it failed at and the reason), JIT cold/warm, memory, the window order, rows with per-window GPU
 clock/power/cap flags, levers with per-repetition min/max and a bootstrap interval, args.
-Timed windows (one batch size, one repetition) run in a seeded random order by default (--order).
+Timed windows (one batch size, one repetition) run light and heavy in turn, the same order every repetition,
+each after 200 ms of its own call untimed (--order interleave --settle busy: results/README.md, run4).
 --check: small shapes only; GPTQ weights with known values → repack → the Marlin backend against the
 torch reference; exit 1 on mismatch. --prepare-only: import and JIT-build the kernels for this device, no
 weights (run before the service stops). Exit codes: 0 ok · 1 run failed or check mismatch · 2 bad arguments.
@@ -63,12 +64,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timing", choices=("graph", "eager"), default="graph")
     p.add_argument("--iterations", type=int, default=100)
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--order", choices=ORDERS, default="random",
+    p.add_argument("--order", choices=ORDERS, default="interleave",
                    help="order of the timed windows: every batch size once per repetition, shuffled (random), "
                         "up and down in turn (alternating), or light and heavy in turn, the same each repetition "
                         "(interleave); ascending = the old order, all repetitions of one M")
     p.add_argument("--order-seed", type=int, default=None, help="seed of the random order (default: --seed)")
-    p.add_argument("--settle", choices=("none", "idle", "busy", "cool"), default="none",
+    p.add_argument("--settle", choices=("none", "idle", "busy", "cool"), default="busy",
                    help="before each timed window: nothing, an idle pause, the window's own call untimed (busy), "
                         "or idle until the GPU is back within --cool-c of the first window's temperature "
                         "(at most --cool-max-ms), then busy (cool)")

@@ -184,4 +184,4 @@ def estimate_from_args(args: dict) -> Estimate:
     backend = str(args.get("backend", "auto"))
     return estimate(shape_from_args(args), batch_sizes_from_args(args),
                     backend="sglang" if backend == "auto" else backend,
-                    weights=str(args.get("weights", "direct")), order=str(args.get("order", "random")))
+                    weights=str(args.get("weights", "direct")), order=str(args.get("order", "interleave")))

@@ -22,6 +22,8 @@ COLUMNS = (  # header, row key, format
     ("of copy", "copy_fraction", "{:.0%}"),
     ("lever", "lever", "{:.2f}x"),
     ("spread", "lever_spread", "{:.1%}"),
+    ("lever 95% CI", "lever_ci95", "{0[0]:.2f}-{0[1]:.2f}"),
+    ("capped", "capped_windows", "{:d}"),
 )
 
 
@@ -56,11 +58,25 @@ def _summary(result: dict) -> list[str]:
         lines.append(f"copy bandwidth {copy['bytes_per_s'] / 1e12:.2f} TB/s ({copy['counted']})")
     if timing:
         lines.append(f"timing {timing.get('used')} · {timing.get('repeats')} repeats x {timing.get('iterations')} calls")
+        lines += _schedule(timing)
     floor = result.get("floor")
     if floor:
         lines.append(f"M={floor['m']}: {floor['measured_us']:.1f} µs = {floor['over_floor']:.2f} x the "
                      f"{floor['floor_us']:.1f} µs floor (distinct expert bytes / copy bandwidth)")
     return lines
+
+
+def _schedule(timing: dict) -> list[str]:
+    """The window schedule the lever depends on: order, settle, and how many windows ran under a cap."""
+    order, settle = timing.get("order") or {}, timing.get("settle") or {}
+    if not order:
+        return []
+    line = f"windows: order {order.get('mode')} (seed {order.get('seed')}) · settle {settle.get('mode', 'none')}"
+    if settle.get("mode") not in (None, "none"):
+        line += f" {settle.get('ms', 0):.0f} ms"
+    if timing.get("capped_windows") is not None:
+        line += f" · {timing['capped_windows']} of {len(order.get('windows') or [])} windows under a power/thermal cap"
+    return [line + " · spread: (max-min)/median of the per-repetition levers; CI: bootstrap over windows"]
 
 
 def _check_table(check: dict) -> str:
@@ -177,9 +193,13 @@ def plot_lever(result: dict, path: str | Path) -> Path:
     cost.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     lever = cost.twinx()
     levers = [r["lever"] for r in rows]
-    low = [r["lever"] - min(r.get("rep_levers") or [r["lever"]]) for r in rows]
-    high = [max(r.get("rep_levers") or [r["lever"]]) - r["lever"] for r in rows]
-    lever.errorbar(ms, levers, yerr=[low, high], fmt="s-", color="tab:red", capsize=3, label="lever")
+    bounds = [r.get("lever_ci95") or [min(r.get("rep_levers") or [r["lever"]]), max(r.get("rep_levers") or [r["lever"]])]
+              for r in rows]
+    low = [r["lever"] - b[0] for r, b in zip(rows, bounds)]
+    high = [b[1] - r["lever"] for r, b in zip(rows, bounds)]
+    ci = all(r.get("lever_ci95") for r in rows)
+    lever.errorbar(ms, levers, yerr=[low, high], fmt="s-", color="tab:red", capsize=3,
+                   label="lever (bars: bootstrap 95% CI)" if ci else "lever (bars: repetition range)")
     lever.set_ylabel("lever = cost/token at M=%d ÷ at M" % ms[0])
     env, backend = result.get("environment") or {}, result.get("backend") or {}
     timing = (result.get("timing") or {}).get("used", "?")

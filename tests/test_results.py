@@ -113,3 +113,16 @@ def test_plot_dispatches_marlin_results_to_the_lever_figure(tmp_path):
     from runner.results import plot
 
     assert plot(synthetic(), tmp_path / "lever.png").stat().st_size > 10_000
+
+
+def test_table_of_run4_shows_the_lever_interval_capped_windows_and_the_schedule():
+    """Issue 15: `runner results` shows what the lever is worth: its bootstrap interval, how many windows ran
+    under a power cap, and the window schedule it was measured with."""
+    result = json.loads((Path(__file__).parent.parent / "results/h200/run4/il1.json").read_text())
+    text = render_table(result)
+    assert "windows: order interleave (seed 0) · settle busy 200 ms · 29 of 30 windows under a power/thermal cap" in text
+    header, *rows = text.split("\n\n")[-1].splitlines()
+    assert header.split()[-4:] == ["lever", "95%", "CI", "capped"]
+    last = rows[-1].split()
+    low, high = result["rows"][-1]["lever_ci95"]
+    assert last[0] == "512" and last[-2] == f"{low:.2f}-{high:.2f}" and last[-1] == str(result["rows"][-1]["capped_windows"])
