@@ -112,3 +112,23 @@ def _slurm_path(path: str) -> str:
     if not path.startswith("/") or "%" in path or "\\" in path or "\n" in path:
         raise ValueError("a Slurm job dir must be absolute, without '%', '\\' or newlines: %r" % path)
     return path
+
+
+# ── job arrays (a sweep's variants; the sweep spec itself is not here yet) ───────────────────────────────
+
+def array_option(variants: int, max_parallel: int) -> str:
+    """sbatch's `--array=0-(N-1)%k` for N variants, at most k tasks running at once. An argv word like every
+    other option here (not an #SBATCH line); users cannot set --array themselves (OWNED_OPTIONS)."""
+    if variants < 1 or max_parallel < 1:
+        raise ValueError("a job array needs at least one variant and max_parallel >= 1; got %r, %r"
+                         % (variants, max_parallel))
+    return "--array=0-%d%%%d" % (variants - 1, min(max_parallel, variants))
+
+
+def array_task_index(environ: dict, variants: int) -> int:
+    """The variant this array task runs: Slurm's SLURM_ARRAY_TASK_ID, checked against 0..N-1 (ValueError
+    when it is missing or out of range: a task must never run another task's variant or none)."""
+    text = environ.get("SLURM_ARRAY_TASK_ID", "")
+    if not text.isdigit() or int(text) >= variants:
+        raise ValueError("SLURM_ARRAY_TASK_ID %r is not a variant index 0..%d" % (text, variants - 1))
+    return int(text)
