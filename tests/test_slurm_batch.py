@@ -144,3 +144,11 @@ def test_array_task_index_is_slurms_task_id_within_the_variants():
     for env in ({}, {"SLURM_ARRAY_TASK_ID": "4"}, {"SLURM_ARRAY_TASK_ID": "-1"}, {"SLURM_ARRAY_TASK_ID": "x"}):
         with pytest.raises(ValueError):
             array_task_index(env, 4)
+
+
+def test_an_arrays_sbatch_argv_adds_the_array_and_one_output_file_per_task():
+    argv = sbatch_argv({"gres": "gpu:1"}, "j", "/r/jobs/j", 5, array=(4, 2))
+    assert "--array=0-3%2" in argv and "--output=/r/jobs/j/slurm-%A_%a.out" in argv
+    assert not any(word.startswith("--output=") and word.endswith("%j.out") for word in argv)
+    assert argv[-1] == "--gres=gpu:1"  # the user's choices stay last, as for one job
+    assert not any(word.startswith("--array") for word in sbatch_argv({}, "j", "/r/jobs/j", 5))
