@@ -83,12 +83,19 @@ def read_task(task: JobPaths):
     return read_status(task) if os.path.exists(task.status) else None
 
 
-def close(job: Job, line: dict) -> None:
-    """The variant's last log line, then `done`: its log is final, nobody writes variant-K any more."""
+def close(job: Job, line: dict) -> bool:
+    """The variant's last log line, then `done`: its log is final, nobody writes variant-K any more. Whoever
+    creates `closing` first (O_EXCL) closes it, so the line is never written twice (a task that starts
+    just as the login node records it cancelled); False when another did."""
+    try:
+        os.close(os.open(os.path.join(job.paths.dir, "closing"), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+    except FileExistsError:
+        return False
     job.event("variant", **line)
     job.persist(lambda: append_line(job.paths.output, dict(line, event="variant")))
     with open(job.paths.done, "w"):
         pass
+    return True
 
 
 # ── the allocation: one task, one variant ────────────────────────────────────────────────────────────────
@@ -180,15 +187,22 @@ def cancel(paths: JobPaths, known: dict) -> dict:
     KILL, CANCELLED). Tasks that start later see the cancel file and run nothing."""
     with ArrayLock(paths):
         known = _asked(paths, dict(known, asked_at=0))
-        started, waiting = [], []
+        spec, started, waiting = read_json(paths.spec), [], {}
         for index in range(1, known["array"]["variants"] + 1):
             view, task = _view(known, index), task_paths(paths, index)
             if view is None or view.state in TERMINAL or os.path.exists(task.done):
                 continue
             status = read_task(task) or {}
-            (started if status.get("supervisor") else waiting).append(view.job_id)
+            if status.get("supervisor"):
+                started.append(view.job_id)
+            else:
+                waiting[index] = view
         errors = [_slurm(argv + ids).stderr.strip()[-300:] for argv, ids in
-                  ((["scancel"], waiting), (["scancel", "--batch", "--signal=USR1"], started)) if ids]
+                  ((["scancel"], [v.job_id for v in waiting.values()]),
+                   (["scancel", "--batch", "--signal=USR1"], started)) if ids]
+        # Slurm drops a pending task scancelled by its id from squeue and sacct alike: record it here
+        for index in (k for k, view in waiting.items() if view.slurm_state == "PENDING"):
+            _end_task(paths, spec, index, "CANCELLED", "cancelled while waiting in Slurm's queue")
         write_json_atomic(slurm_file(paths), dict(known, asked_at=0))  # the next look asks Slurm again
     status = refresh(paths, _read(paths))
     answer = {"state": status["state"], "slurm_job_id": known["job_id"]}
@@ -235,12 +249,9 @@ def _task(paths: JobPaths, spec: dict, index: int, view) -> dict:
         started = (status or {}).get("supervisor") is not None
         state, message = reconcile(recorded, started, view)
         if state in TERMINAL and state != recorded:
-            os.makedirs(task.dir, exist_ok=True)  # a task that never started has none yet
-            job = Job(task, spec, status or initial_status(variant_spec(spec, index)))
-            job.set_state(state, "done", message=message, ended_at=time.time(), restored=True)
-            status, closed = job.status, _close_for(job, spec, index, started)
+            status, closed = _end_task(paths, spec, index, state, message), True
         elif recorded in TERMINAL and view is not None and view.state in TERMINAL:  # died before `done`
-            status, closed = status, _close_for(Job(task, spec, status), spec, index, True)
+            closed = _close_for(Job(task, spec, status), spec, index) or True
     status = status or {"state": "QUEUED"}
     state = status["state"]
     if state == "QUEUED" and view is not None and view.state != "QUEUED":
@@ -249,15 +260,25 @@ def _task(paths: JobPaths, spec: dict, index: int, view) -> dict:
             "reason": view.reason if state == "QUEUED" and view is not None else None, "status": status}
 
 
-def _close_for(job: Job, spec: dict, index: int, started: bool) -> bool:
-    head = {"index": index, "of": len(spec["sweep"]["variants"]), "args": spec["sweep"]["variants"][index - 1]["args"]}
-    status = job.status
-    if started or status["state"] != "CANCELLED":
-        close(job, dict(head, status="end", state=status["state"], exit_code=status.get("exit_code"),
-                        seconds=status.get("seconds"), reason=status.get("message")))
-    else:
-        close(job, dict(head, status="skipped", reason=status.get("message")))
-    return True
+def _end_task(paths: JobPaths, spec: dict, index: int, state: str, message: str) -> dict:
+    """A task Slurm ended while its supervisor could not write (or that the login node's cancel took out of
+    the queue): its final status, its last log line, `done`."""
+    task = task_paths(paths, index)
+    os.makedirs(task.dir, exist_ok=True)  # a task that never started has none yet
+    job = Job(task, spec, read_task(task) or initial_status(variant_spec(spec, index)))
+    if not job.terminal:
+        job.set_state(state, "done", message=message, ended_at=time.time(), restored=True)
+    _close_for(job, spec, index)
+    return job.status
+
+
+def _close_for(job: Job, spec: dict, index: int) -> bool:
+    variants, status = spec["sweep"]["variants"], job.status
+    head = {"index": index, "of": len(variants), "args": variants[index - 1]["args"]}
+    if _skipped(status):
+        return close(job, dict(head, status="skipped", reason=status.get("message")))
+    return close(job, dict(head, status="end", state=status["state"], exit_code=status.get("exit_code"),
+                           seconds=status.get("seconds"), reason=status.get("message")))
 
 
 def _skipped(status: dict) -> bool:
@@ -381,7 +402,8 @@ def ask(slurm_job_id: str, variants: int) -> tuple:
     done = _slurm(["squeue", "-h", "-r", "-t", "all", "-j", slurm_job_id, "-o", SQUEUE_FORMAT])
     try:
         if done.returncode == 0:
-            found = parse_squeue(done.stdout)
+            lines = parse_squeue(done.stdout)
+            found = {i: view for i, view in ((i, _task_view(i, lines, slurm_job_id)) for i in wanted) if view}
         elif squeue_forgot(done.returncode, done.stderr):
             found = {}
         else:
@@ -397,7 +419,14 @@ def ask(slurm_job_id: str, variants: int) -> tuple:
             else:
                 rows = parse_sacct(done.stdout)
             said = done.stderr.strip()[-300:] or "no record of it"
-            found.update({i: rows.get(i) or forgotten(i, said) for i in wanted if i not in found})
+            found.update({i: _task_view(i, rows, slurm_job_id) or forgotten(i, said) for i in wanted if i not in found})
     except SlurmOutputError as exc:
         return {}, str(exc)
     return {wanted[i]: view for i, view in found.items() if i in wanted}, None
+
+
+def _task_view(task_id: str, views: dict, slurm_job_id: str):
+    """A task's own line, else the array's bare id: the record of its tasks that never started (squeue and
+    sacct print it so once the last of them left the queue, e.g. `123|CANCELLED`)."""
+    view = views.get(task_id) or views.get(slurm_job_id)
+    return SlurmJob(**dict(asdict(view), job_id=task_id)) if view else None

@@ -283,6 +283,6 @@ def test_cancel_of_a_running_array_ends_every_task(target, cluster, tmp_path):
     wait_for(lambda: not cluster.run(["squeue", "-h", "-r", "-t", "PD,R,CG,S", "-j", slurm_id, "-o", "%i"]).stdout.strip(),
              30, "no task of the array left in Slurm")
     result = json.loads(run_cli(target, "results", job_id, "--json").stdout)
-    assert sorted(v["status"] for v in result["variants"]) == ["ended", "ended", "skipped", "skipped"]
+    assert sorted(v["status"] for v in result["variants"]) == ["ended", "ended", "skipped", "skipped"], result
     printed, code = follow(target, job_id, limit=20)
     assert code == 1 and printed.count(b'"status": "skipped"') == 2
