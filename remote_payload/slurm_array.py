@@ -243,15 +243,18 @@ def _task(paths: JobPaths, spec: dict, index: int, view) -> dict:
     its final status and last log line here, as one job is (slurm_states.reconcile)."""
     task = task_paths(paths, index)
     status = read_task(task)
-    closed = os.path.exists(task.done)
-    if not closed:
+    if not os.path.exists(task.done):
         recorded = (status or {}).get("state", "QUEUED")
         started = (status or {}).get("supervisor") is not None
         state, message = reconcile(recorded, started, view)
         if state in TERMINAL and state != recorded:
-            status, closed = _end_task(paths, spec, index, state, message), True
+            status = _end_task(paths, spec, index, state, message)
         elif recorded in TERMINAL and view is not None and view.state in TERMINAL:  # died before `done`
-            closed = _close_for(Job(task, spec, status), spec, index) or True
+            _close_for(Job(task, spec, status), spec, index)
+        if view is not None and view.state in TERMINAL and os.path.isdir(task.dir):
+            with open(task.done, "a"):  # Slurm ended the task: whoever was closing it is gone
+                pass
+    closed = os.path.exists(task.done)
     status = status or {"state": "QUEUED"}
     state = status["state"]
     if state == "QUEUED" and view is not None and view.state != "QUEUED":

@@ -4,6 +4,7 @@
                 status/logs/cancel → squeue (sacct once slurmctld forgot the job) → slurm_states.reconcile
     compute node: slurm-run (the batch script execs it) → the job's usual choreography (supervisor_job.supervise)
                   without locks, service or guard: Slurm owns the node and its GPUs
+    a sweep:      one job array, one task per variant: slurm_array.py (submit here adds --array)
 
 Who writes what (one writer per file, so no update is lost): status.json, events.jsonl and output.log are
 the supervisor's in the allocation, as on an SSH host; slurm.json is the login node's (Slurm's job id, its

@@ -7,6 +7,9 @@ Slurm 17 to 24, while the JSON's shape changed in 23.02 (job_state became a list
     squeue -h -t all -j IDS -o '%i|%T|%r'            job id | long state | reason  (known to slurmctld)
     sacct -n -P -X -j IDS -o JobID,State,ExitCode,Reason                            (accounting, any age)
 
+A job array's tasks are `123_4` in both (`squeue -r` prints one line per task); sacct prints the tasks that
+never started as one row, `123_[2-3%2]` (`array_task_ids` expands it).
+
 Ask squeue first: it is immediate, while sacct is eventually consistent (a job that already runs can
 show PENDING there for a moment). A job slurmctld has forgotten (MinJobAge after its end, default 300 s)
 makes `squeue -j` fail with "Invalid job id specified" (`squeue_forgot`); then sacct has the final record.
