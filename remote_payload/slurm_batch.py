@@ -30,6 +30,8 @@ GPUS_RE = re.compile(r"(?:[A-Za-z0-9_.-]+:)?[1-9][0-9]{0,3}")             # --gp
 CONSTRAINT_RE = re.compile(r"[A-Za-z0-9_.&|!*()\[\]:,-]{1,256}")        # a Slurm feature expression
 # Options that runner itself sets or that would break what it relies on (one run per job dir, the
 # parsable answer, its own output and time limit); extra_args may not repeat them.
+MAX_DOWNTIME_ON_SLURM = ("limits.max_downtime is a service window; launcher slurm has none (the scheduler owns the "
+                         "GPUs and each variant of a sweep gets its own allocation): leave it out")
 OWNED_OPTIONS = ("--parsable", "--job-name", "--output", "--error", "--chdir", "--time", "--requeue",
                  "--no-requeue", "--array", "--wrap", "--partition", "--gres", "--gpus", "--account",
                  "--qos", "--constraint", "--wait", "--test-only", "--hold", "--open-mode", "--export")
@@ -80,11 +82,13 @@ def time_problem(minutes: int, max_runtime: float, grace: float) -> str | None:
     return None
 
 
-def sbatch_argv(slurm: dict, job_id: str, job_dir: str, minutes: int) -> list:
-    """`sbatch --parsable …` for one job; the batch script goes on stdin. Call after slurm_problem."""
+def sbatch_argv(slurm: dict, job_id: str, job_dir: str, minutes: int, array=None) -> list:
+    """`sbatch --parsable …` for one job; the batch script goes on stdin. Call after slurm_problem.
+    array: (variants, max_parallel) for a sweep, one array task per variant, each its own slurm-%A_%a.out."""
+    output = "/slurm-%A_%a.out" if array else "/slurm-%j.out"
     argv = ["sbatch", "--parsable", "--no-requeue", "--job-name=runner-" + job_id,
-            "--chdir=" + _slurm_path(job_dir), "--output=" + _slurm_path(job_dir) + "/slurm-%j.out",
-            "--time=%d" % minutes]
+            "--chdir=" + _slurm_path(job_dir), "--output=" + _slurm_path(job_dir) + output,
+            "--time=%d" % minutes] + ([array_option(*array)] if array else [])
     for field, option in (("partition", "--partition"), ("account", "--account"), ("qos", "--qos"),
                           ("constraint", "--constraint"), ("gres", "--gres"), ("gpus", "--gpus")):
         if slurm.get(field) is not None:
@@ -112,3 +116,23 @@ def _slurm_path(path: str) -> str:
     if not path.startswith("/") or "%" in path or "\\" in path or "\n" in path:
         raise ValueError("a Slurm job dir must be absolute, without '%', '\\' or newlines: %r" % path)
     return path
+
+
+# ── job arrays (a sweep's variants: remote_payload/slurm_array.py) ──────────────────────────────────────
+
+def array_option(variants: int, max_parallel: int) -> str:
+    """sbatch's `--array=0-(N-1)%k` for N variants, at most k tasks running at once. An argv word like every
+    other option here (not an #SBATCH line); users cannot set --array themselves (OWNED_OPTIONS)."""
+    if variants < 1 or max_parallel < 1:
+        raise ValueError("a job array needs at least one variant and max_parallel >= 1; got %r, %r"
+                         % (variants, max_parallel))
+    return "--array=0-%d%%%d" % (variants - 1, min(max_parallel, variants))
+
+
+def array_task_index(environ: dict, variants: int) -> int:
+    """The variant this array task runs: Slurm's SLURM_ARRAY_TASK_ID, checked against 0..N-1 (ValueError
+    when it is missing or out of range: a task must never run another task's variant or none)."""
+    text = environ.get("SLURM_ARRAY_TASK_ID", "")
+    if not text.isdigit() or int(text) >= variants:
+        raise ValueError("SLURM_ARRAY_TASK_ID %r is not a variant index 0..%d" % (text, variants - 1))
+    return int(text)

@@ -4,6 +4,7 @@
                 status/logs/cancel → squeue (sacct once slurmctld forgot the job) → slurm_states.reconcile
     compute node: slurm-run (the batch script execs it) → the job's usual choreography (supervisor_job.supervise)
                   without locks, service or guard: Slurm owns the node and its GPUs
+    a sweep:      one job array, one task per variant: slurm_array.py (submit here adds --array)
 
 Who writes what (one writer per file, so no update is lost): status.json, events.jsonl and output.log are
 the supervisor's in the allocation, as on an SSH host; slurm.json is the login node's (Slurm's job id, its
@@ -71,10 +72,12 @@ def preflight(python: str) -> dict:
 
 
 def submit(paths: JobPaths, spec: dict) -> dict:
-    """sbatch the claimed job dir's job; a refusal removes the dir (the id was never used) and says why."""
-    slurm = spec["slurm"]
+    """sbatch the claimed job dir's job; a refusal removes the dir (the id was never used) and says why.
+    A sweep is one job array: one task per variant, at most sweep.max_parallel at once (slurm_array.py)."""
+    slurm, sweep = spec["slurm"], spec.get("sweep")
+    array = (len(sweep["variants"]), sweep["max_parallel"]) if sweep else None
     try:
-        argv = sbatch_argv(slurm, paths.job_id, paths.dir, slurm["time_min"])
+        argv = sbatch_argv(slurm, paths.job_id, paths.dir, slurm["time_min"], array=array)
     except ValueError as exc:
         shutil.rmtree(paths.dir, ignore_errors=True)
         raise Fail("bad-spec", str(exc))
@@ -88,7 +91,10 @@ def submit(paths: JobPaths, spec: dict) -> dict:
     except (Fail, ValueError):
         shutil.rmtree(paths.dir, ignore_errors=True)
         raise
-    write_json_atomic(slurm_file(paths), {"job_id": slurm_job_id, "submitted_at": time.time()})
+    known = {"job_id": slurm_job_id, "submitted_at": time.time()}
+    if array:
+        known["array"] = {"variants": array[0], "max_parallel": array[1]}
+    write_json_atomic(slurm_file(paths), known)
     append_line(paths.events, {"t": time.time(), "event": "slurm-submitted", "slurm_job_id": slurm_job_id})
     return {"ok": True, "job_id": paths.job_id, "state": "QUEUED", "slurm_job_id": slurm_job_id,
             "job_dir": paths.dir}
@@ -101,6 +107,8 @@ def refresh(paths: JobPaths) -> dict:
     known = _read_known(paths)
     if known is None:  # sbatch has not answered yet
         return status
+    if known.get("array"):  # a sweep: one task per variant, each reconciled as one job
+        return array_room().refresh(paths, known)
     if status["state"] not in TERMINAL:
         known = _asked(paths, known)
         status = read_status(paths)  # again, after Slurm's answer: a supervisor that just finished wins
@@ -125,6 +133,8 @@ def cancel(paths: JobPaths, status: dict) -> dict:
     answer = {"ok": True, "job_id": paths.job_id, "already": False}
     if known is None:
         return dict(answer, state=status["state"])
+    if known.get("array"):
+        return dict(answer, **array_room().cancel(paths, known))
     started = status.get("supervisor") is not None
     argv = ["scancel", "--batch", "--signal=USR1", known["job_id"]] if started else ["scancel", known["job_id"]]
     done = _slurm(argv)
@@ -137,6 +147,22 @@ def cancel(paths: JobPaths, status: dict) -> dict:
                           ended_at=time.time(), restored=True)
         status = job.status
     return dict(answer, state=status["state"], slurm_job_id=known["job_id"])
+
+
+def log_chunk(paths: JobPaths, offset: int, limit: int):
+    """A job array's log: its variants' logs in turn (slurm_array.combined_chunk); None for one job."""
+    if not read_json(paths.spec).get("sweep"):
+        return None
+    return array_room().log_chunk(paths, offset, limit)
+
+
+def array_room():
+    """slurm_array.py, imported when a sweep is on Slurm (it imports this module)."""
+    try:
+        from . import slurm_array
+    except ImportError:  # run from supervisor.py as a script
+        import slurm_array
+    return slurm_array
 
 
 def _read_known(paths: JobPaths):
@@ -211,10 +237,10 @@ def _with_view(status: dict, known: dict) -> dict:
                                "error": known.get("error")})
 
 
-def _slurm(argv: list, stdin: str = "", timeout: float = QUERY_TIMEOUT_S) -> subprocess.CompletedProcess:
+def _slurm(argv: list, stdin: str = "", timeout: float = QUERY_TIMEOUT_S, env=None) -> subprocess.CompletedProcess:
     """A Slurm client command (no shell); missing tools and hangs are `slurm-unavailable`."""
     try:
-        return subprocess.run(argv, input=stdin, capture_output=True, text=True, timeout=timeout)
+        return subprocess.run(argv, input=stdin, capture_output=True, text=True, timeout=timeout, env=env)
     except FileNotFoundError:
         raise Fail("slurm-unavailable", "%s is not installed on the login node" % argv[0])
     except subprocess.TimeoutExpired:
@@ -231,11 +257,20 @@ def _raise_if_unreachable(done: subprocess.CompletedProcess, tool: str) -> None:
 def run_in_allocation(root: str, job_id: str) -> dict:
     """`slurm-run`: the batch script's process. The job as on an SSH host (deadline, cancel, output, events,
     result) minus locks, service and guard; GPUs are Slurm's (CUDA_VISIBLE_DEVICES as it set them).
-    `exit_status` becomes the batch script's exit code, so Slurm's accounting shows the payload's."""
+    `exit_status` becomes the batch script's exit code, so Slurm's accounting shows the payload's.
+    In a job array's task: that task's variant (slurm_array.run_task)."""
     paths = JobPaths(root, job_id)
+    if read_json(paths.spec).get("sweep"):
+        return array_room().run_task(paths)
     job = Job.load(paths)
     if job.terminal:  # cancelled while it waited, and Slurm started it anyway
         return {"ok": True, "state": job.status["state"], "exit_status": 0}
+    return run_job(job)
+
+
+def run_job(job: Job) -> dict:
+    """The job (or one array task's variant) in this allocation, to its final state."""
+    paths = job.paths
     flags = Flags()
     flags.slurm_term = False
     _install_handlers(flags)
@@ -248,7 +283,7 @@ def run_in_allocation(root: str, job_id: str) -> dict:
     if problem:
         job.set_state("FAILED", "done", message=problem, ended_at=time.time(), restored=True)
         return {"ok": True, "state": "FAILED", "exit_status": 1}
-    locks = Locks(root, [], job_id)  # none: Slurm gives this allocation its GPUs alone
+    locks = Locks(paths.root, [], paths.job_id)  # none: Slurm gives this allocation its GPUs alone
     locks.try_acquire()
     supervise(job, locks, flags)
     if flags.slurm_term and not os.path.exists(paths.cancel) and job.status["state"] in ("FAILED", "CANCELLED"):

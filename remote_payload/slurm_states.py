@@ -7,6 +7,9 @@ Slurm 17 to 24, while the JSON's shape changed in 23.02 (job_state became a list
     squeue -h -t all -j IDS -o '%i|%T|%r'            job id | long state | reason  (known to slurmctld)
     sacct -n -P -X -j IDS -o JobID,State,ExitCode,Reason                            (accounting, any age)
 
+A job array's tasks are `123_4` in both (`squeue -r` prints one line per task); sacct prints the tasks that
+never started as one row, `123_[2-3%2]` (`array_task_ids` expands it).
+
 Ask squeue first: it is immediate, while sacct is eventually consistent (a job that already runs can
 show PENDING there for a moment). A job slurmctld has forgotten (MinJobAge after its end, default 300 s)
 makes `squeue -j` fail with "Invalid job id specified" (`squeue_forgot`); then sacct has the final record.
@@ -27,6 +30,7 @@ never a guess (an unreadable state is not "running").
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Optional
 
@@ -39,6 +43,7 @@ SQUEUE_FORMAT = "%i|%T|%r"
 SACCT_FIELDS = "JobID,State,ExitCode,Reason"
 SQUEUE_FORGOT = "Invalid job id specified"
 SACCT_DISABLED = "accounting storage is disabled"
+ARRAY_RANGE = re.compile(r"([0-9]+(?:-[0-9]+)?(?:,[0-9]+(?:-[0-9]+)?)*)(?:%[0-9]+)?\]")  # "1,3-5%2]"
 
 # Slurm job state → (runner state, why, when runner's state alone does not say it)
 STATE_MAP = {
@@ -109,8 +114,28 @@ def parse_sacct(text: str) -> dict:
         # sacct adds who cancelled: "CANCELLED by 0"
         slurm_state = state_text.split(" by ", 1)[0]
         exit_code, signal = _exit_code(exit_text)
-        jobs[job_id] = _job(job_id, slurm_state, reason, "sacct", exit_code, signal)
+        for task_id in array_task_ids(job_id):  # array tasks that never started share one row
+            jobs[task_id] = _job(task_id, slurm_state, reason, "sacct", exit_code, signal)
     return jobs
+
+
+def array_task_ids(job_id: str) -> list:
+    """sacct's JobID as the ids it stands for: "8_[1,3-5%2]" (the tasks of an array that never started, in
+    one row) → ["8_1", "8_3", "8_4", "8_5"]; any other id ("8_4", "123") as it is."""
+    head, sep, tasks = job_id.partition("_[")
+    if not sep:
+        return [job_id]
+    match = ARRAY_RANGE.fullmatch(tasks)
+    if not head.isdigit() or match is None:
+        raise SlurmOutputError("sacct array job id not understood: %r" % job_id)
+    ids = []
+    for part in match.group(1).split(","):
+        first, _, last = part.partition("-")
+        low, high = int(first), int(last or first)
+        if high < low:
+            raise SlurmOutputError("sacct array job id not understood: %r" % job_id)
+        ids += ["%s_%d" % (head, k) for k in range(low, high + 1)]
+    return ids
 
 
 def squeue_forgot(returncode: int, stderr: str) -> bool:

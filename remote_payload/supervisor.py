@@ -272,7 +272,9 @@ def cmd_logs(args) -> dict:
     deadline = time.monotonic() + max(0.0, args.wait)
     while True:
         status = reap_if_dead(paths)  # read the state first: a terminal state then covers every byte read below
-        data, size = read_log_chunk(paths.output, args.offset, min(args.max, LOG_MAX_BYTES))
+        limit = min(args.max, LOG_MAX_BYTES)  # a Slurm job array's log: its variants' logs in turn (slurm_array.py)
+        data, size = (is_slurm_job(paths) and slurm_launch().log_chunk(paths, args.offset, limit)) or \
+            read_log_chunk(paths.output, args.offset, limit)
         if args.offset > size:
             raise Fail("bad-offset", "offset %d is past the end of the log (%d bytes)" % (args.offset, size),
                        size=size)
@@ -354,6 +356,8 @@ def cmd_restore_service(args) -> dict:
 
 def cmd_result(args) -> dict:
     paths = job_paths(args)
+    if is_slurm_job(paths):  # a job array's combined result.json is written by the login node's refresh
+        reap_if_dead(paths)
     try:
         return {"ok": True, "job_id": paths.job_id, "result": read_json(paths.result)}
     except (OSError, ValueError) as exc:

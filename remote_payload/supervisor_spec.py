@@ -14,12 +14,12 @@ import sys
 
 try:  # imported as remote_payload.supervisor_spec (tests)
     from . import contract
-    from .slurm_batch import slurm_problem, time_problem
+    from .slurm_batch import MAX_DOWNTIME_ON_SLURM, slurm_problem, time_problem
     from .supervisor_host import HERE, Fail
     from .sweep import MAX_VARIANTS
 except ImportError:  # run from supervisor.py as a script: sys.path[0] is this directory
     import contract
-    from slurm_batch import slurm_problem, time_problem
+    from slurm_batch import MAX_DOWNTIME_ON_SLURM, slurm_problem, time_problem
     from sweep import MAX_VARIANTS
     from supervisor_host import HERE, Fail
 
@@ -198,13 +198,20 @@ def check_sweep(raw, spec: dict) -> dict:
     _need(isinstance(raw, dict) and isinstance(raw.get("variants"), list) and raw["variants"],
           "sweep.variants must be a non-empty list")
     _need(len(raw["variants"]) <= MAX_VARIANTS, "sweep.variants: at most %d" % MAX_VARIANTS)
-    _need(spec.get("launcher", "ssh") == "ssh", "a sweep needs launcher ssh")
     _need(isinstance(raw.get("fail_fast", False), bool), "sweep.fail_fast must be true or false")
     for variant in raw["variants"]:
         _need(isinstance(variant, dict) and isinstance(variant.get("args"), dict) and _strings(variant.get("argv")),
               "each sweep variant needs args (an object) and argv (a list of strings)")
-    return {"fail_fast": raw.get("fail_fast", False),
-            "variants": [{"args": dict(v["args"]), "argv": list(v["argv"])} for v in raw["variants"]]}
+    sweep = {"fail_fast": raw.get("fail_fast", False),
+             "variants": [{"args": dict(v["args"]), "argv": list(v["argv"])} for v in raw["variants"]]}
+    if spec.get("launcher", "ssh") == "slurm":  # one job array: `--array=0-(N-1)%max_parallel`
+        k = raw.get("max_parallel")
+        _need(isinstance(k, int) and not isinstance(k, bool) and k >= 1,
+              "sweep.max_parallel must be a whole number >= 1 with launcher slurm; got %r" % (k,))
+        sweep["max_parallel"] = k
+    else:
+        _need(raw.get("max_parallel") is None, "sweep.max_parallel is for launcher slurm")
+    return sweep
 
 
 def check_launcher(raw: dict, spec: dict) -> dict:
@@ -218,6 +225,7 @@ def check_launcher(raw: dict, spec: dict) -> dict:
     _need(isinstance(slurm, dict), "launcher slurm needs a slurm object")
     _need(spec["service"]["manager"] == "none", "launcher slurm needs service.manager none (Slurm owns the GPUs)")
     _need(not spec["gpu"]["devices"], "launcher slurm takes no gpu.devices (Slurm hands them out)")
+    _need(spec["limits"]["max_downtime"] is None, MAX_DOWNTIME_ON_SLURM)
     _rule(slurm_problem(slurm))
     minutes = slurm.get("time_min")
     _need(isinstance(minutes, int) and not isinstance(minutes, bool) and minutes >= 1,

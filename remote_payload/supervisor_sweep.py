@@ -72,16 +72,21 @@ def run_variant(job: Job, flags, index: int, of: int, variant: dict, started: fl
         job.event("payload-exit", abandoned=True, pid=proc.pid)
         code = None
     seconds = round(time.monotonic() - began, 3)
+    record = variant_record(index, variant["args"], "ended", code, seconds, stop[1] if stop else None, result)
+    announce(job, index, of, variant, "end", exit_code=code, seconds=seconds)
+    return record, stop
+
+
+def variant_record(index: int, args: dict, status: str, code, seconds, reason, result: str) -> dict:
+    """One variant in result.json (`status`: ended or skipped), its RUNNER_RESULT file read back; also what
+    a Slurm job array's login node writes for each of its tasks (slurm_array.py)."""
     try:
         outcome = read_json(result)
     except (OSError, ValueError):
         outcome = None
     tables = [t for t in (outcome or {}).values() if isinstance(t, list) and t and isinstance(t[0], dict)]
-    record = {"index": index, "args": variant["args"], "status": "ended", "exit_code": code, "seconds": seconds,
-              "reason": stop[1] if stop else None, "result": outcome,
-              "columns": list(tables[0][0]) if tables else None}  # the payload's column order (the file is sorted)
-    announce(job, index, of, variant, "end", exit_code=code, seconds=seconds)
-    return record, stop
+    return {"index": index, "args": args, "status": status, "exit_code": code, "seconds": seconds, "reason": reason,
+            "result": outcome, "columns": list(tables[0][0]) if tables else None}  # the payload's column order
 
 
 def run_sweep(job: Job, flags) -> None:

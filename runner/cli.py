@@ -218,8 +218,13 @@ def _status_text(job: dict) -> str:
             lines.append(f"  sweep       variant {variant['index']} of {variant['of']}: {variant_label(variant['args'] or {})}"
                          + (" (skipped)" if variant.get("status") == "skipped" else ""))
     service = job.get("service") or {}
-    slurm = job.get("slurm") or {}
-    if slurm.get("job_id"):
+    slurm, array = job.get("slurm") or {}, job.get("array")
+    if array:  # a sweep on Slurm: one job array
+        reasons = ", ".join(array.get("reasons") or {})
+        lines.append(f"  array       slurm {slurm.get('job_id')}: {array['done']} of {array['of']} done "
+                     f"({array['succeeded']} succeeded, {array['failed']} failed, {array['skipped']} skipped), "
+                     f"{array['running']} running, {array['pending']} pending" + (f" ({reasons})" if reasons else ""))
+    elif slurm.get("job_id"):
         lines.append(f"  scheduler   slurm {slurm['job_id']} {slurm.get('state') or '?'}"
                      + (f" ({slurm['reason']})" if slurm.get("reason") else "")
                      + (f" on {slurm['node']}" if slurm.get("node") else ""))

@@ -116,6 +116,8 @@ class SweepSpec(_Section):
     matrix: dict[ArgKey, Annotated[list[ArgValue], Field(min_length=1)]] = {}
     include: list[dict[ArgKey, ArgValue]] = []
     fail_fast: bool = False
+    # launcher slurm: the job array's `%k`, at most this many variants at once (default: all of them)
+    max_parallel: Annotated[int, Field(ge=1)] | None = None
 
     @model_validator(mode="after")
     def _some_within_the_cap(self) -> SweepSpec:
@@ -148,8 +150,9 @@ class JobSpec(_Section):
         problem = launcher_problem(self) or fleet_problem(self)
         if problem:
             raise ValueError(problem)
-        if self.sweep is not None and self.launcher != "ssh":
-            raise ValueError("`sweep` needs launcher ssh (the variants run inside one supervisor's window)")
+        if self.sweep is not None and self.launcher == "ssh" and self.sweep.max_parallel is not None:
+            raise ValueError("sweep.max_parallel is for launcher slurm (a job array); on one host the variants "
+                             "run one after another in one window")
         return self
 
     @model_validator(mode="after")
@@ -214,6 +217,8 @@ class JobSpec(_Section):
         if self.sweep is not None:  # expanded here: the host runs the variants as given
             wire["sweep"] = {"fail_fast": self.sweep.fail_fast,
                              "variants": [{"args": v, "argv": self._variant_argv(v)} for v in self.sweep.variants()]}
+            if self.launcher == "slurm":  # one job array: `%max_parallel`, every variant when not given
+                wire["sweep"]["max_parallel"] = self.sweep.max_parallel or len(wire["sweep"]["variants"])
         return wire
 
     def _variant_argv(self, variant: dict) -> list[str]:

@@ -67,11 +67,13 @@ DESCRIPTIONS = {
     "limits.queue_timeout": "With `submit --queue`: the longest wait for the service/GPU locks; past it the job ends TIMED_OUT with nothing stopped.",
     "limits.prepare_timeout": "The prepare step's deadline (the service is not stopped if it fails).",
     "limits.max_downtime": "A sweep's window: the service must be back within it. No variant starts that could not "
-                           "end inside it (the longest variant so far, else max_runtime); it is recorded SKIPPED.",
+                           "end inside it (the longest variant so far, else max_runtime); it is recorded SKIPPED. "
+                           "Refused with launcher slurm (no service window there).",
     "sweep": "Many variants in one downtime window (one stop, one restore): `matrix` (KEY: [values], the "
              "cartesian product), `include` (extra {KEY: value} combinations), `fail_fast` (stop after a failing "
              "variant). A script's variant keys override `payload.args`; in a `command`, `{KEY}` is replaced by "
-             "the variant's value (a key used nowhere is refused). At most 1000 variants.",
+             "the variant's value (a key used nowhere is refused). At most 1000 variants. With launcher slurm the "
+             "sweep is one job array, one task (allocation) per variant, `max_parallel` (default: all) at once.",
 }
 
 

@@ -4,6 +4,7 @@ again, so the controller never accepts what the supervisor on the login node wou
 
     launcher: slurm            host = the login node (or `local`); sbatch places the job
     slurm: {partition, gres | gpus, time, account, qos, constraint, extra_args}
+    sweep: {…, max_parallel}   one job array, at most max_parallel variants at once (remote_payload/slurm_array.py)
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from typing import Annotated, Union
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, model_validator
 
-from remote_payload.slurm_batch import slurm_problem, time_limit_minutes, time_problem
+from remote_payload.slurm_batch import MAX_DOWNTIME_ON_SLURM, slurm_problem, time_limit_minutes, time_problem
 
 from .spec_fields import Duration, kind
 
@@ -54,6 +55,8 @@ def launcher_problem(spec) -> str | None:
     if spec.gpu.devices:
         return ("launcher slurm picks no gpu.devices: Slurm hands out the GPUs (ask with slurm.gres or "
                 "slurm.gpus; the job sees them in CUDA_VISIBLE_DEVICES)")
+    if spec.limits.max_downtime is not None:
+        return MAX_DOWNTIME_ON_SLURM
     if spec.slurm is not None and spec.slurm.time is not None:
         return time_problem(minutes(spec.slurm.time), spec.limits.max_runtime, spec.limits.grace)
     return None

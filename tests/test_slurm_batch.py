@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from remote_payload.slurm_batch import (batch_script, parse_sbatch_parsable, sbatch_argv, slurm_problem,
-                                        time_limit_minutes, time_problem)
+from remote_payload.slurm_batch import (array_option, array_task_index, batch_script, parse_sbatch_parsable,
+                                        sbatch_argv, slurm_problem, time_limit_minutes, time_problem)
 from tests.hosts.prereqs import require
 from tests.hosts.slurm_cluster import missing_prerequisites, start_slurm_cluster
 
@@ -128,3 +128,27 @@ def test_real_sbatch_refuses_an_unknown_partition_with_its_reason(plain_cluster)
     done = plain_cluster.run(argv, input=batch_script("python3", "/x/supervisor.py", "/x", "j-2"))
     assert done.returncode == 1
     assert "invalid partition specified: nosuch" in done.stderr.lower()
+
+
+def test_array_option_bounds_the_tasks_running_at_once():
+    assert array_option(4, 2) == "--array=0-3%2"
+    assert array_option(3, 8) == "--array=0-2%3"  # never more than there are variants
+    assert array_option(1, 1) == "--array=0-0%1"
+    for bad in ((0, 2), (4, 0)):
+        with pytest.raises(ValueError):
+            array_option(*bad)
+
+
+def test_array_task_index_is_slurms_task_id_within_the_variants():
+    assert array_task_index({"SLURM_ARRAY_TASK_ID": "3"}, 4) == 3
+    for env in ({}, {"SLURM_ARRAY_TASK_ID": "4"}, {"SLURM_ARRAY_TASK_ID": "-1"}, {"SLURM_ARRAY_TASK_ID": "x"}):
+        with pytest.raises(ValueError):
+            array_task_index(env, 4)
+
+
+def test_an_arrays_sbatch_argv_adds_the_array_and_one_output_file_per_task():
+    argv = sbatch_argv({"gres": "gpu:1"}, "j", "/r/jobs/j", 5, array=(4, 2))
+    assert "--array=0-3%2" in argv and "--output=/r/jobs/j/slurm-%A_%a.out" in argv
+    assert not any(word.startswith("--output=") and word.endswith("%j.out") for word in argv)
+    assert argv[-1] == "--gres=gpu:1"  # the user's choices stay last, as for one job
+    assert not any(word.startswith("--array") for word in sbatch_argv({}, "j", "/r/jobs/j", 5))

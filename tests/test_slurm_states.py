@@ -203,3 +203,15 @@ def test_a_batch_script_that_ended_by_itself_without_a_final_state():
         "FAILED", "the batch script ended (Slurm: FAILED, exit 3) before the supervisor started; see slurm-8.out")
     assert reconcile("RUNNING", True, sacct("ended")[SUCCEEDED]) == (
         "LOST", "the supervisor ended (Slurm: COMPLETED, exit 0) without writing a final state")
+
+
+def test_sacct_lists_never_started_array_tasks_as_one_range_and_each_task_is_its_own_view():
+    # captured: `--array=0-3%1`, scancel while task 0 ran; sacct compresses the tasks that never started
+    jobs = parse_sacct("8_0|CANCELLED by 0|0:0|None\n8_[1-3%1]|CANCELLED by 0|0:0|None\n")
+    assert sorted(jobs) == ["8_0", "8_1", "8_2", "8_3"]
+    assert {(job.job_id, job.state) for job in jobs.values()} == {(f"8_{k}", "CANCELLED") for k in range(4)}
+    assert slurm_states.array_task_ids("8_[0,2-3,7]") == ["8_0", "8_2", "8_3", "8_7"]
+    assert slurm_states.array_task_ids("8_5") == ["8_5"] and slurm_states.array_task_ids("9") == ["9"]
+    for bad in ("8_[", "8_[3-1]", "8_[a]"):
+        with pytest.raises(SlurmOutputError):
+            slurm_states.array_task_ids(bad)
