@@ -230,6 +230,16 @@ def test_a_cancel_ends_the_sweep_and_skips_the_rest(work, local):
     assert result["variants"][1]["reason"].startswith("not started: cancelled")
 
 
+def test_started_at_is_the_first_variant_start_not_the_last(work, local):
+    """The job's started_at is when its payload phase began (the first variant), as for a single payload."""
+    path = sweep_job(work / "s.yaml", local, {"matrix": {"seconds": [0.5, 0.6]}})
+    job = wait_terminal(local, submit(local, path))
+    assert job["state"] == "SUCCEEDED", job
+    events = (local.root / "jobs" / job["job_id"] / "events.jsonl").read_text().splitlines()
+    starts = [e["t"] for e in map(json.loads, events) if e.get("event") == "variant" and e["status"] == "start"]
+    assert len(starts) == 2 and job["started_at"] < starts[1], (job["started_at"], starts)
+
+
 # -- the warm path: one round trip, the plan cache -----------------------------------------------------------
 
 def test_a_warm_sweep_submit_is_one_round_trip_and_carries_every_variant(ssh_host, work):
