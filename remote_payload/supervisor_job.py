@@ -171,7 +171,7 @@ def launch_payload(job: Job, argv=None, state: str = "RUNNING", phase: str = "pa
     ident = identity(proc.pid)
     job.payload_pids.add(proc.pid)
     job.set_state(state, phase, payload=dict(ident, pgid=proc.pid, exit_code=None, signal=None),
-                  **({"started_at": time.time()} if state == "RUNNING" else {}))
+                  **({"started_at": time.time()} if state == "RUNNING" and not job.status.get("started_at") else {}))
     return proc
 
 
