@@ -58,6 +58,7 @@ class DryRun:
     gpus: list[dict] = field(default_factory=list)
     service: dict | None = None
     variants: list[dict] = field(default_factory=list)  # a sweep's, as the host will run them
+    array_parallel: int | None = None  # on Slurm a sweep is one job array, at most this many tasks at once
 
 
 @dataclass
@@ -197,7 +198,7 @@ def dry_run(spec_path: str, overrides: list[str], *, queue: bool = False, job_id
               "then ends TIMED_OUT with nothing stopped"] if queue else []
     return DryRun(wire["job_id"], host["address"], decision.stop_service, wire["gpu"]["required_mib"], argv,
                   [args_note, *decision.notes, *queued], report.get("gpus", []), report.get("service"),
-                  (wire.get("sweep") or {}).get("variants", []))
+                  (wire.get("sweep") or {}).get("variants", []), (wire.get("sweep") or {}).get("max_parallel"))
 
 
 def _submit_once(client: HostClient, wire: dict, queue: bool) -> tuple[dict, dict | None]:

@@ -286,3 +286,12 @@ def test_cancel_of_a_running_array_ends_every_task(target, cluster, tmp_path):
     assert sorted(v["status"] for v in result["variants"]) == ["ended", "ended", "skipped", "skipped"], result
     printed, code = follow(target, job_id, limit=20)
     assert code == 1 and printed.count(b'"status": "skipped"') == 2
+
+
+def test_dry_run_says_the_sweep_is_one_job_array_not_a_downtime_window(target, tmp_path):
+    path = array_job(tmp_path / "job.yaml", target, stamped_payload(tmp_path, seconds=0.3),
+                     {"matrix": {"n": [1, 2, 3]}, "max_parallel": 2})
+    done = run_cli(target, "submit", str(path), "--dry-run")
+    text = done.stdout.decode()
+    assert done.returncode == 0, done.stderr.decode()
+    assert "3 variants as one Slurm job array, at most 2 at once" in text and "downtime window" not in text, text
