@@ -4,7 +4,7 @@ Every operation is one or a few short round trips; none holds a step of the job'
 """
 from __future__ import annotations
 
-import secrets
+import os
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -139,7 +139,7 @@ def _plan(spec_path: str, overrides: list[str], job_id: str | None, state: Path)
         cached = _validated_plan(spec_path, overrides)
         plan_cache.save(state, key, cached[0])
     plan, bundle = cached
-    job_id = check_job_id(job_id) if job_id is not None else job_id_for(plan.wire["name"], datetime.now(timezone.utc), secrets.token_hex(3))
+    job_id = check_job_id(job_id) if job_id is not None else job_id_for(plan.wire["name"], datetime.now(timezone.utc), os.urandom(3).hex())
     return plan.host, bundle, dict(plan.wire, job_id=job_id), plan.args_note
 
 
