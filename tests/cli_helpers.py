@@ -112,3 +112,15 @@ def pid_alive(pid: int) -> bool:
         return False
     stat = Path(f"/proc/{pid}/stat")
     return stat.exists() and stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def submit_refused(tmp_path: Path, spec: dict) -> str:
+    """Submit SPEC (its host.root under tmp_path): exit 2, and the local "host" never called (it would have made
+    ROOT/payload). Returns stderr, for the caller to look for the field's name."""
+    root = Path(spec["host"]["root"])
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    done = run_cli(Target(kind="none", host=spec["host"], root=root, env={}), "submit", str(path))
+    assert done.returncode == 2, done.stderr.decode()
+    assert not root.exists()
+    return done.stderr.decode()

@@ -19,10 +19,10 @@ from remote_payload.slurm_array import array_progress, combined_chunk, sweep_out
 from remote_payload.supervisor_host import Fail
 from remote_payload.supervisor_spec import check_spec
 from runner.spec import JobSpec
-from tests.cli_helpers import Target, job_dir, pid_alive, python_payload, run_cli, status, wait_for
+from tests.cli_helpers import Target, job_dir, pid_alive, python_payload, run_cli, status, submit_refused, wait_for
 from tests.hosts.prereqs import require
 from tests.hosts.slurm_cluster import missing_prerequisites, start_slurm_cluster
-from tests.test_slurm_jobs import follow, slurm_job, slurm_target, submit_json, wait_state
+from tests.test_slurm_jobs import follow, slurm_job, submit_json, target, wait_state  # noqa: F401 (target: a fixture)
 
 ENDED = {"SUCCEEDED", "FAILED", "CANCELLED", "LOST", "TIMED_OUT"}
 
@@ -121,14 +121,8 @@ def test_the_host_refuses_what_the_controller_refuses(changes, words):
     ({"limits": {"max_runtime": "30m", "max_downtime": "10m"}}, "limits.max_downtime"),
 ])
 def test_bad_array_specs_exit_2_naming_the_field_and_reach_no_host(changes, words, tmp_path):
-    root = tmp_path / "never"
-    raw = {**BASE, "host": {"address": "local", "root": str(root)}, **changes}
-    path = tmp_path / "job.yaml"
-    path.write_text(yaml.safe_dump(raw))
-    done = run_cli(Target(kind="none", host=raw["host"], root=root, env={}), "submit", str(path))
-    assert done.returncode == 2, done.stderr.decode()
-    assert words in done.stderr.decode()
-    assert not root.exists()  # the local "host" was never called: it would have made ROOT/payload
+    assert words in submit_refused(tmp_path, {**BASE, "host": {"address": "local", "root": str(tmp_path / "never")},
+                                              **changes})
     with pytest.raises(ValidationError):
         JobSpec.model_validate({**BASE, **changes})
 
@@ -141,12 +135,6 @@ def cluster():
     started = start_slurm_cluster(nodes=2)
     yield started
     started.stop()
-
-
-@pytest.fixture
-def target(cluster):
-    yield slurm_target(cluster)
-    cluster._cancel_all_jobs()
 
 
 def array_job(path: Path, target: Target, command: list[str], sweep: dict, payload_env: dict | None = None,

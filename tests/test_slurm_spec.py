@@ -5,13 +5,12 @@ refusals through the real CLI: exit 2 and no host contacted (no Slurm needed).""
 from __future__ import annotations
 
 import pytest
-import yaml
 from pydantic import ValidationError
 
 from remote_payload.supervisor_host import Fail
 from remote_payload.supervisor_spec import check_spec
 from runner.spec import JobSpec
-from tests.cli_helpers import Target, run_cli
+from tests.cli_helpers import submit_refused
 
 BASE = {"name": "k26 on slurm", "host": {"address": "login-1"}, "launcher": "slurm",
         "payload": {"command": ["python3", "bench.py"]}, "limits": {"max_runtime": "30m", "grace": "30s"}}
@@ -81,12 +80,6 @@ def test_the_controller_refuses_with_the_reason(changes, words):
     ({"slurm": {"partition": "gpu;reboot"}}, "slurm.partition"),
 ])
 def test_bad_slurm_specs_exit_2_and_reach_no_host(change, words, tmp_path):
-    root = tmp_path / "never"
-    spec = {"name": "bad", "host": {"address": "local", "root": str(root)}, "launcher": "slurm",
+    spec = {"name": "bad", "host": {"address": "local", "root": str(tmp_path / "never")}, "launcher": "slurm",
             "payload": {"command": ["true"]}, **change}
-    path = tmp_path / "job.yaml"
-    path.write_text(yaml.safe_dump(spec))
-    done = run_cli(Target(kind="none", host=spec["host"], root=root, env={}), "submit", str(path))
-    assert done.returncode == 2, done.stderr.decode()
-    assert words in done.stderr.decode()
-    assert not root.exists()  # the local "host" was never called: it would have made ROOT/payload
+    assert words in submit_refused(tmp_path, spec)
