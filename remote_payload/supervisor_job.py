@@ -170,8 +170,9 @@ def launch_payload(job: Job, argv=None, state: str = "RUNNING", phase: str = "pa
             raise Fail("start-failed", "cannot start the payload %r: %s" % (argv[0], exc))
     ident = identity(proc.pid)
     job.payload_pids.add(proc.pid)
-    job.set_state(state, phase, payload=dict(ident, pgid=proc.pid, exit_code=None, signal=None),
-                  **({"started_at": time.time()} if state == "RUNNING" and not job.status.get("started_at") else {}))
+    now = time.time()  # payload.started_at: this process's (a sweep's variant's); started_at: the job's first
+    job.set_state(state, phase, payload=dict(ident, pgid=proc.pid, exit_code=None, signal=None, started_at=now),
+                  **({"started_at": now} if state == "RUNNING" and not job.status.get("started_at") else {}))
     return proc
 
 

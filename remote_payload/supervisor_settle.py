@@ -110,8 +110,13 @@ def hard_deadline(spec: dict, status: dict):
     state, since = status.get("state"), status.get("updated_at") or time.time()
     if state == "RESTORING":
         return since + restore_s + HANG_MARGIN_S
-    if status.get("started_at"):  # run, TERM grace, KILL, release wait: then it must be restoring
-        return status["started_at"] + limits["max_runtime"] + limits["grace"] + KILL_CONFIRM_S + drain_s \
+    # run, TERM grace, KILL, release wait: then it must be restoring. The run counts from the payload process's
+    # own start once the job has started (a sweep's variants each get max_runtime); a prepare step before it
+    # (service untouched) sets no started_at, so it gets no hard deadline, as before.
+    started = status.get("started_at")
+    if started:
+        started = (status.get("payload") or {}).get("started_at") or started
+        return started + limits["max_runtime"] + limits["grace"] + KILL_CONFIRM_S + drain_s \
             + SMI_TIMEOUT_S + HANG_MARGIN_S
     if state == "DRAINING":
         return since + drain_s + SMI_TIMEOUT_S + HANG_MARGIN_S

@@ -221,3 +221,14 @@ def test_guard_timer_fires_after_the_slowest_legitimate_end():
             "service": {"health_timeout": 900}}
     # run + grace + both drains + the stop at its own 600 s bound + the start command + the health wait + a minute
     assert settle.guard_timer_seconds(spec) == 1800 + 30 + 240 + 600 + host.CMD_TIMEOUT_S + 900 + 60
+
+
+def test_the_hard_deadline_counts_a_sweeps_run_from_the_running_variant_and_a_prepare_step_gets_none():
+    spec = {"limits": {"max_runtime": 100.0, "grace": 5.0}, "gpu": {"drain_timeout": 20.0}, "service": {}}
+    first, third = 1000.0, 1250.0  # the job started with variant 1; variant 3 started 250 s later
+    running = {"state": "RUNNING", "started_at": first, "payload": {"started_at": third}}
+    assert settle.hard_deadline(spec, running) == settle.hard_deadline(spec, dict(running, started_at=third)) > third + 100
+    single = {"state": "RUNNING", "started_at": first, "payload": {}}  # a record written before payload.started_at
+    assert settle.hard_deadline(spec, single) > first + 100
+    preparing = {"state": "PREPARING", "started_at": None, "payload": {"started_at": first}}
+    assert settle.hard_deadline(spec, preparing) is None
