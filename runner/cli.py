@@ -94,9 +94,9 @@ def _dry_run_text(plan) -> str:
         lines.append(f"  service       {service.get('unit')} is {service.get('active_state')}: "
                      + ("WOULD BE STOPPED and restored afterwards" if plan.stop_service else "left running"))
     if plan.variants:
-        lines.append(f"  sweep         {len(plan.variants)} variants as one Slurm job array, at most {plan.array_parallel} "
-                     "at once (sweep.max_parallel):" if plan.array_parallel else
-                     f"  sweep         {len(plan.variants)} variants in one downtime window (one stop, one restore):")
+        how = (f"as one Slurm job array, at most {plan.array_parallel} at once (sweep.max_parallel)"
+               if plan.array_parallel else "in one downtime window (one stop, one restore)")
+        lines.append(f"  sweep         {len(plan.variants)} variants {how}:")
         lines += [f"    {k + 1:>4}. {variant_label(v['args'])}" for k, v in enumerate(plan.variants)]
     lines += [f"  note          {note}" for note in plan.notes]
     return "\n".join(lines)
