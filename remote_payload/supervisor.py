@@ -115,7 +115,7 @@ def start_job(args, spec: dict) -> dict:
     claim_job_dir(paths, spec)
     if spec.get("launcher") == "slurm":  # Slurm queues it: no lock, no --queue, no detached supervisor here
         return slurm_launch().submit(paths, spec)
-    return launch_detached(paths, spec, args.queue)
+    return launch_detached(paths, spec, args.queue, main)
 
 
 def install_signal_handlers(flags: Flags) -> None:
