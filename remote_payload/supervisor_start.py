@@ -1,5 +1,6 @@
 """Starting a job, both sides of it: the atomic claim of its directory, the detached launch of its supervisor
-(a transient systemd unit where the host has one, else fork/setsid/fork of this very process) and the one-line ready handshake.
+(a transient systemd unit where the host has one, else fork/setsid/fork of this very process) and the one-line
+ready handshake.
 
     start ──claim_job_dir──▶ ROOT/jobs/<id>/ ──launch_detached──▶ _run ──answer_start──▶ one JSON line
       ◀── read_ready (at most READY_TIMEOUT_S; past it give_up_start marks the job abandoned) ──┘
@@ -88,11 +89,8 @@ def daemonize_call(main, argv: list, log_path: str, keep: list = ()) -> None:
         return
     code = 127
     try:
-        try:
-            with open("/proc/self/comm", "w") as fh:
-                fh.write(COMM)
-        except OSError:
-            pass
+        with contextlib.suppress(OSError), open("/proc/self/comm", "w") as fh:
+            fh.write(COMM)
         code = main(argv)
     except BaseException:
         import traceback
