@@ -11,6 +11,7 @@ these into messages and process exits (`cli.exit_code` for outcomes that are not
     ├── RemoteError                  1  the supervisor answered an error
     │   └── UnknownJob               2  no such job id on the host or in the local index
     ├── NoResult                     1  the job wrote no result.json
+    ├── LocalStateError              2  the controller's state dir cannot be read or written
     └── BadBaseline                  2  a regression-gate baseline file that cannot be used
 """
 from __future__ import annotations
@@ -74,6 +75,12 @@ class UnknownJob(RemoteError):
 
 class NoResult(RunnerError):
     pass
+
+
+class LocalStateError(RunnerError):
+    """The controller's own state dir ($RUNNER_STATE_DIR) cannot be written or read: checked before any host."""
+
+    exit_code = EXIT_USAGE
 
 
 class BadBaseline(RunnerError):

@@ -11,7 +11,7 @@ import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .errors import RunnerError, UnknownJob
+from .errors import LocalStateError, RunnerError, UnknownJob
 
 
 @dataclass
@@ -33,6 +33,18 @@ class Store:
     @property
     def jobs_dir(self) -> Path:
         return self.root / "jobs"
+
+    def check_writable(self) -> None:
+        """Refuse before any host is contacted when a job record could not be kept (read-only or full disk)."""
+        try:
+            self.jobs_dir.mkdir(parents=True, exist_ok=True)
+            _write_atomic(self.jobs_dir / ".write-check", "ok")
+            os.unlink(self.jobs_dir / ".write-check")
+        except OSError as exc:
+            raise LocalStateError(
+                f"the state dir {self.root} cannot be written: {exc.strerror or exc}",
+                hint="free space there, or point RUNNER_STATE_DIR at a writable directory.",
+            ) from None
 
     def save(self, record: JobRecord) -> None:
         self.jobs_dir.mkdir(parents=True, exist_ok=True)
