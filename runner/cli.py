@@ -480,9 +480,11 @@ def wait(job_id: str, timeout: str, as_json: bool) -> None:
     if as_json:
         _emit_json(asdict(outcome))
     if not outcome.terminal:
-        _progress(f"[runner] {job_id} still {outcome.state} after {timeout}; it keeps running (`runner cancel {job_id}`)")
+        _progress(f"[runner] {job_id} still {outcome.state} after {timeout}; it keeps running on the host: "
+                  f"`runner wait {job_id}` again goes on from here (`runner cancel {job_id}` stops it)")
     else:
-        _progress(f"[runner] {job_id} ended {outcome.state} (payload exit code {outcome.exit_code})")
+        code = "" if outcome.exit_code is None else f" (payload exit code {outcome.exit_code})"
+        _progress(f"[runner] {job_id} ended {outcome.state}{code}")
     sys.exit(exit_code(outcome.state, settled=outcome.terminal))
 
 
