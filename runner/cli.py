@@ -213,7 +213,7 @@ def _status_text(job: dict) -> str:
     if progress:
         rows = progress["rows_done"]
         rows_text = f"{rows} of {progress['rows_expected']}" if progress.get("rows_expected") else str(rows)
-        lines.append(f"  payload     phase {progress.get('phase') or '-'}, rows {rows_text}, "
+        lines.append(f"  payload     phase {_phase_text(progress)}, rows {rows_text}, "
                      f"last output {progress.get('silent_s', 0):.0f} s ago")
         variant = progress.get("variant")
         if variant:
@@ -238,6 +238,14 @@ def _status_text(job: dict) -> str:
     if job.get("message"):
         lines.append(f"  why         {job['message']}")
     return "\n".join(lines)
+
+
+def _phase_text(progress: dict) -> str:
+    """The payload's phase as of its last event: one that ended (rows may already be coming) says so."""
+    phase = progress.get("phase")
+    if not phase:
+        return "-"
+    return phase + {"end": " ended", "error": " failed"}.get(progress.get("phase_status"), "")
 
 
 def _downtime(service: dict, now: float) -> str:
