@@ -15,9 +15,10 @@ from remote_payload.contract import STATES, is_terminal
 from remote_payload.sweep import label as variant_label
 
 from . import controller, fleet, fleet_cli  # neither imports pydantic: a one-host tail stays light
-from .cli_echo import emit_json as _emit_json, progress as _progress
+from .cli_echo import emit_json as _emit_json, progress as _progress, say as _say
 from .errors import (EXIT_ABORTED, EXIT_FAILED, EXIT_OK, EXIT_STILL_RUNNING, EXIT_USAGE, RunnerError, SpecError,
                      UnknownJob)
+from .printable import printable
 from .store import Store
 
 DEFAULT_MAX_WAIT = 50.0
@@ -68,7 +69,7 @@ def submit(job_file, overrides, queue, queue_timeout, job_id, dry_run, follow, m
                                   max_wait=max_wait, as_json=as_json))
     if dry_run:
         plan = controller.dry_run(job_file, list(overrides), queue=queue, job_id=job_id)
-        _emit_json(asdict(plan)) if as_json else click.echo(_dry_run_text(plan))
+        _emit_json(asdict(plan)) if as_json else _say(_dry_run_text(plan))
         return
     done = controller.submit(job_file, list(overrides), queue=queue, job_id=job_id, store=Store(), progress=_progress)
     if as_json and not follow:
@@ -76,7 +77,7 @@ def submit(job_file, overrides, queue, queue_timeout, job_id, dry_run, follow, m
         return
     _progress(f"{'already submitted' if done.already else 'accepted'}: {done.state} on {done.host}"
               + ("" if follow else f"; follow with `runner tail {done.job_id} -f`"))
-    click.echo(done.job_id)
+    _say(done.job_id)
     if follow:
         sys.stdout.flush()
         _tail_and_exit(done.job_id, follow=True, max_wait=max_wait, from_start=False, as_json=as_json)
@@ -185,7 +186,7 @@ def status(job_id: str | None, as_json: bool) -> None:
         if not job_id and not jobs:
             _progress("no jobs yet (`runner submit JOB.yaml`)")
         for job in jobs:
-            click.echo(_status_text(job))
+            _say(_status_text(job))
     sys.exit(max((exit_code(job.get("state")) for job in jobs), key=_worse, default=EXIT_OK))
 
 
@@ -260,12 +261,13 @@ def list_jobs(as_json: bool) -> None:
     if as_json:
         _emit_json([asdict(r) for r in records])
         return
-    rows = [(r.job_id, r.last_state, r.host["address"],
-             time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.submitted_at)), r.name) for r in records]
+    rows = [tuple(printable(str(cell), multiline=False) for cell in (
+        r.job_id, r.last_state, r.host["address"], time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.submitted_at)),
+        r.name)) for r in records]
     header = ("JOB ID", "STATE", "HOST", "SUBMITTED", "NAME")
     widths = [max(len(str(row[i])) for row in [header, *rows]) for i in range(len(header))]
     for row in [header, *rows]:
-        click.echo("  ".join(str(cell).ljust(w) for cell, w in zip(row, widths)).rstrip())
+        _say("  ".join(str(cell).ljust(w) for cell, w in zip(row, widths)).rstrip())
 
 
 @cli.command(help="Stop the job's payload (TERM, grace, KILL of its process group); the host then restores the "
@@ -323,9 +325,9 @@ def restore_service(job_file, address, user, port, unit, scope, sudo, health_url
     if as_json:
         _emit_json(answer)
     else:
-        click.echo(f"{service['unit']}: {answer.get('state')} ({answer.get('active_state')}/{answer.get('sub_state')})")
+        _say(f"{service['unit']}: {answer.get('state')} ({answer.get('active_state')}/{answer.get('sub_state')})")
         if answer.get("state") == "failed" and answer.get("log_tail"):
-            click.echo(answer["log_tail"])
+            _say(answer["log_tail"])
     sys.exit(exit_code(answer.get("state")))
 
 
@@ -367,9 +369,9 @@ def _fail(argv, error: str, message: str, hint: str, code: int, show=None) -> No
     elif show is not None:
         show()
     else:
-        click.echo(f"runner: error: {message}", err=True)
+        _progress(f"runner: error: {message}")
         if hint:
-            click.echo(f"runner: hint: {hint}", err=True)
+            _progress(f"runner: hint: {hint}")
     sys.exit(code)
 
 
@@ -412,18 +414,18 @@ def results(job_id, as_json, plot_path, baseline_path, save_path, other, toleran
         _progress(f"wrote {save_path}: {len(document['metrics'])} metrics from {current.source}")
     if baseline_path:
         verdicts = ci.gate_against(baseline_path, current, tolerance)
-        click.echo(gate_report.render(verdicts, fmt, baseline=baseline_path, current=current.source,
+        _say(gate_report.render(verdicts, fmt, baseline=baseline_path, current=current.source,
                                       tolerance=tolerance), nl=False)
         sys.exit(gate.exit_code(verdicts))
     if other:
         second = ci.collect(other, store=store)
         verdicts = ci.compare_runs(current, second, tolerance)
-        click.echo(gate_report.side_by_side(current.result, second.result, verdicts,
+        _say(gate_report.side_by_side(current.result, second.result, verdicts,
                                             name_a=current.source, name_b=second.source), nl=False)
     elif as_json:
         _emit_json(current.result)
     elif not save_path:
-        click.echo(_render_result(current.result))
+        _say(_render_result(current.result))
     if plot_path:
         from .results import plot
 
@@ -454,7 +456,7 @@ def history(host, metric, plot_path, imports, as_json) -> None:
     if as_json:
         _emit_json([asdict(r) for r in runs])
     else:
-        click.echo(history_report.render(runs, metric), nl=False)
+        _say(history_report.render(runs, metric), nl=False)
     if plot_path:
         history_report.plot(runs, metric or history_report.DEFAULT_METRIC, plot_path)
         _progress(f"wrote {plot_path}")
