@@ -16,8 +16,8 @@ from remote_payload.sweep import label as variant_label
 
 from . import controller, fleet, fleet_cli  # neither imports pydantic: a one-host tail stays light
 from .cli_echo import emit_json as _emit_json, progress as _progress, say as _say
-from .errors import (EXIT_ABORTED, EXIT_FAILED, EXIT_OK, EXIT_STILL_RUNNING, EXIT_USAGE, RunnerError, SpecError,
-                     UnknownJob)
+from .errors import (CODE_ABORTED, CODE_USAGE, EXIT_ABORTED, EXIT_FAILED, EXIT_OK, EXIT_STILL_RUNNING, EXIT_USAGE,
+                     RunnerError, SpecError, UnknownJob)
 from .printable import printable
 from .store import Store
 
@@ -177,9 +177,7 @@ def watch(job_id: str, max_wait: float, plain: bool) -> None:
 def status(job_id: str | None, as_json: bool) -> None:
     if job_id and _is_run(job_id):
         sys.exit(fleet_cli.status(job_id, as_json=as_json))
-    jobs = controller.status([job_id] if job_id else [], store=Store())
-    if job_id and jobs and jobs[0].get("state") == "UNKNOWN":
-        raise UnknownJob(f"job {job_id} is not on its host (it was never started there, or its directory was removed)")
+    jobs = job_statuses(job_id, store=Store())
     if as_json:
         _emit_json(jobs[0] if job_id else jobs)
     else:
@@ -188,6 +186,15 @@ def status(job_id: str | None, as_json: bool) -> None:
         for job in jobs:
             _say(_status_text(job))
     sys.exit(max((exit_code(job.get("state")) for job in jobs), key=_worse, default=EXIT_OK))
+
+
+def job_statuses(job_id: str | None, *, store: Store) -> list[dict]:
+    """One job's status, or every known job's; a job its host does not know is an unknown job (exit 2).
+    The MCP server's `status` answers with this too."""
+    jobs = controller.status([job_id] if job_id else [], store=store)
+    if job_id and jobs and jobs[0].get("state") == "UNKNOWN":
+        raise UnknownJob(f"job {job_id} is not on its host (it was never started there, or its directory was removed)")
+    return jobs
 
 
 def _is_run(ref: str) -> bool:
@@ -351,18 +358,19 @@ def main(argv: list[str] | None = None) -> None:
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
     except click.ClickException as exc:
-        _fail(argv, "usage", exc.format_message(), "", EXIT_USAGE, exc.show)
+        _fail(argv, CODE_USAGE, exc.format_message(), "", EXIT_USAGE, exc.show)
     except click.Abort:
-        _fail(argv, "aborted", "aborted", "", EXIT_ABORTED)
+        _fail(argv, CODE_ABORTED, "aborted", "", EXIT_ABORTED)
     except RunnerError as exc:
-        _fail(argv, type(exc).__name__, str(exc), exc.hint, exc.exit_code)
+        _fail(argv, exc.code, str(exc), exc.hint, exc.exit_code)
     except BrokenPipeError:
         sys.exit(EXIT_FAILED)
     sys.exit(EXIT_OK)
 
 
 def _fail(argv, error: str, message: str, hint: str, code: int, show=None) -> None:
-    """An error as text on stderr, or with --json as one JSON object on stdout (an agent parses one format)."""
+    """An error as text on stderr, or with --json as one JSON object on stdout (an agent parses one format):
+    `error` is the stable kebab-case code (errors.py), the same word MCP tool errors and the wire use."""
     args = sys.argv[1:] if argv is None else argv
     if "--json" in args:
         _emit_json({"error": error, "message": message, "hint": hint, "exit": code})
@@ -488,13 +496,26 @@ def wait(job_id: str, timeout: str, as_json: bool) -> None:
     sys.exit(exit_code(outcome.state, settled=outcome.terminal))
 
 
-@cli.command(help="Serve the runner's commands as MCP tools over stdio (needs the `mcp` extra).\n\n"
+@cli.command(help="Serve the runner's commands as MCP tools over stdio (needs the `mcp` extra). Least privilege "
+                  "by default: job files only from the jobs dirs, overrides only of parameters (payload.args, "
+                  "sweep, limits, gpu, name), results by job id, no `local` host (docs/agents-ci.md).\n\n"
                   "Client config: {\"command\": \"runner\", \"args\": [\"mcp\"]}")
-def mcp() -> None:
+@click.option("--jobs-dir", "jobs_dirs", multiple=True, metavar="DIR",
+              help="Job files the agent may submit or restore (repeatable; default: ./jobs).")
+@click.option("--baselines-dir", "baselines_dirs", multiple=True, metavar="DIR",
+              help="Baseline files the agent may gate against (repeatable; default: ./baselines).")
+@click.option("--allow-overrides", is_flag=True, help="Let calls override any key, what runs and where included.")
+@click.option("--allow-local", is_flag=True, help="Let jobs and restores use host `local` (this machine).")
+def mcp(jobs_dirs, baselines_dirs, allow_overrides, allow_local) -> None:
+    from pathlib import Path
+
+    from .mcp_policy import Policy
+
     try:
         from .mcp_server import serve
     except ModuleNotFoundError as exc:
-        if (exc.name or "").split(".")[0] != "mcp":
+        if (exc.name or "").split(".")[0] not in ("mcp", "anyio"):
             raise
         raise SpecError("`runner mcp` needs the MCP SDK", hint="pip install 'runner[mcp]'") from None
-    serve()
+    serve(Policy.for_project(Path.cwd(), jobs_dirs, baselines_dirs, allow_overrides=allow_overrides,
+                             allow_local=allow_local))
