@@ -1,11 +1,11 @@
 """What an agent may ask of `runner mcp`: the server's trust model (docs/agents-ci.md, "Trust model").
 
 An MCP server is how an agent gets less than a shell. By default it runs only the project's own job files (the
-server's `jobs/` at start, or each `--jobs-dir`), lets a call change only the parameters of a benchmark (the
-payload's args, the sweep, the limits, the GPU section, the name), never what runs or where; it reads results by
-job id only and baselines only from the baselines dirs; it contacts `local` (the controller's own machine) only
-with --allow-local, and restores only the services of known job files. Each refusal is a NotAllowed (exit 2)
-whose hint names the flag that would allow it.
+server's `jobs/` at start, or each `--jobs-dir`) and lets a call change only a benchmark's parameters: values
+of the payload arguments the job file names, the sweep over them, the limits, the GPU section, the name; never
+what runs or where. It reads results by job id only and baselines only from the baselines dirs, contacts
+`local` (the server's own machine) only with --allow-local, and restores only the services of known job
+files. Each refusal is a NotAllowed (exit 2) whose hint names the flag that would allow it.
 """
 from __future__ import annotations
 
@@ -65,6 +65,15 @@ class Policy:
                                  hint="Start the server with --allow-overrides to allow any override.")
         return overrides
 
+    def arguments(self, as_written, overridden) -> None:
+        """Without --allow-overrides a call sets values of the payload arguments the job file names, never new
+        ones (a script's other options may be paths: `--out`, a cache dir), by args or by the sweep alike."""
+        added = sorted(_argument_names(overridden) - _argument_names(as_written))
+        if added and not self.allow_overrides:
+            raise NotAllowed(f"payload argument{'s' if len(added) > 1 else ''} {', '.join(map(_short, added))} "
+                             "not named in the job file's payload.args or sweep",
+                             hint="Name it in the job file, or start the server with --allow-overrides.")
+
     def host(self, host: dict) -> None:
         addresses = host["address"] if isinstance(host["address"], list) else [host["address"]]
         if "local" in addresses and not self.allow_local:
@@ -97,6 +106,13 @@ class Policy:
                     yield path, load_spec(path)
                 except SpecError:
                     continue
+
+
+def _argument_names(spec) -> set[str]:
+    names = set(spec.payload.args)
+    if spec.sweep is not None:
+        names |= set(spec.sweep.matrix) | {name for variant in spec.sweep.include for name in variant}
+    return names
 
 
 def _inside(name: str, dirs: Sequence[Path], suffixes: tuple[str, ...]) -> str | None:

@@ -58,7 +58,10 @@ class Tools:
                job_id: str | None = None) -> dict:
         path = self.policy.job_file(job_file)
         overrides = self.policy.overrides(overrides or [])
-        self.policy.host(_spec(path, overrides).host.model_dump())
+        spec = _spec(path, overrides)
+        if overrides:
+            self.policy.arguments(_spec(path, []), spec)
+        self.policy.host(spec.host.model_dump())
         notes: list[str] = []
         done = controller.submit(path, overrides, queue=queue, job_id=job_id, store=Store(), progress=notes.append)
         return {**asdict(done), "progress": notes, "next": f"call tail with job_id {done.job_id!r}"}

@@ -83,6 +83,9 @@ def test_overrides_of_what_runs_or_where_are_refused(project):
         assert "--allow-overrides" in refusal(t.submit, str(project["local"]), [override]), override
     attack = [a.replace("{marker}", str(project["marker"])) for a in ATTACK]
     assert "--allow-overrides" in refusal(t.submit, str(project["remote"]), attack)
+    for new_argument in ("payload.args.out=/root/.ssh/authorized_keys", "payload.args={out: /etc/x}",
+                         "sweep.matrix.out=[/etc/x]", "sweep.include=[{out: /etc/x}]"):
+        assert "--allow-overrides" in refusal(t.submit, str(project["local"]), [new_argument]), new_argument
     assert not project["marker"].exists() and not project["root"].exists()
 
 
