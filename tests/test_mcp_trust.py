@@ -116,6 +116,9 @@ def test_restore_service_only_for_units_of_known_job_files(project, tmp_path):
     assert "--jobs-dir" in refusal(t.restore_service, host="gpu-box", unit="sshd")
     assert "--jobs-dir" in refusal(t.restore_service, host="other-box", unit="vllm")
     assert "--allow-local" in refusal(t.restore_service, host="local", unit="vllm")
+    # a unit a job file names is found (its host and service sections are then used; no host is contacted here)
+    for unit in ("vllm", "vllm.service"):
+        assert t.policy.known_service("gpu-box", unit) == str(project["remote"].resolve())
 
 
 @asynccontextmanager
