@@ -423,13 +423,13 @@ def results(job_id, as_json, plot_path, baseline_path, save_path, other, toleran
     if baseline_path:
         verdicts = ci.gate_against(baseline_path, current, tolerance)
         _say(gate_report.render(verdicts, fmt, baseline=baseline_path, current=current.source,
-                                      tolerance=tolerance), nl=False)
+                                tolerance=tolerance), nl=False)
         sys.exit(gate.exit_code(verdicts))
     if other:
         second = ci.collect(other, store=store)
         verdicts = ci.compare_runs(current, second, tolerance)
         _say(gate_report.side_by_side(current.result, second.result, verdicts,
-                                            name_a=current.source, name_b=second.source), nl=False)
+                                      name_a=current.source, name_b=second.source), nl=False)
     elif as_json:
         _emit_json(current.result)
     elif not save_path:

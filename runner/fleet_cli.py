@@ -71,8 +71,8 @@ def _dry_run(job_file: str, overrides: list[str], *, queue: bool) -> int:
         else:
             service = (plan.service or {}).get("unit")
             _say(f"  {entry.address}: {plan.required_mib} MiB needed; "
-                       + (f"{service} WOULD BE STOPPED (counts against max_unavailable)" if plan.stop_service
-                          else "the service is left running"))
+                 + (f"{service} WOULD BE STOPPED (counts against max_unavailable)" if plan.stop_service
+                    else "the service is left running"))
     return EXIT_OK
 
 
