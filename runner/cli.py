@@ -15,9 +15,10 @@ from remote_payload.contract import STATES, is_terminal
 from remote_payload.sweep import label as variant_label
 
 from . import controller, fleet, fleet_cli  # neither imports pydantic: a one-host tail stays light
-from .cli_echo import emit_json as _emit_json, progress as _progress
-from .errors import (EXIT_ABORTED, EXIT_FAILED, EXIT_OK, EXIT_STILL_RUNNING, EXIT_USAGE, RunnerError, SpecError,
-                     UnknownJob)
+from .cli_echo import emit_json as _emit_json, progress as _progress, say as _say
+from .errors import (CODE_ABORTED, CODE_USAGE, EXIT_ABORTED, EXIT_FAILED, EXIT_OK, EXIT_STILL_RUNNING, EXIT_USAGE,
+                     RunnerError, SpecError, UnknownJob)
+from .printable import printable
 from .store import Store
 
 DEFAULT_MAX_WAIT = 50.0
@@ -68,7 +69,7 @@ def submit(job_file, overrides, queue, queue_timeout, job_id, dry_run, follow, m
                                   max_wait=max_wait, as_json=as_json))
     if dry_run:
         plan = controller.dry_run(job_file, list(overrides), queue=queue, job_id=job_id)
-        _emit_json(asdict(plan)) if as_json else click.echo(_dry_run_text(plan))
+        _emit_json(asdict(plan)) if as_json else _say(_dry_run_text(plan))
         return
     done = controller.submit(job_file, list(overrides), queue=queue, job_id=job_id, store=Store(), progress=_progress)
     if as_json and not follow:
@@ -76,7 +77,7 @@ def submit(job_file, overrides, queue, queue_timeout, job_id, dry_run, follow, m
         return
     _progress(f"{'already submitted' if done.already else 'accepted'}: {done.state} on {done.host}"
               + ("" if follow else f"; follow with `runner tail {done.job_id} -f`"))
-    click.echo(done.job_id)
+    _say(done.job_id)
     if follow:
         sys.stdout.flush()
         _tail_and_exit(done.job_id, follow=True, max_wait=max_wait, from_start=False, as_json=as_json)
@@ -176,17 +177,24 @@ def watch(job_id: str, max_wait: float, plain: bool) -> None:
 def status(job_id: str | None, as_json: bool) -> None:
     if job_id and _is_run(job_id):
         sys.exit(fleet_cli.status(job_id, as_json=as_json))
-    jobs = controller.status([job_id] if job_id else [], store=Store())
-    if job_id and jobs and jobs[0].get("state") == "UNKNOWN":
-        raise UnknownJob(f"job {job_id} is not on its host (it was never started there, or its directory was removed)")
+    jobs = job_statuses(job_id, store=Store())
     if as_json:
         _emit_json(jobs[0] if job_id else jobs)
     else:
         if not job_id and not jobs:
             _progress("no jobs yet (`runner submit JOB.yaml`)")
         for job in jobs:
-            click.echo(_status_text(job))
+            _say(_status_text(job))
     sys.exit(max((exit_code(job.get("state")) for job in jobs), key=_worse, default=EXIT_OK))
+
+
+def job_statuses(job_id: str | None, *, store: Store) -> list[dict]:
+    """One job's status, or every known job's; a job its host does not know is an unknown job (exit 2).
+    The MCP server's `status` answers with this too."""
+    jobs = controller.status([job_id] if job_id else [], store=store)
+    if job_id and jobs and jobs[0].get("state") == "UNKNOWN":
+        raise UnknownJob(f"job {job_id} is not on its host (it was never started there, or its directory was removed)")
+    return jobs
 
 
 def _is_run(ref: str) -> bool:
@@ -268,12 +276,13 @@ def list_jobs(as_json: bool) -> None:
     if as_json:
         _emit_json([asdict(r) for r in records])
         return
-    rows = [(r.job_id, r.last_state, r.host["address"],
-             time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.submitted_at)), r.name) for r in records]
+    rows = [tuple(printable(str(cell), multiline=False) for cell in (
+        r.job_id, r.last_state, r.host["address"], time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.submitted_at)),
+        r.name)) for r in records]
     header = ("JOB ID", "STATE", "HOST", "SUBMITTED", "NAME")
     widths = [max(len(str(row[i])) for row in [header, *rows]) for i in range(len(header))]
     for row in [header, *rows]:
-        click.echo("  ".join(str(cell).ljust(w) for cell, w in zip(row, widths)).rstrip())
+        _say("  ".join(str(cell).ljust(w) for cell, w in zip(row, widths)).rstrip())
 
 
 @cli.command(help="Stop the job's payload (TERM, grace, KILL of its process group); the host then restores the "
@@ -331,9 +340,9 @@ def restore_service(job_file, address, user, port, unit, scope, sudo, health_url
     if as_json:
         _emit_json(answer)
     else:
-        click.echo(f"{service['unit']}: {answer.get('state')} ({answer.get('active_state')}/{answer.get('sub_state')})")
+        _say(f"{service['unit']}: {answer.get('state')} ({answer.get('active_state')}/{answer.get('sub_state')})")
         if answer.get("state") == "failed" and answer.get("log_tail"):
-            click.echo(answer["log_tail"])
+            _say(answer["log_tail"])
     sys.exit(exit_code(answer.get("state")))
 
 
@@ -357,27 +366,28 @@ def main(argv: list[str] | None = None) -> None:
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
     except click.ClickException as exc:
-        _fail(argv, "usage", exc.format_message(), "", EXIT_USAGE, exc.show)
+        _fail(argv, CODE_USAGE, exc.format_message(), "", EXIT_USAGE, exc.show)
     except click.Abort:
-        _fail(argv, "aborted", "aborted", "", EXIT_ABORTED)
+        _fail(argv, CODE_ABORTED, "aborted", "", EXIT_ABORTED)
     except RunnerError as exc:
-        _fail(argv, type(exc).__name__, str(exc), exc.hint, exc.exit_code)
+        _fail(argv, exc.code, str(exc), exc.hint, exc.exit_code)
     except BrokenPipeError:
         sys.exit(EXIT_FAILED)
     sys.exit(EXIT_OK)
 
 
 def _fail(argv, error: str, message: str, hint: str, code: int, show=None) -> None:
-    """An error as text on stderr, or with --json as one JSON object on stdout (an agent parses one format)."""
+    """An error as text on stderr, or with --json as one JSON object on stdout (an agent parses one format):
+    `error` is the stable kebab-case code (errors.py), the same word MCP tool errors and the wire use."""
     args = sys.argv[1:] if argv is None else argv
     if "--json" in args:
         _emit_json({"error": error, "message": message, "hint": hint, "exit": code})
     elif show is not None:
         show()
     else:
-        click.echo(f"runner: error: {message}", err=True)
+        _progress(f"runner: error: {message}")
         if hint:
-            click.echo(f"runner: hint: {hint}", err=True)
+            _progress(f"runner: hint: {hint}")
     sys.exit(code)
 
 
@@ -420,18 +430,18 @@ def results(job_id, as_json, plot_path, baseline_path, save_path, other, toleran
         _progress(f"wrote {save_path}: {len(document['metrics'])} metrics from {current.source}")
     if baseline_path:
         verdicts = ci.gate_against(baseline_path, current, tolerance)
-        click.echo(gate_report.render(verdicts, fmt, baseline=baseline_path, current=current.source,
-                                      tolerance=tolerance), nl=False)
+        _say(gate_report.render(verdicts, fmt, baseline=baseline_path, current=current.source,
+                                tolerance=tolerance), nl=False)
         sys.exit(gate.exit_code(verdicts))
     if other:
         second = ci.collect(other, store=store)
         verdicts = ci.compare_runs(current, second, tolerance)
-        click.echo(gate_report.side_by_side(current.result, second.result, verdicts,
-                                            name_a=current.source, name_b=second.source), nl=False)
+        _say(gate_report.side_by_side(current.result, second.result, verdicts,
+                                      name_a=current.source, name_b=second.source), nl=False)
     elif as_json:
         _emit_json(current.result)
     elif not save_path:
-        click.echo(_render_result(current.result))
+        _say(_render_result(current.result))
     if plot_path:
         from .results import plot
 
@@ -462,7 +472,7 @@ def history(host, metric, plot_path, imports, as_json) -> None:
     if as_json:
         _emit_json([asdict(r) for r in runs])
     else:
-        click.echo(history_report.render(runs, metric), nl=False)
+        _say(history_report.render(runs, metric), nl=False)
     if plot_path:
         history_report.plot(runs, metric or history_report.DEFAULT_METRIC, plot_path)
         _progress(f"wrote {plot_path}")
@@ -496,13 +506,26 @@ def wait(job_id: str, timeout: str, as_json: bool) -> None:
     sys.exit(exit_code(outcome.state, settled=outcome.terminal))
 
 
-@cli.command(help="Serve the runner's commands as MCP tools over stdio (needs the `mcp` extra).\n\n"
+@cli.command(help="Serve the runner's commands as MCP tools over stdio (needs the `mcp` extra). Least privilege "
+                  "by default: job files only from the jobs dirs, overrides only of parameters (payload.args, "
+                  "sweep, limits, gpu, name), results by job id, no `local` host (docs/agents-ci.md).\n\n"
                   "Client config: {\"command\": \"runner\", \"args\": [\"mcp\"]}")
-def mcp() -> None:
+@click.option("--jobs-dir", "jobs_dirs", multiple=True, metavar="DIR",
+              help="Job files the agent may submit or restore (repeatable; default: ./jobs).")
+@click.option("--baselines-dir", "baselines_dirs", multiple=True, metavar="DIR",
+              help="Baseline files the agent may gate against (repeatable; default: ./baselines).")
+@click.option("--allow-overrides", is_flag=True, help="Let calls override any key, what runs and where included.")
+@click.option("--allow-local", is_flag=True, help="Let jobs and restores use host `local` (this machine).")
+def mcp(jobs_dirs, baselines_dirs, allow_overrides, allow_local) -> None:
+    from pathlib import Path
+
+    from .mcp_policy import Policy
+
     try:
         from .mcp_server import serve
     except ModuleNotFoundError as exc:
-        if (exc.name or "").split(".")[0] != "mcp":
+        if (exc.name or "").split(".")[0] not in ("mcp", "anyio"):
             raise
         raise SpecError("`runner mcp` needs the MCP SDK", hint="pip install 'runner[mcp]'") from None
-    serve()
+    serve(Policy.for_project(Path.cwd(), jobs_dirs, baselines_dirs, allow_overrides=allow_overrides,
+                             allow_local=allow_local))

@@ -1,20 +1,30 @@
-"""The one error tree of runner, and every exit status runner uses. `cli.py` is the only place that turns
-these into messages and process exits (`cli.exit_code` for outcomes that are not errors).
+"""The one error tree of runner, every exit status runner uses, and the stable error codes. `cli.py` is the
+only place that turns these into messages and process exits (`cli.exit_code` for outcomes that are not errors).
 
-    RunnerError                      exit 1 unless a subclass says otherwise
-    ├── SpecError                    2  bad job spec or bad command-line usage
-    ├── TransportError               3  host unreachable, auth failed, timed out
-    │   └── HostKeyError             3  unknown or changed host key (message has the fingerprint)
-    ├── PreflightError               4  the host cannot run this job now (memory, service policy)
-    ├── HostBusy                     5  a lock is held; the message names the holder
-    ├── SchedulerUnavailable         3  launcher slurm: no sbatch/squeue on the login node, slurmctld silent
-    ├── RemoteError                  1  the supervisor answered an error
-    │   └── UnknownJob               2  no such job id on the host or in the local index
-    ├── NoResult                     1  the job wrote no result.json
-    ├── LocalStateError              2  the controller's state dir cannot be read or written
-    └── BadBaseline                  2  a regression-gate baseline file that cannot be used
+Each class has a `code`: the kebab-case name that `--json` errors (`{"error": CODE, …}`) and MCP tool errors
+carry, the same word the host's wire answers use where one exists (remote_payload/contract.py ERRORS). Codes
+are a contract; class names are not. A RemoteError carries the wire's own code for what the host answered.
+
+    class                   exit  code                what
+    RunnerError             1     internal            anything else; the message says what
+    ├── SpecError           2     bad-spec            bad job spec or bad command-line usage
+    ├── TransportError      3     host-unreachable    host unreachable, auth failed, timed out
+    │   └── HostKeyError    3     host-key            unknown or changed host key (message has the fingerprint)
+    ├── PreflightError      4     preflight-refused   the host cannot run this job now (memory, service policy)
+    ├── HostBusy            5     busy                a lock is held; the message names the holder
+    ├── SchedulerUnavailable 3    slurm-unavailable   launcher slurm: no sbatch/squeue on the login node
+    ├── RemoteError         1     (the wire's code)   the supervisor answered an error (default internal)
+    │   └── UnknownJob      2     unknown-job         no such job id on the host or in the local index
+    ├── NoResult            1     no-result           the job wrote no result.json
+    ├── LocalStateError     2     local-state         the controller's state dir cannot be read or written
+    ├── BadBaseline         2     bad-baseline        a regression-gate baseline file that cannot be used
+    └── NotAllowed          2     not-allowed         `runner mcp` refused a call its flags do not allow
+    (click's usage errors)  2     usage               an unknown option, a missing argument
+    (Ctrl-C)                130   aborted
 """
 from __future__ import annotations
+
+from remote_payload.contract import ERRORS as WIRE_ERRORS
 
 EXIT_OK = 0             # done, accepted, SUCCEEDED, healthy
 EXIT_FAILED = 1         # the job ended other than SUCCEEDED, no result, the service failed to come back
@@ -26,8 +36,13 @@ EXIT_STILL_RUNNING = 75  # still running / still starting: call again (EX_TEMPFA
 EXIT_ABORTED = 130      # interrupted (Ctrl-C)
 
 
+CODE_USAGE = "usage"
+CODE_ABORTED = "aborted"
+
+
 class RunnerError(Exception):
     exit_code = EXIT_FAILED
+    code = "internal"
     hint = ""
 
     def __init__(self, message: str, *, hint: str = "") -> None:
@@ -38,52 +53,71 @@ class RunnerError(Exception):
 
 class SpecError(RunnerError):
     exit_code = EXIT_USAGE
+    code = "bad-spec"
 
 
 class TransportError(RunnerError):
     exit_code = EXIT_UNREACHABLE
+    code = "host-unreachable"
 
 
 class HostKeyError(TransportError):
-    pass
+    code = "host-key"
 
 
 class PreflightError(RunnerError):
     exit_code = EXIT_REFUSED
+    code = "preflight-refused"
 
 
 class HostBusy(RunnerError):
     exit_code = EXIT_BUSY
+    code = "busy"
 
 
 class SchedulerUnavailable(RunnerError):
     """Slurm cannot be used from the login node (not a lost link: never retried)."""
 
     exit_code = EXIT_UNREACHABLE
+    code = "slurm-unavailable"
 
 
 class RemoteError(RunnerError):
-    def __init__(self, message: str, *, code: str = "internal", answer: dict | None = None, hint: str = "") -> None:
+    """code: the wire's `error` code of the host's answer when it is one of the contract's, else the class's
+    (a host cannot add codes to the controller's contract)."""
+
+    def __init__(self, message: str, *, code: str | None = None, answer: dict | None = None, hint: str = "") -> None:
         super().__init__(message, hint=hint)
-        self.code = code
+        if code in WIRE_ERRORS:
+            self.code = code
         self.answer = answer or {}
 
 
 class UnknownJob(RemoteError):
     exit_code = EXIT_USAGE
+    code = "unknown-job"
 
 
 class NoResult(RunnerError):
-    pass
+    code = "no-result"
 
 
 class LocalStateError(RunnerError):
     """The controller's own state dir ($RUNNER_STATE_DIR) cannot be written or read: checked before any host."""
 
     exit_code = EXIT_USAGE
+    code = "local-state"
 
 
 class BadBaseline(RunnerError):
     """A regression-gate baseline file that cannot be used (runner/gate.py)."""
 
-    exit_code = 2
+    exit_code = EXIT_USAGE
+    code = "bad-baseline"
+
+
+class NotAllowed(RunnerError):
+    """What the MCP server was not started to allow (runner/mcp_policy.py); the hint names the flag."""
+
+    exit_code = EXIT_USAGE
+    code = "not-allowed"

@@ -8,10 +8,8 @@ from __future__ import annotations
 import sys
 from dataclasses import asdict
 
-import click
-
 from . import controller, fleet, fleet_view
-from .cli_echo import emit_json as _emit_json, progress as _progress
+from .cli_echo import emit_json as _emit_json, progress as _progress, say as _say
 from .errors import EXIT_OK
 from .fleet import for_each_host
 from .fleet_store import HostEntry, RunRecord
@@ -49,7 +47,7 @@ def _report(run: RunRecord, as_json: bool) -> int:
     if as_json:
         _emit_json({**asdict(run), "state": run.state, "finished": run.finished})
     else:
-        click.echo(run.run_id)
+        _say(run.run_id)
         _progress(run_text(run))
         if not run.finished:
             _progress(f"[runner] run {run.run_id} unfinished; drive it on with `runner wait {run.run_id} "
@@ -65,16 +63,16 @@ def _dry_run(job_file: str, overrides: list[str], *, queue: bool) -> int:
     entries = [HostEntry(a, "") for a in hosts(load_spec(job_file, overrides))]
     plans, errors = for_each_host(entries, lambda e: controller.dry_run(
         job_file, fleet.host_overrides(overrides, e.address), queue=queue))
-    click.echo(f"dry run of a fleet of {len(entries)}: nothing was started or changed")
+    _say(f"dry run of a fleet of {len(entries)}: nothing was started or changed")
     for entry in entries:
         plan = plans.get(entry.address)
         if plan is None:
-            click.echo(f"  {entry.address}: WOULD BE SKIPPED: {str(errors[entry.address]).splitlines()[0]}")
+            _say(f"  {entry.address}: WOULD BE SKIPPED: {str(errors[entry.address]).splitlines()[0]}")
         else:
             service = (plan.service or {}).get("unit")
-            click.echo(f"  {entry.address}: {plan.required_mib} MiB needed; "
-                       + (f"{service} WOULD BE STOPPED (counts against max_unavailable)" if plan.stop_service
-                          else "the service is left running"))
+            _say(f"  {entry.address}: {plan.required_mib} MiB needed; "
+                 + (f"{service} WOULD BE STOPPED (counts against max_unavailable)" if plan.stop_service
+                    else "the service is left running"))
     return EXIT_OK
 
 
@@ -83,7 +81,7 @@ def status(run_id: str, *, as_json: bool) -> int:
     if as_json:
         _emit_json({"run_id": run.run_id, "state": run.state, "max_unavailable": run.max_unavailable, "hosts": rows})
     else:
-        click.echo(fleet_view.status_text(run, rows))
+        _say(fleet_view.status_text(run, rows))
     return fleet_view.worst(row["exit"] for row in rows)
 
 
@@ -119,7 +117,7 @@ def results(run_id: str, *, as_json: bool, plot_path: str | None) -> int:
     if as_json:
         _emit_json({"results": found.results, "missing": found.missing})
     else:
-        click.echo(side_by_side(found.results, found.missing), nl=False)
+        _say(side_by_side(found.results, found.missing), nl=False)
     if plot_path:
         plot_hosts(found.results, plot_path)
         _progress(f"wrote {plot_path}")

@@ -11,6 +11,7 @@ from pathlib import Path
 from .errors import NoResult
 from .gate import label
 from .history import Run
+from .printable import printable
 from .results import pyplot, save_figure
 
 DEFAULT_METRIC = "lever_512"
@@ -22,9 +23,10 @@ def render(runs: list[Run], metric: str | None) -> str:
     shown = metric or DEFAULT_METRIC
     header = ["recorded (UTC)", "job", "host", "gpu", "torch", "sglang", "git", "variant", label(shown)]
     variants = variant_labels(runs)
-    rows = [[time.strftime("%Y-%m-%d %H:%M", time.gmtime(r.recorded_at)), r.job_id, r.host or "-",
-             r.environment.get("gpu") or "-", r.environment.get("torch") or "-", r.environment.get("sglang") or "-",
-             r.git_rev or "-", variants[_key(r)], _value(r, shown)] for r in runs]
+    rows = [[printable(str(cell), multiline=False) for cell in (
+        time.strftime("%Y-%m-%d %H:%M", time.gmtime(r.recorded_at)), r.job_id, r.host or "-",
+        r.environment.get("gpu") or "-", r.environment.get("torch") or "-", r.environment.get("sglang") or "-",
+        r.git_rev or "-", variants[_key(r)], _value(r, shown))] for r in runs]
     widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(header)]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in [header, *rows]) + "\n"
 

@@ -2,14 +2,17 @@
 
 The bytes come from the same bounded log reads as `runner tail` (the watcher keeps no cursor of its own and
 never moves tail's). Event lines follow remote_payload/progress.py's convention; other output lines are
-passed through as they are. Heartbeats are folded: on a terminal they update the panel, in plain mode one
-is printed at most every HEARTBEAT_EVERY_S seconds of the payload's own clock.
+passed through. Every line shown has its control characters made visible (runner/printable.py): the log is
+the payload's, not ours to let drive the terminal. Heartbeats are folded: on a terminal they update the
+panel, in plain mode one is printed at most every HEARTBEAT_EVERY_S seconds of the payload's own clock.
 """
 from __future__ import annotations
 
 from typing import Callable, TextIO
 
 from remote_payload.progress import describe, fold, new_summary, parse_event
+
+from .printable import printable
 
 HEARTBEAT_EVERY_S = 30.0
 RECENT_LINES = 8
@@ -42,11 +45,11 @@ class EventSink:
     def _line(self, raw: bytes) -> None:
         event = parse_event(raw)
         if event is None:
-            self.render(raw.decode("utf-8", "replace"))
+            self.render(printable(raw.decode("utf-8", "replace")))
             return
         fold(self.summary, event)
         if event["event"] != "heartbeat" or self._heartbeat_due(event.get("t")):
-            self.render(describe(event))
+            self.render(printable(describe(event)))
         self.on_change(self.summary)
 
     def _heartbeat_due(self, t) -> bool:
@@ -104,8 +107,8 @@ class LivePanel:
         from rich.panel import Panel
         from rich.text import Text
 
-        body = Text(summary_line(self.summary) if self.summary else "waiting for the payload's first event …",
-                    style="bold")
+        head = printable(summary_line(self.summary)) if self.summary else "waiting for the payload's first event …"
+        body = Text(head, style="bold")
         for line in self.recent:
             body.append("\n" + line, style="dim" if line.startswith("{") else "")
         return Panel(body, title=self.title)
