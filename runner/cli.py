@@ -284,12 +284,6 @@ def cancel(job_id: str, as_json: bool) -> None:
         _progress(f"cancel requested: {job_id} was {answer.get('state')}; follow with `runner tail {job_id} -f`")
 
 
-def _render_result(result: dict) -> str:
-    from .results import render_any
-
-    return render_any(result)
-
-
 @cli.command(help="Print the job spec's JSON Schema (for editors: `# yaml-language-server: $schema=FILE`). "
                   "The same reference as a table: docs/spec-reference.md.")
 def schema() -> None:
@@ -421,14 +415,29 @@ def results(job_id, as_json, plot_path, baseline_path, save_path, other, toleran
         click.echo(gate_report.side_by_side(current.result, second.result, verdicts,
                                             name_a=current.source, name_b=second.source), nl=False)
     elif as_json:
-        _emit_json(current.result)
+        _emit_result_json(current.result)
     elif not save_path:
-        click.echo(_render_result(current.result))
+        from .results import render_checked
+
+        text, notes = render_checked(current.result)
+        for note in notes:
+            _progress(f"runner: {note}")
+        click.echo(text)
     if plot_path:
         from .results import plot
 
         plot(current.result, plot_path)
         _progress(f"wrote {plot_path}")
+
+
+def _emit_result_json(result) -> None:
+    """result.json as strict JSON: NaN and ±Infinity (which Python writes, most parsers refuse) become null."""
+    from .results import finite_json
+
+    value, replaced = finite_json(result)
+    if replaced:
+        _progress(f"runner: the result holds {replaced} NaN/Infinity values; --json prints them as null")
+    _emit_json(value)
 
 
 @cli.command(help="Recorded results (every `runner results ID` records one): list, or plot a metric over runs.")
@@ -450,13 +459,21 @@ def history(host, metric, plot_path, imports, as_json) -> None:
         warning = hist.record(path, hist.run_from_result(ref, collect(ref, store=store, record=False).result))
         if warning:
             raise RunnerError(warning)
-    runs = hist.runs(path, host=host, metric=metric or (history_report.DEFAULT_METRIC if plot_path else None))
+    known = hist.metric_names(path)
+    if metric and known and metric not in known:
+        raise SpecError(f"--metric {metric}: no recorded run has it; known metrics: {', '.join(known)}")
+    shown = metric or history_report.default_metric(known)
+    runs = hist.runs(path, host=host, metric=metric or (shown if plot_path else None))
     if as_json:
-        _emit_json([asdict(r) for r in runs])
+        from .results import strict_json
+
+        _emit_json(strict_json([asdict(r) for r in runs]))
     else:
-        click.echo(history_report.render(runs, metric), nl=False)
+        click.echo(history_report.render(runs, shown if runs else metric), nl=False)
     if plot_path:
-        history_report.plot(runs, metric or history_report.DEFAULT_METRIC, plot_path)
+        if not metric and shown != history_report.DEFAULT_METRIC:
+            _progress(f"plotting {shown}: no recorded run has {history_report.DEFAULT_METRIC} (--metric picks another)")
+        history_report.plot(runs, shown, plot_path)
         _progress(f"wrote {plot_path}")
 
 
@@ -492,7 +509,8 @@ def mcp() -> None:
     try:
         from .mcp_server import serve
     except ModuleNotFoundError as exc:
-        if (exc.name or "").split(".")[0] != "mcp":
+        if (exc.name or "").split(".")[0] in ("runner", "remote_payload"):
             raise
-        raise SpecError("`runner mcp` needs the MCP SDK", hint="pip install 'runner[mcp]'") from None
+        raise SpecError(f"`runner mcp` needs the MCP SDK (no module {exc.name!r})",
+                        hint="pip install 'runner[mcp]'") from None
     serve()

@@ -11,6 +11,7 @@ these into messages and process exits (`cli.exit_code` for outcomes that are not
     ├── RemoteError                  1  the supervisor answered an error
     │   └── UnknownJob               2  no such job id on the host or in the local index
     ├── NoResult                     1  the job wrote no result.json
+    │   └── ResultNotYet            75  the job is still running: call again
     ├── LocalStateError              2  the controller's state dir cannot be read or written
     └── BadBaseline                  2  a regression-gate baseline file that cannot be used
 """
@@ -75,6 +76,12 @@ class UnknownJob(RemoteError):
 
 class NoResult(RunnerError):
     pass
+
+
+class ResultNotYet(NoResult):
+    """`results` of a job that has not ended: not a failure, the caller asks again later."""
+
+    exit_code = EXIT_STILL_RUNNING
 
 
 class LocalStateError(RunnerError):

@@ -219,7 +219,7 @@ def test_one_huge_line_in_a_result_keeps_the_table_bounded(tmp_path):
     ["history", "--import", "{fifo}"],
 ], ids=["result", "baseline", "save-baseline", "plot", "history-import"])
 def test_a_fifo_as_any_path_is_refused_not_waited_on(tmp_path, args):
-    fifo = tmp_path / "pipe.json"
+    fifo = tmp_path / "pipe.png"  # a name every option accepts: only its kind is wrong
     os.mkfifo(fifo)
     good = REPO / "results" / "h200" / "run2" / "warm1.json"
     argv = [a.format(fifo=fifo, good=good) for a in args]
@@ -311,7 +311,7 @@ def test_collect_rule_in_process(tmp_path, monkeypatch):
     assert ci.collect(str(tmp_path / "r.json"), store=store).result == {"a": 1}
     with pytest.raises(SpecError, match="neither a file nor a job id"):
         ci.collect("gone.json", store=store)
-    with pytest.raises(RunnerError, match="no such file"):
+    with pytest.raises(RunnerError, match="No such file"):
         ci.collect("./gone.json", store=store)
 
 
