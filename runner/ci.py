@@ -45,7 +45,7 @@ def collect(ref: str, *, store: Store, record: bool = True) -> Collected:
     try:
         store.load(check_job_id(ref))
     except (UnknownJob, SpecError):
-        raise SpecError(f"{ref!r} is neither a file nor a job id this controller knows",
+        raise UnknownJob(f"unknown job id {ref!r}: neither a file nor a job id this controller knows",
                         hint="give a result.json path (with a `/` for one in this directory: ./FILE.json), or a "
                              "job id from `runner list`") from None
     result = fetch_result(ref, store)

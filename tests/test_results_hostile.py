@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from runner import ci, gate, history, history_report, results
-from runner.errors import NoResult, RunnerError, SpecError
+from runner.errors import NoResult, RunnerError, UnknownJob
 from runner.fleet_results import side_by_side
 from runner.store import Store
 from tests.cli_helpers import REPO, Target, run_cli, submit, wait_terminal, write_job
@@ -309,7 +309,7 @@ def test_collect_rule_in_process(tmp_path, monkeypatch):
     (tmp_path / "r.json").write_text('{"a": 1}')
     assert ci.collect("r.json", store=store).result == {"a": 1}
     assert ci.collect(str(tmp_path / "r.json"), store=store).result == {"a": 1}
-    with pytest.raises(SpecError, match="neither a file nor a job id"):
+    with pytest.raises(UnknownJob, match="neither a file nor a job id"):
         ci.collect("gone.json", store=store)
     with pytest.raises(RunnerError, match="No such file"):
         ci.collect("./gone.json", store=store)
