@@ -378,12 +378,16 @@ def _tolerance(_ctx, _param, value: str) -> float:
         raise click.BadParameter(str(exc)) from None
 
 
-@cli.command(name="results", help="Fetch the job's result.json (ID may be a result.json path): a table, a lever "
-                                  "plot, a regression gate against a baseline, or two runs side by side.\n\n"
-                                  "Exit: 0 · 1 no result (the message says the job's state and why) · 2 · 3; "
+@cli.command(name="results", help="Fetch the job's result.json: a table, a lever plot, a regression gate "
+                                  "against a baseline, or two runs side by side. ID is a job id, or a result.json "
+                                  "path: one with a `/`, or an existing file that is no known job id (so "
+                                  "`./run-7.json` for a file named like a job).\n\n"
+                                  "Exit: 0 · 1 no result (the message says the job's state and why) · 75 still "
+                                  "running, call again · 2 · 3; "
                                   "with --baseline: 0 within, 1 regression or missing metric, 2 bad baseline.")
 @click.argument("job_id", metavar="ID")
-@click.option("--json", "as_json", is_flag=True, help="Print result.json as one JSON document.")
+@click.option("--json", "as_json", is_flag=True, help="Print result.json as one JSON document, whatever its shape "
+              "(strict JSON: NaN and Infinity as null; result.json files over 32 MB are refused).")
 @click.option("--plot", "plot_path", default=None, metavar="FILE.png", help="Plot the rows (the lever figure for the Marlin benchmark).")
 @click.option("--baseline", "baseline_path", default=None, metavar="FILE", help="Gate against this baseline file.")
 @click.option("--save-baseline", "save_path", default=None, metavar="FILE", help="Write this result's metrics as a baseline.")

@@ -288,14 +288,14 @@ def _is_lever_row(row: dict) -> bool:
     return all(_is_number(row.get(key)) for key in ("m", "us_per_token", "lever"))
 
 
-TIME_SUFFIXES = ("_us", "_ms", "_ns", "_s")
+TIME_UNITS = frozenset(("ns", "us", "ms", "s", "sec", "seconds"))
 
 
 def time_axis(columns: list[str]) -> list[str]:
-    """The y columns that share one axis: the time-like ones (`median_us`, `p90_ms`, `wall_s`; not a rate
-    like `tokens_per_s`), so a count such as the demo's `samples` never lands on a latency axis; without
+    """The y columns that share one axis: the time-like ones (`median_us`, `p90_ms`, `us`, `wall_s`; not a
+    rate like `tokens_per_s`), so a count such as the demo's `samples` never lands on a latency axis; without
     any, the first column alone (its unit is unknown, so nothing is drawn beside it)."""
-    timed = [c for c in columns if c.endswith(TIME_SUFFIXES) and "_per_" not in c]
+    timed = [c for c in columns if c.split("_")[-1] in TIME_UNITS and "per" not in c.split("_")]
     return timed or columns[:1]
 
 
