@@ -436,12 +436,12 @@ def results(job_id, as_json, plot_path, baseline_path, save_path, other, toleran
 
 def _emit_result_json(result) -> None:
     """result.json as strict JSON: NaN and ±Infinity (which Python writes, most parsers refuse) become null."""
-    from .results import finite_json
+    from .results import json_text
 
-    value, replaced = finite_json(result)
+    text, replaced = json_text(result)
     if replaced:
         _progress(f"runner: the result holds {replaced} NaN/Infinity values; --json prints them as null")
-    _emit_json(value)
+    click.echo(text)
 
 
 @cli.command(help="Recorded results (every `runner results ID` records one): list, or plot a metric over runs.")

@@ -21,10 +21,11 @@ from remote_payload.sweep import label
 from .errors import NoResult, SpecError
 from .local_files import MAX_RESULT_BYTES, write_regular
 
-__all__ = ["MAX_RESULT_BYTES", "finite_json", "plot", "render_any", "render_checked", "strict_json"]
+__all__ = ["MAX_RESULT_BYTES", "finite_json", "json_text", "plot", "render_any", "render_checked", "strict_json"]
 MAX_LINE = 1000  # characters of one line of a human view
 MAX_CELL = 80  # characters of one cell or scalar of the plain view
 MAX_ROWS = 500  # rows of one table of the plain view
+INDENT_MAX = 1 << 20  # characters of `--json` output up to which it is indented
 SHAPE_ERRORS = (TypeError, ValueError, KeyError, AttributeError, IndexError, OverflowError)  # a field of the wrong type
 
 COLUMNS = (  # header, row key, format
@@ -260,6 +261,21 @@ def finite_json(value: Any) -> tuple[Any, int]:
 
 def strict_json(value: Any) -> Any:
     return finite_json(value)[0]
+
+
+def json_text(value: Any) -> tuple[str, int]:
+    """(`value` as strict JSON text, how many NaN/Infinity became null): indented like every `--json` when
+    at most INDENT_MAX characters, on one line above (json's indenting encoder is pure Python: 10 s for a
+    28 MB result, against 1 s for the C one)."""
+    replaced = 0
+    try:
+        text = json.dumps(value, sort_keys=True, allow_nan=False)
+    except ValueError:  # NaN or Infinity somewhere: copy only then
+        value, replaced = finite_json(value)
+        text = json.dumps(value, sort_keys=True, allow_nan=False)
+    if len(text) <= INDENT_MAX:
+        text = json.dumps(value, indent=1, sort_keys=True, allow_nan=False)
+    return text, replaced
 
 
 def plot(result: Any, path: str | Path) -> Path:
