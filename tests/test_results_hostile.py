@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from runner import ci, gate, history, history_report, results
+from runner import ci, gate, gate_report, history, history_report, results
 from runner.errors import NoResult, RunnerError, UnknownJob
 from runner.fleet_results import side_by_side
 from runner.store import Store
@@ -87,6 +87,9 @@ def test_every_shape_renders_gates_and_records_without_raising(name, tmp_path):
     text = results.render_any(value)
     assert isinstance(text, str) and text.endswith("\n")
     assert isinstance(gate.extract_metrics(value), dict)
+    verdicts = gate.compare(gate.extract_metrics(parsed(SHAPES["list of rows"])), gate.extract_metrics(value), 0.05)
+    assert gate_report.side_by_side(value, {"rows": []}, verdicts, name_a="a", name_b="b")
+    assert gate_report.render(verdicts, "text", baseline="b.json", current="a", tolerance=0.05)
     run = history.run_from_result("j", value)
     assert history.record(history.db_path(tmp_path), run) is None
     assert history_report.render(history.runs(history.db_path(tmp_path)), None)
