@@ -40,11 +40,12 @@ import os
 import select
 import shutil
 import signal
+import stat
 import sys
 import time
 
 try:  # imported as remote_payload.supervisor (tests)
-    from .contract import DEFAULTS, RUNNING_SERVICE_STATES, SERVICE_SCOPES, TERMINAL
+    from .contract import DEFAULTS, MAX_RESULT_BYTES, RUNNING_SERVICE_STATES, SERVICE_SCOPES, TERMINAL
     from .supervisor_files import JobPaths, Locks, append_line, is_slurm_job, lock_keys, probe_lock, read_json, \
         read_status
     from .supervisor_host import GPU_QUERY, HERE, KILL_CONFIRM_S, POLL_S, RUN_SUPERVISOR, Fail, Systemd, identity, \
@@ -59,7 +60,7 @@ try:  # imported as remote_payload.supervisor (tests)
     from . import supervisor_ledger as ledger, supervisor_unit
     from .supervisor_submit import submit
 except ImportError:  # run as a script: sys.path[0] is this directory
-    from contract import DEFAULTS, RUNNING_SERVICE_STATES, SERVICE_SCOPES, TERMINAL
+    from contract import DEFAULTS, MAX_RESULT_BYTES, RUNNING_SERVICE_STATES, SERVICE_SCOPES, TERMINAL
     from supervisor_files import JobPaths, Locks, append_line, is_slurm_job, lock_keys, probe_lock, read_json, \
         read_status
     from supervisor_host import GPU_QUERY, HERE, KILL_CONFIRM_S, POLL_S, RUN_SUPERVISOR, Fail, Systemd, identity, \
@@ -354,13 +355,28 @@ def cmd_restore_service(args) -> dict:
     return answer
 
 
+def check_result_file(paths: JobPaths) -> None:
+    """Refuse a result.json the answer cannot carry: over the cap, or not a regular file (a FIFO would block
+    the read until the call's deadline)."""
+    try:
+        info = os.stat(paths.result)
+    except OSError:
+        return  # no result (yet): cmd_result says which
+    if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_RESULT_BYTES:
+        what = "is not a regular file" if not stat.S_ISREG(info.st_mode) else "is %.1f MB, over runner's %d MB cap" % (
+            info.st_size / (1 << 20), MAX_RESULT_BYTES >> 20)
+        raise Fail("result-too-large", "job %s: its result.json %s; copy the raw file from the host: %s"
+                   % (paths.job_id, what, paths.result), job_id=paths.job_id, path=paths.result)
+
+
 def cmd_result(args) -> dict:
     paths = job_paths(args)
     if is_slurm_job(paths):  # a job array's combined result.json is written by the login node's refresh
         reap_if_dead(paths)
+    check_result_file(paths)
     try:
         return {"ok": True, "job_id": paths.job_id, "result": read_json(paths.result)}
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:
         unreadable = "" if isinstance(exc, FileNotFoundError) else " (result.json unreadable: %s)" % exc
         status = reap_if_dead(paths)
         state, why = status.get("state"), status.get("message") or ""

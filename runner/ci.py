@@ -6,15 +6,20 @@ from __future__ import annotations
 
 import codecs
 import json
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO, Callable
+from typing import Any, BinaryIO, Callable
+
+from remote_payload.contract import STATES, is_terminal
 
 from . import controller, gate, history
-from .errors import HostKeyError, NoResult, TransportError
+from .errors import (HostKeyError, NoResult, RemoteError, ResultNotYet, RunnerError, SpecError, TransportError,
+                     UnknownJob)
 from .deadline import Deadline
 from .job_id import check_job_id
+from .local_files import read_regular
 from .store import Store
 
 WAIT_CHUNK_S = 50.0
@@ -22,34 +27,76 @@ WAIT_CHUNK_S = 50.0
 
 @dataclass
 class Collected:
-    """A result.json and where it came from; `warning` when it could not be recorded in the history."""
+    """A result.json and where it came from; `warning` when it could not be recorded in the history.
 
-    result: dict
+    `result` is whatever JSON the payload wrote (an object, or not): every reader of it checks its shape."""
+
+    result: Any
     source: str
     job_id: str | None = None
     warning: str | None = None
 
 
 def collect(ref: str, *, store: Store, record: bool = True) -> Collected:
-    """`ref` is a result.json path or a job id; a job's result is fetched and recorded in the history."""
-    path = Path(ref)
-    if ref.endswith(".json") or path.is_file():
-        return Collected(_read_result(path), str(path))
-    result = controller.result(ref, store=store)
+    """`ref` is a result.json path (`is_result_path`) or a job id; a job's result is fetched and recorded in
+    the history."""
+    if is_result_path(ref, store):
+        return Collected(read_result(Path(ref)), ref)
+    try:
+        store.load(check_job_id(ref))
+    except (UnknownJob, SpecError):
+        raise UnknownJob(f"unknown job id {ref!r}: neither a file nor a job id this controller knows",
+                        hint="give a result.json path (with a `/` for one in this directory: ./FILE.json), or a "
+                             "job id from `runner list`") from None
+    result = fetch_result(ref, store)
     warning = history.record_job(store, ref, result) if record else None
     return Collected(result, ref, ref, warning)
 
 
-def _read_result(path: Path) -> dict:
+def is_result_path(ref: str, store: Store) -> bool:
+    """A path when it has a `/`, or names an existing file that is no job id of the local index; otherwise a
+    job id (`--job-id run-7.json` makes one that looks like a file name: `./run-7.json` is the file)."""
+    if "/" in ref or os.sep in ref:
+        return True
+    if not os.path.lexists(ref):
+        return False
     try:
-        result = json.loads(path.read_text())
+        store.load(check_job_id(ref))
+    except RunnerError:
+        return True
+    return False
+
+
+def fetch_result(job_id: str, store: Store):
+    """The job's result from its host; a job still running is 75 (call again), one that ended without a
+    result is NoResult."""
+    try:
+        return controller.result(job_id, store=store)
+    except RemoteError as exc:
+        if exc.code not in ("no-result", "result-too-large"):
+            raise
+        state, message = exc.answer.get("state"), exc.answer.get("message") or str(exc)
+        if exc.code == "no-result" and state in STATES and not is_terminal(state):
+            raise ResultNotYet(f"{job_id} is still {state}: no result yet; call again once it has ended",
+                               hint=f"`runner tail {job_id}` shows its progress; `runner wait {job_id}` blocks "
+                                    "until it ends") from None
+        raise NoResult(message) from None
+
+
+def read_result(path: Path):
+    """A local result.json: any JSON value, from a regular file of at most MAX_RESULT_BYTES."""
+    try:
+        data = read_regular(path, "a result.json")
     except OSError as exc:
         raise NoResult(f"{path}: cannot read the result: {exc.strerror or exc}") from exc
-    except ValueError as exc:
-        raise NoResult(f"{path}: not JSON: {exc}") from exc
-    if not isinstance(result, dict):
-        raise NoResult(f"{path}: a result is a JSON object, got {type(result).__name__}")
-    return result
+    try:
+        return json.loads(data.decode("utf-8"))
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
+        raise NoResult(f"{path}: not JSON: {_first_line(exc)}") from None
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).splitlines() or [type(exc).__name__])[0][:200]
 
 
 def gate_against(baseline_path: str, current: Collected, tolerance: float) -> list[gate.Verdict]:

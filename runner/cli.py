@@ -301,12 +301,6 @@ def cancel(job_id: str, as_json: bool) -> None:
         _progress(f"cancel requested: {job_id} was {answer.get('state')}; follow with `runner tail {job_id} -f`")
 
 
-def _render_result(result: dict) -> str:
-    from .results import render_any
-
-    return render_any(result)
-
-
 @cli.command(help="Print the job spec's JSON Schema (for editors: `# yaml-language-server: $schema=FILE`). "
                   "The same reference as a table: docs/spec-reference.md.")
 def schema() -> None:
@@ -402,12 +396,16 @@ def _tolerance(_ctx, _param, value: str) -> float:
         raise click.BadParameter(str(exc)) from None
 
 
-@cli.command(name="results", help="Fetch the job's result.json (ID may be a result.json path): a table, a lever "
-                                  "plot, a regression gate against a baseline, or two runs side by side.\n\n"
-                                  "Exit: 0 · 1 no result (the message says the job's state and why) · 2 · 3; "
+@cli.command(name="results", help="Fetch the job's result.json: a table, a lever plot, a regression gate "
+                                  "against a baseline, or two runs side by side. ID is a job id, or a result.json "
+                                  "path: one with a `/`, or an existing file that is no known job id (so "
+                                  "`./run-7.json` for a file named like a job).\n\n"
+                                  "Exit: 0 · 1 no result (the message says the job's state and why) · 75 still "
+                                  "running, call again · 2 · 3; "
                                   "with --baseline: 0 within, 1 regression or missing metric, 2 bad baseline.")
 @click.argument("job_id", metavar="ID")
-@click.option("--json", "as_json", is_flag=True, help="Print result.json as one JSON document.")
+@click.option("--json", "as_json", is_flag=True, help="Print result.json as one JSON document, whatever its shape "
+              "(strict JSON: NaN and Infinity as null; result.json files over 32 MB are refused).")
 @click.option("--plot", "plot_path", default=None, metavar="FILE.png", help="Plot the rows (the lever figure for the Marlin benchmark).")
 @click.option("--baseline", "baseline_path", default=None, metavar="FILE", help="Gate against this baseline file.")
 @click.option("--save-baseline", "save_path", default=None, metavar="FILE", help="Write this result's metrics as a baseline.")
@@ -439,14 +437,29 @@ def results(job_id, as_json, plot_path, baseline_path, save_path, other, toleran
         _say(gate_report.side_by_side(current.result, second.result, verdicts,
                                       name_a=current.source, name_b=second.source), nl=False)
     elif as_json:
-        _emit_json(current.result)
+        _emit_result_json(current.result)
     elif not save_path:
-        _say(_render_result(current.result))
+        from .results import render_checked
+
+        text, notes = render_checked(current.result)
+        for note in notes:
+            _progress(f"runner: {note}")
+        _say(text)
     if plot_path:
         from .results import plot
 
         plot(current.result, plot_path)
         _progress(f"wrote {plot_path}")
+
+
+def _emit_result_json(result) -> None:
+    """result.json as strict JSON: NaN and ±Infinity (which Python writes, most parsers refuse) become null."""
+    from .results import json_text
+
+    text, replaced = json_text(result)
+    if replaced:
+        _progress(f"runner: the result holds {replaced} NaN/Infinity values; --json prints them as null")
+    click.echo(text)
 
 
 @cli.command(help="Recorded results (every `runner results ID` records one): list, or plot a metric over runs.")
@@ -468,13 +481,21 @@ def history(host, metric, plot_path, imports, as_json) -> None:
         warning = hist.record(path, hist.run_from_result(ref, collect(ref, store=store, record=False).result))
         if warning:
             raise RunnerError(warning)
-    runs = hist.runs(path, host=host, metric=metric or (history_report.DEFAULT_METRIC if plot_path else None))
+    known = hist.metric_names(path)
+    if metric and known and metric not in known:
+        raise SpecError(f"--metric {metric}: no recorded run has it; known metrics: {', '.join(known)}")
+    shown = metric or history_report.default_metric(known)
+    runs = hist.runs(path, host=host, metric=metric or (shown if plot_path else None))
     if as_json:
-        _emit_json([asdict(r) for r in runs])
+        from .results import strict_json
+
+        _emit_json(strict_json([asdict(r) for r in runs]))
     else:
-        _say(history_report.render(runs, metric), nl=False)
+        _say(history_report.render(runs, shown if runs else metric), nl=False)
     if plot_path:
-        history_report.plot(runs, metric or history_report.DEFAULT_METRIC, plot_path)
+        if not metric and shown != history_report.DEFAULT_METRIC:
+            _progress(f"plotting {shown}: no recorded run has {history_report.DEFAULT_METRIC} (--metric picks another)")
+        history_report.plot(runs, shown, plot_path)
         _progress(f"wrote {plot_path}")
 
 
@@ -524,8 +545,9 @@ def mcp(jobs_dirs, baselines_dirs, allow_overrides, allow_local) -> None:
     try:
         from .mcp_server import serve
     except ModuleNotFoundError as exc:
-        if (exc.name or "").split(".")[0] not in ("mcp", "anyio"):
+        if (exc.name or "").split(".")[0] in ("runner", "remote_payload"):
             raise
-        raise SpecError("`runner mcp` needs the MCP SDK", hint="pip install 'runner[mcp]'") from None
+        raise SpecError(f"`runner mcp` needs the MCP SDK (no module {exc.name!r})",
+                        hint="pip install 'runner[mcp]'") from None
     serve(Policy.for_project(Path.cwd(), jobs_dirs, baselines_dirs, allow_overrides=allow_overrides,
                              allow_local=allow_local))

@@ -16,6 +16,7 @@ are a contract; class names are not. A RemoteError carries the wire's own code f
     ├── RemoteError         1     (the wire's code)   the supervisor answered an error (default internal)
     │   └── UnknownJob      2     unknown-job         no such job id on the host or in the local index
     ├── NoResult            1     no-result           the job wrote no result.json
+    │   └── ResultNotYet    75    result-not-yet      the job is still running: call again
     ├── LocalStateError     2     local-state         the controller's state dir cannot be read or written
     ├── BadBaseline         2     bad-baseline        a regression-gate baseline file that cannot be used
     └── NotAllowed          2     not-allowed         `runner mcp` refused a call its flags do not allow
@@ -100,6 +101,13 @@ class UnknownJob(RemoteError):
 
 class NoResult(RunnerError):
     code = "no-result"
+
+
+class ResultNotYet(NoResult):
+    """`results` of a job that has not ended: not a failure, the caller asks again later."""
+
+    exit_code = EXIT_STILL_RUNNING
+    code = "result-not-yet"
 
 
 class LocalStateError(RunnerError):

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .errors import NoResult
-from .results import _grid, _plain, plottable_series, pyplot, save_figure
+from .results import MAX_CELL, _clip, _grid, _plain, plottable_series, pyplot, save_figure, time_axis
 
 PREFERRED_Y = "median_us"
 
@@ -20,18 +20,20 @@ def _series(result: dict) -> tuple[str, str, str, dict] | None:
         table, x, ys, rows = plottable_series(result)
     except NoResult:
         return None
-    y = PREFERRED_Y if PREFERRED_Y in ys else ys[0]
+    y = PREFERRED_Y if PREFERRED_Y in ys else time_axis(ys)[0]
     return table, x, y, {row[x]: row[y] for row in rows}
 
 
 def side_by_side(results: dict[str, dict], missing: dict[str, str]) -> str:
     """Scalars (one row per key), then the series (one row per x value), one column per host; then why a
     host has no result."""
+    results = {host: _as_object(r) for host, r in results.items()}
     hosts = list(results)
     parts = []
     scalars = list(dict.fromkeys(k for r in results.values() for k, v in r.items() if not isinstance(v, (dict, list))))
     if scalars:
-        parts.append(_grid(["", *hosts], [[key, *(_plain(results[h].get(key, "-")) for h in hosts)] for key in scalars]))
+        parts.append(_grid(["", *hosts], [[_clip(key, MAX_CELL), *(_clip(_plain(results[h].get(key, "-")), MAX_CELL)
+                                                                for h in hosts)] for key in scalars]))
     series = {h: s for h in hosts if (s := _series(results[h])) is not None}
     if series:
         table, x, y, _ = next(iter(series.values()))
@@ -43,9 +45,14 @@ def side_by_side(results: dict[str, dict], missing: dict[str, str]) -> str:
     return "\n\n".join(parts) + "\n"
 
 
+def _as_object(result) -> dict:
+    """A host's result that is not a JSON object (a payload wrote a list, a string) as `{result: value}`."""
+    return result if isinstance(result, dict) else {"result": result}
+
+
 def plot_hosts(results: dict[str, dict], path: str | Path) -> Path:
     """One curve per host of the series side_by_side shows (log axes when every value is positive)."""
-    series = {h: s for h, r in results.items() if (s := _series(r)) is not None}
+    series = {h: s for h, r in results.items() if (s := _series(_as_object(r))) is not None}
     if not series:
         raise NoResult("nothing to plot: no host's result has a list of rows with two numeric columns")
     plt = pyplot()

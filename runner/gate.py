@@ -18,7 +18,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .errors import BadBaseline
+from .errors import BadBaseline, NoResult
+from .local_files import read_regular, write_regular
 
 SCHEMA = 1
 KIND = "runner-baseline"
@@ -56,21 +57,27 @@ def label(name: str) -> str:
     return f"{stem}({size})" if stem and size.isdigit() else name
 
 
-def extract_metrics(result: dict) -> dict[str, Metric]:
-    """Every gateable metric of one result.json, by name."""
-    metrics = {**_median_metrics(result.get("rows") or []), **_lever_metrics(result.get("lever") or {})}
-    peak = (result.get("memory") or {}).get("peak_over_weights")
-    if _is_number(peak):
+def extract_metrics(result) -> dict[str, Metric]:
+    """Every gateable metric of one result.json, by name (none when a field has the wrong type)."""
+    if not isinstance(result, dict):
+        return {}
+    metrics = {**_median_metrics(result.get("rows")), **_lever_metrics(_object(result.get("lever")))}
+    peak = _object(result.get("memory")).get("peak_over_weights")
+    if _is_number(peak) and peak > 0:
         metrics["peak_over_weights"] = Metric(float(peak), "lower")
     return metrics
 
 
-def _median_metrics(rows: list) -> dict[str, Metric]:
+def _object(value) -> dict:
+    return value if isinstance(value, dict) else {}
+
+
+def _median_metrics(rows) -> dict[str, Metric]:
     out = {}
-    for row in rows:
+    for row in rows if isinstance(rows, list) else []:
         size = row.get("m", row.get("size")) if isinstance(row, dict) else None
         value = row.get("median_us") if isinstance(row, dict) else None
-        if isinstance(size, int) and _is_number(value) and value > 0:
+        if isinstance(size, int) and not isinstance(size, bool) and _is_number(value) and value > 0:
             out[f"median_us_{size}"] = Metric(float(value), "lower", _half_range(row.get("rep_median_us"), value))
     return out
 
@@ -78,7 +85,7 @@ def _median_metrics(rows: list) -> dict[str, Metric]:
 def _lever_metrics(lever: dict) -> dict[str, Metric]:
     out = {}
     base = str(lever.get("base_m", ""))
-    for size, entry in (lever.get("by_m") or {}).items():
+    for size, entry in _object(lever.get("by_m")).items():
         value = entry.get("lever") if isinstance(entry, dict) else None
         if str(size) == base or not _is_number(value) or value <= 0:
             continue  # lever(base) is 1 by definition: nothing to gate
@@ -90,7 +97,7 @@ def _lever_metrics(lever: dict) -> dict[str, Metric]:
 
 
 def _half_range(values, center: float) -> float:
-    values = [v for v in values or [] if _is_number(v)]
+    values = [v for v in values if _is_number(v)] if isinstance(values, list) else []
     return (max(values) - min(values)) / 2 / center if len(values) >= 2 and center else 0.0
 
 
@@ -137,8 +144,9 @@ def parse_tolerance(text: str) -> float:
 
 # -- the baseline file --------------------------------------------------------------------------------------
 
-def baseline_document(result: dict, source: str, now: float | None = None) -> dict:
-    env = result.get("environment") or {}
+def baseline_document(result, source: str, now: float | None = None) -> dict:
+    result = _object(result)
+    env = _object(result.get("environment"))
     return {"schema": SCHEMA, "kind": KIND, "source": source, "payload": result.get("payload"),
             "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now if now is not None else time.time())),
             "environment": {k: env.get(k) for k in ("gpu", "driver", "torch", "sglang") if k in env},
@@ -150,18 +158,20 @@ def write_baseline(path: str | Path, result: dict, source: str) -> dict:
     if not document["metrics"]:
         raise BadBaseline(f"{source}: the result has no gateable metrics (rows[].median_us, lever.by_m, "
                           f"memory.peak_over_weights); no baseline written")
-    Path(path).write_text(json.dumps(document, indent=1) + "\n")  # metrics stay in table order
+    write_regular(path, (json.dumps(document, indent=1) + "\n").encode(), "a baseline")  # metrics stay in table order
     return document
 
 
 def read_baseline(path: str | Path) -> dict[str, Metric]:
     """The metrics of a baseline file; BadBaseline (exit 2) naming the file and what is wrong."""
     try:
-        document = json.loads(Path(path).read_text())
+        document = json.loads(read_regular(path, "a baseline").decode("utf-8"))
     except OSError as exc:
         raise BadBaseline(f"{path}: cannot read the baseline: {exc.strerror or exc}") from exc
-    except ValueError as exc:
-        raise BadBaseline(f"{path}: not JSON: {exc}") from exc
+    except NoResult as exc:  # over the size cap
+        raise BadBaseline(str(exc), hint=exc.hint) from None
+    except (ValueError, RecursionError) as exc:
+        raise BadBaseline(f"{path}: not JSON: {str(exc)[:200]}") from exc
     return parse_baseline(document, str(path))
 
 

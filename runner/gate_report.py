@@ -104,8 +104,10 @@ def side_by_side(a: dict, b: dict, verdicts: list[Verdict], *, name_a: str, name
     return "\n".join([*env_lines, "", *lines]) + "\n"
 
 
-def _environment(result: dict) -> str:
-    env = result.get("environment") or {}
+def _environment(result) -> str:
+    env = result.get("environment") if isinstance(result, dict) else None
+    if not isinstance(env, dict):
+        return "environment not recorded"
     parts = [env.get("gpu") or env.get("device"), env.get("driver") and f"driver {env['driver']}",
              env.get("torch") and f"torch {env['torch']}", env.get("sglang") and f"sglang {env['sglang']}"]
-    return " · ".join(p for p in parts if p) or "environment not recorded"
+    return " · ".join(str(p)[:80] for p in parts if p) or "environment not recorded"

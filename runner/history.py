@@ -24,6 +24,7 @@ from .store import Store
 DB_NAME = "history.sqlite3"
 LOCK_TIMEOUT_S = 2.0
 ENV_KEYS = ("gpu", "driver", "torch", "sglang")
+TEXT_MAX = 200  # characters kept of a result's payload name or environment field
 MIGRATIONS = (
     """CREATE TABLE runs (
            id INTEGER PRIMARY KEY, job_id TEXT NOT NULL UNIQUE, recorded_at REAL NOT NULL, host TEXT,
@@ -92,21 +93,31 @@ def migrate(conn: sqlite3.Connection) -> int:
 
 # -- recording ------------------------------------------------------------------------------------------------
 
-def run_from_result(job_id: str, result: dict, *, host: str | None = None, spec_path: str | None = None,
+def run_from_result(job_id: str, result, *, host: str | None = None, spec_path: str | None = None,
                     now: float | None = None) -> Run:
-    env = result.get("environment") or {}
+    """The row for one result: any JSON value (fields of the wrong type are recorded as unknown)."""
+    result = result if isinstance(result, dict) else {}
+    env = result.get("environment") if isinstance(result.get("environment"), dict) else {}
     return Run(job_id=job_id, recorded_at=time.time() if now is None else now, host=host,
                spec_hash=_file_hash(spec_path), variant=variant_of(result, spec_path),
-               git_rev=git_revision(Path(spec_path).parent) if spec_path else None, payload=result.get("payload"),
-               environment={k: env.get(k) for k in ENV_KEYS}, metrics=gate.extract_metrics(result))
+               git_rev=git_revision(Path(spec_path).parent) if spec_path else None,
+               payload=_text(result.get("payload")), environment={k: _text(env.get(k)) for k in ENV_KEYS},
+               metrics=gate.extract_metrics(result))
+
+
+def _text(value) -> str | None:
+    """A result's name-like field as a column value: text (clipped), or None for anything but a scalar."""
+    if value is None or isinstance(value, (dict, list)):
+        return None
+    return str(value)[:TEXT_MAX]
 
 
 def variant_of(result: dict, spec_path: str | None = None) -> dict:
     """The payload's arguments that define the measurement (not where it wrote its output)."""
     args = result.get("args")
-    if not isinstance(args, dict) and spec_path:
-        args = _spec_payload_args(spec_path)
-    return {k: v for k, v in (args or {}).items() if k != "out"}
+    if not isinstance(args, dict):
+        args = _spec_payload_args(spec_path) if spec_path else {}
+    return {k: v for k, v in args.items() if k != "out"}
 
 
 def _spec_payload_args(spec_path: str) -> dict:
@@ -197,6 +208,27 @@ def runs(path: Path, *, host: str | None = None, metric: str | None = None) -> l
     except (sqlite3.Error, OSError) as exc:
         raise RunnerError(f"history database {path} is unreadable: {exc}",
                           hint="move it aside; the next collected result starts a new one") from exc
+
+
+def metric_names(path: Path) -> list[str]:
+    """Every metric some recorded run has, by name then batch size (median_us_4 before median_us_16)."""
+    if not path.exists():
+        return []
+    try:
+        conn = connect(path)
+        try:
+            names = [row[0] for row in conn.execute("SELECT DISTINCT name FROM metrics")]
+        finally:
+            conn.close()
+    except (sqlite3.Error, OSError) as exc:
+        raise RunnerError(f"history database {path} is unreadable: {exc}",
+                          hint="move it aside; the next collected result starts a new one") from exc
+    return sorted(names, key=_name_order)
+
+
+def _name_order(name: str) -> tuple[str, int]:
+    stem, _, size = name.rpartition("_")
+    return (stem, int(size)) if stem and size.isdigit() else (name, -1)
 
 
 def _select(conn: sqlite3.Connection, host: str | None, metric: str | None) -> list[Run]:

@@ -17,6 +17,12 @@ from .results import pyplot, save_figure
 DEFAULT_METRIC = "lever_512"
 
 
+def default_metric(known: list[str]) -> str:
+    """The metric shown and plotted when none is asked for: lever_512 when recorded, else the first known
+    (the demo payload records only median_us_N)."""
+    return DEFAULT_METRIC if DEFAULT_METRIC in known or not known else known[0]
+
+
 def render(runs: list[Run], metric: str | None) -> str:
     if not runs:
         return "no recorded runs" + (f" with {metric}" if metric else "") + "\n"

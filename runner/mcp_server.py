@@ -80,7 +80,7 @@ class Tools:
         return controller.cancel(job_id, store=Store())
 
     def results(self, job_id: str, baseline: str | None = None, tolerance: str = "5%") -> dict:
-        from .results import render_any
+        from .results import render_any, strict_json
 
         try:
             fraction = gate.parse_tolerance(tolerance)
@@ -88,7 +88,7 @@ class Tools:
             raise SpecError(f"tolerance: {exc}") from None
         baseline = self.policy.baseline(baseline) if baseline else None
         collected = _collect_job(job_id)
-        answer = {"table": render_any(collected.result), "result": collected.result,
+        answer = {"table": render_any(collected.result), "result": strict_json(collected.result),
                   "history_warning": collected.warning}
         if baseline:
             verdicts = ci.gate_against(baseline, collected, fraction)
@@ -123,7 +123,7 @@ def _collect_job(job_id: str) -> ci.Collected:
     """A job's result by its id only (never a path, whatever the id looks like), recorded in the history."""
     store = Store()
     store.load(check_job_id(job_id))  # an id this controller does not know is an unknown job
-    result = controller.result(job_id, store=store)
+    result = ci.fetch_result(job_id, store)
     return ci.Collected(result, job_id, job_id, history.record_job(store, job_id, result))
 
 

@@ -1,16 +1,32 @@
 """Render a benchmark's result.json for people: a text table, and a plot of µs/token and lever vs batch size.
 
 Pure functions of the parsed result; matplotlib is an optional extra, imported only when plotting.
-`plot` draws any payload's rows: the Marlin benchmark's lever figure, or for other payloads each numeric
-column against the first one.
+`plot` draws any payload's rows: the Marlin benchmark's lever figure, or for other payloads the time-like
+numeric columns against the first one.
+
+A result is whatever JSON a payload wrote, so nothing here trusts its shape: `render_checked` falls back to
+the plain view (with a note saying why) when a payload's own table cannot be drawn from what it holds, and
+every line of a human view is clipped (`--json` prints the result whole).
 """
 from __future__ import annotations
 
+import io
+import json
+import math
 from pathlib import Path
+from typing import Any
 
 from remote_payload.sweep import label
 
-from .errors import NoResult
+from .errors import NoResult, SpecError
+from .local_files import MAX_RESULT_BYTES, write_regular
+
+__all__ = ["MAX_RESULT_BYTES", "finite_json", "json_text", "plot", "render_any", "render_checked", "strict_json"]
+MAX_LINE = 1000  # characters of one line of a human view
+MAX_CELL = 80  # characters of one cell or scalar of the plain view
+MAX_ROWS = 500  # rows of one table of the plain view
+INDENT_MAX = 1 << 20  # characters of `--json` output up to which it is indented
+SHAPE_ERRORS = (TypeError, ValueError, KeyError, AttributeError, IndexError, OverflowError)  # a field of the wrong type
 
 COLUMNS = (  # header, row key, format
     ("M", "m", "{:d}"),
@@ -103,16 +119,65 @@ def render_table(result: dict) -> str:
     return "\n\n".join(parts) + "\n"
 
 
-def render_any(result: dict) -> str:
-    """The Marlin benchmark's table, or for any other payload: scalars as `key: value`, lists of rows as grids."""
-    if result.get("payload") == "bench_marlin_moe":
-        return render_table(result)
-    if result.get("payload") == "sweep":
-        return render_sweep(result)
-    scalars = [f"{key}: {value}" for key, value in result.items() if not isinstance(value, (dict, list))]
-    grids = [f"{key}:\n" + _grid(list(value[0]), [[_plain(row.get(col)) for col in value[0]] for row in value])
-             for key, value in result.items() if _is_rows(value)]
+def render_any(result: Any) -> str:
+    """The payload's own table (the Marlin benchmark's, a sweep's) or the plain view; notes first."""
+    text, notes = render_checked(result)
+    return "".join(f"note: {note}\n" for note in notes) + text
+
+
+def render_checked(result: Any) -> tuple[str, list[str]]:
+    """(text, notes): the view of any JSON value, and why it is the plain view when a table was expected."""
+    if not isinstance(result, dict):
+        return _bounded(_render_value(result)), [f"the result is a JSON {_json_type(result)}, not an object: "
+                                                  "shown as it is (`--json` prints it raw)"]
+    payload = result.get("payload")
+    special = {"bench_marlin_moe": render_table, "sweep": render_sweep}.get(payload) if isinstance(payload, str) else None
+    notes = []
+    if special is not None:
+        try:
+            return _bounded(special(result)), []
+        except SHAPE_ERRORS as exc:
+            notes.append(f"the {payload} table cannot be drawn from this result ({type(exc).__name__}: "
+                         f"{_clip(str(exc), MAX_CELL)}); its fields are shown as they are")
+    return _bounded(_render_plain(result)), notes
+
+
+def _render_plain(result: dict) -> str:
+    """Scalars as `key: value`, lists of rows as grids (at most MAX_ROWS rows each)."""
+    scalars = [f"{key}: {_clip(_plain(value), MAX_CELL * 3)}" for key, value in result.items()
+               if not isinstance(value, (dict, list))]
+    grids = [f"{key}:\n" + _rows_grid(value) for key, value in result.items() if _is_rows(value)]
     return "\n\n".join(["\n".join(scalars)] + grids) + "\n"
+
+
+def _render_value(value: Any) -> str:
+    if _is_rows(value):
+        return _rows_grid(value) + "\n"
+    text = value if isinstance(value, str) else json.dumps(value, default=str)[:MAX_LINE * 2]
+    return _clip(text, MAX_LINE) + "\n"
+
+
+def _rows_grid(rows: list[dict]) -> str:
+    columns = list(dict.fromkeys(key for row in rows[:MAX_ROWS] for key in row))
+    grid = _grid([_clip(c, MAX_CELL) for c in columns],
+                 [[_clip("-" if row.get(c) is None else _plain(row.get(c)), MAX_CELL) for c in columns]
+                  for row in rows[:MAX_ROWS]])
+    more = len(rows) - MAX_ROWS
+    return grid + (f"\n… {more} more rows (`--json` prints them all)" if more > 0 else "")
+
+
+def _json_type(value: Any) -> str:
+    return {type(None): "null", bool: "boolean", int: "number", float: "number", str: "string",
+            list: "array"}.get(type(value), type(value).__name__)
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else f"{text[:limit - 1]}… ({len(text):,} characters)"
+
+
+def _bounded(text: str) -> str:
+    """Every line at most MAX_LINE characters: one huge field must not flood a terminal or a tool's output."""
+    return "\n".join(_clip(line, MAX_LINE) for line in text.split("\n"))
 
 
 def render_sweep(result: dict) -> str:
@@ -153,20 +218,101 @@ def _is_rows(value) -> bool:
 
 
 def _plain(value) -> str:
-    return f"{value:.4g}" if isinstance(value, float) else str(value)
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    if isinstance(value, (dict, list)):
+        return json.dumps(value, default=str)[:MAX_LINE]
+    return str(value)
 
 
-def plot(result: dict, path: str | Path) -> Path:
-    """The lever figure for the Marlin benchmark; a generic rows figure for any other payload."""
-    if result.get("payload") == "sweep":
-        return plot_sweep(result, path)
-    if result.get("payload") == "bench_marlin_moe" or _is_lever_rows(result.get("rows")):
-        return plot_lever(result, path)
-    return plot_rows(result, path)
+def finite_json(value: Any) -> tuple[Any, int]:
+    """(a copy of `value` with every NaN and ±Infinity as None, how many were replaced): strict JSON for
+    `--json` (Python reads and writes NaN; most parsers refuse it). Iterative: a deep result is no problem."""
+    replaced = 0
+
+    def leaf(v):
+        nonlocal replaced
+        if isinstance(v, float) and not math.isfinite(v):
+            replaced += 1
+            return None
+        return v
+
+    def shell(v):
+        return {} if isinstance(v, dict) else [] if isinstance(v, list) else None
+
+    top = shell(value)
+    if top is None:
+        return leaf(value), replaced
+    todo = [(value, top)]
+    while todo:
+        source, copy = todo.pop()
+        for key, child in (source.items() if isinstance(source, dict) else enumerate(source)):
+            inner = shell(child)
+            if inner is None:
+                inner = leaf(child)
+            else:
+                todo.append((child, inner))
+            if isinstance(copy, dict):
+                copy[key] = inner
+            else:
+                copy.append(inner)
+    return top, replaced
+
+
+def strict_json(value: Any) -> Any:
+    return finite_json(value)[0]
+
+
+def json_text(value: Any) -> tuple[str, int]:
+    """(`value` as strict JSON text, how many NaN/Infinity became null): indented like every `--json` when
+    at most INDENT_MAX characters, on one line above (json's indenting encoder is pure Python: 10 s for a
+    28 MB result, against 1 s for the C one)."""
+    replaced = 0
+    try:
+        text = json.dumps(value, sort_keys=True, allow_nan=False)
+    except ValueError:  # NaN or Infinity somewhere: copy only then
+        value, replaced = finite_json(value)
+        text = json.dumps(value, sort_keys=True, allow_nan=False)
+    if len(text) <= INDENT_MAX:
+        text = json.dumps(value, indent=1, sort_keys=True, allow_nan=False)
+    return text, replaced
+
+
+def plot(result: Any, path: str | Path) -> Path:
+    """The lever figure for the Marlin benchmark; a generic rows figure for any other payload. NoResult
+    saying why when the result holds nothing that can be drawn."""
+    if not isinstance(result, dict):
+        raise NoResult(f"nothing to plot: the result is a JSON {_json_type(result)}, not an object")
+    payload = result.get("payload")
+    figure = (plot_sweep if payload == "sweep" else
+              plot_lever if payload == "bench_marlin_moe" or _is_lever_rows(result.get("rows")) else None)
+    if figure is None:
+        return plot_rows(result, path)
+    try:
+        return figure(result, path)
+    except SHAPE_ERRORS as exc:
+        pyplot().close("all")  # the half-drawn figure
+        raise NoResult(f"nothing to plot: the {payload or 'lever'} figure cannot be drawn from this result "
+                       f"({type(exc).__name__}: {_clip(str(exc), MAX_CELL)})") from None
 
 
 def _is_lever_rows(rows) -> bool:
-    return _is_rows(rows) and all("m" in row and "us_per_token" in row and "lever" in row for row in rows)
+    return _is_rows(rows) and all(_is_lever_row(row) for row in rows)
+
+
+def _is_lever_row(row: dict) -> bool:
+    return all(_is_number(row.get(key)) for key in ("m", "us_per_token", "lever"))
+
+
+TIME_UNITS = frozenset(("ns", "us", "ms", "s", "sec", "seconds"))
+
+
+def time_axis(columns: list[str]) -> list[str]:
+    """The y columns that share one axis: the time-like ones (`median_us`, `p90_ms`, `us`, `wall_s`; not a
+    rate like `tokens_per_s`), so a count such as the demo's `samples` never lands on a latency axis; without
+    any, the first column alone (its unit is unknown, so nothing is drawn beside it)."""
+    timed = [c for c in columns if c.split("_")[-1] in TIME_UNITS and "per" not in c.split("_")]
+    return timed or columns[:1]
 
 
 def plottable_series(result: dict) -> tuple[str, str, list[str], list[dict]]:
@@ -187,12 +333,18 @@ def plottable_series(result: dict) -> tuple[str, str, list[str], list[dict]]:
 
 
 def _is_number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def pyplot():
-    """matplotlib's pyplot on the Agg backend (files, no display), imported only when a plot is asked for."""
-    import matplotlib
+    """matplotlib's pyplot on the Agg backend (files, no display), imported only when a plot is asked for;
+    SpecError (exit 2) naming the `plot` extra when matplotlib is not installed."""
+    try:
+        import matplotlib
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").split(".")[0] != "matplotlib":
+            raise
+        raise SpecError("plotting needs matplotlib (the `plot` extra)", hint="pip install 'runner[plot]'") from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -200,18 +352,27 @@ def pyplot():
 
 
 def save_figure(fig, path: str | Path) -> Path:
-    """Every figure alike: tight layout, 120 dpi, then closed (a long-lived caller keeps no figures)."""
+    """Every figure alike: tight layout, 120 dpi, then closed (a long-lived caller keeps no figures).
+    Rendered in memory, then written only to a regular file (a FIFO as the path would block the write)."""
     import matplotlib.pyplot as plt
 
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    buffer = io.BytesIO()
+    try:
+        fig.tight_layout()
+        fig.savefig(buffer, dpi=120, format=Path(path).suffix[1:].lower() or "png")
+    except ValueError as exc:  # an image format matplotlib does not write
+        raise SpecError(f"{path}: cannot plot: {_clip(str(exc), MAX_LINE)}",
+                        hint="name the file .png, .svg or .pdf") from None
+    finally:
+        plt.close(fig)
+    write_regular(path, buffer.getvalue(), "a plot")
     return Path(path)
 
 
 def plot_rows(result: dict, path: str | Path) -> Path:
     """Each numeric column of the first table of rows against its first numeric column (log axes when all > 0)."""
     key, x, ys, rows = plottable_series(result)
+    ys = time_axis(ys)
     plt = pyplot()
 
     rows = sorted(rows, key=lambda r: r[x])
@@ -221,7 +382,7 @@ def plot_rows(result: dict, path: str | Path) -> Path:
     values = [r[c] for r in rows for c in (x, *ys)]
     if all(v > 0 for v in values):
         ax.set(xscale="log", yscale="log")
-    ax.set(xlabel=x, ylabel=", ".join(ys), title=f"{result.get('payload', 'result')}: {key} by {x}")
+    ax.set(xlabel=x, ylabel=", ".join(ys), title=f"{_clip(str(result.get('payload', 'result')), MAX_CELL)}: {key} by {x}")
     ax.legend()
     return save_figure(fig, path)
 
@@ -231,9 +392,12 @@ def plot_lever(result: dict, path: str | Path) -> Path:
     plt = pyplot()
     import matplotlib.ticker
 
-    rows = sorted(result.get("rows") or [], key=lambda r: r["m"])
+    rows = result.get("rows")
+    rows = sorted((r for r in rows if isinstance(r, dict) and _is_lever_row(r)) if isinstance(rows, list) else [],
+                  key=lambda r: r["m"])
     if not rows:
-        raise NoResult("nothing to plot: the result has no timing rows" + (f" ({result['error']})" if result.get("error") else ""))
+        raise NoResult("nothing to plot: the result has no timing rows"
+                       + (f" ({_clip(str(result['error']), MAX_CELL)})" if result.get("error") else ""))
     ms = [r["m"] for r in rows]
     fig, cost = plt.subplots(figsize=(7.5, 4.5))
     cost.plot(ms, [r["us_per_token"] for r in rows], "o-", color="tab:blue", label="µs per token")
@@ -276,9 +440,10 @@ def plot_sweep(result: dict, path: str | Path) -> Path:
             axes[0][1].plot([r["m"] for r in rows], [r["lever"] for r in rows], "s-", label=name)
         else:
             _, x, ys, rows = plottable_series(outcome)
+            y = time_axis(ys)[0]
             rows = sorted(rows, key=lambda r: r[x])
-            axes[0][0].plot([r[x] for r in rows], [r[ys[0]] for r in rows], "o-", label=name)
-            axes[0][0].set(xlabel=x, ylabel=ys[0])
+            axes[0][0].plot([r[x] for r in rows], [r[y] for r in rows], "o-", label=name)
+            axes[0][0].set(xlabel=x, ylabel=y)
     if lever:
         axes[0][0].set(xscale="log", yscale="log", xlabel="batch size M (tokens)", ylabel="µs per token")
         axes[0][1].set(xscale="log", xlabel="batch size M (tokens)", ylabel="lever (cost/token at smallest M ÷ at M)")

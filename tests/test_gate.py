@@ -238,3 +238,17 @@ def test_cli_compare_shows_two_runs_side_by_side():
     lines = done.stdout.splitlines()
     assert lines[0].startswith("A: ") and "sglang 0.5.17" in lines[0] and "sglang unknown" in lines[1]
     assert next(line for line in lines if line.startswith("lever(512)")).split()[1:3] == ["11.45", "±3.0%"]
+
+
+def test_metrics_of_fields_of_the_wrong_type_are_left_out():
+    assert gate.extract_metrics([{"m": 1, "median_us": 5.0}]) == {}
+    odd = {"rows": [{"m": True, "median_us": 5.0}, {"m": 2, "median_us": 3.0, "rep_median_us": 7}, "x"],
+           "lever": {"by_m": ["x"]}, "memory": [1]}
+    assert gate.extract_metrics(odd) == {"median_us_2": gate.Metric(3.0, "lower", 0.0)}
+
+
+def test_a_baseline_written_into_a_missing_directory_names_the_path(tmp_path):
+    from runner.errors import SpecError
+
+    with pytest.raises(SpecError, match="missing/b.json: cannot write a baseline: No such file"):
+        gate.write_baseline(tmp_path / "missing" / "b.json", result("warm1"), "warm1")

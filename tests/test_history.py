@@ -163,3 +163,20 @@ def test_cli_history_imports_lists_and_plots(tmp_path):
     lines = done.stdout.splitlines()
     assert len(lines) == 3 and lines[1].split()[2].endswith("run1/warm1.json") and "11.75" in lines[1]
     assert (tmp_path / "h.png").stat().st_size > 10_000
+
+
+def test_metric_names_sort_by_batch_size_and_the_default_falls_back_to_one_recorded(db):
+    assert history.metric_names(db) == [] and history_report.default_metric([]) == "lever_512"
+    record(db, "demo", {"payload": "demo", "rows": [{"size": n, "median_us": 1.0 * n} for n in (16, 4, 1)]})
+    assert history.metric_names(db) == ["median_us_1", "median_us_4", "median_us_16"]
+    assert history_report.default_metric(history.metric_names(db)) == "median_us_1"
+    record(db, "marlin", result("run2", "warm1"))
+    assert history_report.default_metric(history.metric_names(db)) == "lever_512"
+
+
+def test_a_result_of_any_shape_is_recorded_with_unknown_fields_empty(db):
+    record(db, "list", [{"m": 1}])
+    record(db, "odd", {"payload": {"name": "x"}, "environment": {"gpu": ["H200"], "torch": 2.1}, "args": "x"})
+    runs = {r.job_id: r for r in history.runs(db)}
+    assert runs["list"].payload is None and runs["list"].metrics == {}
+    assert (runs["odd"].payload, runs["odd"].environment["gpu"], runs["odd"].environment["torch"]) == (None, None, "2.1")

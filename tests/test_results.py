@@ -126,3 +126,20 @@ def test_table_of_run4_shows_the_lever_interval_capped_windows_and_the_schedule(
     last = rows[-1].split()
     low, high = result["rows"][-1]["lever_ci95"]
     assert last[0] == "512" and last[-2] == f"{low:.2f}-{high:.2f}" and last[-1] == str(result["rows"][-1]["capped_windows"])
+
+
+def test_only_time_like_columns_share_the_latency_axis():
+    from runner.results import time_axis
+
+    assert time_axis(["median_us", "samples", "p90_ms", "tokens_per_s", "us"]) == ["median_us", "p90_ms", "us"]
+    assert time_axis(["samples", "tokens_per_s"]) == ["samples"]  # no time column: the first alone
+
+
+def test_a_lever_plot_skips_rows_of_the_wrong_type(tmp_path):
+    pytest.importorskip("matplotlib")
+    from runner.results import plot
+
+    res = synthetic()
+    res["rows"].append({"m": "1024", "us_per_token": "fast", "lever": None})
+    res["payload"] = "bench_marlin_moe"
+    assert plot(res, tmp_path / "lever.png").stat().st_size > 10_000
