@@ -11,13 +11,13 @@ from dataclasses import asdict
 
 import click
 
-from remote_payload.contract import STATES, is_terminal
 from remote_payload.sweep import label as variant_label
 
 from . import controller, fleet, fleet_cli  # neither imports pydantic: a one-host tail stays light
 from .cli_echo import emit_json as _emit_json, progress as _progress, say as _say
-from .errors import (CODE_ABORTED, CODE_USAGE, EXIT_ABORTED, EXIT_FAILED, EXIT_OK, EXIT_STILL_RUNNING, EXIT_USAGE,
-                     RunnerError, SpecError, UnknownJob)
+from .app import job_statuses
+from .errors import (CODE_ABORTED, CODE_USAGE, EXIT_ABORTED, EXIT_FAILED, EXIT_OK, EXIT_USAGE, RunnerError, SpecError,
+                     exit_code, worst)
 from .printable import printable
 from .store import Store
 
@@ -185,16 +185,7 @@ def status(job_id: str | None, as_json: bool) -> None:
             _progress("no jobs yet (`runner submit JOB.yaml`)")
         for job in jobs:
             _say(_status_text(job))
-    sys.exit(max((exit_code(job.get("state")) for job in jobs), key=_worse, default=EXIT_OK))
-
-
-def job_statuses(job_id: str | None, *, store: Store) -> list[dict]:
-    """One job's status, or every known job's; a job its host does not know is an unknown job (exit 2).
-    The MCP server's `status` answers with this too."""
-    jobs = controller.status([job_id] if job_id else [], store=store)
-    if job_id and jobs and jobs[0].get("state") == "UNKNOWN":
-        raise UnknownJob(f"job {job_id} is not on its host (it was never started there, or its directory was removed)")
-    return jobs
+    sys.exit(worst(exit_code(job.get("state")) for job in jobs))
 
 
 def _is_run(ref: str) -> bool:
@@ -202,11 +193,6 @@ def _is_run(ref: str) -> bool:
     from .fleet_view import is_run
 
     return is_run(ref, Store())
-
-
-def _worse(code: int) -> int:
-    """Order for 'the worst state wins': ended badly, then still running, then fine."""
-    return {EXIT_FAILED: 2, EXIT_STILL_RUNNING: 1}.get(code, 0)
 
 
 def _status_text(job: dict) -> str:
@@ -343,14 +329,6 @@ def restore_service(job_file, address, user, port, unit, scope, sudo, health_url
 def _restore_target(job_file, address, user, port, unit, scope, sudo, health_url, host_key_policy):
     return controller.restore_target(job_file, address=address, user=user, port=port, unit=unit, scope=scope,
                                      sudo=sudo, health_url=health_url, host_key_policy=host_key_policy)
-
-
-def exit_code(state: str | None, *, settled: bool = True) -> int:
-    """The exit status for what a command found: a job state, or a restore's service state (healthy/starting/
-    failed). settled=False: there is more to come (tail has output left to print), so "call again"."""
-    if not settled or state == "starting" or (state in STATES and not is_terminal(state)):
-        return EXIT_STILL_RUNNING
-    return EXIT_OK if state in ("SUCCEEDED", "healthy") else EXIT_FAILED
 
 
 def main(argv: list[str] | None = None) -> None:

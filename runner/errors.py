@@ -1,5 +1,6 @@
 """The one error tree of runner, every exit status runner uses, and the stable error codes. `cli.py` is the
-only place that turns these into messages and process exits (`cli.exit_code` for outcomes that are not errors).
+only place that turns these into messages and process exits; `exit_code` and `worst` below are the one table
+from an outcome that is not an error (a job state, a service state) to an exit status.
 
 Each class has a `code`: the kebab-case name that `--json` errors (`{"error": CODE, …}`) and MCP tool errors
 carry, the same word the host's wire answers use where one exists (remote_payload/contract.py ERRORS). Codes
@@ -24,6 +25,8 @@ are a contract; class names are not. A RemoteError carries the wire's own code f
     (Ctrl-C)                130   aborted
 """
 from __future__ import annotations
+
+from remote_payload.contract import STATES, is_terminal
 
 from remote_payload.contract import ERRORS as WIRE_ERRORS
 
@@ -129,3 +132,23 @@ class NotAllowed(RunnerError):
 
     exit_code = EXIT_USAGE
     code = "not-allowed"
+
+
+# -- outcomes that are not errors -------------------------------------------------------------------------------
+
+def exit_code(state: str | None, *, settled: bool = True) -> int:
+    """The exit status for what a command found: a job state, or a restore's service state (healthy/starting/
+    failed). settled=False: there is more to come (tail has output left to print), so "call again"."""
+    if not settled or state == "starting" or (state in STATES and not is_terminal(state)):
+        return EXIT_STILL_RUNNING
+    return EXIT_OK if state in ("SUCCEEDED", "healthy") else EXIT_FAILED
+
+
+# Worst first, when one command reports on many jobs or hosts: ended badly (or any error), one we cannot see,
+# one still going, one done.
+_RANK = {EXIT_OK: 0, EXIT_STILL_RUNNING: 1, EXIT_UNREACHABLE: 2}
+
+
+def worst(codes) -> int:
+    """The exit status of a command over many jobs or hosts: the worst of theirs wins."""
+    return max(codes, key=lambda code: _RANK.get(code, 3), default=EXIT_OK)

@@ -10,7 +10,7 @@ from dataclasses import asdict
 
 from . import controller, fleet, fleet_view
 from .cli_echo import emit_json as _emit_json, progress as _progress, say as _say
-from .errors import EXIT_OK
+from .errors import EXIT_OK, worst
 from .fleet import for_each_host
 from .fleet_store import HostEntry, RunRecord
 from .store import Store
@@ -82,13 +82,13 @@ def status(run_id: str, *, as_json: bool) -> int:
         _emit_json({"run_id": run.run_id, "state": run.state, "max_unavailable": run.max_unavailable, "hosts": rows})
     else:
         _say(fleet_view.status_text(run, rows))
-    return fleet_view.worst(row["exit"] for row in rows)
+    return worst(row["exit"] for row in rows)
 
 
 def tail(run_id: str, *, follow: bool, max_wait: float, from_start: bool) -> int:
     run, codes = fleet_view.tail(run_id, store=Store(), out=sys.stdout.buffer, follow=follow, max_wait=max_wait,
                                  from_start=from_start, progress=_progress)
-    code = fleet_view.worst(codes.values())
+    code = worst(codes.values())
     _progress(f"[runner] {run_id}: " + ", ".join(f"{a} {_word(c)}" for a, c in codes.items()))
     return code
 

@@ -13,18 +13,15 @@ from typing import BinaryIO, Callable
 from remote_payload.contract import is_terminal
 
 from . import controller
-from .errors import EXIT_FAILED, EXIT_OK, EXIT_STILL_RUNNING, EXIT_UNREACHABLE, RunnerError
+from .errors import EXIT_FAILED, EXIT_STILL_RUNNING, EXIT_UNREACHABLE, RunnerError, exit_code
 from .fleet import for_each_host
 from .fleet_store import DONE, HELD, PENDING, SKIPPED, STARTED, STARTING, HostEntry, RunRecord, RunStore
 from .job_id import check_job_id
 from .store import Store
 
-# Worst first: a host that ended badly, one we cannot see, one still going, one done.
-_RANK = {EXIT_FAILED: 3, EXIT_UNREACHABLE: 2, EXIT_STILL_RUNNING: 1, EXIT_OK: 0}
-
-
-def worst(codes) -> int:
-    return max(codes, key=lambda c: _RANK.get(c, 3), default=EXIT_OK)
+def state_exit(state: str | None) -> int:
+    """A host's job state as an exit status; no state yet (not started, not finished) is still running."""
+    return exit_code(state) if state and is_terminal(state) else EXIT_STILL_RUNNING
 
 
 def is_run(ref: str, store: Store) -> bool:
@@ -33,12 +30,6 @@ def is_run(ref: str, store: Store) -> bool:
         return RunStore(store).exists(check_job_id(ref))
     except RunnerError:
         return False
-
-
-def state_exit(state: str | None) -> int:
-    if state == "SUCCEEDED":
-        return EXIT_OK
-    return EXIT_FAILED if state and is_terminal(state) else EXIT_STILL_RUNNING
 
 
 def _has_job(entry: HostEntry, store: Store) -> bool:

@@ -26,8 +26,8 @@ from mcp.types import CallToolResult, TextContent
 from pydantic import Field, ValidationError
 
 from . import ci, controller, gate, gate_report, history
-from .cli import exit_code, job_statuses
-from .errors import EXIT_USAGE, RunnerError, SpecError
+from .app import job_statuses
+from .errors import EXIT_USAGE, RunnerError, SpecError, exit_code
 from .job_id import check_job_id
 from .mcp_policy import Policy
 from .store import Store
