@@ -12,6 +12,7 @@ these into messages and process exits (`cli.exit_code` for outcomes that are not
     │   └── UnknownJob               2  no such job id on the host or in the local index
     ├── NoResult                     1  the job wrote no result.json
     ├── LocalStateError              2  the controller's state dir cannot be read or written
+    ├── LogShrank                    3  the host's log is shorter than tail's cursor (cursor reset to 0)
     └── BadBaseline                  2  a regression-gate baseline file that cannot be used
 """
 from __future__ import annotations
@@ -81,6 +82,12 @@ class LocalStateError(RunnerError):
     """The controller's own state dir ($RUNNER_STATE_DIR) cannot be written or read: checked before any host."""
 
     exit_code = EXIT_USAGE
+
+
+class LogShrank(RunnerError):
+    """The host's log is shorter than the stored cursor (it shrank or was replaced): the cursor is reset to 0."""
+
+    exit_code = EXIT_UNREACHABLE
 
 
 class BadBaseline(RunnerError):
