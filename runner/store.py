@@ -54,8 +54,9 @@ class Store:
         """Refuse before any host is contacted when a job record could not be kept (read-only or full disk)."""
         with _local_state(self.root):
             self.jobs_dir.mkdir(parents=True, exist_ok=True)
-            _write_atomic(self.jobs_dir / ".write-check", "ok")
-            os.unlink(self.jobs_dir / ".write-check")
+            probe = self.jobs_dir / f".write-check-{os.urandom(6).hex()}"  # its own name: tails run side by side
+            _write_atomic(probe, "ok")
+            os.unlink(probe)
 
     def save(self, record: JobRecord) -> None:
         """Write the record; its cursor never goes below the one already stored (a reader holding an old
