@@ -297,3 +297,27 @@ def test_a_bad_local_record_is_skipped_by_list_and_a_clean_error_by_name(target,
     for bad in ("as-list", "wrong-types"):
         done = run_cli(target, "tail", bad)
         assert done.returncode == 1 and b"Traceback" not in done.stderr and b"unreadable" in done.stderr, done.stderr
+
+
+GATED = """
+import os, sys, time
+for i in range(20):
+    print("line %02d" % i, flush=True)
+while not os.path.exists(sys.argv[1]):
+    time.sleep(0.02)
+print("end", flush=True)
+"""
+
+
+def test_wait_follows_a_log_that_shrank_again_from_its_first_byte(target, work):
+    gate = work / "gate"
+    job = write_job(work / "job.yaml", target, command=python_payload(work, "gated.py", GATED) + [str(gate)])
+    job_id = submit(target, job)
+    log_path = job_dir(target, job_id) / "output.log"
+    wait_for(lambda: log_path.read_bytes().endswith(b"line 19\n"), what="20 lines")
+    assert run_cli(target, "tail", job_id).stdout == log_path.read_bytes()
+    log_path.write_bytes(b"rewritten\n")
+    gate.touch()
+    done = run_cli(target, "wait", job_id, "--timeout", "60s")
+    assert done.returncode == 0 and b"Traceback" not in done.stderr, done.stderr.decode()
+    assert b"shorter than the cursor" in done.stderr and done.stdout == log_path.read_bytes()
