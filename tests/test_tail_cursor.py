@@ -321,3 +321,14 @@ def test_wait_follows_a_log_that_shrank_again_from_its_first_byte(target, work):
     done = run_cli(target, "wait", job_id, "--timeout", "60s")
     assert done.returncode == 0 and b"Traceback" not in done.stderr, done.stderr.decode()
     assert b"shorter than the cursor" in done.stderr and done.stdout == log_path.read_bytes()
+
+
+def test_tail_json_moves_the_cursor_only_after_its_document(target, work, runner_state_dir):
+    job_id = start_streamer(target, work, lines=3, pause=0.0)
+    wait_terminal(target, job_id)
+    done = run_cli(target, "tail", job_id, "--json")
+    answer = json.loads(done.stdout)
+    assert done.returncode == 0 and answer["output"].encode() == output_log(target, job_id)
+    assert (answer["terminal"], answer["busy"], answer["offset"]) == (True, False, 300)
+    assert stored_cursor(runner_state_dir, job_id) == 300
+    assert json.loads(run_cli(target, "tail", job_id, "--json").stdout)["output"] == ""
