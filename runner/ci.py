@@ -15,8 +15,8 @@ from typing import Any, BinaryIO, Callable
 from remote_payload.contract import STATES, is_terminal
 
 from . import controller, gate, history
-from .errors import (HostKeyError, NoResult, RemoteError, ResultNotYet, RunnerError, SpecError, TransportError,
-                     UnknownJob)
+from .errors import (HostKeyError, LogShrank, NoResult, RemoteError, ResultNotYet, RunnerError, SpecError,
+                     TransportError, UnknownJob)
 from .deadline import Deadline
 from .job_id import check_job_id
 from .local_files import read_regular
@@ -128,7 +128,9 @@ def wait(job_id: str, *, store: Store, out: BinaryIO, timeout: float, chunk: flo
     """Follow the log in bounded `tail` calls until the job is terminal or `timeout` passes.
 
     A lost link after the first successful call is retried until the timeout (the cursor makes this safe:
-    no byte twice); a refused host key or a first call that fails is raised at once.
+    no byte twice); a refused host key or a first call that fails is raised at once. Each call moves the
+    cursor as `runner tail` does, when it ends: a killed `wait` repeats at most its last chunk. A log found
+    shorter than the cursor is followed again from byte 0 (said on progress).
     """
     deadline = clock() + timeout
     printed = calls = 0
@@ -139,6 +141,9 @@ def wait(job_id: str, *, store: Store, out: BinaryIO, timeout: float, chunk: flo
             return WaitOutcome(job_id, state, code, False, printed, calls)
         try:
             outcome = tail(job_id, store=store, out=out, follow=True, max_wait=min(chunk, left), from_start=False)
+        except LogShrank as exc:
+            progress(f"[runner] {exc}; following it again from byte 0")  # the cursor is reset: no gap
+            continue
         except TransportError as exc:
             if calls == 0 or isinstance(exc, HostKeyError):
                 raise
@@ -167,26 +172,47 @@ class TailText:
 def tail_text(job_id: str, *, store: Store, max_wait: float, max_bytes: int) -> TailText:
     """At most `max_bytes` of new log after the stored cursor, waiting up to `max_wait` for the first byte.
 
-    The cursor is the same one `runner tail` uses and moves only past bytes returned: an incomplete UTF-8
-    sequence at the end of a chunk is held back for the next call, so the texts of successive calls join
-    to the log exactly (undecodable bytes appear as \\xNN escapes).
+    The cursor is the same one `runner tail` uses, taken in turn with it (store.cursor_turn), and moves
+    only past bytes returned: an incomplete UTF-8 sequence at the end is held back, and while it is all
+    there is, the call long-polls the host for the bytes after it (one call per LONG_POLL_S, never a spin);
+    so the texts of successive calls join to the log exactly (undecodable bytes appear as \\xNN escapes).
+    A character is never split: completing one may take up to 3 bytes past max_bytes.
     """
     deadline = time.monotonic() + max_wait
-    record = store.load(check_job_id(job_id))
-    with controller.connect(record.host, deadline=Deadline(max_wait + controller.ROUND_TRIP_ALLOWANCE_S)) as client:
+    job_id = check_job_id(job_id)
+    store.load(job_id)  # an unknown or unreadable record is said before anything is written
+    store.check_writable()
+    with store.cursor_turn(job_id, max_wait) as turn:
+        record = store.load(job_id)
+        if not turn:
+            return TailText(job_id, "", record.last_state, None, True, record.cursor)
+        text, state, code, done, cursor = _text_after(record, store, max_bytes, deadline)
+        store.advance_cursor(job_id, cursor, state)
+        return TailText(job_id, text, state, code, not done, cursor)
+
+
+def _text_after(record, store: Store, max_bytes: int, deadline: float) -> tuple[str, str, int | None, bool, int]:
+    """(text, state, exit code, every byte returned and the job ended, the new cursor)."""
+    held = b""  # a trailing partial character: the next poll asks for the bytes after it
+    with controller.connect(record.host, deadline=Deadline(deadline - time.monotonic()
+                                                            + controller.ROUND_TRIP_ALLOWANCE_S)) as client:
         while True:
             left = deadline - time.monotonic()
             wait = max(0.0, min(controller.LONG_POLL_S, left - 0.2))
-            answer = client.logs(job_id, record.cursor, max_bytes=max_bytes, wait=wait)
+            try:
+                answer = client.logs(record.job_id, record.cursor + len(held),
+                                     max_bytes=max(1, max_bytes - len(held)), wait=wait)
+            except RemoteError as exc:
+                if exc.code != "bad-offset":
+                    raise
+                raise controller.log_shrank(record, exc.answer.get("size"), store) from None
+            data = held + answer["data"]
             at_end = answer["next_offset"] >= answer["size"]
-            text, used = _decode_prefix(answer["data"], final=answer["terminal"] and at_end)
-            record.cursor += used
-            record.last_state = answer["state"]
-            store.save(record)
-            done = answer["terminal"] and record.cursor >= answer["size"]
-            # Any bytes end the call, even a held-back partial character: polling again would spin on it.
-            if answer["data"] or done or time.monotonic() >= deadline - 0.25:
-                return TailText(job_id, text, answer["state"], answer.get("exit_code"), not done, record.cursor)
+            text, used = _decode_prefix(data, final=answer["terminal"] and at_end)
+            done = answer["terminal"] and record.cursor + used >= answer["size"]
+            if text or done or time.monotonic() >= deadline - 0.25:
+                return text, answer["state"], answer.get("exit_code"), done, record.cursor + used
+            held = data
 
 
 def _decode_prefix(data: bytes, *, final: bool) -> tuple[str, int]:

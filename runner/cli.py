@@ -103,8 +103,23 @@ def _dry_run_text(plan) -> str:
     return "\n".join(lines)
 
 
-@cli.command(help="Print the job's log bytes after the stored cursor, unchanged (exactly once across calls). "
-                  + JOB_EXITS)
+TAIL_HELP = """Print the job's log bytes after the stored cursor, unchanged.
+
+\b
+The cursor moves only when a call ends by itself (exit 0, 1 or 75, after its output is written): a call
+killed by your tool (timeout, SIGKILL) leaves it where it was, so its bytes come again with the next call,
+and the calls that ended by themselves join to the log byte for byte. Two tails of one job take turns (one
+waits up to --max-wait for the other, then says "call again"). `watch` never moves the cursor.
+
+\b
+Exit: 0 SUCCEEDED and all printed · 1 ended otherwise · 75 still running, call again · 2 unknown job,
+bad usage, or a state dir that cannot be written (checked before the host) · 3 host unreachable, or the
+host's log is shorter than the cursor (it shrank or was replaced): the cursor is reset to 0 and the next
+call prints the log from its first byte (repeats, never a gap).
+"""
+
+
+@cli.command(help=TAIL_HELP)
 @click.argument("job_id")
 @click.option("-f", "--follow", is_flag=True, help="Keep printing until the job ends or --max-wait passes.")
 @click.option("--max-wait", type=click.FloatRange(0, 3600), default=DEFAULT_MAX_WAIT, show_default=True,
@@ -121,13 +136,21 @@ def tail(job_id: str, follow: bool, max_wait: float, from_start: bool, as_json: 
 
 def _tail_and_exit(job_id: str, *, follow: bool, max_wait: float, from_start: bool, as_json: bool) -> None:
     sink = _Capture() if as_json else sys.stdout.buffer
-    outcome = controller.tail(job_id, store=Store(), out=sink, follow=follow, max_wait=max_wait, from_start=from_start)
-    if as_json:
-        _emit_json({**asdict(outcome), "output": sink.text()})
-    elif not outcome.terminal:
-        _progress(f"[runner] {job_id} still {outcome.state}; call again")
-    else:
-        _progress(f"[runner] {job_id} ended {outcome.state} (payload exit code {outcome.exit_code})")
+
+    def delivered(outcome: controller.TailOutcome) -> None:
+        """Everything this call says, written before the cursor moves (the move is its last step)."""
+        if as_json:
+            _emit_json({**asdict(outcome), "output": sink.text()})
+            sys.stdout.flush()
+        elif outcome.busy:
+            _progress(f"[runner] another `runner tail {job_id}` held the cursor for --max-wait; call again")
+        elif not outcome.terminal:
+            _progress(f"[runner] {job_id} still {outcome.state}; call again")
+        else:
+            _progress(f"[runner] {job_id} ended {outcome.state}{_exit_note(outcome.exit_code)}")
+
+    outcome = controller.tail(job_id, store=Store(), out=sink, follow=follow, max_wait=max_wait,
+                              from_start=from_start, delivered=delivered)
     sys.exit(exit_code(outcome.state, settled=outcome.terminal))
 
 
@@ -166,7 +189,7 @@ def watch(job_id: str, max_wait: float, plain: bool) -> None:
         with LivePanel(f"runner watch {job_id}") as sink:
             outcome = follow(sink)
     if outcome.terminal:
-        _progress(f"[runner] {job_id} ended {outcome.state} (payload exit code {outcome.exit_code})")
+        _progress(f"[runner] {job_id} ended {outcome.state}{_exit_note(outcome.exit_code)}")
     sys.exit(exit_code(outcome.state, settled=outcome.terminal))
 
 
@@ -234,6 +257,11 @@ def _status_text(job: dict) -> str:
     return "\n".join(lines)
 
 
+def _exit_note(code: int | None) -> str:
+    """The payload's exit code when it has one (a job cancelled before its payload started has none)."""
+    return "" if code is None else f" (payload exit code {code})"
+
+
 def _phase_text(progress: dict) -> str:
     """The payload's phase as of its last event: one that ended (rows may already be coming) says so."""
     phase = progress.get("phase")
@@ -258,7 +286,9 @@ def _duration(seconds: float) -> str:
 @cli.command(name="list", help="Jobs this controller knows (local index, no network; states as last seen).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 def list_jobs(as_json: bool) -> None:
-    records = Store().all()
+    records, skipped = Store().scan()
+    for problem in skipped:
+        _progress(f"runner: skipped: {problem}")
     if as_json:
         _emit_json([asdict(r) for r in records])
         return
@@ -500,8 +530,7 @@ def wait(job_id: str, timeout: str, as_json: bool) -> None:
         _progress(f"[runner] {job_id} still {outcome.state} after {timeout}; it keeps running on the host: "
                   f"`runner wait {job_id}` again goes on from here (`runner cancel {job_id}` stops it)")
     else:
-        code = "" if outcome.exit_code is None else f" (payload exit code {outcome.exit_code})"
-        _progress(f"[runner] {job_id} ended {outcome.state}{code}")
+        _progress(f"[runner] {job_id} ended {outcome.state}{_exit_note(outcome.exit_code)}")
     sys.exit(exit_code(outcome.state, settled=outcome.terminal))
 
 

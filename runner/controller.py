@@ -15,7 +15,7 @@ from remote_payload.contract import DEFAULTS
 
 from . import plan_cache, preflight
 from .deadline import Deadline
-from .errors import HostKeyError, PreflightError, RemoteError, SpecError, TransportError
+from .errors import HostKeyError, LogShrank, PreflightError, RemoteError, RunnerError, SpecError, TransportError
 from .host import CALL_TIMEOUT_S, Bundle, HostClient, build_bundle, payload_dir
 from .job_id import check_job_id, job_id_for
 from .store import JobRecord, Store, default_state_dir
@@ -69,6 +69,7 @@ class TailOutcome:
     terminal: bool
     offset: int
     printed: int
+    busy: bool = False  # another tail of this job held its cursor for all of max_wait: nothing printed
 
 
 def connect(host: dict, bundle: Bundle | None = None, deadline: Deadline | None = None) -> HostClient:
@@ -259,41 +260,87 @@ def _start_once(client: HostClient, wire: dict, queue: bool) -> tuple[dict, bool
 # -- tail -------------------------------------------------------------------------------------------------
 
 def tail(job_id: str, *, store: Store, out: BinaryIO, follow: bool, max_wait: float, from_start: bool,
-         save_cursor: bool = True) -> TailOutcome:
+         save_cursor: bool = True, delivered: Callable[[TailOutcome], None] = lambda _o: None) -> TailOutcome:
     """Print log bytes after the stored cursor; with follow, until terminal or max_wait. Never past max_wait
-    plus one round trip's allowance (the client's deadline). save_cursor=False: a reader of its own (watch)
-    that leaves tail's cursor where it was."""
+    plus one round trip's allowance (the client's deadline).
+
+    The cursor moves only when the call ends by itself: once, after the last chunk was written and flushed
+    to `out` and `delivered(outcome)` (the caller's last step, e.g. printing the --json document) returned.
+    A call killed at any point leaves it where it was, so its bytes come again with the next call; the
+    calls that end by themselves join to the log byte for byte. The call holds the job's cursor turn from
+    reading the cursor to saving it: two tails of one job take turns, each byte to one of them; a call
+    that does not get the turn within max_wait prints nothing and ends busy ("call again"). Bytes printed
+    before a host error end the call normally ("call again"); the error comes with the next call. A host
+    log shorter than the cursor resets the cursor to 0 and raises LogShrank (exit 3): the next call prints
+    the log again from its first byte, so nothing is skipped, though bytes may repeat.
+    save_cursor=False (watch): a reader of its own that neither takes the turn nor writes the record.
+    """
     waiting = Deadline(max_wait)
-    record = store.load(check_job_id(job_id))
-    cursor = 0 if from_start else record.cursor
-    printed = 0
-    with connect(record.host, deadline=Deadline(max_wait + ROUND_TRIP_ALLOWANCE_S)) as client:
+    job_id = check_job_id(job_id)
+    if not save_cursor:
+        record = store.load(job_id)
+        outcome = _print_log(record, 0 if from_start else record.cursor, out, follow, waiting)
+        delivered(outcome)
+        return outcome
+    store.load(job_id)  # an unknown or unreadable record is said before anything is written
+    store.check_writable()  # a cursor that could not be saved would print the same bytes again and again
+    with store.cursor_turn(job_id, waiting.left()) as turn:
+        record = store.load(job_id)
+        if not turn:
+            outcome = TailOutcome(job_id, record.last_state, None, False, record.cursor, 0, busy=True)
+            delivered(outcome)
+            return outcome
+        try:
+            outcome = _print_log(record, 0 if from_start else record.cursor, out, follow, waiting)
+        except RemoteError as exc:
+            if exc.code != "bad-offset":
+                raise
+            raise log_shrank(record, exc.answer.get("size"), store) from None
+        delivered(outcome)
+        store.advance_cursor(job_id, outcome.offset, outcome.state)
+        return outcome
+
+
+def log_shrank(record: JobRecord, size: int | None, store: Store) -> LogShrank:
+    """The host's log is shorter than the cursor: reset the cursor to 0 (the caller holds the turn). Not to
+    its size: a log cut and written again would then lose its first bytes without a word; from 0 nothing is
+    skipped, and the message says bytes may come again."""
+    store.rewind_cursor(record.job_id)
+    return LogShrank(
+        f"the log of {record.job_id} is {size if size is not None else '?'} bytes, shorter than the cursor "
+        f"{record.cursor}: it shrank or was replaced on the host; the cursor is reset to 0",
+        hint=f"the next `runner tail {record.job_id}` prints the log from its first byte (bytes may come again).")
+
+
+def _print_log(record: JobRecord, cursor: int, out: BinaryIO, follow: bool, waiting: Deadline) -> TailOutcome:
+    """Chunks from `cursor`, each written and flushed to `out` as it comes; the outcome's offset is past the
+    last byte flushed."""
+    job_id, printed = record.job_id, 0
+    state, code = record.last_state, None
+    with connect(record.host, deadline=Deadline(waiting.left() + ROUND_TRIP_ALLOWANCE_S)) as client:
         while True:
             wait = max(0.0, min(LONG_POLL_S, waiting.left() - 0.2)) if follow else 0.0
             try:
                 answer = client.logs(job_id, cursor, max_bytes=LOG_CHUNK, wait=wait)
-            except TransportError:
+            except RunnerError:
                 if not printed:
                     raise
-                # What this call printed is delivered and its cursor saved: report "call again" so the
-                # caller (a --json caller too) gets those bytes now, and the next call resumes after them.
-                return TailOutcome(job_id, record.last_state, None, False, cursor, printed)
+                # What this call printed is delivered: report "call again" so the caller (a --json caller
+                # too) gets those bytes now and the cursor moves past them; the next call meets the error.
+                return TailOutcome(job_id, state, None, False, cursor, printed)
             data = answer["data"]
             if data:
                 out.write(data)
                 out.flush()
                 printed += len(data)
             cursor = answer["next_offset"]
-            record.last_state = answer["state"]
-            if save_cursor:
-                record.cursor = cursor
-            store.save(record)
+            state, code = answer["state"], answer.get("exit_code")
             caught_up = cursor >= answer["size"]
             if answer["terminal"] and caught_up:
-                return TailOutcome(job_id, answer["state"], answer.get("exit_code"), True, cursor, printed)
+                return TailOutcome(job_id, state, code, True, cursor, printed)
             # A backlog is drained chunk by chunk, but never past max_wait: the rest comes with the next call.
             if (caught_up and not follow) or waiting.left() <= 0.25:
-                return TailOutcome(job_id, answer["state"], answer.get("exit_code"), False, cursor, printed)
+                return TailOutcome(job_id, state, code, False, cursor, printed)
 
 
 # -- status, list, cancel, results, restore ---------------------------------------------------------------

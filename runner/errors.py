@@ -19,6 +19,7 @@ are a contract; class names are not. A RemoteError carries the wire's own code f
     ├── NoResult            1     no-result           the job wrote no result.json
     │   └── ResultNotYet    75    result-not-yet      the job is still running: call again
     ├── LocalStateError     2     local-state         the controller's state dir cannot be read or written
+    ├── LogShrank           3     log-shrank          the host's log is shorter than tail's cursor (reset to 0)
     ├── BadBaseline         2     bad-baseline        a regression-gate baseline file that cannot be used
     └── NotAllowed          2     not-allowed         `runner mcp` refused a call its flags do not allow
     (click's usage errors)  2     usage               an unknown option, a missing argument
@@ -118,6 +119,13 @@ class LocalStateError(RunnerError):
 
     exit_code = EXIT_USAGE
     code = "local-state"
+
+
+class LogShrank(RunnerError):
+    """The host's log is shorter than the stored cursor (it shrank or was replaced): the cursor is reset to 0."""
+
+    exit_code = EXIT_UNREACHABLE
+    code = "log-shrank"
 
 
 class BadBaseline(RunnerError):

@@ -120,9 +120,10 @@ class PrefixedSink:
         pass
 
     def close(self) -> bool:
-        """Print a line left open; True when the next call continues it."""
+        """Print a line left open; True when the next call continues it (also when this call printed
+        nothing after a line the last call left open)."""
         if not self.pending:
-            return False
+            return self.continuing
         self._emit([self.pending])
         self.pending = b""
         return True
@@ -142,20 +143,26 @@ class PrefixedSink:
 def tail(run_id: str, *, store: Store, out: BinaryIO, follow: bool, max_wait: float, from_start: bool,
          progress: Callable[[str], None]) -> tuple[RunRecord, dict[str, int]]:
     """Every started host's log after its own cursor (controller.tail, one thread per host, each bounded by
-    max_wait), prefixed by host; per host the exit code of what it found."""
+    max_wait), prefixed by host; per host the exit code of what it found. Each host's cursor moves as
+    `runner tail`'s does, when its call ends, after its open line was printed."""
     runs = RunStore(store)
     run = runs.load(check_job_id(run_id))
     open_lines = {} if from_start else runs.open_lines(run_id)
     lock = threading.Lock()
     sinks = {e.address: PrefixedSink(e.address, out, lock, open_lines.get(e.address, False)) for e in run.hosts}
 
+    still_open = dict(open_lines)
+
     def one(entry: HostEntry) -> dict:
+        def delivered(_outcome) -> None:  # the open line is printed before this host's cursor moves past it
+            still_open[entry.address] = sinks[entry.address].close()
+
         outcome = controller.tail(entry.job_id, store=store, out=sinks[entry.address], follow=follow,
-                                  max_wait=max_wait, from_start=from_start)
+                                  max_wait=max_wait, from_start=from_start, delivered=delivered)
         return {"exit": state_exit(outcome.state) if outcome.terminal else EXIT_STILL_RUNNING}
 
     answers, errors = for_each_host([e for e in run.hosts if _has_job(e, store)], one)
-    runs.save_open_lines(run_id, {address: sink.close() for address, sink in sinks.items()})
+    runs.save_open_lines(run_id, still_open)
     codes = {}
     for entry in run.hosts:
         if entry.address in errors:

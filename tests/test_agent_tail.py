@@ -77,3 +77,14 @@ def test_max_bytes_bounds_one_call(store, monkeypatch):
     monkeypatch.setattr(controller, "connect", lambda _h, **_kw: ChunkedHost(len(LOG), ends_after=10))
     answer = ci.tail_text("j1", store=store, max_wait=1, max_bytes=6)
     assert answer.text == "start " and answer.call_again and answer.offset == 6
+
+
+def test_a_max_bytes_smaller_than_a_character_still_moves_on(store, monkeypatch):
+    monkeypatch.setattr(controller, "connect", lambda _h, **_kw: ChunkedHost(len(LOG)))
+    texts = []
+    for _ in range(2 * len(LOG)):
+        answer = ci.tail_text("j1", store=store, max_wait=1, max_bytes=1)
+        texts.append(answer.text)
+        if not answer.call_again:
+            break
+    assert "".join(texts).startswith("start é ü € 𝄞 done\n") and store.load("j1").cursor == len(LOG)
