@@ -30,12 +30,12 @@ class Collected:
     warning: str | None = None
 
 
-def collect(ref: str, *, store: Store, record: bool = True) -> Collected:
+def collect(ref: str, *, store: Store, record: bool = True, deadline: Deadline | None = None) -> Collected:
     """`ref` is a result.json path or a job id; a job's result is fetched and recorded in the history."""
     path = Path(ref)
     if ref.endswith(".json") or path.is_file():
         return Collected(_read_result(path), str(path))
-    result = controller.result(ref, store=store)
+    result = controller.result(ref, store=store, deadline=deadline)
     warning = history.record_job(store, ref, result) if record else None
     return Collected(result, ref, ref, warning)
 
