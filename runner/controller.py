@@ -196,8 +196,9 @@ def submit(spec_path: str, overrides: list[str], *, queue: bool = False, job_id:
     except HostKeyError:
         raise
     except TransportError as exc:
-        raise type(exc)(str(exc), hint=f"The job may have started: `runner status {job_id}` tells; submitting "
-                        f"again with --job-id {job_id} never starts it twice.") from exc
+        again = (f"The job may have started: `runner status {job_id}` tells; submitting again with --job-id "
+                 f"{job_id} never starts it twice.")
+        raise type(exc)(str(exc), hint=f"{exc.hint} {again}".strip()) from exc
     except RunnerError:
         if made_record:
             _forget(store, job_id)
