@@ -180,9 +180,9 @@ def submit(spec_path: str, overrides: list[str], *, queue: bool = False, job_id:
     host, bundle, wire, args_note = _plan(spec_path, overrides, job_id, store.root)
     job_id = wire["job_id"]
     progress(args_note)
-    made_record = _record(store, JobRecord(job_id=job_id, name=wire["name"], host=host,
-                                           spec_path=str(Path(spec_path).resolve()), submitted_at=time.time(),
-                                           service=wire["service"]))
+    record = JobRecord(job_id=job_id, name=wire["name"], host=host, spec_path=str(Path(spec_path).resolve()),
+                       submitted_at=time.time(), service=wire["service"])
+    made_record = _record(store, record)
     try:
         with connect(host, bundle, deadline) as client:
             progress(f"preflight on {host['address']} …")
@@ -204,7 +204,8 @@ def submit(spec_path: str, overrides: list[str], *, queue: bool = False, job_id:
             _forget(store, job_id)
         raise
     state = answer.get("state", "QUEUED")
-    _note_state(store, job_id, state, progress)
+    if not (made_record and state == record.last_state):
+        _note_state(store, job_id, state, progress)
     return Submitted(job_id, state, host["address"], decision.stop_service,
                      decision.notes, client.round_trips, already, answer.get("slurm_job_id"))
 
