@@ -109,6 +109,7 @@ class SshTransport:
     def _connecting(self, deadline: Deadline) -> float:
         """Seconds left for connecting: every attempt of this command until one connects shares one
         host.connect_timeout (a host that never answers is not waited for again by a retry)."""
+        _remaining(deadline, self.name)  # the command's deadline first: it is what ended the wait, if it passed
         if self._connect_by is None:
             self._connect_by = deadline.within(self.target.connect_timeout)
         if self._connect_by.passed():

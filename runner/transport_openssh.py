@@ -61,17 +61,19 @@ class OpenSshTransport:
             raise TransportError(f"ssh {self.name}: no answer before the deadline (link down or host overloaded?)") from exc
         except OSError as exc:
             raise TransportError(f"ssh {self.name}: cannot run {self.ssh}: {exc.strerror}") from exc
+        stderr = proc.stderr.decode("utf-8", "replace") if proc.returncode == EXIT_SSH_FAILED else ""
+        if not _CONNECT_TIMED_OUT.search(stderr):
+            self._connect_by = None  # it connected (or failed fast): a later connect has a connect_timeout of its own
         if proc.returncode == EXIT_SSH_FAILED:
-            stderr = proc.stderr.decode("utf-8", "replace")
             if self._says_too_little(stderr):
                 stderr = self._diagnosed(command, deadline) or stderr
             raise translated(stderr, self.target, self._known_as())
-        self._connect_by = None  # connected: a later reconnect has a connect_timeout of its own
         return Completed(tuple(argv), proc.returncode, proc.stdout, proc.stderr)
 
     def _connecting(self, deadline: Deadline) -> Deadline:
         """What is left for connecting: every attempt of this command until one connects shares one
         host.connect_timeout (a host that never answers is not waited for again by a retry)."""
+        _left(deadline, self.name)  # the command's deadline first: it is what ended the wait, if it passed
         if self._connect_by is None:
             self._connect_by = deadline.within(self.target.connect_timeout)
         if self._connect_by.passed():
@@ -204,6 +206,8 @@ _HOST_KEY_MARKS = ("Host key verification failed", "REMOTE HOST IDENTIFICATION H
                    "host key is known for", "Certificate invalid", "No matching host key")
 _KEY_HOST = re.compile(r"(?:Host key for|host key is known for) (\S+) (?:has changed|and you have)")
 _FINGERPRINT = re.compile(r"SHA256:[A-Za-z0-9+/]{43}")
+# ssh's words for a connect that used up ConnectTimeout (TCP, or the banner and key exchange after it).
+_CONNECT_TIMED_OUT = re.compile(r"Connection timed out|timed out during banner exchange")
 
 
 def is_host_key_failure(stderr: str) -> bool:
