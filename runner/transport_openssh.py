@@ -147,7 +147,10 @@ class OpenSshTransport:
             options += ["-p", str(target.port)]
         self._resolved = self._ssh_g(options, deadline)
         if not has_control_path(self._resolved):
-            socket_dir = control_socket_dir(self.control_dir / trust_tag(self._resolved))
+            try:
+                socket_dir = control_socket_dir(self.control_dir / trust_tag(self._resolved))
+            except OSError:  # a state dir that cannot be written: each call connects afresh, nothing else changes
+                return options
             options += ["-o", "ControlMaster=auto", "-o", f"ControlPath={socket_dir}/%C",
                         "-o", f"ControlPersist={CONTROL_PERSIST_S}"]
         return options

@@ -213,3 +213,14 @@ def test_the_job_is_recorded_before_the_host_starts_it(ssh_host, tmpfs_state_dir
     assert done.job_id == "recorded-first"
     wait_for(lambda: run_cli(target, "status", "recorded-first").returncode == 0, what="the job SUCCEEDED")
     assert b"Traceback" not in run_cli(target, "status", "recorded-first").stderr
+
+
+def test_status_reaches_the_host_from_a_read_only_state_dir(ssh_host, tmpfs_state_dir, host_root):
+    """No ControlMaster socket can be made there: status connects without one and answers, no traceback."""
+    host = {"address": ssh_host.alias, "root": str(host_root), "transport": "openssh"}
+    Store().save(JobRecord(job_id="never-started", name="n", host=host, spec_path="job.yaml", submitted_at=time.time()))
+    subprocess.run(["mount", "-o", "remount,ro", str(tmpfs_state_dir)], check=True)
+    done = run_cli(Target("ssh", host, host_root, {"RUNNER_SSH_CONFIG": str(ssh_host.ssh_config)}),
+                   "status", "never-started")
+    stderr = done.stderr.decode()
+    assert done.returncode == 2 and "not on its host" in stderr and "Traceback" not in stderr, stderr
