@@ -7,13 +7,14 @@ May import: controller, store, errors (never cli or mcp_server).
 from __future__ import annotations
 
 from . import controller
+from .deadline import Deadline
 from .errors import UnknownJob
 from .store import Store
 
 
-def job_statuses(job_id: str | None, *, store: Store) -> list[dict]:
+def job_statuses(job_id: str | None, *, store: Store, deadline: Deadline | None = None) -> list[dict]:
     """One job's status, or every known job's; a job its host does not know is an unknown job (exit 2)."""
-    jobs = controller.status([job_id] if job_id else [], store=store)
+    jobs = controller.status([job_id] if job_id else [], store=store, deadline=deadline)
     if job_id and jobs and jobs[0].get("state") == "UNKNOWN":
         raise UnknownJob(f"job {job_id} is not on its host (it was never started there, or its directory was removed)")
     return jobs

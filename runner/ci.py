@@ -37,7 +37,7 @@ class Collected:
     warning: str | None = None
 
 
-def collect(ref: str, *, store: Store, record: bool = True) -> Collected:
+def collect(ref: str, *, store: Store, record: bool = True, deadline: Deadline | None = None) -> Collected:
     """`ref` is a result.json path (`is_result_path`) or a job id; a job's result is fetched and recorded in
     the history."""
     if is_result_path(ref, store):
@@ -48,7 +48,7 @@ def collect(ref: str, *, store: Store, record: bool = True) -> Collected:
         raise UnknownJob(f"unknown job id {ref!r}: neither a file nor a job id this controller knows",
                         hint="give a result.json path (with a `/` for one in this directory: ./FILE.json), or a "
                              "job id from `runner list`") from None
-    result = fetch_result(ref, store)
+    result = fetch_result(ref, store, deadline)
     warning = history.record_job(store, ref, result) if record else None
     return Collected(result, ref, ref, warning)
 
@@ -67,11 +67,11 @@ def is_result_path(ref: str, store: Store) -> bool:
     return False
 
 
-def fetch_result(job_id: str, store: Store):
+def fetch_result(job_id: str, store: Store, deadline: Deadline | None = None):
     """The job's result from its host; a job still running is 75 (call again), one that ended without a
     result is NoResult."""
     try:
-        return controller.result(job_id, store=store)
+        return controller.result(job_id, store=store, deadline=deadline)
     except RemoteError as exc:
         if exc.code not in ("no-result", "result-too-large"):
             raise
@@ -194,8 +194,7 @@ def tail_text(job_id: str, *, store: Store, max_wait: float, max_bytes: int) -> 
 def _text_after(record, store: Store, max_bytes: int, deadline: float) -> tuple[str, str, int | None, bool, int]:
     """(text, state, exit code, every byte returned and the job ended, the new cursor)."""
     held = b""  # a trailing partial character: the next poll asks for the bytes after it
-    with controller.connect(record.host, deadline=Deadline(deadline - time.monotonic()
-                                                            + controller.ROUND_TRIP_ALLOWANCE_S)) as client:
+    with controller.connect(record.host, deadline=Deadline.for_command(deadline - time.monotonic())) as client:
         while True:
             left = deadline - time.monotonic()
             wait = max(0.0, min(controller.LONG_POLL_S, left - 0.2))

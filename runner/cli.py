@@ -14,14 +14,15 @@ import click
 from remote_payload.sweep import label as variant_label
 
 from . import controller, fleet, fleet_cli  # neither imports pydantic: a one-host tail stays light
-from .cli_echo import emit_json as _emit_json, progress as _progress, say as _say
 from .app import job_statuses
+from .cli_echo import emit_json as _emit_json, progress as _progress, say as _say
+from .deadline import DEFAULT_MAX_WAIT_S, ROUND_TRIP_ALLOWANCE_S, Deadline
 from .errors import (CODE_ABORTED, CODE_USAGE, EXIT_ABORTED, EXIT_FAILED, EXIT_OK, EXIT_USAGE, RunnerError, SpecError,
                      exit_code, worst)
 from .printable import printable
 from .store import Store
 
-DEFAULT_MAX_WAIT = 50.0
+DEFAULT_MAX_WAIT = DEFAULT_MAX_WAIT_S
 
 EXIT_CODES_HELP = """\b
 Exit codes (every command; `--json` errors are JSON objects {error, message, hint, exit}):
@@ -58,8 +59,10 @@ def cli() -> None:
               "memory needed and free, the command), change nothing.")
 @click.option("--follow", is_flag=True, help="After submitting, print the log like `tail -f` for up to --max-wait.")
 @click.option("--max-wait", type=click.FloatRange(0, 3600), default=DEFAULT_MAX_WAIT, show_default=True,
-              help="With --follow: seconds to follow before returning 75. A fleet (a list of hosts): seconds to "
-                   "drive the rollout before returning 75 (`runner wait RUN` goes on).")
+              help="Seconds this call may take, plus one round trip (a link that goes silent: exit 3; submit "
+                   "again with the same --job-id). With --follow: the log is followed until then, then 75. A "
+                   "fleet (a list of hosts): seconds to drive the rollout before returning 75 (`runner wait RUN` "
+                   "goes on).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 def submit(job_file, overrides, queue, queue_timeout, job_id, dry_run, follow, max_wait, as_json) -> None:
     if queue_timeout is not None:
@@ -67,11 +70,13 @@ def submit(job_file, overrides, queue, queue_timeout, job_id, dry_run, follow, m
     if fleet.is_fleet(job_file, list(overrides)):
         sys.exit(fleet_cli.submit(job_file, list(overrides), run_id=job_id, queue=queue, dry_run=dry_run,
                                   max_wait=max_wait, as_json=as_json))
+    deadline = Deadline.for_command(max_wait)
     if dry_run:
-        plan = controller.dry_run(job_file, list(overrides), queue=queue, job_id=job_id)
+        plan = controller.dry_run(job_file, list(overrides), queue=queue, job_id=job_id, deadline=deadline)
         _emit_json(asdict(plan)) if as_json else _say(_dry_run_text(plan))
         return
-    done = controller.submit(job_file, list(overrides), queue=queue, job_id=job_id, store=Store(), progress=_progress)
+    done = controller.submit(job_file, list(overrides), queue=queue, job_id=job_id, store=Store(), progress=_progress,
+                             deadline=deadline)
     if as_json and not follow:
         _emit_json(asdict(done))
         return
@@ -80,7 +85,9 @@ def submit(job_file, overrides, queue, queue_timeout, job_id, dry_run, follow, m
     _say(done.job_id)
     if follow:
         sys.stdout.flush()
-        _tail_and_exit(done.job_id, follow=True, max_wait=max_wait, from_start=False, as_json=as_json)
+        # What is left of this call's --max-wait: the submit and the log share it.
+        _tail_and_exit(done.job_id, follow=True, max_wait=max(0.0, deadline.left() - ROUND_TRIP_ALLOWANCE_S),
+                       from_start=False, as_json=as_json)
 
 
 def _dry_run_text(plan) -> str:
@@ -196,11 +203,13 @@ def watch(job_id: str, max_wait: float, plain: bool) -> None:
 @cli.command(help="State, phase, progress, service and downtime of one job (or every job this controller knows). "
                   "Exit: like tail for one job; for all, the worst wins (1 > 75 > 0). 2 unknown id · 3.")
 @click.argument("job_id", required=False)
+@click.option("--max-wait", type=click.FloatRange(0, 3600), default=DEFAULT_MAX_WAIT, show_default=True,
+              help="Seconds this call may take, plus one round trip (then exit 3).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
-def status(job_id: str | None, as_json: bool) -> None:
+def status(job_id: str | None, max_wait: float, as_json: bool) -> None:
     if job_id and _is_run(job_id):
         sys.exit(fleet_cli.status(job_id, as_json=as_json))
-    jobs = job_statuses(job_id, store=Store())
+    jobs = job_statuses(job_id, store=Store(), deadline=Deadline.for_command(max_wait))
     if as_json:
         _emit_json(jobs[0] if job_id else jobs)
     else:
@@ -304,11 +313,13 @@ def list_jobs(as_json: bool) -> None:
 @cli.command(help="Stop the job's payload (TERM, grace, KILL of its process group); the host then restores the "
                   "service. Exit: 0 requested or already ended · 2 · 3.")
 @click.argument("job_id")
+@click.option("--max-wait", type=click.FloatRange(0, 3600), default=DEFAULT_MAX_WAIT, show_default=True,
+              help="Seconds this call may take, plus one round trip (then exit 3).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
-def cancel(job_id: str, as_json: bool) -> None:
+def cancel(job_id: str, max_wait: float, as_json: bool) -> None:
     if _is_run(job_id):
         sys.exit(fleet_cli.cancel(job_id, as_json=as_json))
-    answer = controller.cancel(job_id, store=Store())
+    answer = controller.cancel(job_id, store=Store(), deadline=Deadline.for_command(max_wait))
     if as_json:
         _emit_json(answer)
     elif answer.get("already"):
@@ -422,13 +433,16 @@ def _tolerance(_ctx, _param, value: str) -> float:
               help="Allowed worsening on top of each metric's measured spread (5% or 0.05).")
 @click.option("--format", "fmt", type=click.Choice(["text", "markdown", "junit"]), default="text", show_default=True,
               help="Gate output: a text table, GitHub markdown ($GITHUB_STEP_SUMMARY) or JUnit XML.")
-def results(job_id, as_json, plot_path, baseline_path, save_path, other, tolerance, fmt) -> None:
+@click.option("--max-wait", type=click.FloatRange(0, 3600), default=DEFAULT_MAX_WAIT, show_default=True,
+              help="Seconds this call may take, plus one round trip (then exit 3).")
+def results(job_id, as_json, plot_path, baseline_path, save_path, other, tolerance, fmt, max_wait) -> None:
     from . import ci, gate, gate_report
 
     if _is_run(job_id) and not (baseline_path or save_path or other):
         sys.exit(fleet_cli.results(job_id, as_json=as_json, plot_path=plot_path))
     store = Store()
-    current = ci.collect(job_id, store=store)
+    deadline = Deadline.for_command(max_wait)
+    current = ci.collect(job_id, store=store, deadline=deadline)
     if current.warning:
         _progress(current.warning)
     if save_path:
@@ -440,7 +454,7 @@ def results(job_id, as_json, plot_path, baseline_path, save_path, other, toleran
                                 tolerance=tolerance), nl=False)
         sys.exit(gate.exit_code(verdicts))
     if other:
-        second = ci.collect(other, store=store)
+        second = ci.collect(other, store=store, deadline=deadline)
         verdicts = ci.compare_runs(current, second, tolerance)
         _say(gate_report.side_by_side(current.result, second.result, verdicts,
                                       name_a=current.source, name_b=second.source), nl=False)

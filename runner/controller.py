@@ -14,9 +14,10 @@ from typing import TYPE_CHECKING, BinaryIO, Callable, Sequence
 from remote_payload.contract import DEFAULTS
 
 from . import plan_cache, preflight
-from .deadline import Deadline
-from .errors import HostKeyError, LogShrank, PreflightError, RemoteError, RunnerError, SpecError, TransportError
-from .host import CALL_TIMEOUT_S, Bundle, HostClient, build_bundle, payload_dir
+from .deadline import DEFAULT_MAX_WAIT_S, ROUND_TRIP_ALLOWANCE_S, Deadline  # noqa: F401 (controller.ROUND_TRIP_ALLOWANCE_S is read by fleet)
+from .errors import (HostKeyError, LocalStateError, LogShrank, PreflightError, RemoteError, RunnerError, SpecError,
+                     TransportError, UnknownJob)
+from .host import Bundle, HostClient, build_bundle, payload_dir
 from .job_id import check_job_id, job_id_for
 from .store import JobRecord, Store, default_state_dir
 from .transport_openssh import for_host
@@ -28,9 +29,6 @@ if TYPE_CHECKING:  # pydantic, yaml and tenacity load only in the commands that 
 
 LOG_CHUNK = 1 << 20
 LONG_POLL_S = 5.0
-# How far past --max-wait one round trip may run before the call gives up (exit 3): the bound of invariant 2
-# on a link that went silent.
-ROUND_TRIP_ALLOWANCE_S = 5.0
 PLANNED_JOB_ID = "planned"  # the wire form's job id in a plan; each submit sets its own
 
 
@@ -74,7 +72,7 @@ class TailOutcome:
 
 def connect(host: dict, bundle: Bundle | None = None, deadline: Deadline | None = None) -> HostClient:
     """A client for the host section of a spec; use it as `with connect(host) as client:` (closes the transport).
-    deadline: the command's own, which no call may outlive (default: each call's allowance alone)."""
+    deadline: the command's own, which no call may outlive (default: one of DEFAULT_MAX_WAIT_S)."""
     if isinstance(host["address"], list):
         raise SpecError("host.address is a list of hosts (a fleet): this command takes one host",
                         hint="Submit the fleet with `runner submit JOB.yaml`; give --host H for one of its hosts.")
@@ -82,17 +80,24 @@ def connect(host: dict, bundle: Bundle | None = None, deadline: Deadline | None 
     if bundle is None:
         bundle, _ = build_bundle()
     return HostClient(transport, root=host.get("root", DEFAULTS["host.root"]),
-                      python=host.get("python", "python3"), bundle=bundle, deadline=deadline)
+                      python=host.get("python", "python3"), bundle=bundle, deadline=_command_deadline(deadline))
 
 
-def _retrying(deadline_s: float = 20.0) -> Retrying:
-    """Retries for idempotent calls only: a lost link, never a refused host key."""
-    from tenacity import Retrying, retry_if_exception, stop_after_attempt, stop_after_delay, wait_exponential
+def _command_deadline(deadline: Deadline | None) -> Deadline:
+    """The command's deadline, or, for a caller that gave none (the MCP server, a fleet's host), the default's."""
+    return deadline if deadline is not None else Deadline.for_command(DEFAULT_MAX_WAIT_S)
 
+
+def _retrying(deadline: Deadline) -> Retrying:
+    """Retries for idempotent calls only (a lost link, never a refused host key), inside the command's
+    deadline: no retry starts once it passed, no back-off sleeps past it."""
+    from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
+
+    backoff = wait_exponential(multiplier=0.2, max=2.0)
     return Retrying(
         retry=retry_if_exception(lambda e: isinstance(e, TransportError) and not isinstance(e, HostKeyError)),
-        stop=stop_after_attempt(3) | stop_after_delay(deadline_s),
-        wait=wait_exponential(multiplier=0.2, max=2.0),
+        stop=stop_after_attempt(3) | (lambda _state: deadline.passed()),
+        wait=lambda state: min(backoff(state), deadline.left()),
         reraise=True,
     )
 
@@ -167,30 +172,76 @@ def planned_host(spec_path: str, overrides: Sequence[str]) -> dict | None:
 
 
 def submit(spec_path: str, overrides: list[str], *, queue: bool = False, job_id: str | None = None,
-           store: Store, progress: Callable[[str], None]) -> Submitted:
+           store: Store, progress: Callable[[str], None], deadline: Deadline | None = None) -> Submitted:
+    """Plan, record the job locally (its id chosen here), then preflight and start it on the host. The record
+    comes first, so whatever fails later (the link, the state dir) leaves a job `status`/`cancel` can name;
+    a refusal from the host removes the record it made."""
+    deadline = _command_deadline(deadline)
+    store.check_writable()
     host, bundle, wire, args_note = _plan(spec_path, overrides, job_id, store.root)
     job_id = wire["job_id"]
     progress(args_note)
-    with connect(host, bundle) as client:
-        progress(f"preflight on {host['address']} …")
-        report, answer = _submit_once(client, wire, queue)
-        decision = preflight.decide(wire, report, queue=queue)  # the host started it only if this passes
-        for note in decision.notes:
-            progress(note)
-        already = False
-        if answer is None:
-            answer, already = _start_once(client, wire, queue)
-    store.save(JobRecord(job_id=job_id, name=wire["name"], host=host, spec_path=str(Path(spec_path).resolve()),
-                         submitted_at=time.time(), service=wire["service"], last_state=answer.get("state", "QUEUED")))
-    return Submitted(job_id, answer.get("state", "QUEUED"), host["address"], decision.stop_service,
+    record = JobRecord(job_id=job_id, name=wire["name"], host=host, spec_path=str(Path(spec_path).resolve()),
+                       submitted_at=time.time(), service=wire["service"])
+    made_record = _record(store, record)
+    try:
+        with connect(host, bundle, deadline) as client:
+            progress(f"preflight on {host['address']} …")
+            report, answer = _submit_once(client, wire, queue)
+            decision = preflight.decide(wire, report, queue=queue)  # the host started it only if this passes
+            for note in decision.notes:
+                progress(note)
+            already = False
+            if answer is None:
+                answer, already = _start_once(client, wire, queue)
+    except HostKeyError:
+        raise
+    except TransportError as exc:
+        again = (f"The job may have started: `runner status {job_id}` tells; submitting again with --job-id "
+                 f"{job_id} never starts it twice.")
+        raise type(exc)(str(exc), hint=f"{exc.hint} {again}".strip()) from exc
+    except RunnerError:
+        if made_record:
+            _forget(store, job_id)
+        raise
+    state = answer.get("state", "QUEUED")
+    if not (made_record and state == record.last_state):
+        _note_state(store, job_id, state, progress)
+    return Submitted(job_id, state, host["address"], decision.stop_service,
                      decision.notes, client.round_trips, already, answer.get("slurm_job_id"))
 
 
-def dry_run(spec_path: str, overrides: list[str], *, queue: bool = False, job_id: str | None = None) -> DryRun:
+def _record(store: Store, record: JobRecord) -> bool:
+    """Save the job's record unless one exists (a resubmit keeps its cursor). Whether this made it."""
+    try:
+        store.load(record.job_id)
+        return False
+    except UnknownJob:
+        pass
+    store.save(record)  # a state dir that cannot be written: LocalStateError
+    return True
+
+
+def _forget(store: Store, job_id: str) -> None:
+    """Remove the record of a job the host refused (it was never started)."""
+    store.forget(job_id)
+
+
+def _note_state(store: Store, job_id: str, state: str, progress: Callable[[str], None]) -> None:
+    """Record the state the host answered; the record's last_state is only a cache, so a state dir that broke
+    after the start costs a note, not the job id the caller needs."""
+    try:
+        store.update_state(job_id, state)
+    except LocalStateError as exc:
+        progress(f"warning: the job's state was not recorded: {exc}")
+
+
+def dry_run(spec_path: str, overrides: list[str], *, queue: bool = False, job_id: str | None = None,
+            deadline: Deadline | None = None) -> DryRun:
     """Validate, check the args, preflight the host and decide — without starting or changing anything.
     A refusal raises exactly what submit would raise (exit 2/3/4/5)."""
     host, bundle, wire, args_note = _plan(spec_path, overrides, job_id, default_state_dir())
-    with connect(host, bundle) as client:
+    with connect(host, bundle, deadline) as client:
         report = _preflight(client, wire)
     decision = preflight.decide(wire, report, queue=queue)
     payload = wire["payload"]
@@ -224,7 +275,7 @@ def _submit_once(client: HostClient, wire: dict, queue: bool) -> tuple[dict, dic
 def _preflight(client: HostClient, wire: dict) -> dict:
     """The host's own refusal (systemd unreachable, sudo wants a password …) is a preflight refusal: exit 4."""
     try:
-        return _retrying()(client.preflight, wire)
+        return _retrying(client.deadline)(client.preflight, wire)
     except RemoteError as exc:
         raise _refusal(exc) from exc
 
@@ -243,7 +294,7 @@ def _start_once(client: HostClient, wire: dict, queue: bool) -> tuple[dict, bool
         if isinstance(exc, HostKeyError):
             raise
         client.close()
-        found = _retrying()(client.status, [wire["job_id"]])
+        found = _retrying(client.deadline)(client.status, [wire["job_id"]])
         if found and found[0].get("state") not in (None, "UNKNOWN"):
             return found[0], False
         return client.start(wire, queue=queue), False
@@ -317,7 +368,7 @@ def _print_log(record: JobRecord, cursor: int, out: BinaryIO, follow: bool, wait
     last byte flushed."""
     job_id, printed = record.job_id, 0
     state, code = record.last_state, None
-    with connect(record.host, deadline=Deadline(waiting.left() + ROUND_TRIP_ALLOWANCE_S)) as client:
+    with connect(record.host, deadline=Deadline.for_command(waiting.left())) as client:
         while True:
             wait = max(0.0, min(LONG_POLL_S, waiting.left() - 0.2)) if follow else 0.0
             try:
@@ -345,18 +396,19 @@ def _print_log(record: JobRecord, cursor: int, out: BinaryIO, follow: bool, wait
 
 # -- status, list, cancel, results, restore ---------------------------------------------------------------
 
-def status(job_ids: list[str], *, store: Store) -> list[dict]:
+def status(job_ids: list[str], *, store: Store, deadline: Deadline | None = None) -> list[dict]:
+    deadline = _command_deadline(deadline)
     records = [store.load(check_job_id(j)) for j in job_ids] if job_ids else store.all()
     by_host: dict[tuple, list[JobRecord]] = {}
     for record in records:
         by_host.setdefault(_host_key(record.host), []).append(record)
     answers = []
     for group in by_host.values():
-        with connect(group[0].host) as client:
-            found = _retrying()(client.status, [r.job_id for r in group])
+        with connect(group[0].host, deadline=deadline) as client:
+            found = _retrying(deadline)(client.status, [r.job_id for r in group])
         for record, job in zip(group, found):
             if job.get("state", record.last_state) != record.last_state:
-                store.update_state(record.job_id, job["state"])
+                _note_state(store, record.job_id, job["state"], lambda _note: None)
             answers.append(job)
     return answers
 
@@ -365,23 +417,23 @@ def _host_key(host: dict) -> tuple:
     return (host["address"], host.get("user"), host.get("port"), host.get("root"))
 
 
-def cancel(job_id: str, *, store: Store) -> dict:
+def cancel(job_id: str, *, store: Store, deadline: Deadline | None = None) -> dict:
     record = store.load(check_job_id(job_id))
-    with connect(record.host) as client:
+    with connect(record.host, deadline=deadline) as client:
         return client.cancel(job_id)
 
 
-def result(job_id: str, *, store: Store) -> dict:
+def result(job_id: str, *, store: Store, deadline: Deadline | None = None) -> dict:
     record = store.load(check_job_id(job_id))
-    with connect(record.host) as client:
-        return _retrying()(client.result, job_id)
+    with connect(record.host, deadline=deadline) as client:
+        return _retrying(client.deadline)(client.result, job_id)
 
 
 def restore_service(host: dict, service: dict, *, max_wait: float) -> dict:
     """Start the unit if inactive and wait until healthy, at most max_wait on the host plus one round trip."""
     if service.get("manager", "systemd") != "systemd" or not service.get("unit"):
         raise SpecError("restore-service needs a systemd unit (service.manager: systemd and service.unit)")
-    with connect(host, deadline=Deadline(max_wait + CALL_TIMEOUT_S)) as client:
+    with connect(host, deadline=Deadline.for_command(max_wait)) as client:
         return client.restore_service(service, max_wait=max_wait)
 
 

@@ -4,8 +4,8 @@ Every call is `python3 -c BOOT ROOT HASH SUBCOMMAND ARGS…`: BOOT runs the uplo
 the same interpreter: no second start-up on the host), or answers
 "payload-missing" (exit 42), in which case the bundle is uploaded once and the call repeated. On the wire
 it travels as `launch_argv`: one fixed single-line program plus one base64 word, which every login shell
-(sh, bash, zsh, csh/tcsh, fish) hands to python unchanged. One call is
-bounded by one Deadline (its own allowance, capped by the command's), shared by its boot, upload and retry.
+(sh, bash, zsh, csh/tcsh, fish) hands to python unchanged. Every call is bounded by the command's one
+Deadline, shared by its boot, upload and repeat; no call has an allowance of its own.
 
 `HostClient` is a context manager: `with connect(host) as client:` closes the transport on every path.
 """
@@ -15,7 +15,6 @@ import base64
 import hashlib
 import io
 import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -25,9 +24,6 @@ from remote_payload.contract import EXIT_PAYLOAD_MISSING
 from .deadline import Deadline
 from .errors import HostBusy, PreflightError, RemoteError, SchedulerUnavailable, UnknownJob
 from .transport import Completed, Transport
-
-CALL_TIMEOUT_S = 30.0
-START_TIMEOUT_S = 45.0
 
 BOOT = r"""
 import os, sys
@@ -152,16 +148,15 @@ def build_bundle(extra_script: Path | None = None) -> tuple[Bundle, str | None]:
 class HostClient:
     """Typed calls to the supervisor on one host. Raises RemoteError (or a subclass) for `ok: false`.
 
-    `deadline` is the calling command's: no call runs past it, whatever its own allowance.
+    `deadline` is the calling command's: no call runs past it.
     """
 
-    def __init__(self, transport: Transport, *, root: str, python: str, bundle: Bundle,
-                 deadline: Deadline | None = None) -> None:
+    def __init__(self, transport: Transport, *, root: str, python: str, bundle: Bundle, deadline: Deadline) -> None:
         self.transport = transport
         self.root = root
         self.python = python
         self.bundle = bundle
-        self.deadline = deadline or Deadline(math.inf)
+        self.deadline = deadline
         self.round_trips = 0
 
     def __enter__(self) -> HostClient:
@@ -178,14 +173,13 @@ class HostClient:
 
     def start(self, wire: dict, *, queue: bool = False) -> dict:
         args = ["--job-id", wire["job_id"]] + (["--queue"] if queue else [])
-        # Longer than the host's own wait for the detached supervisor (30 s), so its answer always arrives.
-        return self.call("start", args, stdin=_json_bytes(wire), allowance=START_TIMEOUT_S)
+        return self.call("start", args, stdin=_json_bytes(wire))
 
     def submit(self, wire: dict, *, queue: bool = False) -> dict:
         """Wire `submit`: the preflight report (`report`) and, when nothing in it could refuse the job, the
         start's answer (`started`: true) in one round trip."""
         args = ["--job-id", wire["job_id"]] + (["--queue"] if queue else [])
-        return self.call("submit", args, stdin=_json_bytes(wire), allowance=START_TIMEOUT_S)
+        return self.call("submit", args, stdin=_json_bytes(wire))
 
     def status(self, job_ids: Sequence[str] = ()) -> list[dict]:
         args = [a for job_id in job_ids for a in ("--job-id", job_id)]
@@ -193,7 +187,7 @@ class HostClient:
 
     def logs(self, job_id: str, offset: int, *, max_bytes: int, wait: float) -> dict:
         args = ["--job-id", job_id, "--offset", str(offset), "--max", str(max_bytes), "--wait", f"{wait:.2f}"]
-        answer = self.call("logs", args, allowance=CALL_TIMEOUT_S + wait)
+        answer = self.call("logs", args)
         answer["data"] = base64.b64decode(answer.pop("data_b64", ""))
         return answer
 
@@ -211,29 +205,28 @@ class HostClient:
             args.append("--sudo")
         if service.get("health_url"):
             args += ["--health-url", service["health_url"]]
-        return self.call("restore-service", args, allowance=CALL_TIMEOUT_S + max_wait)
+        return self.call("restore-service", args)
 
     def result(self, job_id: str) -> dict:
         return self.call("result", ["--job-id", job_id])["result"]
 
-    def call(self, sub: str, args: list[str], *, stdin: bytes = b"", allowance: float = CALL_TIMEOUT_S) -> dict:
-        """One supervisor call; its boot, the upload it may need and the repeat share one deadline."""
-        deadline = self.deadline.within(allowance)
-        done = self._run_boot(sub, args, stdin, deadline)
+    def call(self, sub: str, args: list[str], *, stdin: bytes = b"") -> dict:
+        """One supervisor call; its boot, the upload it may need and the repeat run inside the command's deadline."""
+        done = self._run_boot(sub, args, stdin)
         if done.exit_code == EXIT_PAYLOAD_MISSING:
-            self.upload(deadline)
-            done = self._run_boot(sub, args, stdin, deadline)
+            self.upload()
+            done = self._run_boot(sub, args, stdin)
         return _answer(done, sub)
 
-    def upload(self, deadline: Deadline) -> None:
+    def upload(self) -> None:
         argv = launch_argv(self.python, UNPACK, [self.root, self.bundle.digest])
         self.round_trips += 1
-        _answer(self.transport.run(argv, stdin=self.bundle.tarball(), deadline=deadline), "upload")
+        _answer(self.transport.run(argv, stdin=self.bundle.tarball(), deadline=self.deadline), "upload")
 
-    def _run_boot(self, sub: str, args: list[str], stdin: bytes, deadline: Deadline) -> Completed:
+    def _run_boot(self, sub: str, args: list[str], stdin: bytes) -> Completed:
         argv = launch_argv(self.python, BOOT, [self.root, self.bundle.digest, sub, *args])
         self.round_trips += 1
-        return self.transport.run(argv, stdin=stdin, deadline=deadline)
+        return self.transport.run(argv, stdin=stdin, deadline=self.deadline)
 
 
 def _json_bytes(obj: dict) -> bytes:

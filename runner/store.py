@@ -16,7 +16,7 @@ import fcntl
 import json
 import os
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Iterator
@@ -64,6 +64,11 @@ class Store:
         with self._record_lock(record.job_id):
             stored = self._stored_cursor(record.job_id)
             self._write(JobRecord(**{**asdict(record), "cursor": max(record.cursor, stored)}))
+
+    def forget(self, job_id: str) -> None:
+        """Remove a job's record (one the host refused, so never started): best effort, never raises."""
+        with suppress(OSError):
+            (self.jobs_dir / f"{job_id}.json").unlink(missing_ok=True)
 
     def load(self, job_id: str) -> JobRecord:
         path = self.jobs_dir / f"{job_id}.json"

@@ -90,12 +90,14 @@ class SshTransport:
         self.target = target
         self.name = target.address
         self._conn = None
+        self._connect_by: Deadline | None = None  # until a connect succeeds: what host.connect_timeout leaves
 
     def run(self, argv: Sequence[str], *, stdin: bytes = b"", deadline: Deadline) -> Completed:
         connecting = self._conn is None
         try:
             if connecting:
-                self._conn = _connect(self.target, deadline.cap(self.target.connect_timeout))
+                self._conn = _connect(self.target, self._connecting(deadline))
+                self._connect_by = None  # connected: a reconnect after a lost link has a connect_timeout of its own
             return _exec(self._conn.transport, tuple(argv), stdin, deadline, self.name)  # paramiko's connection
         except TransportError:
             self.close()
@@ -103,6 +105,18 @@ class SshTransport:
         except _ssh_errors() as exc:
             self.close()
             raise _translated(exc, self.target, connecting) from exc
+
+    def _connecting(self, deadline: Deadline) -> float:
+        """Seconds left for connecting: every attempt of this command until one connects shares one
+        host.connect_timeout (a host that never answers is not waited for again by a retry)."""
+        _remaining(deadline, self.name)  # the command's deadline first: it is what ended the wait, if it passed
+        if self._connect_by is None:
+            self._connect_by = deadline.within(self.target.connect_timeout)
+        if self._connect_by.passed():
+            raise TransportError(f"ssh {self.name}: cannot connect (no answer within host.connect_timeout, "
+                                 f"{self.target.connect_timeout:g} s)",
+                                 hint="Check that `ssh` itself reaches the host (address, port, network).")
+        return self._connect_by.left()
 
     def close(self) -> None:
         if self._conn is not None:
@@ -151,7 +165,9 @@ def _known_hosts_name(host: str, port: int | None) -> str:
 
 
 def _connect(target: SshTarget, timeout: float):
-    """Open a fabric Connection with our host-key rules. Errors are translated by the caller (`run`)."""
+    """Open a fabric Connection with our host-key rules; `timeout` (what is left for connecting) bounds the TCP
+    connect, the banner and key exchange, the authentication and the channels. Errors are translated by the
+    caller (`run`)."""
     conn = _fabric_connection(target, timeout)
     try:
         _open_gateway(conn.gateway, target, timeout)
@@ -199,14 +215,13 @@ def _fabric_connection(target: SshTarget, timeout: float):
 
     config_path = target.ssh_config or os.environ.get("RUNNER_SSH_CONFIG")
     config = Config(runtime_ssh_path=config_path) if config_path else Config()
-    kwargs = {"config": config, "connect_timeout": int(max(1, timeout))}
+    kwargs = {"config": config, "connect_timeout": timeout}
     if target.user:
         kwargs["user"] = target.user
     if target.port:
         kwargs["port"] = target.port
     conn = Connection(target.address, **kwargs)
-    conn.connect_kwargs.setdefault("banner_timeout", timeout)
-    conn.connect_kwargs.setdefault("auth_timeout", timeout)
+    conn.connect_kwargs.update(banner_timeout=timeout, auth_timeout=timeout, channel_timeout=timeout)
     _secure_host_keys(conn, target.host_key_policy)
     return conn
 
@@ -228,8 +243,8 @@ def _secure_host_keys(conn, policy: str) -> None:
         # fabric builds a ProxyJump hop with no timeouts at all: a dead jump host would block for the
         # kernel's TCP timeout, past any --max-wait.
         gateway.connect_timeout = conn.connect_timeout
-        gateway.connect_kwargs.setdefault("banner_timeout", conn.connect_timeout)
-        gateway.connect_kwargs.setdefault("auth_timeout", conn.connect_timeout)
+        gateway.connect_kwargs.update(banner_timeout=conn.connect_timeout, auth_timeout=conn.connect_timeout,
+                                      channel_timeout=conn.connect_timeout)
         _secure_host_keys(gateway, policy)
 
 

@@ -1,7 +1,7 @@
 """The OpenSSH transport: the user's own `ssh` client runs each command, so every ssh_config option they use
 (ProxyJump, certificates, agents, FIDO keys, GSSAPI, Match blocks, their own ControlMaster) works as in a shell.
 
-    ssh [-F CONFIG] -o BatchMode=yes -o ConnectTimeout=N -o ServerAlive… -o StrictHostKeyChecking=yes|accept-new
+    ssh [-F CONFIG] -o BatchMode=yes -o StrictHostKeyChecking=yes|accept-new -o ConnectTimeout=N -o ServerAlive…
         [-o ControlMaster=auto -o ControlPath=STATE/cm/TRUST/%C -o ControlPersist=120] [-l USER] [-p PORT] -- HOST CMD
 
 One master connection per host is kept in our state dir (unless the user's config names a ControlPath of its
@@ -9,7 +9,9 @@ own), so a warm command is one exec on an open connection; TRUST names the known
 so a changed known_hosts never rides on a master verified under the old one. Host keys are checked by OpenSSH itself (strict
 unless the spec opts in to accept-new). Exit 255 is ssh's own failure: its stderr is mapped into our tree
 (`HostKeyError` naming the host whose key failed, with the fingerprint line ssh printed; auth; unreachable),
-all exit 3. Each call is bounded by the command's Deadline (the process is killed when it passes).
+all exit 3. Each call is bounded by the command's Deadline: ConnectTimeout and the keepalives come from what
+is left of it (and of host.connect_timeout, shared by every connect attempt of the command), and the process
+is killed when it passes.
 
 `for_host(host)` picks the transport a spec's `host.transport` asks for (`auto`: this one when `ssh` exists).
 """
@@ -29,7 +31,8 @@ from .errors import HostKeyError, SpecError, TransportError
 from .transport import Completed, LocalTransport, SshTarget, SshTransport
 
 EXIT_SSH_FAILED = 255
-SERVER_ALIVE_S = 15
+SERVER_ALIVE_S = 15  # the keepalive interval when the command has time; less when it has less
+SERVER_ALIVE_COUNT = 3
 CONTROL_PERSIST_S = 120
 # sun_path holds 104 bytes on macOS (108 on Linux); ssh appends ".XXXXXXXXXXXXXXXX" while it binds a new master.
 SOCKET_PATH_MAX = 104 - 1 - 17
@@ -46,9 +49,11 @@ class OpenSshTransport:
         self.ssh = ssh
         self._options: list[str] | None = None
         self._resolved: dict[str, str] = {}  # `ssh -G` of the target: hostname, port, controlpath…
+        self._connect_by: Deadline | None = None  # until a call connects: what host.connect_timeout leaves
 
     def run(self, argv: Sequence[str], *, stdin: bytes = b"", deadline: Deadline) -> Completed:
-        command = self.command(shlex.join(argv), deadline)
+        connecting = self._connecting(deadline)
+        command = self.command(shlex.join(argv), deadline, connecting)
         try:
             proc = subprocess.run(command, input=stdin, capture_output=True, timeout=_left(deadline, self.name))
         except subprocess.TimeoutExpired as exc:
@@ -56,23 +61,37 @@ class OpenSshTransport:
             raise TransportError(f"ssh {self.name}: no answer before the deadline (link down or host overloaded?)") from exc
         except OSError as exc:
             raise TransportError(f"ssh {self.name}: cannot run {self.ssh}: {exc.strerror}") from exc
+        stderr = proc.stderr.decode("utf-8", "replace") if proc.returncode == EXIT_SSH_FAILED else ""
+        if not _CONNECT_TIMED_OUT.search(stderr):
+            self._connect_by = None  # it connected (or failed fast): a later connect has a connect_timeout of its own
         if proc.returncode == EXIT_SSH_FAILED:
-            stderr = proc.stderr.decode("utf-8", "replace")
             if self._says_too_little(stderr):
                 stderr = self._diagnosed(command, deadline) or stderr
             raise translated(stderr, self.target, self._known_as())
         return Completed(tuple(argv), proc.returncode, proc.stdout, proc.stderr)
 
+    def _connecting(self, deadline: Deadline) -> Deadline:
+        """What is left for connecting: every attempt of this command until one connects shares one
+        host.connect_timeout (a host that never answers is not waited for again by a retry)."""
+        _left(deadline, self.name)  # the command's deadline first: it is what ended the wait, if it passed
+        if self._connect_by is None:
+            self._connect_by = deadline.within(self.target.connect_timeout)
+        if self._connect_by.passed():
+            raise TransportError(f"ssh {self.name}: cannot connect (no answer within host.connect_timeout, "
+                                 f"{self.target.connect_timeout:g} s)",
+                                 hint="Check that `ssh` itself reaches the host (address, port, network).")
+        return self._connect_by
+
     def _drop_master(self) -> None:
         """Close the master after a call ran out of time: its TCP connection may be stalled in retransmit
-        back-off long after the link returns; the next command then connects afresh (`-O exit` talks to
-        the local socket only, so it answers with the link down)."""
+        back-off long after the link returns; the next command then connects afresh. `-O exit` talks to the
+        local socket only; it is not waited for, the command's deadline having passed already."""
         if self._options is None or "ControlMaster=auto" not in self._options:
             return
         try:
-            subprocess.run([self.ssh, *self._options, "-O", "exit", "--", self.target.address], capture_output=True,
-                           stdin=subprocess.DEVNULL, timeout=5)
-        except (OSError, subprocess.TimeoutExpired):
+            subprocess.Popen([self.ssh, *self._options, "-O", "exit", "--", self.target.address],
+                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        except OSError:
             pass
 
     def _says_too_little(self, stderr: str) -> bool:
@@ -97,12 +116,16 @@ class OpenSshTransport:
                          if not line.startswith("debug") or "Server host key:" in line
                          or "Server host certificate:" in line)
 
-    def command(self, remote: str, deadline: Deadline) -> list[str]:
-        """The ssh argv for one remote command line (already quoted once)."""
+    def command(self, remote: str, deadline: Deadline, connecting: Deadline | None = None) -> list[str]:
+        """The ssh argv for one remote command line (already quoted once). Its timeouts come from what is
+        left: ConnectTimeout (TCP, banner and key exchange) from `connecting` (default: the deadline), and
+        keepalives that give up on a silent link within what is left of the command."""
         if self._options is None:
-            self._options = self._fixed_options()
-        connect = max(1, int(deadline.cap(self.target.connect_timeout)))
-        return [self.ssh, *self._options, "-o", f"ConnectTimeout={connect}", "--", self.target.address, remote]
+            self._options = self._fixed_options(deadline)
+        connect = _whole_seconds((connecting or deadline).left())
+        alive = min(SERVER_ALIVE_S, _whole_seconds(deadline.left() / SERVER_ALIVE_COUNT))
+        return [self.ssh, *self._options, "-o", f"ConnectTimeout={connect}", "-o", f"ServerAliveInterval={alive}",
+                "-o", f"ServerAliveCountMax={SERVER_ALIVE_COUNT}", "--", self.target.address, remote]
 
     def _known_as(self) -> set[str]:
         """The names the target's own key line has in known_hosts (any other host's key is a jump host's)."""
@@ -112,30 +135,32 @@ class OpenSshTransport:
     def close(self) -> None:
         """Nothing to close: the master connection outlives the command on purpose (ControlPersist)."""
 
-    def _fixed_options(self) -> list[str]:
+    def _fixed_options(self, deadline: Deadline) -> list[str]:
         target = self.target
         config = target.ssh_config or os.environ.get("RUNNER_SSH_CONFIG")
         options = ["-F", config] if config else []
         checking = "accept-new" if target.host_key_policy == "accept-new" else "yes"
-        options += ["-T", "-o", "BatchMode=yes", "-o", f"StrictHostKeyChecking={checking}",
-                    "-o", f"ServerAliveInterval={SERVER_ALIVE_S}", "-o", "ServerAliveCountMax=3"]
+        options += ["-T", "-o", "BatchMode=yes", "-o", f"StrictHostKeyChecking={checking}"]
         if target.user:
             options += ["-l", target.user]
         if target.port:
             options += ["-p", str(target.port)]
-        self._resolved = self._ssh_g(options)
+        self._resolved = self._ssh_g(options, deadline)
         if not has_control_path(self._resolved):
-            socket_dir = control_socket_dir(self.control_dir / trust_tag(self._resolved))
+            try:
+                socket_dir = control_socket_dir(self.control_dir / trust_tag(self._resolved))
+            except OSError:  # a state dir that cannot be written: each call connects afresh, nothing else changes
+                return options
             options += ["-o", "ControlMaster=auto", "-o", f"ControlPath={socket_dir}/%C",
                         "-o", f"ControlPersist={CONTROL_PERSIST_S}"]
         return options
 
-    def _ssh_g(self, options: list[str]) -> dict[str, str]:
+    def _ssh_g(self, options: list[str], deadline: Deadline) -> dict[str, str]:
         """The user's ssh_config as applied to this host (`ssh -G`, no network): {option: value}."""
         try:
             proc = subprocess.run([self.ssh, *options, "-G", "--", self.target.address], capture_output=True,
-                                  stdin=subprocess.DEVNULL, timeout=10)
-        except (OSError, subprocess.TimeoutExpired):
+                                  stdin=subprocess.DEVNULL, timeout=_left(deadline, self.name))
+        except (OSError, subprocess.TimeoutExpired, TransportError):
             return {}
         return parse_ssh_g(proc.stdout.decode("utf-8", "replace"))
 
@@ -184,6 +209,8 @@ _HOST_KEY_MARKS = ("Host key verification failed", "REMOTE HOST IDENTIFICATION H
                    "host key is known for", "Certificate invalid", "No matching host key")
 _KEY_HOST = re.compile(r"(?:Host key for|host key is known for) (\S+) (?:has changed|and you have)")
 _FINGERPRINT = re.compile(r"SHA256:[A-Za-z0-9+/]{43}")
+# ssh's words for a connect that used up ConnectTimeout (TCP, or the banner and key exchange after it).
+_CONNECT_TIMED_OUT = re.compile(r"Connection timed out|timed out during banner exchange")
 
 
 def is_host_key_failure(stderr: str) -> bool:
@@ -229,6 +256,12 @@ def _unknown_hint(policy: str) -> str:
 def _keygen_name(host: str) -> str:
     """ssh prints `[127.0.0.1]:2222`; `ssh-keygen -R` takes it quoted the same way."""
     return shlex.quote(host)
+
+
+def _whole_seconds(seconds: float) -> int:
+    """ssh takes whole seconds, at least 1: the nearest, within half a second of what is left (the process is
+    killed at the deadline whatever ssh's own timers say)."""
+    return max(1, int(seconds + 0.5))
 
 
 def _left(deadline: Deadline, name: str) -> float:

@@ -1,10 +1,19 @@
 """Deadline: one clock per command; a hop's allowance never outlives it."""
 from __future__ import annotations
 
-import math
 import time
+from pathlib import Path
 
-from runner.deadline import Deadline
+import pytest
+
+from runner.controller import _retrying
+from runner.deadline import ROUND_TRIP_ALLOWANCE_S, Deadline
+from runner.errors import TransportError
+from runner.host import Bundle, HostClient
+from runner.transport import SshTarget, SshTransport
+from runner.transport_openssh import OpenSshTransport
+
+MAX_WAIT = 15.0
 
 
 def test_left_counts_down_and_never_goes_below_zero():
@@ -20,7 +29,66 @@ def test_cap_and_within_take_the_earlier_end():
     assert command.within(30.0).left() <= 2.0 and command.within(0.5).left() <= 0.5
 
 
-def test_an_endless_deadline_lets_each_hop_take_its_allowance():
-    never = Deadline(math.inf)
-    assert never.left() == math.inf and 29.9 < never.within(30.0).left() <= 30.0
-    assert repr(never) == "Deadline(never)"
+def test_a_commands_deadline_is_its_max_wait_plus_one_round_trip():
+    assert MAX_WAIT + ROUND_TRIP_ALLOWANCE_S - 0.1 < Deadline.for_command(MAX_WAIT).left() <= MAX_WAIT + ROUND_TRIP_ALLOWANCE_S
+    assert not Deadline(1.0).passed() and Deadline(0.0).passed()
+
+
+class LostLink:
+    """A transport whose link is down: each call fails at once (a refused connect)."""
+
+    name = "down"
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def run(self, argv, *, stdin=b"", deadline):
+        self.calls += 1
+        raise TransportError("ssh down: cannot connect (refused)")
+
+    def close(self) -> None:
+        pass
+
+
+def test_retries_run_inside_the_commands_deadline_and_add_nothing():
+    transport = LostLink()
+    client = HostClient(transport, root="~/.runner", python="python3", bundle=Bundle({}), deadline=Deadline(0.3))
+    t0 = time.monotonic()
+    with pytest.raises(TransportError):
+        _retrying(client.deadline)(client.status, ["j"])
+    assert time.monotonic() - t0 < 0.3 + 0.2 and 1 <= transport.calls <= 3
+    transport.calls = 0
+    with pytest.raises(TransportError):
+        _retrying(Deadline(0.0))(client.status, ["j"])
+    assert transport.calls == 1  # the attempt itself fails at the deadline; no retry starts after it
+
+
+def openssh(connect_timeout: float) -> OpenSshTransport:
+    transport = OpenSshTransport(SshTarget("h", connect_timeout=connect_timeout), control_dir=Path("/nonexistent"))
+    transport._options = []  # no `ssh -G`: only the per-call options are looked at
+    return transport
+
+
+def option(argv: list[str], name: str) -> int:
+    return int(next(a.split("=", 1)[1] for a in argv if a.startswith(name + "=")))
+
+
+def test_openssh_timeouts_come_from_what_is_left():
+    transport = openssh(connect_timeout=10)
+    roomy = transport.command("true", Deadline(55), Deadline(55).within(10))
+    assert option(roomy, "ConnectTimeout") == 10
+    assert option(roomy, "ServerAliveInterval") == 15 and option(roomy, "ServerAliveCountMax") == 3
+    short = transport.command("true", Deadline(4.2), Deadline(4.2).within(10))
+    assert option(short, "ConnectTimeout") == 4 and option(short, "ServerAliveInterval") == 1
+    assert option(transport.command("true", Deadline(0.2)), "ConnectTimeout") == 1  # ssh's least
+
+
+@pytest.mark.parametrize("make", [lambda t: openssh(t), lambda t: SshTransport(SshTarget("h", connect_timeout=t))])
+def test_every_connect_attempt_of_a_command_shares_one_connect_timeout(make):
+    """A host that used up host.connect_timeout is not waited for again by a retry of the same command."""
+    transport = make(0.05)
+    deadline = Deadline(30)
+    transport._connecting(deadline)
+    time.sleep(0.06)
+    with pytest.raises(TransportError, match="connect_timeout"):
+        transport._connecting(deadline)
