@@ -59,13 +59,17 @@ def cli() -> None:
 @click.option("--max-wait", type=click.FloatRange(0, 3600), default=DEFAULT_MAX_WAIT, show_default=True,
               help="With --follow: seconds to follow before returning 75. A fleet (a list of hosts): seconds to "
                    "drive the rollout before returning 75 (`runner wait RUN` goes on).")
+@click.option("--forks", type=click.IntRange(1, 256), default=None, metavar="N",
+              help="A fleet: at most N host calls at once (default: the spec's rollout.forks, 16).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
-def submit(job_file, overrides, queue, queue_timeout, job_id, dry_run, follow, max_wait, as_json) -> None:
+def submit(job_file, overrides, queue, queue_timeout, job_id, dry_run, follow, max_wait, forks, as_json) -> None:
     if queue_timeout is not None:
         overrides, queue = (*overrides, "limits.queue_timeout=" + queue_timeout), True
     if fleet.is_fleet(job_file, list(overrides)):
         sys.exit(fleet_cli.submit(job_file, list(overrides), run_id=job_id, queue=queue, dry_run=dry_run,
-                                  max_wait=max_wait, as_json=as_json))
+                                  max_wait=max_wait, as_json=as_json, forks=forks))
+    if forks is not None:
+        raise SpecError("--forks goes with a fleet (a list of hosts in host.address); this spec names one host")
     if dry_run:
         plan = controller.dry_run(job_file, list(overrides), queue=queue, job_id=job_id)
         _emit_json(asdict(plan)) if as_json else click.echo(_dry_run_text(plan))

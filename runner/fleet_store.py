@@ -27,6 +27,11 @@ from .store import Store, _write_atomic
 # unreachable, busy), held (not started: stop_on_failure, cancel, or no capacity left).
 PENDING, STARTING, STARTED, DONE, SKIPPED, HELD = "pending", "starting", "started", "done", "skipped", "held"
 FINAL_PHASES = (DONE, SKIPPED, HELD)
+# Host calls in flight at once (rollout.forks, like Ansible's forks). Each is one `ssh` client process (a few
+# MB, three pipes) on a warm master, plus a new master on a host's first contact: 16 keeps a laptop's CPUs
+# busy without piling a large fleet's handshakes on them at once, and stays far under macOS's default
+# limit of 256 open files.
+DEFAULT_FORKS = 16
 
 
 @dataclass
@@ -62,6 +67,7 @@ class RunRecord:
     created_at: float = field(default_factory=time.time)
     queue: bool = False
     hosts: list[HostEntry] = field(default_factory=list)
+    forks: int = DEFAULT_FORKS  # host calls at once (rollout.forks or --forks)
 
     @property
     def finished(self) -> bool:
