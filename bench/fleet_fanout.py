@@ -3,9 +3,10 @@
 Each host is a test sshd (tests/hosts/sshd.py: its own port, PID and mount namespace); one ssh_config names
 them fleet-1 … fleet-N. Per N, interleaved rounds of:
 
-    runner submit FLEET.yaml       a fleet of N (max_unavailable N, no service, payload `true`)
-    runner status RUN              that run, every host asked
-    ansible all -m ping -f N       the same hosts through the same ssh_config
+    runner submit FLEET.yaml --forks N   a fleet of N (max_unavailable N, no service, payload `true`)
+    runner submit FLEET.yaml             the same with the default forks (only where N > the default)
+    runner status RUN                    that run, every host asked
+    ansible all -m ping -f N             the same hosts through the same ssh_config
 
 each timed end to end as a separate process (warm: the first round of each is not counted, so every tool
 has its own ControlMaster connections open, as in a working session). Medians go to
@@ -26,6 +27,7 @@ from pathlib import Path
 
 import yaml
 
+from runner.fleet_store import DEFAULT_FORKS
 from tests.hosts._proc import shared_tmpdir
 from tests.hosts.sshd import start_sshd
 
@@ -84,6 +86,14 @@ def timed(argv: list[str], env: dict) -> tuple[float, subprocess.CompletedProces
     return time.monotonic() - began, done
 
 
+def submit(runner: list[str], spec: Path, env: dict, *args: str) -> tuple[float, dict]:
+    seconds, done = timed([*runner, "submit", str(spec), "--json", "--max-wait", "120", *args], env)
+    run = json.loads(done.stdout)
+    assert done.returncode == 0 and run["state"] == "SUCCEEDED", (done.returncode, done.stdout[-2000:],
+                                                                 done.stderr[-2000:])
+    return seconds, run
+
+
 def load() -> float:
     return os.getloadavg()[0]
 
@@ -100,11 +110,17 @@ def bench_n(n: int, rounds: int, ansible: str) -> dict:
                "ANSIBLE_SSH_CONTROL_PATH_DIR": str(work / "ansible-cp")}
         runner = [sys.executable, "-m", "runner"]
         rows: dict[str, list] = {"submit": [], "status": [], "ansible_ping": []}
+        first: dict[str, float] = {}  # round 0: each tool's first contact (new masters, the payload uploaded)
+        if n > DEFAULT_FORKS:
+            rows["submit_default_forks"] = []
         for round_ in range(rounds + 1):
-            seconds, done = timed([*runner, "submit", str(spec), "--json", "--max-wait", "120"], env)
-            run = json.loads(done.stdout)
-            assert done.returncode == 0 and run["state"] == "SUCCEEDED", (done.returncode, done.stdout[-2000:],
-                                                                         done.stderr[-2000:])
+            if "submit_default_forks" in rows:
+                default_s, run = submit(runner, spec, env)
+                if round_:
+                    rows["submit_default_forks"].append([default_s, load()])
+                else:
+                    first["submit_default_forks"] = round(default_s, 2)
+            seconds, run = submit(runner, spec, env, "--forks", str(n))
             submit_load = load()
             status_s, shown = timed([*runner, "status", run["run_id"]], env)
             assert shown.returncode == 0, shown.stdout.decode()[-2000:]
@@ -112,16 +128,21 @@ def bench_n(n: int, rounds: int, ansible: str) -> dict:
             ping_s, ping = timed([ansible, "all", "-i", str(inventory), "-m", "ping", "-f", str(n)], env)
             assert ping.returncode == 0 and ping.stdout.count(b"SUCCESS") == n, ping.stdout.decode()[-2000:]
             ping_load = load()
-            print(f"N={n} round {round_}: submit {seconds:.2f} s (load {submit_load:.2f}), status {status_s:.2f} s "
+            default = f"submit (default forks) {default_s:.2f} s, " if n > DEFAULT_FORKS else ""
+            print(f"N={n} round {round_}: {default}"
+                  + f"submit {seconds:.2f} s (load {submit_load:.2f}), status {status_s:.2f} s "
                   f"(load {status_load:.2f}), ansible ping {ping_s:.2f} s (load {ping_load:.2f})"
                   + ("  [warm-up, not counted]" if round_ == 0 else ""), flush=True)
             if round_:
                 rows["submit"].append([seconds, submit_load])
                 rows["status"].append([status_s, status_load])
                 rows["ansible_ping"].append([ping_s, ping_load])
+            else:
+                first.update(submit=round(seconds, 2), status=round(status_s, 2), ansible_ping=round(ping_s, 2))
         return {name: {"median_s": round(statistics.median(s for s, _ in values), 2),
                        "min_s": round(min(s for s, _ in values), 2), "max_s": round(max(s for s, _ in values), 2),
-                       "load_1min": [round(l, 2) for _, l in values], "runs_s": [round(s, 2) for s, _ in values]}
+                       "load_1min": [round(l, 2) for _, l in values], "runs_s": [round(s, 2) for s, _ in values],
+                       "first_round_s": first[name]}
                 for name, values in rows.items()}
     finally:
         for host in hosts:
@@ -141,7 +162,7 @@ def main() -> None:
     for n in args.n:
         document["by_n"][str(n)] = found = bench_n(n, args.rounds, args.ansible)
         ping = found["ansible_ping"]["median_s"]
-        found["ratio_to_ansible"] = {k: round(found[k]["median_s"] / ping, 2) for k in ("submit", "status")}
+        found["ratio_to_ansible"] = {k: round(found[k]["median_s"] / ping, 2) for k in found if k != "ansible_ping"}
         print(f"N={n}: {json.dumps(found['ratio_to_ansible'])}", flush=True)
         RESULTS.write_text(json.dumps(document, indent=1) + "\n")
     print(f"wrote {RESULTS}")

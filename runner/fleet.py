@@ -217,7 +217,8 @@ class Rollout:
             if self.deadline.left() > START_MARGIN_S:
                 self._finish(entry, SKIPPED, _why(exc), exit=exc.exit_code)
             else:  # cut by this call's deadline rather than the host's own timeout: ask again next call
-                self._note(entry, f"preflight not answered before this call's deadline; the next call asks again: {exc}")
+                self._note(entry, f"preflight not answered before this call's deadline; the next call asks "
+                                  f"again: {exc}")
             return False
         except RunnerError as exc:
             self._finish(entry, SKIPPED, _why(exc), exit=exc.exit_code)
