@@ -161,6 +161,9 @@ class Rollout:
         self.run_record, self.runs, self.store, self.deadline = run, runs, store, deadline
         self.progress = progress
         self.forks = Forks(run.forks)
+        self.version = self.written = 0  # the record's changes made, and the last one on disk
+        self.saving = True
+        self.write_lock = threading.Lock()
         self._plan: controller.LocalPlan | None = None
         self._plan_lock = threading.Lock()
         self.cond = threading.Condition()
@@ -173,13 +176,18 @@ class Rollout:
     def run(self) -> RunRecord:
         threads = [threading.Thread(target=self._host, args=(i, e), daemon=True, name=f"fleet-{e.address}")
                    for i, e in enumerate(self.run_record.hosts) if not e.final]
-        for thread in threads:
+        saver = threading.Thread(target=self._keep_saved, daemon=True, name="fleet-record")
+        for thread in [saver, *threads]:
             thread.start()
         for thread in threads:
             thread.join(timeout=self.deadline.left())
         with self.cond:  # a start in flight is confirmed (or not) within one round trip
             self.cond.wait_for(lambda: self.starting == 0, timeout=controller.ROUND_TRIP_ALLOWANCE_S)
-            self._save()
+            self.saving = False
+            self.cond.notify_all()
+        saver.join()
+        with self.cond:
+            self._save_now()
             return self.run_record
 
     # -- one host ------------------------------------------------------------------------------------------
@@ -250,7 +258,7 @@ class Rollout:
                                        and index == min(self.waiting | self.undecided)):
                     self.waiting.discard(index)
                     entry.phase, entry.note = STARTING, "starting"
-                    self._save()
+                    self._save_now()  # on disk before the start: a driver killed meanwhile resumes it by job id
                     self.cond.notify_all()  # the next host in the list may take its turn now, not at a timeout
                     return self._start_locked(index, entry)
                 if self._no_slot_can_free():
@@ -364,8 +372,37 @@ class Rollout:
         self.cond.notify_all()
         self.progress(f"{entry.address}: {phase}: {note}")
 
+    # -- the run record: written by one thread, the latest state, never under the rollout's lock -------------
+
     def _save(self) -> None:
-        self.runs.save(self.run_record)
+        """(under self.cond) The record changed: the saver thread writes it soon, outside the lock (a write
+        is an fsync: each under the lock would hold every host's step behind it)."""
+        self.version += 1
+        self.cond.notify_all()
+
+    def _save_now(self) -> None:
+        """(under self.cond) Write the record before going on."""
+        self.version += 1
+        self._write(self.version, self.runs.dump(self.run_record))
+
+    def _keep_saved(self) -> None:
+        with self.cond:
+            while self.saving:
+                self.cond.wait_for(lambda: self.version > self.written or not self.saving)
+                if self.version > self.written:
+                    version, text = self.version, self.runs.dump(self.run_record)
+                    self.cond.release()
+                    try:
+                        self._write(version, text)
+                    finally:
+                        self.cond.acquire()
+
+    def _write(self, version: int, text: str) -> None:
+        """An older state never replaces a newer one on disk."""
+        with self.write_lock:
+            if version > self.written:
+                self.runs.write(self.run_record.run_id, text)
+                self.written = version
 
 
 def _failed(entry: HostEntry) -> bool:

@@ -96,8 +96,16 @@ class RunStore:
         return self.path(run_id).is_file()
 
     def save(self, run: RunRecord) -> None:
+        self.write(run.run_id, self.dump(run))
+
+    @staticmethod
+    def dump(run: RunRecord) -> str:
+        return json.dumps(asdict(run), indent=1)
+
+    def write(self, run_id: str, text: str) -> None:
+        """The record as `dump` made it, replaced atomically."""
         self.dir.mkdir(parents=True, exist_ok=True)
-        _write_atomic(self.path(run.run_id), json.dumps(asdict(run), indent=1))
+        _write_atomic(self.path(run_id), text)
 
     def load(self, run_id: str) -> RunRecord:
         path = self.path(run_id)
