@@ -178,3 +178,50 @@ def test_a_host_that_never_answers_neither_holds_back_the_others_nor_outlives_th
     assert took <= max_wait + ROUND_TRIP_ALLOWANCE_S + 10, took  # the CLI's own start-up under load
     time.sleep(1.0)
     assert our_ssh_clients(Path(target.env["RUNNER_SSH_CONFIG"])) == []  # its calls ended with the command
+
+
+def test_forks_grants_in_list_order_and_gives_up_at_the_deadline():
+    """Forks alone: with one fork held, hosts 2, 0, 1 ask (in that order) and get it 0, 1, 2; a host whose
+    deadline passes first gets False and makes no call."""
+    import threading
+
+    from runner.deadline import Deadline
+    from runner.fleet import Forks
+
+    forks, granted, order = Forks(1), [], []
+    held = threading.Event()
+
+    def holder() -> None:
+        with forks.call(-1, Deadline(5)):
+            held.set()
+            stop = time.monotonic() + 10
+            while len(forks.asking) < 3 and time.monotonic() < stop:  # until all three are asking
+                time.sleep(0.01)
+
+    def asker(index: int) -> None:
+        with forks.call(index, Deadline(10)) as got:
+            granted.append(got)
+            order.append(index)
+
+    first = threading.Thread(target=holder)
+    first.start()
+    held.wait()
+    askers = []
+    for index in (2, 0, 1):
+        askers.append(threading.Thread(target=asker, args=(index,)))
+        askers[-1].start()
+    for thread in [first, *askers]:
+        thread.join()
+    assert order == [0, 1, 2] and granted == [True] * 3, order
+    with forks.call(0, Deadline(5)):
+        began = time.monotonic()
+        with forks.call(1, Deadline(0.3)) as got:
+            assert got is False and time.monotonic() - began < 2
+
+
+def test_forks_with_a_one_host_spec_is_refused_before_any_host(tmp_path):
+    spec = tmp_path / "one.yaml"
+    spec.write_text(yaml.safe_dump({"name": "one", "host": {"address": "local"}, "service": {"manager": "none"},
+                                    "payload": {"command": ["true"]}}))
+    done = run_cli(Target("local", {}, tmp_path, {}), "submit", str(spec), "--forks", "4")
+    assert done.returncode == 2 and b"--forks goes with a fleet" in done.stderr, done.stderr
