@@ -156,8 +156,9 @@ def main() -> None:
     parser.add_argument("--ansible", default=ANSIBLE)
     args = parser.parse_args()
     version = subprocess.run([args.ansible, "--version"], capture_output=True, text=True).stdout.splitlines()[0]
-    document = {"what": "runner submit (fleet, max_unavailable N, no service, payload `true`) and runner status RUN "
-                        "vs `ansible all -m ping -f N`, same hosts, interleaved, warm, medians",
+    document = {"what": "runner submit --forks N (fleet, max_unavailable N, no service, payload `true`; "
+                        "submit_default_forks: without --forks) and runner status RUN vs `ansible all -m ping -f N`, "
+                        "same hosts, interleaved, warm (first_round_s: each tool's first contact), medians",
                 "ansible": version, "cpus": os.cpu_count(), "rounds": args.rounds, "by_n": {}}
     for n in args.n:
         document["by_n"][str(n)] = found = bench_n(n, args.rounds, args.ansible)
