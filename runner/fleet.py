@@ -438,23 +438,32 @@ def cancel(run_id: str, *, store: Store) -> dict[str, dict]:
                     entry.phase, entry.note = HELD, "not started: the run was cancelled"
             runs.save(run)
     live = [e for e in run.hosts if e.phase in (STARTING, STARTED)]
-    answers, errors = for_each_host(live, lambda e: controller.cancel(e.job_id, store=store))
+    answers, errors = for_each_host(live, lambda e: controller.cancel(e.job_id, store=store), run.forks)
     answers.update({a: {"error": str(exc).splitlines()[0], "exit": exc.exit_code} for a, exc in errors.items()})
     return {e.address: answers.get(e.address, {"state": e.phase, "already": True, "note": e.note}) for e in run.hosts}
 
 
-def for_each_host(entries: list[HostEntry], call: Callable[[HostEntry], object]) -> tuple[dict, dict[str, RunnerError]]:
-    """call(entry) for each host at once: (answers, errors) by address; one host's error is its own."""
+def for_each_host(entries: list[HostEntry], call: Callable[[HostEntry], object],
+                  forks: int | None = None) -> tuple[dict, dict[str, RunnerError]]:
+    """call(entry) for each host, at most `forks` at once in list order (None: every host at once, as a
+    `tail -f` of each needs): (answers, errors) by address; one host's error is its own."""
     answers: dict[str, object] = {}
     errors: dict[str, RunnerError] = {}
+    todo = iter(entries)
+    lock = threading.Lock()
 
-    def one(entry: HostEntry) -> None:
-        try:
-            answers[entry.address] = call(entry)
-        except RunnerError as exc:
-            errors[entry.address] = exc
+    def worker() -> None:
+        while True:
+            with lock:
+                entry = next(todo, None)
+            if entry is None:
+                return
+            try:
+                answers[entry.address] = call(entry)
+            except RunnerError as exc:
+                errors[entry.address] = exc
 
-    threads = [threading.Thread(target=one, args=(e,), daemon=True) for e in entries]
+    threads = [threading.Thread(target=worker, daemon=True) for _ in range(min(forks or len(entries), len(entries)))]
     for thread in threads:
         thread.start()
     for thread in threads:

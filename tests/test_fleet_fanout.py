@@ -225,3 +225,31 @@ def test_forks_with_a_one_host_spec_is_refused_before_any_host(tmp_path):
                                     "payload": {"command": ["true"]}}))
     done = run_cli(Target("local", {}, tmp_path, {}), "submit", str(spec), "--forks", "4")
     assert done.returncode == 2 and b"--forks goes with a fleet" in done.stderr, done.stderr
+
+
+def test_for_each_host_keeps_to_its_forks_and_each_hosts_error_is_its_own():
+    import threading
+
+    from runner.errors import TransportError
+    from runner.fleet import for_each_host
+    from runner.fleet_store import HostEntry
+
+    entries = [HostEntry(f"h{i}", f"R.{i}") for i in range(5)]
+    lock, now, peak = threading.Lock(), [0], [0]
+
+    def call(entry):
+        with lock:
+            now[0] += 1
+            peak[0] = max(peak[0], now[0])
+        time.sleep(0.1)
+        with lock:
+            now[0] -= 1
+        if entry.address == "h3":
+            raise TransportError("h3: cannot connect")
+        return entry.job_id
+
+    for forks, most in ((2, 2), (None, 5)):
+        peak[0] = 0
+        answers, errors = for_each_host(entries, call, forks)
+        assert answers == {e.address: e.job_id for e in entries if e.address != "h3"} and list(errors) == ["h3"]
+        assert peak[0] <= most and (forks is None or peak[0] == forks), (forks, peak)
