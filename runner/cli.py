@@ -63,13 +63,17 @@ def cli() -> None:
                    "again with the same --job-id). With --follow: the log is followed until then, then 75. A "
                    "fleet (a list of hosts): seconds to drive the rollout before returning 75 (`runner wait RUN` "
                    "goes on).")
+@click.option("--forks", type=click.IntRange(1, 256), default=None, metavar="N",
+              help="A fleet: at most N host calls at once (default: the spec's rollout.forks, 16).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
-def submit(job_file, overrides, queue, queue_timeout, job_id, dry_run, follow, max_wait, as_json) -> None:
+def submit(job_file, overrides, queue, queue_timeout, job_id, dry_run, follow, max_wait, forks, as_json) -> None:
     if queue_timeout is not None:
         overrides, queue = (*overrides, "limits.queue_timeout=" + queue_timeout), True
     if fleet.is_fleet(job_file, list(overrides)):
         sys.exit(fleet_cli.submit(job_file, list(overrides), run_id=job_id, queue=queue, dry_run=dry_run,
-                                  max_wait=max_wait, as_json=as_json))
+                                  max_wait=max_wait, as_json=as_json, forks=forks))
+    if forks is not None:
+        raise SpecError("--forks goes with a fleet (a list of hosts in host.address); this spec names one host")
     deadline = Deadline.for_command(max_wait)
     if dry_run:
         plan = controller.dry_run(job_file, list(overrides), queue=queue, job_id=job_id, deadline=deadline)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO, Callable, Sequence
@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, BinaryIO, Callable, Sequence
 from remote_payload.contract import DEFAULTS
 
 from . import plan_cache, preflight
-from .deadline import DEFAULT_MAX_WAIT_S, ROUND_TRIP_ALLOWANCE_S, Deadline  # noqa: F401 (controller.ROUND_TRIP_ALLOWANCE_S is read by fleet)
+from .deadline import DEFAULT_MAX_WAIT_S, Deadline
 from .errors import (HostKeyError, LocalStateError, LogShrank, PreflightError, RemoteError, RunnerError, SpecError,
                      TransportError, UnknownJob)
 from .host import Bundle, HostClient, build_bundle, payload_dir
@@ -136,17 +136,40 @@ def _check_payload_args(spec: JobSpec, source: Path | None) -> str:
     return check_many(source, payload_dir(), runs, spec.spec_path).note
 
 
-def _plan(spec_path: str, overrides: list[str], job_id: str | None, state: Path) -> tuple[dict, Bundle, dict, str]:
-    """Everything decided locally: the host section, the bundle, the wire form and the args check's note.
-    A spec planned before from the same bytes, overrides, bundle and code is not validated again (plan_cache)."""
+@dataclass
+class LocalPlan:
+    """Everything submit decides before it contacts a host: the host section, the bundle, the wire form (its
+    job id left to each submit) and the args check's note."""
+    host: dict
+    bundle: Bundle
+    wire: dict
+    args_note: str
+
+    def for_address(self, address: str) -> LocalPlan:
+        """This plan for one host of a fleet: the wire form names no host, so only host.address changes and
+        nothing is validated again."""
+        return replace(self, host=dict(self.host, address=address))
+
+
+def local_plan(spec_path: str, overrides: Sequence[str], state: Path | None = None) -> LocalPlan:
+    """The spec's plan. A spec planned before from the same bytes, overrides, bundle and code is not validated
+    again (plan_cache)."""
+    state = default_state_dir() if state is None else state
     key = plan_cache.key(spec_path, overrides)
     cached = plan_cache.load(state, key, build_bundle)
     if cached is None:
-        cached = _validated_plan(spec_path, overrides)
+        cached = _validated_plan(spec_path, list(overrides))
         plan_cache.save(state, key, cached[0])
     plan, bundle = cached
+    return LocalPlan(plan.host, bundle, plan.wire, plan.args_note)
+
+
+def _plan(spec_path: str, overrides: list[str], job_id: str | None, state: Path,
+          planned: LocalPlan | None = None) -> tuple[dict, Bundle, dict, str]:
+    """The plan (`planned`, or the spec's) with this submit's job id: host section, bundle, wire form, args note."""
+    plan = planned or local_plan(spec_path, overrides, state)
     job_id = check_job_id(job_id) if job_id is not None else job_id_for(plan.wire["name"], datetime.now(timezone.utc), os.urandom(3).hex())
-    return plan.host, bundle, dict(plan.wire, job_id=job_id), plan.args_note
+    return plan.host, plan.bundle, dict(plan.wire, job_id=job_id), plan.args_note
 
 
 def _validated_plan(spec_path: str, overrides: list[str]) -> tuple[plan_cache.Plan, Bundle]:
@@ -161,24 +184,21 @@ def _validated_plan(spec_path: str, overrides: list[str]) -> tuple[plan_cache.Pl
                            args_note), bundle
 
 
-def check_locally(spec_path: str, overrides: list[str]) -> str:
-    """Everything submit checks before it contacts a host (spec, payload args, memory estimate); the args note."""
-    return _plan(spec_path, overrides, None, default_state_dir())[3]
-
-
 def planned_host(spec_path: str, overrides: Sequence[str]) -> dict | None:
     """The host section of this spec's cached plan (no validation), or None when it was not planned yet."""
     return plan_cache.host(default_state_dir(), plan_cache.key(spec_path, overrides))
 
 
 def submit(spec_path: str, overrides: list[str], *, queue: bool = False, job_id: str | None = None,
-           store: Store, progress: Callable[[str], None], deadline: Deadline | None = None) -> Submitted:
+           store: Store, progress: Callable[[str], None], planned: LocalPlan | None = None,
+           deadline: Deadline | None = None) -> Submitted:
     """Plan, record the job locally (its id chosen here), then preflight and start it on the host. The record
     comes first, so whatever fails later (the link, the state dir) leaves a job `status`/`cancel` can name;
-    a refusal from the host removes the record it made."""
+    a refusal from the host removes the record it made. planned: a plan made already (a fleet's, retargeted
+    to this host); deadline: the command's."""
     deadline = _command_deadline(deadline)
     store.check_writable()
-    host, bundle, wire, args_note = _plan(spec_path, overrides, job_id, store.root)
+    host, bundle, wire, args_note = _plan(spec_path, overrides, job_id, store.root, planned)
     job_id = wire["job_id"]
     progress(args_note)
     record = JobRecord(job_id=job_id, name=wire["name"], host=host, spec_path=str(Path(spec_path).resolve()),
@@ -237,10 +257,10 @@ def _note_state(store: Store, job_id: str, state: str, progress: Callable[[str],
 
 
 def dry_run(spec_path: str, overrides: list[str], *, queue: bool = False, job_id: str | None = None,
-            deadline: Deadline | None = None) -> DryRun:
+            planned: LocalPlan | None = None, deadline: Deadline | None = None) -> DryRun:
     """Validate, check the args, preflight the host and decide — without starting or changing anything.
-    A refusal raises exactly what submit would raise (exit 2/3/4/5)."""
-    host, bundle, wire, args_note = _plan(spec_path, overrides, job_id, default_state_dir())
+    A refusal raises exactly what submit would raise (exit 2/3/4/5). planned, deadline: as for submit."""
+    host, bundle, wire, args_note = _plan(spec_path, overrides, job_id, default_state_dir(), planned)
     with connect(host, bundle, deadline) as client:
         report = _preflight(client, wire)
     decision = preflight.decide(wire, report, queue=queue)

@@ -14,22 +14,28 @@ starts at once) → start (the ordinary submit: preflight again, start) → poll
 A host that is refused or unreachable is skipped and reported, without holding back the others; a host
 whose service did not come back keeps its slot (the fleet is that much smaller), and when no slot can
 free again the hosts still waiting are held with the reason.
+
+The spec is planned once for the run (controller.local_plan: validated, or from the plan cache) and each
+host's submit gets that plan retargeted to its address. At most `forks` host calls (preflight, start, one
+status poll) are in flight at once, granted in list order (Forks); a thread waiting for its turn or for its
+job's end holds none. Every call is bounded by the command's deadline (a start by one round trip past it),
+so a host that never answers ends with the command and holds back no one but its own fork meanwhile.
 """
 from __future__ import annotations
 
 import hashlib
-import json
 import secrets
 import threading
 import time
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 from remote_payload.contract import is_terminal
 
 from . import controller
-from .deadline import Deadline
+from .deadline import ROUND_TRIP_ALLOWANCE_S, Deadline
 from .errors import RunnerError, SpecError, TransportError
 from .fleet_store import DONE, HELD, PENDING, SKIPPED, STARTED, STARTING, HostEntry, RunRecord, RunStore
 from .job_id import check_job_id, job_id_for
@@ -44,12 +50,6 @@ Progress = Callable[[str], None]
 def host_job_id(run_id: str, index: int) -> str:
     """Host N's job in run R is `R.N` (1-based, in host.address order): fixed, so a start is idempotent."""
     return check_job_id(f"{run_id}.{index + 1}")
-
-
-def host_overrides(overrides: list[str], address: str) -> list[str]:
-    """The run's --set overrides plus this host's address: the ordinary one-host spec for that host.
-    The address goes as a JSON string, which YAML reads back as that string whatever it looks like."""
-    return [*overrides, f"host.address={json.dumps(address)}", "rollout=null"]
 
 
 def spec_digest(spec_path: str) -> str:
@@ -70,7 +70,8 @@ def is_fleet(spec_path: str, overrides: list[str]) -> bool:
 
 
 def submit(spec_path: str, overrides: list[str], *, run_id: str | None, queue: bool, store: Store,
-           max_wait: float, progress: Progress) -> RunRecord:
+           max_wait: float, progress: Progress, forks: int | None = None) -> RunRecord:
+    """forks: this run's host calls at once (`--forks`), instead of the spec's rollout.forks."""
     runs = RunStore(store)
     if run_id is not None and runs.exists(check_job_id(run_id)):
         run = runs.load(run_id)
@@ -79,26 +80,32 @@ def submit(spec_path: str, overrides: list[str], *, run_id: str | None, queue: b
             raise SpecError(f"run {run_id} was submitted from another spec (or {spec_path} changed since)",
                             hint=f"Continue it with `runner wait {run_id}`, or choose another --job-id.")
         progress(f"run {run_id}: continuing the rollout")
+        if forks is not None and forks != run.forks:
+            run.forks = forks
+            runs.save(run)
     else:
-        run = new_run(spec_path, overrides, run_id=run_id, queue=queue, progress=progress)
+        run = new_run(spec_path, overrides, run_id=run_id, queue=queue, progress=progress, forks=forks)
         runs.save(run)
     return drive(run.run_id, store=store, max_wait=max_wait, progress=progress)
 
 
-def new_run(spec_path: str, overrides: list[str], *, run_id: str | None, queue: bool, progress: Progress) -> RunRecord:
-    """The run record for a fleet spec, checked locally first (spec, payload args): no host is contacted."""
+def new_run(spec_path: str, overrides: list[str], *, run_id: str | None, queue: bool, progress: Progress,
+            forks: int | None = None) -> RunRecord:
+    """The run record for a fleet spec, checked locally first (spec, payload args): no host is contacted.
+    The plan made here (and cached) is the one every host's job is started from."""
     from . import spec_fleet
     from .spec_load import load_spec
 
     spec = load_spec(spec_path, overrides)
     addresses = spec_fleet.hosts(spec)
-    progress(controller.check_locally(spec_path, host_overrides(overrides, addresses[0])))
+    progress(controller.local_plan(spec_path, overrides).args_note)
     run_id = check_job_id(run_id) if run_id is not None else \
         job_id_for(spec.name, datetime.now(timezone.utc), secrets.token_hex(3))
     rollout = spec.rollout or spec_fleet.RolloutSpec()
     return RunRecord(run_id=run_id, name=spec.name, spec_path=str(Path(spec_path).resolve()),
                      spec_sha256=spec_digest(spec_path), overrides=list(overrides),
                      max_unavailable=rollout.max_unavailable, stop_on_failure=rollout.stop_on_failure, queue=queue,
+                     forks=forks or rollout.forks,
                      hosts=[HostEntry(address, host_job_id(run_id, i)) for i, address in enumerate(addresses)])
 
 
@@ -118,12 +125,47 @@ def drive(run_id: str, *, store: Store, max_wait: float, progress: Progress) -> 
         return run
 
 
+class Forks:
+    """At most n host calls in flight at once (like Ansible's forks), granted in list order, so the first
+    host (the canary) is asked first; a caller waits for one no longer than its deadline."""
+
+    def __init__(self, n: int) -> None:
+        self.free = n
+        self.asking: set[int] = set()  # the hosts (list indexes) waiting for a fork
+        self.cond = threading.Condition()
+
+    @contextmanager
+    def call(self, index: int, deadline: Deadline) -> Iterator[bool]:
+        """Yield True holding a fork, or False when the deadline passed first (make no call then)."""
+        with self.cond:
+            self.asking.add(index)
+            granted = self.cond.wait_for(lambda: self.free > 0 and index == min(self.asking), timeout=deadline.left())
+            self.asking.discard(index)
+            if granted:
+                self.free -= 1
+            self.cond.notify_all()  # the next host in the list may ask now
+        try:
+            yield granted
+        finally:
+            if granted:
+                with self.cond:
+                    self.free += 1
+                    self.cond.notify_all()
+
+
 class Rollout:
-    """One driver's pass over a run: a thread per host, the max_unavailable rule under one lock."""
+    """One driver's pass over a run: a thread per host, the max_unavailable rule under one lock, the host
+    calls through `forks`."""
 
     def __init__(self, run: RunRecord, runs: RunStore, store: Store, deadline: Deadline, progress: Progress) -> None:
         self.run_record, self.runs, self.store, self.deadline = run, runs, store, deadline
         self.progress = progress
+        self.forks = Forks(run.forks)
+        self.version = self.written = 0  # the record's changes made, and the last one on disk
+        self.saving = True
+        self.write_lock = threading.Lock()
+        self._plan: controller.LocalPlan | None = None
+        self._plan_lock = threading.Lock()
         self.cond = threading.Condition()
         self.waiting: set[int] = set()  # hosts whose preflight says "will stop", waiting for their turn
         # Hosts still in preflight: none after them takes a turn first, so the rollout follows the list
@@ -134,24 +176,29 @@ class Rollout:
     def run(self) -> RunRecord:
         threads = [threading.Thread(target=self._host, args=(i, e), daemon=True, name=f"fleet-{e.address}")
                    for i, e in enumerate(self.run_record.hosts) if not e.final]
-        for thread in threads:
+        saver = threading.Thread(target=self._keep_saved, daemon=True, name="fleet-record")
+        for thread in [saver, *threads]:
             thread.start()
         for thread in threads:
             thread.join(timeout=self.deadline.left())
         with self.cond:  # a start in flight is confirmed (or not) within one round trip
-            self.cond.wait_for(lambda: self.starting == 0, timeout=controller.ROUND_TRIP_ALLOWANCE_S)
-            self._save()
+            self.cond.wait_for(lambda: self.starting == 0, timeout=ROUND_TRIP_ALLOWANCE_S)
+            self.saving = False
+            self.cond.notify_all()
+        saver.join()
+        with self.cond:
+            self._save_now()
             return self.run_record
 
     # -- one host ------------------------------------------------------------------------------------------
 
     def _host(self, index: int, entry: HostEntry) -> None:
         try:
-            if entry.phase == PENDING and not (self._preflight(entry) and self._wait_turn(index, entry)):
+            if entry.phase == PENDING and not (self._preflight(index, entry) and self._wait_turn(index, entry)):
                 return
-            if entry.phase == STARTING and not self._start(entry):
+            if entry.phase == STARTING and not self._start(index, entry):
                 return
-            self._follow(entry)
+            self._follow(index, entry)
         except Exception as exc:  # a bug in one host's thread must not hide the others' outcome
             self._finish(entry, SKIPPED, f"internal error: {type(exc).__name__}: {exc}", exit=1)
         finally:
@@ -160,13 +207,32 @@ class Rollout:
                 self.undecided.discard(index)
                 self.cond.notify_all()
 
-    def _preflight(self, entry: HostEntry) -> bool:
-        overrides = host_overrides(self.run_record.overrides, entry.address)
+    def _planned(self, entry: HostEntry) -> controller.LocalPlan:
+        """The run's plan (made once, by the first host that needs it) retargeted to this host."""
+        with self._plan_lock:
+            if self._plan is None:
+                self._plan = controller.local_plan(self.run_record.spec_path, self.run_record.overrides)
+        return self._plan.for_address(entry.address)
+
+    def _preflight(self, index: int, entry: HostEntry) -> bool:
+        """True: decided (entry.stops). False: skipped, or still pending for the next driver call."""
         try:
-            plan = controller.dry_run(self.run_record.spec_path, overrides, queue=self.run_record.queue,
-                                      job_id=entry.job_id)
+            with self.forks.call(index, self.deadline) as granted:
+                plan = controller.dry_run(self.run_record.spec_path, self.run_record.overrides,
+                                          queue=self.run_record.queue, job_id=entry.job_id,
+                                          planned=self._planned(entry), deadline=self.deadline) if granted else None
+        except TransportError as exc:
+            if self.deadline.left() > START_MARGIN_S:
+                self._finish(entry, SKIPPED, _why(exc), exit=exc.exit_code)
+            else:  # cut by this call's deadline rather than the host's own timeout: ask again next call
+                self._note(entry, f"preflight not answered before this call's deadline; the next call asks "
+                                  f"again: {exc}")
+            return False
         except RunnerError as exc:
             self._finish(entry, SKIPPED, _why(exc), exit=exc.exit_code)
+            return False
+        if plan is None:
+            self._note(entry, "no fork free before this call's deadline; the next call goes on")
             return False
         with self.cond:
             entry.stops = plan.stop_service
@@ -192,8 +258,9 @@ class Rollout:
                                        and index == min(self.waiting | self.undecided)):
                     self.waiting.discard(index)
                     entry.phase, entry.note = STARTING, "starting"
-                    self._save()
-                    return self._start_locked(entry)
+                    self._save_now()  # on disk before the start: a driver killed meanwhile resumes it by job id
+                    self.cond.notify_all()  # the next host in the list may take its turn now, not at a timeout
+                    return self._start_locked(index, entry)
                 if self._no_slot_can_free():
                     down = ", ".join(e.address for e in self.run_record.hosts if e.service_down)
                     self._finish_locked(entry, HELD, f"not started: the service did not come back on {down}, "
@@ -201,22 +268,29 @@ class Rollout:
                     return False
                 self.cond.wait(timeout=0.5)
 
-    def _start_locked(self, entry: HostEntry) -> bool:
+    def _start_locked(self, index: int, entry: HostEntry) -> bool:
         self.cond.release()
         try:
-            return self._start(entry)
+            return self._start(index, entry)
         finally:
             self.cond.acquire()
 
-    def _start(self, entry: HostEntry) -> bool:
+    def _start(self, index: int, entry: HostEntry) -> bool:
         """The ordinary submit with the host's fixed job id. Refused → skipped (its slot freed). A lost link
-        leaves it STARTING (slot held: it may have started); the next try adopts or starts it."""
+        leaves it STARTING (slot held: it may have started); the next try adopts or starts it. A start begun
+        before the deadline may take one round trip past it, to be confirmed."""
         with self.cond:
             self.starting += 1
         try:
-            done = controller.submit(self.run_record.spec_path, host_overrides(self.run_record.overrides, entry.address),
-                                     queue=self.run_record.queue, job_id=entry.job_id, store=self.store,
-                                     progress=lambda m: self.progress(f"{entry.address}: {m}"))
+            with self.forks.call(index, Deadline(max(0.0, self.deadline.left() - START_MARGIN_S))) as granted:
+                if not granted:
+                    self._note(entry, "not started: no fork free before this call's deadline; the next call starts it")
+                    return False
+                done = controller.submit(self.run_record.spec_path, self.run_record.overrides,
+                                         queue=self.run_record.queue, job_id=entry.job_id, store=self.store,
+                                         progress=lambda m: self.progress(f"{entry.address}: {m}"),
+                                         planned=self._planned(entry),
+                                         deadline=Deadline.for_command(self.deadline.left()))
         except TransportError as exc:
             with self.cond:
                 entry.note, entry.exit = f"start not confirmed, retried by the next driver call: {exc}", exc.exit_code
@@ -237,11 +311,14 @@ class Rollout:
         self.progress(f"{entry.address}: started {entry.job_id} ({done.state})")
         return True
 
-    def _follow(self, entry: HostEntry) -> None:
+    def _follow(self, index: int, entry: HostEntry) -> None:
         """Poll the host's job until it ends (or the deadline): its end frees its slot, if the service is back."""
         while self.deadline.left() > 0:
             try:
-                job = controller.status([entry.job_id], store=self.store)[0]
+                with self.forks.call(index, self.deadline) as granted:
+                    if not granted:
+                        return
+                    job = controller.status([entry.job_id], store=self.store, deadline=self.deadline)[0]
             except TransportError as exc:
                 with self.cond:
                     entry.note = f"unreachable since {time.strftime('%H:%M:%S')}: {exc}"
@@ -279,6 +356,12 @@ class Rollout:
             return f"not started: rollout.stop_on_failure after {', '.join(failed)} failed"
         return None
 
+    def _note(self, entry: HostEntry, note: str) -> None:
+        with self.cond:
+            entry.note = note
+            self._save()
+        self.progress(f"{entry.address}: {note}")
+
     def _finish(self, entry: HostEntry, phase: str, note: str, exit: int | None = None) -> None:
         with self.cond:
             self._finish_locked(entry, phase, note, exit)
@@ -289,8 +372,37 @@ class Rollout:
         self.cond.notify_all()
         self.progress(f"{entry.address}: {phase}: {note}")
 
+    # -- the run record: written by one thread, the latest state, never under the rollout's lock -------------
+
     def _save(self) -> None:
-        self.runs.save(self.run_record)
+        """(under self.cond) The record changed: the saver thread writes it soon, outside the lock (a write
+        is an fsync: each under the lock would hold every host's step behind it)."""
+        self.version += 1
+        self.cond.notify_all()
+
+    def _save_now(self) -> None:
+        """(under self.cond) Write the record before going on."""
+        self.version += 1
+        self._write(self.version, self.runs.dump(self.run_record))
+
+    def _keep_saved(self) -> None:
+        with self.cond:
+            while self.saving:
+                self.cond.wait_for(lambda: self.version > self.written or not self.saving)
+                if self.version > self.written:
+                    version, text = self.version, self.runs.dump(self.run_record)
+                    self.cond.release()
+                    try:
+                        self._write(version, text)
+                    finally:
+                        self.cond.acquire()
+
+    def _write(self, version: int, text: str) -> None:
+        """An older state never replaces a newer one on disk."""
+        with self.write_lock:
+            if version > self.written:
+                self.runs.write(self.run_record.run_id, text)
+                self.written = version
 
 
 def _failed(entry: HostEntry) -> bool:
@@ -326,23 +438,32 @@ def cancel(run_id: str, *, store: Store) -> dict[str, dict]:
                     entry.phase, entry.note = HELD, "not started: the run was cancelled"
             runs.save(run)
     live = [e for e in run.hosts if e.phase in (STARTING, STARTED)]
-    answers, errors = for_each_host(live, lambda e: controller.cancel(e.job_id, store=store))
+    answers, errors = for_each_host(live, lambda e: controller.cancel(e.job_id, store=store), run.forks)
     answers.update({a: {"error": str(exc).splitlines()[0], "exit": exc.exit_code} for a, exc in errors.items()})
     return {e.address: answers.get(e.address, {"state": e.phase, "already": True, "note": e.note}) for e in run.hosts}
 
 
-def for_each_host(entries: list[HostEntry], call: Callable[[HostEntry], object]) -> tuple[dict, dict[str, RunnerError]]:
-    """call(entry) for each host at once: (answers, errors) by address; one host's error is its own."""
+def for_each_host(entries: list[HostEntry], call: Callable[[HostEntry], object],
+                  forks: int | None = None) -> tuple[dict, dict[str, RunnerError]]:
+    """call(entry) for each host, at most `forks` at once in list order (None: every host at once, as a
+    `tail -f` of each needs): (answers, errors) by address; one host's error is its own."""
     answers: dict[str, object] = {}
     errors: dict[str, RunnerError] = {}
+    todo = iter(entries)
+    lock = threading.Lock()
 
-    def one(entry: HostEntry) -> None:
-        try:
-            answers[entry.address] = call(entry)
-        except RunnerError as exc:
-            errors[entry.address] = exc
+    def worker() -> None:
+        while True:
+            with lock:
+                entry = next(todo, None)
+            if entry is None:
+                return
+            try:
+                answers[entry.address] = call(entry)
+            except RunnerError as exc:
+                errors[entry.address] = exc
 
-    threads = [threading.Thread(target=one, args=(e,), daemon=True) for e in entries]
+    threads = [threading.Thread(target=worker, daemon=True) for _ in range(min(forks or len(entries), len(entries)))]
     for thread in threads:
         thread.start()
     for thread in threads:

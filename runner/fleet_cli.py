@@ -24,18 +24,18 @@ def run_exit(run: RunRecord) -> int:
 def run_text(run: RunRecord) -> str:
     width = max(len(e.address) for e in run.hosts)
     lines = [f"{run.run_id}: {run.state} ({sum(e.final for e in run.hosts)} of {len(run.hosts)} hosts final, "
-             f"max_unavailable {run.max_unavailable})"]
+             f"max_unavailable {run.max_unavailable}, forks {run.forks})"]
     lines += [f"  {e.address:<{width}}  {e.job_id}  {e.phase}" + (f" {e.state}" if e.state else "")
               + (f"  {e.note}" if e.note else "") for e in run.hosts]
     return "\n".join(lines)
 
 
 def submit(job_file: str, overrides: list[str], *, run_id: str | None, queue: bool, dry_run: bool,
-           max_wait: float, as_json: bool) -> int:
+           max_wait: float, as_json: bool, forks: int | None = None) -> int:
     if dry_run:
         return _dry_run(job_file, overrides, queue=queue)
     run = fleet.submit(job_file, overrides, run_id=run_id, queue=queue, store=Store(), max_wait=max_wait,
-                       progress=_progress)
+                       progress=_progress, forks=forks)
     return _report(run, as_json)
 
 
@@ -56,13 +56,12 @@ def _report(run: RunRecord, as_json: bool) -> int:
 
 
 def _dry_run(job_file: str, overrides: list[str], *, queue: bool) -> int:
-    """Every host's dry run at once: what it would do, or why it would be skipped. Nothing is changed."""
-    from .spec_fleet import hosts
-    from .spec_load import load_spec
-
-    entries = [HostEntry(a, "") for a in hosts(load_spec(job_file, overrides))]
+    """Every host's dry run at once, from the one plan: what it would do, or why it would be skipped.
+    Nothing is changed."""
+    planned = controller.local_plan(job_file, overrides)
+    entries = [HostEntry(a, "") for a in planned.host["address"]]
     plans, errors = for_each_host(entries, lambda e: controller.dry_run(
-        job_file, fleet.host_overrides(overrides, e.address), queue=queue))
+        job_file, overrides, queue=queue, planned=planned.for_address(e.address)))
     _say(f"dry run of a fleet of {len(entries)}: nothing was started or changed")
     for entry in entries:
         plan = plans.get(entry.address)

@@ -27,6 +27,11 @@ from .store import Store, _write_atomic
 # unreachable, busy), held (not started: stop_on_failure, cancel, or no capacity left).
 PENDING, STARTING, STARTED, DONE, SKIPPED, HELD = "pending", "starting", "started", "done", "skipped", "held"
 FINAL_PHASES = (DONE, SKIPPED, HELD)
+# Host calls in flight at once (rollout.forks, like Ansible's forks). Each is one `ssh` client process (a few
+# MB, three pipes) on a warm master, plus a new master on a host's first contact: 16 keeps a laptop's CPUs
+# busy without piling a large fleet's handshakes on them at once, and stays far under macOS's default
+# limit of 256 open files.
+DEFAULT_FORKS = 16
 
 
 @dataclass
@@ -62,6 +67,7 @@ class RunRecord:
     created_at: float = field(default_factory=time.time)
     queue: bool = False
     hosts: list[HostEntry] = field(default_factory=list)
+    forks: int = DEFAULT_FORKS  # host calls at once (rollout.forks or --forks)
 
     @property
     def finished(self) -> bool:
@@ -90,8 +96,16 @@ class RunStore:
         return self.path(run_id).is_file()
 
     def save(self, run: RunRecord) -> None:
+        self.write(run.run_id, self.dump(run))
+
+    @staticmethod
+    def dump(run: RunRecord) -> str:
+        return json.dumps(asdict(run), indent=1)
+
+    def write(self, run_id: str, text: str) -> None:
+        """The record as `dump` made it, replaced atomically."""
         self.dir.mkdir(parents=True, exist_ok=True)
-        _write_atomic(self.path(run.run_id), json.dumps(asdict(run), indent=1))
+        _write_atomic(self.path(run_id), text)
 
     def load(self, run_id: str) -> RunRecord:
         path = self.path(run_id)

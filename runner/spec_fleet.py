@@ -1,7 +1,7 @@
 """The spec's fleet part: `host.address` as one host or a list of them, and the `rollout` section.
 
     host: {address: [h200-a, h200-b, h200-c], …}   the rest of host, service, gpu apply to each host
-    rollout: {max_unavailable: 1, stop_on_failure: false}
+    rollout: {max_unavailable: 1, stop_on_failure: false, forks: 16}
 
 A list is a fleet: one run, one job per host (runner/fleet.py drives it). A single string is one job,
 exactly as before. The same host twice would queue a job behind itself on one service lock, so a list with
@@ -13,6 +13,7 @@ from typing import Annotated, Any, Union
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
+from .fleet_store import DEFAULT_FORKS
 from .spec_fields import _check_address, short
 
 MAX_HOSTS = 256
@@ -48,6 +49,7 @@ class RolloutSpec(BaseModel):
 
     max_unavailable: Annotated[int, Field(ge=1, le=MAX_HOSTS)] = 1
     stop_on_failure: bool = False
+    forks: Annotated[int, Field(ge=1, le=MAX_HOSTS)] = DEFAULT_FORKS
 
 
 def fleet_problem(spec) -> str | None:

@@ -61,6 +61,9 @@ DESCRIPTIONS = {
                                "that leaves its service running does not count).",
     "rollout.stop_on_failure": "After a host fails (skipped, or its job ended other than SUCCEEDED), start no "
                                "more hosts.",
+    "rollout.forks": "At most this many host calls (preflight, start, status) in flight at once, in list order, "
+                     "like Ansible's forks; `runner submit --forks N` for one run. Waiting for a turn or for a "
+                     "job's end holds none.",
     "limits": "Time limits.",
     "limits.max_runtime": "The payload's deadline: TERM, `grace`, then KILL of its process group.",
     "limits.grace": "Seconds between TERM and KILL.",

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from runner import controller
-from runner.controller import ROUND_TRIP_ALLOWANCE_S
+from runner.deadline import ROUND_TRIP_ALLOWANCE_S
 from runner.host import HostClient
 from runner.store import JobRecord, Store
 from tests.cli_helpers import Target, run_cli, wait_for, wait_terminal, write_job

@@ -160,7 +160,7 @@ def test_target_unreachable_behind_a_live_jump_host_tail_returns_within_max_wait
     """The target's link cut (packets dropped) while the jump host (the loopback sshd) answers: `tail -f
     --max-wait 4` gives up within max-wait plus one round trip's allowance (paramiko's direct-tcpip channel
     used to wait its default 3600 s, the jump host's kernel connect ~130 s)."""
-    from runner.controller import ROUND_TRIP_ALLOWANCE_S
+    from runner.deadline import ROUND_TRIP_ALLOWANCE_S
 
     netns_block = netns_host.ssh_config.read_text().replace("Host testhost\n", "Host netns-target\n    ProxyJump testhost\n", 1)
     config = tmp_path / "ssh_config"
