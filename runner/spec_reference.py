@@ -73,7 +73,8 @@ DESCRIPTIONS = {
     "slurm.extra_args": "More sbatch options, one `--name=value` per item; not the ones the fields above set.",
     "sweep.matrix": "KEY: [values]: every combination of the axes is one variant.",
     "sweep.include": "Extra variants, each a {KEY: value} mapping, after the matrix's.",
-    "sweep.fail_fast": "After a failing variant start no more (each one left is recorded \"not started\" with the reason).",
+    "sweep.fail_fast": "After a failing variant start no more (each one left is recorded \"not started\" with "
+                       "the reason).",
     "sweep.max_parallel": "With launcher slurm: at most this many variants at once (the job array's `%k`); "
                           "default all. Refused with launcher ssh (the variants run one after another).",
     "limits": "Time limits.",
