@@ -4,7 +4,8 @@ these into messages and process exits (`cli.exit_code` for outcomes that are not
     RunnerError                      exit 1 unless a subclass says otherwise
     ├── SpecError                    2  bad job spec or bad command-line usage
     ├── TransportError               3  host unreachable, auth failed, timed out
-    │   └── HostKeyError             3  unknown or changed host key (message has the fingerprint)
+    │   ├── HostKeyError             3  unknown or changed host key (message has the fingerprint)
+    │   └── BadAnswer                3  the host answered outside the wire contract (runner/answers.py)
     ├── PreflightError               4  the host cannot run this job now (memory, service policy)
     ├── HostBusy                     5  a lock is held; the message names the holder
     ├── SchedulerUnavailable         3  launcher slurm: no sbatch/squeue on the login node, slurmctld silent
@@ -46,6 +47,10 @@ class TransportError(RunnerError):
 
 class HostKeyError(TransportError):
     pass
+
+
+class BadAnswer(TransportError):
+    """The host's answer breaks the wire contract (a broken or compromised supervisor): nothing of it is used."""
 
 
 class PreflightError(RunnerError):
