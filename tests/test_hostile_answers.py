@@ -256,3 +256,29 @@ def test_the_error_is_a_transport_error():
                         python="python3", bundle=Bundle({}))
     with pytest.raises(TransportError, match="status: jobs: 1 asked for, 0 answered"):
         client.status(["j1"])
+
+
+# -- the forms a real supervisor answers pass (captured shapes of docs/protocol.md) -----------------------
+
+def test_the_host_s_own_forms_pass():
+    from runner import answers
+
+    slurm_preflight = {"ok": True, "service": None, "locks": [], "python": "3.8.10", "gpus": [], "apps": [],
+                       "nvidia_smi": False, "slurm": {"partitions": ["gpu*"]}}
+    assert answers.preflight(slurm_preflight) is slurm_preflight
+    assert answers.start({"ok": True, "job_id": "a", "state": "QUEUED", "slurm_job_id": "4242", "job_dir": "/r/a"}, "a")
+    array_job = good_job(job_id="a", state="RUNNING", progress=None,
+                         array={"of": 3, "done": 1, "succeeded": 1, "failed": 0, "skipped": 0, "running": 1,
+                                "pending": 1, "reasons": {"Priority": 1}},
+                         slurm={"job_id": "4242", "state": "RUNNING", "reason": None, "node": "n1",
+                                "cuda_visible_devices": "0", "error": None})
+    unknown = {"job_id": "b", "state": "UNKNOWN"}
+    assert answers.status({"ok": True, "jobs": [array_job, unknown]}, ["a", "b"]) == [array_job, unknown]
+    busy = {"ok": False, "error": "busy", "message": "gpu-0 is held by job x (supervisor pid 7)",
+            "holder": {"job_id": "x", "pid": 7, "since": 1.0, "key": "gpu-0"}}
+    assert answers.failure("start", busy) is busy
+    assert answers.result({"ok": True, "job_id": "a", "result": [1, "two", None]}) == [1, "two", None]
+    assert answers.restore_service({"ok": True, "unit": "u.service", "state": "failed", "active_state": "failed",
+                                    "sub_state": "failed", "log_tail": "boom"})["state"] == "failed"
+    chunk = answers.logs({**good_chunk(b"", offset=0, state="SUCCEEDED"), "size": 0}, 0, 1 << 20)
+    assert chunk["data"] == b"" and "data_b64" not in chunk
