@@ -149,6 +149,7 @@ TEXT = _expect("text", lambda v: isinstance(v, str))
 INT = _expect("an integer", _is_int)
 COUNT = _expect("an integer >= 0", lambda v: _is_int(v) and v >= 0)
 NUMBER = _expect("a finite number", lambda v: _is_int(v) or (isinstance(v, float) and math.isfinite(v)))
+ANY_NUMBER = _expect("a number", lambda v: _is_int(v) or isinstance(v, float))  # a payload's, NaN included
 BOOL = _expect("true or false", lambda v: isinstance(v, bool))
 OBJECT = _expect("an object", lambda v: isinstance(v, dict))
 LIST = _expect("a list", lambda v: isinstance(v, list))
@@ -180,8 +181,8 @@ SERVICE_STATUS = _optional(_record({
     "manager": OPT_TEXT, "unit": OPT_TEXT, "was": OPT_TEXT, "now": OPT_TEXT, "stopped": OPT_BOOL,
     "stopped_at": OPT_NUMBER, "restored_at": OPT_NUMBER, "downtime_s": OPT_NUMBER, "healthy": OPT_BOOL}))
 PROGRESS = _optional(_record({
-    "phase": SCALAR, "phase_status": SCALAR, "rows_done": COUNT, "rows_expected": OPT_COUNT, "last_t": OPT_NUMBER,
-    "errors": OPT_COUNT, "output_bytes": OPT_COUNT, "silent_s": OPT_NUMBER,
+    "phase": SCALAR, "phase_status": SCALAR, "rows_done": COUNT, "rows_expected": OPT_COUNT,
+    "last_t": _optional(ANY_NUMBER), "errors": OPT_COUNT, "output_bytes": OPT_COUNT, "silent_s": OPT_NUMBER,
     "variant": _optional(_record({"index": OPT_INT, "of": OPT_INT, "args": _optional(OBJECT), "status": OPT_TEXT})),
 }, required=("rows_done",)))
 ARRAY = _optional(_record({**{k: COUNT for k in ("of", "done", "succeeded", "failed", "skipped", "running", "pending")},
