@@ -27,6 +27,8 @@ MAX_SPEC_BYTES = 1 << 20
 # "billion laughs" file has billions, which any walk of the value (validation, a message) would pay for.
 MAX_EXPANDED_VALUES = 100_000
 QUOTABLE_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,40}")
+# PyYAML's messages quote a name from the text after these words: not shown, like any other content.
+_NAMED = re.compile(r"""\b(alias|anchor|tag|tag handle) (?:'[^']*'|"[^"]*")""")
 
 SectionT = TypeVar("SectionT", bound=BaseModel)
 
@@ -87,7 +89,10 @@ def _parse_yaml(path: Path, text: str) -> tuple[dict, dict]:
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
-        raise SpecError(f"{where}: {_one_line(exc.problem or exc.context or 'invalid YAML')}") from None
+        problem = exc.problem or exc.context or "invalid YAML"
+        if not isinstance(exc, _Refused):
+            problem = _NAMED.sub(r"\1 (not shown)", problem)
+        raise SpecError(f"{where}: {_one_line(problem)}") from None
     except (yaml.YAMLError, ValueError, RecursionError) as exc:
         # PyYAML raises ValueError for impossible dates (2026-02-30) and RecursionError for deep nesting.
         raise SpecError(f"{path}: invalid YAML: {_one_line(str(exc) or type(exc).__name__)}") from None
@@ -108,6 +113,10 @@ def _refuse_other_files(path: Path, document: dict) -> None:
 def _key_text(key: Any) -> str | None:
     """A key as it may be quoted in a message, or None when it does not look like a key someone typed."""
     return key if isinstance(key, str) and QUOTABLE_KEY.fullmatch(key) else None
+
+
+class _Refused(yaml.constructor.ConstructorError):
+    """One of this loader's own rules: its message is runner's, shown as written."""
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -135,7 +144,7 @@ class _UniqueKeyLoader(yaml.SafeLoader):
             key = self.construct_object(key_node, deep=deep)
             if isinstance(key, Hashable) and key in seen:
                 quoted = _key_text(key)
-                raise yaml.constructor.ConstructorError(
+                raise _Refused(
                     None, None, f"duplicate key {quoted!r}" if quoted else "a key written twice", key_node.start_mark)
             if isinstance(key, Hashable):
                 seen.add(key)
@@ -150,7 +159,7 @@ def _expanded_size(node: yaml.Node, sizes: dict, active: set) -> int:
     if id(node) in sizes:
         return sizes[id(node)]
     if id(node) in active:
-        raise yaml.constructor.ConstructorError(None, None, "an alias refers to itself (a recursive value)",
+        raise _Refused(None, None, "an alias refers to itself (a recursive value)",
                                                 node.start_mark)
     children = node.value if isinstance(node, yaml.SequenceNode) else \
         [part for pair in node.value for part in pair] if isinstance(node, yaml.MappingNode) else []
@@ -159,7 +168,7 @@ def _expanded_size(node: yaml.Node, sizes: dict, active: set) -> int:
     for child in children:
         total += _expanded_size(child, sizes, active)
         if total > MAX_EXPANDED_VALUES:
-            raise yaml.constructor.ConstructorError(
+            raise _Refused(
                 None, None, f"this value expands to more than {MAX_EXPANDED_VALUES} values (YAML aliases repeat "
                 "what they name); a job spec is small", node.start_mark)
     active.discard(id(node))

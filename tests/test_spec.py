@@ -600,6 +600,9 @@ SECRETS = ["hunter2-SECRET", "ghp_SECRETtoken0123", "sk-live-SECRET-4f3c9a", "AK
     "[default]\naws_secret_access_key = AKIASECRETKEYID\n",  # an INI file
     "password: a\npassword: hunter2-SECRET\n",  # written twice
     "s3cr3t SECRET pass: 1\ns3cr3t SECRET pass: 2\n",
+    "token: *ghp_SECRETtoken0123\n",  # an alias never defined
+    "a: &sk-live-SECRET-4f3c9a 1\nb: &sk-live-SECRET-4f3c9a 2\n",  # an anchor twice
+    "key: !hunter2-SECRET x\n",  # a tag
 ])
 def test_a_file_that_is_not_a_job_spec_is_refused_without_its_content(tmp_path, text):
     path = tmp_path / "secrets"
