@@ -23,7 +23,8 @@ from .errors import BadAnswer
 
 # The longest answer line read: a result.json or a 4 MiB log chunk in base64 fits many times over.
 MAX_ANSWER_BYTES = 32 << 20
-# The deepest nesting of arrays and objects in an answer; the wire's own is 4, a result's a few more.
+# The deepest nesting of arrays and objects in an answer: the wire's own stay under 10 levels, and a deeper
+# result.json is no benchmark's table (json itself gives up near 1000, with a RecursionError).
 MAX_DEPTH = 64
 
 Check = Callable[[Any, str], None]
@@ -35,7 +36,7 @@ class _Wrong(Exception):
         self.where, self.why = where, why
 
 
-def bad(verb: str, where: str, why: str) -> BadAnswer:
+def _bad(verb: str, where: str, why: str) -> BadAnswer:
     return BadAnswer(f"the host answered something runner does not understand ({verb}: {where}: {why})",
                      hint="The supervisor on the host is not the one runner uploaded, or a job's status.json was "
                           "overwritten (its payload can write there); nothing of this answer was used or stored.")
@@ -47,22 +48,22 @@ def parse_line(stdout: bytes, verb: str) -> dict | None:
     """The answer object on the last line of stdout; None when there is no JSON object at all (the caller
     says why: no interpreter, a crash). Too long, too deep or an `ok` that is not a boolean is BadAnswer."""
     if len(stdout) > MAX_ANSWER_BYTES:
-        raise bad(verb, "answer", f"{len(stdout)} bytes, more than the {MAX_ANSWER_BYTES} an answer may have")
+        raise _bad(verb, "answer", f"{len(stdout)} bytes, more than the {MAX_ANSWER_BYTES} an answer may have")
     lines = stdout.decode("utf-8", "replace").strip().splitlines()
     if not lines:
         return None
     try:
         answer = json.loads(lines[-1])
     except RecursionError:
-        raise bad(verb, "answer", f"nested deeper than {MAX_DEPTH} levels") from None
+        raise _bad(verb, "answer", f"nested deeper than {MAX_DEPTH} levels") from None
     except ValueError:
         return None
     if not isinstance(answer, dict):
         return None
     if _depth_over(answer, MAX_DEPTH):
-        raise bad(verb, "answer", f"nested deeper than {MAX_DEPTH} levels")
+        raise _bad(verb, "answer", f"nested deeper than {MAX_DEPTH} levels")
     if not isinstance(answer.get("ok", False), bool):
-        raise bad(verb, "ok", f"expected true or false, got {_kind(answer['ok'])}")
+        raise _bad(verb, "ok", f"expected true or false, got {_kind(answer['ok'])}")
     return answer
 
 
@@ -214,13 +215,13 @@ def _checked(verb: str, answer: Any, shape: Check) -> Any:
     try:
         shape(answer, "")
     except _Wrong as wrong:
-        raise bad(verb, wrong.where or "answer", wrong.why) from None
+        raise _bad(verb, wrong.where or "answer", wrong.why) from None
     return answer
 
 
 def _same_job(verb: str, answer: dict, job_id: str) -> dict:
     if answer["job_id"] != job_id:
-        raise bad(verb, "job_id", "not the job asked for")
+        raise _bad(verb, "job_id", "not the job asked for")
     return answer
 
 
@@ -247,10 +248,10 @@ def status(answer: dict, job_ids: Sequence[str]) -> list[dict]:
     """The jobs asked for, one entry each in the order asked (every job when none was named)."""
     jobs = _checked("status", answer, STATUS)["jobs"]
     if job_ids and len(jobs) != len(job_ids):
-        raise bad("status", "jobs", f"{len(job_ids)} asked for, {len(jobs)} answered")
+        raise _bad("status", "jobs", f"{len(job_ids)} asked for, {len(jobs)} answered")
     for index, (job, job_id) in enumerate(zip(jobs, job_ids)):
         if job["job_id"] != job_id:
-            raise bad("status", f"jobs.{index}.job_id", "not the job asked for")
+            raise _bad("status", f"jobs.{index}.job_id", "not the job asked for")
     return jobs
 
 
@@ -259,22 +260,22 @@ def logs(answer: dict, offset: int, max_bytes: int) -> dict:
     `next_offset` that is `offset` plus its length and within `size`."""
     _checked("logs", answer, LOGS)
     if answer["offset"] != offset:
-        raise bad("logs", "offset", f"{offset} asked for, {answer['offset']} answered")
+        raise _bad("logs", "offset", f"{offset} asked for, {answer['offset']} answered")
     encoded = answer["data_b64"]
     if len(encoded) > 4 * (max_bytes // 3 + 1):
-        raise bad("logs", "data_b64", f"more than the {max_bytes} bytes asked for")
+        raise _bad("logs", "data_b64", f"more than the {max_bytes} bytes asked for")
     try:
         data = base64.b64decode(encoded, validate=True)
     except ValueError:  # binascii.Error, or text that is not ASCII
-        raise bad("logs", "data_b64", "not base64") from None
+        raise _bad("logs", "data_b64", "not base64") from None
     if len(data) > max_bytes:
-        raise bad("logs", "data_b64", f"{len(data)} bytes, more than the {max_bytes} bytes asked for")
+        raise _bad("logs", "data_b64", f"{len(data)} bytes, more than the {max_bytes} bytes asked for")
     if answer["next_offset"] != offset + len(data):
-        raise bad("logs", "next_offset", "not offset plus the bytes sent")
+        raise _bad("logs", "next_offset", "not offset plus the bytes sent")
     if answer["next_offset"] > answer["size"]:
-        raise bad("logs", "next_offset", "past the log's size")
+        raise _bad("logs", "next_offset", "past the log's size")
     if answer["terminal"] != (answer["state"] in TERMINAL):
-        raise bad("logs", "terminal", "disagrees with state")
+        raise _bad("logs", "terminal", "disagrees with state")
     chunk = {key: value for key, value in answer.items() if key != "data_b64"}
     return dict(chunk, data=data)
 
