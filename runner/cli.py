@@ -30,7 +30,8 @@ Exit codes (every command; `--json` errors are JSON objects {error, message, hin
   1   the job ended other than SUCCEEDED, no result, or the service failed to come back
   2   bad job spec or usage, unknown job id (the message names the file and field)
   3   host unreachable, authentication failed, host key unknown or changed
-  4   preflight refused (GPU memory, service policy, missing interpreter)
+  4   preflight refused (GPU memory short and the policy forbids stopping, GPU missing,
+      need > total, a start condition such as a missing interpreter)
   5   host busy: another job holds the lock (the message names it)
   75  still running / still starting: call again
 """
@@ -383,7 +384,7 @@ def main(argv: list[str] | None = None) -> None:
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
     except click.ClickException as exc:
-        _fail(argv, CODE_USAGE, exc.format_message(), "", EXIT_USAGE, exc.show)
+        _fail(argv, CODE_USAGE, exc.format_message(), _usage_hint(exc), EXIT_USAGE)
     except click.Abort:
         _fail(argv, CODE_ABORTED, "aborted", "", EXIT_ABORTED)
     except RunnerError as exc:
@@ -393,14 +394,18 @@ def main(argv: list[str] | None = None) -> None:
     sys.exit(EXIT_OK)
 
 
-def _fail(argv, error: str, message: str, hint: str, code: int, show=None) -> None:
-    """An error as text on stderr, or with --json as one JSON object on stdout (an agent parses one format):
-    `error` is the stable kebab-case code (errors.py), the same word MCP tool errors and the wire use."""
+def _usage_hint(exc: click.ClickException) -> str:
+    ctx = getattr(exc, "ctx", None)
+    return f"`{ctx.command_path} --help` lists its arguments and options." if ctx is not None else ""
+
+
+def _fail(argv, error: str, message: str, hint: str, code: int) -> None:
+    """An error as text on stderr, or with --json as one JSON object on stdout (an agent parses one format);
+    a usage error too, as one `runner: error:` line (no usage block), like every other error. `error` is the stable kebab-case code (errors.py), the same word MCP tool
+    errors and the wire use."""
     args = sys.argv[1:] if argv is None else argv
     if "--json" in args:
         _emit_json({"error": error, "message": message, "hint": hint, "exit": code})
-    elif show is not None:
-        show()
     else:
         _progress(f"runner: error: {message}")
         if hint:
@@ -529,7 +534,8 @@ def history(host, metric, plot_path, imports, as_json) -> None:
                   "fleet run: drive its rollout until every host is done or --timeout passes.\n\n"
                   "Exit codes: 0 SUCCEEDED · 1 ended otherwise · 75 still running at --timeout · 2 · 3")
 @click.argument("job_id")
-@click.option("--timeout", "timeout", default="30m", show_default=True, help="Give up after this long (30s, 5m, 1h).")
+@click.option("--timeout", "timeout", default="30m", show_default=True, metavar="DURATION",
+              help="Give up after this long (30s, 5m, 1h).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document at the end (the log still streams).")
 def wait(job_id: str, timeout: str, as_json: bool) -> None:
     from . import ci

@@ -10,7 +10,8 @@ are a contract; class names are not. A RemoteError carries the wire's own code f
     RunnerError             1     internal            anything else; the message says what
     ├── SpecError           2     bad-spec            bad job spec or bad command-line usage
     ├── TransportError      3     host-unreachable    host unreachable, auth failed, timed out
-    │   └── HostKeyError    3     host-key            unknown or changed host key (message has the fingerprint)
+    │   ├── HostKeyError    3     host-key            unknown or changed host key (message has the fingerprint)
+    │   └── BadAnswer       3     bad-answer          the host answered outside the wire contract (runner/answers.py)
     ├── PreflightError      4     preflight-refused   the host cannot run this job now (memory, service policy)
     ├── HostBusy            5     busy                a lock is held; the message names the holder
     ├── SchedulerUnavailable 3    slurm-unavailable   launcher slurm: no sbatch/squeue on the login node
@@ -68,6 +69,12 @@ class TransportError(RunnerError):
 
 class HostKeyError(TransportError):
     code = "host-key"
+
+
+class BadAnswer(TransportError):
+    """The host's answer breaks the wire contract (a broken or compromised supervisor): nothing of it is used."""
+
+    code = "bad-answer"
 
 
 class PreflightError(RunnerError):

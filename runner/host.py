@@ -21,6 +21,7 @@ from typing import Sequence
 
 from remote_payload.contract import EXIT_PAYLOAD_MISSING
 
+from . import answers
 from .deadline import Deadline
 from .errors import HostBusy, PreflightError, RemoteError, SchedulerUnavailable, UnknownJob
 from .transport import Completed, Transport
@@ -169,34 +170,32 @@ class HostClient:
         self.transport.close()
 
     def preflight(self, wire: dict) -> dict:
-        return self.call("preflight", [], stdin=_json_bytes(wire))
+        return answers.preflight(self.call("preflight", [], stdin=_json_bytes(wire)))
 
     def start(self, wire: dict, *, queue: bool = False) -> dict:
         args = ["--job-id", wire["job_id"]] + (["--queue"] if queue else [])
-        return self.call("start", args, stdin=_json_bytes(wire))
+        return answers.start(self.call("start", args, stdin=_json_bytes(wire)), wire["job_id"])
 
     def submit(self, wire: dict, *, queue: bool = False) -> dict:
         """Wire `submit`: the preflight report (`report`) and, when nothing in it could refuse the job, the
         start's answer (`started`: true) in one round trip."""
         args = ["--job-id", wire["job_id"]] + (["--queue"] if queue else [])
-        return self.call("submit", args, stdin=_json_bytes(wire))
+        return answers.submit(self.call("submit", args, stdin=_json_bytes(wire)), wire["job_id"])
 
     def status(self, job_ids: Sequence[str] = ()) -> list[dict]:
         args = [a for job_id in job_ids for a in ("--job-id", job_id)]
-        return self.call("status", args)["jobs"]
+        return answers.status(self.call("status", args), job_ids)
 
     def logs(self, job_id: str, offset: int, *, max_bytes: int, wait: float) -> dict:
         args = ["--job-id", job_id, "--offset", str(offset), "--max", str(max_bytes), "--wait", f"{wait:.2f}"]
-        answer = self.call("logs", args)
-        answer["data"] = base64.b64decode(answer.pop("data_b64", ""))
-        return answer
+        return answers.logs(self.call("logs", args), offset, max_bytes)
 
     def cancel(self, job_id: str) -> dict:
-        return self.call("cancel", ["--job-id", job_id])
+        return answers.cancel(self.call("cancel", ["--job-id", job_id]))
 
     def restore_job(self, job_id: str) -> dict:
         """Wire `restore`: bring the job's service back to its recorded prior state."""
-        return self.call("restore", ["--job-id", job_id])
+        return answers.restore(self.call("restore", ["--job-id", job_id]))
 
     def restore_service(self, service: dict, *, max_wait: float) -> dict:
         """Wire `restore-service`: start the unit if inactive and wait until healthy or max_wait."""
@@ -205,10 +204,10 @@ class HostClient:
             args.append("--sudo")
         if service.get("health_url"):
             args += ["--health-url", service["health_url"]]
-        return self.call("restore-service", args)
+        return answers.restore_service(self.call("restore-service", args))
 
     def result(self, job_id: str) -> dict:
-        return self.call("result", ["--job-id", job_id])["result"]
+        return answers.result(self.call("result", ["--job-id", job_id]))
 
     def call(self, sub: str, args: list[str], *, stdin: bytes = b"") -> dict:
         """One supervisor call; its boot, the upload it may need and the repeat run inside the command's deadline."""
@@ -238,6 +237,7 @@ def _answer(done: Completed, sub: str) -> dict:
     answer = _parse_line(done, sub)
     if answer.get("ok"):
         return answer
+    answers.failure(sub, answer)
     code = answer.get("error", "internal")
     message = answer.get("message") or code
     if code == "busy":
@@ -254,13 +254,9 @@ def _answer(done: Completed, sub: str) -> dict:
 
 
 def _parse_line(done: Completed, sub: str) -> dict:
-    lines = done.stdout.decode("utf-8", "replace").strip().splitlines()
-    try:
-        answer = json.loads(lines[-1])
-        if isinstance(answer, dict):
-            return answer
-    except (IndexError, ValueError):
-        pass
+    answer = answers.parse_line(done.stdout, sub)  # bounded: size and depth
+    if answer is not None:
+        return answer
     if done.exit_code == 127 or b"not found" in done.stderr:
         raise PreflightError(
             f"{sub}: the host cannot run {done.argv[0]!r}: {done.stderr_tail(2)}",

@@ -10,6 +10,7 @@ from __future__ import annotations
 import ipaddress
 import math
 import re
+import reprlib
 from pathlib import PurePosixPath
 from typing import Annotated, Any, Literal, Union
 from urllib.parse import urlsplit
@@ -19,6 +20,7 @@ from pydantic import BeforeValidator, WithJsonSchema
 from remote_payload import contract
 
 MAX_DURATION_S = 7 * 24 * 3600.0
+MAX_MIN_FREE_MIB = 16 << 20  # 16 TiB: more than any GPU has; a larger number is a typo, refused before a host is asked
 
 _DURATION_RE = re.compile(r"(?:(?P<d>\d+(?:\.\d+)?)d)?(?:(?P<h>\d+(?:\.\d+)?)h)?"
                           r"(?:(?P<m>\d+(?:\.\d+)?)m)?(?:(?P<s>\d+(?:\.\d+)?)s)?")
@@ -39,8 +41,21 @@ def _contract_rule(problem_of, value: Any) -> Any:
 
 # -- describing what a user gave, briefly (a value may be a megabyte long) ---------------------------------
 
+def _bounded_repr() -> reprlib.Repr:
+    bounded = reprlib.Repr()
+    bounded.maxlevel, bounded.maxlist, bounded.maxtuple, bounded.maxdict = 3, 8, 8, 8
+    bounded.maxset = bounded.maxfrozenset = 8
+    bounded.maxstring = bounded.maxlong = bounded.maxother = 80
+    return bounded
+
+
+_BOUNDED_REPR = _bounded_repr()
+
+
 def short(value: Any) -> str:
-    text = repr(value)
+    """repr() cut to 80 characters, computed from a bounded part of the value: a value shared many times
+    over (YAML aliases) or a megabyte string costs no more than a small one."""
+    text = _BOUNDED_REPR.repr(value)
     return text if len(text) <= 80 else text[:77] + "..."
 
 
@@ -178,8 +193,11 @@ def _check_device(value: Any) -> int | str:
 def _check_min_free_mib(value: Any) -> int | str:
     if value == "auto" and isinstance(value, str):
         return value
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_MIN_FREE_MIB:
         return value
+    if isinstance(value, int) and not isinstance(value, bool) and value > MAX_MIN_FREE_MIB:
+        raise ValueError(f"min_free_mib must be at most {MAX_MIN_FREE_MIB} MiB (16 TiB, more than any GPU has); "
+                         f"got {short(value)}")
     raise ValueError(f"min_free_mib must be a number of MiB (>= 0) or `auto`; got {short(value)}")
 
 
@@ -235,7 +253,8 @@ HostRoot = Annotated[str, BeforeValidator(_check_host_root)]
 Python = Annotated[str, BeforeValidator(_check_python)]
 Unit = Annotated[Union[str, None], BeforeValidator(_check_unit)]
 HealthUrl = Annotated[Union[str, None], BeforeValidator(_check_health_url)]
-MinFreeMib = Annotated[Union[int, Literal["auto"]], BeforeValidator(_check_min_free_mib)]
+MinFreeMib = Annotated[Union[int, Literal["auto"]], BeforeValidator(_check_min_free_mib), WithJsonSchema(
+    {"anyOf": [{"type": "integer", "minimum": 0, "maximum": MAX_MIN_FREE_MIB}, {"const": "auto", "type": "string"}]})]
 Script = Annotated[Union[str, None], BeforeValidator(_check_script)]
 
 

@@ -40,7 +40,8 @@ DESCRIPTIONS = {
     "service.sudo": "Run systemctl/systemd-run through `sudo -n` (a NOPASSWD rule is needed; see the README).",
     "gpu": "The GPUs the payload uses and the memory it needs.",
     "gpu.devices": "GPU indexes (nvidia-smi order) or UUIDs; the payload gets CUDA_VISIBLE_DEVICES for them.",
-    "gpu.min_free_mib": "Free memory needed on each device, in MiB, or `auto` (the payload's own estimator).",
+    "gpu.min_free_mib": "Free memory needed on each device, in MiB (at most 16777216, 16 TiB), or `auto` (the "
+                        "payload's own estimator).",
     "gpu.drain_timeout": "How long to wait, after stopping the service, for the memory to be free.",
     "payload": "What runs: a script of remote_payload/ or your repo with `args`, or a `command`.",
     "payload.python": "Interpreter that runs `script` on the host (e.g. the venv that has torch and sglang).",
@@ -64,6 +65,21 @@ DESCRIPTIONS = {
     "rollout.forks": "At most this many host calls (preflight, start, status) in flight at once, in list order, "
                      "like Ansible's forks; `runner submit --forks N` for one run. Waiting for a turn or for a "
                      "job's end holds none.",
+    "slurm.partition": "The partition (sbatch --partition); a Slurm name ([A-Za-z0-9._-]).",
+    "slurm.gres": "GPUs as generic resources, e.g. `gpu:2` or `gpu:a100:2` (sbatch --gres); or give `gpus`.",
+    "slurm.gpus": "GPUs as a count (`2`) or TYPE:COUNT (`a100:2`) (sbatch --gpus); or give `gres`.",
+    "slurm.time": "The allocation's time limit; default and minimum: limits.max_runtime + grace + 60 s, in whole "
+                  "minutes (shorter would let Slurm kill the job before its own deadline).",
+    "slurm.account": "The account to charge (sbatch --account).",
+    "slurm.qos": "The quality of service (sbatch --qos).",
+    "slurm.constraint": "A node feature expression (sbatch --constraint), e.g. `h200&ib`.",
+    "slurm.extra_args": "More sbatch options, one `--name=value` per item; not the ones the fields above set.",
+    "sweep.matrix": "KEY: [values]: every combination of the axes is one variant.",
+    "sweep.include": "Extra variants, each a {KEY: value} mapping, after the matrix's.",
+    "sweep.fail_fast": "After a failing variant start no more (each one left is recorded \"not started\" with "
+                       "the reason).",
+    "sweep.max_parallel": "With launcher slurm: at most this many variants at once (the job array's `%k`); "
+                          "default all. Refused with launcher ssh (the variants run one after another).",
     "limits": "Time limits.",
     "limits.max_runtime": "The payload's deadline: TERM, `grace`, then KILL of its process group.",
     "limits.grace": "Seconds between TERM and KILL.",
@@ -84,54 +100,57 @@ def json_schema() -> dict:
     """The models' JSON Schema with every key's description, for editors (`# yaml-language-server: $schema=`)."""
     schema = JobSpec.model_json_schema()
     schema = {"$schema": "https://json-schema.org/draft/2020-12/schema", "$id": SCHEMA_ID, **schema}
-    for path, props in _sections(schema):
-        for key, prop in props.items():
+    for path, section in _sections(schema):
+        for key, prop in section["properties"].items():
             description = DESCRIPTIONS.get(f"{path}.{key}" if path else key)
             if description:
                 prop["description"] = description
     return schema
 
 
-def _sections(schema: dict):
-    """(path, properties) of the top level and of every section model."""
-    yield "", schema["properties"]
-    for key, prop in schema["properties"].items():
-        ref = prop.get("$ref") or next((a["$ref"] for a in prop.get("allOf", []) if "$ref" in a), None)
+def _sections(schema: dict, path: str = "", section: dict | None = None):
+    """(path, section schema) of the top level and of every section model below it, optional ones
+    (`rollout: RolloutSpec | None`) too, depth first in the models' order."""
+    section = schema if section is None else section
+    yield path, section
+    for key, prop in section["properties"].items():
+        ref = _ref(prop)
         if ref:
-            yield key, schema["$defs"][ref.rsplit("/", 1)[1]]["properties"]
+            yield from _sections(schema, f"{path}.{key}" if path else key, schema["$defs"][ref.rsplit("/", 1)[1]])
+
+
+def _ref(prop: dict) -> str | None:
+    """The section model a property refers to: directly, through allOf, or as the non-null side of anyOf."""
+    candidates = [prop, *prop.get("allOf", []), *prop.get("anyOf", [])]
+    return next((c["$ref"] for c in candidates if "$ref" in c), None)
 
 
 def missing_descriptions() -> list[str]:
     schema = JobSpec.model_json_schema()
-    return [f"{path}.{key}" if path else key for path, props in _sections(schema) for key in props
+    return [f"{path}.{key}" if path else key for path, section in _sections(schema) for key in section["properties"]
             if (f"{path}.{key}" if path else key) not in DESCRIPTIONS]
 
 
 def markdown() -> str:
     """docs/spec-reference.md: one table row per key (type, default, allowed values, what it is for)."""
     schema = json_schema()
-    required = {"", *schema.get("required", [])}
     lines = ["# Job spec reference", "",
              "Generated from the schema by `python -m runner.spec_reference > docs/spec-reference.md` "
              "(tests/test_spec_reference.py checks it is current). `runner schema` prints the JSON Schema "
              "for editors: put `# yaml-language-server: $schema=./job-spec.schema.json` at the top of a "
              "job file after `runner schema > job-spec.schema.json`.", "",
-             "Durations are seconds or text like `30s`, `5m`, `1h30m`, `2d`. Every key not listed is an error.", "",
+             "Durations are seconds or text like `30s`, `5m`, `1h30m`, `2d`. Every key, nested ones included, is "
+             "listed; every key not listed is an error.", "",
+             "`submit --set KEY=VALUE` sets one key; VALUE is YAML (`5`, `true`, `[1, 2]`, `30m`). An empty value "
+             "is refused: write `--set KEY=null` for null (an argument set to null is left out of the script's "
+             "argv), `--set \"KEY=''\"` for an empty string.", "",
              "| key | type | default | what it is for |", "|---|---|---|---|"]
-    for path, props in _sections(schema):
-        for key, prop in props.items():
-            if path == "" and key in dict(_sections(schema)):
-                continue
+    for path, section in _sections(schema):
+        for key, prop in section["properties"].items():
             name = f"{path}.{key}" if path else key
-            needed = "**required**" if (path == "" and key in required) or key in _required_in(schema, path) \
-                else _default(prop)
+            needed = "**required**" if key in section.get("required", []) else _default(prop)
             lines.append(f"| `{name}` | {_type(prop)} | {needed} | {prop.get('description', '')} |")
     return "\n".join(lines) + "\n"
-
-
-def _required_in(schema: dict, section: str) -> list[str]:
-    ref = (schema["properties"].get(section) or {}).get("$ref")
-    return schema["$defs"][ref.rsplit("/", 1)[1]].get("required", []) if ref else []
 
 
 def _type(prop: dict) -> str:

@@ -158,6 +158,15 @@ CLI_CASES = [
     Case("restore-service spec and --host", "either", argv=("restore-service", "{spec}", "--host", "testhost")),
     Case("restore-service bad spec", "service.unit", argv=("restore-service", "{this}"),
          changes={**SYSTEMD, "service.unit": "a b"}),
+    Case("--set empty value", "payload.args.seconds=null", argv=("submit", "{spec}", "--set", "payload.args.seconds=")),
+    Case("min_free_mib past 16 TiB", "gpu.min_free_mib", {"gpu.min_free_mib": 99999999999999999999}),
+    Case("a range error is a runner error line", "runner: error: Invalid value for '--max-wait'",
+         argv=("tail", "some-job", "-f", "--max-wait", "99999")),
+    Case("YAML alias bomb", "expands to more than",
+         text=b"name: b\ngpu: {min_free_mib: [&a [x,x,x,x,x,x,x,x,x], &b [*a,*a,*a,*a,*a,*a,*a,*a,*a], "
+              b"&c [*b,*b,*b,*b,*b,*b,*b,*b,*b], &d [*c,*c,*c,*c,*c,*c,*c,*c,*c], &e [*d,*d,*d,*d,*d,*d,*d,*d,*d], "
+              b"&f [*e,*e,*e,*e,*e,*e,*e,*e,*e], &g [*f,*f,*f,*f,*f,*f,*f,*f,*f]]}\n"),
+    Case("a secrets file", "not a job spec", text=b"DB_PASSWORD: hunter2\nAPI_TOKEN: ghp_0123456789\n"),
 ]
 
 CASES = SPEC_CASES + TEXT_CASES + CLI_CASES
@@ -247,3 +256,27 @@ def test_positive_control_a_valid_submit_is_recorded(ssh_host):
         assert (job_dir / "status.json").exists()  # the root is a shared dir: the host wrote it here
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+# -- help and usage texts (no host involved) ----------------------------------------------------------------
+
+def runner_cli(*argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "runner", *argv], capture_output=True, timeout=60, cwd=REPO)
+
+
+def test_help_says_exit_4_as_the_readme_does():
+    readme = ("4 preflight refused (GPU memory short and the policy forbids stopping, GPU missing, need > total, "
+              "a start condition such as a missing interpreter)")
+    assert readme in " ".join(runner_cli("--help").stdout.decode().split())
+
+
+@pytest.mark.parametrize("argv", [("tail", "j", "--max-wait", "99999"), ("status", "--nope"), ("deploy",)])
+def test_usage_errors_are_runner_error_lines(argv):
+    done = runner_cli(*argv)
+    stderr = done.stderr.decode()
+    assert done.returncode == 2 and stderr.startswith("runner: error: "), stderr
+    assert "Usage:" not in stderr and "\nError:" not in stderr and "--help" in stderr
+
+
+def test_durations_are_named_in_help():
+    assert "--timeout DURATION" in runner_cli("wait", "--help").stdout.decode()

@@ -585,3 +585,70 @@ def test_valid_specs_round_trip_through_the_wire_json(tmp_path, document):
     assert json.loads(json.dumps(wire)) == wire
     assert wire["name"] == document["name"] and wire["payload"]["env"] == document["payload"]["env"]
     assert wire["payload"]["args"] == spec.payload_args()
+
+
+# -- files that are not job specs: their content never comes back in a message ----------------------------
+
+SECRETS = ["hunter2-SECRET", "ghp_SECRETtoken0123", "sk-live-SECRET-4f3c9a", "AKIASECRETKEYID", "s3cr3t SECRET pass"]
+
+
+@pytest.mark.parametrize("text", [
+    "root:$6$SECRETsalt$hunter2-SECRET:19000:0:99999:7:::\nbin:*:19000:0:99999:7:::\n",  # /etc/shadow
+    "DB_PASSWORD: hunter2-SECRET\nGITHUB_TOKEN: ghp_SECRETtoken0123\n",  # a .env read as YAML
+    '{"private_key": "sk-live-SECRET-4f3c9a", "client_email": "AKIASECRETKEYID"}\n',  # a JSON credentials file
+    "sk-live-SECRET-4f3c9a: 1\nghp_SECRETtoken0123/x+y: 2\n",  # secrets as keys
+    "[default]\naws_secret_access_key = AKIASECRETKEYID\n",  # an INI file
+    "password: a\npassword: hunter2-SECRET\n",  # written twice
+    "s3cr3t SECRET pass: 1\ns3cr3t SECRET pass: 2\n",
+    "token: *ghp_SECRETtoken0123\n",  # an alias never defined
+    "a: &sk-live-SECRET-4f3c9a 1\nb: &sk-live-SECRET-4f3c9a 2\n",  # an anchor twice
+    "key: !hunter2-SECRET x\n",  # a tag
+])
+def test_a_file_that_is_not_a_job_spec_is_refused_without_its_content(tmp_path, text):
+    path = tmp_path / "secrets"
+    path.write_text(text)
+    message = "\n".join(spec_error_lines(path))
+    assert message.startswith(str(path)) and not any(secret in message for secret in SECRETS), message
+    assert "SECRET" not in message, message
+
+
+def test_an_unknown_key_that_does_not_look_like_one_is_named_by_its_line(tmp_path):
+    path = tmp_path / "job.yaml"
+    path.write_text("name: a\nhost: {address: local}\npayload: {command: ['true']}\n"
+                    "ghp_SECRET token/0123: x\ncolour: red\n")
+    assert sorted(spec_error_lines(path)) == sorted([
+        f"{path}: the top-level key at line 4: unknown key (allowed: {', '.join(JobSpec.model_fields)})",
+        f"{path}: colour: unknown key (allowed: {', '.join(JobSpec.model_fields)})"])
+
+
+def test_a_mapping_with_no_spec_key_says_it_is_not_a_job_spec(tmp_path):
+    path = tmp_path / "compose.yaml"
+    path.write_text("services: {}\nvolumes: {}\n")
+    assert spec_error_lines(path) == [
+        f"{path}: not a job spec: none of its 2 top-level keys is a job spec key "
+        f"({', '.join(JobSpec.model_fields)}); its content is not shown"]
+
+
+# -- `--set KEY=` and the bounds of numbers -----------------------------------------------------------------
+
+def test_an_empty_set_value_is_refused_saying_how_to_write_null():
+    lines = spec_error_lines(EXAMPLE, ["payload.args.experts="])
+    assert len(lines) == 1 and "an empty value; write payload.args.experts=null" in lines[0], lines
+
+
+def test_an_explicit_null_leaves_an_argument_out():
+    spec = load_spec(EXAMPLE, ["payload.args.experts=null"])
+    assert spec.payload.args["experts"] is None and "--experts" not in spec.payload_args()
+
+
+@pytest.mark.parametrize("mib", [99999999999999999999, (16 << 20) + 1])
+def test_min_free_mib_past_16_tib_is_refused(tmp_path, mib):
+    path = write_yaml(tmp_path, with_changes(example_document(), {"gpu.min_free_mib": mib}))
+    lines = spec_error_lines(path)
+    assert_names_field(lines, path, "gpu.min_free_mib")
+    assert "at most 16777216 MiB" in lines[0]
+
+
+def test_min_free_mib_of_16_tib_is_accepted(tmp_path):
+    path = write_yaml(tmp_path, with_changes(example_document(), {"gpu.min_free_mib": 16 << 20}))
+    assert load_spec(path).gpu.min_free_mib == 16 << 20

@@ -32,3 +32,39 @@ def test_runner_schema_validates_the_shipped_jobs_and_refuses_a_typo():
     bad["limits"]["max_runtim"] = "5m"
     with pytest.raises(jsonschema.ValidationError, match="max_runtim"):
         jsonschema.validate(bad, schema)
+
+
+def _section_model(annotation):
+    """The section model behind a field's annotation (`RolloutSpec | None` too), or None for a plain value."""
+    from pydantic import BaseModel
+
+    for candidate in (annotation, *getattr(annotation, "__args__", ())):
+        if isinstance(candidate, type) and issubclass(candidate, BaseModel):
+            return candidate
+    return None
+
+
+def every_key(model, prefix=""):
+    for name, field in model.model_fields.items():
+        path = f"{prefix}{name}"
+        yield path
+        section = _section_model(field.annotation)
+        if section is not None:
+            yield from every_key(section, path + ".")
+
+
+def test_every_nested_key_has_a_row_and_a_description():
+    from runner.spec import JobSpec
+
+    rows = {line.split("|")[1].strip().strip("`") for line in markdown().splitlines() if line.startswith("| `")}
+    keys = list(every_key(JobSpec))
+    assert {"rollout.max_unavailable", "rollout.stop_on_failure", "sweep.matrix", "slurm.partition"} <= set(keys)
+    nested = [k for k in keys if "." in k]
+    assert [k for k in nested if k not in rows] == []
+    described = {line.split("|")[1].strip().strip("`") for line in markdown().splitlines()
+                 if line.startswith("| `") and line.rstrip().rstrip("|").rsplit("|", 1)[1].strip()}
+    assert [k for k in keys if k not in described] == []
+
+
+def test_the_reference_says_how_to_write_null_in_set():
+    assert "--set KEY=null" in markdown()
