@@ -56,7 +56,7 @@ try:  # imported as remote_payload.supervisor (tests)
     from .supervisor_settle import hard_deadline, settle_as_restorer, start_guard, with_restore_lock
     from .supervisor_spec import check_health_url, check_job_id, check_root, check_root_safe, check_unit, \
         read_spec_stdin
-    from . import supervisor_ledger as ledger, supervisor_unit
+    from . import supervisor_engine, supervisor_ledger as ledger, supervisor_unit
     from .supervisor_submit import submit
 except ImportError:  # run as a script: sys.path[0] is this directory
     from contract import DEFAULTS, RUNNING_SERVICE_STATES, SERVICE_SCOPES, TERMINAL
@@ -71,6 +71,7 @@ except ImportError:  # run as a script: sys.path[0] is this directory
     from supervisor_settle import hard_deadline, settle_as_restorer, start_guard, with_restore_lock
     from supervisor_spec import check_health_url, check_job_id, check_root, check_root_safe, check_unit, \
         read_spec_stdin
+    import supervisor_engine
     import supervisor_ledger as ledger
     import supervisor_unit
     from supervisor_submit import submit
@@ -395,6 +396,8 @@ def preflight_report(args, spec: dict) -> dict:
         unit = spec["service"]["unit"]
         ctl = Systemd(spec["service"]["scope"], spec["service"]["sudo"])
         service = dict(ctl.show(unit), manager="systemd", unit=unit, ledger=ledger.read_entry(args.root, unit))
+        if spec["service"].get("free", "stop") != "stop":  # asked before anything is touched
+            service["engine"] = supervisor_engine.offers(spec["service"])
     locks = [probe_lock(args.root, key) for key in lock_keys(spec)]
     return dict({"ok": True, "service": service, "locks": locks, "python": "%d.%d.%d" % sys.version_info[:3]},
                 **preflight_gpus(spec))

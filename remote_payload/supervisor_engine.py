@@ -17,7 +17,7 @@ is always paused first. SGLang without --enable-memory-saver answers every relea
 nothing (its memory saver is a no-op then): only /get_server_info tells, so `probe` reads it. Weights
 released without --enable-weights-cpu-backup come back as uninitialised memory; they are never released
 then. Every HTTP call is bounded by the caller's deadline (time.monotonic()). Stdlib only; imports
-supervisor_host.py for `Fail`.
+supervisor_host.py (`Fail`, the unit's health wait for the restart that backs a failed resume).
 """
 from __future__ import annotations
 
@@ -25,14 +25,15 @@ import json
 import time
 
 try:  # imported as remote_payload.supervisor_engine (tests)
-    from .supervisor_host import Fail
+    from .supervisor_host import Fail, wait_healthy
 except ImportError:  # run from supervisor.py as a script: sys.path[0] is this directory
-    from supervisor_host import Fail
+    from supervisor_host import Fail, wait_healthy
 
 FREE_METHODS = ("stop", "sglang", "vllm")  # service.free; stop: systemctl stop / start
 PAUSE_MODES = ("abort", "retract")  # in_place keeps requests in the running batch: a release then aborts SGLang
 KV_CACHE, WEIGHTS = "kv_cache", "weights"
 CALL_TIMEOUT_S = 30.0     # one HTTP call at most (a weights release copies them to host memory: ~0.5 s/GB)
+PROBE_S = 5.0             # the preflight's question to the engine
 SETTLE_S = 2.0            # after a release, how long nvidia-smi may lag before the memory counts as still held
 POLL_S = 0.2
 
@@ -142,6 +143,14 @@ def probe(service: dict, deadline: float) -> dict:
     return probe_vllm(base, deadline)
 
 
+def offers(service: dict) -> dict:
+    """probe's answer for the preflight report: what the engine offers, or {"error": why} (never raises)."""
+    try:
+        return probe(service, time.monotonic() + PROBE_S)
+    except EngineError as exc:
+        return {"engine": service["free"], "error": str(exc)}
+
+
 def probe_sglang(base: str, deadline: float) -> dict:
     status, info = call("GET", base + "/get_server_info", deadline)
     if status == 404 or not isinstance(info, dict):
@@ -174,10 +183,12 @@ def probe_vllm(base: str, deadline: float) -> dict:
 
 # ── release ───────────────────────────────────────────────────────────────────────────────────────────
 
-def release(service: dict, need_mib: int, gpu_free_fn, deadline: float, save=lambda record: None) -> dict:
+def release(service: dict, need_mib: int, gpu_free_fn, deadline: float, save=lambda record: None,
+            offers=None) -> dict:
     """Free the engine's GPU memory; returns the record (also handed to `save` at every step).
-    gpu_free_fn(): the least free MiB over the job's GPUs now (None: unknown, counts as short)."""
-    offers = probe(service, deadline)
+    gpu_free_fn(): the least free MiB over the job's GPUs now (None: unknown, counts as short);
+    offers: probe's answer when the caller asked already."""
+    offers = offers or probe(service, deadline)
     record = new_record(service)
     began = time.monotonic()
     if service["free"] == "sglang":
@@ -288,3 +299,39 @@ def describe(record: dict) -> str:
     if record["engine"] == "vllm":
         return "vLLM put to sleep (level 1)" if done else "vLLM asked to sleep"
     return "%s released through SGLang's API" % (", ".join(done) or "nothing")
+
+
+# ── the restore of a job that released ────────────────────────────────────────────────────────────────
+
+def restore_released(job, deadline: float) -> tuple:
+    """Every restorer's way back for a job whose status records a release: resume it through the API within
+    half of what is left, else restart the unit (the service comes back whatever happens) and say so.
+    job: a supervisor_record.Job. Returns (healthy, active_state); service.resumed says how."""
+    service = job.status["service"]
+    unit, record = service["unit"], service["released"]
+    job.note_restore("resuming %s: %s" % (unit, describe(record)))
+    try:
+        timings = resume(record, time.monotonic() + (deadline - time.monotonic()) / 2,
+                         job.spec["service"].get("health_url"))
+        job.save(service=dict(job.status["service"], resumed=dict(timings, how="api")))
+        return True, job.ctl.is_active(unit)
+    except EngineError as exc:
+        job.note_restore("the %s API did not bring %s back (%s): restarting the unit" % (record["engine"], unit, exc))
+    except Fail as exc:  # resumed, but systemctl could not say how the unit is
+        return True, "unknown (%s)" % exc
+    return restart_unit(job, unit, deadline)
+
+
+def restart_unit(job, unit: str, deadline: float) -> tuple:
+    began = time.monotonic()
+    try:
+        job.ctl.change("restart", unit, timeout=max(0.5, deadline - time.monotonic()))
+        restarted = time.monotonic()
+        healthy, now = wait_healthy(job.ctl, unit, job.spec["service"].get("health_url"), deadline - restarted)
+    except Fail as exc:
+        job.note_restore("restarting %s failed: %s" % (unit, exc))
+        return False, "unknown"
+    job.save(service=dict(job.status["service"], resumed={
+        "how": "restart", "resume_s": round(restarted - began, 3), "health_s": round(time.monotonic() - restarted, 3)}))
+    job.note_restore("%s restarted (its engine was released and the API did not resume it)" % unit)
+    return healthy, now

@@ -1,0 +1,126 @@
+"""service.free: sglang / vllm end to end, through `runner submit`, on the confined real systemd + sshd test
+host whose unit is the engine stand-in (tests/hosts/engine_standin.py): the GPU freed through the engine's
+API with the unit left running (MainPID unchanged), resumed by every restorer, the unit restarted when the API
+does not resume it, and an engine without the API refused (exit 4) before anything is touched.
+
+An H200 stand-in with 60 GB weights + 60 GB KV cache + 500 MiB context held: 22656 MiB free before.
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.cli_helpers import run_cli, status, submit, wait_for, wait_terminal
+from tests.hosts._proc import shared_tmpdir
+from tests.test_pid1 import restored_within
+from tests.test_service import HANG, HOLD, assert_service_back, gpu_job, host_status, main_pid, target_for
+
+pytestmark = pytest.mark.systemd
+
+
+@pytest.fixture
+def work():
+    return shared_tmpdir("runner-engine-")
+
+
+def calls(path) -> list[str]:
+    """The stand-in's requests, without the health polls of systemctl's side (tests and wait_healthy)."""
+    if not path.exists():
+        return []
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    return [f"{c['method']} {c['path']}" + (f" {c['body']}" if c["body"] else "") for c in lines
+            if c["path"] not in ("/health", "/standin_state")]
+
+
+def hold(need: int) -> list[str]:
+    return ["python3", HOLD, str(need - 1000), "1"]
+
+
+def test_kv_cache_alone_when_enough_and_the_same_process_serves_after(service_host, work):
+    log = service_host.install_engine_unit("sglang", "--memory-saver", "--weights-cpu-backup")
+    pid = main_pid(service_host)
+    target = target_for(service_host)
+    job = wait_terminal(target, submit(target, gpu_job(work, service_host, need=30000, command=hold(30000),
+                                                       free="sglang")))
+    assert_service_back(service_host, job, "free: sglang, kv cache enough", "SUCCEEDED")
+    assert calls(log) == ["GET /get_server_info",  # preflight
+                          "GET /get_server_info", "POST /pause_generation {}",
+                          'POST /release_memory_occupation {"tags": ["kv_cache"]}',
+                          'POST /resume_memory_occupation {"tags": ["kv_cache"]}',
+                          "POST /continue_generation {}", "GET /health_generate"]
+    assert main_pid(service_host) == pid
+    service = job["service"]
+    assert [s["step"] for s in service["released"]["steps"]] == ["pause", "kv_cache"]
+    assert service["resumed"]["how"] == "api"
+    assert service_host.ssh(["ls", "/root/.runner/locks"]).stdout.count("ledger-") == 0
+
+
+def test_weights_too_when_not_enough_resumed_weights_first(service_host, work):
+    log = service_host.install_engine_unit("sglang", "--memory-saver", "--weights-cpu-backup")
+    pid = main_pid(service_host)
+    target = target_for(service_host)
+    job = wait_terminal(target, submit(target, gpu_job(work, service_host, need=100000, command=hold(100000),
+                                                       free="sglang", pause_mode="retract")))
+    assert_service_back(service_host, job, "free: sglang, weights too", "SUCCEEDED")
+    assert calls(log)[2:] == ['POST /pause_generation {"mode": "retract"}',
+                              'POST /release_memory_occupation {"tags": ["kv_cache"]}',
+                              'POST /release_memory_occupation {"tags": ["weights"]}',
+                              'POST /resume_memory_occupation {"tags": ["weights"]}',
+                              'POST /resume_memory_occupation {"tags": ["kv_cache"]}',
+                              "POST /continue_generation {}", "GET /health_generate"]
+    assert main_pid(service_host) == pid
+
+
+def test_supervisor_and_guard_sigkilled_while_released_serving_again_with_no_controller_call(service_host, work):
+    log = service_host.install_engine_unit("sglang", "--memory-saver")
+    pid = main_pid(service_host)
+    target = target_for(service_host)
+    job_id = submit(target, gpu_job(work, service_host, need=30000, command=HANG, free="sglang"))
+    wait_for(lambda: status(target, job_id)["state"] == "RUNNING", what="running")
+    job = host_status(service_host, job_id)
+    assert 'POST /release_memory_occupation {"tags": ["kv_cache"]}' in calls(log)
+    service_host.ssh(["kill", "-KILL", str(job["supervisor"]["pid"]), str(job["guard"]["pid"])], check=True)
+    seconds = restored_within(service_host, job_id, timeout=90)
+    job = host_status(service_host, job_id)
+    assert_service_back(service_host, job, f"free: sglang, supervisor+guard SIGKILLed while released: resumed by "
+                        f"ExecStopPost ({seconds:.0f} s)", job["state"])
+    assert calls(log)[-3:] == ['POST /resume_memory_occupation {"tags": ["kv_cache"]}',
+                               "POST /continue_generation {}", "GET /health_generate"]
+    assert main_pid(service_host) == pid and job["service"]["resumed"]["how"] == "api"
+
+
+def test_an_api_that_does_not_resume_gets_the_unit_restarted(service_host, work):
+    log = service_host.install_engine_unit("sglang", "--memory-saver", "--hang", "/resume_memory_occupation")
+    pid = main_pid(service_host)
+    target = target_for(service_host)
+    job = wait_terminal(target, submit(target, gpu_job(work, service_host, need=30000, command=hold(30000),
+                                                       free="sglang")), timeout=120)
+    assert_service_back(service_host, job, "free: sglang, resume never answers: unit restarted", "SUCCEEDED")
+    assert main_pid(service_host) != pid and job["service"]["resumed"]["how"] == "restart"
+    restore_log = service_host.ssh(["cat", f"/root/.runner/jobs/{job['job_id']}/restore.log"]).stdout
+    assert "did not bring" in restore_log and "restarting the unit" in restore_log
+    assert 'POST /resume_memory_occupation {"tags": ["kv_cache"]}' in calls(log)
+
+
+def test_an_engine_without_the_memory_api_is_refused_before_anything_is_touched(service_host, work):
+    log = service_host.install_engine_unit("sglang")  # no --enable-memory-saver
+    pid = main_pid(service_host)
+    target = target_for(service_host)
+    done = run_cli(target, "submit", str(gpu_job(work, service_host, need=30000, command=hold(30000),
+                                                 free="sglang")))
+    assert done.returncode == 4, done.stderr.decode()
+    assert "without --enable-memory-saver" in done.stderr.decode()
+    assert calls(log) == ["GET /get_server_info"]
+    assert main_pid(service_host) == pid and service_host.service_state() == "active"
+
+
+def test_vllm_sleeps_and_wakes_the_same_process(service_host, work):
+    log = service_host.install_engine_unit("vllm", "--dev-mode", "--sleep-mode")
+    pid = main_pid(service_host)
+    target = target_for(service_host)
+    job = wait_terminal(target, submit(target, gpu_job(work, service_host, need=100000, command=hold(100000),
+                                                       free="vllm")))
+    assert_service_back(service_host, job, "free: vllm", "SUCCEEDED")
+    assert [c for c in calls(log) if c.startswith("POST")] == ["POST /sleep", "POST /wake_up"]
+    assert main_pid(service_host) == pid
