@@ -335,3 +335,22 @@ def restart_unit(job, unit: str, deadline: float) -> tuple:
         "how": "restart", "resume_s": round(restarted - began, 3), "health_s": round(time.monotonic() - restarted, 3)}))
     job.note_restore("%s restarted (its engine was released and the API did not resume it)" % unit)
     return healthy, now
+
+
+# ── downtime: the same parts for every method ─────────────────────────────────────────────────────────
+
+def downtime(service: dict, gpu, restore_began: float, restored_at: float, healthy: bool) -> dict:
+    """"Not serving" from the stop/pause/sleep to healthy again (None while not healthy), and its parts:
+    release (stop or API calls), drain (the wait for free memory), payload (the run, its end and the GPU
+    release wait), resume (start, API resume or restart), health (the wait for healthy). Wall-clock
+    seconds; None for a part this job did not see (an adopted stop)."""
+    stopped, freed = service.get("stopped_at"), service.get("freed_at")
+    resumed, drain_s = service.get("resumed") or {}, (gpu or {}).get("drained_after_s")
+
+    def span(start, end):
+        return round(end - start, 3) if start is not None and end is not None else None
+    payload_end = restore_began - (drain_s or 0.0)
+    return {"method": (service.get("released") or {}).get("engine", "stop"),
+            "not_serving_s": span(stopped, restored_at) if healthy else None,
+            "release_s": span(stopped, freed), "drain_s": drain_s, "payload_s": span(freed, payload_end),
+            "resume_s": resumed.get("resume_s"), "health_s": resumed.get("health_s")}

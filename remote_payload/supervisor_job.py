@@ -108,7 +108,8 @@ def stop_service(job: Job) -> None:
         if job.ctl.is_active(unit) in RUNNING_SERVICE_STATES:  # it still runs: nothing to restore
             job.save(service=dict(job.status["service"], stopped=False, stopped_at=None))
         raise
-    job.save(service=dict(job.status["service"], now=job.ctl.is_active(unit)))
+    freed_at = time.time()
+    job.save(service=dict(job.status["service"], now=job.ctl.is_active(unit), freed_at=freed_at))
 
 
 def release_service(job: Job) -> None:
@@ -130,6 +131,7 @@ def release_service(job: Job) -> None:
                   service=dict(job.status["service"], stopped=True, stopped_at=stopped_at))
     record = engine.release(spec_service, job.spec["gpu"]["required_mib"], lambda: least_free(job),
                             time.monotonic() + STOP_TIMEOUT_S, keep, offers)
+    job.save(service=dict(job.status["service"], freed_at=time.time()))
     job.event("service", released=record["steps"], message=engine.describe(record))
 
 

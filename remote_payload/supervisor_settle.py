@@ -135,7 +135,7 @@ def restore(job: Job) -> None:
     """Start the service this job stopped (or resume the engine it released) and wait until it is healthy
     (bounded by health_timeout)."""
     service, spec_service = job.status["service"], job.spec["service"]
-    unit = service["unit"]
+    unit, began = service["unit"], time.time()
     deadline = time.monotonic() + spec_service["health_timeout"]
     if service.get("released"):  # freed through the engine's API: resumed, the unit restarted if that fails
         healthy, now = engine.restore_released(job, deadline)
@@ -144,7 +144,8 @@ def restore(job: Job) -> None:
     restored_at = time.time()
     service = job.status["service"]  # with what the restore recorded (service.resumed)
     job.save(service=dict(service, now=now, healthy=healthy, restored_at=restored_at,
-                          downtime_s=round(restored_at - (service.get("stopped_at") or restored_at), 3)))
+                          downtime_s=round(restored_at - (service.get("stopped_at") or restored_at), 3),
+                          downtime=engine.downtime(service, job.status.get("gpu"), began, restored_at, healthy)))
     job.note_restore("%s is %s, %s" % (unit, now, "healthy" if healthy else "NOT healthy"))
 
 
@@ -153,10 +154,15 @@ def start_and_wait(job: Job, unit: str, deadline: float) -> tuple:
     spec_service = job.spec["service"]
     job.note_restore("starting %s" % unit)
     try:
+        began = time.monotonic()
         why = start_unit(job.ctl, unit, deadline - time.monotonic())
         if why:
             job.note_restore(why)
-        return wait_healthy(job.ctl, unit, spec_service["health_url"], deadline - time.monotonic())
+        started = time.monotonic()
+        healthy, now = wait_healthy(job.ctl, unit, spec_service["health_url"], deadline - time.monotonic())
+        job.save(service=dict(job.status["service"], resumed={
+            "how": "start", "resume_s": round(started - began, 3), "health_s": round(time.monotonic() - started, 3)}))
+        return healthy, now
     except Fail as exc:
         job.note_restore("restoring %s failed: %s" % (unit, exc))
         return False, "unknown"

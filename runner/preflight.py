@@ -112,4 +112,7 @@ def _decide_short(short: list[dict], stop_policy: str, service: dict, report: di
     if state != "active":
         raise PreflightError(f"{gaps}; the service {service['unit']} is {state or 'unknown'}, so stopping it "
                              f"frees nothing. Memory is held by: {holders}")
+    if service.get("free", "stop") != "stop":
+        return Decision(True, [gaps, f"will release GPU memory of {service['unit']} through its {service['free']} "
+                                     "API and resume it afterwards (the unit keeps running)"])
     return Decision(True, [gaps, f"will stop {service['unit']} and restore it afterwards"])

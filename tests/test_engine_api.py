@@ -224,3 +224,18 @@ def test_vllm_resume_after_a_sleep_that_never_happened_only_checks(servers):
     record = dict(engine.new_record(service(server, "vllm")), steps=[{"step": "sleep", "done": False}])
     engine.resume(record, soon())
     assert "POST /wake_up" not in server.calls()
+
+
+# ── downtime accounting ───────────────────────────────────────────────────────────────────────────────
+
+def test_downtime_has_the_same_parts_for_every_method():
+    stopped = {"stopped_at": 100.0, "freed_at": 101.0, "resumed": {"how": "start", "resume_s": 2.0, "health_s": 3.0}}
+    parts = engine.downtime(stopped, {"drained_after_s": 0.5}, 130.0, 135.0, True)
+    assert parts == {"method": "stop", "not_serving_s": 35.0, "release_s": 1.0, "drain_s": 0.5, "payload_s": 28.5,
+                     "resume_s": 2.0, "health_s": 3.0}
+    released = dict(stopped, released={"engine": "sglang"}, resumed={"how": "api", "resume_s": 0.1, "health_s": 0.2})
+    assert set(engine.downtime(released, None, 130.0, 135.0, True)) == set(parts)
+    assert engine.downtime(released, None, 130.0, 135.0, True)["method"] == "sglang"
+    assert engine.downtime(stopped, None, 130.0, 135.0, False)["not_serving_s"] is None  # still not serving
+    adopted = engine.downtime({"stopped_at": 100.0}, None, 130.0, 135.0, True)
+    assert adopted["release_s"] is None and adopted["payload_s"] is None and adopted["not_serving_s"] == 35.0

@@ -53,6 +53,11 @@ def test_kv_cache_alone_when_enough_and_the_same_process_serves_after(service_ho
     service = job["service"]
     assert [s["step"] for s in service["released"]["steps"]] == ["pause", "kv_cache"]
     assert service["resumed"]["how"] == "api"
+    parts = service["downtime"]
+    assert parts["method"] == "sglang" and parts["not_serving_s"] == pytest.approx(service["downtime_s"], abs=0.01)
+    assert all(parts[k] is not None and parts[k] >= 0 for k in ("release_s", "drain_s", "payload_s", "resume_s",
+                                                                "health_s"))
+    assert parts["payload_s"] >= 1.0  # the payload held its memory for 1 s
     assert service_host.ssh(["ls", "/root/.runner/locks"]).stdout.count("ledger-") == 0
 
 
@@ -98,6 +103,7 @@ def test_an_api_that_does_not_resume_gets_the_unit_restarted(service_host, work)
                                                        free="sglang")), timeout=120)
     assert_service_back(service_host, job, "free: sglang, resume never answers: unit restarted", "SUCCEEDED")
     assert main_pid(service_host) != pid and job["service"]["resumed"]["how"] == "restart"
+    assert job["service"]["downtime"]["resume_s"] is not None
     restore_log = service_host.ssh(["cat", f"/root/.runner/jobs/{job['job_id']}/restore.log"]).stdout
     assert "did not bring" in restore_log and "restarting the unit" in restore_log
     assert 'POST /resume_memory_occupation {"tags": ["kv_cache"]}' in calls(log)
@@ -124,3 +130,16 @@ def test_vllm_sleeps_and_wakes_the_same_process(service_host, work):
     assert_service_back(service_host, job, "free: vllm", "SUCCEEDED")
     assert [c for c in calls(log) if c.startswith("POST")] == ["POST /sleep", "POST /wake_up"]
     assert main_pid(service_host) == pid
+
+
+def test_a_stop_reports_the_same_downtime_parts(service_host, work):
+    target = target_for(service_host)
+    job = wait_terminal(target, submit(target, gpu_job(work, service_host, stop="always", command=hold(8000))))
+    assert_service_back(service_host, job, "free: stop, downtime parts", "SUCCEEDED")
+    parts = job["service"]["downtime"]
+    assert parts["method"] == "stop" and job["service"]["resumed"]["how"] == "start"
+    assert all(parts[k] is not None and parts[k] >= 0 for k in ("not_serving_s", "release_s", "drain_s", "payload_s",
+                                                                "resume_s", "health_s"))
+    assert parts["health_s"] >= 1.0  # the dummy unit answers /health 2 s after its start
+    shown = run_cli(target, "status", job["job_id"]).stdout.decode()
+    assert "(stop: release " in shown and ", health " in shown, shown
