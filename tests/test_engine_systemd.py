@@ -143,3 +143,33 @@ def test_a_stop_reports_the_same_downtime_parts(service_host, work):
     assert parts["health_s"] >= 1.0  # the dummy unit answers /health 2 s after its start
     shown = run_cli(target, "status", job["job_id"]).stdout.decode()
     assert "(stop: release " in shown and ", health " in shown, shown
+
+
+def test_a_dead_jobs_release_is_adopted_by_the_next_job_and_resumed_after_its_run(service_host, work):
+    """Fork path (no ExecStopPost first): A's supervisor and guard SIGKILLed with the engine released; B takes
+    the lock, finds A's ledger entry, runs in the memory A freed (no second release), and resumes after."""
+    from tests.test_guarantee import host_events
+
+    service_host.ssh(["sh", "-c", "mkdir -p /root/.runner && touch /root/.runner/launch-fork"], check=True)
+    try:
+        log = service_host.install_engine_unit("sglang", "--memory-saver")
+        pid = main_pid(service_host)
+        target = target_for(service_host)
+        a = submit(target, gpu_job(work, service_host, need=30000, command=HANG, free="sglang"))
+        wait_for(lambda: status(target, a)["state"] == "RUNNING", what="A running")
+        job_a = host_status(service_host, a)
+        service_host.ssh(["kill", "-KILL", str(job_a["supervisor"]["pid"]), str(job_a["guard"]["pid"])], check=True)
+        (work / "b").mkdir()
+        b = submit(target, gpu_job(work / "b", service_host, need=30000, command=hold(30000), free="sglang"))
+        job = wait_terminal(target, b)
+        assert_service_back(service_host, job, "free: sglang, A's release adopted by B", "SUCCEEDED")
+        assert job["service"]["adopted_from"] == a and job["service"]["resumed"]["how"] == "api"
+        assert any(e.get("event") == "ledger" and e.get("adopted_from") == a for e in host_events(service_host, b))
+        posts = [c for c in calls(log) if c.startswith("POST")]
+        assert posts == ["POST /pause_generation {}", 'POST /release_memory_occupation {"tags": ["kv_cache"]}',
+                         'POST /resume_memory_occupation {"tags": ["kv_cache"]}', "POST /continue_generation {}"]
+        assert main_pid(service_host) == pid
+        assert host_status(service_host, a).get("restored") is True
+        assert host_status(service_host, a)["service"].get("handed_to") == b
+    finally:
+        service_host.ssh(["rm", "-f", "/root/.runner/launch-fork"], check=True)
