@@ -343,16 +343,32 @@ def cmd_restore_service(args) -> dict:
     check_health_url(args.health_url, "bad-args")
     ctl = Systemd(args.scope, args.sudo)
     deadline = time.monotonic() + max(0.0, args.max_wait)
+    released = restore_released_by_job(args.root, unit)
     if ctl.show(unit)["active_state"] not in RUNNING_SERVICE_STATES:
         start_unit(ctl, unit, deadline - time.monotonic())
     healthy, active = wait_healthy(ctl, unit, args.health_url, deadline - time.monotonic())
     shown = ctl.show(unit)
     state = "healthy" if healthy else ("starting" if shown["active_state"] in RUNNING_SERVICE_STATES else "failed")
+    if released and released.get("deferred"):  # it runs and answers, but its memory is still released
+        state = "starting"
     answer = {"ok": True, "unit": unit, "state": state, "active_state": shown["active_state"],
-              "sub_state": shown["sub_state"], "log_tail": None}
+              "sub_state": shown["sub_state"], "log_tail": None, "released": released}
     if state == "failed":
         answer["log_tail"] = ctl.log_tail(unit)
     return answer
+
+
+def restore_released_by_job(root: str, unit: str):
+    """A unit whose engine a job released (the ledger says which): that job's own `restore` resumes it, under
+    its locks (deferred while its supervisor or guard lives, or another job holds them). None otherwise."""
+    entry = ledger.read_entry(root, unit)
+    if not entry or not entry.get("released") or not entry.get("job_id"):
+        return None
+    try:
+        done = cmd_restore(argparse.Namespace(root=root, job_id=entry["job_id"]))
+    except Fail as exc:
+        return {"job_id": entry["job_id"], "deferred": False, "error": str(exc)}
+    return {"job_id": entry["job_id"], "deferred": bool(done.get("deferred")), "message": done.get("message")}
 
 
 def cmd_result(args) -> dict:

@@ -173,3 +173,32 @@ def test_a_dead_jobs_release_is_adopted_by_the_next_job_and_resumed_after_its_ru
         assert host_status(service_host, a)["service"].get("handed_to") == b
     finally:
         service_host.ssh(["rm", "-f", "/root/.runner/launch-fork"], check=True)
+
+
+def test_restore_service_resumes_an_engine_a_dead_job_left_released_and_defers_to_a_live_one(service_host, work):
+    service_host.ssh(["sh", "-c", "mkdir -p /root/.runner && touch /root/.runner/launch-fork"], check=True)
+    try:
+        log = service_host.install_engine_unit("sglang", "--memory-saver")
+        pid = main_pid(service_host)
+        target = target_for(service_host)
+        job_file = gpu_job(work, service_host, need=30000, command=HANG, free="sglang")
+        a = submit(target, job_file)
+        wait_for(lambda: status(target, a)["state"] == "RUNNING", what="A running")
+        done = run_cli(target, "restore-service", str(job_file), "--json")
+        answer = json.loads(done.stdout)
+        assert done.returncode == 75 and answer["state"] == "starting", answer  # A lives: A resumes it
+        assert answer["released"]["job_id"] == a and answer["released"]["deferred"] is True
+        assert not any("resume" in c for c in calls(log))
+        job_a = host_status(service_host, a)
+        service_host.ssh(["kill", "-KILL", str(job_a["supervisor"]["pid"]), str(job_a["guard"]["pid"])], check=True)
+        done = run_cli(target, "restore-service", str(job_file), "--json")
+        answer = json.loads(done.stdout)
+        assert done.returncode == 0 and answer["state"] == "healthy", answer
+        assert answer["released"] == dict(answer["released"], job_id=a, deferred=False)
+        assert calls(log)[-3:] == ['POST /resume_memory_occupation {"tags": ["kv_cache"]}',
+                                   "POST /continue_generation {}", "GET /health_generate"]
+        job_a = host_status(service_host, a)
+        assert job_a["restored"] is True and job_a["service"]["healthy"] is True and main_pid(service_host) == pid
+        assert service_host.ssh(["ls", "/root/.runner/locks"]).stdout.count("ledger-") == 0
+    finally:
+        service_host.ssh(["rm", "-f", "/root/.runner/launch-fork"], check=True)
