@@ -13,6 +13,7 @@ import pytest
 
 from tests.cli_helpers import run_cli, status, submit, wait_for, wait_terminal
 from tests.hosts._proc import shared_tmpdir
+from tests.test_guarantee import fork_path, host_events  # noqa: F401 (fork_path: a fixture)
 from tests.test_pid1 import restored_within
 from tests.test_service import HANG, HOLD, assert_service_back, gpu_job, host_status, main_pid, target_for
 
@@ -145,60 +146,66 @@ def test_a_stop_reports_the_same_downtime_parts(service_host, work):
     assert "(stop: release " in shown and ", health " in shown, shown
 
 
-def test_a_dead_jobs_release_is_adopted_by_the_next_job_and_resumed_after_its_run(service_host, work):
+def test_a_dead_jobs_release_is_adopted_by_the_next_job_and_resumed_after_its_run(service_host, work, fork_path):
     """Fork path (no ExecStopPost first): A's supervisor and guard SIGKILLed with the engine released; B takes
     the lock, finds A's ledger entry, runs in the memory A freed (no second release), and resumes after."""
-    from tests.test_guarantee import host_events
-
-    service_host.ssh(["sh", "-c", "mkdir -p /root/.runner && touch /root/.runner/launch-fork"], check=True)
-    try:
-        log = service_host.install_engine_unit("sglang", "--memory-saver")
-        pid = main_pid(service_host)
-        target = target_for(service_host)
-        a = submit(target, gpu_job(work, service_host, need=30000, command=HANG, free="sglang"))
-        wait_for(lambda: status(target, a)["state"] == "RUNNING", what="A running")
-        job_a = host_status(service_host, a)
-        service_host.ssh(["kill", "-KILL", str(job_a["supervisor"]["pid"]), str(job_a["guard"]["pid"])], check=True)
-        (work / "b").mkdir()
-        b = submit(target, gpu_job(work / "b", service_host, need=30000, command=hold(30000), free="sglang"))
-        job = wait_terminal(target, b)
-        assert_service_back(service_host, job, "free: sglang, A's release adopted by B", "SUCCEEDED")
-        assert job["service"]["adopted_from"] == a and job["service"]["resumed"]["how"] == "api"
-        assert any(e.get("event") == "ledger" and e.get("adopted_from") == a for e in host_events(service_host, b))
-        posts = [c for c in calls(log) if c.startswith("POST")]
-        assert posts == ["POST /pause_generation {}", 'POST /release_memory_occupation {"tags": ["kv_cache"]}',
-                         'POST /resume_memory_occupation {"tags": ["kv_cache"]}', "POST /continue_generation {}"]
-        assert main_pid(service_host) == pid
-        assert host_status(service_host, a).get("restored") is True
-        assert host_status(service_host, a)["service"].get("handed_to") == b
-    finally:
-        service_host.ssh(["rm", "-f", "/root/.runner/launch-fork"], check=True)
+    log = service_host.install_engine_unit("sglang", "--memory-saver")
+    pid = main_pid(service_host)
+    target = target_for(service_host)
+    a = submit(target, gpu_job(work, service_host, need=30000, command=HANG, free="sglang"))
+    wait_for(lambda: status(target, a)["state"] == "RUNNING", what="A running")
+    job_a = host_status(service_host, a)
+    service_host.ssh(["kill", "-KILL", str(job_a["supervisor"]["pid"]), str(job_a["guard"]["pid"])], check=True)
+    (work / "b").mkdir()
+    b = submit(target, gpu_job(work / "b", service_host, need=30000, command=hold(30000), free="sglang"))
+    job = wait_terminal(target, b)
+    assert_service_back(service_host, job, "free: sglang, A's release adopted by B", "SUCCEEDED")
+    assert job["service"]["adopted_from"] == a and job["service"]["resumed"]["how"] == "api"
+    assert any(e.get("event") == "ledger" and e.get("adopted_from") == a for e in host_events(service_host, b))
+    posts = [c for c in calls(log) if c.startswith("POST")]
+    assert posts == ["POST /pause_generation {}", 'POST /release_memory_occupation {"tags": ["kv_cache"]}',
+                     'POST /resume_memory_occupation {"tags": ["kv_cache"]}', "POST /continue_generation {}"]
+    assert main_pid(service_host) == pid
+    assert host_status(service_host, a).get("restored") is True
+    assert host_status(service_host, a)["service"].get("handed_to") == b
 
 
-def test_restore_service_resumes_an_engine_a_dead_job_left_released_and_defers_to_a_live_one(service_host, work):
-    service_host.ssh(["sh", "-c", "mkdir -p /root/.runner && touch /root/.runner/launch-fork"], check=True)
-    try:
-        log = service_host.install_engine_unit("sglang", "--memory-saver")
-        pid = main_pid(service_host)
-        target = target_for(service_host)
-        job_file = gpu_job(work, service_host, need=30000, command=HANG, free="sglang")
-        a = submit(target, job_file)
-        wait_for(lambda: status(target, a)["state"] == "RUNNING", what="A running")
-        done = run_cli(target, "restore-service", str(job_file), "--json")
-        answer = json.loads(done.stdout)
-        assert done.returncode == 75 and answer["state"] == "starting", answer  # A lives: A resumes it
-        assert answer["released"]["job_id"] == a and answer["released"]["deferred"] is True
-        assert not any("resume" in c for c in calls(log))
-        job_a = host_status(service_host, a)
-        service_host.ssh(["kill", "-KILL", str(job_a["supervisor"]["pid"]), str(job_a["guard"]["pid"])], check=True)
-        done = run_cli(target, "restore-service", str(job_file), "--json")
-        answer = json.loads(done.stdout)
-        assert done.returncode == 0 and answer["state"] == "healthy", answer
-        assert answer["released"] == dict(answer["released"], job_id=a, deferred=False)
-        assert calls(log)[-3:] == ['POST /resume_memory_occupation {"tags": ["kv_cache"]}',
-                                   "POST /continue_generation {}", "GET /health_generate"]
-        job_a = host_status(service_host, a)
-        assert job_a["restored"] is True and job_a["service"]["healthy"] is True and main_pid(service_host) == pid
-        assert service_host.ssh(["ls", "/root/.runner/locks"]).stdout.count("ledger-") == 0
-    finally:
-        service_host.ssh(["rm", "-f", "/root/.runner/launch-fork"], check=True)
+def test_restore_service_resumes_what_a_dead_job_released_and_defers_to_a_live_one(service_host, work,
+                                                                                  fork_path):
+    log = service_host.install_engine_unit("sglang", "--memory-saver")
+    pid = main_pid(service_host)
+    target = target_for(service_host)
+    job_file = gpu_job(work, service_host, need=30000, command=HANG, free="sglang")
+    a = submit(target, job_file)
+    wait_for(lambda: status(target, a)["state"] == "RUNNING", what="A running")
+    done = run_cli(target, "restore-service", str(job_file), "--json")
+    answer = json.loads(done.stdout)
+    assert done.returncode == 75 and answer["state"] == "starting", answer  # A lives: A resumes it
+    assert answer["released"]["job_id"] == a and answer["released"]["deferred"] is True
+    assert not any("resume" in c for c in calls(log))
+    job_a = host_status(service_host, a)
+    service_host.ssh(["kill", "-KILL", str(job_a["supervisor"]["pid"]), str(job_a["guard"]["pid"])], check=True)
+    done = run_cli(target, "restore-service", str(job_file), "--json")
+    answer = json.loads(done.stdout)
+    assert done.returncode == 0 and answer["state"] == "healthy", answer
+    assert answer["released"] == dict(answer["released"], job_id=a, deferred=False)
+    assert calls(log)[-3:] == ['POST /resume_memory_occupation {"tags": ["kv_cache"]}',
+                               "POST /continue_generation {}", "GET /health_generate"]
+    job_a = host_status(service_host, a)
+    assert job_a["restored"] is True and job_a["service"]["healthy"] is True and main_pid(service_host) == pid
+    assert service_host.ssh(["ls", "/root/.runner/locks"]).stdout.count("ledger-") == 0
+
+
+def test_the_guard_resumes_when_the_supervisor_dies(service_host, work, fork_path):
+    log = service_host.install_engine_unit("sglang", "--memory-saver")
+    pid = main_pid(service_host)
+    target = target_for(service_host)
+    job_id = submit(target, gpu_job(work, service_host, need=30000, command=HANG, free="sglang"))
+    wait_for(lambda: status(target, job_id)["state"] == "RUNNING", what="running")
+    service_host.ssh(["kill", "-KILL", str(host_status(service_host, job_id)["supervisor"]["pid"])], check=True)
+    restored_within(service_host, job_id, timeout=60)
+    job = host_status(service_host, job_id)
+    assert_service_back(service_host, job, "free: sglang, supervisor SIGKILLed: the guard resumes", "FAILED")
+    assert "guard restored the service" in job["message"] and job["service"]["resumed"]["how"] == "api"
+    assert calls(log)[-2:] == ["POST /continue_generation {}", "GET /health_generate"]
+    assert main_pid(service_host) == pid
