@@ -6,6 +6,7 @@
               the weights' CPU backup) · vLLM: /sleep?level=1 → /is_sleeping
     resume:   SGLang: resume what was released, last first → continue generation → /health_generate
               · vLLM: /wake_up → /is_sleeping false → /health
+    restore_released: every restorer's way back (resume, else restart the unit); downtime: the window's parts
 
 The unit keeps running (its MainPID does not change). Each step is handed to `record` *before* it is asked
 for and again once it answered, so a restorer that reads the record (the supervisor, the guard, the

@@ -1,7 +1,8 @@
 """One job's choreography on the host: everything between "supervisor started" and "settle".
 
-    supervise: locks → settle the ledger → prepare step → record the service → stop it (policy) → drain GPU
-               memory → run the payload (deadline, cancel, signals) → settle, on every path out
+    supervise: locks → settle the ledger → prepare step → record the service → stop it, or release its GPU
+               memory through the engine's API (policy, service.free) → drain GPU memory → run the payload
+               (deadline, cancel, signals) → settle, on every path out
 
 The record (`Job`, `Flags`, `Interrupted`) is supervisor_record.py; settle, restore, the ledger's adoption
 and the guard are supervisor_settle.py. Imports only the stdlib, contract.py and those rooms;
