@@ -153,11 +153,15 @@ def offers(service: dict) -> dict:
 
 
 def probe_sglang(base: str, deadline: float) -> dict:
-    status, info = call("GET", base + "/get_server_info", deadline)
+    # 0.5.x answers /get_server_info; later releases keep it as a deprecated alias of /server_info
+    for route in ("/get_server_info", "/server_info"):
+        status, info = call("GET", base + route, deadline)
+        if status != 404:
+            break
     if status == 404 or not isinstance(info, dict):
-        raise Unsupported("%s/get_server_info answered %d: not an SGLang server" % (base, status))
+        raise Unsupported("%s%s answered %d: not an SGLang server" % (base, route, status))
     if status != 200:
-        raise Unsupported("%s/get_server_info answered %d: %s" % (base, status, info))
+        raise Unsupported("%s%s answered %d: %s" % (base, route, status, info))
     if not info.get("enable_memory_saver"):
         raise Unsupported("the SGLang server at %s runs without --enable-memory-saver: a release would free "
                           "nothing" % base)

@@ -145,7 +145,7 @@ def test_a_server_without_the_memory_saver_is_refused_before_anything_is_touched
 
 def test_a_server_that_is_not_sglang_is_refused(servers, gpu):
     server = servers(script=DUMMY)
-    with pytest.raises(engine.Unsupported, match="404: not an SGLang server"):
+    with pytest.raises(engine.Unsupported, match="/server_info answered 404: not an SGLang server"):
         engine.probe(service(server), soon())
 
 
