@@ -57,7 +57,7 @@ try:  # imported as remote_payload.supervisor (tests)
     from .supervisor_settle import hard_deadline, settle_as_restorer, start_guard, with_restore_lock
     from .supervisor_spec import check_health_url, check_job_id, check_root, check_root_safe, check_unit, \
         read_spec_stdin
-    from . import supervisor_ledger as ledger, supervisor_unit
+    from . import supervisor_engine, supervisor_ledger as ledger, supervisor_unit
     from .supervisor_submit import submit
 except ImportError:  # run as a script: sys.path[0] is this directory
     from contract import DEFAULTS, MAX_RESULT_BYTES, RUNNING_SERVICE_STATES, SERVICE_SCOPES, TERMINAL
@@ -72,6 +72,7 @@ except ImportError:  # run as a script: sys.path[0] is this directory
     from supervisor_settle import hard_deadline, settle_as_restorer, start_guard, with_restore_lock
     from supervisor_spec import check_health_url, check_job_id, check_root, check_root_safe, check_unit, \
         read_spec_stdin
+    import supervisor_engine
     import supervisor_ledger as ledger
     import supervisor_unit
     from supervisor_submit import submit
@@ -343,13 +344,16 @@ def cmd_restore_service(args) -> dict:
     check_health_url(args.health_url, "bad-args")
     ctl = Systemd(args.scope, args.sudo)
     deadline = time.monotonic() + max(0.0, args.max_wait)
+    released = restore_released_by_job(args.root, unit)
     if ctl.show(unit)["active_state"] not in RUNNING_SERVICE_STATES:
         start_unit(ctl, unit, deadline - time.monotonic())
     healthy, active = wait_healthy(ctl, unit, args.health_url, deadline - time.monotonic())
     shown = ctl.show(unit)
     state = "healthy" if healthy else ("starting" if shown["active_state"] in RUNNING_SERVICE_STATES else "failed")
+    if released and released.get("deferred"):  # it runs and answers, but its memory is still released
+        state = "starting"
     answer = {"ok": True, "unit": unit, "state": state, "active_state": shown["active_state"],
-              "sub_state": shown["sub_state"], "log_tail": None}
+              "sub_state": shown["sub_state"], "log_tail": None, "released": released}
     if state == "failed":
         answer["log_tail"] = ctl.log_tail(unit)
     return answer
@@ -367,6 +371,19 @@ def check_result_file(paths: JobPaths) -> None:
             info.st_size / (1 << 20), MAX_RESULT_BYTES >> 20)
         raise Fail("result-too-large", "job %s: its result.json %s; copy the raw file from the host: %s"
                    % (paths.job_id, what, paths.result), job_id=paths.job_id, path=paths.result)
+
+
+def restore_released_by_job(root: str, unit: str):
+    """A unit whose engine a job released (the ledger says which): that job's own `restore` resumes it, under
+    its locks (deferred while its supervisor or guard lives, or another job holds them). None otherwise."""
+    entry = ledger.read_entry(root, unit)
+    if not entry or not entry.get("released") or not entry.get("job_id"):
+        return None
+    try:
+        done = cmd_restore(argparse.Namespace(root=root, job_id=entry["job_id"]))
+    except Fail as exc:
+        return {"job_id": entry["job_id"], "deferred": False, "error": str(exc)}
+    return {"job_id": entry["job_id"], "deferred": bool(done.get("deferred")), "message": done.get("message")}
 
 
 def cmd_result(args) -> dict:
@@ -411,6 +428,8 @@ def preflight_report(args, spec: dict) -> dict:
         unit = spec["service"]["unit"]
         ctl = Systemd(spec["service"]["scope"], spec["service"]["sudo"])
         service = dict(ctl.show(unit), manager="systemd", unit=unit, ledger=ledger.read_entry(args.root, unit))
+        if spec["service"].get("free", "stop") != "stop":  # asked before anything is touched
+            service["engine"] = supervisor_engine.offers(spec["service"])
     locks = [probe_lock(args.root, key) for key in lock_keys(spec)]
     return dict({"ok": True, "service": service, "locks": locks, "python": "%d.%d.%d" % sys.version_info[:3]},
                 **preflight_gpus(spec))

@@ -1,7 +1,8 @@
 """One job's choreography on the host: everything between "supervisor started" and "settle".
 
-    supervise: locks → settle the ledger → prepare step → record the service → stop it (policy) → drain GPU
-               memory → run the payload (deadline, cancel, signals) → settle, on every path out
+    supervise: locks → settle the ledger → prepare step → record the service → stop it, or release its GPU
+               memory through the engine's API (policy, service.free) → drain GPU memory → run the payload
+               (deadline, cancel, signals) → settle, on every path out
 
 The record (`Job`, `Flags`, `Interrupted`) is supervisor_record.py; settle, restore, the ledger's adoption
 and the guard are supervisor_settle.py. Imports only the stdlib, contract.py and those rooms;
@@ -20,7 +21,7 @@ try:  # imported as remote_payload.supervisor_job (tests)
         kill_group, query_apps, query_gpus, refuse_too_small, short_gpus
     from .supervisor_record import Flags, Interrupted, Job, signal_name
     from .supervisor_settle import GPU_POLL_S, STOP_TIMEOUT_S, final_state, settle, settle_ledger, start_guard_timer
-    from . import supervisor_ledger as ledger
+    from . import supervisor_engine as engine, supervisor_ledger as ledger
 except ImportError:  # run from supervisor.py as a script: sys.path[0] is this directory
     from contract import RUNNING_SERVICE_STATES
     from supervisor_files import Locks
@@ -28,6 +29,7 @@ except ImportError:  # run from supervisor.py as a script: sys.path[0] is this d
         kill_group, query_apps, query_gpus, refuse_too_small, short_gpus
     from supervisor_record import Flags, Interrupted, Job, signal_name
     from supervisor_settle import GPU_POLL_S, STOP_TIMEOUT_S, final_state, settle, settle_ledger, start_guard_timer
+    import supervisor_engine as engine
     import supervisor_ledger as ledger
 
 LOCK_POLL_S = 0.5
@@ -70,7 +72,7 @@ def prepare_service(job: Job, flags: Flags) -> None:
     job.event("service", unit=service["unit"], **before)
     if before["active_state"] in RUNNING_SERVICE_STATES and should_stop(job):
         check_interrupt(job, flags)
-        stop_service(job)
+        (stop_service if job.spec["service"].get("free", "stop") == "stop" else release_service)(job)
 
 
 def measure_gpus(job: Job) -> list:
@@ -107,7 +109,38 @@ def stop_service(job: Job) -> None:
         if job.ctl.is_active(unit) in RUNNING_SERVICE_STATES:  # it still runs: nothing to restore
             job.save(service=dict(job.status["service"], stopped=False, stopped_at=None))
         raise
-    job.save(service=dict(job.status["service"], now=job.ctl.is_active(unit)))
+    freed_at = time.time()
+    job.save(service=dict(job.status["service"], now=job.ctl.is_active(unit), freed_at=freed_at))
+
+
+def release_service(job: Job) -> None:
+    """Free the GPU through the engine's API (service.free); the unit keeps running. Asked first whether the
+    engine can (nothing touched if not), then recorded like a stop, and again at every step, so every
+    restorer knows what to resume."""
+    spec_service, unit = job.spec["service"], job.spec["service"]["unit"]
+    offers = engine.probe(spec_service, time.monotonic() + engine.CALL_TIMEOUT_S)
+    start_guard_timer(job)
+    stopped_at = time.time()
+
+    def keep(record: dict) -> None:
+        ledger.record_stop(job.paths.root, unit, job.paths.job_id, job.status["service"], job.spec["gpu"]["devices"],
+                           released=record, stopped_at=stopped_at)
+        job.save(service=dict(job.status["service"], released=record))
+
+    keep(engine.new_record(spec_service))
+    job.set_state("STOPPING_SERVICE", "freeing GPU memory through the %s API of %s" % (spec_service["free"], unit),
+                  service=dict(job.status["service"], stopped=True, stopped_at=stopped_at))
+    record = engine.release(spec_service, job.spec["gpu"]["required_mib"], lambda: least_free(job),
+                            time.monotonic() + STOP_TIMEOUT_S, keep, offers)
+    job.save(service=dict(job.status["service"], freed_at=time.time()))
+    job.event("service", released=record["steps"], message=engine.describe(record))
+
+
+def least_free(job: Job):
+    """The least free MiB over the job's GPUs (None when nvidia-smi cannot say); 0 MiB needed without GPUs."""
+    devices = job.spec["gpu"]["devices"]
+    frees = [g["free_mib"] for g in query_gpus(devices)] if devices else [0]
+    return None if None in frees else min(frees)
 
 
 def drain(job: Job, flags: Flags) -> None:

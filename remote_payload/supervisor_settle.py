@@ -6,7 +6,7 @@
                alive past `hard_deadline`), it settles as a restorer (so does `supervisor.py restore`, run by
                the guard timer, the last line where the host has systemd)
 
-Imports only the stdlib, contract.py and the supervisor_host/_files/_record/_ledger rooms.
+Imports only the stdlib, contract.py and the supervisor_host/_files/_record/_ledger/_engine rooms.
 """
 from __future__ import annotations
 
@@ -22,13 +22,14 @@ try:  # imported as remote_payload.supervisor_settle (tests)
     from .supervisor_host import CMD_TIMEOUT_S, KILL_CONFIRM_S, SMI_TIMEOUT_S, RUN_SUPERVISOR, Fail, group_is_ours, \
         group_members, health_ok, identity, kill_group, query_apps, run_command, start_unit, wait_healthy
     from .supervisor_record import Job
-    from . import supervisor_ledger as ledger
+    from . import supervisor_engine as engine, supervisor_ledger as ledger
 except ImportError:  # run from supervisor.py as a script: sys.path[0] is this directory
     from contract import RUNNING_SERVICE_STATES, TERMINAL
     from supervisor_files import JobPaths, Locks
     from supervisor_host import CMD_TIMEOUT_S, KILL_CONFIRM_S, SMI_TIMEOUT_S, RUN_SUPERVISOR, Fail, group_is_ours, \
         group_members, health_ok, identity, kill_group, query_apps, run_command, start_unit, wait_healthy
     from supervisor_record import Job
+    import supervisor_engine as engine
     import supervisor_ledger as ledger
 
 GPU_POLL_S = 0.5
@@ -131,23 +132,40 @@ def stopped_by_us(service: dict) -> bool:
 
 
 def restore(job: Job) -> None:
-    """Start the service this job stopped and wait until it is healthy (bounded by health_timeout)."""
+    """Start the service this job stopped (or resume the engine it released) and wait until it is healthy
+    (bounded by health_timeout)."""
     service, spec_service = job.status["service"], job.spec["service"]
-    unit = service["unit"]
-    job.note_restore("starting %s" % unit)
+    unit, began = service["unit"], time.time()
     deadline = time.monotonic() + spec_service["health_timeout"]
+    if service.get("released"):  # freed through the engine's API: resumed, the unit restarted if that fails
+        healthy, now = engine.restore_released(job, deadline)
+    else:
+        healthy, now = start_and_wait(job, unit, deadline)
+    restored_at = time.time()
+    service = job.status["service"]  # with what the restore recorded (service.resumed)
+    job.save(service=dict(service, now=now, healthy=healthy, restored_at=restored_at,
+                          downtime_s=round(restored_at - (service.get("stopped_at") or restored_at), 3),
+                          downtime=engine.downtime(service, job.status.get("gpu"), began, restored_at, healthy)))
+    job.note_restore("%s is %s, %s" % (unit, now, "healthy" if healthy else "NOT healthy"))
+
+
+def start_and_wait(job: Job, unit: str, deadline: float) -> tuple:
+    """`systemctl start` and the health wait; returns (healthy, active_state)."""
+    spec_service = job.spec["service"]
+    job.note_restore("starting %s" % unit)
     try:
-        why = start_unit(job.ctl, unit, spec_service["health_timeout"])
+        began = time.monotonic()
+        why = start_unit(job.ctl, unit, deadline - time.monotonic())
         if why:
             job.note_restore(why)
+        started = time.monotonic()
         healthy, now = wait_healthy(job.ctl, unit, spec_service["health_url"], deadline - time.monotonic())
+        job.save(service=dict(job.status["service"], resumed={
+            "how": "start", "resume_s": round(started - began, 3), "health_s": round(time.monotonic() - started, 3)}))
+        return healthy, now
     except Fail as exc:
         job.note_restore("restoring %s failed: %s" % (unit, exc))
-        healthy, now = False, "unknown"
-    restored_at = time.time()
-    job.save(service=dict(service, now=now, healthy=healthy, restored_at=restored_at,
-                          downtime_s=round(restored_at - (service.get("stopped_at") or restored_at), 3)))
-    job.note_restore("%s is %s, %s" % (unit, now, "healthy" if healthy else "NOT healthy"))
+        return False, "unknown"
 
 
 def observe(job: Job) -> None:
@@ -220,17 +238,19 @@ def settle_ledger(job: Job) -> None:
         return
     unit, previous = service["unit"], entry.get("job_id")
     now = job.ctl.is_active(unit)
-    if now in RUNNING_SERVICE_STATES:
+    if now in RUNNING_SERVICE_STATES and not entry.get("released"):  # a released engine runs but does not serve
         ledger.clear(job.paths.root, unit, previous)
         job.event("ledger", unit=unit, dropped_from=previous, now=now,
                   message="%s was recorded as stopped by job %s but runs again: nothing to restore" % (unit, previous))
         return
     hand_over(job, previous)
     job.save(service=dict(service, was=entry.get("was") or "active", now=now, stopped=True,
-                          stopped_at=entry.get("stopped_at") or time.time(), adopted_from=previous))
+                          stopped_at=entry.get("stopped_at") or time.time(), adopted_from=previous,
+                          released=entry.get("released")))
     start_guard_timer(job)
     ledger.record_stop(job.paths.root, unit, job.paths.job_id, job.status["service"], job.spec["gpu"]["devices"],
-                       adopted_from=previous, stopped_at=job.status["service"]["stopped_at"])
+                       adopted_from=previous, stopped_at=job.status["service"]["stopped_at"],
+                       released=entry.get("released"))
     job.event("ledger", unit=unit, adopted_from=previous, message="%s already stopped by job %s and not restored; "
               "job %s adopts it and will restore it" % (unit, previous, job.paths.job_id))
 

@@ -15,12 +15,14 @@ import sys
 try:  # imported as remote_payload.supervisor_spec (tests)
     from . import contract
     from .slurm_batch import MAX_DOWNTIME_ON_SLURM, slurm_problem, time_problem
+    from .supervisor_engine import FREE_METHODS, PAUSE_MODES, api_url
     from .supervisor_host import HERE, Fail
     from .sweep import MAX_VARIANTS
 except ImportError:  # run from supervisor.py as a script: sys.path[0] is this directory
     import contract
     from slurm_batch import MAX_DOWNTIME_ON_SLURM, slurm_problem, time_problem
     from sweep import MAX_VARIANTS
+    from supervisor_engine import FREE_METHODS, PAUSE_MODES, api_url
     from supervisor_host import HERE, Fail
 
 DEFAULTS = contract.DEFAULTS
@@ -109,10 +111,26 @@ def check_service(raw) -> dict:
     sudo = _default(raw, "service.sudo")
     _need(isinstance(sudo, bool), "service.sudo must be true or false")
     _need(not (scope == "user" and sudo), contract.USER_SCOPE_SUDO)
-    return {"manager": "systemd", "unit": check_unit(raw.get("unit")), "scope": scope, "stop": stop,
-            "health_url": check_health_url(raw.get("health_url")),
-            "health_timeout": _number(_default(raw, "service.health_timeout"), "service.health_timeout"),
-            "sudo": sudo}
+    service = {"manager": "systemd", "unit": check_unit(raw.get("unit")), "scope": scope, "stop": stop,
+               "health_url": check_health_url(raw.get("health_url")),
+               "health_timeout": _number(_default(raw, "service.health_timeout"), "service.health_timeout"),
+               "sudo": sudo}
+    service.update(check_free(raw, service["health_url"]))
+    return service
+
+
+def check_free(raw: dict, health_url) -> dict:
+    """service.free and its engine keys; nothing for `stop` (the service section as it was)."""
+    free = raw.get("free", "stop")
+    _need(free in FREE_METHODS, "service.free must be stop, sglang or vllm, got %r" % (free,))
+    mode, url = raw.get("pause_mode"), check_health_url(raw.get("api_url"))
+    if free == "stop":
+        _need(url is None and mode is None, "service.api_url and pause_mode go with free sglang or vllm")
+        return {}
+    _need(mode is None or (free == "sglang" and mode in PAUSE_MODES),
+          "service.pause_mode must be null, abort or retract, and only with free sglang")
+    _need(url is not None or health_url is not None, "service.free %s needs api_url or health_url" % free)
+    return {"free": free, "api_url": api_url({"api_url": url, "health_url": health_url}), "pause_mode": mode}
 
 
 def check_gpu(raw) -> dict:

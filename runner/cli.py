@@ -286,10 +286,19 @@ def _phase_text(progress: dict) -> str:
 
 def _downtime(service: dict, now: float) -> str:
     if service.get("downtime_s") is not None:
-        return f", downtime {service['downtime_s']:.1f} s"
+        return f", downtime {service['downtime_s']:.1f} s" + _downtime_parts(service.get("downtime"))
     if service.get("stopped_at") and not service.get("restored_at"):
         return f", down for {_duration(now - service['stopped_at'])} so far"
     return ""
+
+
+def _downtime_parts(parts: dict | None) -> str:
+    """" (stop: release 0.8, drain 0.0, payload 22.2, resume 3.5, health 5.8 s)": the window's parts."""
+    if not parts:
+        return ""
+    known = [f"{name} {parts[name + '_s']:.1f}" for name in ("release", "drain", "payload", "resume", "health")
+             if parts.get(name + "_s") is not None]
+    return f" ({parts['method']}: {', '.join(known)} s)" if known else ""
 
 
 def _duration(seconds: float) -> str:

@@ -23,6 +23,7 @@ def decide(wire: dict, report: dict, *, queue: bool = False) -> Decision:
     if not queue:
         _refuse_if_locked(report.get("locks", []), wire["job_id"])
     service, gpu = wire["service"], wire["gpu"]
+    _refuse_if_engine_cannot(service, report)
     stop_policy = service.get("stop", "never") if service["manager"] != "none" else "never"
     if not gpu["devices"]:
         return Decision(stop_policy == "always", ["no GPUs requested: no memory check"])
@@ -39,6 +40,18 @@ def _refuse_if_locked(locks: list[dict], job_id: str) -> None:
         if lock.get("held") and (lock.get("holder") or {}).get("job_id") != job_id:
             raise HostBusy(f"host busy: {lock['key']} is held by {describe_holder(lock.get('holder'))}",
                            hint="Wait for that job (`runner tail ID -f`), cancel it, or submit with --queue.")
+
+
+def _refuse_if_engine_cannot(service: dict, report: dict) -> None:
+    """service.free sglang/vllm: the host asked the engine (without touching it) whether it can free memory.
+    A unit that is not running, or that a runner job holds released, is judged by the rules below instead."""
+    engine = (report.get("service") or {}).get("engine") or {}
+    if not engine.get("error") or (report.get("service") or {}).get("active_state") != "active" \
+            or _runner_holds_stopped(report, service["unit"]):
+        return
+    raise PreflightError(f"service.free is {service['free']}, but {engine['error']}",
+                         hint="Start the engine with its memory API (SGLang: --enable-memory-saver; vLLM: "
+                              "--enable-sleep-mode and VLLM_SERVER_DEV_MODE=1), or use `service.free: stop`.")
 
 
 def _runner_holds_stopped(report: dict, unit: str) -> str | None:
@@ -99,4 +112,7 @@ def _decide_short(short: list[dict], stop_policy: str, service: dict, report: di
     if state != "active":
         raise PreflightError(f"{gaps}; the service {service['unit']} is {state or 'unknown'}, so stopping it "
                              f"frees nothing. Memory is held by: {holders}")
+    if service.get("free", "stop") != "stop":
+        return Decision(True, [gaps, f"will release GPU memory of {service['unit']} through its {service['free']} "
+                                     "API and resume it afterwards (the unit keeps running)"])
     return Decision(True, [gaps, f"will stop {service['unit']} and restore it afterwards"])

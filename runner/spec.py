@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator,
 from remote_payload.contract import DEFAULTS, LAUNCHERS, SERVICE_MANAGERS, SERVICE_SCOPES, STOP_POLICIES, \
     USER_SCOPE_SUDO
 from remote_payload import sweep as sweeps
+from remote_payload.supervisor_engine import FREE_METHODS, PAUSE_MODES, origin
 
 from .errors import SpecError
 from .job_id import check_job_id
@@ -49,6 +50,11 @@ class ServiceSpec(_Section):
     health_url: HealthUrl = None
     health_timeout: Duration = DEFAULTS["service.health_timeout"]
     sudo: bool = DEFAULTS["service.sudo"]
+    # How the GPU is freed: `stop` the unit, or ask the engine's own API (the unit keeps running; restarted
+    # only when the API does not bring it back).
+    free: Literal[FREE_METHODS] = "stop"
+    api_url: HealthUrl = None
+    pause_mode: Literal[PAUSE_MODES] | None = None
 
     @model_validator(mode="after")
     def _unit_matches_manager(self) -> ServiceSpec:
@@ -59,6 +65,27 @@ class ServiceSpec(_Section):
         if self.scope == "user" and self.sudo:
             raise ValueError(USER_SCOPE_SUDO)
         return self
+
+    @model_validator(mode="after")
+    def _free_through_an_api(self) -> ServiceSpec:
+        if self.free == "stop":
+            if self.api_url is not None or self.pause_mode is not None:
+                raise ValueError("`api_url` and `pause_mode` go with `free: sglang` or `free: vllm`")
+            return self
+        if self.manager != "systemd":
+            raise ValueError(f"`free: {self.free}` needs `manager: systemd` (the unit is restarted when the "
+                             "engine's API does not bring it back)")
+        if self.api_url is None and self.health_url is None:
+            raise ValueError(f"`free: {self.free}` needs `api_url` (or a `health_url` on the engine's port)")
+        if self.pause_mode is not None and self.free != "sglang":
+            raise ValueError("`pause_mode` is SGLang's /pause_generation mode: it goes with `free: sglang`")
+        return self
+
+    def wire(self) -> dict:
+        """The host's form: without the engine keys for `free: stop` (the wire as it was); api_url resolved."""
+        if self.free == "stop":
+            return self.model_dump(exclude={"free", "api_url", "pause_mode"})
+        return dict(self.model_dump(), api_url=(self.api_url or origin(self.health_url)).rstrip("/"))
 
 
 class GpuSpec(_Section):
@@ -230,7 +257,7 @@ class JobSpec(_Section):
     def _wire_service(self) -> dict:
         if self.service.manager == "none":
             return {"manager": "none"}
-        return self.service.model_dump()
+        return self.service.wire()
 
     def _wire_payload(self, script_name: str | None) -> dict:
         payload = self.payload

@@ -38,6 +38,14 @@ DESCRIPTIONS = {
                           "stay active for 2 s.",
     "service.health_timeout": "How long the restore waits for healthy.",
     "service.sudo": "Run systemctl/systemd-run through `sudo -n` (a NOPASSWD rule is needed; see the README).",
+    "service.free": "How the GPU is freed: `stop` the unit (and start it after); `sglang`: pause generation, "
+                    "release the KV cache (and the weights only if still short, and only with SGLang's "
+                    "--enable-weights-cpu-backup), resume after (needs --enable-memory-saver); `vllm`: sleep level 1, "
+                    "wake after (needs --enable-sleep-mode and VLLM_SERVER_DEV_MODE=1). The unit keeps running; it "
+                    "is restarted only when the API does not bring the engine back.",
+    "service.api_url": "The engine's HTTP root for `free: sglang`/`vllm` (default: the origin of `health_url`).",
+    "service.pause_mode": "SGLang's /pause_generation mode before the release: `abort` (SGLang's default when not "
+                          "given: in-flight requests are returned) or `retract` (they are queued and recomputed after).",
     "gpu": "The GPUs the payload uses and the memory it needs.",
     "gpu.devices": "GPU indexes (nvidia-smi order) or UUIDs; the payload gets CUDA_VISIBLE_DEVICES for them.",
     "gpu.min_free_mib": "Free memory needed on each device, in MiB (at most 16777216, 16 TiB), or `auto` (the "

@@ -32,6 +32,7 @@ from .prereqs import SYSTEMD, SYSTEMD_USER_UNITS, cgroup2_root
 UNIT = "dummy-infer.service"
 LOGIN_ROLES = ("sudo", "nosudo")  # the non-root logins, in `logins` order
 DUMMY_SERVER = Path(__file__).parent / "dummy_inference.py"
+ENGINE_STANDIN = Path(__file__).parent / "engine_standin.py"
 COPIED_UNITS = ("shutdown.target", "exit.target", "systemd-exit.service")
 STUB_UNITS = ("test.target", "basic.target")
 BASE_UNITS = STUB_UNITS + COPIED_UNITS
@@ -88,6 +89,23 @@ class ServiceHost(sshd.SshHost):
         (self.units_dir / name).write_text(dummy_unit_text(self.service_log, **{"port": self.service_port, **knobs}))
         self.systemctl("daemon-reload").check_returncode()
         return name
+
+    def install_engine_unit(self, engine: str = "sglang", *flags: str, weights_mib: int = 60000,
+                            kv_mib: int = 60000) -> Path:
+        """Make `unit` the engine stand-in (tests/hosts/engine_standin.py) on the health port, restart it and
+        wait until healthy; returns the file its requests are logged to (JSON lines, emptied here)."""
+        calls = self.workdir / "engine-calls.jsonl"
+        calls.unlink(missing_ok=True)
+        argv = [HOST_PYTHON, str(ENGINE_STANDIN), "--engine", engine, "--port", str(self.service_port),
+                "--weights-mib", str(weights_mib), "--kv-mib", str(kv_mib), "--calls", str(calls), *flags]
+        lines = dummy_unit_text(self.service_log, port=self.service_port).splitlines()
+        (self.units_dir / self.unit).write_text("\n".join(
+            f"ExecStart={shlex.join(argv)}" if line.startswith("ExecStart=") else line for line in lines) + "\n")
+        self.systemctl("daemon-reload").check_returncode()
+        self.systemctl("restart", self.unit).check_returncode()
+        wait_until(lambda: self.health_status() == 200, timeout=20, what=f"{self.unit} (engine stand-in) healthy")
+        calls.unlink(missing_ok=True)
+        return calls
 
     def reset(self) -> None:
         """Back to the known state: default unit active and healthy, fake GPU default, no runner locks.

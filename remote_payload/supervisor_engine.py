@@ -1,0 +1,361 @@
+"""Freeing the GPU through the serving engine's own HTTP API instead of stopping its unit.
+
+    probe:    before anything is touched, the engine says it can (SGLang: /get_server_info has
+              enable_memory_saver; vLLM: the dev-mode routes answer and sleep mode is on)
+    release:  SGLang: pause generation → release kv_cache → enough free? else release weights (only with
+              the weights' CPU backup) · vLLM: /sleep?level=1 → /is_sleeping
+    resume:   SGLang: resume what was released, last first → continue generation → /health_generate
+              · vLLM: /wake_up → /is_sleeping false → /health
+    restore_released: every restorer's way back (resume, else restart the unit); downtime: the window's parts
+
+The unit keeps running (its MainPID does not change). Each step is handed to `record` *before* it is asked
+for and again once it answered, so a restorer that reads the record (the supervisor, the guard, the
+ledger's next job, `restore`) knows what may be released: a step whose answer was never seen is "pending",
+and `resume` refuses to guess about it (`EngineError`): the caller restarts the unit instead.
+
+An SGLang engine that gets a release while it is generating aborts its whole server process, so generation
+is always paused first. SGLang without --enable-memory-saver answers every release with 200 and frees
+nothing (its memory saver is a no-op then): only /get_server_info tells, so `probe` reads it. Weights
+released without --enable-weights-cpu-backup come back as uninitialised memory; they are never released
+then. Every HTTP call is bounded by the caller's deadline (time.monotonic()). Stdlib only; imports
+supervisor_host.py (`Fail`, the unit's health wait for the restart that backs a failed resume).
+"""
+from __future__ import annotations
+
+import json
+import time
+
+try:  # imported as remote_payload.supervisor_engine (tests)
+    from .supervisor_host import Fail, wait_healthy
+except ImportError:  # run from supervisor.py as a script: sys.path[0] is this directory
+    from supervisor_host import Fail, wait_healthy
+
+FREE_METHODS = ("stop", "sglang", "vllm")  # service.free; stop: systemctl stop / start
+PAUSE_MODES = ("abort", "retract")  # in_place keeps requests in the running batch: a release then aborts SGLang
+KV_CACHE, WEIGHTS = "kv_cache", "weights"
+CALL_TIMEOUT_S = 30.0     # one HTTP call at most (a weights release copies them to host memory: ~0.5 s/GB)
+PROBE_S = 5.0             # the preflight's question to the engine
+SETTLE_S = 2.0            # after a release, how long nvidia-smi may lag before the memory counts as still held
+POLL_S = 0.2
+
+
+class EngineError(Fail):
+    """The engine's API did not do what was asked (or did not answer): the message says which call."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__("internal", message)
+
+
+class Unsupported(EngineError):
+    """The server cannot free memory through its API; found before anything was touched."""
+
+
+# ── HTTP ──────────────────────────────────────────────────────────────────────────────────────────────
+
+def call(method: str, url: str, deadline: float, body=None):
+    """(status, parsed JSON or text) of one request; an engine that does not answer is an EngineError.
+    Proxies from the environment are ignored: the API is the host's own."""
+    import urllib.error  # here, not at the top: most of the supervisor's runs never call an engine
+    import urllib.request
+
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise EngineError("%s %s: no time left before the deadline" % (method, url))
+    data = None if body is None else json.dumps(body).encode("utf-8")
+    request = urllib.request.Request(url, data=data, method=method,
+                                     headers={"Content-Type": "application/json"} if data is not None else {})
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(request, timeout=max(0.1, min(CALL_TIMEOUT_S, left))) as answer:
+            return answer.status, parse_body(answer.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, parse_body(exc.read())
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        raise EngineError("%s %s did not answer: %s" % (method, url, getattr(exc, "reason", exc)))
+
+
+def parse_body(raw: bytes):
+    text = raw.decode("utf-8", "replace")
+    try:
+        return json.loads(text) if text.strip() else None
+    except ValueError:
+        return text.strip()[-300:]
+
+
+def expect_ok(method: str, url: str, deadline: float, body=None):
+    status, answer = call(method, url, deadline, body)
+    if not 200 <= status < 300:
+        raise EngineError("%s %s answered %d: %s" % (method, url, status, answer))
+    return answer
+
+
+def wait_for(check, deadline: float, what: str):
+    """Poll check() (True when done; it may raise EngineError) until the deadline."""
+    while True:
+        if check():
+            return
+        if time.monotonic() + POLL_S >= deadline:
+            raise EngineError("%s: not within the deadline" % what)
+        time.sleep(POLL_S)
+
+
+def api_url(service: dict) -> str:
+    """service.api_url, else the origin of service.health_url (the host checked one is there)."""
+    url = service.get("api_url") or origin(service.get("health_url") or "")
+    return url.rstrip("/")
+
+
+def origin(url: str) -> str:
+    scheme, _, rest = url.partition("://")
+    return "%s://%s" % (scheme, rest.split("/", 1)[0]) if rest else ""
+
+
+# ── the released record ───────────────────────────────────────────────────────────────────────────────
+
+def new_record(service: dict) -> dict:
+    """What is (or may be) released: JSON, kept in status.json and the host ledger. steps: in order,
+    each {"step": pause|kv_cache|weights|sleep, "done": bool}; done false = asked, answer not seen."""
+    return {"engine": service["free"], "api_url": api_url(service), "mode": service.get("pause_mode"),
+            "steps": [], "released_at": time.time(), "timings": {}}
+
+
+def begin(record: dict, name: str, save) -> dict:
+    record["steps"].append({"step": name, "done": False})
+    save(record)
+    return record["steps"][-1]
+
+
+def finish(record: dict, entry: dict, save) -> None:
+    entry["done"] = True
+    save(record)
+
+
+def pending(record: dict) -> list:
+    return [s["step"] for s in record.get("steps", []) if not s.get("done")]
+
+
+# ── probe ─────────────────────────────────────────────────────────────────────────────────────────────
+
+def probe(service: dict, deadline: float) -> dict:
+    """What the engine offers, asked without touching it: raises Unsupported with the reason."""
+    base = api_url(service)
+    if service["free"] == "sglang":
+        return probe_sglang(base, deadline)
+    return probe_vllm(base, deadline)
+
+
+def offers(service: dict) -> dict:
+    """probe's answer for the preflight report: what the engine offers, or {"error": why} (never raises)."""
+    try:
+        return probe(service, time.monotonic() + PROBE_S)
+    except EngineError as exc:
+        return {"engine": service["free"], "error": str(exc)}
+
+
+def probe_sglang(base: str, deadline: float) -> dict:
+    # 0.5.x answers /get_server_info; later releases keep it as a deprecated alias of /server_info
+    for route in ("/get_server_info", "/server_info"):
+        status, info = call("GET", base + route, deadline)
+        if status != 404:
+            break
+    if status == 404 or not isinstance(info, dict):
+        raise Unsupported("%s%s answered %d: not an SGLang server" % (base, route, status))
+    if status != 200:
+        raise Unsupported("%s%s answered %d: %s" % (base, route, status, info))
+    if not info.get("enable_memory_saver"):
+        raise Unsupported("the SGLang server at %s runs without --enable-memory-saver: a release would free "
+                          "nothing" % base)
+    return {"engine": "sglang", "version": info.get("version"),
+            "weights_cpu_backup": bool(info.get("enable_weights_cpu_backup"))}
+
+
+def probe_vllm(base: str, deadline: float) -> dict:
+    status, answer = call("GET", base + "/is_sleeping", deadline)
+    if status == 404:
+        raise Unsupported("%s/is_sleeping answered 404: start vLLM with VLLM_SERVER_DEV_MODE=1 and "
+                          "--enable-sleep-mode" % base)
+    if status != 200 or not isinstance(answer, dict) or "is_sleeping" not in answer:
+        raise Unsupported("%s/is_sleeping answered %d: %s" % (base, status, answer))
+    if answer["is_sleeping"]:
+        raise Unsupported("the vLLM server at %s is asleep already (someone else put it to sleep)" % base)
+    status, info = call("GET", base + "/server_info", deadline)
+    text = json.dumps(info) if status == 200 else ""
+    if "enable_sleep_mode" in text and "enable_sleep_mode=True" not in text \
+            and '"enable_sleep_mode": true' not in text:
+        raise Unsupported("the vLLM server at %s runs without --enable-sleep-mode" % base)
+    return {"engine": "vllm"}
+
+
+# ── release ───────────────────────────────────────────────────────────────────────────────────────────
+
+def release(service: dict, need_mib: int, gpu_free_fn, deadline: float, save=lambda record: None,
+            offers=None) -> dict:
+    """Free the engine's GPU memory; returns the record (also handed to `save` at every step).
+    gpu_free_fn(): the least free MiB over the job's GPUs now (None: unknown, counts as short);
+    offers: probe's answer when the caller asked already."""
+    offers = offers or probe(service, deadline)
+    record = new_record(service)
+    began = time.monotonic()
+    if service["free"] == "sglang":
+        release_sglang(record, offers, need_mib, gpu_free_fn, deadline, save)
+    else:
+        sleep_vllm(record, deadline, save)
+    record["timings"]["release_s"] = round(time.monotonic() - began, 3)
+    save(record)
+    return record
+
+
+def release_sglang(record: dict, offers: dict, need_mib: int, gpu_free_fn, deadline: float, save) -> None:
+    body = {"mode": record["mode"]} if record["mode"] else {}  # SGLang's own default (abort) when not given
+    step(record, "pause", "/pause_generation", body, deadline, save)
+    release_tag(record, KV_CACHE, deadline, save)
+    if enough(need_mib, gpu_free_fn, deadline):
+        return
+    if not offers["weights_cpu_backup"]:
+        record["short_after"] = KV_CACHE
+        save(record)
+        return  # the drain names the shortfall; weights without their CPU backup would come back garbage
+    release_tag(record, WEIGHTS, deadline, save)
+
+
+def release_tag(record: dict, tag: str, deadline: float, save) -> None:
+    step(record, tag, "/release_memory_occupation", {"tags": [tag]}, deadline, save)
+
+
+def step(record: dict, name: str, route: str, body, deadline: float, save) -> None:
+    """One POST, recorded before it is asked; an answer other than 2xx means it did not happen (dropped
+    from the record), no answer leaves it pending."""
+    entry = begin(record, name, save)
+    status, answer = call("POST", record["api_url"] + route, deadline, body)
+    if not 200 <= status < 300:
+        record["steps"].remove(entry)
+        save(record)
+        raise EngineError("POST %s%s answered %d: %s" % (record["api_url"], route, status, answer))
+    finish(record, entry, save)
+
+
+def enough(need_mib: int, gpu_free_fn, deadline: float) -> bool:
+    """Whether need_mib is free, giving nvidia-smi SETTLE_S to see a release that just happened."""
+    settle = min(deadline, time.monotonic() + SETTLE_S)
+    while True:
+        free = gpu_free_fn()
+        if free is not None and free >= need_mib:
+            return True
+        if time.monotonic() + POLL_S >= settle:
+            return False
+        time.sleep(POLL_S)
+
+
+def sleep_vllm(record: dict, deadline: float, save) -> None:
+    base = record["api_url"]
+    step(record, "sleep", "/sleep?level=1", None, deadline, save)
+    wait_for(lambda: is_sleeping(base, deadline), deadline, "%s/is_sleeping to say true" % base)
+
+
+def is_sleeping(base: str, deadline: float) -> bool:
+    answer = expect_ok("GET", base + "/is_sleeping", deadline)
+    if not isinstance(answer, dict) or "is_sleeping" not in answer:
+        raise EngineError("%s/is_sleeping answered %r" % (base, answer))
+    return bool(answer["is_sleeping"])
+
+
+# ── resume ────────────────────────────────────────────────────────────────────────────────────────────
+
+def resume(record: dict, deadline: float, health_url=None) -> dict:
+    """Give back what the record says was released, then wait until the engine serves; returns the timings
+    (resume_s, health_s). Raises EngineError when the API does not answer, a step fails, or the record has
+    an SGLang release whose answer was never seen: the caller then restarts the unit."""
+    began = time.monotonic()
+    if record["engine"] == "sglang":
+        resume_sglang(record, deadline)
+        health = record["api_url"] + "/health_generate"
+    else:
+        wake_vllm(record, deadline)
+        health = health_url or record["api_url"] + "/health"
+    resumed = time.monotonic()
+    wait_for(lambda: call("GET", health, deadline)[0] == 200, deadline, "%s to answer 200" % health)
+    return {"resume_s": round(resumed - began, 3), "health_s": round(time.monotonic() - resumed, 3)}
+
+
+def resume_sglang(record: dict, deadline: float) -> None:
+    base, steps = record["api_url"], record.get("steps", [])
+    unknown = [name for name in pending(record) if name != "pause"]
+    if unknown:
+        raise EngineError("the release of %s was asked but its answer never seen: whether it happened is "
+                          "unknown" % ", ".join(unknown))
+    for entry in reversed(steps):  # weights before the KV cache: the pool is laid out after the weights
+        if entry["step"] in (KV_CACHE, WEIGHTS):
+            expect_ok("POST", base + "/resume_memory_occupation", deadline, {"tags": [entry["step"]]})
+    if steps:  # a pause asked, answered or not: continuing an engine that is not paused does nothing
+        expect_ok("POST", base + "/continue_generation", deadline, {})
+
+
+def wake_vllm(record: dict, deadline: float) -> None:
+    base = record["api_url"]
+    if not is_sleeping(base, deadline):  # a sleep asked but never answered may not have happened
+        return
+    expect_ok("POST", base + "/wake_up", deadline)
+    wait_for(lambda: not is_sleeping(base, deadline), deadline, "%s/is_sleeping to say false" % base)
+
+
+def describe(record: dict) -> str:
+    """"kv_cache, weights released through SGLang's API" and the like, for messages."""
+    done = [s["step"] for s in record.get("steps", []) if s.get("done") and s["step"] != "pause"]
+    if record["engine"] == "vllm":
+        return "vLLM put to sleep (level 1)" if done else "vLLM asked to sleep"
+    return "%s released through SGLang's API" % (", ".join(done) or "nothing")
+
+
+# ── the restore of a job that released ────────────────────────────────────────────────────────────────
+
+def restore_released(job, deadline: float) -> tuple:
+    """Every restorer's way back for a job whose status records a release: resume it through the API within
+    half of what is left, else restart the unit (the service comes back whatever happens) and say so.
+    job: a supervisor_record.Job. Returns (healthy, active_state); service.resumed says how."""
+    service = job.status["service"]
+    unit, record = service["unit"], service["released"]
+    job.note_restore("resuming %s: %s" % (unit, describe(record)))
+    try:
+        timings = resume(record, time.monotonic() + (deadline - time.monotonic()) / 2,
+                         job.spec["service"].get("health_url"))
+        job.save(service=dict(job.status["service"], resumed=dict(timings, how="api")))
+        return True, job.ctl.is_active(unit)
+    except EngineError as exc:
+        job.note_restore("the %s API did not bring %s back (%s): restarting the unit" % (record["engine"], unit, exc))
+    except Fail as exc:  # resumed, but systemctl could not say how the unit is
+        return True, "unknown (%s)" % exc
+    return restart_unit(job, unit, deadline)
+
+
+def restart_unit(job, unit: str, deadline: float) -> tuple:
+    began = time.monotonic()
+    try:
+        job.ctl.change("restart", unit, timeout=max(0.5, deadline - time.monotonic()))
+        restarted = time.monotonic()
+        healthy, now = wait_healthy(job.ctl, unit, job.spec["service"].get("health_url"), deadline - restarted)
+    except Fail as exc:
+        job.note_restore("restarting %s failed: %s" % (unit, exc))
+        return False, "unknown"
+    job.save(service=dict(job.status["service"], resumed={
+        "how": "restart", "resume_s": round(restarted - began, 3), "health_s": round(time.monotonic() - restarted, 3)}))
+    job.note_restore("%s restarted (its engine was released and the API did not resume it)" % unit)
+    return healthy, now
+
+
+# ── downtime: the same parts for every method ─────────────────────────────────────────────────────────
+
+def downtime(service: dict, gpu, restore_began: float, restored_at: float, healthy: bool) -> dict:
+    """"Not serving" from the stop/pause/sleep to healthy again (None while not healthy), and its parts:
+    release (stop or API calls), drain (the wait for free memory), payload (the run, its end and the GPU
+    release wait), resume (start, API resume or restart), health (the wait for healthy). Wall-clock
+    seconds; None for a part this job did not see (an adopted stop)."""
+    stopped, freed = service.get("stopped_at"), service.get("freed_at")
+    resumed, drain_s = service.get("resumed") or {}, (gpu or {}).get("drained_after_s")
+
+    def span(start, end):
+        return round(end - start, 3) if start is not None and end is not None else None
+    payload_end = restore_began - (drain_s or 0.0)
+    return {"method": (service.get("released") or {}).get("engine", "stop"),
+            "not_serving_s": span(stopped, restored_at) if healthy else None,
+            "release_s": span(stopped, freed), "drain_s": drain_s, "payload_s": span(freed, payload_end),
+            "resume_s": resumed.get("resume_s"), "health_s": resumed.get("health_s")}

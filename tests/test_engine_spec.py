@@ -1,0 +1,54 @@
+"""service.free / api_url / pause_mode: the controller's model and the host's check agree, and a job with
+`free: stop` (the default) keeps the wire form it had."""
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from remote_payload.supervisor_host import Fail
+from remote_payload.supervisor_spec import check_service
+from runner.spec import ServiceSpec
+
+BASE = {"manager": "systemd", "unit": "sglang.service", "health_url": "http://127.0.0.1:30000/health"}
+
+
+def test_free_stop_is_the_default_and_the_wire_is_unchanged():
+    wire = ServiceSpec(**BASE).wire()
+    assert "free" not in wire and "api_url" not in wire and "pause_mode" not in wire
+    assert check_service(wire) == dict(wire, unit="sglang.service")
+
+
+def test_sglang_api_url_defaults_to_the_health_urls_origin_on_both_sides():
+    wire = ServiceSpec(**BASE, free="sglang").wire()
+    assert wire["free"] == "sglang" and wire["api_url"] == "http://127.0.0.1:30000" and wire["pause_mode"] is None
+    host = check_service(dict(wire, api_url=None))
+    assert host["api_url"] == "http://127.0.0.1:30000" and host["free"] == "sglang"
+    assert check_service(wire) == host
+
+
+def test_an_explicit_api_url_and_pause_mode_travel():
+    wire = ServiceSpec(**BASE, free="sglang", api_url="http://127.0.0.1:31000/", pause_mode="retract").wire()
+    assert wire["api_url"] == "http://127.0.0.1:31000" and wire["pause_mode"] == "retract"
+    assert check_service(wire)["pause_mode"] == "retract"
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"free": "sglang", "pause_mode": "in_place"}, "pause_mode"),   # requests stay: a release aborts SGLang
+    ({"free": "vllm", "pause_mode": "abort"}, "pause_mode"),
+    ({"api_url": "http://127.0.0.1:1"}, "api_url"),                  # with free: stop
+    ({"free": "sglang", "health_url": None}, "api_url"),
+    ({"free": "kill"}, "free"),
+    ({"free": "sglang", "api_url": "ftp://x"}, "URL"),
+])
+def test_bad_engine_fields_are_refused_by_both_sides(fields, message):
+    raw = dict(BASE, **fields)
+    with pytest.raises(ValidationError, match=message):
+        ServiceSpec(**raw)
+    with pytest.raises(Fail, match=message) as info:
+        check_service(raw)
+    assert info.value.code == "bad-spec"
+
+
+def test_free_through_an_api_needs_a_unit_to_fall_back_on():
+    with pytest.raises(ValidationError, match="needs `manager: systemd`"):
+        ServiceSpec(manager="none", free="vllm", api_url="http://127.0.0.1:8000")
