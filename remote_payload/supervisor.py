@@ -13,6 +13,7 @@ each importing only the rooms above it in this list:
     supervisor_unit.py   where systemd is: _run in a transient unit (ExecStopPost= restore, watchdog, cgroup)
     supervisor_start.py  starting a job: the claim of its dir, the detached launch, the ready handshake
     supervisor_sweep.py  a sweep's variants inside the one window supervise() opened
+    supervisor_startable.py  may the payload start: program, script, imports, cache dirs (no side effect)
     supervisor_submit.py `submit`: preflight + start in one call when the report cannot refuse the job
     supervisor.py        the subcommands, argv parsing, the one JSON answer
 
@@ -58,6 +59,7 @@ try:  # imported as remote_payload.supervisor (tests)
         read_spec_stdin
     from . import supervisor_ledger as ledger, supervisor_unit
     from .supervisor_submit import submit
+    from .supervisor_startable import check_startable
 except ImportError:  # run as a script: sys.path[0] is this directory
     from contract import DEFAULTS, RUNNING_SERVICE_STATES, SERVICE_SCOPES, TERMINAL
     from supervisor_files import JobPaths, Locks, append_line, is_slurm_job, lock_keys, probe_lock, read_json, \
@@ -74,6 +76,7 @@ except ImportError:  # run as a script: sys.path[0] is this directory
     import supervisor_ledger as ledger
     import supervisor_unit
     from supervisor_submit import submit
+    from supervisor_startable import check_startable
 
 try:
     from .progress import SCAN_BYTES, summarize
@@ -282,7 +285,8 @@ def cmd_logs(args) -> dict:
         if data or terminal or time.monotonic() >= deadline:
             return {"ok": True, "offset": args.offset, "next_offset": args.offset + len(data), "size": size,
                     "data_b64": base64.b64encode(data).decode("ascii"), "state": status["state"],
-                    "terminal": terminal, "exit_code": status.get("exit_code")}
+                    "terminal": terminal, "exit_code": status.get("exit_code"),
+                    "message": status.get("message") if terminal else None}
         time.sleep(POLL_S)
 
 
@@ -390,6 +394,7 @@ def cmd_preflight(args) -> dict:
 def preflight_report(args, spec: dict) -> dict:
     if spec.get("launcher") == "slurm":
         return slurm_launch().preflight("%d.%d.%d" % sys.version_info[:3])
+    check_startable(spec)  # before anything else: a job whose payload cannot start is refused, nothing touched
     service = None
     if spec["service"]["manager"] == "systemd":
         unit = spec["service"]["unit"]

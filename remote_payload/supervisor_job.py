@@ -1,7 +1,8 @@
 """One job's choreography on the host: everything between "supervisor started" and "settle".
 
-    supervise: locks → settle the ledger → prepare step → record the service → stop it (policy) → drain GPU
-               memory → run the payload (deadline, cancel, signals) → settle, on every path out
+    supervise: locks → settle the ledger → may it start (supervisor_startable) → prepare step → record the
+               service → stop it (policy) → drain GPU memory → run the payload (deadline, cancel, signals)
+               → settle, on every path out
 
 The record (`Job`, `Flags`, `Interrupted`) is supervisor_record.py; settle, restore, the ledger's adoption
 and the guard are supervisor_settle.py. Imports only the stdlib, contract.py and those rooms;
@@ -20,6 +21,7 @@ try:  # imported as remote_payload.supervisor_job (tests)
         kill_group, query_apps, query_gpus, refuse_too_small, short_gpus
     from .supervisor_record import Flags, Interrupted, Job, signal_name
     from .supervisor_settle import GPU_POLL_S, STOP_TIMEOUT_S, final_state, settle, settle_ledger, start_guard_timer
+    from .supervisor_startable import check_startable
     from . import supervisor_ledger as ledger
 except ImportError:  # run from supervisor.py as a script: sys.path[0] is this directory
     from contract import RUNNING_SERVICE_STATES
@@ -28,6 +30,7 @@ except ImportError:  # run from supervisor.py as a script: sys.path[0] is this d
         kill_group, query_apps, query_gpus, refuse_too_small, short_gpus
     from supervisor_record import Flags, Interrupted, Job, signal_name
     from supervisor_settle import GPU_POLL_S, STOP_TIMEOUT_S, final_state, settle, settle_ledger, start_guard_timer
+    from supervisor_startable import check_startable
     import supervisor_ledger as ledger
 
 LOCK_POLL_S = 0.5
@@ -271,6 +274,7 @@ def supervise(job: Job, locks: Locks, flags: Flags) -> None:
             wait_for_locks(job, locks, flags)
         locks.write_holders()
         settle_ledger(job)
+        check_startable(job.spec)  # again, with the locks held: a queued job may start long after its preflight
         run_prepare_step(job, flags)
         measure_gpus(job)
         prepare_service(job, flags)

@@ -268,9 +268,9 @@ def _parse_line(done: Completed, sub: str) -> dict:
             return answer
     except (IndexError, ValueError):
         pass
-    if done.exit_code == 127 or b"not found" in done.stderr:
+    if done.exit_code in (126, 127) or b"not found" in done.stderr:
         raise PreflightError(
-            f"{sub}: the host cannot run {done.argv[0]!r}: {done.stderr_tail(2)}",
+            f"{sub}: host.python {done.argv[0]!r} cannot be run on the host: {done.stderr_tail(2)}",
             hint="Set host.python to a Python 3 interpreter that exists on the host.",
         )
     raise RemoteError(f"{sub}: the host answered no JSON (exit {done.exit_code}): {done.stderr_tail()}")
