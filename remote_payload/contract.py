@@ -56,6 +56,7 @@ EXIT_PAYLOAD_MISSING = 42  # BOOT found no supervisor for this payload hash: upl
 ERRORS = {
     "payload-missing": "the payload bundle is not on the host (upload it, then repeat the call)",
     "bad-bundle": "the uploaded bundle was unsafe or did not hash to its name",
+    "upload-failed": "the bundle could not be written under host.root (disk full, read-only): nothing left behind",
     "bad-args": "the call's arguments are invalid (job id, offsets, options)",
     "bad-spec": "the spec JSON breaks a rule of this contract",
     "bad-offset": "a log offset outside the file",
