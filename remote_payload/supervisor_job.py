@@ -176,6 +176,9 @@ def launch_payload(job: Job, argv=None, state: str = "RUNNING", phase: str = "pa
     now = time.time()  # payload.started_at: this process's (a sweep's variant's); started_at: the job's first
     job.set_state(state, phase, payload=dict(ident, pgid=proc.pid, exit_code=None, signal=None, started_at=now),
                   **({"started_at": now} if state == "RUNNING" and not job.status.get("started_at") else {}))
+    if job.status["service"].get("stopped"):
+        job.persist(lambda: ledger.note_payload(job.paths.root, job.status["service"]["unit"], job.paths.job_id,
+                                                job.status["payload"]))
     return proc
 
 
