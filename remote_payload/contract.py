@@ -67,7 +67,7 @@ ERRORS = {
     "no-result": "the job wrote no result.json",
     "drain-timeout": "the GPU memory did not become free in time",
     "start-failed": "the detached supervisor did not report ready",
-    "cannot-start": "the payload could not start as given (interpreter, script, program, cache dir): nothing was touched",
+    "cannot-start": "the payload could not start (interpreter, script, program, cache dir): nothing was touched",
     "sudo-password": "sudo asked for a password (a NOPASSWD rule is needed)",
     "timeout": "a host command did not finish in time",
     "unsafe-root": "host.root or the payload dir is writable by others or not owned by the login user",

@@ -39,7 +39,8 @@ LEDGER_PHASE = "settling from the host ledger"
 
 def owed(root: str, job_id: str) -> list:
     """The ledger's entries naming job_id whose unit is a valid name (an entry is data, not code either)."""
-    return [e for e in ledger.entries_of(root, job_id) if isinstance(e.get("unit"), str) and not unit_problem(e["unit"])]
+    entries = ledger.entries_of(root, job_id)
+    return [e for e in entries if isinstance(e.get("unit"), str) and not unit_problem(e["unit"])]
 
 
 def contradiction(status: dict, entries: list):
