@@ -21,6 +21,7 @@ pytestmark = pytest.mark.systemd
 FORGER = """
 import json, os, signal, sys, time
 path = os.path.join(os.environ["RUNNER_JOB_DIR"], "status.json")
+time.sleep(0.5)  # a payload that runs a while, then corrupts its records
 status = json.load(open(path))
 if sys.argv[1] == "garbage":
     text = "\\x00 not json {{{"
@@ -88,6 +89,7 @@ def test_fork_path_restorer_settles_from_the_ledger(service_host, work, fork_pat
     done = run_cli(target, "tail", job_id)  # reaps: both processes are gone
     assert done.returncode != 0, done.stderr.decode()
     service_back(service_host)
+    wait_for(lambda: settled_status(service_host, job_id).get("restored") is True, timeout=30, what="settled")
     final = status(target, job_id)
     assert final["state"] != "SUCCEEDED" and final["restored"] is True and "host ledger" in final["message"], final
     assert not pid_alive_on(target, final["payload"]["pid"])  # the ledger named the payload: its leftovers are gone
