@@ -57,6 +57,7 @@ EXIT_PAYLOAD_MISSING = 42  # BOOT found no supervisor for this payload hash: upl
 ERRORS = {
     "payload-missing": "the payload bundle is not on the host (upload it, then repeat the call)",
     "bad-bundle": "the uploaded bundle was unsafe or did not hash to its name",
+    "upload-failed": "the bundle could not be written under host.root (disk full, read-only): nothing left behind",
     "bad-args": "the call's arguments are invalid (job id, offsets, options)",
     "bad-spec": "the spec JSON breaks a rule of this contract",
     "bad-offset": "a log offset outside the file",
@@ -68,6 +69,7 @@ ERRORS = {
     "result-too-large": "result.json is over MAX_RESULT_BYTES (or not a regular file); the answer names its path",
     "drain-timeout": "the GPU memory did not become free in time",
     "start-failed": "the detached supervisor did not report ready",
+    "cannot-start": "the payload could not start (interpreter, script, program, cache dir): nothing was touched",
     "sudo-password": "sudo asked for a password (a NOPASSWD rule is needed)",
     "timeout": "a host command did not finish in time",
     "unsafe-root": "host.root or the payload dir is writable by others or not owned by the login user",
@@ -142,6 +144,19 @@ def root_problem(value) -> str | None:
     if "$" in value or "%" in value:
         return "root must not contain '$' or '%%'; got %s" % _short(value)
     return None
+
+
+# ── may the payload start: the environment keys that name a JIT cache directory ──────────────────────
+# A compile that cannot write its cache fails inside the downtime window; these must be writable or creatable.
+CACHE_DIR_SUFFIX = "_CACHE_DIR"  # TRITON_, TVM_FFI_, TORCHINDUCTOR_, SGLANG_JIT_, FLASHINFER_WORKSPACE_ …
+CACHE_DIR_KEYS = frozenset(("CUDA_CACHE_PATH", "TORCH_EXTENSIONS_DIR", "XDG_CACHE_HOME", "TRITON_HOME",
+                            "HF_HOME", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "TVM_FFI_CACHE_DIR"))
+START_PROBE_TIMEOUT_S = 5.0  # how long payload.python may take to answer the host's `python -c` probe
+
+
+def cache_dir_keys(env: dict) -> list:
+    """The keys of payload.env whose value is a cache directory the payload will write (sorted)."""
+    return sorted(k for k in env if k.endswith(CACHE_DIR_SUFFIX) or k in CACHE_DIR_KEYS)
 
 
 # ── GPU memory: one rule for "is it short" ──────────────────────────────────────────────────────────────

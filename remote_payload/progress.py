@@ -10,6 +10,7 @@ Anything else on stdout is ordinary output and is ignored here.
 from __future__ import annotations
 
 import json
+import math
 
 SCAN_BYTES = 1 << 20  # the host summarises at most the last MiB of output.log
 
@@ -43,25 +44,39 @@ def summarize(text) -> dict:
 
 
 def fold(summary: dict, event: dict) -> None:
-    """One event into a summary (the host's status and `runner watch` keep theirs this way)."""
+    """One event into a summary (the host's status and `runner watch` keep theirs this way). Events are the
+    payload's text: a field of the wrong type is left out, never trusted."""
     kind = event["event"]
-    if isinstance(event.get("t"), (int, float)):
+    if _number(event.get("t")):
         summary["last_t"] = event["t"]
     if kind == "phase":
-        summary["phase"], summary["phase_status"] = event.get("phase"), event.get("status")
-    elif kind == "heartbeat" and event.get("phase"):
+        summary["phase"], summary["phase_status"] = _text(event.get("phase")), _text(event.get("status"))
+    elif kind == "heartbeat" and _text(event.get("phase")):
         summary["phase"], summary["phase_status"] = event["phase"], "start"
     elif kind == "row":
         summary["rows_done"] += 1
-    elif kind == "plan" and isinstance(event.get("rows"), int):
+    elif kind == "plan" and _count(event.get("rows")) is not None:
         summary["rows_expected"] = event["rows"]
     elif kind == "error":
         summary["errors"] += 1
     elif kind == "variant" and event.get("status") in ("start", "skipped"):  # a sweep's boundary (the host's)
-        summary["variant"] = {"index": event.get("index"), "of": event.get("of"), "args": event.get("args"),
-                              "status": event.get("status")}
+        args = event.get("args")
+        summary["variant"] = {"index": _count(event.get("index")), "of": _count(event.get("of")),
+                              "args": args if isinstance(args, dict) else {}, "status": event["status"]}
         if event.get("status") == "start":  # rows count per variant
             summary["rows_done"], summary["rows_expected"] = 0, None
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _count(value):
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def _text(value):
+    return value if isinstance(value, str) else None
 
 
 def describe(event: dict) -> str:

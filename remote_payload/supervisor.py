@@ -13,6 +13,7 @@ each importing only the rooms above it in this list:
     supervisor_unit.py   where systemd is: _run in a transient unit (ExecStopPost= restore, watchdog, cgroup)
     supervisor_start.py  starting a job: the claim of its dir, the detached launch, the ready handshake
     supervisor_sweep.py  a sweep's variants inside the one window supervise() opened
+    supervisor_startable.py  may the payload start: program, script, imports, cache dirs (no side effect)
     supervisor_submit.py `submit`: preflight + start in one call when the report cannot refuse the job
     supervisor.py        the subcommands, argv parsing, the one JSON answer
 
@@ -59,6 +60,8 @@ try:  # imported as remote_payload.supervisor (tests)
         read_spec_stdin
     from . import supervisor_engine, supervisor_ledger as ledger, supervisor_unit
     from .supervisor_submit import submit
+    from .supervisor_startable import check_startable
+    from . import supervisor_trust as trust
 except ImportError:  # run as a script: sys.path[0] is this directory
     from contract import DEFAULTS, MAX_RESULT_BYTES, RUNNING_SERVICE_STATES, SERVICE_SCOPES, TERMINAL
     from supervisor_files import JobPaths, Locks, append_line, is_slurm_job, lock_keys, probe_lock, read_json, \
@@ -76,6 +79,8 @@ except ImportError:  # run as a script: sys.path[0] is this directory
     import supervisor_ledger as ledger
     import supervisor_unit
     from supervisor_submit import submit
+    from supervisor_startable import check_startable
+    import supervisor_trust as trust
 
 try:
     from .progress import SCAN_BYTES, summarize
@@ -179,9 +184,10 @@ def cmd_guard(args) -> dict:
     message = watch_supervisor(paths, args.life_fd)
     if not os.path.isdir(paths.dir):
         return {"ok": True}
-    job = Job.load(paths)  # re-read under the restore lock: another restorer may have settled it meanwhile
-    with_restore_lock(job, lambda: settle_as_restorer(Job.load(paths), message))
-    return {"ok": True, "state": Job.load(paths).status["state"]}
+    # re-read under the restore lock: another restorer may have settled it meanwhile; the ledger over status.json
+    job = trust.load_for_restore(paths)
+    with_restore_lock(job, lambda: settle_as_restorer(trust.load_for_restore(paths), message))
+    return {"ok": True, "state": trust.load_for_restore(paths).status["state"]}
 
 
 def watch_supervisor(paths: JobPaths, life_fd: int) -> str:
@@ -210,8 +216,14 @@ def reap_if_dead(paths: JobPaths) -> dict:
     detached restorer (`supervisor.py restore`) is started to settle it."""
     if is_slurm_job(paths):  # its supervisor runs on a compute node: Slurm says if it lives
         return slurm_launch().refresh(paths)
-    status = read_status(paths)
-    if status["state"] in TERMINAL or is_alive(status.get("supervisor")) or is_alive(status.get("guard")):
+    try:
+        status = read_status(paths)
+    except Fail:
+        restore_if_owed(paths, trust.owed(paths.root, paths.job_id))  # the ledger says whether a stop is owed
+        raise
+    if status["state"] in TERMINAL:
+        return believed(paths, status)
+    if is_alive(status.get("supervisor")) or is_alive(status.get("guard")):
         return status
     if status.get("supervisor") is None and time.time() - status.get("created_at", 0) < START_GRACE_S:
         return status  # `start` is still bringing the supervisor up
@@ -222,6 +234,30 @@ def reap_if_dead(paths: JobPaths) -> dict:
                   "a restore was started", ending=job.status.get("ending"), ended_at=time.time())
     daemonize_exec(RUN_SUPERVISOR + ["restore", "--job-id", paths.job_id, "--root", paths.root], paths.restore_log)
     return job.status
+
+
+def believed(paths: JobPaths, status: dict) -> dict:
+    """A terminal status, unless the host ledger says the job still owes the restore of a service it stopped
+    (the payload can overwrite status.json): then it is not believed. While the job's supervisor or guard
+    holds its locks, it is reported as running; with both gone it is marked LOST from the ledger and a
+    restorer is started."""
+    entries = trust.owed(paths.root, paths.job_id)
+    why = trust.contradiction(status, entries)
+    if why is None:
+        return status
+    if trust.holds_locks(paths.root, paths.job_id, entries):
+        return dict(status, state="RUNNING", phase=why + ": not believed while the job runs", restored=False)
+    job = trust.load_for_restore(paths)
+    job.set_state("LOST", job.status["phase"], message=job.status["message"], ended_at=job.status["ended_at"])
+    restore_if_owed(paths, entries)
+    return job.status
+
+
+def restore_if_owed(paths: JobPaths, entries: list) -> None:
+    """Start a detached `restore` when the ledger names a stop of this job and nobody of the job is alive."""
+    if entries and not trust.holds_locks(paths.root, paths.job_id, entries):
+        daemonize_exec(RUN_SUPERVISOR + ["restore", "--job-id", paths.job_id, "--root", paths.root],
+                       paths.restore_log)
 
 
 def status_entry(paths: JobPaths) -> dict:
@@ -284,7 +320,8 @@ def cmd_logs(args) -> dict:
         if data or terminal or time.monotonic() >= deadline:
             return {"ok": True, "offset": args.offset, "next_offset": args.offset + len(data), "size": size,
                     "data_b64": base64.b64encode(data).decode("ascii"), "state": status["state"],
-                    "terminal": terminal, "exit_code": status.get("exit_code")}
+                    "terminal": terminal, "exit_code": status.get("exit_code"),
+                    "message": status.get("message") if terminal else None}
         time.sleep(POLL_S)
 
 
@@ -308,7 +345,7 @@ def cmd_restore(args) -> dict:
     """`restore` of a job: settle it as a restorer when its supervisor and guard are both gone. Idempotent:
     a settled job is reported as is (`already`); a live supervisor or guard is left to do it (`deferred`)."""
     paths = job_paths(args)
-    job = Job.load(paths)
+    job = trust.load_for_restore(paths)  # the ledger over status.json, which the payload can write
     answer = {"ok": True, "job_id": paths.job_id}
     if job.status.get("restored"):
         return dict(answer, state=job.status["state"], service=job.status["service"], already=True)
@@ -318,7 +355,11 @@ def cmd_restore(args) -> dict:
         return dict(answer, state=job.status["state"], service=job.status["service"], deferred=True,
                     message="the job's supervisor (or guard) is alive and restores the service itself")
     message = "supervisor gone; restored by `restore`" if job.status["state"] != "LOST" else job.status["message"]
-    message = supervisor_unit.stop_post_message() or message
+    unit_message = supervisor_unit.stop_post_message()
+    if job.status.get("phase") == trust.LEDGER_PHASE:  # rebuilt from the ledger: keep why, whoever runs us
+        message = "; ".join(m for m in (message, unit_message) if m)
+    else:
+        message = unit_message or message
     # A restorer acts only while holding the job's locks: a job that holds them now runs on this service and
     # settles our stop through the host ledger (it adopts it); starting the service here would be under its run.
     locks = Locks(args.root, lock_keys(job.spec), args.job_id)
@@ -330,10 +371,10 @@ def cmd_restore(args) -> dict:
                                                                                     holder.get("job_id", "?")))
     try:
         locks.write_holders()
-        done = with_restore_lock(job, lambda: settle_as_restorer(Job.load(paths), message))
+        done = with_restore_lock(job, lambda: settle_as_restorer(trust.load_for_restore(paths), message))
     finally:
         locks.release()
-    job = Job.load(paths)
+    job = trust.load_for_restore(paths)
     return dict(answer, state=job.status["state"], service=job.status["service"], in_progress=not done)
 
 
@@ -423,6 +464,7 @@ def cmd_preflight(args) -> dict:
 def preflight_report(args, spec: dict) -> dict:
     if spec.get("launcher") == "slurm":
         return slurm_launch().preflight("%d.%d.%d" % sys.version_info[:3])
+    check_startable(spec)  # before anything else: a job whose payload cannot start is refused, nothing touched
     service = None
     if spec["service"]["manager"] == "systemd":
         unit = spec["service"]["unit"]

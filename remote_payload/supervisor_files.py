@@ -141,6 +141,11 @@ def probe_lock(root: str, key: str) -> dict:
         time.sleep(0.05)
 
 
+def lock_held(root: str, key: str) -> bool:
+    """One probe, no waiting: whether some process holds the lock now (a job's supervisor or its guard)."""
+    return _probe_once(root, key)["held"]
+
+
 def _probe_once(root: str, key: str) -> dict:
     path = os.path.join(locks_dir(root), key + ".lock")
     if not os.path.exists(path):

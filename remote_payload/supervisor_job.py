@@ -1,8 +1,8 @@
 """One job's choreography on the host: everything between "supervisor started" and "settle".
 
-    supervise: locks → settle the ledger → prepare step → record the service → stop it, or release its GPU
-               memory through the engine's API (policy, service.free) → drain GPU memory → run the payload
-               (deadline, cancel, signals) → settle, on every path out
+    supervise: locks → settle the ledger → may it start (supervisor_startable) → prepare step → record the
+               service → stop it, or release its GPU memory through the engine's API (policy, service.free)
+               → drain GPU memory → run the payload (deadline, cancel, signals) → settle, on every path out
 
 The record (`Job`, `Flags`, `Interrupted`) is supervisor_record.py; settle, restore, the ledger's adoption
 and the guard are supervisor_settle.py. Imports only the stdlib, contract.py and those rooms;
@@ -21,6 +21,7 @@ try:  # imported as remote_payload.supervisor_job (tests)
         kill_group, query_apps, query_gpus, refuse_too_small, short_gpus
     from .supervisor_record import Flags, Interrupted, Job, signal_name
     from .supervisor_settle import GPU_POLL_S, STOP_TIMEOUT_S, final_state, settle, settle_ledger, start_guard_timer
+    from .supervisor_startable import check_startable
     from . import supervisor_engine as engine, supervisor_ledger as ledger
 except ImportError:  # run from supervisor.py as a script: sys.path[0] is this directory
     from contract import RUNNING_SERVICE_STATES
@@ -30,6 +31,7 @@ except ImportError:  # run from supervisor.py as a script: sys.path[0] is this d
     from supervisor_record import Flags, Interrupted, Job, signal_name
     from supervisor_settle import GPU_POLL_S, STOP_TIMEOUT_S, final_state, settle, settle_ledger, start_guard_timer
     import supervisor_engine as engine
+    from supervisor_startable import check_startable
     import supervisor_ledger as ledger
 
 LOCK_POLL_S = 0.5
@@ -203,6 +205,9 @@ def launch_payload(job: Job, argv=None, state: str = "RUNNING", phase: str = "pa
             raise Fail("start-failed", "cannot start the payload %r: %s" % (argv[0], exc))
     ident = identity(proc.pid)
     job.payload_pids.add(proc.pid)
+    if job.status["service"].get("stopped"):  # first: the ledger is what a restorer trusts (supervisor_trust)
+        job.persist(lambda: ledger.note_payload(job.paths.root, job.status["service"]["unit"], job.paths.job_id,
+                                                dict(ident, pgid=proc.pid)))
     now = time.time()  # payload.started_at: this process's (a sweep's variant's); started_at: the job's first
     job.set_state(state, phase, payload=dict(ident, pgid=proc.pid, exit_code=None, signal=None, started_at=now),
                   **({"started_at": now} if state == "RUNNING" and not job.status.get("started_at") else {}))
@@ -304,6 +309,7 @@ def supervise(job: Job, locks: Locks, flags: Flags) -> None:
             wait_for_locks(job, locks, flags)
         locks.write_holders()
         settle_ledger(job)
+        check_startable(job.spec)  # again, with the locks held: a queued job may start long after its preflight
         run_prepare_step(job, flags)
         measure_gpus(job)
         prepare_service(job, flags)

@@ -18,8 +18,11 @@ except ImportError:  # run from supervisor.py as a script: sys.path[0] is this d
     from supervisor_files import fsync_dir, locks_dir, read_json, try_unlink, write_json_atomic
 
 
+PREFIX = "ledger-service-"
+
+
 def ledger_path(root: str, unit: str) -> str:
-    return os.path.join(locks_dir(root), "ledger-service-%s.json" % unit)
+    return os.path.join(locks_dir(root), "%s%s.json" % (PREFIX, unit))
 
 
 def read_entry(root: str, unit: str):
@@ -39,7 +42,33 @@ def record_stop(root: str, unit: str, job_id: str, service: dict, gpus: list, **
     os.makedirs(locks_dir(root), exist_ok=True)
     write_json_atomic(ledger_path(root, unit), dict({
         "unit": unit, "job_id": job_id, "was": service.get("was"), "scope": service.get("scope"),
-        "sudo": service.get("sudo"), "gpus": list(gpus), "stopped_at": time.time()}, **extra))
+        "sudo": service.get("sudo"), "health_url": service.get("health_url"),
+        "health_timeout": service.get("health_timeout"), "gpus": list(gpus), "stopped_at": time.time()}, **extra))
+
+
+def note_payload(root: str, unit: str, job_id: str, payload: dict) -> None:
+    """The payload process now running under job_id's stop (pid, pgid, start time): a restorer that cannot
+    trust the job's status.json still kills what is left of it."""
+    entry = read_entry(root, unit)
+    if entry and entry.get("job_id") == job_id and not entry.get("unreadable"):
+        write_json_atomic(ledger_path(root, unit), dict(entry, payload={
+            k: payload.get(k) for k in ("pid", "pgid", "start_time")}))
+
+
+def entries_of(root: str, job_id: str) -> list:
+    """Every entry naming job_id: the stops it made and has not restored. Found by listing ROOT/locks, never
+    through the job dir (whose files the payload can write)."""
+    try:
+        names = sorted(os.listdir(locks_dir(root)))
+    except FileNotFoundError:
+        return []
+    found = []
+    for name in names:
+        if name.startswith(PREFIX) and name.endswith(".json"):
+            entry = read_entry(root, name[len(PREFIX):-len(".json")])
+            if entry and entry.get("job_id") == job_id:
+                found.append(entry)
+    return found
 
 
 def clear(root: str, unit: str, job_id: str) -> bool:

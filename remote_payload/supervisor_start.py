@@ -177,23 +177,37 @@ def claim_job_dir(paths: JobPaths, spec: dict) -> None:
     """Build the job dir aside, then rename it into place: the rename is the atomic claim of the id, and no
     reader ever sees a job dir without its spec.json and status.json."""
     staging = os.path.join(paths.root, "tmp")
-    for path in (os.path.dirname(paths.dir), staging):
-        os.makedirs(path, exist_ok=True)
+    try:
+        for path in (os.path.dirname(paths.dir), staging):
+            os.makedirs(path, exist_ok=True)
+    except OSError as exc:
+        raise no_room(paths, staging, exc)
     if os.path.exists(paths.dir):
         raise job_exists(paths, spec)
     import tempfile  # only `start` needs it: not at the top, where every call would pay for it
 
-    tmp = tempfile.mkdtemp(prefix=paths.job_id + ".", dir=staging)
-    write_json_atomic(os.path.join(tmp, "spec.json"), spec)
-    write_json_atomic(os.path.join(tmp, "status.json"), initial_status(spec))
-    with open(os.path.join(tmp, "reserve"), "wb") as fh:  # real blocks, not a sparse file
-        fh.write(b"\0" * RESERVE_BYTES)
+    tmp = None
+    try:
+        tmp = tempfile.mkdtemp(prefix=paths.job_id + ".", dir=staging)
+        write_json_atomic(os.path.join(tmp, "spec.json"), spec)
+        write_json_atomic(os.path.join(tmp, "status.json"), initial_status(spec))
+        with open(os.path.join(tmp, "reserve"), "wb") as fh:  # real blocks, not a sparse file
+            fh.write(b"\0" * RESERVE_BYTES)
+    except OSError as exc:  # a full or read-only disk: nothing was started, and nothing is left behind
+        if tmp:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise no_room(paths, staging, exc)
     try:
         os.rename(tmp, paths.dir)  # fails when the target exists and is not empty: every job dir has files
     except OSError:
         shutil.rmtree(tmp, ignore_errors=True)
         raise job_exists(paths, spec)
     fsync_dir(os.path.dirname(paths.dir))
+
+
+def no_room(paths: JobPaths, staging: str, exc: OSError) -> Fail:
+    return Fail("start-failed", "cannot create the job dir under %s: %s; nothing was started"
+                % (staging, exc.strerror or exc), job_id=paths.job_id)
 
 
 def job_exists(paths: JobPaths, spec: dict) -> Fail:

@@ -73,20 +73,36 @@ def run_variant(job: Job, flags, index: int, of: int, variant: dict, started: fl
         code = None
     seconds = round(time.monotonic() - began, 3)
     record = variant_record(index, variant["args"], "ended", code, seconds, stop[1] if stop else None, result)
-    announce(job, index, of, variant, "end", exit_code=code, seconds=seconds)
+    announce(job, index, of, variant, "end", exit_code=code, seconds=seconds,
+             **({"error": record["error"]} if record["error"] else {}))
     return record, stop
 
 
 def variant_record(index: int, args: dict, status: str, code, seconds, reason, result: str) -> dict:
     """One variant in result.json (`status`: ended or skipped), its RUNNER_RESULT file read back; also what
-    a Slurm job array's login node writes for each of its tasks (slurm_array.py)."""
-    try:
-        outcome = read_json(result)
-    except (OSError, ValueError):
-        outcome = None
+    a Slurm job array's login node writes for each of its tasks (slurm_array.py). A result file that is not a
+    JSON object is this variant's failure (`error`, also its `reason`), never the sweep's."""
+    outcome, error = read_variant_result(result)
     tables = [t for t in (outcome or {}).values() if isinstance(t, list) and t and isinstance(t[0], dict)]
-    return {"index": index, "args": args, "status": status, "exit_code": code, "seconds": seconds, "reason": reason,
-            "result": outcome, "columns": list(tables[0][0]) if tables else None}  # the payload's column order
+    return {"index": index, "args": args, "status": status, "exit_code": code, "seconds": seconds,
+            "reason": reason or error, "error": error, "result": outcome,
+            "columns": list(tables[0][0]) if tables else None}  # the payload's column order
+
+
+def read_variant_result(path: str) -> tuple:
+    """(the result object or None, why it is unusable or None); a missing file is no result, not an error."""
+    name = os.path.join("results", os.path.basename(path))
+    try:
+        outcome = read_json(path)
+    except FileNotFoundError:
+        return None, None
+    except (OSError, ValueError) as exc:
+        return None, "its result %s is not JSON: %s" % (name, str(exc)[:200])
+    if not isinstance(outcome, dict):
+        kind = {list: "a list", str: "a string", bool: "a boolean", int: "a number", float: "a number"}.get(
+            type(outcome), "null")
+        return None, "its result %s is %s, not a JSON object (e.g. {\"rows\": [...]})" % (name, kind)
+    return outcome, None
 
 
 def run_sweep(job: Job, flags) -> None:
@@ -110,7 +126,7 @@ def run_sweep(job: Job, flags) -> None:
             interrupted, halt = stop, "not started: " + stop[1]
         elif record["exit_code"] != 0 and sweep["fail_fast"]:
             halt = "not started: variant %d failed and sweep.fail_fast is set" % index
-    ok = sum(1 for r in records if r["status"] == "ended" and r["exit_code"] == 0)
+    ok = sum(1 for r in records if r["status"] == "ended" and r["exit_code"] == 0 and not r.get("error"))
     skipped = sum(1 for r in records if r["status"] == "skipped")
     summary = {"variants": n, "succeeded": ok, "failed": n - ok - skipped, "skipped": skipped}
     job.persist(lambda: write_json_atomic(job.paths.result, {"payload": "sweep", "sweep": summary,

@@ -52,11 +52,20 @@ sys.exit(supervisor.main(sys.argv[3:] + ["--root", root]))
 # Unpacks a tar.gz of the bundle from stdin into ROOT/payload/HASH, atomically (temp dir + rename), and
 # refuses members that are not plain files inside the bundle or whose content does not hash to HASH.
 UNPACK = r"""
-import hashlib, io, os, shutil, sys, tarfile, tempfile
+import hashlib, io, json, os, shutil, sys, tarfile, tempfile
 root, digest = os.path.expanduser(sys.argv[1]), sys.argv[2]
 base = os.path.join(root, "payload")
-os.makedirs(base, mode=0o700, exist_ok=True)
 dest = os.path.join(base, digest)
+tmp = None
+def refuse(exc):  # a full or read-only disk: say so in one line, and leave no half-written copy behind
+    if tmp:
+        shutil.rmtree(tmp, ignore_errors=True)
+    sys.stdout.write(json.dumps({"ok": False, "error": "upload-failed", "message": "cannot write the payload "
+                     "bundle under %s: %s" % (base, exc.strerror or exc)}) + "\n"); sys.exit(1)
+try:
+    os.makedirs(base, mode=0o700, exist_ok=True)
+except OSError as exc:
+    refuse(exc)
 if not os.path.isdir(dest):
     tar = tarfile.open(fileobj=io.BytesIO(sys.stdin.buffer.read()), mode="r:gz")
     files = {}
@@ -70,12 +79,15 @@ if not os.path.isdir(dest):
         h.update(name.encode() + b"\0" + files[name] + b"\0")
     if h.hexdigest()[:16] != digest:
         sys.stdout.write('{"ok": false, "error": "bad-bundle", "message": "hash mismatch"}\n'); sys.exit(1)
-    tmp = tempfile.mkdtemp(prefix=".tmp-" + digest + "-", dir=base)
-    for name, data in files.items():
-        path = os.path.join(tmp, name)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "wb") as fh:
-            fh.write(data)
+    try:
+        tmp = tempfile.mkdtemp(prefix=".tmp-" + digest + "-", dir=base)
+        for name, data in files.items():
+            path = os.path.join(tmp, name)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "wb") as fh:
+                fh.write(data)
+    except OSError as exc:
+        refuse(exc)
     try:
         os.rename(tmp, dest)
     except OSError:
@@ -257,9 +269,9 @@ def _parse_line(done: Completed, sub: str) -> dict:
     answer = answers.parse_line(done.stdout, sub)  # bounded: size and depth
     if answer is not None:
         return answer
-    if done.exit_code == 127 or b"not found" in done.stderr:
+    if done.exit_code in (126, 127) or b"not found" in done.stderr:
         raise PreflightError(
-            f"{sub}: the host cannot run {done.argv[0]!r}: {done.stderr_tail(2)}",
+            f"{sub}: host.python {done.argv[0]!r} cannot be run on the host: {done.stderr_tail(2)}",
             hint="Set host.python to a Python 3 interpreter that exists on the host.",
         )
     raise RemoteError(f"{sub}: the host answered no JSON (exit {done.exit_code}): {done.stderr_tail()}")

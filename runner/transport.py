@@ -17,6 +17,7 @@ by the calling command's `Deadline`.
 from __future__ import annotations
 
 import base64
+import errno
 import hashlib
 import os
 import select
@@ -66,6 +67,10 @@ class LocalTransport:
         except subprocess.TimeoutExpired as exc:
             raise TransportError(f"local: {argv[0]} did not answer within {timeout:.0f} s") from exc
         except OSError as exc:
+            if exc.errno in (errno.ENOENT, errno.EACCES, errno.ENOEXEC):  # what a shell answers: 127 / 126
+                why = "not found" if exc.errno == errno.ENOENT else exc.strerror
+                return Completed(tuple(argv), 127 if exc.errno == errno.ENOENT else 126, b"",
+                                 f"{argv[0]}: {why}".encode())
             raise TransportError(f"local: cannot run {argv[0]}: {exc.strerror}") from exc
         return Completed(tuple(argv), proc.returncode, proc.stdout, proc.stderr)
 

@@ -1,6 +1,8 @@
 """remote_payload.progress: a payload's progress from its event lines, on captured real output."""
 from pathlib import Path
 
+import pytest
+
 from remote_payload.progress import describe, parse_event, summarize
 
 RUN2 = Path(__file__).resolve().parents[1] / "results" / "h200" / "run2"
@@ -50,3 +52,36 @@ def test_watch_renders_events_passes_other_lines_and_folds_like_status():
            '{"event": "row", "m": 1, "t": 2}\n'
     assert sink.summary == summarize(text)
     assert summary_line(sink.summary) == "phase jit start · rows 1/2 · payload clock 2 s"
+
+
+FAKE_EVENTS = [
+    {"event": "variant", "status": "start", "index": "one", "of": [2], "args": "experts=384"},
+    {"event": "variant", "status": "start", "index": 1, "of": 2, "args": ["a", "b"]},
+    {"event": "variant", "status": ["start"], "index": None},
+    {"event": "variant", "status": "skipped", "args": {"k": {"nested": [1, {"x": None}]}}, "index": True},
+    {"event": "phase", "phase": {"name": "jit"}, "status": 3, "t": "soon"},
+    {"event": "heartbeat", "phase": ["x"], "t": True},
+    {"event": "plan", "rows": True},
+    {"event": "plan", "rows": -5},
+    {"event": "row", "t": float("nan")},
+]
+
+
+@pytest.mark.parametrize("event", FAKE_EVENTS, ids=[str(i) for i in range(len(FAKE_EVENTS))])
+def test_any_event_shape_folds_and_renders(event):
+    """A payload may print any JSON object with an `event`: the summary keeps only well-typed fields, and
+    `runner status` renders it."""
+    import json
+
+    from runner.cli import _status_text
+
+    summary = summarize(json.dumps(event) + "\n")
+    variant = summary.get("variant")
+    if variant is not None:
+        assert isinstance(variant["args"], dict)
+        assert all(variant[k] is None or type(variant[k]) is int for k in ("index", "of"))
+    assert summary["phase"] is None or isinstance(summary["phase"], str)
+    assert summary["rows_expected"] is None or (type(summary["rows_expected"]) is int and summary["rows_expected"] >= 0)
+    text = _status_text({"job_id": "j", "state": "RUNNING", "progress": dict(summary, silent_s=1.0)})
+    assert text.startswith("j: RUNNING")
+    describe(dict(event, t=event.get("t")))

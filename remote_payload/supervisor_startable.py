@@ -1,0 +1,160 @@
+"""May this job's payload start? The one host rule, checked before anything is touched.
+
+    check_startable(spec): the payload's program is there and runs; a script is in the bundle, compiles with
+    payload.python and its top-level imports resolve there (found, never imported: no module code runs);
+    every JIT cache dir named in payload.env (contract.cache_dir_keys) is writable or creatable.
+
+A problem is `Fail("cannot-start", "FIELD: why", field=FIELD)`. The preflight report raises it (so `submit`
+and `submit --dry-run` refuse with exit 4 naming the field), and the supervisor checks again once it holds
+the locks (a queued job may start hours later), before its prepare step and the service stop. Imports only
+the stdlib, contract.py and supervisor_host.py.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+
+try:  # imported as remote_payload.supervisor_startable (tests)
+    from .contract import START_PROBE_TIMEOUT_S, cache_dir_keys
+    from .supervisor_host import ABANDON_S, HERE, Fail
+except ImportError:  # run from supervisor.py as a script: sys.path[0] is this directory
+    from contract import START_PROBE_TIMEOUT_S, cache_dir_keys
+    from supervisor_host import ABANDON_S, HERE, Fail
+
+# Run by payload.python with argv [script]: compile the script as that interpreter would, then look up (with
+# importlib's finders, importing nothing) each module the script imports at its top level, outside any
+# try/if. Written for any Python the payload may use: no f-strings, one JSON line on stdout.
+PROBE = r"""
+import ast, importlib.util, json, os, sys
+path = sys.argv[1]
+sys.path[0] = os.path.dirname(path)
+answer = {"python": "%d.%d.%d" % tuple(sys.version_info[:3]), "missing": [], "syntax": None}
+try:
+    with open(path, "rb") as fh:
+        tree = compile(fh.read(), path, "exec", ast.PyCF_ONLY_AST)
+    compile(tree, path, "exec")
+except SyntaxError as exc:
+    answer["syntax"] = "line %s: %s" % (exc.lineno, exc.msg)
+    tree = ast.Module(body=[])
+for node in tree.body:
+    if isinstance(node, ast.Import):
+        names = [alias.name for alias in node.names]
+    elif isinstance(node, ast.ImportFrom) and not node.level and node.module != "__future__":
+        names = [node.module]
+    else:
+        continue
+    for top in [name.split(".")[0] for name in names]:
+        try:
+            found = importlib.util.find_spec(top) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found and top not in answer["missing"]:
+            answer["missing"].append(top)
+sys.stdout.write(json.dumps(answer) + "\n")
+"""
+
+
+def cannot_start(field: str, why: str) -> Fail:
+    return Fail("cannot-start", "%s: %s; nothing was run or stopped" % (field, why), field=field)
+
+
+def check_startable(spec: dict, environ=None) -> None:
+    """Raise `cannot-start` naming the first field whose payload could not start; a Slurm job's payload runs
+    on a compute node, whose files this login node cannot vouch for, so it is not checked here."""
+    if spec.get("launcher") == "slurm":
+        return
+    payload = spec["payload"]
+    env = dict(os.environ if environ is None else environ, **payload["env"])
+    check_cache_dirs(payload["env"])
+    if payload["command"] is not None:
+        check_commands(spec, env)
+    else:
+        check_script(payload, env)
+
+
+def check_cache_dirs(env: dict) -> None:
+    for key in cache_dir_keys(env):
+        why = directory_problem(env[key])
+        if why:
+            raise cannot_start("payload.env." + key, why)
+
+
+def directory_problem(path: str):
+    """Why the payload could not write into `path` (creating it as needed), or None. A relative path is the
+    job dir's, which the supervisor creates; only absolute ones are looked at."""
+    if not os.path.isabs(path):
+        return None
+    existing = os.path.normpath(path)
+    while not os.path.lexists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        return "%s cannot be a directory: %s is not one" % (path, existing)
+    if not os.access(existing, os.W_OK | os.X_OK):
+        if existing == os.path.normpath(path):
+            return "%s is not writable by uid %d" % (path, os.geteuid())
+        return "%s cannot be created: %s is not writable by uid %d" % (path, existing, os.geteuid())
+    return None
+
+
+def resolve(program: str, env: dict):
+    """The file `program` names as subprocess would find it (the payload env's PATH), or None."""
+    return shutil.which(program, path=env.get("PATH", os.defpath))
+
+
+def check_commands(spec: dict, env: dict) -> None:
+    payload = spec["payload"]
+    programs = [("payload.command", payload["command"][0])]
+    if payload.get("prepare"):
+        programs.append(("payload.prepare_command", payload["prepare"][0]))
+    programs += [("payload.command", v["argv"][0]) for v in (spec.get("sweep") or {}).get("variants", []) if v["argv"]]
+    for field, program in programs:
+        if resolve(program, env) is None:
+            raise cannot_start(field, "%s is not an executable file on the host%s" % (
+                program, "" if "/" in program else " (not on the payload's PATH)"))
+
+
+def check_script(payload: dict, env: dict) -> None:
+    script = os.path.join(HERE, payload["script"])
+    if not os.path.isfile(script):
+        raise cannot_start("payload.script", "%s is not in the uploaded payload" % payload["script"])
+    python = resolve(payload["python"], env)
+    if python is None:
+        raise cannot_start("payload.python", "%s is not an executable file on the host%s" % (
+            payload["python"], "" if "/" in payload["python"] else " (not on the payload's PATH)"))
+    answer = probe(python, script, env)
+    if answer.get("syntax"):
+        raise cannot_start("payload.script", "%s does not compile with %s (Python %s): %s" % (
+            payload["script"], payload["python"], answer.get("python"), answer["syntax"]))
+    if answer.get("missing"):
+        raise cannot_start("payload.script", "%s imports %s, which %s cannot find" % (
+            payload["script"], ", ".join(answer["missing"]), payload["python"]))
+
+
+def probe(python: str, script: str, env: dict) -> dict:
+    """payload.python's own answer to PROBE, bounded by START_PROBE_TIMEOUT_S."""
+    field = "payload.python"
+    try:
+        proc = subprocess.Popen([python, "-c", PROBE, script], env=env, cwd=HERE, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    except OSError as exc:
+        raise cannot_start(field, "%s cannot be run: %s" % (python, exc.strerror or exc))
+    try:
+        out, err = proc.communicate(timeout=START_PROBE_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        try:
+            proc.communicate(timeout=ABANDON_S)
+        except subprocess.TimeoutExpired:
+            pass  # stuck in the kernel: abandoned, never waited for
+        raise cannot_start(field, "%s did not answer `python -c` within %.0f s" % (python, START_PROBE_TIMEOUT_S))
+    try:
+        answer = json.loads(out.decode("utf-8", "replace").strip().splitlines()[-1])
+        if proc.returncode == 0 and isinstance(answer, dict):
+            return answer
+    except (IndexError, ValueError):
+        pass
+    detail = err.decode("utf-8", "replace").strip().splitlines()[-1:] or ["no output"]
+    raise cannot_start(field, "%s is not a Python that runs here (exit %s: %s)" % (
+        python, proc.returncode, detail[0][-300:]))

@@ -1,0 +1,140 @@
+"""What the restorers believe: the host ledger over status.json.
+
+The payload runs in its job dir as the login user and can overwrite status.json and spec.json there (garbage,
+or a forged "SUCCEEDED, restored"). The ledger (ROOT/locks/ledger-service-<unit>.json, supervisor_ledger.py)
+is written by the supervisor before the stop and removed only after a finished restore; the payload is not
+told where it is. So:
+
+    owed(root, job_id)        the ledger entries naming the job: stops it made and has not restored
+    contradiction(...)        a status that claims the job ended well (or restored) while it still owes a stop
+    load_for_restore(paths)   the Job a restorer settles: status.json when it agrees with the ledger, else one
+                              rebuilt from the ledger entry (unit, scope, sudo, health URL, GPUs, prior state)
+    holds_locks(...)          whether the job's supervisor or guard still live: they hold its service lock
+
+What this does not protect: a payload running as the same user can still delete the ledger, write ROOT/locks,
+kill the restorers or stop the service itself. It guards against a payload corrupting its own job's records,
+by mistake or on purpose, not against a payload that attacks the host. Imports only the stdlib, contract.py
+and the supervisor_host/_files/_record/_ledger rooms.
+"""
+from __future__ import annotations
+
+import time
+
+try:  # imported as remote_payload.supervisor_trust (tests)
+    from .contract import DEFAULTS, RUNNING_SERVICE_STATES, SERVICE_SCOPES, TERMINAL, normalize_unit, unit_problem
+    from .supervisor_files import JobPaths, lock_held, read_holder, read_json, read_status, write_json_atomic
+    from .supervisor_host import Fail
+    from .supervisor_record import Job, initial_status
+    from . import supervisor_ledger as ledger
+except ImportError:  # run from supervisor.py as a script: sys.path[0] is this directory
+    from contract import DEFAULTS, RUNNING_SERVICE_STATES, SERVICE_SCOPES, TERMINAL, normalize_unit, unit_problem
+    from supervisor_files import JobPaths, lock_held, read_holder, read_json, read_status, write_json_atomic
+    from supervisor_host import Fail
+    from supervisor_record import Job, initial_status
+    import supervisor_ledger as ledger
+
+
+LEDGER_PHASE = "settling from the host ledger"
+
+
+def owed(root: str, job_id: str) -> list:
+    """The ledger's entries naming job_id whose unit is a valid name (an entry is data, not code either)."""
+    entries = ledger.entries_of(root, job_id)
+    return [e for e in entries if isinstance(e.get("unit"), str) and not unit_problem(e["unit"])]
+
+
+def contradiction(status: dict, entries: list):
+    """Why `status` is not believed, or None: it says the job ended SUCCEEDED, or restored, while the ledger
+    says the service it stopped was never restored."""
+    if not entries or status.get("state") not in TERMINAL:
+        return None
+    if status.get("state") != "SUCCEEDED" and not status.get("restored"):
+        return None  # e.g. LOST by a reap, its restore still to come: what the ledger says too
+    return ("status.json says %s%s, but the host ledger says this job stopped %s and has not restored it"
+            % (status.get("state"), " and restored" if status.get("restored") else "", entries[0]["unit"]))
+
+
+def holds_locks(root: str, job_id: str, entries: list) -> bool:
+    """The job's supervisor or guard is alive: one of them holds the service lock (flock, released by the
+    kernel when both are gone), and its holder record names the job."""
+    for entry in entries:
+        key = "service-" + entry["unit"]
+        if lock_held(root, key) and (read_holder(root, key) or {}).get("job_id") in (job_id, None):
+            return True
+    return False
+
+
+def load_for_restore(paths: JobPaths) -> Job:
+    """The job as a restorer must settle it. When status.json or spec.json is unreadable, or contradicted by the
+    ledger, the job is rebuilt from the ledger entry (settle then writes its status): state LOST, the entry's
+    unit stopped by this job and not restored. Raises `bad-status` only when neither the files nor the ledger
+    can say."""
+    entries = owed(paths.root, paths.job_id)
+    spec = readable_spec(paths)
+    try:
+        status = read_status(paths)
+        why = contradiction(status, entries)
+    except Fail as exc:
+        if not entries:
+            raise
+        status, why = None, "status.json cannot be read (%s)" % exc
+    if why is None and entries and (spec or {}).get("service", {}).get("unit") != entries[0]["unit"]:
+        why = "spec.json does not name the unit the host ledger says this job stopped"
+    if why is None and spec is not None:
+        return Job(paths, spec, status)
+    if not entries:
+        raise Fail("bad-status", "cannot read %s" % paths.spec, job_id=paths.job_id)
+    spec = spec_from_ledger(paths.job_id, entries[0])
+    if readable_spec(paths) is None:
+        write_json_atomic(paths.spec, spec)  # so later calls (status, restore) can read the job again
+    return Job(paths, spec, status_from_ledger(spec, entries[0], why or "spec.json cannot be read"))
+
+
+def readable_spec(paths: JobPaths):
+    try:
+        spec = read_json(paths.spec)
+    except (OSError, ValueError):
+        return None
+    ok = isinstance(spec, dict) and all(isinstance(spec.get(k), dict) for k in ("service", "gpu", "limits"))
+    return spec if ok else None
+
+
+def spec_from_ledger(job_id: str, entry: dict) -> dict:
+    """Enough of a spec to restore the entry's unit: what the supervisor recorded before the stop."""
+    scope = entry.get("scope") if entry.get("scope") in SERVICE_SCOPES else DEFAULTS["service.scope"]
+    url = entry.get("health_url")
+    timeout = entry.get("health_timeout")
+    service = {"manager": "systemd", "unit": normalize_unit(entry["unit"]), "scope": scope,
+               "sudo": entry.get("sudo") is True, "stop": "always",
+               "health_url": url if isinstance(url, str) and url.startswith(("http://", "https://")) else None,
+               "health_timeout": float(timeout) if isinstance(timeout, (int, float)) and timeout > 0
+               else DEFAULTS["service.health_timeout"]}
+    gpus = [str(g) for g in entry.get("gpus") or [] if isinstance(g, (str, int))]
+    return {"name": job_id, "job_id": job_id, "service": service,
+            "gpu": {"devices": gpus, "required_mib": 0, "drain_timeout": DEFAULTS["gpu.drain_timeout"]},
+            "payload": {"command": ["true"], "script": None, "python": None, "args": [], "env": {}, "prepare": None},
+            "limits": {"max_runtime": DEFAULTS["limits.max_runtime"], "grace": DEFAULTS["limits.grace"],
+                       "prepare_timeout": DEFAULTS["limits.prepare_timeout"],
+                       "queue_timeout": DEFAULTS["limits.queue_timeout"], "max_downtime": None}}
+
+
+def status_from_ledger(spec: dict, entry: dict, why: str) -> dict:
+    """A status that says what the ledger knows: this job stopped the unit and owes its restore."""
+    status = initial_status(spec)
+    was = entry.get("was") if entry.get("was") in RUNNING_SERVICE_STATES else "active"
+    stopped_at = entry.get("stopped_at") if isinstance(entry.get("stopped_at"), (int, float)) else time.time()
+    status.update(state="LOST", phase=LEDGER_PHASE, ended_at=time.time(),
+                  message="%s; settled from the host ledger (the payload may have overwritten its job's files)" % why,
+                  service=dict(status["service"], was=was, stopped=True, stopped_at=stopped_at),
+                  payload=payload_from_ledger(entry))
+    return status
+
+
+def payload_from_ledger(entry: dict):
+    """The payload process the supervisor noted in the ledger, for kill_leftovers (checked by start time)."""
+    payload = entry.get("payload")
+    if not isinstance(payload, dict):
+        return None
+    ident = {k: payload.get(k) for k in ("pid", "pgid", "start_time")}
+    ints = all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in ident.values())
+    return dict(ident, exit_code=None, signal=None, started_at=None) if ints else None

@@ -1,0 +1,90 @@
+"""supervisor_trust: what a restorer believes when status.json or spec.json was overwritten by the payload.
+Pure file-level cases on a real ROOT layout (no service; the systemd cases are tests/test_forged_status.py)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from remote_payload import supervisor_ledger as ledger
+from remote_payload import supervisor_trust as trust
+from remote_payload.supervisor_files import JobPaths
+from remote_payload.supervisor_host import Fail
+from remote_payload.supervisor_record import initial_status
+from remote_payload.supervisor_spec import check_spec
+
+UNIT = "dummy-infer.service"
+
+
+def job(tmp_path, job_id="j1"):
+    paths = JobPaths(str(tmp_path), job_id)
+    (tmp_path / "jobs" / job_id).mkdir(parents=True)
+    spec = check_spec({"service": {"manager": "systemd", "unit": UNIT, "health_url": "http://127.0.0.1:9/health",
+                                   "health_timeout": 30},
+                       "payload": {"command": ["/bin/true"]}}, job_id)
+    (tmp_path / "jobs" / job_id / "spec.json").write_text(json.dumps(spec))
+    status = initial_status(spec)
+    (tmp_path / "jobs" / job_id / "status.json").write_text(json.dumps(status))
+    return paths, spec, status
+
+
+def stopped_by(tmp_path, paths, spec, **payload):
+    service = dict(spec["service"], was="active")
+    ledger.record_stop(str(tmp_path), UNIT, paths.job_id, service, ["0"])
+    if payload:
+        ledger.note_payload(str(tmp_path), UNIT, paths.job_id, payload)
+
+
+def test_garbage_status_with_a_ledger_stop_is_settled_from_the_ledger(tmp_path):
+    paths, spec, _ = job(tmp_path)
+    stopped_by(tmp_path, paths, spec, pid=4242, pgid=4242, start_time=99)
+    (tmp_path / "jobs" / "j1" / "status.json").write_text("\0 garbage")
+    rebuilt = trust.load_for_restore(paths)
+    assert rebuilt.status["state"] == "LOST" and rebuilt.status["restored"] is False
+    assert rebuilt.status["service"]["stopped"] is True and rebuilt.status["service"]["was"] == "active"
+    assert rebuilt.status["payload"]["pgid"] == 4242 and "cannot be read" in rebuilt.status["message"]
+    assert rebuilt.spec["service"]["health_url"] == "http://127.0.0.1:9/health"
+
+
+def test_forged_success_is_not_believed_while_the_ledger_names_the_job(tmp_path):
+    paths, spec, status = job(tmp_path)
+    stopped_by(tmp_path, paths, spec)
+    forged = dict(status, state="SUCCEEDED", restored=True, service=dict(status["service"], stopped=False))
+    (tmp_path / "jobs" / "j1" / "status.json").write_text(json.dumps(forged))
+    assert "SUCCEEDED and restored" in trust.contradiction(forged, trust.owed(str(tmp_path), "j1"))
+    rebuilt = trust.load_for_restore(paths)
+    assert rebuilt.status["state"] == "LOST" and rebuilt.status["service"]["stopped"] is True
+
+
+def test_a_forged_spec_cannot_point_the_restore_at_another_unit(tmp_path):
+    paths, spec, _ = job(tmp_path)
+    stopped_by(tmp_path, paths, spec)
+    (tmp_path / "jobs" / "j1" / "spec.json").write_text(json.dumps(dict(spec, service=dict(spec["service"],
+                                                                                            unit="other.service"))))
+    assert trust.load_for_restore(paths).spec["service"]["unit"] == UNIT
+
+
+def test_an_honest_status_is_taken_as_is(tmp_path):
+    paths, spec, status = job(tmp_path)
+    assert trust.load_for_restore(paths).status == status  # no ledger entry: nothing owed
+    stopped_by(tmp_path, paths, spec)
+    lost = dict(status, state="LOST", restored=False)  # a reap's LOST, its restore to come: what the ledger says
+    (tmp_path / "jobs" / "j1" / "status.json").write_text(json.dumps(lost))
+    assert trust.contradiction(lost, trust.owed(str(tmp_path), "j1")) is None
+
+
+def test_garbage_everywhere_and_no_ledger_entry_is_bad_status(tmp_path):
+    paths, _, _ = job(tmp_path)
+    (tmp_path / "jobs" / "j1" / "status.json").write_text("[]")
+    (tmp_path / "jobs" / "j1" / "spec.json").write_text("nope")
+    with pytest.raises(Fail) as failed:
+        trust.load_for_restore(paths)
+    assert failed.value.code == "bad-status"
+
+
+def test_entries_of_another_job_or_a_bad_unit_are_not_owed(tmp_path):
+    paths, spec, _ = job(tmp_path)
+    ledger.record_stop(str(tmp_path), UNIT, "someone-else", dict(spec["service"], was="active"), [])
+    assert trust.owed(str(tmp_path), "j1") == []
+    (tmp_path / "locks" / "ledger-service-x.service.json").write_text(json.dumps({"unit": "../x", "job_id": "j1"}))
+    assert trust.owed(str(tmp_path), "j1") == []
