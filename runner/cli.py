@@ -17,8 +17,8 @@ from . import controller, fleet, fleet_cli  # neither imports pydantic: a one-ho
 from .app import job_statuses
 from .cli_echo import emit_json as _emit_json, progress as _progress, say as _say
 from .deadline import DEFAULT_MAX_WAIT_S, ROUND_TRIP_ALLOWANCE_S, Deadline
-from .errors import (CODE_ABORTED, CODE_USAGE, EXIT_ABORTED, EXIT_FAILED, EXIT_OK, EXIT_USAGE, RunnerError, SpecError,
-                     exit_code, worst)
+from .errors import (CODE_ABORTED, CODE_USAGE, EXIT_ABORTED, EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE,
+                     RunnerError, SpecError, exit_code, worst)
 from .printable import printable
 from .store import Store
 
@@ -206,7 +206,8 @@ def watch(job_id: str, max_wait: float, plain: bool) -> None:
 
 
 @cli.command(help="State, phase, progress, service and downtime of one job (or every job this controller knows). "
-                  "Exit: like tail for one job; for all, the worst wins (1 > 75 > 0). 2 unknown id · 3.")
+                  "Exit: like tail for one job; for all, the worst wins (1 > 3 > 75 > 0: a host that cannot be "
+                  "asked is its jobs' lines and 3, the others still shown). 2 unknown id · 3.")
 @click.argument("job_id", required=False)
 @click.option("--max-wait", type=click.FloatRange(0, 3600), default=DEFAULT_MAX_WAIT, show_default=True,
               help="Seconds this call may take, plus one round trip (then exit 3).")
@@ -222,7 +223,12 @@ def status(job_id: str | None, max_wait: float, as_json: bool) -> None:
             _progress("no jobs yet (`runner submit JOB.yaml`)")
         for job in jobs:
             _say(_status_text(job))
-    sys.exit(worst(exit_code(job.get("state")) for job in jobs))
+    sys.exit(worst(_job_exit(job) for job in jobs))
+
+
+def _job_exit(job: dict) -> int:
+    """A job's exit status in `runner status`: its state's, or 3 when its host could not be asked."""
+    return EXIT_UNREACHABLE if job.get("error") == "host-unreachable" else exit_code(job.get("state"))
 
 
 def _is_run(ref: str) -> bool:
@@ -233,6 +239,8 @@ def _is_run(ref: str) -> bool:
 
 
 def _status_text(job: dict) -> str:
+    if job.get("error") == "host-unreachable":
+        return f"{job.get('job_id')}: last known {job.get('state')} ({job.get('message')})"
     head = f"{job.get('job_id')}: {job.get('state')}" + (f" ({job['phase']})" if job.get("phase") else "")
     lines = [head]
     now = job.get("now") or time.time()

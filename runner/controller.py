@@ -424,13 +424,25 @@ def status(job_ids: list[str], *, store: Store, deadline: Deadline | None = None
         by_host.setdefault(_host_key(record.host), []).append(record)
     answers = []
     for group in by_host.values():
-        with connect(group[0].host, deadline=deadline) as client:
-            found = _retrying(deadline)(client.status, [r.job_id for r in group])
+        try:
+            with connect(group[0].host, deadline=deadline) as client:
+                found = _retrying(deadline)(client.status, [r.job_id for r in group])
+        except TransportError as exc:
+            if job_ids:
+                raise  # the jobs asked for by id: their host's error is the answer
+            answers.extend(_unreached(record, exc) for record in group)  # one host's error, not every job's
+            continue
         for record, job in zip(group, found):
             if job.get("state", record.last_state) != record.last_state:
                 _note_state(store, record.job_id, job["state"], lambda _note: None)
             answers.append(job)
     return answers
+
+
+def _unreached(record: JobRecord, exc: TransportError) -> dict:
+    """A job whose host did not answer: its last known state, and why there is no newer one."""
+    return {"job_id": record.job_id, "state": record.last_state, "error": exc.code,
+            "message": f"host {record.host.get('address')} unreachable: {str(exc).splitlines()[0]}"}
 
 
 def _host_key(host: dict) -> tuple:
