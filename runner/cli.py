@@ -418,8 +418,8 @@ def _usage_hint(exc: click.ClickException) -> str:
 
 def _fail(argv, error: str, message: str, hint: str, code: int) -> None:
     """An error as text on stderr, or with --json as one JSON object on stdout (an agent parses one format);
-    a usage error too, as one `runner: error:` line (no usage block), like every other error. `error` is the stable kebab-case code (errors.py), the same word MCP tool
-    errors and the wire use."""
+    a usage error too, as one `runner: error:` line (no usage block), like every other error. `error` is the
+    stable kebab-case code (errors.py), the same word MCP tool errors and the wire use."""
     args = sys.argv[1:] if argv is None else argv
     if "--json" in args:
         _emit_json({"error": error, "message": message, "hint": hint, "exit": code})
