@@ -71,6 +71,7 @@ ERRORS = {
     "start-failed": "the detached supervisor did not report ready",
     "cannot-start": "the payload could not start (interpreter, script, program, cache dir): nothing was touched",
     "sudo-password": "sudo asked for a password (a NOPASSWD rule is needed)",
+    "no-systemd": "systemctl cannot reach a service manager of this scope: the host's services are not run by systemd",
     "timeout": "a host command did not finish in time",
     "unsafe-root": "host.root or the payload dir is writable by others or not owned by the login user",
     "slurm-refused": "sbatch refused the job (the message is sbatch's own); nothing was queued",

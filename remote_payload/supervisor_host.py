@@ -231,6 +231,14 @@ def run_command(argv: list, timeout: float = CMD_TIMEOUT_S) -> subprocess.Comple
     return done
 
 
+# What systemctl says when no manager of its scope can be reached (PID 1 is not systemd, no user manager).
+NO_MANAGER_SIGNS = ("has not been booted with systemd", "Failed to connect to bus")
+
+
+def no_service_manager(stderr: str) -> bool:
+    return any(sign in stderr for sign in NO_MANAGER_SIGNS)
+
+
 class Systemd:
     """systemctl/systemd-run/journalctl argv for one scope. With sudo, every call goes through `sudo -n`:
     a login that may not manage the unit often cannot even read its state (no system bus access)."""
@@ -245,8 +253,11 @@ class Systemd:
     def show(self, unit: str) -> dict:
         done = run_command(self.argv("systemctl", "show", "--property=ActiveState,SubState,MainPID", unit))
         if done.returncode != 0:
-            raise Fail("internal", "cannot read the state of %s: %s" % (
-                unit, done.stderr.decode("utf-8", "replace").strip()[-300:]))
+            said = done.stderr.decode("utf-8", "replace").strip()[-300:]
+            if no_service_manager(said):
+                raise Fail("no-systemd", "cannot manage %s: this host's services are not run by systemd (%s)"
+                           % (unit, said.splitlines()[0]))
+            raise Fail("internal", "cannot read the state of %s: %s" % (unit, said))
         return parse_systemctl_show(done.stdout.decode("utf-8", "replace"))
 
     def is_active(self, unit: str) -> str:

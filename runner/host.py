@@ -260,6 +260,9 @@ def _answer(done: Completed, sub: str) -> dict:
     if code == "slurm-unavailable":
         raise SchedulerUnavailable(message, hint="Run submit against a login node with Slurm's client tools and a "
                                    "reachable slurmctld (`sinfo` there should answer).")
+    if code == "no-systemd":
+        raise PreflightError(message, hint="Where the service is not a systemd unit, use service.manager: none "
+                             "(runner then never stops it); for a user unit, service.scope: user.")
     if code == "unknown-job":
         raise UnknownJob(message, code=code, answer=answer)
     raise RemoteError(f"{sub}: {message}", code=code, answer=answer)
