@@ -17,6 +17,7 @@ from .printable import printable
 
 HEARTBEAT_EVERY_S = 30.0
 RECENT_LINES = 8
+MAX_LINE_BYTES = 64 * 1024  # a longer line is shown cut (a person reads no more; `tail` has every byte)
 
 
 class EventSink:
@@ -25,23 +26,38 @@ class EventSink:
     def __init__(self, render: Callable[[str], None], on_change: Callable[[dict], None] = lambda _s: None) -> None:
         self.render = render
         self.on_change = on_change
-        self.partial = b""
+        self.partial = b""  # the line being read: at most MAX_LINE_BYTES of it
+        self.cut = 0  # bytes of that line beyond the cap, left out
         self.summary = new_summary()
         self.last_heartbeat_t = None
 
     def write(self, data: bytes) -> None:
-        lines = (self.partial + data).split(b"\n")
-        self.partial = lines.pop()
-        for line in lines:
-            self._line(line)
+        start = 0
+        while True:
+            end = data.find(b"\n", start)
+            piece = data[start:] if end < 0 else data[start:end]
+            room = max(0, MAX_LINE_BYTES - len(self.partial))
+            self.partial += piece[:room]
+            self.cut += len(piece) - len(piece[:room])
+            if end < 0:
+                return
+            self._end_line()
+            start = end + 1
 
     def flush(self) -> None:
         pass
 
     def close(self) -> None:
-        if self.partial:
-            self._line(self.partial)
-            self.partial = b""
+        if self.partial or self.cut:
+            self._end_line()
+
+    def _end_line(self) -> None:
+        raw, cut = self.partial, self.cut
+        self.partial, self.cut = b"", 0
+        if cut:  # never parsed as an event: a person sees its start and how much is left out
+            self.render(printable(raw.decode("utf-8", "replace")) + f" … ({cut} more bytes of this line not shown)")
+            return
+        self._line(raw)
 
     def _line(self, raw: bytes) -> None:
         event = parse_event(raw)
