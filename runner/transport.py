@@ -95,14 +95,14 @@ class SshTransport:
         self.target = target
         self.name = target.address
         self._conn = None
-        self._connect_by: Deadline | None = None  # until a connect succeeds: what host.connect_timeout leaves
+        self._connecting = ConnectBudget(target)
 
     def run(self, argv: Sequence[str], *, stdin: bytes = b"", deadline: Deadline) -> Completed:
         connecting = self._conn is None
         try:
             if connecting:
-                self._conn = _connect(self.target, self._connecting(deadline))
-                self._connect_by = None  # connected: a reconnect after a lost link has a connect_timeout of its own
+                self._conn = _connect(self.target, self._connecting.take(deadline).left())
+                self._connecting.reset()  # connected: a reconnect after a lost link has a connect_timeout of its own
             return _exec(self._conn.transport, tuple(argv), stdin, deadline, self.name)  # paramiko's connection
         except TransportError:
             self.close()
@@ -110,18 +110,6 @@ class SshTransport:
         except _ssh_errors() as exc:
             self.close()
             raise _translated(exc, self.target, connecting) from exc
-
-    def _connecting(self, deadline: Deadline) -> float:
-        """Seconds left for connecting: every attempt of this command until one connects shares one
-        host.connect_timeout (a host that never answers is not waited for again by a retry)."""
-        _remaining(deadline, self.name)  # the command's deadline first: it is what ended the wait, if it passed
-        if self._connect_by is None:
-            self._connect_by = deadline.within(self.target.connect_timeout)
-        if self._connect_by.passed():
-            raise TransportError(f"ssh {self.name}: cannot connect (no answer within host.connect_timeout, "
-                                 f"{self.target.connect_timeout:g} s)",
-                                 hint="Check that `ssh` itself reaches the host (address, port, network).")
-        return self._connect_by.left()
 
     def close(self) -> None:
         if self._conn is not None:
@@ -317,9 +305,9 @@ def fingerprint(key) -> str:
 
 def _exec(connection, argv: tuple[str, ...], stdin: bytes, deadline: Deadline, name: str) -> Completed:
     """Run one command on its own channel; read both streams until exit, never past the deadline."""
-    chan = connection.open_session(timeout=_remaining(deadline, name))
+    chan = connection.open_session(timeout=time_left(deadline, name))
     try:
-        chan.settimeout(_remaining(deadline, name))
+        chan.settimeout(time_left(deadline, name))
         chan.exec_command(shlex.join(argv))
         if stdin:
             chan.sendall(stdin)
@@ -341,14 +329,38 @@ def _drain(chan, deadline: Deadline, name: str) -> tuple[bytes, bytes]:
             return bytes(out), bytes(err)
         if chan.closed and not (chan.recv_ready() or chan.recv_stderr_ready()):
             raise TransportError(f"ssh {name}: channel closed before the command finished")
-        select.select([chan], [], [], min(0.05, _remaining(deadline, name)))
+        select.select([chan], [], [], min(0.05, time_left(deadline, name)))
 
 
-def _remaining(deadline: Deadline, name: str) -> float:
+def time_left(deadline: Deadline, name: str) -> float:
+    """Seconds the command's deadline leaves for a hop to host `name`; none left is a TransportError."""
     left = deadline.left()
     if left <= 0:
         raise TransportError(f"ssh {name}: no answer before the deadline (link down or host overloaded?)")
     return left
+
+
+class ConnectBudget:
+    """What host.connect_timeout leaves: every connect attempt of one command until one connects shares it (a
+    host that never answers is not waited for again by a retry); `reset` once connected, or once an attempt
+    failed fast, so a later connect has a connect_timeout of its own."""
+
+    def __init__(self, target) -> None:
+        self.name, self.timeout = target.address, target.connect_timeout
+        self._by: Deadline | None = None
+
+    def take(self, deadline: Deadline) -> Deadline:
+        time_left(deadline, self.name)  # the command's deadline first: it is what ended the wait, if it passed
+        if self._by is None:
+            self._by = deadline.within(self.timeout)
+        if self._by.passed():
+            raise TransportError(f"ssh {self.name}: cannot connect (no answer within host.connect_timeout, "
+                                 f"{self.timeout:g} s)",
+                                 hint="Check that `ssh` itself reaches the host (address, port, network).")
+        return self._by
+
+    def reset(self) -> None:
+        self._by = None
 
 
 def _describe(exc: BaseException) -> str:

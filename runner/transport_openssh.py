@@ -28,7 +28,7 @@ from typing import Sequence
 
 from .deadline import Deadline
 from .errors import HostKeyError, SpecError, TransportError
-from .transport import Completed, LocalTransport, SshTarget, SshTransport
+from .transport import Completed, ConnectBudget, LocalTransport, SshTarget, SshTransport, time_left
 
 EXIT_SSH_FAILED = 255
 SERVER_ALIVE_S = 15  # the keepalive interval when the command has time; less when it has less
@@ -49,13 +49,13 @@ class OpenSshTransport:
         self.ssh = ssh
         self._options: list[str] | None = None
         self._resolved: dict[str, str] = {}  # `ssh -G` of the target: hostname, port, controlpath…
-        self._connect_by: Deadline | None = None  # until a call connects: what host.connect_timeout leaves
+        self._connecting = ConnectBudget(target)
 
     def run(self, argv: Sequence[str], *, stdin: bytes = b"", deadline: Deadline) -> Completed:
-        connecting = self._connecting(deadline)
+        connecting = self._connecting.take(deadline)
         command = self.command(shlex.join(argv), deadline, connecting)
         try:
-            proc = subprocess.run(command, input=stdin, capture_output=True, timeout=_left(deadline, self.name))
+            proc = subprocess.run(command, input=stdin, capture_output=True, timeout=time_left(deadline, self.name))
         except subprocess.TimeoutExpired as exc:
             self._drop_master()
             raise TransportError(f"ssh {self.name}: no answer before the deadline (link down or host overloaded?)") from exc
@@ -63,24 +63,12 @@ class OpenSshTransport:
             raise TransportError(f"ssh {self.name}: cannot run {self.ssh}: {exc.strerror}") from exc
         stderr = proc.stderr.decode("utf-8", "replace") if proc.returncode == EXIT_SSH_FAILED else ""
         if not _CONNECT_TIMED_OUT.search(stderr):
-            self._connect_by = None  # it connected (or failed fast): a later connect has a connect_timeout of its own
+            self._connecting.reset()  # it connected (or failed fast)
         if proc.returncode == EXIT_SSH_FAILED:
             if self._says_too_little(stderr):
                 stderr = self._diagnosed(command, deadline) or stderr
             raise translated(stderr, self.target, self._known_as())
         return Completed(tuple(argv), proc.returncode, proc.stdout, proc.stderr)
-
-    def _connecting(self, deadline: Deadline) -> Deadline:
-        """What is left for connecting: every attempt of this command until one connects shares one
-        host.connect_timeout (a host that never answers is not waited for again by a retry)."""
-        _left(deadline, self.name)  # the command's deadline first: it is what ended the wait, if it passed
-        if self._connect_by is None:
-            self._connect_by = deadline.within(self.target.connect_timeout)
-        if self._connect_by.passed():
-            raise TransportError(f"ssh {self.name}: cannot connect (no answer within host.connect_timeout, "
-                                 f"{self.target.connect_timeout:g} s)",
-                                 hint="Check that `ssh` itself reaches the host (address, port, network).")
-        return self._connect_by
 
     def _drop_master(self) -> None:
         """Close the master after a call ran out of time: its TCP connection may be stalled in retransmit
@@ -108,7 +96,7 @@ class OpenSshTransport:
         debug lines but that one dropped. A key problem fails again before any authentication."""
         try:
             proc = subprocess.run([command[0], "-v", *command[1:-1], "true"], capture_output=True,
-                                  stdin=subprocess.DEVNULL, timeout=_left(deadline, self.name))
+                                  stdin=subprocess.DEVNULL, timeout=time_left(deadline, self.name))
         except (OSError, subprocess.TimeoutExpired, TransportError):
             return ""
         lines = proc.stderr.decode("utf-8", "replace").splitlines()
@@ -159,7 +147,7 @@ class OpenSshTransport:
         """The user's ssh_config as applied to this host (`ssh -G`, no network): {option: value}."""
         try:
             proc = subprocess.run([self.ssh, *options, "-G", "--", self.target.address], capture_output=True,
-                                  stdin=subprocess.DEVNULL, timeout=_left(deadline, self.name))
+                                  stdin=subprocess.DEVNULL, timeout=time_left(deadline, self.name))
         except (OSError, subprocess.TimeoutExpired, TransportError):
             return {}
         return parse_ssh_g(proc.stdout.decode("utf-8", "replace"))
@@ -262,13 +250,6 @@ def _whole_seconds(seconds: float) -> int:
     """ssh takes whole seconds, at least 1: the nearest, within half a second of what is left (the process is
     killed at the deadline whatever ssh's own timers say)."""
     return max(1, int(seconds + 0.5))
-
-
-def _left(deadline: Deadline, name: str) -> float:
-    left = deadline.left()
-    if left <= 0:
-        raise TransportError(f"ssh {name}: no answer before the deadline (link down or host overloaded?)")
-    return left
 
 
 def for_host(host: dict):

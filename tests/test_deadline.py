@@ -85,10 +85,13 @@ def test_openssh_timeouts_come_from_what_is_left():
 
 @pytest.mark.parametrize("make", [lambda t: openssh(t), lambda t: SshTransport(SshTarget("h", connect_timeout=t))])
 def test_every_connect_attempt_of_a_command_shares_one_connect_timeout(make):
-    """A host that used up host.connect_timeout is not waited for again by a retry of the same command."""
+    """A host that used up host.connect_timeout is not waited for again by a retry of the same command (both
+    transports keep one ConnectBudget); once reset (connected), a later connect has its own again."""
     transport = make(0.05)
     deadline = Deadline(30)
-    transport._connecting(deadline)
+    transport._connecting.take(deadline)
     time.sleep(0.06)
     with pytest.raises(TransportError, match="connect_timeout"):
-        transport._connecting(deadline)
+        transport._connecting.take(deadline)
+    transport._connecting.reset()
+    assert transport._connecting.take(deadline).left() > 0
