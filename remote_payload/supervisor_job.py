@@ -1,6 +1,7 @@
 """One job's choreography on the host: everything between "supervisor started" and "settle".
 
-    supervise: locks → settle the ledger → prepare step → record the service → stop it, or release its GPU
+    supervise: locks → settle the ledger → prepare step → stage the payload (payload.staged: its GPU-free
+               setup, supervisor_stage.py) → record the service → stop it, or release its GPU
                memory through the engine's API (policy, service.free) → drain GPU memory → run the payload
                (deadline, cancel, signals) → settle, on every path out
 
@@ -177,11 +178,12 @@ def payload_argv(spec: dict) -> list:
     return [payload["python"], os.path.join(HERE, payload["script"])] + payload["args"]
 
 
-def payload_env(job: Job, result=None) -> dict:
+def payload_env(job: Job, result=None, staged: bool = False) -> dict:
     env = dict(os.environ)
+    env.pop("RUNNER_STAGED", None)
     env.update(job.spec["payload"]["env"])
     env.update({"PYTHONUNBUFFERED": "1", "RUNNER_JOB_ID": job.paths.job_id, "RUNNER_JOB_DIR": job.paths.dir,
-                "RUNNER_RESULT": result or job.paths.result})
+                "RUNNER_RESULT": result or job.paths.result}, **({"RUNNER_STAGED": "1"} if staged else {}))
     if job.spec["gpu"]["devices"]:
         # nvidia-smi numbers GPUs in PCI bus order; CUDA by default puts the fastest first. Same order, so
         # "GPU 1" is the card whose memory the preflight and the drain checked.
@@ -191,13 +193,15 @@ def payload_env(job: Job, result=None) -> dict:
 
 
 def launch_payload(job: Job, argv=None, state: str = "RUNNING", phase: str = "payload running",
-                   result=None) -> subprocess.Popen:
+                   result=None, staged: bool = False) -> subprocess.Popen:
     """The payload (or its prepare step, or a sweep's variant: argv; result: its RUNNER_RESULT) in its own
-    process group, so the group can be killed as one; output appended to the log."""
+    process group, so the group can be killed as one; output appended to the log. staged: stdin a pipe for
+    the hand-over (supervisor_stage.py)."""
     argv = argv or payload_argv(job.spec)
+    stdin = subprocess.PIPE if staged else subprocess.DEVNULL
     with open(job.paths.output, "ab") as log:
         try:
-            proc = subprocess.Popen(argv, cwd=job.paths.dir, env=payload_env(job, result), stdin=subprocess.DEVNULL,
+            proc = subprocess.Popen(argv, cwd=job.paths.dir, env=payload_env(job, result, staged), stdin=stdin,
                                     stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         except OSError as exc:
             raise Fail("start-failed", "cannot start the payload %r: %s" % (argv[0], exc))
@@ -239,9 +243,10 @@ def record_exit(job: Job, returncode: int) -> None:
     job.event("payload-exit", exit_code=exit_code, signal=sig)
 
 
-def run_payload(job: Job, flags: Flags) -> None:
+def run_payload(job: Job, flags: Flags, staged=None) -> None:
+    """The payload's run; staged: the staged payload's process, handed the GPU here."""
     check_interrupt(job, flags)
-    proc = launch_payload(job)
+    proc = stage_room().hand_over(job, staged) if staged else launch_payload(job)
     stop = watch_payload(job, proc, flags)
     if stop is not None:
         job.set_state("TERMINATING", stop[1], ending={"state": stop[0], "message": stop[1], "at": time.time()})
@@ -296,6 +301,15 @@ def sweep_room():
     return supervisor_sweep
 
 
+def stage_room():
+    """supervisor_stage.py, imported when a staged payload runs (it imports this module)."""
+    try:
+        from . import supervisor_stage
+    except ImportError:  # run from supervisor.py as a script
+        import supervisor_stage
+    return supervisor_stage
+
+
 def supervise(job: Job, locks: Locks, flags: Flags) -> None:
     """The whole job; `settle` runs on every path out, exceptions included."""
     ending = None
@@ -306,12 +320,13 @@ def supervise(job: Job, locks: Locks, flags: Flags) -> None:
         settle_ledger(job)
         run_prepare_step(job, flags)
         measure_gpus(job)
+        staged = stage_room().stage_payload(job, flags) if job.spec["payload"].get("staged") else None
         prepare_service(job, flags)
         drain(job, flags)
         if job.spec.get("sweep"):
             sweep_room().run_sweep(job, flags)  # every variant in this one window
         else:
-            run_payload(job, flags)
+            run_payload(job, flags, staged)
     except Interrupted as stop:
         ending = (stop.state, str(stop))
     except Fail as exc:
