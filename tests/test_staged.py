@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.cli_helpers import REPO, Target, job_dir, submit, submit_refused, wait_terminal
+from tests.cli_helpers import REPO, Target, job_dir, run_cli, status, submit, submit_refused, wait_for, wait_terminal
 from tests.hosts._proc import shared_tmpdir
 
 DEMO = REPO / "remote_payload" / "demo_payload.py"
@@ -77,6 +77,14 @@ def test_a_payload_not_staged_within_stage_timeout_is_timed_out(target, work):
     job = wait_terminal(target, submit(target, write(work, staged_spec(target.host, "1s", setup_seconds=30))))
     assert job["state"] == "TIMED_OUT", job
     assert "limits.stage_timeout" in job["message"] and "the service was not touched" in job["message"], job
+
+
+def test_a_cancel_while_staged_ends_the_job_before_the_service_is_touched(target, work):
+    job_id = submit(target, write(work, staged_spec(target.host, setup_seconds=30)))
+    wait_for(lambda: status(target, job_id)["phase"].startswith("staging"), what="staging")
+    assert run_cli(target, "cancel", job_id).returncode == 0
+    job = wait_terminal(target, job_id)
+    assert job["state"] == "CANCELLED" and "the service was not touched" in job["message"], job
 
 
 def test_staged_with_a_sweep_is_refused_naming_the_field(tmp_path):
@@ -154,3 +162,18 @@ def test_the_unit_is_stopped_only_after_the_staged_event_and_the_downtime_exclud
     not_serving = service["downtime"]["not_serving_s"]
     assert not_serving == pytest.approx(service["restored_at"] - service["stopped_at"], abs=0.01)
     assert not_serving <= service["restored_at"] - began - 2  # the 2 s of setup are not downtime
+
+
+@pytest.mark.systemd
+@pytest.mark.parametrize("args, stage_timeout, state", [({"fail_setup": True}, "1m", "FAILED"),
+                                                        ({"setup_seconds": 30}, "1s", "TIMED_OUT")])
+def test_a_payload_that_dies_or_times_out_while_staged_never_stops_the_unit(service_host, work, args, stage_timeout,
+                                                                          state):
+    from tests.test_service import main_pid, service_section, target_for
+    before = main_pid(service_host)
+    target = target_for(service_host)
+    spec = staged_spec(target.host, stage_timeout, service=service_section(service_host, "always"), **args)
+    job = wait_terminal(target, submit(target, write(work, spec)))
+    assert job["state"] == state and "the service was not touched" in job["message"], job
+    assert job["service"]["stopped"] is False and main_pid(service_host) == before
+    assert service_host.service_state() == "active" and service_host.health_status() == 200
