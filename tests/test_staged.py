@@ -177,3 +177,33 @@ def test_a_payload_that_dies_or_times_out_while_staged_never_stops_the_unit(serv
     assert job["state"] == state and "the service was not touched" in job["message"], job
     assert job["service"]["stopped"] is False and main_pid(service_host) == before
     assert service_host.service_state() == "active" and service_host.health_status() == 200
+
+
+def run_bench_staged(tmp_path: Path, stdin: bytes) -> tuple[subprocess.CompletedProcess, list[dict]]:
+    pytest.importorskip("torch")
+    done = subprocess.run(
+        [sys.executable, str(REPO / "remote_payload" / "bench_marlin_moe.py"), "--experts", "8", "--hidden", "128",
+         "--intermediate", "64", "--topk", "2", "--batch-sizes", "1,2", "--device", "cpu", "--iterations", "2",
+         "--repeats", "1", "--out", str(tmp_path / "result.json")],
+        input=stdin, capture_output=True, cwd=tmp_path, timeout=120, env=dict(os.environ, RUNNER_STAGED="1"))
+    return done, [json.loads(line) for line in done.stdout.decode().splitlines()]
+
+
+def test_the_staged_bench_loads_its_backend_before_the_staged_line_and_the_rest_after_go(tmp_path):
+    done, events = run_bench_staged(tmp_path, b"go\n")
+    assert done.returncode == 0, done.stderr
+    staged = index_of(events, event="staged")
+    assert index_of(events, event="phase", phase="import", status="end") < staged
+    assert index_of(events, event="phase", phase="load", backend="torch", status="end") < staged
+    assert staged < index_of(events, event="phase", phase="weights", status="start")
+    loads = [e for e in events if e.get("phase") == "load" and e.get("status") == "start"]
+    assert [e["backend"] for e in loads] == ["sglang", "sglang-kernels", "torch"]  # each tried once, while staged
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert result["backend"]["used"] == "torch" and "needs a CUDA device" in result["backend"]["why"]
+    assert [r["m"] for r in result["rows"]] == [1, 2]
+
+
+def test_the_staged_bench_exits_without_its_run_when_stdin_closes_before_go(tmp_path):
+    done, events = run_bench_staged(tmp_path, b"")
+    assert done.returncode != 0 and events[-1]["event"] == "staged", done
+    assert not (tmp_path / "result.json").exists()
