@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +16,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.cli_helpers import REPO, Target, job_dir, run_cli, status, submit, submit_refused, wait_for, wait_terminal
+from tests.cli_helpers import (REPO, Target, job_dir, pid_alive, run_cli, status, submit, submit_refused, wait_for,
+                               wait_terminal)
 from tests.hosts._proc import shared_tmpdir
 
 DEMO = REPO / "remote_payload" / "demo_payload.py"
@@ -85,6 +87,16 @@ def test_a_cancel_while_staged_ends_the_job_before_the_service_is_touched(target
     assert run_cli(target, "cancel", job_id).returncode == 0
     job = wait_terminal(target, job_id)
     assert job["state"] == "CANCELLED" and "the service was not touched" in job["message"], job
+
+
+def test_a_supervisor_killed_while_staged_leaves_no_payload_behind(target, work):
+    job_id = submit(target, write(work, staged_spec(target.host, setup_seconds=30)))
+    wait_for(lambda: (status(target, job_id).get("payload") or {}).get("pid"), what="the staged payload")
+    job = status(target, job_id)
+    os.kill(job["supervisor"]["pid"], signal.SIGKILL)
+    job = wait_terminal(target, job_id)
+    assert job["state"] in ("FAILED", "LOST") and job["started_at"] is None, job
+    wait_for(lambda: not pid_alive(job["payload"]["pid"]), what="the staged payload gone")
 
 
 def test_staged_with_a_sweep_is_refused_naming_the_field(tmp_path):
