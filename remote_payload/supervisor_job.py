@@ -180,10 +180,12 @@ def payload_argv(spec: dict) -> list:
 
 def payload_env(job: Job, result=None, staged: bool = False) -> dict:
     env = dict(os.environ)
-    env.pop("RUNNER_STAGED", None)
+    env.pop("RUNNER_STAGED", None)  # set only for a staged payload's launch, never inherited
     env.update(job.spec["payload"]["env"])
     env.update({"PYTHONUNBUFFERED": "1", "RUNNER_JOB_ID": job.paths.job_id, "RUNNER_JOB_DIR": job.paths.dir,
-                "RUNNER_RESULT": result or job.paths.result}, **({"RUNNER_STAGED": "1"} if staged else {}))
+                "RUNNER_RESULT": result or job.paths.result})
+    if staged:
+        env["RUNNER_STAGED"] = "1"
     if job.spec["gpu"]["devices"]:
         # nvidia-smi numbers GPUs in PCI bus order; CUDA by default puts the fastest first. Same order, so
         # "GPU 1" is the card whose memory the preflight and the drain checked.

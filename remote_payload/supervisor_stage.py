@@ -55,16 +55,18 @@ def stage_payload(job, flags) -> subprocess.Popen:
 
 
 def wait_staged(job, proc: subprocess.Popen, flags, log: "LogLines"):
-    """None once the staged line is in the log; else (state, message)."""
+    """None once the staged line is in the log and the payload still waits; else (state, message). One that
+    exits, even right after its staged line, never gets the service stopped for it."""
     bound = job.spec["limits"]["stage_timeout"]
     deadline = time.monotonic() + bound
     while True:
-        if any(is_staged(line) for line in log.new_lines()):
-            return None
+        staged = any(is_staged(line) for line in log.new_lines())
         code = proc.poll()
         if code is not None:
             how = "code %d" % code if code >= 0 else "signal %d" % -code
             return "FAILED", "the payload exited with %s while staged (before it was handed the GPU)" % how
+        if staged:
+            return None
         try:
             check_interrupt(job, flags)
         except Interrupted as stop:
