@@ -219,3 +219,37 @@ def test_the_staged_bench_exits_without_its_run_when_stdin_closes_before_go(tmp_
     done, events = run_bench_staged(tmp_path, b"")
     assert done.returncode != 0 and events[-1]["event"] == "staged", done
     assert not (tmp_path / "result.json").exists()
+
+
+HOLD_AFTER_GO = """
+    import json, subprocess, sys
+    print(json.dumps({"event": "staged"}), flush=True)
+    if sys.stdin.readline().strip() != "go":
+        sys.exit(4)
+    sys.exit(subprocess.call([sys.executable] + sys.argv[1:]))
+"""
+
+
+@pytest.mark.systemd
+def test_a_staged_payload_with_free_sglang_is_staged_before_the_engine_is_paused(service_host, work):
+    from tests.cli_helpers import python_payload
+    from tests.test_engine_systemd import calls, hold
+    from tests.test_guarantee import host_events
+    from tests.test_service import assert_service_back, gpu_job, main_pid, target_for
+    log = service_host.install_engine_unit("sglang", "--memory-saver", "--weights-cpu-backup")
+    pid = main_pid(service_host)
+    target = target_for(service_host)
+    path = gpu_job(work, service_host, need=30000, free="sglang",
+                   command=python_payload(work, "staged_hold.py", HOLD_AFTER_GO) + hold(30000)[1:])
+    spec = yaml.safe_load(path.read_text())
+    spec["payload"]["staged"] = True
+    job_id = submit(target, write(work, spec))
+    job = wait_terminal(target, job_id)
+    assert_service_back(service_host, job, "staged payload, free: sglang", "SUCCEEDED")
+    assert main_pid(service_host) == pid
+    assert "POST /pause_generation {}" in calls(log)
+    paused = next(json.loads(line)["t"] for line in log.read_text().splitlines()
+                  if json.loads(line)["path"] == "/pause_generation")
+    events = host_events(service_host, job_id)
+    staged = events[index_of(events, event="stage", status="staged")]["t"]
+    assert staged <= paused and staged <= job["service"]["stopped_at"]  # "not serving" starts after staging
