@@ -68,6 +68,14 @@ def test_the_payload_is_staged_before_it_runs_and_gets_go(target, work):
     assert job["stage"]["seconds"] >= 0.5
 
 
+def test_max_runtime_counts_from_the_hand_over_not_from_the_staging(target, work):
+    spec = staged_spec(target.host, setup_seconds=4)
+    spec["limits"]["max_runtime"] = "3s"  # shorter than the setup, longer than the run after go
+    job = wait_terminal(target, submit(target, write(work, spec)))
+    assert job["state"] == "SUCCEEDED", job
+    assert job["stage"]["seconds"] >= 4
+
+
 def test_a_payload_that_exits_while_staged_fails_the_job_with_a_message(target, work):
     job = wait_terminal(target, submit(target, write(work, staged_spec(target.host, fail_setup=True))))
     assert job["state"] == "FAILED", job
