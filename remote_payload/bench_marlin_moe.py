@@ -11,7 +11,10 @@ Timed windows (one batch size, one repetition) run light and heavy in turn, the 
 each after 200 ms of its own call untimed (--order interleave --settle busy: results/README.md, run4).
 --check: small shapes only; GPTQ weights with known values → repack → the Marlin backend against the
 torch reference; exit 1 on mismatch. --prepare-only: import and JIT-build the kernels for this device, no
-weights (run before the service stops). Exit codes: 0 ok · 1 run failed or check mismatch · 2 bad arguments.
+weights (run before the service stops). Staged (RUNNER_STAGED=1, payload.staged): the import and the backend's
+import run first, while the service still serves; then the line {"event": "staged"} and a wait for `go` on
+stdin before anything touches GPU memory (EOF: the supervisor is gone, exit 1 with no run).
+Exit codes: 0 ok · 1 run failed or check mismatch · 2 bad arguments.
 """
 import time
 
@@ -142,6 +145,7 @@ class Bench:
         self.args, self.events = args, events
         self.shape = shape_of(args)
         self.result: dict = {"schema": 1, "payload": "bench_marlin_moe", "args": vars(args).copy()}
+        self.imported: dict = {}  # backend → (handle, None) or (None, the import's exception), in the order tried
 
     def run(self) -> int:
         a, ev = self.args, self.events
@@ -157,6 +161,9 @@ class Bench:
             slow_phase_hook(a.test_slow_phase, "import")
         if a.prepare_only:
             return self.prepare(probe)
+        if os.environ.get("RUNNER_STAGED") == "1":  # GPU-free so far; the GPU is ours only after `go`
+            self.import_first(probe)
+            ev.wait_for_go()
         self.measure_copy_bandwidth()
         self.statics = self.allocate_statics()
         modules_before = built_modules()
@@ -170,18 +177,11 @@ class Bench:
     def prepare(self, probe) -> int:
         """--prepare-only: import the backend and build its JIT kernels for this device, nothing else (the
         supervisor runs this before stopping the service, so the compile is not downtime)."""
-        a, ev = self.args, self.events
+        ev = self.events
         modules_before = built_modules()
-        attempts, name = [], None
-        for candidate in AUTO_ORDER if a.backend == "auto" else (a.backend,):
-            try:
-                with ev.phase("load", backend=candidate):
-                    load_backend(candidate, self.device, self.mb, probe)
-            except Exception as exc:  # as in a run: auto moves on, the reason is kept
-                attempts.append({"backend": candidate, "ok": False, "stage": "import", "reason": reason_of(exc)})
-                continue
-            name = candidate
-            break
+        name = self.import_first(probe)
+        attempts = [{"backend": candidate, "ok": False, "stage": "import", "reason": reason_of(error)}
+                    for candidate, (_, error) in self.imported.items() if error is not None]
         prepare = {"backend": name, "attempts": attempts, "kernels": [], "arch": None}
         self.result["prepare"] = prepare
         if name in ("sglang", "sglang-kernels"):
@@ -197,6 +197,28 @@ class Bench:
         gemm = [k for k in prepare["kernels"] if k["kernel"] == "moe_wna16_marlin"]
         return 1 if gemm and not gemm[0]["ok"] else 0
 
+    def import_first(self, probe):
+        """Import the backends in the order a run tries them until one imports (no GPU memory needed); each
+        outcome is kept for the run. Returns the name of the one that imported, or None."""
+        for name in AUTO_ORDER if self.args.backend == "auto" else (self.args.backend,):
+            try:
+                with self.events.phase("load", backend=name):
+                    self.imported[name] = (load_backend(name, self.device, self.mb, probe), None)
+                return name
+            except Exception as exc:  # auto moves on, the reason is kept
+                self.imported[name] = (None, exc)
+        return None
+
+    def load(self, name: str, probe):
+        """The backend's import: its outcome from staging when it was tried then, else imported now."""
+        if name in self.imported:
+            handle, error = self.imported[name]
+            if error is not None:
+                raise error
+            return handle
+        with self.events.phase("load", backend=name):
+            return load_backend(name, self.device, self.mb, probe)
+
     def start_backend(self, probe):
         """The requested backend, or with auto the first in AUTO_ORDER that imports, builds its weights,
         constructs and survives a first call; each failure and its stage go to result.json. Returns the GPTQ
@@ -206,8 +228,7 @@ class Bench:
         for name in AUTO_ORDER if a.backend == "auto" else (a.backend,):
             self.name, stage = name, "import"
             try:
-                with ev.phase("load", backend=name):
-                    handle = load_backend(name, self.device, self.mb, probe)
+                handle = self.load(name, probe)
                 stage = "weights"
                 with ev.phase("weights", mode="check" if a.check else a.weights):
                     self.weights, gptq = self.make_weights(handle)

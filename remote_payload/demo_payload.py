@@ -2,6 +2,10 @@
 
 It behaves like a real benchmark as the runner sees it: JSON event lines on stdout, a slow "compile"
 phase with heartbeats, timed rows, and a result file at $RUNNER_RESULT.
+
+Staged (payload.staged, RUNNER_STAGED=1): the setup (--setup-seconds, standing in for imports and a backend
+load) runs first, then the line {"event": "staged"}, then one line is read from stdin: `go` hands it the GPU
+and the run goes on; EOF (the supervisor is gone) or anything else exits 4 before the run.
 """
 import argparse
 import json
@@ -21,6 +25,10 @@ def build_parser():
     parser.add_argument("--seconds", type=float, default=20.0, help="about how long to run")
     parser.add_argument("--sizes", default="1,4,16,64", help="comma-separated problem sizes")
     parser.add_argument("--fail", action="store_true", help="exit 3 after the first phase (for tests)")
+    # test hooks, hidden from --help (and from the names payload.args may use in the examples' messages):
+    # a GPU-free setup of that many seconds before anything else (staged: before the staged line); exit 3 in it
+    parser.add_argument("--setup-seconds", type=float, default=0.0, help=argparse.SUPPRESS)
+    parser.add_argument("--fail-setup", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", default=os.environ.get("RUNNER_RESULT", "result.json"))
     return parser
 
@@ -33,8 +41,8 @@ def parse_args(argv):
         args.sizes = [int(s) for s in args.sizes.split(",")]
     except ValueError:
         parser.error("--sizes must be comma-separated integers, got %r" % args.sizes)
-    if args.seconds <= 0 or any(s <= 0 for s in args.sizes):
-        parser.error("--seconds and --sizes must be positive")
+    if args.seconds <= 0 or any(s <= 0 for s in args.sizes) or args.setup_seconds < 0:
+        parser.error("--seconds and --sizes must be positive, --setup-seconds not negative")
     return args
 
 
@@ -56,8 +64,32 @@ def time_size(n, budget):
     return {"size": n, "median_us": statistics.median(samples), "samples": len(samples)}
 
 
+def set_up(args):
+    """Stands in for what needs no GPU memory (imports, a backend load): runs while the service still serves
+    when the payload is staged."""
+    event(event="phase", phase="setup", status="start")
+    time.sleep(args.setup_seconds)
+    if args.fail_setup:
+        print("demo payload: failing in the setup on purpose", file=sys.stderr, flush=True)
+        sys.exit(3)
+    event(event="phase", phase="setup", status="end")
+
+
+def wait_for_go():
+    """The staged hand-over: announce the setup done, then block until the supervisor says the GPU is ours."""
+    event(event="staged")
+    line = sys.stdin.readline()
+    if line.strip() != "go":
+        print("demo payload: stdin said %r, not go: exiting without touching the GPU" % line, file=sys.stderr,
+              flush=True)
+        sys.exit(4)
+
+
 def main(argv=None):
     args = parse_args(argv)
+    set_up(args)
+    if os.environ.get("RUNNER_STAGED") == "1":
+        wait_for_go()
     event(event="plan", rows=len(args.sizes))
     event(event="phase", phase="compile", status="start")
     warm_up(args.seconds * 0.4)

@@ -30,6 +30,14 @@ class Events:
             self.stream.write(line + "\n")
             self.stream.flush()
 
+    def wait_for_go(self, stdin: IO[str] | None = None) -> None:
+        """Staged (RUNNER_STAGED=1): the line {"event": "staged"}, then one line from stdin. `go` hands this
+        process the GPU; EOF (the supervisor is gone) or anything else exits, nothing touched."""
+        self.emit("staged")
+        line = (stdin or sys.stdin).readline()
+        if line.strip() != "go":
+            raise SystemExit(f"bench_marlin_moe: stdin said {line!r}, not go: exiting without touching the GPU")
+
     @contextmanager
     def phase(self, name: str, **fields) -> Iterator[None]:
         """start/end lines around a block, heartbeats while it runs; the end line says whether it failed."""

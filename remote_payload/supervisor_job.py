@@ -1,11 +1,13 @@
 """One job's choreography on the host: everything between "supervisor started" and "settle".
 
-    supervise: locks → settle the ledger → may it start (supervisor_startable) → prepare step → record the
-               service → stop it, or release its GPU memory through the engine's API (policy, service.free)
-               → drain GPU memory → run the payload (deadline, cancel, signals) → settle, on every path out
+    supervise: locks → settle the ledger → may it start (supervisor_startable) → prepare step → stage the
+               payload (payload.staged: its GPU-free setup, supervisor_stage.py) → record the service → stop
+               it, or release its GPU memory through the engine's API (policy, service.free) → drain GPU
+               memory → run the payload (deadline, cancel, signals) → settle, on every path out
 
-The record (`Job`, `Flags`, `Interrupted`) is supervisor_record.py; settle, restore, the ledger's adoption
-and the guard are supervisor_settle.py. Imports only the stdlib, contract.py and those rooms;
+The record (`Job`, `Flags`, `Interrupted`) is supervisor_record.py; the payload's process (launch, watch,
+exit record) supervisor_payload.py; settle, restore, the ledger's adoption and the guard are
+supervisor_settle.py. Imports only the stdlib, contract.py and those rooms;
 supervisor.py (commands) and slurm_launch.py import it.
 """
 from __future__ import annotations
@@ -17,35 +19,31 @@ import time
 try:  # imported as remote_payload.supervisor_job (tests)
     from .contract import RUNNING_SERVICE_STATES
     from .supervisor_files import Locks
-    from .supervisor_host import HERE, KILL_CONFIRM_S, POLL_S, Fail, describe_apps, group_members, identity, \
-        kill_group, query_apps, query_gpus, refuse_too_small, short_gpus
-    from .supervisor_record import Flags, Interrupted, Job, signal_name
+    from .supervisor_host import HERE, KILL_CONFIRM_S, Fail, describe_apps, group_members, kill_group, query_apps, \
+        query_gpus, refuse_too_small, short_gpus
+    from .supervisor_record import Flags, Interrupted, Job
     from .supervisor_settle import GPU_POLL_S, STOP_TIMEOUT_S, final_state, settle, settle_ledger, start_guard_timer
+    from .supervisor_payload import check_interrupt, launch_payload, record_exit, watch_payload
     from .supervisor_startable import check_startable
-    from . import supervisor_engine as engine, supervisor_ledger as ledger
+    from . import supervisor_engine as engine, supervisor_ledger as ledger, supervisor_stage, supervisor_sweep
 except ImportError:  # run from supervisor.py as a script: sys.path[0] is this directory
     from contract import RUNNING_SERVICE_STATES
     from supervisor_files import Locks
-    from supervisor_host import HERE, KILL_CONFIRM_S, POLL_S, Fail, describe_apps, group_members, identity, \
-        kill_group, query_apps, query_gpus, refuse_too_small, short_gpus
-    from supervisor_record import Flags, Interrupted, Job, signal_name
+    from supervisor_host import HERE, KILL_CONFIRM_S, Fail, describe_apps, group_members, kill_group, query_apps, \
+        query_gpus, refuse_too_small, short_gpus
+    from supervisor_record import Flags, Interrupted, Job
     from supervisor_settle import GPU_POLL_S, STOP_TIMEOUT_S, final_state, settle, settle_ledger, start_guard_timer
     import supervisor_engine as engine
+    from supervisor_payload import check_interrupt, launch_payload, record_exit, watch_payload
     from supervisor_startable import check_startable
     import supervisor_ledger as ledger
+    import supervisor_stage
+    import supervisor_sweep
 
 LOCK_POLL_S = 0.5
 
 
 # ── choreography ──────────────────────────────────────────────────────────────────────────────────────
-
-def check_interrupt(job: Job, flags: Flags) -> None:
-    if flags.signal is not None:
-        name = signal_name(flags.signal)
-        raise Interrupted("FAILED", "the supervisor got %s; the payload was stopped and the service restored" % name)
-    if flags.cancel or os.path.exists(job.paths.cancel):
-        raise Interrupted("CANCELLED", "cancelled on request")
-
 
 def wait_for_locks(job: Job, locks: Locks, flags: Flags) -> None:
     """--queue: wait for the locks, at most limits.queue_timeout; past it the job ends TIMED_OUT, nothing touched."""
@@ -172,81 +170,10 @@ def drain_message(short: list, need: int, waited: float, apps: list) -> str:
     return "%s after waiting %.0f s; memory is held by %s" % (gaps, waited, describe_apps(apps))
 
 
-def payload_argv(spec: dict) -> list:
-    payload = spec["payload"]
-    if payload["command"] is not None:
-        return list(payload["command"])
-    return [payload["python"], os.path.join(HERE, payload["script"])] + payload["args"]
-
-
-def payload_env(job: Job, result=None) -> dict:
-    env = dict(os.environ)
-    env.update(job.spec["payload"]["env"])
-    env.update({"PYTHONUNBUFFERED": "1", "RUNNER_JOB_ID": job.paths.job_id, "RUNNER_JOB_DIR": job.paths.dir,
-                "RUNNER_RESULT": result or job.paths.result})
-    if job.spec["gpu"]["devices"]:
-        # nvidia-smi numbers GPUs in PCI bus order; CUDA by default puts the fastest first. Same order, so
-        # "GPU 1" is the card whose memory the preflight and the drain checked.
-        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(job.spec["gpu"]["devices"])
-    return env
-
-
-def launch_payload(job: Job, argv=None, state: str = "RUNNING", phase: str = "payload running",
-                   result=None) -> subprocess.Popen:
-    """The payload (or its prepare step, or a sweep's variant: argv; result: its RUNNER_RESULT) in its own
-    process group, so the group can be killed as one; output appended to the log."""
-    argv = argv or payload_argv(job.spec)
-    with open(job.paths.output, "ab") as log:
-        try:
-            proc = subprocess.Popen(argv, cwd=job.paths.dir, env=payload_env(job, result), stdin=subprocess.DEVNULL,
-                                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        except OSError as exc:
-            raise Fail("start-failed", "cannot start the payload %r: %s" % (argv[0], exc))
-    ident = identity(proc.pid)
-    job.payload_pids.add(proc.pid)
-    if job.status["service"].get("stopped"):  # first: the ledger is what a restorer trusts (supervisor_trust)
-        job.persist(lambda: ledger.note_payload(job.paths.root, job.status["service"]["unit"], job.paths.job_id,
-                                                dict(ident, pgid=proc.pid)))
-    now = time.time()  # payload.started_at: this process's (a sweep's variant's); started_at: the job's first
-    job.set_state(state, phase, payload=dict(ident, pgid=proc.pid, exit_code=None, signal=None, started_at=now),
-                  **({"started_at": now} if state == "RUNNING" and not job.status.get("started_at") else {}))
-    return proc
-
-
-def watch_payload(job: Job, proc: subprocess.Popen, flags: Flags, limit: str = "max_runtime", seconds=None):
-    """Wait for the payload; returns None when it exited, or (state, message) when it must be stopped.
-    limit: the key of spec.limits that bounds it (max_runtime, or prepare_timeout for the prepare step);
-    seconds: a tighter bound than that limit (a sweep's variant near the end of limits.max_downtime)."""
-    seconds = job.spec["limits"][limit] if seconds is None else seconds
-    deadline = time.monotonic() + seconds
-    next_sample = 0.0
-    while proc.poll() is None:
-        if time.monotonic() >= next_sample:  # remember the group's pids: they may hold GPU memory later
-            job.payload_pids.update(group_members(proc.pid))
-            next_sample = time.monotonic() + 1.0
-        try:
-            check_interrupt(job, flags)
-        except Interrupted as stop:
-            return stop.state, str(stop)
-        if time.monotonic() >= deadline:
-            return "TIMED_OUT", "the %s ran past limits.%s (%gs)" % (
-                "payload" if limit == "max_runtime" else "prepare step", limit, seconds)
-        time.sleep(POLL_S)
-    return None
-
-
-def record_exit(job: Job, returncode: int) -> None:
-    sig = -returncode if returncode < 0 else None
-    exit_code = 128 + sig if sig else returncode
-    job.save(exit_code=exit_code, payload=dict(job.status["payload"], exit_code=exit_code,
-                                               signal=signal_name(sig) if sig else None))
-    job.event("payload-exit", exit_code=exit_code, signal=sig)
-
-
-def run_payload(job: Job, flags: Flags) -> None:
+def run_payload(job: Job, flags: Flags, staged=None) -> None:
+    """The payload's run; staged: the staged payload's process, handed the GPU here."""
     check_interrupt(job, flags)
-    proc = launch_payload(job)
+    proc = supervisor_stage.hand_over(job, staged) if staged else launch_payload(job)
     stop = watch_payload(job, proc, flags)
     if stop is not None:
         job.set_state("TERMINATING", stop[1], ending={"state": stop[0], "message": stop[1], "at": time.time()})
@@ -292,15 +219,6 @@ def run_prepare_step(job: Job, flags: Flags) -> None:
         raise Fail("internal", "the prepare step exited with code %d; the service was not stopped" % code)
 
 
-def sweep_room():
-    """supervisor_sweep.py, imported when a sweep runs (it imports this module)."""
-    try:
-        from . import supervisor_sweep
-    except ImportError:  # run from supervisor.py as a script
-        import supervisor_sweep
-    return supervisor_sweep
-
-
 def supervise(job: Job, locks: Locks, flags: Flags) -> None:
     """The whole job; `settle` runs on every path out, exceptions included."""
     ending = None
@@ -312,12 +230,13 @@ def supervise(job: Job, locks: Locks, flags: Flags) -> None:
         check_startable(job.spec)  # again, with the locks held: a queued job may start long after its preflight
         run_prepare_step(job, flags)
         measure_gpus(job)
+        staged = supervisor_stage.stage_payload(job, flags) if job.spec["payload"].get("staged") else None
         prepare_service(job, flags)
         drain(job, flags)
         if job.spec.get("sweep"):
-            sweep_room().run_sweep(job, flags)  # every variant in this one window
+            supervisor_sweep.run_sweep(job, flags)  # every variant in this one window
         else:
-            run_payload(job, flags)
+            run_payload(job, flags, staged)
     except Interrupted as stop:
         ending = (stop.state, str(stop))
     except Fail as exc:

@@ -173,12 +173,14 @@ def check_payload(raw) -> dict:
     _need(prepare is None or (_strings(prepare) and (script is not None or bool(prepare))),
           "payload.prepare must be null or a list of strings (a non-empty command for a command payload)")
     prepare = None if prepare is None else list(prepare)
+    staged = raw.get("staged", False)
+    _need(isinstance(staged, bool), "payload.staged must be true or false")
     if command is not None:
         _need(_strings(command) and bool(command), "payload.command must be a non-empty list of strings")
         return {"command": list(command), "script": None, "python": None, "args": [], "env": dict(env),
-                "prepare": prepare}
+                "prepare": prepare, "staged": staged}
     return {"command": None, "script": check_script(script), "python": _text(_default(raw, "payload.python"),
-            "payload.python"), "args": list(args), "env": dict(env), "prepare": prepare}
+            "payload.python"), "args": list(args), "env": dict(env), "prepare": prepare, "staged": staged}
 
 
 def check_spec(raw, job_id=None) -> dict:
@@ -198,6 +200,8 @@ def check_spec(raw, job_id=None) -> dict:
                        "prepare_timeout": _number(_default(limits, "limits.prepare_timeout"),
                                                   "limits.prepare_timeout", 0.001),
                        "queue_timeout": _number(_default(limits, "limits.queue_timeout"), "limits.queue_timeout"),
+                       "stage_timeout": _number(_default(limits, "limits.stage_timeout"), "limits.stage_timeout",
+                                                0.001),
                        "max_downtime": _optional_number(_default(limits, "limits.max_downtime"),
                                                         "limits.max_downtime")}}
     spec.update(check_launcher(raw, spec))
@@ -217,6 +221,8 @@ def check_sweep(raw, spec: dict) -> dict:
           "sweep.variants must be a non-empty list")
     _need(len(raw["variants"]) <= MAX_VARIANTS, "sweep.variants: at most %d" % MAX_VARIANTS)
     _need(isinstance(raw.get("fail_fast", False), bool), "sweep.fail_fast must be true or false")
+    _need(not spec["payload"]["staged"], "payload.staged goes without a sweep: the variants run one after another "
+          "in the window, none of them staged")
     for variant in raw["variants"]:
         _need(isinstance(variant, dict) and isinstance(variant.get("args"), dict) and _strings(variant.get("argv")),
               "each sweep variant needs args (an object) and argv (a list of strings)")

@@ -19,13 +19,13 @@ import time
 try:  # imported as remote_payload.supervisor_sweep (tests)
     from .supervisor_files import append_line, read_json, write_json_atomic
     from .supervisor_host import HERE, KILL_CONFIRM_S, group_members, kill_group
-    from .supervisor_job import launch_payload, record_exit, watch_payload
+    from .supervisor_payload import launch_payload, record_exit, watch_payload
     from .supervisor_record import Interrupted, Job
     from .sweep import label
 except ImportError:  # run from supervisor.py as a script: sys.path[0] is this directory
     from supervisor_files import append_line, read_json, write_json_atomic
     from supervisor_host import HERE, KILL_CONFIRM_S, group_members, kill_group
-    from supervisor_job import launch_payload, record_exit, watch_payload
+    from supervisor_payload import launch_payload, record_exit, watch_payload
     from supervisor_record import Interrupted, Job
     from sweep import label
 

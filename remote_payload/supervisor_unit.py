@@ -47,9 +47,12 @@ def unit_name(job_id: str) -> str:
 
 
 def runtime_max_s(spec: dict, queue: bool) -> float:
-    """The unit's hard deadline: the queue wait, the prepare step, then everything the guard timer counts."""
+    """The unit's hard deadline: the queue wait, the prepare step, the staging, then everything the guard
+    timer counts."""
     limits = spec["limits"]
-    return (limits["queue_timeout"] if queue else 0) + limits.get("prepare_timeout", 0) + guard_timer_seconds(spec)
+    staging = limits.get("stage_timeout", 0) if spec["payload"].get("staged") else 0
+    return (limits["queue_timeout"] if queue else 0) + limits.get("prepare_timeout", 0) + staging \
+        + guard_timer_seconds(spec)
 
 
 def stop_timeout_s(spec: dict) -> float:

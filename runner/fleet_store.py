@@ -21,8 +21,13 @@ from pathlib import Path
 from typing import Iterator
 
 from .errors import RunnerError, UnknownJob
-from .spec_fleet import DEFAULT_FORKS
 from .store import Store, _write_atomic
+
+# Host calls in flight at once (rollout.forks, like Ansible's forks). Each is one `ssh` client process (a few
+# MB, three pipes) on a warm master, plus a new master on a host's first contact: 16 keeps a laptop's CPUs
+# busy without piling a large fleet's handshakes on them at once, and stays far under macOS's default
+# limit of 256 open files.
+DEFAULT_FORKS = 16
 
 # A host's phase in the rollout. Terminal: done (its job ended), skipped (never started: refused,
 # unreachable, busy), held (not started: stop_on_failure, cancel, or no capacity left).

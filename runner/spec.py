@@ -113,6 +113,9 @@ class PayloadSpec(_Section):
     # the script again with these args merged over `args`, or for a command payload its own command.
     prepare_args: dict[ArgKey, ArgValue] | None = None
     prepare_command: list[CommandWord] | None = None
+    # Started before the service is touched: its GPU-free setup (imports, backend load) runs while the service
+    # serves; it gets the GPU with `go` on stdin (docs/protocol.md, "A staged payload").
+    staged: bool = False
 
     @model_validator(mode="after")
     def _script_or_command(self) -> PayloadSpec:
@@ -134,6 +137,7 @@ class LimitsSpec(_Section):
     grace: Duration = DEFAULTS["limits.grace"]
     prepare_timeout: Duration = DEFAULTS["limits.prepare_timeout"]
     queue_timeout: Duration = DEFAULTS["limits.queue_timeout"]
+    stage_timeout: Duration = DEFAULTS["limits.stage_timeout"]
     # A sweep's whole downtime window: no variant starts that could not end inside it (the host decides).
     max_downtime: Duration | None = DEFAULTS["limits.max_downtime"]
 
@@ -177,6 +181,9 @@ class JobSpec(_Section):
         problem = launcher_problem(self) or fleet_problem(self)
         if problem:
             raise ValueError(problem)
+        if self.sweep is not None and self.payload.staged:
+            raise ValueError("payload.staged goes without a sweep: the variants run one after another in the "
+                             "window, none of them staged")
         if self.sweep is not None and self.launcher == "ssh" and self.sweep.max_parallel is not None:
             raise ValueError("sweep.max_parallel is for launcher slurm (a job array); on one host the variants "
                              "run one after another in one window")
@@ -241,6 +248,8 @@ class JobSpec(_Section):
             wire.update(launcher="slurm", slurm=wire_slurm(self))
         if wire["limits"]["max_downtime"] is None:  # as it was without one
             del wire["limits"]["max_downtime"]
+        if not self.payload.staged:  # as it was without staging
+            del wire["limits"]["stage_timeout"]
         if self.sweep is not None:  # expanded here: the host runs the variants as given
             wire["sweep"] = {"fail_fast": self.sweep.fail_fast,
                              "variants": [{"args": v, "argv": self._variant_argv(v)} for v in self.sweep.variants()]}
@@ -264,7 +273,7 @@ class JobSpec(_Section):
         script = (script_name or payload.script) if payload.script is not None else None
         return {"python": payload.python, "script": script, "args": self.payload_args(),
                 "command": list(payload.command) if payload.command is not None else None, "env": dict(payload.env),
-                "prepare": self.prepare_argv()}
+                "prepare": self.prepare_argv(), **({"staged": True} if payload.staged else {})}
 
     def prepare_args_merged(self) -> dict | None:
         """The prepare run's args: `args` with `prepare_args` over them (None without a prepare step)."""

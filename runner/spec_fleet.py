@@ -13,14 +13,10 @@ from typing import Annotated, Any, Union
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
+from .fleet_store import DEFAULT_FORKS
 from .spec_fields import _check_address, short
 
 MAX_HOSTS = 256
-# Host calls in flight at once (rollout.forks, like Ansible's forks). Each is one `ssh` client process (a few
-# MB, three pipes) on a warm master, plus a new master on a host's first contact: 16 keeps a laptop's CPUs
-# busy without piling a large fleet's handshakes on them at once, and stays far under macOS's default
-# limit of 256 open files.
-DEFAULT_FORKS = 16
 
 
 def _check_addresses(value: Any) -> Any:

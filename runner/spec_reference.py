@@ -61,6 +61,11 @@ DESCRIPTIONS = {
     "payload.prepare_args": "A prepare step run BEFORE the service is stopped: the script again with these args "
                             "merged over `args` (e.g. `prepare_only: true` to JIT-compile with no GPU memory).",
     "payload.prepare_command": "The prepare step of a `command` payload: an argv list.",
+    "payload.staged": "Start the payload BEFORE the service is touched (after the prepare step), with "
+                      "RUNNER_STAGED=1: it does its GPU-free setup (imports, backend load), prints the line "
+                      "`{\"event\": \"staged\"}`, and waits for `go` on stdin, written once the GPU is free; "
+                      "EOF instead means exit without touching the GPU. Dying or `limits.stage_timeout` while "
+                      "staged ends the job with the service never stopped. Not with a sweep.",
     "launcher": "`ssh` (default): the supervisor runs on `host`. `slurm`: `host` is the login node and the job "
                 "goes through sbatch (service.manager none, no gpu.devices; see the README's Running on Slurm).",
     "slurm": "With launcher slurm: partition, gres or gpus, time (default: max_runtime + grace + 60 s), "
@@ -93,6 +98,8 @@ DESCRIPTIONS = {
     "limits.grace": "Seconds between TERM and KILL.",
     "limits.queue_timeout": "With `submit --queue`: the longest wait for the service/GPU locks; past it the job ends TIMED_OUT with nothing stopped.",
     "limits.prepare_timeout": "The prepare step's deadline (the service is not stopped if it fails).",
+    "limits.stage_timeout": "With `payload.staged`: the longest wait for the staged line; past it the job ends "
+                            "TIMED_OUT with the service untouched. `max_runtime` counts from the hand-over.",
     "limits.max_downtime": "A sweep's window: the service must be back within it. No variant starts that could not "
                            "end inside it (the longest variant so far, else max_runtime); it is recorded SKIPPED. "
                            "Refused with launcher slurm (no service window there).",

@@ -7,7 +7,7 @@ import pytest
 from pydantic import ValidationError
 
 from remote_payload.supervisor_host import Fail
-from remote_payload.supervisor_job import check_interrupt
+from remote_payload.supervisor_payload import check_interrupt
 from remote_payload.supervisor_record import Flags, Interrupted
 from remote_payload.supervisor_settle import guard_timer_seconds
 from remote_payload.supervisor_spec import check_service

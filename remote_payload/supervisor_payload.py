@@ -1,0 +1,105 @@
+"""The payload's process, for every way it runs (the job's payload, its prepare step, a staged payload, a
+sweep's variants): its argv and environment, the launch in its own process group with output to the log, the
+watch against its deadline, cancel and signals, and the record of how it exited.
+
+Imports only the stdlib and the rooms below it; supervisor_job, supervisor_stage and supervisor_sweep import it.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+
+try:  # imported as remote_payload.supervisor_payload (tests)
+    from .supervisor_host import HERE, POLL_S, Fail, group_members, identity
+    from .supervisor_record import Flags, Interrupted, Job, signal_name
+    from . import supervisor_ledger as ledger
+except ImportError:  # run from supervisor.py as a script: sys.path[0] is this directory
+    from supervisor_host import HERE, POLL_S, Fail, group_members, identity
+    from supervisor_record import Flags, Interrupted, Job, signal_name
+    import supervisor_ledger as ledger
+
+
+def check_interrupt(job: Job, flags: Flags) -> None:
+    if flags.signal is not None:
+        name = signal_name(flags.signal)
+        raise Interrupted("FAILED", "the supervisor got %s; the payload was stopped and the service restored" % name)
+    if flags.cancel or os.path.exists(job.paths.cancel):
+        raise Interrupted("CANCELLED", "cancelled on request")
+
+
+def payload_argv(spec: dict) -> list:
+    payload = spec["payload"]
+    if payload["command"] is not None:
+        return list(payload["command"])
+    return [payload["python"], os.path.join(HERE, payload["script"])] + payload["args"]
+
+
+def payload_env(job: Job, result=None, staged: bool = False) -> dict:
+    env = dict(os.environ)
+    env.pop("RUNNER_STAGED", None)  # set only for a staged payload's launch, never inherited
+    env.update(job.spec["payload"]["env"])
+    env.update({"PYTHONUNBUFFERED": "1", "RUNNER_JOB_ID": job.paths.job_id, "RUNNER_JOB_DIR": job.paths.dir,
+                "RUNNER_RESULT": result or job.paths.result})
+    if staged:
+        env["RUNNER_STAGED"] = "1"
+    if job.spec["gpu"]["devices"]:
+        # nvidia-smi numbers GPUs in PCI bus order; CUDA by default puts the fastest first. Same order, so
+        # "GPU 1" is the card whose memory the preflight and the drain checked.
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(job.spec["gpu"]["devices"])
+    return env
+
+
+def launch_payload(job: Job, argv=None, state: str = "RUNNING", phase: str = "payload running",
+                   result=None, staged: bool = False) -> subprocess.Popen:
+    """The payload (or its prepare step, or a sweep's variant: argv; result: its RUNNER_RESULT) in its own
+    process group, so the group can be killed as one; output appended to the log. staged: stdin a pipe for
+    the hand-over (supervisor_stage.py)."""
+    argv = argv or payload_argv(job.spec)
+    stdin = subprocess.PIPE if staged else subprocess.DEVNULL
+    with open(job.paths.output, "ab") as log:
+        try:
+            proc = subprocess.Popen(argv, cwd=job.paths.dir, env=payload_env(job, result, staged), stdin=stdin,
+                                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        except OSError as exc:
+            raise Fail("start-failed", "cannot start the payload %r: %s" % (argv[0], exc))
+    ident = identity(proc.pid)
+    job.payload_pids.add(proc.pid)
+    if job.status["service"].get("stopped"):  # first: the ledger is what a restorer trusts (supervisor_trust)
+        job.persist(lambda: ledger.note_payload(job.paths.root, job.status["service"]["unit"], job.paths.job_id,
+                                                dict(ident, pgid=proc.pid)))
+    now = time.time()  # payload.started_at: this process's (a sweep's variant's); started_at: the job's first
+    job.set_state(state, phase, payload=dict(ident, pgid=proc.pid, exit_code=None, signal=None, started_at=now),
+                  **({"started_at": now} if state == "RUNNING" and not job.status.get("started_at") else {}))
+    return proc
+
+
+def watch_payload(job: Job, proc: subprocess.Popen, flags: Flags, limit: str = "max_runtime", seconds=None):
+    """Wait for the payload; returns None when it exited, or (state, message) when it must be stopped.
+    limit: the key of spec.limits that bounds it (max_runtime, or prepare_timeout for the prepare step);
+    seconds: a tighter bound than that limit (a sweep's variant near the end of limits.max_downtime)."""
+    seconds = job.spec["limits"][limit] if seconds is None else seconds
+    deadline = time.monotonic() + seconds
+    next_sample = 0.0
+    while proc.poll() is None:
+        if time.monotonic() >= next_sample:  # remember the group's pids: they may hold GPU memory later
+            job.payload_pids.update(group_members(proc.pid))
+            next_sample = time.monotonic() + 1.0
+        try:
+            check_interrupt(job, flags)
+        except Interrupted as stop:
+            return stop.state, str(stop)
+        if time.monotonic() >= deadline:
+            return "TIMED_OUT", "the %s ran past limits.%s (%gs)" % (
+                "payload" if limit == "max_runtime" else "prepare step", limit, seconds)
+        time.sleep(POLL_S)
+    return None
+
+
+def record_exit(job: Job, returncode: int) -> None:
+    sig = -returncode if returncode < 0 else None
+    exit_code = 128 + sig if sig else returncode
+    job.save(exit_code=exit_code, payload=dict(job.status["payload"], exit_code=exit_code,
+                                               signal=signal_name(sig) if sig else None))
+    job.event("payload-exit", exit_code=exit_code, signal=sig)
