@@ -7,6 +7,7 @@
 set -u
 D=${D:-/tmp/gpu26}; cd $D/repo
 SEQUENCE=${SEQUENCE:-"sglang stop sglang stop sglang stop sglang stop sglang"}
+BATCH_SIZES=${BATCH_SIZES:-}  # e.g. "[1,8,64,512]"; empty: the job file's
 START_BUDGET_S=${START_BUDGET_S:-880}
 export PYTHONPATH=/tmp/site:$D/repo RUNNER_STATE_DIR=$D/state
 O=$D/out; mkdir -p $O/jobs
@@ -40,15 +41,15 @@ for free in $SEQUENCE; do
     --set service.free=$free "${extra[@]}" \
     --set payload.python=python3 --set payload.env.PYTHONPATH=/tmp/site \
     --set payload.env.TVM_FFI_CACHE_DIR=/tmp/jit/tvm-ffi --set payload.env.SGLANG_JIT_CACHE_DIR=/tmp/jit/sglang \
-    --set 'payload.prepare_args={prepare_only: true}' > $O/jobs/$id.submit.json 2> $O/jobs/$id.submit.err
+    --set 'payload.prepare_args={prepare_only: true}' ${BATCH_SIZES:+--set payload.args.batch_sizes=$BATCH_SIZES} > $O/jobs/$id.submit.json 2> $O/jobs/$id.submit.err
   rc=$?; say "submit rc=$rc $(head -c 300 $O/jobs/$id.submit.err)"
   [ $rc -eq 0 ] || continue
-  while :; do
-    python3 -m runner status $id --json > $O/jobs/$id.status.json 2>/dev/null
-    st=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1])).get('state'))" $O/jobs/$id.status.json 2>/dev/null)
+  while :; do  # the host's own status.json (what `runner status` reads through the host protocol)
+    st=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1])).get('state'))" $D/root/jobs/$id/status.json 2>/dev/null)
     case "$st" in SUCCEEDED|FAILED|TIMED_OUT|CANCELLED|LOST) break ;; esac
-    sleep 2
+    sleep 1
   done
+  python3 -m runner status $id --json > $O/jobs/$id.status.json 2> $O/jobs/$id.status.err
   pid_after=$(systemctl show -p MainPID --value gpu-engine.service)
   wait_generate 120; ok=$?
   say "$id: $st, MainPID $pid_before -> $pid_after, generate ok=$((1 - ok))"
@@ -57,7 +58,7 @@ for free in $SEQUENCE; do
   cp $D/root/jobs/$id/status.json $O/jobs/$id.host-status.json 2>/dev/null
   cp $D/root/jobs/$id/events.jsonl $O/jobs/$id.events.jsonl 2>/dev/null
   cp $D/root/jobs/$id/output.log $O/jobs/$id.output.log 2>/dev/null
-  sleep 4  # samples of "after" before the next job's prepare step
+  sleep 3  # samples of "after" before the next job's prepare step
 done
 kill $sampler; wait $sampler 2>/dev/null
 python3 results/h200/engine/summarize.py $O > $O/summarize.log 2>&1

@@ -12,6 +12,7 @@ mode=${1:-start}
 D=/tmp/gpu26; POLL_S=${POLL_S:-540}
 here=$(pwd)
 CARRY=${CARRY:-$here/../../carry}; KCARRY=${KCARRY:-$here/../kcarry}; GPU_SYSTEMD=${GPU_SYSTEMD:-$here/../gpu-systemd}
+JIT=${JIT:-$here/../jit/jit-sm90a.tar.xz}  # prebuild-sglang-jit-sm90a.sh's JIT cache, when there: no cold compile
 t0=$SECONDS
 if [ $mode = start ]; then
   [ -e $D/host.pid ] && kill -0 "$(cat $D/host.pid)" 2>/dev/null && { echo "already running"; exit 1; }
@@ -19,6 +20,7 @@ if [ $mode = start ]; then
   cp -a "$here" $D/repo && cp -a "$GPU_SYSTEMD" $D/gpu-systemd || exit 1
   cp -a "$CARRY"/sglang/. $D/.carry/ && cp "$KCARRY"/sgl_kernel_sm90.tgz $D/.carry/ || exit 1
   (cd $D && bash repo/results/h200/setup_device.sh) || { echo "sglang site setup failed"; exit 1; }
+  [ -e "$JIT" ] && mkdir -p /tmp/jit/tvm-ffi && tar xJf "$JIT" -C /tmp/jit/tvm-ffi && echo "JIT cache laid out from $JIT"
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/tms "$CARRY"/tms/*.whl || exit 1
   py=$(command -v python3)
   printf '%s\n' "[Unit]" "Description=engine-like CUDA server (SGLang memory routes)" "[Service]" \
@@ -28,7 +30,7 @@ if [ $mode = start ]; then
     > $D/units/gpu-engine.service
   echo "setup $((SECONDS - t0)) s; nvidia-smi: $(nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader)"
   HOSTDIR=$D/host setsid nohup bash $D/gpu-systemd/host.sh "$CARRY"/systemd $D/units \
-    "D=$D SEQUENCE='${SEQUENCE:-}' START_BUDGET_S=${START_BUDGET_S:-880} bash $D/repo/results/h200/engine/measure.sh" \
+    "D=$D SEQUENCE='${SEQUENCE:-}' START_BUDGET_S=${START_BUDGET_S:-880} BATCH_SIZES='${BATCH_SIZES:-}' bash $D/repo/results/h200/engine/measure.sh" \
     > $D/host.out 2>&1 < /dev/null &
   echo $! > $D/host.pid
 fi
@@ -42,6 +44,7 @@ while [ $((SECONDS - t0)) -lt $POLL_S ]; do
 done
 [ -e $D/out/progress.log ] && sed -n "$((seen + 1)),\$p" $D/out/progress.log
 if [ -e $D/out/DONE ] && [ -e $D/host/cgroup ]; then echo 1 > "$(cat $D/host/cgroup)/cgroup.kill"; fi
+[ -e $D/out/DONE ] || python3 $D/repo/results/h200/engine/summarize.py $D/out > $D/out/summarize.log 2>&1  # the jobs done so far
 if [ -n "${OUT:-}" ]; then
   for f in results.json results.md progress.log; do [ -e $D/out/$f ] && cp $D/out/$f "$OUT/"; done
   [ -e $D/out/samples.jsonl ] && gzip -c $D/out/samples.jsonl > "$OUT/samples.jsonl.gz"
