@@ -54,10 +54,11 @@ for free in $SEQUENCE; do
   wait_generate 120; ok=$?
   say "$id: $st, MainPID $pid_before -> $pid_after, generate ok=$((1 - ok))"
   echo "{\"job\": \"$id\", \"free\": \"$free\", \"pid_before\": $pid_before, \"pid_after\": $pid_after}" > $O/jobs/$id.pids.json
-  python3 -m runner results $id --json > $O/jobs/$id.result.json 2>$O/jobs/$id.result.err
+  python3 -m runner results $id --json > $O/jobs/$id.result.json 2>$O/jobs/$id.result.err  # needs tenacity there
   cp $D/root/jobs/$id/status.json $O/jobs/$id.host-status.json 2>/dev/null
   cp $D/root/jobs/$id/events.jsonl $O/jobs/$id.events.jsonl 2>/dev/null
   cp $D/root/jobs/$id/output.log $O/jobs/$id.output.log 2>/dev/null
+  cp $D/root/jobs/$id/result.json $O/jobs/$id.host-result.json 2>/dev/null
   sleep 3  # samples of "after" before the next job's prepare step
 done
 kill $sampler; wait $sampler 2>/dev/null
