@@ -14,10 +14,11 @@ each importing only the rooms above it in this list:
     supervisor_start.py  starting a job: the claim of its dir, the detached launch, the ready handshake
     supervisor_sweep.py  a sweep's variants inside the one window supervise() opened
     supervisor_startable.py  may the payload start: program, script, imports, cache dirs (no side effect)
-    supervisor_submit.py `submit`: preflight + start in one call when the report cannot refuse the job
+    admission.py         may it start, will it stop the service: the one verdict on a preflight report
+    supervisor_submit.py `submit`: preflight, the verdict and the start in one call
     supervisor.py        the subcommands, argv parsing, the one JSON answer
 
-Public subcommands: preflight, start, submit (preflight + start in one call), status, logs, cancel, restore,
+Public subcommands: preflight, start, submit (preflight, verdict and start in one call), status, logs, cancel, restore,
 restore-service, result.
 Internal ones: _run (the detached supervisor of one job) and _guard (watches the supervisor; settles the job
 if the supervisor dies without doing it).
@@ -478,7 +479,7 @@ def preflight_report(args, spec: dict) -> dict:
 
 
 def cmd_submit(args) -> dict:
-    """Preflight + start in one call (the warm path's one round trip): supervisor_submit.submit."""
+    """Preflight, the admission verdict and the start in one call (one round trip): supervisor_submit.submit."""
     return submit(args, read_spec_stdin(check_job_id(args.job_id)), preflight_report, start_job)
 
 

@@ -17,6 +17,7 @@ import subprocess
 import time
 
 try:  # imported as remote_payload.supervisor_job (tests)
+    from .admission import needs_stop
     from .contract import RUNNING_SERVICE_STATES
     from .supervisor_files import Locks
     from .supervisor_host import HERE, KILL_CONFIRM_S, Fail, describe_apps, group_members, kill_group, query_apps, \
@@ -27,6 +28,7 @@ try:  # imported as remote_payload.supervisor_job (tests)
     from .supervisor_startable import check_startable
     from . import supervisor_engine as engine, supervisor_ledger as ledger, supervisor_stage, supervisor_sweep
 except ImportError:  # run from supervisor.py as a script: sys.path[0] is this directory
+    from admission import needs_stop
     from contract import RUNNING_SERVICE_STATES
     from supervisor_files import Locks
     from supervisor_host import HERE, KILL_CONFIRM_S, Fail, describe_apps, group_members, kill_group, query_apps, \
@@ -92,7 +94,7 @@ def should_stop(job: Job) -> bool:
     if policy == "never":
         return False
     gpus = measure_gpus(job)
-    return policy == "always" or bool(short_gpus(gpus, job.spec["gpu"]["required_mib"]))
+    return needs_stop(policy, bool(short_gpus(gpus, job.spec["gpu"]["required_mib"])))  # admission's rule
 
 
 def stop_service(job: Job) -> None:

@@ -1,49 +1,45 @@
-"""The warm path's one round trip (issue 10): `submit` = preflight, then start, in one supervisor call.
+"""The host's `submit`: preflight, the admission verdict (admission.admit) and the start, in one call.
 
-The host starts the job only when nothing in its own preflight report could make the controller refuse it
-(runner/preflight.decide would pass without stopping anything): no lock held by another job (unless
---queue), and every requested GPU found with enough free memory by contract.memory_verdict. Otherwise it
-answers the report alone and the controller decides, explains and starts as before (a second call).
+A refusal is answered as an error (`busy` with the holder, or `preflight-refused`; both with the report and
+the verdict's hint); otherwise the job starts in the same call, a stop of the service included (the
+supervisor decides that stop again when it holds the locks). So every submit is one round trip.
 stdlib only; never imports the controller.
 """
 from __future__ import annotations
 
+import os
+
 try:  # imported as remote_payload.supervisor_submit (tests)
-    from .contract import memory_verdict
+    from .admission import admit
+    from .supervisor_files import JobPaths
     from .supervisor_host import Fail
 except ImportError:  # run as a script: sys.path[0] is this directory
-    from contract import memory_verdict
+    from admission import admit
+    from supervisor_files import JobPaths
     from supervisor_host import Fail
+
+# A retried submit of a job this id already names: its own locks and memory are no refusal; start answers
+# `exists` and the controller adopts the job (or refuses a different spec).
+RETRY = {"start": True, "stop_service": False, "notes": []}
 
 
 def submit(args, spec: dict, preflight_report, start_job) -> dict:
-    """The preflight report, and the start's answer when nothing in the report could refuse the job
-    (`started`: false leaves the decision and the start to the controller). preflight_report and start_job
-    are supervisor.py's own (`preflight` and `start` without reading stdin)."""
+    """Start's answer plus `report`, `started`: true and the verdict's `stop_service` and `notes`; or the
+    refusal as a Fail. preflight_report and start_job are supervisor.py's own (`preflight` and `start`
+    without reading stdin)."""
     try:
         report = preflight_report(args, spec)
     except Fail as exc:
         raise Fail(exc.code, str(exc), stage="preflight", **exc.extra)
-    if not starts_without_asking(args.job_id, spec, report, args.queue):
-        return {"ok": True, "started": False, "report": report}
+    claimed = os.path.isdir(JobPaths(args.root, args.job_id).dir)
+    verdict = RETRY if claimed else admit(dict(spec, job_id=args.job_id), report, args.queue)
+    refusal = verdict.get("refuse")
+    if refusal:
+        extra = {key: refusal[key] for key in ("hint", "holder") if key in refusal}
+        raise Fail(refusal["code"], refusal["message"], stage="admit", report=report, **extra)
     try:
         answer = start_job(args, spec)
-    except Fail as exc:  # e.g. `exists`: the controller decides what that means from the report
+    except Fail as exc:  # e.g. `exists`: the controller adopts the job its retry finds
         raise Fail(exc.code, str(exc), report=report, **exc.extra)
-    return dict(answer, started=answer.get("ok", False), report=report)
-
-
-def starts_without_asking(job_id: str, spec: dict, report: dict, queue: bool) -> bool:
-    """Whether the controller's decision on `report` is sure to be "start" (preflight.decide cannot refuse)."""
-    if not queue and any(lock.get("held") and (lock.get("holder") or {}).get("job_id") != job_id
-                         for lock in report.get("locks", [])):
-        return False
-    gpu = spec["gpu"]
-    if not gpu["devices"]:
-        return True
-    if not report.get("nvidia_smi"):
-        return False
-    found = {str(g["index"]): g for g in report.get("gpus", [])}
-    found.update({g["uuid"]: g for g in report.get("gpus", []) if g.get("uuid")})
-    selected = [found.get(str(device)) for device in gpu["devices"]]
-    return all(g is not None and memory_verdict(g, gpu["required_mib"]) == "ok" for g in selected)
+    return dict(answer, started=answer.get("ok", False), report=report, stop_service=verdict["stop_service"],
+                notes=verdict["notes"])

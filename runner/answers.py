@@ -175,7 +175,8 @@ REPORT = _record({
 }, required=("gpus", "locks"))
 START = _record({"job_id": TEXT, "state": STATE, "supervisor_pid": OPT_INT, "job_dir": OPT_TEXT, "queued": OPT_BOOL,
                  "slurm_job_id": OPT_TEXT}, required=("job_id", "state"))
-SUBMIT = _record({"report": REPORT, "started": BOOL}, required=("report", "started"))
+SUBMIT = _record({"report": REPORT, "started": BOOL, "stop_service": OPT_BOOL, "notes": _list_of(TEXT)},
+                 required=("report", "started"))
 
 # One job's status: its status.json (schema 1) as the host read it, plus what `status` adds.
 SERVICE_STATUS = _optional(_record({
@@ -207,8 +208,8 @@ RESTORE_SERVICE = _record({"unit": OPT_TEXT, "state": _one_of("healthy, starting
                                                               ("healthy", "starting", "failed")),
                            "active_state": OPT_TEXT, "sub_state": OPT_TEXT, "log_tail": OPT_TEXT}, required=("state",))
 RESULT = _record({}, required=("result",))
-FAILURE = _record({"error": TEXT, "message": OPT_TEXT, "stage": OPT_TEXT, "same_spec": OPT_BOOL, "report": REPORT,
-                   "holder": HOLDER})
+FAILURE = _record({"error": TEXT, "message": OPT_TEXT, "hint": OPT_TEXT, "stage": OPT_TEXT, "same_spec": OPT_BOOL,
+                   "report": REPORT, "holder": HOLDER})
 
 
 def _checked(verb: str, answer: Any, shape: Check) -> Any:
@@ -239,9 +240,10 @@ def start(answer: dict, job_id: str) -> dict:
 
 
 def submit(answer: dict, job_id: str) -> dict:
-    """`report` always; when the host started the job, start's answer too."""
-    _checked("submit", answer, SUBMIT)
-    return _same_job("submit", _checked("submit", answer, START), job_id) if answer["started"] else answer
+    """`report` and start's answer: the host either started the job or answered its refusal as an error."""
+    if not _checked("submit", answer, SUBMIT)["started"]:
+        raise _bad("submit", "started", "expected true (a host that does not start the job answers an error)")
+    return _same_job("submit", _checked("submit", answer, START), job_id)
 
 
 def status(answer: dict, job_ids: Sequence[str]) -> list[dict]:

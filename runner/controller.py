@@ -11,12 +11,13 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO, Callable, Sequence
 
+from remote_payload.admission import BUSY_HINT
 from remote_payload.contract import DEFAULTS
 
 from . import plan_cache, preflight
 from .deadline import DEFAULT_MAX_WAIT_S, Deadline
-from .errors import (HostKeyError, LocalStateError, LogShrank, PreflightError, RemoteError, RunnerError, SpecError,
-                     TransportError, UnknownJob)
+from .errors import (HostBusy, HostKeyError, LocalStateError, LogShrank, PreflightError, RemoteError, RunnerError,
+                     SpecError, TransportError, UnknownJob)
 from .host import Bundle, HostClient, build_bundle, payload_dir
 from .job_id import check_job_id, job_id_for
 from .store import JobRecord, Store, default_state_dir
@@ -207,13 +208,10 @@ def submit(spec_path: str, overrides: list[str], *, queue: bool = False, job_id:
     try:
         with connect(host, bundle, deadline) as client:
             progress(f"preflight on {host['address']} …")
-            report, answer = _submit_once(client, wire, queue)
-            decision = preflight.decide(wire, report, queue=queue)  # the host started it only if this passes
-            for note in decision.notes:
+            answer, already = _submit_once(client, wire, queue)
+            notes = answer.get("notes", [])
+            for note in notes:
                 progress(note)
-            already = False
-            if answer is None:
-                answer, already = _start_once(client, wire, queue)
     except HostKeyError:
         raise
     except TransportError as exc:
@@ -227,8 +225,8 @@ def submit(spec_path: str, overrides: list[str], *, queue: bool = False, job_id:
     state = answer.get("state", "QUEUED")
     if not (made_record and state == record.last_state):
         _note_state(store, job_id, state, progress)
-    return Submitted(job_id, state, host["address"], decision.stop_service,
-                     decision.notes, client.round_trips, already, answer.get("slurm_job_id"))
+    return Submitted(job_id, state, host["address"], bool(answer.get("stop_service")), notes,
+                     client.round_trips, already, answer.get("slurm_job_id"))
 
 
 def _record(store: Store, record: JobRecord) -> bool:
@@ -273,23 +271,34 @@ def dry_run(spec_path: str, overrides: list[str], *, queue: bool = False, job_id
                   (wire.get("sweep") or {}).get("variants", []), (wire.get("sweep") or {}).get("max_parallel"))
 
 
-def _submit_once(client: HostClient, wire: dict, queue: bool) -> tuple[dict, dict | None]:
-    """Preflight and start in one round trip (the warm path). The start's answer is None when the host left
-    the decision to us, or when the call was lost (then the start path finds a job the lost call made)."""
+def _submit_once(client: HostClient, wire: dict, queue: bool) -> tuple[dict, bool]:
+    """One `submit` call: the host decides (remote_payload/admission.py) and starts the job or refuses it.
+    The answer (start's, with the verdict's notes and stop_service) and whether it adopted a job this id
+    started before. A lost call asks whether the job exists before submitting again (never twice)."""
     try:
-        answer = client.submit(wire, queue=queue)
+        return _submit_call(client, wire, queue)
     except TransportError as exc:
         if isinstance(exc, HostKeyError):
             raise
         client.close()
-        return _preflight(client, wire), None
+        found = _retrying(client.deadline)(client.status, [wire["job_id"]])
+        if found and found[0].get("state") not in (None, "UNKNOWN"):
+            return found[0], False
+        return _submit_call(client, wire, queue)
+
+
+def _submit_call(client: HostClient, wire: dict, queue: bool) -> tuple[dict, bool]:
+    """The host's verdict as the controller's outcome: started, adopted (`exists`), or the refusal raised."""
+    try:
+        return client.submit(wire, queue=queue), False
+    except HostBusy as exc:
+        raise HostBusy(str(exc), hint=BUSY_HINT) from None  # the verdict's hint, as dry-run renders it
     except RemoteError as exc:
-        if exc.answer.get("stage") == "preflight" or exc.code in ("bad-spec", "bad-args"):
+        if exc.code == "exists":
+            return _adopt(client, wire, exc), True
+        if exc.answer.get("stage") in ("preflight", "admit") or exc.code in ("bad-spec", "bad-args"):
             raise _refusal(exc) from exc
-        if exc.code != "exists" or "report" not in exc.answer:
-            raise
-        return exc.answer["report"], None
-    return answer["report"], (answer if answer.get("started") else None)
+        raise
 
 
 def _preflight(client: HostClient, wire: dict) -> dict:
@@ -303,29 +312,17 @@ def _preflight(client: HostClient, wire: dict) -> dict:
 def _refusal(exc: RemoteError) -> SpecError | PreflightError:
     if exc.code in ("bad-spec", "bad-args"):
         return SpecError(f"the host refused the spec: {exc}")
+    if exc.answer.get("stage") == "admit":  # the verdict's own words, as dry-run renders them
+        return PreflightError(exc.answer.get("message") or str(exc), hint=exc.answer.get("hint") or "")
     return PreflightError(f"{exc}", hint=exc.hint)
 
 
-def _start_once(client: HostClient, wire: dict, queue: bool) -> tuple[dict, bool]:
-    """Start is made idempotent by the job id: after a lost link, ask whether the job exists before retrying."""
-    try:
-        return client.start(wire, queue=queue), False
-    except TransportError as exc:
-        if isinstance(exc, HostKeyError):
-            raise
-        client.close()
-        found = _retrying(client.deadline)(client.status, [wire["job_id"]])
-        if found and found[0].get("state") not in (None, "UNKNOWN"):
-            return found[0], False
-        return client.start(wire, queue=queue), False
-    except RemoteError as exc:
-        if exc.code != "exists":
-            raise
-        if exc.answer.get("same_spec") is False:
-            raise SpecError(f"job id {wire['job_id']} is already used on this host by a different spec",
-                            hint="Resubmit the same spec to adopt that job, or choose another --job-id.") from None
-        found = client.status([wire["job_id"]])
-        return found[0], True
+def _adopt(client: HostClient, wire: dict, exc: RemoteError) -> dict:
+    """The job this id already names on the host: its status when it is the same spec (a retried submit)."""
+    if exc.answer.get("same_spec") is False:
+        raise SpecError(f"job id {wire['job_id']} is already used on this host by a different spec",
+                        hint="Resubmit the same spec to adopt that job, or choose another --job-id.") from None
+    return client.status([wire["job_id"]])[0]
 
 
 # -- tail -------------------------------------------------------------------------------------------------

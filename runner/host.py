@@ -189,8 +189,8 @@ class HostClient:
         return answers.start(self.call("start", args, stdin=_json_bytes(wire)), wire["job_id"])
 
     def submit(self, wire: dict, *, queue: bool = False) -> dict:
-        """Wire `submit`: the preflight report (`report`) and, when nothing in it could refuse the job, the
-        start's answer (`started`: true) in one round trip."""
+        """Wire `submit`: the host's own verdict on its preflight report, in one round trip: start's answer
+        (plus `report`, `started`: true, `stop_service`, `notes`), or the refusal raised (busy, exit 4)."""
         args = ["--job-id", wire["job_id"]] + (["--queue"] if queue else [])
         return answers.submit(self.call("submit", args, stdin=_json_bytes(wire)), wire["job_id"])
 

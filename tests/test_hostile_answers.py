@@ -225,11 +225,12 @@ def test_submit_refuses_a_bad_report_and_stores_nothing_it_said(tmp_path, monkey
     monkeypatch.setenv("RUNNER_STATE_DIR", str(tmp_path / "state"))
     job = tmp_path / "job.yaml"
     job.write_text("name: n\nhost: {address: local}\npayload: {command: ['true']}\ngpu: {devices: [0]}\n")
-    canned_host(monkeypatch, {"submit": line({"ok": True, "report": report, "started": False}),
-                              "preflight": line(report)})  # the same report when asked again
+    canned_host(monkeypatch, {"submit": line({"ok": True, "report": report, "started": True}),
+                              "status": line({"ok": True, "jobs": [{"job_id": "hostile-1", "state": "UNKNOWN"}]})})
     code, output = run_cli(capsys, "submit", str(job), "--job-id", "hostile-1")
-    # submit's bad answer is taken for a lost one (the controller asks for the preflight alone): same report
-    assert code == 3 and f"{MESSAGE} (preflight: {why}" in output, output
+    # submit's bad answer is taken for a lost one (the controller asks whether the job exists, then submits
+    # again): the same report
+    assert code == 3 and f"{MESSAGE} (submit: report.{why}" in output, output
     assert_only_the_local_record("hostile-1")
 
 
@@ -241,7 +242,7 @@ def test_submit_refuses_a_started_answer_of_another_job(tmp_path, monkeypatch, c
     canned_host(monkeypatch, {"submit": line(started), "preflight": line(REPORT), "start": line(started),
                               "status": line({"ok": True, "jobs": [{"job_id": "hostile-2", "state": "UNKNOWN"}]})})
     code, output = run_cli(capsys, "submit", str(job), "--job-id", "hostile-2")
-    assert code == 3 and f"{MESSAGE} (start: job_id: not the job asked for" in output, output
+    assert code == 3 and f"{MESSAGE} (submit: job_id: not the job asked for" in output, output
     assert_only_the_local_record("hostile-2")
 
 

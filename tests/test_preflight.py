@@ -93,3 +93,45 @@ def test_queued_job_waits_for_the_runner_job_holding_the_service_stopped():
     assert any("other-job" in n for n in decide(wire(), locked, queue=True).notes)
     with pytest.raises(PreflightError, match="frees nothing"):  # without --queue, or with no runner job, still refused
         decide(wire(), report(free=1000, active="inactive"), queue=True)
+
+
+# -- the same rule as the host applies it: remote_payload/admission.admit's plain-data verdict --------------
+
+def test_the_verdict_is_plain_data_the_wire_can_carry():
+    import json
+
+    from remote_payload.admission import admit
+
+    locks = [{"key": "gpu-0", "held": True, "holder": {"job_id": "other-job", "pid": 77}}]
+    for verdict in (admit(wire(), report()), admit(wire(), report(free=1000)), admit(wire(), report(locks=locks)),
+                    admit(wire(stop="never"), report(free=1000))):
+        assert json.loads(json.dumps(verdict)) == verdict
+    assert admit(wire(), report(free=1000)) == {
+        "start": True, "stop_service": True,
+        "notes": ["GPU 0: 1000 MiB free < 9000 MiB needed", "will stop sglang.service and restore it afterwards"]}
+
+
+def test_a_busy_verdict_names_the_holder_and_its_lock():
+    from remote_payload.admission import BUSY_HINT, admit
+
+    locks = [{"key": "gpu-0", "held": True, "holder": {"job_id": "other-job", "pid": 77}}]
+    assert admit(wire(), report(locks=locks)) == {"refuse": {
+        "code": "busy", "message": "gpu-0 is held by job other-job (supervisor pid 77)", "hint": BUSY_HINT,
+        "holder": {"job_id": "other-job", "pid": 77, "key": "gpu-0"}}}
+
+
+def test_a_refusal_verdict_is_preflight_refused_with_the_hint():
+    from remote_payload.admission import admit
+
+    refusal = admit(wire(need=200000), report())["refuse"]
+    assert refusal["code"] == "preflight-refused" and "only 143771 MiB in total" in refusal["message"]
+    assert "larger GPU" in refusal["hint"] and "holder" not in refusal
+
+
+@pytest.mark.parametrize("policy, short, stops", [("always", False, True), ("always", True, True),
+                                                  ("if-needed", False, False), ("if-needed", True, True),
+                                                  ("never", False, False), ("never", True, False)])
+def test_the_stop_policy_the_supervisor_applies_again_at_start(policy, short, stops):
+    from remote_payload.admission import needs_stop
+
+    assert needs_stop(policy, short) is stops
