@@ -2,7 +2,9 @@
 # Inside host.sh's confined systemd (run_on_device.sh starts it): the engine-like CUDA server as the unit
 # gpu-engine.service, then the motivating job (jobs/k26_marlin.yaml for host `local`, the prepare step compiling
 # while the unit serves) once per entry of SEQUENCE (free: stop or sglang), one after the other, while
-# sampler.py records /health_generate, nvidia-smi memory and the unit's MainPID. A new job starts only while
+# sampler.py records /health_generate, nvidia-smi memory and the unit's MainPID. An entry `sglang+staged` (any
+# free method + `+staged`) runs the job with payload.staged=true, a plain entry with payload.staged=false (the
+# job file stages). A new job starts only while
 # less than START_BUDGET_S has passed. Then summarize.py writes $D/out/results.{json,md}; $D/out/DONE at the end.
 set -u
 D=${D:-/tmp/gpu26}; cd $D/repo
@@ -31,14 +33,15 @@ sleep 3
 n=0
 for free in $SEQUENCE; do
   if [ $n -gt 0 ] && [ $((SECONDS - t0)) -gt $START_BUDGET_S ]; then say "budget: not starting more jobs"; break; fi
-  id=j$n-$free; n=$((n + 1))
+  staged=false; case $free in *+staged) staged=true; free=${free%+staged} ;; esac
+  id=j$n-$free; [ $staged = true ] && id=$id-staged; n=$((n + 1))
   extra=(); [ $free = stop ] || extra=(--set service.api_url=$API)
   pid_before=$(systemctl show -p MainPID --value gpu-engine.service)
   say "submit $id (MainPID $pid_before)"
   python3 -m runner submit jobs/k26_marlin.yaml --json --job-id $id \
     --set host.address=local --set host.root=$D/root \
     --set service.unit=gpu-engine.service --set service.health_url=$API/health --set service.health_timeout=300 \
-    --set service.free=$free "${extra[@]}" \
+    --set service.free=$free "${extra[@]}" --set payload.staged=$staged \
     --set payload.python=python3 --set payload.env.PYTHONPATH=/tmp/site \
     --set payload.env.TVM_FFI_CACHE_DIR=/tmp/jit/tvm-ffi --set payload.env.SGLANG_JIT_CACHE_DIR=/tmp/jit/sglang \
     --set 'payload.prepare_args={prepare_only: true}' ${BATCH_SIZES:+--set payload.args.batch_sizes=$BATCH_SIZES} > $O/jobs/$id.submit.json 2> $O/jobs/$id.submit.err
@@ -53,7 +56,7 @@ for free in $SEQUENCE; do
   pid_after=$(systemctl show -p MainPID --value gpu-engine.service)
   wait_generate 120; ok=$?
   say "$id: $st, MainPID $pid_before -> $pid_after, generate ok=$((1 - ok))"
-  echo "{\"job\": \"$id\", \"free\": \"$free\", \"pid_before\": $pid_before, \"pid_after\": $pid_after}" > $O/jobs/$id.pids.json
+  echo "{\"job\": \"$id\", \"free\": \"$free\", \"staged\": $staged, \"pid_before\": $pid_before, \"pid_after\": $pid_after}" > $O/jobs/$id.pids.json
   python3 -m runner results $id --json > $O/jobs/$id.result.json 2>$O/jobs/$id.result.err  # needs tenacity there
   cp $D/root/jobs/$id/status.json $O/jobs/$id.host-status.json 2>/dev/null
   cp $D/root/jobs/$id/events.jsonl $O/jobs/$id.events.jsonl 2>/dev/null

@@ -34,21 +34,23 @@ if [ $mode = start ]; then
     > $D/host.out 2>&1 < /dev/null &
   echo $! > $D/host.pid
 fi
+collect() {  # what is there to $OUT: at the end, and after each progress line (a call cut at its limit keeps these)
+  [ -n "${OUT:-}" ] || return 0
+  for f in results.json results.md progress.log; do [ -e $D/out/$f ] && cp $D/out/$f "$OUT/"; done
+  [ -e $D/out/samples.jsonl ] && gzip -c $D/out/samples.jsonl > "$OUT/samples.jsonl.gz"
+  tar czf "$OUT/jobs.tgz" -C $D/out jobs engine.log nvidia-smi-idle.txt summarize.log 2>/dev/null
+  tar czf "$OUT/host-logs.tgz" -C $D host.out host 2>/dev/null
+}
 seen=0
 while [ $((SECONDS - t0)) -lt $POLL_S ]; do
   [ -e $D/out/DONE ] && break
   kill -0 "$(cat $D/host.pid)" 2>/dev/null || { echo "host.sh ended without DONE"; break; }
   n=$(wc -l < $D/out/progress.log 2>/dev/null || echo 0)
-  [ "$n" -gt $seen ] && { sed -n "$((seen + 1)),${n}p" $D/out/progress.log; seen=$n; }
+  [ "$n" -gt $seen ] && { sed -n "$((seen + 1)),${n}p" $D/out/progress.log; seen=$n; collect; }
   sleep 5
 done
 [ -e $D/out/progress.log ] && sed -n "$((seen + 1)),\$p" $D/out/progress.log
 if [ -e $D/out/DONE ] && [ -e $D/host/cgroup ]; then echo 1 > "$(cat $D/host/cgroup)/cgroup.kill"; fi
 [ -e $D/out/DONE ] || python3 $D/repo/results/h200/engine/summarize.py $D/out > $D/out/summarize.log 2>&1  # the jobs done so far
-if [ -n "${OUT:-}" ]; then
-  for f in results.json results.md progress.log; do [ -e $D/out/$f ] && cp $D/out/$f "$OUT/"; done
-  [ -e $D/out/samples.jsonl ] && gzip -c $D/out/samples.jsonl > "$OUT/samples.jsonl.gz"
-  tar czf "$OUT/jobs.tgz" -C $D/out jobs engine.log nvidia-smi-idle.txt summarize.log 2>/dev/null
-  tar czf "$OUT/host-logs.tgz" -C $D host.out host 2>/dev/null
-fi
+collect
 echo "done=$([ -e $D/out/DONE ] && echo yes || echo no) after $((SECONDS - t0)) s"

@@ -1,5 +1,6 @@
 """results.json + results.md from what measure.sh left in OUT: per job, the downtime parts runner recorded
-(the host's status.json: service.downtime), the unit's MainPID before/after, nvidia-smi memory before the
+(the host's status.json: service.downtime; a staged job's `stage` seconds, before the window), the unit's
+MainPID before/after, nvidia-smi memory before the
 window / during the payload / after, the first 200 of /health_generate after the payload, lever(512).
   python3 summarize.py OUT"""
 import glob, json, os, statistics, sys
@@ -53,8 +54,10 @@ def job(pid_file):
     parts = service.get("downtime") or {}
     stopped, freed, restored = service.get("stopped_at"), service.get("freed_at"), service.get("restored_at")
     payload_end = freed + parts["payload_s"] if freed and parts.get("payload_s") is not None else None
-    row = {"job": ids["job"], "free": ids["free"], "state": st.get("state"),
-           "prepare_s": (st.get("prepare") or {}).get("seconds"),
+    staged = bool(ids.get("staged"))
+    row = {"job": ids["job"], "free": ids["free"], "staged": staged,
+           "method": ids["free"] + ("+staged" if staged else ""), "state": st.get("state"),
+           "prepare_s": (st.get("prepare") or {}).get("seconds"), "stage_s": (st.get("stage") or {}).get("seconds"),
            **{k: parts.get(k) for k in PARTS}, "downtime_s": service.get("downtime_s"),
            "released": [s["step"] for s in (service.get("released") or {}).get("steps", [])],
            "resumed_how": (service.get("resumed") or {}).get("how"),
@@ -86,11 +89,11 @@ def order(path):
 
 jobs = [job(p) for p in sorted(glob.glob(os.path.join(out, "jobs", "*.pids.json")), key=order)]
 summary = {}
-for method in ("stop", "sglang"):
-    warm = [j for j in jobs if not j["cold"] and j["free"] == method and j["state"] == "SUCCEEDED"]
+for method in dict.fromkeys(j["method"] for j in jobs):
+    warm = [j for j in jobs if not j["cold"] and j["method"] == method and j["state"] == "SUCCEEDED"]
     summary[method] = {"warm_jobs": len(warm), **{
         k: round(statistics.mean(v), 3) if v else None
-        for k in PARTS + ("first_generate_after_payload_s", "observed_outage_s", "lever512")
+        for k in ("stage_s",) + PARTS + ("first_generate_after_payload_s", "observed_outage_s", "lever512")
         for v in [[j[k] for j in warm if j.get(k) is not None]]}}
 json.dump({"jobs": jobs, "mean_of_warm_jobs": summary}, open(os.path.join(out, "results.json"), "w"), indent=1)
 
@@ -99,14 +102,15 @@ def f(v, fmt="{:.2f}"):
     return "—" if v is None else fmt.format(v)
 
 
-lines = ["| job | free | state | prepare s | not serving s | release s | drain s | payload s | resume s | health s "
+lines = ["| job | free | staged | state | prepare s | stage s | not serving s | release s | drain s | payload s | resume s | health s "
          "| MainPID before → after | GPU MiB used before / payload (min–max) / after | 1st generate after payload s "
-         "| outage seen by prober s | lever(512) [95% CI] |", "|" + "---|" * 15]
+         "| outage seen by prober s | lever(512) [95% CI] |", "|" + "---|" * 17]
 for j in jobs:
     m = j.get("mem_used_mib") or {}
     ci = j.get("lever512_ci95")
-    lines.append("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s → %s%s | %s / %s–%s / %s | %s | %s | %s%s |" % (
-        j["job"], j["free"], j["state"], f(j["prepare_s"], "{:.1f}"), f(j["not_serving_s"]), f(j["release_s"]),
+    lines.append("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s → %s%s | %s / %s–%s / %s | %s | %s | %s%s |" % (
+        j["job"], j["free"], "yes" if j["staged"] else "no", j["state"], f(j["prepare_s"], "{:.1f}"),
+        f(j["stage_s"]), f(j["not_serving_s"]), f(j["release_s"]),
         f(j["drain_s"]), f(j["payload_s"]), f(j["resume_s"]), f(j["health_s"]), j["main_pid_before"],
         j["main_pid_after"], " (same)" if j["main_pid_same"] else "", f(m.get("before"), "{:.0f}"),
         f(m.get("during_payload_min"), "{:.0f}"), f(m.get("during_payload_max"), "{:.0f}"), f(m.get("after"), "{:.0f}"),
@@ -114,10 +118,10 @@ for j in jobs:
         " [%.2f–%.2f]" % tuple(ci) if ci else " (reps %s)" % "/".join("%.2f" % v for v in j["lever512_reps"])
         if j.get("lever512_reps") else ""))
 lines += ["", "Mean over the warm jobs (a cold job's prepare step compiled the Marlin GEMM; the window is not affected):", "",
-          "| free | jobs | not serving s | release s | drain s | payload s | resume s | health s | 1st generate after "
-          "payload s | outage seen by prober s | lever(512) |", "|" + "---|" * 11]
+          "| method | jobs | stage s | not serving s | release s | drain s | payload s | resume s | health s | 1st generate after "
+          "payload s | outage seen by prober s | lever(512) |", "|" + "---|" * 12]
 for method, s in summary.items():
     lines.append("| %s | %d | %s |" % (method, s["warm_jobs"], " | ".join(
-        f(s[k]) for k in PARTS + ("first_generate_after_payload_s", "observed_outage_s", "lever512"))))
+        f(s[k]) for k in ("stage_s",) + PARTS + ("first_generate_after_payload_s", "observed_outage_s", "lever512"))))
 open(os.path.join(out, "results.md"), "w").write("\n".join(lines) + "\n")
 print("\n".join(lines))
