@@ -9,6 +9,7 @@ import pytest
 from remote_payload import supervisor_files as files
 from remote_payload import supervisor_host as host
 from remote_payload import supervisor_job as job
+from remote_payload import supervisor_payload as payload
 from remote_payload import supervisor_settle as settle
 from remote_payload import supervisor_spec as checks
 
@@ -174,7 +175,7 @@ def test_scripts_outside_the_payload_dir_are_refused(script):
 
 def test_script_inside_the_payload_dir_resolves_there():
     checked = checks.check_spec({"payload": {"python": "/py", "script": "demo_payload.py", "args": ["--x", "1"]}}, "j")
-    assert job.payload_argv(checked) == ["/py", os.path.join(host.HERE, "demo_payload.py"), "--x", "1"]
+    assert payload.payload_argv(checked) == ["/py", os.path.join(host.HERE, "demo_payload.py"), "--x", "1"]
 
 
 def test_exactly_one_of_script_and_command():
