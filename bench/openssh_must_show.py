@@ -8,7 +8,10 @@ interleaved so both sides see the same load, medians over --runs:
   closed with `ssh -O exit` before each run), vs the hand-written `ssh host 'nohup … & echo $!'` (no master);
 - tail with no new bytes: `runner tail ID` (warm) vs `ssh host cat FILE` (no master);
 - round trips per cached submit (HostClient.round_trips, in process);
-- through bench/latency_proxy.py (50 ms each way): the same submits, in RTTs (extra seconds / 0.1 s).
+- through bench/latency_proxy.py (50 ms each way): the same submits, in RTTs (extra seconds / 0.1 s);
+- with --edited: `runner submit` of a spec edited before every run (no cached plan: validated each time), warm,
+  for the non-root login and for root (whose python3 is a pyenv shim and whose ~/.bashrc runs `pyenv init`),
+  against the same hand-written line as that login, and the round trips of such a submit.
 docs/performance.md explains the numbers.
 """
 from __future__ import annotations
@@ -49,9 +52,9 @@ def with_skel_rc_files(host: sshd.SshHost) -> str:
     return user
 
 
-def alias_block(alias: str, port: int, host: sshd.SshHost, known_hosts: Path) -> str:
+def alias_block(alias: str, port: int, host: sshd.SshHost, known_hosts: Path, user: str | None = None) -> str:
     return "\n".join([
-        f"Host {alias}", f"    HostName {host.address}", f"    Port {port}", f"    User {host.non_root_user}",
+        f"Host {alias}", f"    HostName {host.address}", f"    Port {port}", f"    User {user or host.non_root_user}",
         f"    IdentityFile {host.key_path}", "    IdentitiesOnly yes", f"    UserKnownHostsFile {known_hosts}",
         "    GlobalKnownHostsFile /dev/null", "    StrictHostKeyChecking yes", "    BatchMode yes",
         "    ConnectTimeout 10", "    LogLevel ERROR", ""])
@@ -64,7 +67,9 @@ class Bench:
         known = work / "known_hosts"
         known.write_text("".join(sshd.known_hosts_line(port, host.host_key) for port in ports.values()))
         self.config = work / "ssh_config"
-        self.config.write_text("\n".join(alias_block(f"b-{route}", port, host, known) for route, port in ports.items()))
+        blocks = [alias_block(f"b-{route}", port, host, known) for route, port in ports.items()]
+        blocks.append(alias_block("b-root", host.port, host, known, user="root"))
+        self.config.write_text("\n".join(blocks))
         self.env = {**os.environ, "RUNNER_SSH_CONFIG": str(self.config), "RUNNER_STATE_DIR": str(self.state)}
         # As installed (pip compiles the package): bytecode cached. This machine's shells set
         # PYTHONDONTWRITEBYTECODE, which made every CLI run compile runner/ from source.
@@ -72,10 +77,17 @@ class Bench:
         root = work / "root"
         root.mkdir()
         shutil.chown(root, user=with_skel_rc_files(host), group=host.non_root_user)
-        self.jobs = {route: write_job(work / f"job-{route}.yaml",
-                                      Target("ssh", {"address": f"b-{route}", "root": str(root), "transport": "openssh"},
-                                             root, {}), command=["sleep", "1"], name="bench submit")
-                     for route in ports}
+        self.roots = {route: root for route in ports}
+        self.roots["root"] = work / "root-of-root"
+        self.roots["root"].mkdir(mode=0o700)
+        self.jobs = {route: self.job(route) for route in self.roots}
+
+    def job(self, route: str, edit: int | None = None) -> Path:
+        """The route's job file; `edit` changes its bytes (an env value), so no cached plan serves it."""
+        host = {"address": f"b-{route}", "root": str(self.roots[route]), "transport": "openssh"}
+        return write_job(self.work / f"job-{route}.yaml", Target("ssh", host, self.roots[route], {}),
+                         command=["sleep", "1"], name="bench submit",
+                         env=None if edit is None else {"BENCH_EDIT": str(edit)})
 
     def runner(self, *args: str) -> float:
         t0 = time.perf_counter()
@@ -127,6 +139,20 @@ def bench_route(bench: Bench, route: str, runs: int) -> dict:
             "raw": {"warm": warm, "cold": cold, "openssh": plain}}
 
 
+def bench_edited(bench: Bench, route: str, runs: int) -> dict:
+    """Warm submits of a spec edited before each run (validated every time) vs the same login's nohup line."""
+    bench.submit_json(route)  # uploads the payload, opens the master
+    edited, plain = [], []
+    for i in range(runs):
+        plain.append(bench.ssh(route, NOHUP))
+        edited.append(bench.runner("submit", str(bench.job(route, edit=i))))
+    os.environ.update(RUNNER_SSH_CONFIG=str(bench.config), RUNNER_STATE_DIR=str(bench.state))
+    trips = controller.submit(str(bench.job(route, edit=runs)), [], store=Store(), progress=lambda _m: None).round_trips
+    return {"runner_submit_edited_warm_s": median(edited), "openssh_nohup_s": median(plain),
+            "ratio": round(median(edited) / median(plain), 3), "round_trips": trips, "runs": runs,
+            "raw": {"edited": edited, "openssh": plain}}
+
+
 def bench_tail(bench: Bench, runs: int) -> dict:
     job_id = bench.submit_json("direct")
     time.sleep(2.5)
@@ -162,6 +188,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=12)
     parser.add_argument("--proxy-runs", type=int, default=5)
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--edited", action="store_true", help="only the edited-spec submits (both logins)")
     opts = parser.parse_args()
     host = sshd.start_sshd()
     work = shared_tmpdir("rb-")
@@ -172,6 +199,13 @@ def main() -> None:
                       "cpus": os.cpu_count(), "ssh": subprocess.run(["ssh", "-V"], capture_output=True,
                                                                     text=True).stderr.strip(),
                       "import_ms_tail_help": import_time(["tail", "--help"])}
+            if opts.edited:
+                report["edited"] = {route: bench_edited(bench, route, opts.runs) for route in ("direct", "root")}
+                bench.close_masters()
+                print(json.dumps(report, indent=1))
+                if opts.out:
+                    opts.out.write_text(json.dumps(report, indent=1) + "\n")
+                return
             report["direct"] = bench_route(bench, "direct", opts.runs)
             report["tail"] = bench_tail(bench, opts.runs)
             report["round_trips_cached_submit"] = cached_submit_round_trips(bench)
