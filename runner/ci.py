@@ -35,6 +35,7 @@ class Collected:
     source: str
     job_id: str | None = None
     warning: str | None = None
+    window: dict | None = None  # the job's service window (status.json service.downtime), when it had one
 
 
 def collect(ref: str, *, store: Store, record: bool = True, deadline: Deadline | None = None) -> Collected:
@@ -49,8 +50,20 @@ def collect(ref: str, *, store: Store, record: bool = True, deadline: Deadline |
                         hint="give a result.json path (with a `/` for one in this directory: ./FILE.json), or a "
                              "job id from `runner list`") from None
     result = fetch_result(ref, store, deadline)
-    warning = history.record_job(store, ref, result) if record else None
-    return Collected(result, ref, ref, warning)
+    window = service_window(ref, store, deadline)
+    warning = history.record_job(store, ref, result, window) if record else None
+    return Collected(result, ref, ref, warning, window)
+
+
+def service_window(job_id: str, store: Store, deadline: Deadline | None = None) -> dict | None:
+    """The job's service window (status.json's `service.downtime`: not serving and its parts), or None when it
+    stopped nothing or its status cannot be read now: the result is what was asked for, this only adds to it."""
+    try:
+        jobs = controller.status([job_id], store=store, deadline=deadline)
+    except RunnerError:
+        return None
+    window = (jobs[0].get("service") or {}).get("downtime") if jobs and isinstance(jobs[0], dict) else None
+    return window if isinstance(window, dict) else None
 
 
 def is_result_path(ref: str, store: Store) -> bool:

@@ -305,8 +305,16 @@ def _downtime_parts(parts: dict | None) -> str:
     if not parts:
         return ""
     known = [f"{name} {parts[name + '_s']:.1f}" for name in ("release", "drain", "payload", "resume", "health")
-             if parts.get(name + "_s") is not None]
+             if isinstance(parts.get(name + "_s"), (int, float)) and not isinstance(parts[name + "_s"], bool)]
     return f" ({parts['method']}: {', '.join(known)} s)" if known else ""
+
+
+def _window_text(window: dict) -> str:
+    """`results`' line on the service: "service window (stop): not serving 26.2 s (release 0.5, … s)"."""
+    total = window.get("not_serving_s")
+    shown = f"{total:.1f} s" if isinstance(total, (int, float)) and not isinstance(total, bool) else "?"
+    return f"service window ({window.get('method')}): not serving {shown}" + _downtime_parts(window).replace(
+        f" ({window.get('method')}: ", " (", 1)
 
 
 def _duration(seconds: float) -> str:
@@ -469,6 +477,8 @@ def results(job_id, as_json, plot_path, baseline_path, save_path, other, toleran
     store = Store()
     deadline = Deadline.for_command(max_wait)
     current = ci.collect(job_id, store=store, deadline=deadline)
+    if current.window and not as_json:
+        _progress(_window_text(current.window))
     if current.warning:
         _progress(current.warning)
     if save_path:

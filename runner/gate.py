@@ -57,6 +57,19 @@ def label(name: str) -> str:
     return f"{stem}({size})" if stem and size.isdigit() else name
 
 
+WINDOW_PARTS = ("not_serving_s", "release_s", "drain_s", "payload_s", "resume_s", "health_s")
+
+
+def window_metrics(window) -> dict[str, Metric]:
+    """The service window's parts (status.json `service.downtime`) as metrics, lower is better; a part that is
+    not a finite number is left out (status.json is the payload's to overwrite)."""
+    if not isinstance(window, dict):
+        return {}
+    return {name: Metric(float(window[name]), "lower") for name in WINDOW_PARTS
+            if isinstance(window.get(name), (int, float)) and not isinstance(window[name], bool)
+            and math.isfinite(window[name])}
+
+
 def extract_metrics(result) -> dict[str, Metric]:
     """Every gateable metric of one result.json, by name (none when a field has the wrong type)."""
     if not isinstance(result, dict):

@@ -183,13 +183,15 @@ def record(path: Path, run: Run) -> str | None:
     return None
 
 
-def record_job(store: Store, job_id: str, result: dict) -> str | None:
-    """Record a fetched job result, with what the local job index knows of its host and spec."""
+def record_job(store: Store, job_id: str, result: dict, window: dict | None = None) -> str | None:
+    """Record a fetched job result, with what the local job index knows of its host and spec, and the service
+    window's parts (`not_serving_s`, …) as metrics of their own."""
     try:
         job = store.load(job_id)
     except RunnerError as exc:
         return f"history: {job_id} not recorded: {exc}"
     run = run_from_result(job_id, result, host=job.host.get("address"), spec_path=job.spec_path)
+    run.metrics.update(gate.window_metrics(window))
     return record(db_path(store.root), run)
 
 

@@ -89,6 +89,7 @@ class Tools:
         baseline = self.policy.baseline(baseline) if baseline else None
         collected = _collect_job(job_id)
         answer = {"table": render_any(collected.result), "result": strict_json(collected.result),
+                  "service_window": strict_json(collected.window),
                   "history_warning": collected.warning}
         if baseline:
             verdicts = ci.gate_against(baseline, collected, fraction)
@@ -124,7 +125,8 @@ def _collect_job(job_id: str) -> ci.Collected:
     store = Store()
     store.load(check_job_id(job_id))  # an id this controller does not know is an unknown job
     result = ci.fetch_result(job_id, store)
-    return ci.Collected(result, job_id, job_id, history.record_job(store, job_id, result))
+    window = ci.service_window(job_id, store)
+    return ci.Collected(result, job_id, job_id, history.record_job(store, job_id, result, window), window)
 
 
 # -- the server ---------------------------------------------------------------------------------------------------
