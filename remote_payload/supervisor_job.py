@@ -177,6 +177,8 @@ def run_payload(job: Job, flags: Flags, staged=None) -> None:
     check_interrupt(job, flags)
     proc = supervisor_stage.hand_over(job, staged) if staged else launch_payload(job)
     stop = watch_payload(job, proc, flags)
+    if stop is None and proc.returncode is not None and proc.returncode < 0:
+        stop = late_interrupt(job, flags)  # a cancel's signal can reach the payload before the watch sees it
     if stop is not None:
         job.set_state("TERMINATING", stop[1], ending={"state": stop[0], "message": stop[1], "at": time.time()})
     job.payload_pids.update(group_members(proc.pid))
@@ -188,6 +190,16 @@ def run_payload(job: Job, flags: Flags, staged=None) -> None:
         job.event("payload-exit", abandoned=True, pid=proc.pid)
     if stop is not None:
         raise Interrupted(*stop)
+
+
+def late_interrupt(job: Job, flags: Flags):
+    """A payload killed by a signal while a cancel or a signal to us was on its way: that is why it died (Slurm's
+    TERM reaches every process of the step at once), so the job ends as the interrupt says, not FAILED."""
+    try:
+        check_interrupt(job, flags)
+    except Interrupted as stop:
+        return stop.state, str(stop)
+    return None
 
 
 def prepare_argv(spec: dict):

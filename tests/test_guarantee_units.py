@@ -6,7 +6,9 @@ import signal
 import pytest
 from pydantic import ValidationError
 
+from remote_payload.supervisor_files import JobPaths
 from remote_payload.supervisor_host import Fail
+from remote_payload.supervisor_job import late_interrupt
 from remote_payload.supervisor_payload import check_interrupt
 from remote_payload.supervisor_record import Flags, Interrupted
 from remote_payload.supervisor_settle import guard_timer_seconds
@@ -19,6 +21,28 @@ def test_a_real_time_signal_is_named_not_a_crash():
     flags.signal = signal.SIGRTMIN + 2
     with pytest.raises(Interrupted, match="SIGRTMIN"):
         check_interrupt(None, flags)
+
+
+class _Job:  # what check_interrupt reads of a job: its paths
+    def __init__(self, root) -> None:
+        self.paths = JobPaths(str(root), "j1")
+
+
+def test_slurms_term_is_named_as_the_cancel_it_is(tmp_path):
+    """Slurm's TERM reaches the payload and the supervisor at once: the first terminal state written already
+    says Slurm cancelled it (a reader between two writes must not see FAILED, or a plain cancel)."""
+    flags = Flags()
+    flags.cancel, flags.slurm_term = True, True
+    with pytest.raises(Interrupted, match="Slurm sent SIGTERM") as caught:
+        check_interrupt(_Job(tmp_path), flags)
+    assert caught.value.state == "CANCELLED"
+
+
+def test_a_payload_killed_while_a_cancel_was_on_its_way_ends_cancelled(tmp_path):
+    flags = Flags()
+    assert late_interrupt(_Job(tmp_path), flags) is None  # died of a signal, nothing asked: its own exit stands
+    flags.cancel = True
+    assert late_interrupt(_Job(tmp_path), flags) == ("CANCELLED", "cancelled on request")
 
 
 def test_the_guard_timer_outlasts_a_full_stop_and_start():
