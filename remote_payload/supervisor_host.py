@@ -207,24 +207,31 @@ def describe_apps(apps: list) -> str:
 
 # ── systemd ───────────────────────────────────────────────────────────────────────────────────────────
 
+def communicate_within(proc: subprocess.Popen, timeout: float):
+    """(stdout, stderr) of proc, or None when it ran past timeout: then it is killed, and abandoned if it will not
+    die within ABANDON_S. subprocess.run would wait for the killed child without bound; one stuck in the kernel
+    (nvidia-smi on a wedged GPU, a hung filesystem) never dies, and nothing may block the way to the restore."""
+    try:
+        return proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        try:
+            proc.communicate(timeout=ABANDON_S)
+        except subprocess.TimeoutExpired:
+            pass  # abandoned, not waited for
+        return None
+
+
 def run_command(argv: list, timeout: float = CMD_TIMEOUT_S) -> subprocess.CompletedProcess:
     """Run argv (never a shell); sudo wanting a password becomes `sudo-password`."""
     try:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     except FileNotFoundError:
         raise Fail("internal", "%s is not installed on this host" % argv[0])
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        # subprocess.run would wait for the killed child without bound; one stuck in the kernel (nvidia-smi on
-        # a wedged GPU, a hung filesystem) never dies, and nothing may block the way to the restore.
-        proc.kill()
-        try:
-            proc.communicate(timeout=ABANDON_S)
-        except subprocess.TimeoutExpired:
-            pass  # abandoned, not waited for
+    output = communicate_within(proc, timeout)
+    if output is None:
         raise Fail("timeout", "%s did not finish within %.0f s" % (" ".join(argv[:4]), timeout))
-    done = subprocess.CompletedProcess(argv, proc.returncode, out, err)
+    done = subprocess.CompletedProcess(argv, proc.returncode, *output)
     stderr = done.stderr.decode("utf-8", "replace")
     if os.path.basename(argv[0]) == "sudo" and sudo_wants_password(done.returncode, stderr):
         raise Fail("sudo-password", SUDO_HINT)

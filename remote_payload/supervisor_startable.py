@@ -18,10 +18,10 @@ import subprocess
 
 try:  # imported as remote_payload.supervisor_startable (tests)
     from .contract import START_PROBE_TIMEOUT_S, cache_dir_keys
-    from .supervisor_host import ABANDON_S, HERE, Fail
+    from .supervisor_host import HERE, Fail, communicate_within
 except ImportError:  # run from supervisor.py as a script: sys.path[0] is this directory
     from contract import START_PROBE_TIMEOUT_S, cache_dir_keys
-    from supervisor_host import ABANDON_S, HERE, Fail
+    from supervisor_host import HERE, Fail, communicate_within
 
 # Run by payload.python with argv [script]: compile the script as that interpreter would, then look up (with
 # importlib's finders, importing nothing) each module the script imports at its top level, outside any
@@ -140,15 +140,10 @@ def probe(python: str, script: str, env: dict) -> dict:
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     except OSError as exc:
         raise cannot_start(field, "%s cannot be run: %s" % (python, exc.strerror or exc))
-    try:
-        out, err = proc.communicate(timeout=START_PROBE_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        try:
-            proc.communicate(timeout=ABANDON_S)
-        except subprocess.TimeoutExpired:
-            pass  # stuck in the kernel: abandoned, never waited for
+    output = communicate_within(proc, START_PROBE_TIMEOUT_S)
+    if output is None:
         raise cannot_start(field, "%s did not answer `python -c` within %.0f s" % (python, START_PROBE_TIMEOUT_S))
+    out, err = output
     try:
         answer = json.loads(out.decode("utf-8", "replace").strip().splitlines()[-1])
         if proc.returncode == 0 and isinstance(answer, dict):
