@@ -28,10 +28,13 @@ EXIT_CODES_HELP = """\b
 Exit codes (every command; `--json` errors are JSON objects {error, message, hint, exit}):
   0   done / accepted / healthy / SUCCEEDED
   1   the job ended other than SUCCEEDED, no result, or the service failed to come back
-  2   bad job spec or usage, unknown job id (the message names the file and field)
-  3   host unreachable, authentication failed, host key unknown or changed
+  2   bad job spec or usage, unknown job id (the message names the file and field), the local
+      state dir cannot be written
+  3   host unreachable, authentication failed, host key unknown or changed, the host answered
+      outside the wire contract; tail: the host's log is shorter than the cursor
   4   preflight refused (GPU memory short and the policy forbids stopping, GPU missing,
-      need > total, a start condition such as a missing interpreter)
+      need > total, a start condition such as a missing interpreter, an engine that cannot
+      free its memory); nothing was touched
   5   host busy: another job holds the lock (the message names it)
   75  still running / still starting: call again
 """
