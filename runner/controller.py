@@ -203,7 +203,7 @@ def submit(spec_path: str, overrides: list[str], *, queue: bool = False, job_id:
     job_id = wire["job_id"]
     progress(args_note)
     record = JobRecord(job_id=job_id, name=wire["name"], host=host, spec_path=str(Path(spec_path).resolve()),
-                       submitted_at=time.time(), service=wire["service"])
+                       submitted_at=time.time(), service=wire["service"], wire=wire)
     made_record = _record(store, record)
     try:
         with connect(host, bundle, deadline) as client:

@@ -94,12 +94,14 @@ def migrate(conn: sqlite3.Connection) -> int:
 # -- recording ------------------------------------------------------------------------------------------------
 
 def run_from_result(job_id: str, result, *, host: str | None = None, spec_path: str | None = None,
-                    now: float | None = None) -> Run:
-    """The row for one result: any JSON value (fields of the wrong type are recorded as unknown)."""
+                    now: float | None = None, wire: dict | None = None) -> Run:
+    """The row for one result: any JSON value (fields of the wrong type are recorded as unknown). wire: the
+    spec as submitted (the job record's), which names the variant and the spec hash; else the file's."""
     result = result if isinstance(result, dict) else {}
     env = result.get("environment") if isinstance(result.get("environment"), dict) else {}
     return Run(job_id=job_id, recorded_at=time.time() if now is None else now, host=host,
-               spec_hash=_file_hash(spec_path), variant=variant_of(result, spec_path),
+               spec_hash=wire_hash(wire) if wire else _file_hash(spec_path),
+               variant=variant_of(result, spec_path, wire),
                git_rev=git_revision(Path(spec_path).parent) if spec_path else None,
                payload=_text(result.get("payload")), environment={k: _text(env.get(k)) for k in ENV_KEYS},
                metrics=gate.extract_metrics(result))
@@ -112,12 +114,35 @@ def _text(value) -> str | None:
     return str(value)[:TEXT_MAX]
 
 
-def variant_of(result: dict, spec_path: str | None = None) -> dict:
-    """The payload's arguments that define the measurement (not where it wrote its output)."""
+def variant_of(result: dict, spec_path: str | None = None, wire: dict | None = None) -> dict:
+    """The payload's arguments that define the measurement (not where it wrote its output): the result's own,
+    else those submitted (the wire form's argv), else the job file's as it is now."""
     args = result.get("args")
     if not isinstance(args, dict):
-        args = _spec_payload_args(spec_path) if spec_path else {}
+        args = _wire_payload_args(wire) if wire else (_spec_payload_args(spec_path) if spec_path else {})
     return {k: v for k, v in args.items() if k != "out"}
+
+
+def _wire_payload_args(wire: dict) -> dict:
+    """`--key value` / `--flag` pairs of the submitted argv as {key: value} (values as the host got them)."""
+    argv = (wire.get("payload") or {}).get("args") if isinstance(wire.get("payload"), dict) else None
+    if not isinstance(argv, list):
+        return {}
+    args, key = {}, None
+    for word in map(str, argv):
+        if word.startswith("--"):
+            key = word[2:].replace("-", "_")
+            args[key] = True
+        elif key is not None:
+            args[key], key = word, None
+    return args
+
+
+def wire_hash(wire: dict) -> str:
+    """The submitted spec's identity: its wire form without the job id (the same spec, submitted again, hashes
+    the same)."""
+    same = {k: v for k, v in wire.items() if k != "job_id"}
+    return hashlib.sha256(json.dumps(same, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def _spec_payload_args(spec_path: str) -> dict:
@@ -190,7 +215,7 @@ def record_job(store: Store, job_id: str, result: dict, window: dict | None = No
         job = store.load(job_id)
     except RunnerError as exc:
         return f"history: {job_id} not recorded: {exc}"
-    run = run_from_result(job_id, result, host=job.host.get("address"), spec_path=job.spec_path)
+    run = run_from_result(job_id, result, host=job.host.get("address"), spec_path=job.spec_path, wire=job.wire)
     run.metrics.update(gate.window_metrics(window))
     return record(db_path(store.root), run)
 

@@ -36,10 +36,11 @@ class JobRecord:
     service: dict = field(default_factory=dict)
     cursor: int = 0
     last_state: str = "QUEUED"
+    wire: dict = field(default_factory=dict)  # the spec as submitted (its wire form): what the history reads
 
 
 _FIELD_TYPES = {"job_id": str, "name": str, "host": dict, "spec_path": str, "submitted_at": (int, float),
-                "service": dict, "cursor": int, "last_state": str}
+                "service": dict, "cursor": int, "last_state": str, "wire": dict}
 
 
 class Store:

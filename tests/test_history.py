@@ -180,3 +180,22 @@ def test_a_result_of_any_shape_is_recorded_with_unknown_fields_empty(db):
     runs = {r.job_id: r for r in history.runs(db)}
     assert runs["list"].payload is None and runs["list"].metrics == {}
     assert (runs["odd"].payload, runs["odd"].environment["gpu"], runs["odd"].environment["torch"]) == (None, None, "2.1")
+
+
+def test_history_reads_the_submitted_spec_not_the_file_as_it_is_now(tmp_path):
+    """The job record keeps the wire form the host was sent (`--set` overrides included): an edit of the job
+    file after the submit changes neither the recorded variant nor the spec hash."""
+    from runner import controller
+
+    spec = tmp_path / "job.yaml"
+    spec.write_text(f"name: x\nhost: {{address: local, root: '{tmp_path / 'root'}'}}\n"
+                    "payload: {script: demo_payload.py, args: {seconds: 1, sizes: [1]}}\n")
+    store = Store(tmp_path / "state")
+    done = controller.submit(str(spec), ["payload.args.seconds=2"], store=store, progress=lambda _m: None)
+    submitted = store.load(done.job_id).wire
+    assert submitted["payload"]["args"][:2] == ["--seconds", "2"]
+    spec.write_text(spec.read_text().replace("seconds: 1", "seconds: 9"))
+    assert history.record_job(store, done.job_id, {"payload": "demo", "rows": [{"size": 1, "median_us": 5.0}]}) is None
+    (run,) = history.runs(history.db_path(store.root))
+    assert run.variant == {"seconds": "2", "sizes": "1"}
+    assert run.spec_hash == history.wire_hash(submitted)
