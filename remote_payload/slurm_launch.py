@@ -272,7 +272,6 @@ def run_job(job: Job) -> dict:
     """The job (or one array task's variant) in this allocation, to its final state."""
     paths = job.paths
     flags = Flags()
-    flags.slurm_term = False
     _install_handlers(flags)
     env = os.environ
     allocation = {"job_id": env.get("SLURM_JOB_ID"), "node": env.get("SLURMD_NODENAME"),
@@ -285,12 +284,7 @@ def run_job(job: Job) -> dict:
         return {"ok": True, "state": "FAILED", "exit_status": 1}
     locks = Locks(paths.root, [], paths.job_id)  # none: Slurm gives this allocation its GPUs alone
     locks.try_acquire()
-    supervise(job, locks, flags)
-    if flags.slurm_term and not os.path.exists(paths.cancel) and job.status["state"] in ("FAILED", "CANCELLED"):
-        # Slurm's TERM reaches every process of the step at once: the payload often dies of it before our
-        # watch loop sees the flag, which reads as FAILED (exit 143). Slurm cancelled it; say so.
-        job.set_state("CANCELLED", "done", message="Slurm sent SIGTERM (scancel outside runner, preemption or "
-                      "Slurm's time limit); the payload ended with exit code %s" % job.status.get("exit_code"))
+    supervise(job, locks, flags)  # Slurm's TERM ends it CANCELLED, named so (supervisor_payload.check_interrupt)
     return {"ok": True, "state": job.status["state"], "exit_status": exit_status(job.status)}
 
 

@@ -177,7 +177,7 @@ def run_payload(job: Job, flags: Flags, staged=None) -> None:
     check_interrupt(job, flags)
     proc = supervisor_stage.hand_over(job, staged) if staged else launch_payload(job)
     stop = watch_payload(job, proc, flags)
-    if stop is None and proc.returncode is not None and proc.returncode < 0:
+    if stop is None and proc.returncode:
         stop = late_interrupt(job, flags)  # a cancel's signal can reach the payload before the watch sees it
     if stop is not None:
         job.set_state("TERMINATING", stop[1], ending={"state": stop[0], "message": stop[1], "at": time.time()})
@@ -193,8 +193,9 @@ def run_payload(job: Job, flags: Flags, staged=None) -> None:
 
 
 def late_interrupt(job: Job, flags: Flags):
-    """A payload killed by a signal while a cancel or a signal to us was on its way: that is why it died (Slurm's
-    TERM reaches every process of the step at once), so the job ends as the interrupt says, not FAILED."""
+    """A payload that failed (killed by a signal, or exiting on one: 143) while a cancel or a signal to us was on
+    its way: that is why it ended (Slurm's TERM reaches every process of the step at once), so the job ends as
+    the interrupt says, not FAILED."""
     try:
         check_interrupt(job, flags)
     except Interrupted as stop:

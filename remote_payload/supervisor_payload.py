@@ -25,7 +25,7 @@ def check_interrupt(job: Job, flags: Flags) -> None:
         name = signal_name(flags.signal)
         raise Interrupted("FAILED", "the supervisor got %s; the payload was stopped and the service restored" % name)
     if flags.cancel or os.path.exists(job.paths.cancel):
-        if getattr(flags, "slurm_term", False) and not os.path.exists(job.paths.cancel):
+        if flags.slurm_term and not os.path.exists(job.paths.cancel):
             raise Interrupted("CANCELLED", "Slurm sent SIGTERM (scancel outside runner, preemption or Slurm's "
                                            "time limit)")
         raise Interrupted("CANCELLED", "cancelled on request")

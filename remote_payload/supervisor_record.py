@@ -38,6 +38,7 @@ class Flags:
     def __init__(self) -> None:
         self.cancel = False
         self.signal = None
+        self.slurm_term = False  # the cancel is Slurm's TERM (scancel, preemption, its time limit), not ours
 
 
 class Job:

@@ -220,7 +220,7 @@ def submit(spec_path: str, overrides: list[str], *, queue: bool = False, job_id:
         raise type(exc)(str(exc), hint=f"{exc.hint} {again}".strip()) from exc
     except RunnerError:
         if made_record:
-            _forget(store, job_id)
+            store.forget(job_id)  # the host refused it: never started
         raise
     state = answer.get("state", "QUEUED")
     if not (made_record and state == record.last_state):
@@ -238,11 +238,6 @@ def _record(store: Store, record: JobRecord) -> bool:
         pass
     store.save(record)  # a state dir that cannot be written: LocalStateError
     return True
-
-
-def _forget(store: Store, job_id: str) -> None:
-    """Remove the record of a job the host refused (it was never started)."""
-    store.forget(job_id)
 
 
 def _note_state(store: Store, job_id: str, state: str, progress: Callable[[str], None]) -> None:
