@@ -193,10 +193,7 @@ def tail_text(job_id: str, *, store: Store, max_wait: float, max_bytes: int) -> 
     """
     deadline = time.monotonic() + max_wait
     job_id = check_job_id(job_id)
-    store.load(job_id)  # an unknown or unreadable record is said before anything is written
-    store.check_writable()
-    with store.cursor_turn(job_id, max_wait) as turn:
-        record = store.load(job_id)
+    with store.cursor_turn(job_id, max_wait) as (record, turn):
         if not turn:
             return TailText(job_id, "", record.last_state, None, True, record.cursor)
         text, state, code, done, cursor = _text_after(record, store, max_bytes, deadline)

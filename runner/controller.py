@@ -345,10 +345,7 @@ def tail(job_id: str, *, store: Store, out: BinaryIO, follow: bool, max_wait: fl
         outcome = _print_log(record, 0 if from_start else record.cursor, out, follow, waiting)
         delivered(outcome)
         return outcome
-    store.load(job_id)  # an unknown or unreadable record is said before anything is written
-    store.check_writable()  # a cursor that could not be saved would print the same bytes again and again
-    with store.cursor_turn(job_id, waiting.left()) as turn:
-        record = store.load(job_id)
+    with store.cursor_turn(job_id, waiting.left()) as (record, turn):
         if not turn:
             outcome = TailOutcome(job_id, record.last_state, None, False, record.cursor, 0, busy=True)
             delivered(outcome)

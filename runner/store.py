@@ -107,9 +107,13 @@ class Store:
             self._write(record)
 
     @contextmanager
-    def cursor_turn(self, job_id: str, wait_s: float) -> Iterator[bool]:
-        """Hold the job's cursor for one tail call; yields False when another call held it for all of
-        wait_s. The kernel drops the lock when its holder dies, so a killed call never blocks the next."""
+    def cursor_turn(self, job_id: str, wait_s: float) -> Iterator[tuple[JobRecord, bool]]:
+        """Hold the job's cursor for one tail call: yields (its record as of the turn, True), or (the record,
+        False) when another call held it for all of wait_s. An unknown or unreadable record, or a state dir
+        where the cursor could not be saved (the same bytes would print again and again), is said before
+        anything is written. The kernel drops the lock when its holder dies: a killed call never blocks the next."""
+        self.load(job_id)
+        self.check_writable()
         with self._lock_file(job_id, "cursor") as fd:
             end = time.monotonic() + wait_s
             while True:
@@ -118,10 +122,10 @@ class Store:
                     break
                 except BlockingIOError:
                     if time.monotonic() >= end:
-                        yield False
+                        yield self.load(job_id), False
                         return
                     time.sleep(min(TURN_POLL_S, max(0.0, end - time.monotonic())))
-            yield True
+            yield self.load(job_id), True
 
     def scan(self) -> tuple[list[JobRecord], list[str]]:
         """Every readable record, oldest first, and a line for each one skipped as unreadable."""

@@ -91,7 +91,7 @@ def test_a_host_error_after_printing_ends_the_call_and_keeps_the_bytes(store, mo
 def test_a_tail_that_cannot_get_the_turn_prints_nothing_and_says_busy(store, monkeypatch):
     monkeypatch.setattr(controller, "connect", lambda _h, **_kw: ScriptedHost([chunk(b"hello\n", 0, 6)]))
     out = io.BytesIO()
-    with store.cursor_turn("j1", 0) as held:
+    with store.cursor_turn("j1", 0) as (_record, held):
         assert held
         outcome = controller.tail("j1", store=store, out=out, follow=True, max_wait=0.3, from_start=False)
     assert outcome.busy and not outcome.terminal and out.getvalue() == b"" and store.load("j1").cursor == 0
