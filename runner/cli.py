@@ -305,19 +305,22 @@ def _downtime(service: dict, now: float) -> str:
 
 def _downtime_parts(parts: dict | None) -> str:
     """" (stop: release 0.8, drain 0.0, payload 22.2, resume 3.5, health 5.8 s)": the window's parts."""
-    if not parts:
-        return ""
-    known = [f"{name} {parts[name + '_s']:.1f}" for name in ("release", "drain", "payload", "resume", "health")
-             if isinstance(parts.get(name + "_s"), (int, float)) and not isinstance(parts[name + "_s"], bool)]
-    return f" ({parts['method']}: {', '.join(known)} s)" if known else ""
+    known = _window_parts(parts or {})
+    return f" ({parts['method']}: {known} s)" if known else ""
+
+
+def _window_parts(parts: dict) -> str:
+    """"release 0.8, drain 0.0, payload 22.2, resume 3.5, health 5.8": the parts that are numbers."""
+    return ", ".join(f"{name} {parts[name + '_s']:.1f}" for name in ("release", "drain", "payload", "resume", "health")
+                     if isinstance(parts.get(name + "_s"), (int, float)) and not isinstance(parts[name + "_s"], bool))
 
 
 def _window_text(window: dict) -> str:
     """`results`' line on the service: "service window (stop): not serving 26.2 s (release 0.5, … s)"."""
     total = window.get("not_serving_s")
     shown = f"{total:.1f} s" if isinstance(total, (int, float)) and not isinstance(total, bool) else "?"
-    return f"service window ({window.get('method')}): not serving {shown}" + _downtime_parts(window).replace(
-        f" ({window.get('method')}: ", " (", 1)
+    parts = _window_parts(window)
+    return f"service window ({window.get('method')}): not serving {shown}" + (f" ({parts} s)" if parts else "")
 
 
 def _duration(seconds: float) -> str:
