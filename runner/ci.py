@@ -49,10 +49,16 @@ def collect(ref: str, *, store: Store, record: bool = True, deadline: Deadline |
         raise UnknownJob(f"unknown job id {ref!r}: neither a file nor a job id this controller knows",
                         hint="give a result.json path (with a `/` for one in this directory: ./FILE.json), or a "
                              "job id from `runner list`") from None
-    result = fetch_result(ref, store, deadline)
-    window = service_window(ref, store, deadline)
-    warning = history.record_job(store, ref, result, window) if record else None
-    return Collected(result, ref, ref, warning, window)
+    return collect_job(ref, store=store, record=record, deadline=deadline)
+
+
+def collect_job(job_id: str, *, store: Store, record: bool = True, deadline: Deadline | None = None) -> Collected:
+    """A known job's result by its id (never a path) and its service window, recorded in the history."""
+    store.load(check_job_id(job_id))  # an id this controller does not know is an unknown job
+    result = fetch_result(job_id, store, deadline)
+    window = service_window(job_id, store, deadline)
+    warning = history.record_job(store, job_id, result, window) if record else None
+    return Collected(result, job_id, job_id, warning, window)
 
 
 def service_window(job_id: str, store: Store, deadline: Deadline | None = None) -> dict | None:

@@ -25,10 +25,9 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import CallToolResult, TextContent
 from pydantic import Field, ValidationError
 
-from . import ci, controller, gate, gate_report, history
+from . import ci, controller, gate, gate_report
 from .app import job_statuses
 from .errors import EXIT_USAGE, RunnerError, SpecError, exit_code
-from .job_id import check_job_id
 from .mcp_policy import Policy
 from .store import Store
 
@@ -87,7 +86,7 @@ class Tools:
         except ValueError as exc:
             raise SpecError(f"tolerance: {exc}") from None
         baseline = self.policy.baseline(baseline) if baseline else None
-        collected = _collect_job(job_id)
+        collected = ci.collect_job(job_id, store=Store())  # by id only: never a path
         answer = {"table": render_any(collected.result), "result": strict_json(collected.result),
                   "service_window": strict_json(collected.window),
                   "history_warning": collected.warning}
@@ -118,15 +117,6 @@ def _spec(path: str, overrides: list[str]):
     from .spec_load import load_spec
 
     return load_spec(path, overrides)
-
-
-def _collect_job(job_id: str) -> ci.Collected:
-    """A job's result by its id only (never a path, whatever the id looks like), recorded in the history."""
-    store = Store()
-    store.load(check_job_id(job_id))  # an id this controller does not know is an unknown job
-    result = ci.fetch_result(job_id, store)
-    window = ci.service_window(job_id, store)
-    return ci.Collected(result, job_id, job_id, history.record_job(store, job_id, result, window), window)
 
 
 # -- the server ---------------------------------------------------------------------------------------------------
