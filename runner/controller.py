@@ -11,12 +11,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO, Callable, Sequence
 
-from remote_payload.admission import BUSY_HINT
 from remote_payload.contract import DEFAULTS
 
 from . import plan_cache, preflight
 from .deadline import DEFAULT_MAX_WAIT_S, Deadline
-from .errors import (HostBusy, HostKeyError, LocalStateError, LogShrank, PreflightError, RemoteError, RunnerError,
+from .errors import (HostKeyError, LocalStateError, LogShrank, PreflightError, RemoteError, RunnerError,
                      SpecError, TransportError, UnknownJob)
 from .host import Bundle, HostClient, build_bundle, payload_dir
 from .job_id import check_job_id, job_id_for
@@ -286,8 +285,6 @@ def _submit_call(client: HostClient, wire: dict, queue: bool) -> tuple[dict, boo
     """The host's verdict as the controller's outcome: started, adopted (`exists`), or the refusal raised."""
     try:
         return client.submit(wire, queue=queue), False
-    except HostBusy as exc:
-        raise HostBusy(str(exc), hint=BUSY_HINT) from None  # the verdict's hint, as dry-run renders it
     except RemoteError as exc:
         if exc.code == "exists":
             return _adopt(client, wire, exc), True

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+from remote_payload.admission import BUSY_HINT
 from remote_payload.contract import EXIT_PAYLOAD_MISSING
 
 from . import answers
@@ -253,7 +254,7 @@ def _answer(done: Completed, sub: str) -> dict:
     code = answer.get("error", "internal")
     message = answer.get("message") or code
     if code == "busy":
-        raise HostBusy(f"host busy: {message}", hint="Wait for that job, cancel it, or submit with --queue.")
+        raise HostBusy(f"host busy: {message}", hint=answer.get("hint") or BUSY_HINT)  # the verdict's, when given
     if code == "slurm-refused":
         raise PreflightError(f"Slurm refused the job: {message}", hint="Check the spec's slurm section (partition, "
                              "gres/gpus, account, qos) against `sinfo` on the login node.")

@@ -12,6 +12,7 @@ from remote_payload.admission import admit
 
 from .errors import HostBusy, PreflightError
 
+
 @dataclass
 class Decision:
     stop_service: bool
