@@ -1,2 +1,2 @@
-"""Files uploaded to the host (content-addressed). supervisor.py is stdlib-only; the pure estimators here
-are imported by the controller, so nothing in this package may import torch at module level."""
+"""The host side: the supervisor and its rooms (stdlib only), uploaded as one content-addressed bundle, and
+payloads/ (benchmarks and the demo), each uploaded apart, per job, with its own import closure."""

@@ -114,7 +114,7 @@ def job_paths(args) -> JobPaths:
 
 
 def cmd_start(args) -> dict:
-    return start_job(args, read_spec_stdin(check_job_id(args.job_id)))
+    return start_job(args, read_spec_stdin(args.root, check_job_id(args.job_id)))
 
 
 def start_job(args, spec: dict) -> dict:
@@ -459,7 +459,7 @@ def preflight_gpus(spec: dict) -> dict:
 
 
 def cmd_preflight(args) -> dict:
-    return preflight_report(args, read_spec_stdin(check_job_id(args.job_id) if args.job_id else None))
+    return preflight_report(args, read_spec_stdin(args.root, check_job_id(args.job_id) if args.job_id else None))
 
 
 def preflight_report(args, spec: dict) -> dict:
@@ -480,7 +480,7 @@ def preflight_report(args, spec: dict) -> dict:
 
 def cmd_submit(args) -> dict:
     """Preflight, the admission verdict and the start in one call (one round trip): supervisor_submit.submit."""
-    return submit(args, read_spec_stdin(check_job_id(args.job_id)), preflight_report, start_job)
+    return submit(args, read_spec_stdin(args.root, check_job_id(args.job_id)), preflight_report, start_job)
 
 
 # ── main ──────────────────────────────────────────────────────────────────────────────────────────────

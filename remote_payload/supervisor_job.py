@@ -20,7 +20,7 @@ try:  # imported as remote_payload.supervisor_job (tests)
     from .admission import needs_stop
     from .contract import RUNNING_SERVICE_STATES
     from .supervisor_files import Locks
-    from .supervisor_host import HERE, KILL_CONFIRM_S, Fail, describe_apps, group_members, kill_group, query_apps, \
+    from .supervisor_host import KILL_CONFIRM_S, Fail, describe_apps, group_members, kill_group, query_apps, \
         query_gpus, refuse_too_small, short_gpus
     from .supervisor_record import Flags, Interrupted, Job
     from .supervisor_settle import GPU_POLL_S, STOP_TIMEOUT_S, final_state, settle, settle_ledger, start_guard_timer
@@ -31,7 +31,7 @@ except ImportError:  # run from supervisor.py as a script: sys.path[0] is this d
     from admission import needs_stop
     from contract import RUNNING_SERVICE_STATES
     from supervisor_files import Locks
-    from supervisor_host import HERE, KILL_CONFIRM_S, Fail, describe_apps, group_members, kill_group, query_apps, \
+    from supervisor_host import KILL_CONFIRM_S, Fail, describe_apps, group_members, kill_group, query_apps, \
         query_gpus, refuse_too_small, short_gpus
     from supervisor_record import Flags, Interrupted, Job
     from supervisor_settle import GPU_POLL_S, STOP_TIMEOUT_S, final_state, settle, settle_ledger, start_guard_timer
@@ -210,7 +210,7 @@ def prepare_argv(spec: dict):
         return None
     if payload["command"] is not None:
         return list(payload["prepare"])
-    return [payload["python"], os.path.join(HERE, payload["script"])] + payload["prepare"]
+    return [payload["python"], payload["path"]] + payload["prepare"]
 
 
 def run_prepare_step(job: Job, flags: Flags) -> None:

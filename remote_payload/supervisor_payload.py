@@ -11,11 +11,11 @@ import subprocess
 import time
 
 try:  # imported as remote_payload.supervisor_payload (tests)
-    from .supervisor_host import HERE, POLL_S, Fail, group_members, identity
+    from .supervisor_host import POLL_S, Fail, group_members, identity
     from .supervisor_record import Flags, Interrupted, Job, signal_name
     from . import supervisor_ledger as ledger
 except ImportError:  # run from supervisor.py as a script: sys.path[0] is this directory
-    from supervisor_host import HERE, POLL_S, Fail, group_members, identity
+    from supervisor_host import POLL_S, Fail, group_members, identity
     from supervisor_record import Flags, Interrupted, Job, signal_name
     import supervisor_ledger as ledger
 
@@ -35,7 +35,7 @@ def payload_argv(spec: dict) -> list:
     payload = spec["payload"]
     if payload["command"] is not None:
         return list(payload["command"])
-    return [payload["python"], os.path.join(HERE, payload["script"])] + payload["args"]
+    return [payload["python"], payload["path"]] + payload["args"]
 
 
 def payload_env(job: Job, result=None, staged: bool = False) -> dict:

@@ -16,14 +16,14 @@ try:  # imported as remote_payload.supervisor_spec (tests)
     from . import contract
     from .slurm_batch import MAX_DOWNTIME_ON_SLURM, slurm_problem, time_problem
     from .supervisor_engine import FREE_METHODS, PAUSE_MODES, api_url
-    from .supervisor_host import HERE, Fail
+    from .supervisor_host import Fail
     from .sweep import MAX_VARIANTS
 except ImportError:  # run from supervisor.py as a script: sys.path[0] is this directory
     import contract
     from slurm_batch import MAX_DOWNTIME_ON_SLURM, slurm_problem, time_problem
     from sweep import MAX_VARIANTS
     from supervisor_engine import FREE_METHODS, PAUSE_MODES, api_url
-    from supervisor_host import HERE, Fail
+    from supervisor_host import Fail
 
 DEFAULTS = contract.DEFAULTS
 
@@ -147,11 +147,37 @@ def check_gpu(raw) -> dict:
             "drain_timeout": _number(_default(raw, "gpu.drain_timeout"), "gpu.drain_timeout")}
 
 
+BUNDLE_RE = re.compile(r"[0-9a-f]{16}$")
+
+
 def check_script(script) -> str:
-    """A relative path inside the uploaded payload dir (contract.script_problem) that is really there."""
+    """A relative path inside the job's payload bundle (contract.script_problem); locate_payload finds it."""
     _rule(contract.script_problem(script))
-    _need(os.path.isfile(os.path.join(HERE, script)), "payload.script %r is not in the uploaded payload" % script)
     return script
+
+
+def check_bundle(bundle) -> str:
+    """The payload bundle's digest: its dir is ROOT/payloads/<digest>/."""
+    _need(isinstance(bundle, str) and BUNDLE_RE.match(bundle) is not None,
+          "payload.bundle must name the uploaded payload bundle (16 hex digits), got %.40r" % (bundle,))
+    return bundle
+
+
+def locate_payload(spec: dict, root: str) -> dict:
+    """A script payload's file, ROOT/payloads/<bundle>/<script>, recorded as payload.path (what every launch
+    runs): `payload-missing` (exit 42: the controller uploads, then calls again) while the bundle is not there."""
+    payload = spec["payload"]
+    if payload["script"] is None:
+        return spec
+    base = os.path.join(root, "payloads")
+    here = os.path.join(base, payload["bundle"])
+    if not os.path.isdir(here):
+        raise Fail("payload-missing", "the payload bundle %s is not on the host" % payload["bundle"],
+                   exit_status=contract.EXIT_PAYLOAD_MISSING)
+    check_root_safe(base, here)
+    path = os.path.join(here, payload["script"])
+    _need(os.path.isfile(path), "payload.script %r is not in the uploaded payload bundle" % payload["script"])
+    return dict(spec, payload=dict(payload, path=path))
 
 
 def _strings(value) -> bool:
@@ -179,8 +205,9 @@ def check_payload(raw) -> dict:
         _need(_strings(command) and bool(command), "payload.command must be a non-empty list of strings")
         return {"command": list(command), "script": None, "python": None, "args": [], "env": dict(env),
                 "prepare": prepare, "staged": staged}
-    return {"command": None, "script": check_script(script), "python": _text(_default(raw, "payload.python"),
-            "payload.python"), "args": list(args), "env": dict(env), "prepare": prepare, "staged": staged}
+    return {"command": None, "script": check_script(script), "bundle": check_bundle(raw.get("bundle")),
+            "python": _text(_default(raw, "payload.python"), "payload.python"), "args": list(args), "env": dict(env),
+            "prepare": prepare, "staged": staged}
 
 
 def check_spec(raw, job_id=None) -> dict:
@@ -258,9 +285,10 @@ def check_launcher(raw: dict, spec: dict) -> dict:
     return {"launcher": "slurm", "slurm": dict(slurm)}
 
 
-def read_spec_stdin(job_id=None) -> dict:
+def read_spec_stdin(root: str, job_id=None) -> dict:
+    """The spec on stdin, checked, its payload script located under ROOT."""
     try:
         raw = json.loads(sys.stdin.buffer.read().decode("utf-8"))
     except ValueError as exc:
         raise Fail("bad-spec", "stdin is not a JSON spec: %s" % exc)
-    return check_spec(raw, job_id)
+    return locate_payload(check_spec(raw, job_id), root)

@@ -116,7 +116,7 @@ def check_commands(spec: dict, env: dict) -> None:
 
 
 def check_script(payload: dict, env: dict) -> None:
-    script = os.path.join(HERE, payload["script"])
+    script = payload["path"]
     if not os.path.isfile(script):
         raise cannot_start("payload.script", "%s is not in the uploaded payload" % payload["script"])
     python = resolve(payload["python"], env)

@@ -18,13 +18,13 @@ import time
 
 try:  # imported as remote_payload.supervisor_sweep (tests)
     from .supervisor_files import append_line, read_json, write_json_atomic
-    from .supervisor_host import HERE, KILL_CONFIRM_S, group_members, kill_group
+    from .supervisor_host import KILL_CONFIRM_S, group_members, kill_group
     from .supervisor_payload import launch_payload, record_exit, watch_payload
     from .supervisor_record import Interrupted, Job
     from .sweep import label
 except ImportError:  # run from supervisor.py as a script: sys.path[0] is this directory
     from supervisor_files import append_line, read_json, write_json_atomic
-    from supervisor_host import HERE, KILL_CONFIRM_S, group_members, kill_group
+    from supervisor_host import KILL_CONFIRM_S, group_members, kill_group
     from supervisor_payload import launch_payload, record_exit, watch_payload
     from supervisor_record import Interrupted, Job
     from sweep import label
@@ -57,7 +57,7 @@ def run_variant(job: Job, flags, index: int, of: int, variant: dict, started: fl
     announce(job, index, of, variant, "start")
     began = time.monotonic()
     argv = list(variant["argv"]) if payload["command"] is not None else \
-        [payload["python"], os.path.join(HERE, payload["script"])] + variant["argv"]
+        [payload["python"], payload["path"]] + variant["argv"]
     proc = launch_payload(job, argv, phase="variant %d of %d: %s" % (index, of, label(variant["args"])), result=result)
     bound = None
     if limits.get("max_downtime") is not None:  # never past the window's end

@@ -17,7 +17,7 @@ from . import plan_cache, preflight
 from .deadline import DEFAULT_MAX_WAIT_S, Deadline
 from .errors import (HostKeyError, LocalStateError, LogShrank, PreflightError, RemoteError, RunnerError,
                      SpecError, TransportError, UnknownJob)
-from .host import Bundle, HostClient, build_bundle, payload_dir
+from .host import Bundle, HostClient, packaged_payload, payload_bundle, payload_dir, supervisor_bundle
 from .job_id import check_job_id, job_id_for
 from .store import JobRecord, Store, default_state_dir
 from .transport_openssh import for_host
@@ -25,6 +25,7 @@ from .transport_openssh import for_host
 if TYPE_CHECKING:  # pydantic, yaml and tenacity load only in the commands that use them (`runner tail` starts fast)
     from tenacity import Retrying
 
+    from .payload_args import ArgsCheck
     from .spec import JobSpec
 
 LOG_CHUNK = 1 << 20
@@ -70,17 +71,19 @@ class TailOutcome:
     busy: bool = False  # another tail of this job held its cursor for all of max_wait: nothing printed
 
 
-def connect(host: dict, bundle: Bundle | None = None, deadline: Deadline | None = None) -> HostClient:
+def connect(host: dict, bundle: Bundle | None = None, deadline: Deadline | None = None,
+            payload: Bundle | None = None) -> HostClient:
     """A client for the host section of a spec; use it as `with connect(host) as client:` (closes the transport).
-    deadline: the command's own, which no call may outlive (default: one of DEFAULT_MAX_WAIT_S)."""
+    deadline: the command's own, which no call may outlive (default: one of DEFAULT_MAX_WAIT_S); bundle: the
+    supervisor's (built when not given); payload: the job's payload bundle, for the calls that name it."""
     if isinstance(host["address"], list):
         raise SpecError("host.address is a list of hosts (a fleet): this command takes one host",
                         hint="Submit the fleet with `runner submit JOB.yaml`; give --host H for one of its hosts.")
     transport = for_host(host)
     if bundle is None:
-        bundle, _ = build_bundle()
-    return HostClient(transport, root=host.get("root", DEFAULTS["host.root"]),
-                      python=host.get("python", "python3"), bundle=bundle, deadline=_command_deadline(deadline))
+        bundle = supervisor_bundle()
+    return HostClient(transport, root=host.get("root", DEFAULTS["host.root"]), python=host.get("python", "python3"),
+                      bundle=bundle, deadline=_command_deadline(deadline), payload=payload)
 
 
 def _command_deadline(deadline: Deadline | None) -> Deadline:
@@ -104,26 +107,27 @@ def _retrying(deadline: Deadline) -> Retrying:
 
 # -- submit -----------------------------------------------------------------------------------------------
 
-def required_mib(spec: JobSpec) -> int:
-    """gpu.min_free_mib, or with `auto` the payload's own pure estimate (no torch import)."""
+def required_mib(spec: JobSpec, check: ArgsCheck | None) -> int:
+    """gpu.min_free_mib, or with `auto` the payload's own estimate (its estimate_peak_bytes, asked in the args
+    check's child: a sweep's largest variant decides)."""
     if spec.gpu.min_free_mib != "auto":
         return int(spec.gpu.min_free_mib)
-    from remote_payload.estimates import estimate_peak_bytes
+    variants = len(spec.variant_args())
+    estimates = (check.estimates[-variants:] if variants else check.estimates[:1]) if check and check.checked else []
+    if not estimates or None in estimates:
+        script = spec.payload.script
+        why = f" ({check.estimate_problem})" if check and check.estimate_problem else ""
+        raise SpecError(f"{spec.spec_path}: gpu.min_free_mib: `auto` needs a payload script whose parse_args and "
+                        f"estimate_peak_bytes(args) answer on the controller ({script or 'a command'} does not"
+                        f"{why}); give a number of MiB")
+    return -(-max(estimates) // (1 << 20))
 
-    script = spec.payload.script
-    estimates = [estimate_peak_bytes(Path(script).name, args) if script else None
-                 for args in spec.variant_args() or [spec.payload.args]]  # a sweep: its largest variant decides
-    estimate = None if None in estimates else max(estimates)
-    if estimate is None:
-        raise SpecError(f"{spec.spec_path}: gpu.min_free_mib: `auto` needs a payload with a memory estimator "
-                        f"({script or 'a command'} has none); give a number of MiB")
-    return -(-int(estimate) // (1 << 20))
 
-
-def _check_payload_args(spec: JobSpec, source: Path | None) -> str:
-    """A script's args are checked against its own parser before any host is contacted (exit 2 naming the key)."""
+def _check_payload_args(spec: JobSpec, source: Path | None) -> ArgsCheck | None:
+    """A script's args are checked against its own parser before any host is contacted (exit 2 naming the key);
+    the same child answers the script's estimates: the job's run first, a sweep's variants last."""
     if source is None:
-        return "payload is a command: its arguments are passed as written"
+        return None
     from .payload_args import check_many
 
     runs = [(spec.payload.args, spec.payload_args(), "payload.args")]
@@ -133,15 +137,16 @@ def _check_payload_args(spec: JobSpec, source: Path | None) -> str:
     matrix = spec.sweep.matrix if spec.sweep is not None else {}
     for variant, full in zip(spec.sweep.variants() if spec.sweep else [], spec.variant_args()):
         runs.append((variant, spec.payload_args(full), "sweep.matrix" if set(variant) <= set(matrix) else "sweep.include"))
-    return check_many(source, payload_dir(), runs, spec.spec_path).note
+    return check_many(source, runs, spec.spec_path)
 
 
 @dataclass
 class LocalPlan:
-    """Everything submit decides before it contacts a host: the host section, the bundle, the wire form (its
-    job id left to each submit) and the args check's note."""
+    """Everything submit decides before it contacts a host: the host section, the bundles (the supervisor's,
+    the payload's), the wire form (its job id left to each submit) and the args check's note."""
     host: dict
     bundle: Bundle
+    payload_bundle: Bundle | None
     wire: dict
     args_note: str
 
@@ -156,32 +161,41 @@ def local_plan(spec_path: str, overrides: Sequence[str], state: Path | None = No
     again (plan_cache)."""
     state = default_state_dir() if state is None else state
     key = plan_cache.key(spec_path, overrides)
-    cached = plan_cache.load(state, key, build_bundle)
+    cached = plan_cache.load(state, key, _bundles)
     if cached is None:
         cached = _validated_plan(spec_path, list(overrides))
         plan_cache.save(state, key, cached[0])
-    plan, bundle = cached
-    return LocalPlan(plan.host, bundle, plan.wire, plan.args_note)
+    plan, (bundle, payload) = cached
+    return LocalPlan(plan.host, bundle, payload, plan.wire, plan.args_note)
+
+
+def _bundles(source: Path | None) -> tuple[Bundle, Bundle | None]:
+    """The supervisor's bundle and the payload script's own (None for a command payload)."""
+    return supervisor_bundle(), payload_bundle(source) if source is not None else None
 
 
 def _plan(spec_path: str, overrides: list[str], job_id: str | None, state: Path,
-          planned: LocalPlan | None = None) -> tuple[dict, Bundle, dict, str]:
-    """The plan (`planned`, or the spec's) with this submit's job id: host section, bundle, wire form, args note."""
+          planned: LocalPlan | None = None) -> tuple[LocalPlan, dict]:
+    """The plan (`planned`, or the spec's) and its wire form with this submit's job id."""
     plan = planned or local_plan(spec_path, overrides, state)
     job_id = check_job_id(job_id) if job_id is not None else job_id_for(plan.wire["name"], datetime.now(timezone.utc), os.urandom(3).hex())
-    return plan.host, plan.bundle, dict(plan.wire, job_id=job_id), plan.args_note
+    return plan, dict(plan.wire, job_id=job_id)
 
 
-def _validated_plan(spec_path: str, overrides: list[str]) -> tuple[plan_cache.Plan, Bundle]:
+def _validated_plan(spec_path: str, overrides: list[str]) -> tuple[plan_cache.Plan, tuple[Bundle, Bundle | None]]:
     from .spec_load import load_spec
 
     spec = load_spec(spec_path, overrides)
-    source = spec.script_source(payload_dir())
-    args_note = _check_payload_args(spec, source)
-    bundle, script_name = build_bundle(source)
-    wire = spec.to_wire(PLANNED_JOB_ID, required_mib(spec), script_name)
+    script = spec.payload.script
+    source = spec.script_source(packaged_payload(script) or payload_dir() / "payloads") if script else None
+    check = _check_payload_args(spec, source)
+    args_note = check.note if check else "payload is a command: its arguments are passed as written"
+    bundle, payload = _bundles(source)
+    wire = spec.to_wire(PLANNED_JOB_ID, required_mib(spec, check), source.name if source else None)
+    if payload is not None:  # the host runs the script from ROOT/payloads/<this digest>/
+        wire["payload"]["bundle"] = payload.digest
     return plan_cache.Plan(spec.host.model_dump(), wire, str(source.resolve()) if source else None, bundle.digest,
-                           args_note), bundle
+                           payload.digest if payload else None, args_note), (bundle, payload)
 
 
 def planned_host(spec_path: str, overrides: Sequence[str]) -> dict | None:
@@ -198,14 +212,14 @@ def submit(spec_path: str, overrides: list[str], *, queue: bool = False, job_id:
     to this host); deadline: the command's."""
     deadline = _command_deadline(deadline)
     store.check_writable()
-    host, bundle, wire, args_note = _plan(spec_path, overrides, job_id, store.root, planned)
-    job_id = wire["job_id"]
-    progress(args_note)
+    plan, wire = _plan(spec_path, overrides, job_id, store.root, planned)
+    host, job_id = plan.host, wire["job_id"]
+    progress(plan.args_note)
     record = JobRecord(job_id=job_id, name=wire["name"], host=host, spec_path=str(Path(spec_path).resolve()),
                        submitted_at=time.time(), service=wire["service"], wire=wire)
     made_record = _record(store, record)
     try:
-        with connect(host, bundle, deadline) as client:
+        with connect(host, plan.bundle, deadline, plan.payload_bundle) as client:
             progress(f"preflight on {host['address']} …")
             answer, already = _submit_once(client, wire, queue)
             notes = answer.get("notes", [])
@@ -252,8 +266,9 @@ def dry_run(spec_path: str, overrides: list[str], *, queue: bool = False, job_id
             planned: LocalPlan | None = None, deadline: Deadline | None = None) -> DryRun:
     """Validate, check the args, preflight the host and decide — without starting or changing anything.
     A refusal raises exactly what submit would raise (exit 2/3/4/5). planned, deadline: as for submit."""
-    host, bundle, wire, args_note = _plan(spec_path, overrides, job_id, default_state_dir(), planned)
-    with connect(host, bundle, deadline) as client:
+    plan, wire = _plan(spec_path, overrides, job_id, default_state_dir(), planned)
+    host, args_note = plan.host, plan.args_note
+    with connect(host, plan.bundle, deadline, plan.payload_bundle) as client:
         report = _preflight(client, wire)
     decision = preflight.decide(wire, report, queue=queue)
     payload = wire["payload"]

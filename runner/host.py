@@ -2,7 +2,8 @@
 
 Every call is `python3 -c BOOT ROOT HASH SUBCOMMAND ARGS…`: BOOT runs the uploaded supervisor (imported, in
 the same interpreter: no second start-up on the host), or answers
-"payload-missing" (exit 42), in which case the bundle is uploaded once and the call repeated. On the wire
+"payload-missing" (exit 42: the supervisor's bundle, or the job's payload bundle, is not there), in which case
+both bundles are uploaded in one call and the call repeated. On the wire
 it travels as `launch_argv`: one fixed single-line program plus one base64 word, which every login shell
 (sh, bash, zsh, csh/tcsh, fish) hands to python unchanged. Every call is bounded by the command's one
 Deadline, shared by its boot, upload and repeat; no call has an allowance of its own.
@@ -24,7 +25,7 @@ from remote_payload.contract import EXIT_PAYLOAD_MISSING
 
 from . import answers
 from .deadline import Deadline
-from .errors import HostBusy, PreflightError, RemoteError, SchedulerUnavailable, UnknownJob
+from .errors import HostBusy, PreflightError, RemoteError, SchedulerUnavailable, SpecError, UnknownJob
 from .transport import Completed, Transport
 
 BOOT = r"""
@@ -50,50 +51,57 @@ import supervisor
 sys.exit(supervisor.main(sys.argv[3:] + ["--root", root]))
 """ % EXIT_PAYLOAD_MISSING
 
-# Unpacks a tar.gz of the bundle from stdin into ROOT/payload/HASH, atomically (temp dir + rename), and
-# refuses members that are not plain files inside the bundle or whose content does not hash to HASH.
+# Unpacks a tar.gz of bundles from stdin: argv names each as KIND/HASH (KIND payload: the supervisor's, payloads:
+# a job's payload), its members are KIND/HASH/NAME. Each bundle not yet on the host goes to ROOT/KIND/HASH,
+# atomically (temp dir + rename); members that are not plain files inside a named bundle, or a bundle whose
+# content does not hash to its HASH, are refused. When every bundle is there already, stdin is not read.
 UNPACK = r"""
-import hashlib, io, json, os, shutil, sys, tarfile, tempfile
-root, digest = os.path.expanduser(sys.argv[1]), sys.argv[2]
-base = os.path.join(root, "payload")
-dest = os.path.join(base, digest)
+import hashlib, io, json, os, re, shutil, sys, tarfile, tempfile
+root, wanted = os.path.expanduser(sys.argv[1]), sys.argv[2:]
 tmp = None
-def refuse(exc):  # a full or read-only disk: say so in one line, and leave no half-written copy behind
+def say(answer, code):
+    sys.stdout.write(json.dumps(answer) + "\n"); sys.exit(code)
+def refuse(exc, base):  # a full or read-only disk: say so in one line, and leave no half-written copy behind
     if tmp:
         shutil.rmtree(tmp, ignore_errors=True)
-    sys.stdout.write(json.dumps({"ok": False, "error": "upload-failed", "message": "cannot write the payload "
-                     "bundle under %s: %s" % (base, exc.strerror or exc)}) + "\n"); sys.exit(1)
-try:
-    os.makedirs(base, mode=0o700, exist_ok=True)
-except OSError as exc:
-    refuse(exc)
-if not os.path.isdir(dest):
+    say({"ok": False, "error": "upload-failed", "message": "cannot write the payload bundle under %s: %s"
+         % (base, exc.strerror or exc)}, 1)
+if not wanted or any(not re.match(r"(payload|payloads)/[0-9a-f]{16}$", w) for w in wanted):
+    say({"ok": False, "error": "bad-bundle", "message": "name each bundle as payload/HASH or payloads/HASH"}, 1)
+missing = [w for w in wanted if not os.path.isdir(os.path.join(root, w))]
+if missing:
     tar = tarfile.open(fileobj=io.BytesIO(sys.stdin.buffer.read()), mode="r:gz")
-    files = {}
+    files = dict((w, {}) for w in wanted)
     for m in tar.getmembers():
         parts = m.name.split("/")
-        if not m.isfile() or m.name.startswith("/") or ".." in parts:
-            sys.stdout.write('{"ok": false, "error": "bad-bundle", "message": "unsafe member"}\n'); sys.exit(1)
-        files[m.name] = tar.extractfile(m).read()
-    h = hashlib.sha256()
-    for name in sorted(files):
-        h.update(name.encode() + b"\0" + files[name] + b"\0")
-    if h.hexdigest()[:16] != digest:
-        sys.stdout.write('{"ok": false, "error": "bad-bundle", "message": "hash mismatch"}\n'); sys.exit(1)
-    try:
-        tmp = tempfile.mkdtemp(prefix=".tmp-" + digest + "-", dir=base)
-        for name, data in files.items():
-            path = os.path.join(tmp, name)
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            with open(path, "wb") as fh:
-                fh.write(data)
-    except OSError as exc:
-        refuse(exc)
-    try:
-        os.rename(tmp, dest)
-    except OSError:
-        shutil.rmtree(tmp)  # a concurrent upload won the race; its content is identical
-sys.stdout.write('{"ok": true}\n')
+        where = "/".join(parts[:2])
+        if not m.isfile() or m.name.startswith("/") or ".." in parts or len(parts) < 3 or where not in files:
+            say({"ok": False, "error": "bad-bundle", "message": "unsafe member"}, 1)
+        files[where]["/".join(parts[2:])] = tar.extractfile(m).read()
+    for w in wanted:
+        h = hashlib.sha256()
+        for name in sorted(files[w]):
+            h.update(name.encode() + b"\0" + files[w][name] + b"\0")
+        if h.hexdigest()[:16] != w.split("/")[1]:
+            say({"ok": False, "error": "bad-bundle", "message": "hash mismatch: " + w}, 1)
+    for w in missing:
+        base, digest = os.path.join(root, w.split("/")[0]), w.split("/")[1]
+        try:
+            os.makedirs(base, mode=0o700, exist_ok=True)
+            tmp = tempfile.mkdtemp(prefix=".tmp-" + digest + "-", dir=base)
+            for name, data in files[w].items():
+                path = os.path.join(tmp, name)
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                with open(path, "wb") as fh:
+                    fh.write(data)
+        except OSError as exc:
+            refuse(exc, base)
+        try:
+            os.rename(tmp, os.path.join(base, digest))
+        except OSError:
+            shutil.rmtree(tmp)  # a concurrent upload won the race; its content is identical
+        tmp = None
+say({"ok": True}, 0)
 """
 
 
@@ -116,7 +124,8 @@ def launch_argv(python: str, program: str, args: Sequence[str]) -> list[str]:
 
 @dataclass(frozen=True)
 class Bundle:
-    """The files uploaded to ROOT/payload/<digest>/: remote_payload/*.py plus an optional user script."""
+    """Files uploaded to one content-addressed dir on the host: the supervisor's (ROOT/payload/<digest>/) or a
+    job's payload (ROOT/payloads/<digest>/)."""
 
     files: dict[str, bytes]
 
@@ -127,17 +136,20 @@ class Bundle:
             h.update(name.encode() + b"\0" + self.files[name] + b"\0")
         return h.hexdigest()[:16]
 
-    def tarball(self) -> bytes:
-        import tarfile  # only an upload needs it
 
-        buf = io.BytesIO()
-        with tarfile.open(fileobj=buf, mode="w:gz") as tar:
-            for name in sorted(self.files):
-                info = tarfile.TarInfo(name)
-                info.size = len(self.files[name])
+def tarball(bundles: Sequence[tuple[str, Bundle]]) -> bytes:
+    """One tar.gz of the bundles, each under its host dir (`payload/<digest>/…`, `payloads/<digest>/…`)."""
+    import tarfile  # only an upload needs it
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for kind, bundle in bundles:
+            for name in sorted(bundle.files):
+                info = tarfile.TarInfo(f"{kind}/{bundle.digest}/{name}")
+                info.size = len(bundle.files[name])
                 info.mode = 0o644
-                tar.addfile(info, io.BytesIO(self.files[name]))
-        return buf.getvalue()
+                tar.addfile(info, io.BytesIO(bundle.files[name]))
+    return buf.getvalue()
 
 
 def payload_dir() -> Path:
@@ -146,17 +158,38 @@ def payload_dir() -> Path:
     return Path(remote_payload.__file__).parent
 
 
-def build_bundle(extra_script: Path | None = None) -> tuple[Bundle, str | None]:
-    """Bundle remote_payload/; a user script from outside it goes under `user/`. Returns the script's name."""
+PAYLOAD_PACKAGES = "payloads"  # remote_payload/payloads/: each payload is bundled apart, per job
+
+
+def supervisor_bundle() -> Bundle:
+    """Every .py file under remote_payload/ (its sub-packages too) except the payload packages: a benchmark's
+    edit never changes this digest."""
     root = payload_dir()
-    files = {p.name: p.read_bytes() for p in sorted(root.glob("*.py"))}
-    if extra_script is None:
-        return Bundle(files), None
-    if extra_script.parent.resolve() == root.resolve():
-        return Bundle(files), extra_script.name
-    name = f"user/{extra_script.name}"
-    files[name] = extra_script.read_bytes()
-    return Bundle(files), name
+    files = {}
+    for path in sorted(root.rglob("*.py")):
+        parts = path.relative_to(root).parts
+        if parts[0] != PAYLOAD_PACKAGES and "__pycache__" not in parts:
+            files["/".join(parts)] = path.read_bytes()
+    return Bundle(files)
+
+
+def packaged_payload(script: str) -> Path | None:
+    """The folder of remote_payload/payloads/ that holds a bare `payload.script` name, or None."""
+    if "/" in script:
+        return None
+    found = sorted((payload_dir() / PAYLOAD_PACKAGES).glob(f"*/{script}"))
+    return found[0].parent if found else None
+
+
+def payload_bundle(script: Path) -> Bundle:
+    """The script and its local import closure (runner/import_closure.py), named from the script's directory."""
+    from .import_closure import local_closure
+
+    try:
+        return Bundle(local_closure(script))
+    except SyntaxError as exc:
+        raise SpecError(f"payload.script: {script.name}'s imports cannot be read: {exc.filename} line "
+                        f"{exc.lineno}: {exc.msg}") from None
 
 
 class HostClient:
@@ -165,11 +198,13 @@ class HostClient:
     `deadline` is the calling command's: no call runs past it.
     """
 
-    def __init__(self, transport: Transport, *, root: str, python: str, bundle: Bundle, deadline: Deadline) -> None:
+    def __init__(self, transport: Transport, *, root: str, python: str, bundle: Bundle, deadline: Deadline,
+                 payload: Bundle | None = None) -> None:
         self.transport = transport
         self.root = root
         self.python = python
-        self.bundle = bundle
+        self.bundle = bundle  # the supervisor's
+        self.payload = payload  # the job's script and its imports, when it has one
         self.deadline = deadline
         self.round_trips = 0
 
@@ -231,9 +266,12 @@ class HostClient:
         return _answer(done, sub)
 
     def upload(self) -> None:
-        argv = launch_argv(self.python, UNPACK, [self.root, self.bundle.digest])
+        """Both bundles in one round trip (the host skips one it has): `payload-missing` comes from BOOT for
+        the supervisor's and from the supervisor for the payload's."""
+        bundles = [("payload", self.bundle)] + ([("payloads", self.payload)] if self.payload is not None else [])
+        argv = launch_argv(self.python, UNPACK, [self.root, *(f"{kind}/{b.digest}" for kind, b in bundles)])
         self.round_trips += 1
-        _answer(self.transport.run(argv, stdin=self.bundle.tarball(), deadline=self.deadline), "upload")
+        _answer(self.transport.run(argv, stdin=tarball(bundles), deadline=self.deadline), "upload")
 
     def _run_boot(self, sub: str, args: list[str], stdin: bytes) -> Completed:
         argv = launch_argv(self.python, BOOT, [self.root, self.bundle.digest, sub, *args])

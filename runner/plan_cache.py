@@ -2,11 +2,13 @@
 before neither imports pydantic and yaml nor validates again (they were most of the CLI's start-up).
 
 A plan is what submit decides before any host is contacted: the host section, the wire form of the spec
-(its job id left to each submit), the payload script's path and the bundle digest, and the args check's note.
+(its job id left to each submit), the payload script's path, the digests of both bundles (the supervisor's and
+the payload's), and the args check's note.
 Its key hashes the spec file (resolved path and bytes), the `--set` overrides, and a stamp of the code that
 validates (every runner/*.py file, the Python version, the pydantic and yaml packages): any change is a
-miss, so a plan is never older than what it was made from. On a hit the bundle is built again from the files
-and must hash to the recorded digest (remote_payload/*.py and the script unchanged), else it is a miss too.
+miss, so a plan is never older than what it was made from. On a hit both bundles are built again from the files
+and must hash to the recorded digests (the host code, the script and its local imports unchanged: a payload's
+estimate and args check are as fresh as its bundle), else it is a miss too.
 Entries are STATE/plans/<key>.json, replaced atomically; an unreadable one is a miss, never an error.
 """
 from __future__ import annotations
@@ -20,7 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
-FORMAT = 1
+from .errors import RunnerError
+
+FORMAT = 2
 RUNNER_DIR = Path(__file__).resolve().parent
 VALIDATING_PACKAGES = ("pydantic", "pydantic_core", "yaml")
 
@@ -29,8 +33,9 @@ VALIDATING_PACKAGES = ("pydantic", "pydantic_core", "yaml")
 class Plan:
     host: dict
     wire: dict  # the spec's wire form; its job_id is set by each submit
-    source: str | None  # the payload script uploaded with the bundle (absolute), or None
-    digest: str
+    source: str | None  # the payload script (absolute), or None for a command payload
+    digest: str  # the supervisor's bundle
+    payload_digest: str | None  # the payload script's bundle (its import closure), or None
     args_note: str
 
 
@@ -78,16 +83,18 @@ def _read(root: Path, plan_key: str | None) -> Plan | None:
         return None
 
 
-def load(root: Path, plan_key: str | None, bundle_of: Callable) -> tuple[Plan, object] | None:
-    """The cached plan and its bundle (`bundle_of(source)`, checked against the recorded digest), or None."""
+def load(root: Path, plan_key: str | None, bundles_of: Callable) -> tuple[Plan, tuple] | None:
+    """The cached plan and its bundles (`bundles_of(source)`: the supervisor's and the payload's, each checked
+    against its recorded digest), or None."""
     plan = _read(root, plan_key)
     if plan is None:
         return None
     try:
-        bundle, _ = bundle_of(Path(plan.source) if plan.source else None)
-    except (OSError, ValueError, TypeError):
+        bundle, payload = bundles_of(Path(plan.source) if plan.source else None)
+    except (OSError, ValueError, TypeError, RunnerError):
         return None
-    return (plan, bundle) if bundle.digest == plan.digest else None
+    payload_digest = payload.digest if payload is not None else None
+    return (plan, (bundle, payload)) if (bundle.digest, payload_digest) == (plan.digest, plan.payload_digest) else None
 
 
 def host(root: Path, plan_key: str | None) -> dict | None:

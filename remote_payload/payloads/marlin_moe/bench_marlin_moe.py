@@ -26,7 +26,7 @@ import os  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
 
-from marlin_estimate import Shape, estimate, expert_bytes, weight_bytes  # noqa: E402
+from marlin_estimate import Shape, estimate, estimate_from_args, expert_bytes, weight_bytes  # noqa: E402
 from marlin_env import (backend_version, build_backend, built_modules, environment, jit_cache_dirs,  # noqa: E402
                         load_backend, own_gpu_memory_mib, reason_of, slow_phase_hook,
                         start_full_import_probe)
@@ -132,6 +132,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     if problems:
         parser.error("; ".join(problems))          # exits 2
     return args
+
+
+def estimate_peak_bytes(args: argparse.Namespace) -> int:
+    """Free GPU memory this run needs to start, from parse_args' answer alone (pure, no torch): what runner's
+    `gpu.min_free_mib: auto` asks for."""
+    return estimate_from_args(vars(args)).required_bytes
 
 
 def shape_of(a: argparse.Namespace) -> Shape:
