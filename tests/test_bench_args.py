@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[1] / "remote_payload" / "bench_marlin_moe.py"
+BENCH = Path(__file__).resolve().parents[1] / "remote_payload" / "payloads" / "marlin_moe" / "bench_marlin_moe.py"
 TINY = ["--experts", "8", "--hidden", "128", "--intermediate", "64", "--topk", "2", "--device", "cpu"]
 
 

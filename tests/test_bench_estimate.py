@@ -1,4 +1,5 @@
-"""The pure memory estimator: K2.6 sizes from the notes, the registry the controller uses, no torch import."""
+"""The pure memory estimator: K2.6 sizes from the notes, the benchmark's estimate_peak_bytes that the controller
+asks (in the args check's child), no torch import."""
 import json
 import subprocess
 import sys
@@ -6,11 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from remote_payload.estimates import estimate_peak_bytes
-from remote_payload.marlin_estimate import (Shape, block_size_m, estimate, estimate_from_args, expert_bytes,
-                                            weight_bytes, weight_tensor_bytes)
+from remote_payload.payloads.marlin_moe.marlin_estimate import (Shape, block_size_m, estimate, estimate_from_args,
+                                                                expert_bytes, weight_bytes, weight_tensor_bytes)
+from runner.payload_args import check_args
 
 ROOT = Path(__file__).resolve().parents[1]
+BENCH = ROOT / "remote_payload" / "payloads" / "marlin_moe" / "bench_marlin_moe.py"
+DEMO = ROOT / "remote_payload" / "payloads" / "demo" / "demo_payload.py"
 K26 = Shape(experts=384, hidden=7168, intermediate=2048, topk=8, group_size=32)
 K26_ARGS = {"experts": 384, "hidden": 7168, "intermediate": 2048, "topk": 8, "group_size": 32,
             "batch_sizes": [1, 2, 4, 8, 16, 32, 64, 128, 256, 512], "backend": "auto"}
@@ -46,10 +49,16 @@ def test_block_size_follows_fused_marlin_moe():
     assert [block_size_m(m, K26) for m in (1, 256, 512, 1024, 4096)] == [8, 8, 16, 32, 64]
 
 
-def test_registry_answers_for_the_bench_and_none_for_others():
-    mib = estimate_peak_bytes("bench_marlin_moe.py", K26_ARGS) / 2**20
-    assert 9_000 < mib < 10_500
-    assert estimate_peak_bytes("demo_payload.py", {}) is None
+def argv(args: dict) -> list[str]:
+    return [a for k, v in args.items() for a in ("--" + k.replace("_", "-"), ",".join(map(str, v))
+                                                   if isinstance(v, list) else str(v))]
+
+
+def test_the_bench_answers_its_estimate_and_the_demo_none():
+    check = check_args(BENCH, K26_ARGS, argv(K26_ARGS), "k.yaml")
+    assert check.estimates == [estimate_from_args(K26_ARGS).required_bytes]
+    assert 9_000 < check.estimates[0] / 2**20 < 10_500
+    assert check_args(DEMO, {}, [], "d.yaml").estimates == [None]
 
 
 def test_args_in_comma_string_and_dashed_forms_give_the_same_estimate():
@@ -64,7 +73,7 @@ def test_missing_shape_argument_is_named():
 
 
 def test_importing_the_estimator_does_not_import_torch():
-    code = ("import sys; import remote_payload.estimates, remote_payload.marlin_estimate; "
+    code = ("import sys; import remote_payload.payloads.marlin_moe.marlin_estimate; "
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from remote_payload.marlin_events import Events
+from remote_payload.payloads.marlin_moe.marlin_events import Events
 
 
 def lines(stream: io.StringIO) -> list[dict]:

@@ -15,7 +15,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-PAYLOAD = Path(__file__).resolve().parents[1] / "remote_payload"
+PAYLOAD = Path(__file__).resolve().parents[1] / "remote_payload" / "payloads" / "marlin_moe"
 sys.path.insert(0, str(PAYLOAD))
 
 import bench_marlin_moe as bench  # noqa: E402

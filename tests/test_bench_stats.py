@@ -1,7 +1,7 @@
 """Rows and levers from raw timings (pure)."""
 import pytest
 
-from remote_payload.marlin_stats import (add_levers, bootstrap_lever, floor_us, lever_summary, percentile,
+from remote_payload.payloads.marlin_moe.marlin_stats import (add_levers, bootstrap_lever, floor_us, lever_summary, percentile,
                                         relative_spread, timing_row, window_order)
 
 EXPERT = 24.77e6

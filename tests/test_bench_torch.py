@@ -11,7 +11,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-PAYLOAD = Path(__file__).resolve().parents[1] / "remote_payload"
+PAYLOAD = Path(__file__).resolve().parents[1] / "remote_payload" / "payloads" / "marlin_moe"
 sys.path.insert(0, str(PAYLOAD))          # the payload's modules import each other as top-level modules
 
 import marlin_backends as mb  # noqa: E402

@@ -1,15 +1,15 @@
-"""The payload bundle: content-addressed, uploaded once, unpacked safely (UNPACK runs here for real)."""
+"""The bundles: content-addressed, uploaded once, unpacked safely (UNPACK runs here for real)."""
 import io
 import json
 import subprocess
 import sys
 import tarfile
 
-from runner.host import UNPACK, Bundle, build_bundle
+from runner.host import UNPACK, Bundle, payload_bundle, supervisor_bundle, tarball
 
 
-def unpack(root, digest, data):
-    return subprocess.run([sys.executable, "-c", UNPACK, str(root), digest], input=data, capture_output=True)
+def unpack(root, data, *names):
+    return subprocess.run([sys.executable, "-c", UNPACK, str(root), *names], input=data, capture_output=True)
 
 
 def test_digest_depends_on_names_and_contents():
@@ -19,48 +19,79 @@ def test_digest_depends_on_names_and_contents():
     assert a.digest != Bundle({"y.py": b"1"}).digest
 
 
-def test_bundle_holds_the_supervisor_and_a_user_script(tmp_path):
+def test_a_user_scripts_bundle_is_named_from_its_own_directory(tmp_path):
     script = tmp_path / "my bench; $(x).py"
     script.write_text("print('hi')\n")
-    bundle, name = build_bundle(script)
-    assert "supervisor.py" in bundle.files or "demo_payload.py" in bundle.files
-    assert name == "user/my bench; $(x).py"
-    assert bundle.files[name] == b"print('hi')\n"
+    bundle = payload_bundle(script)
+    assert bundle.files == {"my bench; $(x).py": b"print('hi')\n"}
+    assert "supervisor.py" in supervisor_bundle().files
 
 
 def test_unpack_is_atomic_and_idempotent(tmp_path):
-    bundle = Bundle({"a.py": b"print(1)\n", "user/b c.py": b"x"})
-    done = unpack(tmp_path, bundle.digest, bundle.tarball())
-    assert json.loads(done.stdout) == {"ok": True}
-    dest = tmp_path / "payload" / bundle.digest
-    assert (dest / "user" / "b c.py").read_bytes() == b"x"
-    again = unpack(tmp_path, bundle.digest, b"")  # already there: nothing read, nothing changed
+    sup, job = Bundle({"a.py": b"print(1)\n"}), Bundle({"b c.py": b"x", "pkg/d.py": b"y"})
+    names = [f"payload/{sup.digest}", f"payloads/{job.digest}"]
+    done = unpack(tmp_path, tarball([("payload", sup), ("payloads", job)]), *names)
+    assert json.loads(done.stdout) == {"ok": True}, done.stdout
+    assert (tmp_path / "payload" / sup.digest / "a.py").read_bytes() == b"print(1)\n"
+    assert (tmp_path / "payloads" / job.digest / "pkg" / "d.py").read_bytes() == b"y"
+    again = unpack(tmp_path, b"", *names)  # already there: nothing read, nothing changed
     assert json.loads(again.stdout) == {"ok": True}
-    assert [p.name for p in (tmp_path / "payload").iterdir()] == [bundle.digest]
+    assert [p.name for p in (tmp_path / "payload").iterdir()] == [sup.digest]
+    assert [p.name for p in (tmp_path / "payloads").iterdir()] == [job.digest]
 
 
-def test_unpack_refuses_traversal_and_wrong_hash(tmp_path):
+def test_unpack_adds_only_the_missing_bundle(tmp_path):
+    sup, job = Bundle({"a.py": b"1"}), Bundle({"b.py": b"2"})
+    assert json.loads(unpack(tmp_path, tarball([("payload", sup)]), f"payload/{sup.digest}").stdout)["ok"]
+    stamp = (tmp_path / "payload" / sup.digest / "a.py").stat().st_mtime_ns
+    done = unpack(tmp_path, tarball([("payload", sup), ("payloads", job)]), f"payload/{sup.digest}",
+                  f"payloads/{job.digest}")
+    assert json.loads(done.stdout) == {"ok": True}
+    assert (tmp_path / "payloads" / job.digest / "b.py").read_bytes() == b"2"
+    assert (tmp_path / "payload" / sup.digest / "a.py").stat().st_mtime_ns == stamp
+
+
+def test_unpack_refuses_traversal_wrong_hash_and_unnamed_bundles(tmp_path):
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz") as tar:
-        info = tarfile.TarInfo("../escape.py")
+        info = tarfile.TarInfo("payload/" + "0" * 16 + "/../../escape.py")
         info.size = 1
         tar.addfile(info, io.BytesIO(b"x"))
-    done = unpack(tmp_path, "0" * 16, buf.getvalue())
+    done = unpack(tmp_path, buf.getvalue(), "payload/" + "0" * 16)
     assert done.returncode == 1 and b"unsafe member" in done.stdout
     assert not (tmp_path / "escape.py").exists()
     bundle = Bundle({"a.py": b"1"})
-    done = unpack(tmp_path, "f" * 16, bundle.tarball())
+    done = unpack(tmp_path, tarball([("payload", bundle)]), "payload/" + "f" * 16)
+    assert done.returncode == 1 and b"unsafe member" in done.stdout  # not the bundle it was asked for
+    wrong = Bundle({"a.py": b"2"})
+    data = tarball([("payload", bundle)])
+    done = unpack(tmp_path, _renamed(bundle, wrong.digest), "payload/" + wrong.digest)
     assert done.returncode == 1 and b"hash mismatch" in done.stdout
+    for name in ("elsewhere/" + bundle.digest, "payload/../x", "payload/short"):
+        done = unpack(tmp_path, data, name)
+        assert done.returncode == 1 and b"bad-bundle" in done.stdout
+    assert not (tmp_path / "payload").exists()
+
+
+def _renamed(bundle: Bundle, digest: str) -> bytes:
+    """bundle's files under payload/<digest>/: a tarball whose content does not hash to its name."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for name, data in bundle.files.items():
+            info = tarfile.TarInfo(f"payload/{digest}/{name}")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
 
 
 def test_unpacked_bundle_runs_the_supervisor_and_its_rooms_as_a_script(tmp_path):
     """BOOT runs ROOT/payload/<digest>/supervisor.py as a script: its rooms and contract.py must travel and
     import from there (sys.path[0] is the payload dir), with no remote_payload package on the host."""
-    bundle, _ = build_bundle()
+    bundle = supervisor_bundle()
     rooms = {"contract.py", "supervisor.py", "supervisor_files.py", "supervisor_host.py", "supervisor_job.py",
              "supervisor_record.py", "supervisor_settle.py", "supervisor_spec.py"}
     assert rooms <= set(bundle.files)
-    assert json.loads(unpack(tmp_path, bundle.digest, bundle.tarball()).stdout) == {"ok": True}
+    assert json.loads(unpack(tmp_path, tarball([("payload", bundle)]), f"payload/{bundle.digest}").stdout) == {"ok": True}
     script = tmp_path / "payload" / bundle.digest / "supervisor.py"
     done = subprocess.run([sys.executable, "-S", str(script), "status", "--root", str(tmp_path)], cwd="/",
                           capture_output=True, env={"PATH": "/usr/bin:/bin"})

@@ -20,7 +20,7 @@ from tests.cli_helpers import (REPO, Target, job_dir, pid_alive, run_cli, status
                                wait_terminal)
 from tests.hosts._proc import shared_tmpdir
 
-DEMO = REPO / "remote_payload" / "demo_payload.py"
+DEMO = REPO / "remote_payload" / "payloads" / "demo" / "demo_payload.py"
 
 
 @pytest.fixture
@@ -202,7 +202,7 @@ def test_a_payload_that_dies_or_times_out_while_staged_never_stops_the_unit(serv
 def run_bench_staged(tmp_path: Path, stdin: bytes) -> tuple[subprocess.CompletedProcess, list[dict]]:
     pytest.importorskip("torch")
     done = subprocess.run(
-        [sys.executable, str(REPO / "remote_payload" / "bench_marlin_moe.py"), "--experts", "8", "--hidden", "128",
+        [sys.executable, str(REPO / "remote_payload" / "payloads" / "marlin_moe" / "bench_marlin_moe.py"), "--experts", "8", "--hidden", "128",
          "--intermediate", "64", "--topk", "2", "--batch-sizes", "1,2", "--device", "cpu", "--iterations", "2",
          "--repeats", "1", "--out", str(tmp_path / "result.json")],
         input=stdin, capture_output=True, cwd=tmp_path, timeout=120, env=dict(os.environ, RUNNER_STAGED="1"))
