@@ -115,7 +115,7 @@ def host_accepts(kind: str, value) -> bool:
     rules = {
         "job_id": lambda v: checks.check_job_id(v),
         "unit": lambda v: checks.check_unit(v),
-        "script": lambda v: checks.check_spec({"payload": {"script": v}}, "j"),
+        "script": lambda v: checks.check_spec({"payload": {"script": v, "bundle": "0" * 16}}, "j"),
         "env_key": lambda v: checks.check_spec({"payload": {"command": ["/bin/true"], "env": {v: "x"}}}, "j"),
         "device": lambda v: checks.check_spec({"payload": {"command": ["/bin/true"]}, "gpu": {"devices": [v]}}, "j"),
         "root": lambda v: checks.check_root(v),

@@ -173,14 +173,47 @@ def test_scripts_outside_the_payload_dir_are_refused(script):
         checks.check_spec({"payload": {"python": "python3", "script": script}}, "j")
 
 
-def test_script_inside_the_payload_dir_resolves_there():
-    checked = checks.check_spec({"payload": {"python": "/py", "script": "demo_payload.py", "args": ["--x", "1"]}}, "j")
-    assert payload.payload_argv(checked) == ["/py", os.path.join(host.HERE, "demo_payload.py"), "--x", "1"]
+BUNDLE = "0123456789abcdef"
+
+
+def test_a_script_resolves_in_its_own_payload_bundle_under_root(tmp_path):
+    (tmp_path / "payloads" / BUNDLE).mkdir(parents=True)
+    (tmp_path / "payloads" / BUNDLE / "demo_payload.py").write_text("")
+    raw = {"payload": {"python": "/py", "script": "demo_payload.py", "bundle": BUNDLE, "args": ["--x", "1"]}}
+    checked = checks.locate_payload(checks.check_spec(raw, "j"), str(tmp_path))
+    script = os.path.join(str(tmp_path), "payloads", BUNDLE, "demo_payload.py")
+    assert payload.payload_argv(checked) == ["/py", script, "--x", "1"]
+    assert job.prepare_argv(dict(checked, payload=dict(checked["payload"], prepare=["--p"]))) == ["/py", script, "--p"]
+
+
+def test_a_payload_bundle_not_on_the_host_asks_for_the_upload(tmp_path):
+    checked = checks.check_spec({"payload": {"script": "x.py", "bundle": BUNDLE}}, "j")
+    with pytest.raises(host.Fail) as err:
+        checks.locate_payload(checked, str(tmp_path))
+    assert err.value.code == "payload-missing" and err.value.answer()["exit_status"] == 42
+    (tmp_path / "payloads" / BUNDLE).mkdir(parents=True)
+    with pytest.raises(host.Fail, match="not in the uploaded payload bundle"):
+        checks.locate_payload(checked, str(tmp_path))
+    (tmp_path / "payloads" / BUNDLE).chmod(0o777)
+    with pytest.raises(host.Fail) as err:
+        checks.locate_payload(checked, str(tmp_path))
+    assert err.value.code == "unsafe-root"
+
+
+@pytest.mark.parametrize("bundle", [None, "", "../../etc", "0123456789ABCDEF", "0" * 15, 7])
+def test_a_script_payload_names_its_bundle_by_digest(bundle):
+    with pytest.raises(host.Fail, match="payload.bundle"):
+        checks.check_spec({"payload": {"script": "x.py", "bundle": bundle}}, "j")
+
+
+def test_a_command_payload_needs_no_bundle(tmp_path):
+    checked = checks.check_spec({"payload": {"command": ["/bin/true"]}}, "j")
+    assert checks.locate_payload(checked, str(tmp_path)) == checked
 
 
 def test_exactly_one_of_script_and_command():
     with pytest.raises(host.Fail):
-        checks.check_spec({"payload": {"script": "demo_payload.py", "command": ["/bin/true"]}}, "j")
+        checks.check_spec({"payload": {"script": "demo_payload.py", "bundle": BUNDLE, "command": ["/bin/true"]}}, "j")
     with pytest.raises(host.Fail):
         checks.check_spec({"payload": {}}, "j")
 
