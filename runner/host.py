@@ -25,7 +25,7 @@ from remote_payload.contract import EXIT_PAYLOAD_MISSING
 
 from . import answers
 from .deadline import Deadline
-from .errors import HostBusy, PreflightError, RemoteError, SchedulerUnavailable, SpecError, UnknownJob
+from .errors import HostBusy, PreflightError, RemoteError, SchedulerUnavailable, UnknownJob
 from .transport import Completed, Transport
 
 BOOT = r"""
@@ -185,11 +185,7 @@ def payload_bundle(script: Path) -> Bundle:
     """The script and its local import closure (runner/import_closure.py), named from the script's directory."""
     from .import_closure import local_closure
 
-    try:
-        return Bundle(local_closure(script))
-    except SyntaxError as exc:
-        raise SpecError(f"payload.script: {script.name}'s imports cannot be read: {exc.filename} line "
-                        f"{exc.lineno}: {exc.msg}") from None
+    return Bundle(local_closure(script))
 
 
 class HostClient:

@@ -4,7 +4,8 @@ another, that resolves inside the script's own directory (sys.path[0] when it ru
 Read from the source (AST), nothing is imported. Every import statement counts, wherever it is (inside a
 function, a try/except pair); a name that resolves to no file in the directory (the standard library, an
 installed package, a module the host provides) is not bundled. Relative imports resolve against the
-importing file's own folder. Not found: imports by computed name (`importlib.import_module(x)`) and data
+importing file's own folder. A file that does not parse with the controller's Python travels, but its own
+imports are not followed (the host's start check compiles the script with payload.python). Not found: imports by computed name (`importlib.import_module(x)`) and data
 files; put them in the script's directory and import them by name, or ship them another way.
 """
 from __future__ import annotations
@@ -30,8 +31,12 @@ def local_closure(script: Path) -> dict[str, bytes]:
 
 def _local_imports(path: Path, base: Path) -> list[Path]:
     """The files inside `base` that the imports of `path` load (package `__init__.py` files included)."""
+    try:
+        tree = ast.parse(path.read_bytes(), filename=str(path))
+    except SyntaxError:  # payload.python may be newer than ours: the file travels, its own imports are not seen
+        return []
     files: list[Path] = []
-    for node in ast.walk(ast.parse(path.read_bytes(), filename=str(path))):
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             for alias in node.names:
                 files += _resolve(base, alias.name.split("."), base)

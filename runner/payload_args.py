@@ -94,9 +94,9 @@ def check_many(script: Path, runs: list, spec_path: object) -> ArgsCheck:
     `field.KEY` (a sweep's variant names `sweep.matrix.KEY`)."""
     try:
         checkable = is_checkable(script)
-    except SyntaxError as exc:
-        raise SpecError(f"{spec_path}: payload.script: {script.name} does not compile: line {exc.lineno}: "
-                        f"{exc.msg}") from None
+    except SyntaxError as exc:  # payload.python may be newer than the controller's: the host's probe decides
+        return ArgsCheck(False, f"payload.args unchecked: {script.name} does not parse with the controller's "
+                                f"Python (line {exc.lineno}: {exc.msg})")
     if not checkable:
         return ArgsCheck(False, f"payload.args unchecked: {script.name} does not expose parse_args()")
     answer = _ask_script(script, [argv for _, argv, _ in runs])

@@ -202,3 +202,13 @@ def test_the_import_closure_leaves_out_what_resolves_outside_the_scripts_directo
     script = write(tmp_path / "inner" / "run.py", "import outside\nimport linked\nfrom .. import outside\n")
     (tmp_path / "inner" / "linked.py").symlink_to(tmp_path / "outside.py")
     assert sorted(local_closure(script)) == ["run.py"]
+
+
+def test_a_file_the_controller_cannot_parse_still_travels(tmp_path):
+    """payload.python may be newer than the controller's: the host's probe judges the syntax, not the closure."""
+    from runner.import_closure import local_closure
+
+    script = write(tmp_path / "run.py", "import helper\n")
+    write(tmp_path / "helper.py", "match = (\nimport never_followed\n")
+    write(tmp_path / "never_followed.py", "")
+    assert sorted(local_closure(script)) == ["helper.py", "run.py"]

@@ -174,6 +174,8 @@ def test_a_probe_that_hangs_is_bounded(tmp_path):
     began = time.monotonic()
     with pytest.raises(Fail) as refused:
         supervisor_startable.check_startable({"payload": {"command": None, "script": "demo_payload.py",
+                                                          "path": str(REPO / "remote_payload" / "payloads" / "demo"
+                                                                      / "demo_payload.py"),
                                                           "python": str(slow), "env": {}, "args": []}})
     assert refused.value.extra["field"] == "payload.python" and "within" in str(refused.value)
     assert time.monotonic() - began < START_PROBE_TIMEOUT_S + 10
