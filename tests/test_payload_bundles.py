@@ -212,3 +212,20 @@ def test_a_file_the_controller_cannot_parse_still_travels(tmp_path):
     write(tmp_path / "helper.py", "match = (\nimport never_followed\n")
     write(tmp_path / "never_followed.py", "")
     assert sorted(local_closure(script)) == ["helper.py", "run.py"]
+
+
+def test_both_bundles_travel_in_one_upload_and_a_warm_submit_is_one_round_trip(local, work):
+    from runner.store import Store
+
+    demo = write_job(work / "demo.yaml", local, script="demo_payload.py", args={"seconds": 1, "sizes": [1]})
+    write(work / "other.py", "print('other')\n")
+    other = write_job(work / "other.yaml", local, script="other.py")
+    store = Store()
+    trips = [controller.submit(str(job), [], store=store, progress=lambda _m: None) for job in (demo, demo, other)]
+    # cold: payload-missing, one upload of both, submit again; warm: one; a new payload on a warm host: the
+    # supervisor answers payload-missing for it, one upload, submit again
+    assert [t.round_trips for t in trips] == [3, 1, 3]
+    for done in trips:
+        assert wait_terminal(local, done.job_id)["state"] == "SUCCEEDED"
+    assert len(list((local.root / "payload").iterdir())) == 1
+    assert len(list((local.root / "payloads").iterdir())) == 2
