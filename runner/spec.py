@@ -226,7 +226,8 @@ class JobSpec(_Section):
         return argv
 
     def script_source(self, payload_root: Path) -> Path | None:
-        """The local file to upload: one of remote_payload/ if it is there, else relative to the YAML's directory."""
+        """The local file to upload: in payload_root (the packaged payload holding a bare name) if it is there,
+        else relative to the YAML's directory."""
         script = self.payload.script
         if script is None:
             return None

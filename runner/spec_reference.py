@@ -48,12 +48,16 @@ DESCRIPTIONS = {
                           "given: in-flight requests are returned) or `retract` (they are queued and recomputed after).",
     "gpu": "The GPUs the payload uses and the memory it needs.",
     "gpu.devices": "GPU indexes (nvidia-smi order) or UUIDs; the payload gets CUDA_VISIBLE_DEVICES for them.",
-    "gpu.min_free_mib": "Free memory needed on each device, in MiB (at most 16777216, 16 TiB), or `auto` (the "
-                        "payload's own estimator).",
+    "gpu.min_free_mib": "Free memory needed on each device, in MiB (at most 16777216, 16 TiB), or `auto`: the "
+                        "script's own `estimate_peak_bytes(args)` (given what its `parse_args` returned), asked on "
+                        "the controller; a sweep's largest variant decides.",
     "gpu.drain_timeout": "How long to wait, after stopping the service, for the memory to be free.",
-    "payload": "What runs: a script of remote_payload/ or your repo with `args`, or a `command`.",
+    "payload": "What runs: a script (a packaged payload or your own) with `args`, or a `command`.",
     "payload.python": "Interpreter that runs `script` on the host (e.g. the venv that has torch and sglang).",
-    "payload.script": "A script in remote_payload/ or relative to the job file; uploaded with the payload.",
+    "payload.script": "A bare name of a packaged payload (the folder of remote_payload/payloads/ that holds it: "
+                      "`bench_marlin_moe.py`, `demo_payload.py`), else a path relative to the job file. Uploaded "
+                      "with its local import closure (the modules it imports from its own directory; not the "
+                      "stdlib, not installed packages).",
     "payload.args": "The script's arguments: `key: value` becomes `--key value`, `true` a bare flag, a list "
                     "`1,2,3`. Checked against the script's own parser before the host is contacted.",
     "payload.env": "Extra environment for the payload (RUNNER_* are reserved).",
