@@ -83,7 +83,7 @@ def test_any_other_payload_renders_scalars_and_row_lists():
 
 
 def demo_result() -> dict:
-    """The shape remote_payload/demo_payload.py writes."""
+    """The shape remote_payload/payloads/demo/demo_payload.py writes."""
     return {"payload": "demo", "python": "3.11.2",
             "rows": [{"size": n, "median_us": 10.0 * n, "samples": 40 - n} for n in (1, 4, 16, 64)]}
 
