@@ -177,8 +177,8 @@ def packaged_payload(script: str) -> Path | None:
     """The folder of remote_payload/payloads/ that holds a bare `payload.script` name, or None."""
     if "/" in script:
         return None
-    found = sorted((payload_dir() / PAYLOAD_PACKAGES).glob(f"*/{script}"))
-    return found[0].parent if found else None
+    packages = sorted(p for p in (payload_dir() / PAYLOAD_PACKAGES).iterdir() if p.is_dir())
+    return next((p for p in packages if (p / script).is_file()), None)
 
 
 def payload_bundle(script: Path) -> Bundle:

@@ -74,6 +74,22 @@ def test_a_changed_payload_script_is_uploaded_and_run(tmp_path):
     assert validated and output_of(target, second) == b"second version\n"
 
 
+def test_a_changed_helper_module_of_the_script_is_a_miss_too(tmp_path):
+    """The plan records the payload bundle's digest, which covers the script's local imports: a helper edited
+    since is planned afresh (its estimate and args check with it), and its new bytes run."""
+    target = local_target()
+    (tmp_path / "words.py").write_text("WORD = 'first'\n")
+    (tmp_path / "say.py").write_text("from words import WORD\nprint(WORD)\n")
+    job = write_job(tmp_path / "job.yaml", target, script="say.py")
+    first, _ = submit_reporting(job)
+    assert output_of(target, first) == b"first\n"
+    again, validated = submit_reporting(job)
+    assert not validated and output_of(target, again) == b"first\n"
+    (tmp_path / "words.py").write_text("WORD = 'second'\n")
+    second, validated = submit_reporting(job)
+    assert validated and output_of(target, second) == b"second\n"
+
+
 def test_an_unreadable_plan_is_a_miss_not_an_error(tmp_path, runner_state_dir):
     target = local_target()
     job = write_job(tmp_path / "job.yaml", target, command=["echo", "fine"])
