@@ -104,7 +104,7 @@ def store(tmp_path, monkeypatch):
 
 
 def canned_host(monkeypatch, answers: dict[str, bytes]) -> None:
-    def connect(_host, bundle=None, deadline=None):
+    def connect(_host, bundle=None, deadline=None, payload=None):
         return HostClient(CannedTransport(answers), root="~/.runner", python="python3", bundle=Bundle({}),
                           deadline=deadline)
     monkeypatch.setattr(controller, "connect", connect)
