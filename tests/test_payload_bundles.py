@@ -229,3 +229,19 @@ def test_both_bundles_travel_in_one_upload_and_a_warm_submit_is_one_round_trip(l
         assert wait_terminal(local, done.job_id)["state"] == "SUCCEEDED"
     assert len(list((local.root / "payload").iterdir())) == 1
     assert len(list((local.root / "payloads").iterdir())) == 2
+
+
+def test_every_module_of_the_supervisor_bundle_imports_on_a_bare_host(tmp_path):
+    """Nothing in the host code reaches into a payload (the estimator registry did): each module of the
+    bundle imports from the bundle's dir alone, under `python -S`, as BOOT runs it."""
+    import subprocess
+    import sys
+
+    bundle = host.supervisor_bundle()
+    for name, data in bundle.files.items():
+        write(tmp_path / name, data.decode())
+    modules = sorted(n[:-3].replace("/", ".") for n in bundle.files if n != "__init__.py")
+    code = "import importlib, sys\nfor m in sys.argv[1:]:\n    importlib.import_module(m)\n"
+    done = subprocess.run([sys.executable, "-S", "-c", code, *modules], cwd=tmp_path, capture_output=True,
+                          env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(tmp_path)}, timeout=60)
+    assert done.returncode == 0, done.stderr.decode()[-1000:]
