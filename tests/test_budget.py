@@ -1,0 +1,114 @@
+"""The one time budget (remote_payload/supervisor_budget.py): every bound of a job computed once from its spec
+when the job dir is claimed, recorded in status.json, and read from there by the guard, the guard timer, the
+unit and the Slurm batch. Pure checks first, then the fork path, then the unit on the confined systemd host."""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from remote_payload import supervisor_settle as settle
+from remote_payload.slurm_launch import submit_argv
+from remote_payload.supervisor_budget import BOUNDS, budget, recorded
+from remote_payload.supervisor_files import JobPaths, read_status, write_json_atomic
+from remote_payload.supervisor_spec import check_spec
+from remote_payload.supervisor_start import claim_job_dir
+from tests.test_supervisor import host  # noqa: F401 (the fixture)
+
+PROTOCOL = Path(__file__).parent.parent / "docs" / "protocol.md"
+SERVICE = {"manager": "systemd", "unit": "sg", "health_timeout": 300}
+GPU = {"devices": ["0"], "required_mib": 1000, "drain_timeout": 90}
+LIMITS = {"max_runtime": 1200, "grace": 15}
+T = 1000.0
+SPECS = {
+    "single": {"service": SERVICE, "gpu": GPU, "limits": LIMITS, "payload": {"command": ["/bin/true"]}},
+    "sweep": {"service": SERVICE, "gpu": GPU, "limits": LIMITS, "payload": {"command": ["/bin/true"]},
+              "sweep": {"variants": [{"args": {"n": n}, "argv": ["/bin/true", str(n)]} for n in range(3)]}},
+    "staged": {"service": SERVICE, "gpu": GPU, "limits": dict(LIMITS, stage_timeout=240),
+               "payload": {"command": ["/bin/true"], "staged": True}},
+    "prepare": {"service": SERVICE, "gpu": GPU, "limits": dict(LIMITS, prepare_timeout=500, queue_timeout=900),
+                "payload": {"command": ["/bin/true"], "prepare": ["/bin/true", "prepare"]}},
+    "slurm": {"launcher": "slurm", "slurm": {"time_min": 25}, "limits": LIMITS, "payload": {"command": ["/bin/true"]}},
+}
+# What 1e0bbea's five formulas gave for these specs (guard_timer_seconds, runtime_max_s without and with --queue,
+# stop_timeout_s, hard_deadline per state minus its start, time_min): the refactor changes no number.
+SERVICE_HUNG = {"hung_running_s": 1395, "hung_restoring_s": 615, "hung_draining_s": 170, "hung_stopping_s": 740}
+PINNED = {
+    "single": dict(SERVICE_HUNG, guard_timer_s=2475, runtime_max_s=(4275, 11475), timeout_stop_s=655),
+    "sweep": dict(SERVICE_HUNG, guard_timer_s=4905, runtime_max_s=(6705, 13905), timeout_stop_s=655),
+    "staged": dict(SERVICE_HUNG, guard_timer_s=2475, runtime_max_s=(4515, 11715), timeout_stop_s=655),
+    "prepare": dict(SERVICE_HUNG, guard_timer_s=2475, runtime_max_s=(2975, 3875), timeout_stop_s=655),
+    "slurm": {"guard_timer_s": 2235, "runtime_max_s": (4035, 11235), "timeout_stop_s": 385, "hung_running_s": 1425,
+              "hung_restoring_s": 345, "hung_draining_s": 200, "hung_stopping_s": 740, "slurm_time_min": 25},
+}
+
+
+def checked(name: str) -> dict:
+    return check_spec(dict({"name": name}, **SPECS[name]), "j1")
+
+
+@pytest.mark.parametrize("name", sorted(SPECS))
+@pytest.mark.parametrize("queue", [False, True])
+def test_the_budget_keeps_the_numbers_of_the_five_formulas_it_replaces(name, queue):
+    want = dict(PINNED[name], runtime_max_s=PINNED[name]["runtime_max_s"][queue])
+    got = budget(checked(name), T, queue)
+    assert {key: got[key] for key in want} == want
+    assert got["ends_by_at"] == T + got["runtime_max_s"] + 2 * got["timeout_stop_s"]
+    assert set(got) == {b.name for b in BOUNDS if b.launcher in (None, SPECS[name].get("launcher", "ssh"))}
+
+
+def test_slurms_time_is_the_controllers_never_below_our_deadline():
+    spec = checked("slurm")
+    assert budget(dict(spec, slurm=dict(spec["slurm"], time_min=22)), T)["slurm_time_min"] == 22  # the default
+    assert budget(dict(spec, slurm=dict(spec["slurm"], time_min=1)), T)["slurm_time_min"] == 22
+
+
+def table_rows(text: str) -> list:
+    """The rows of protocol.md's "Time budget" table: (bound, formula, reader) as written there."""
+    section = text.split("## Time budget", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| `")]
+    return [tuple(re.sub(r"^`|`$", "", cell.strip()) for cell in row.strip("|").split(" | ")[:3]) for row in rows]
+
+
+def test_protocol_md_shows_the_budgets_own_formulas():
+    assert table_rows(PROTOCOL.read_text()) == [(b.name, b.formula, b.reader) for b in BOUNDS]
+
+
+def test_the_guard_reads_the_recorded_budget_not_the_spec():
+    spec = checked("single")
+    status = {"state": "RUNNING", "created_at": T, "started_at": T, "payload": {"started_at": T},
+              "budget": dict(budget(spec, T), hung_running_s=7.0)}
+    assert settle.hard_deadline(spec, status) == T + 7.0
+    restoring = dict(status, state="RESTORING", updated_at=T + 50, budget=dict(status["budget"], hung_restoring_s=3))
+    assert settle.hard_deadline(spec, restoring) == T + 53
+
+
+def test_a_budget_the_payload_overwrote_is_recomputed_from_the_spec():
+    spec = checked("single")
+    for damaged in (None, "x", {"hung_running_s": "soon"}, {"guard_timer_s": True}):
+        assert recorded(spec, {"created_at": T, "budget": damaged}) == budget(spec, T)
+
+
+def test_sbatch_gets_the_recorded_time(tmp_path):
+    spec = check_spec(dict({"name": "slurm"}, **SPECS["slurm"]), "j1")
+    paths = JobPaths(str(tmp_path), "j1")
+    claim_job_dir(paths, spec, False)
+    assert "--time=25" in submit_argv(paths, spec)
+    status = read_status(paths)
+    write_json_atomic(paths.status, dict(status, budget=dict(status["budget"], slurm_time_min=77)))
+    assert "--time=77" in submit_argv(paths, spec)
+
+
+def test_status_json_holds_the_budget_from_the_claim_on_the_fork_path(host):  # noqa: F811
+    spec = host.spec("sleep", "0.2", "0")
+    host.start("b1", spec)
+    host.start("b2", spec, "--queue")
+    for job_id, queue in (("b1", False), ("b2", True)):
+        status = json.loads((host.root / "jobs" / job_id / "status.json").read_text())
+        spec_json = json.loads((host.root / "jobs" / job_id / "spec.json").read_text())
+        assert status["budget"] == budget(spec_json, status["created_at"], queue)
+        host.wait(job_id, "SUCCEEDED")
+    assert json.loads((host.root / "jobs" / "b1" / "status.json").read_text())["budget"]["runtime_max_s"] < \
+        json.loads((host.root / "jobs" / "b2" / "status.json").read_text())["budget"]["runtime_max_s"]
