@@ -112,3 +112,38 @@ def test_status_json_holds_the_budget_from_the_claim_on_the_fork_path(host):  # 
         host.wait(job_id, "SUCCEEDED")
     assert json.loads((host.root / "jobs" / "b1" / "status.json").read_text())["budget"]["runtime_max_s"] < \
         json.loads((host.root / "jobs" / "b2" / "status.json").read_text())["budget"]["runtime_max_s"]
+
+
+SPAN_UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1, "min": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def timespan_s(text: str) -> float:
+    """systemd's timespan as `systemctl show` prints it ("45min 1s", "1h 2min"), in seconds."""
+    parts = re.findall(r"([0-9.]+)\s*([a-z]+)", text)
+    assert parts and " ".join(n + u for n, u in parts) == text.strip(), text
+    return sum(float(number) * SPAN_UNITS[unit] for number, unit in parts)
+
+
+@pytest.mark.systemd
+def test_the_unit_and_the_guard_timer_carry_the_recorded_budget(service_host):
+    from tests.test_supervisor_service import RemoteHost
+
+    remote = RemoteHost(service_host)
+    try:
+        for job_id, flags in (("u1", ()), ("u2", ("--queue",))):
+            assert remote.call("start", "--job-id", job_id, *flags, spec=remote.spec("always", "sleep", "30", "0"))["ok"]
+            status = remote.wait(job_id, "RUNNING")
+            bounds = json.loads((remote.root / "jobs" / job_id / "status.json").read_text())["budget"]
+            unit = [remote.sh.systemctl("show", "-P", prop, "runner-job-%s.service" % job_id).stdout
+                    for prop in ("RuntimeMaxUSec", "TimeoutStopUSec")]  # one each: -P prints in systemd's order
+            timer = remote.sh.systemctl("show", "-P", "TimersMonotonic", "runner-guard-%s.timer" % job_id).stdout
+            assert status["launch"]["mode"] == "systemd-unit", status.get("launch")
+            assert [timespan_s(text) for text in unit] == [int(bounds["runtime_max_s"]), int(bounds["timeout_stop_s"])]
+            on_active = re.search(r"OnActiveUSec=([^;]+);", timer)
+            assert on_active and timespan_s(on_active.group(1)) == int(bounds["guard_timer_s"]), timer
+            assert remote.call("cancel", "--job-id", job_id)["ok"]
+            assert remote.wait(job_id, "CANCELLED")["service"]["healthy"]
+    finally:
+        for job_id in ("u1", "u2"):
+            remote.sh.systemctl("stop", "runner-job-%s.service" % job_id, "runner-guard-%s.timer" % job_id)
+        remote.cleanup()
