@@ -10,7 +10,7 @@ BOUNDS is the table docs/protocol.md shows ("Time budget"): a bound's formula is
 evaluated here, over the spec's terms (`terms`) and the constants below, so the two cannot say different
 things. A formula may use the bounds above it.
 
-Imports only the stdlib, supervisor_host.py and slurm_batch.py (their constants).
+Imports only the stdlib, contract.py (the spec's defaults), supervisor_host.py and slurm_batch.py (constants).
 """
 from __future__ import annotations
 
@@ -18,9 +18,11 @@ import math
 from collections import namedtuple
 
 try:  # imported as remote_payload.supervisor_budget (tests)
+    from .contract import DEFAULTS
     from .slurm_batch import SLACK_S, time_limit_minutes
     from .supervisor_host import CMD_TIMEOUT_S, KILL_CONFIRM_S, SMI_TIMEOUT_S
 except ImportError:  # run from supervisor.py as a script: sys.path[0] is this directory
+    from contract import DEFAULTS
     from slurm_batch import SLACK_S, time_limit_minutes
     from supervisor_host import CMD_TIMEOUT_S, KILL_CONFIRM_S, SMI_TIMEOUT_S
 
@@ -71,11 +73,14 @@ def _rounds(spec: dict) -> int:
 
 def terms(spec: dict, queue: bool) -> dict:
     """The spec's numbers the formulas use; a term the job does not have counts 0 (no --queue: no lock wait;
-    not staged: no staging)."""
-    limits = spec["limits"]
-    return {"rounds": _rounds(spec), "max_runtime": limits["max_runtime"], "grace": limits["grace"],
-            "drain_timeout": spec["gpu"]["drain_timeout"], "health_timeout": spec["service"].get("health_timeout", 0),
-            "queue_timeout": limits["queue_timeout"] if queue else 0,
+    not staged: no staging). A checked spec has every field; a partial one (a record rebuilt from less) gets
+    the spec's defaults, so the record of a job is never refused for its budget."""
+    limits, gpu = spec.get("limits") or {}, spec.get("gpu") or {}
+    return {"rounds": _rounds(spec), "max_runtime": limits.get("max_runtime", DEFAULTS["limits.max_runtime"]),
+            "grace": limits.get("grace", DEFAULTS["limits.grace"]),
+            "drain_timeout": gpu.get("drain_timeout", DEFAULTS["gpu.drain_timeout"]),
+            "health_timeout": (spec.get("service") or {}).get("health_timeout", 0),
+            "queue_timeout": limits.get("queue_timeout", DEFAULTS["limits.queue_timeout"]) if queue else 0,
             "prepare_timeout": limits.get("prepare_timeout", 0),
             "stage_timeout": limits.get("stage_timeout", 0) if (spec.get("payload") or {}).get("staged") else 0,
             "time_min": (spec.get("slurm") or {}).get("time_min") or 0}
