@@ -19,11 +19,11 @@ from collections import namedtuple
 
 try:  # imported as remote_payload.supervisor_budget (tests)
     from .contract import DEFAULTS
-    from .slurm_batch import SLACK_S, time_limit_minutes
+    from .slurm_batch import SLACK_S, setup_seconds, time_limit_minutes
     from .supervisor_host import CMD_TIMEOUT_S, KILL_CONFIRM_S, SMI_TIMEOUT_S
 except ImportError:  # run from supervisor.py as a script: sys.path[0] is this directory
     from contract import DEFAULTS
-    from slurm_batch import SLACK_S, time_limit_minutes
+    from slurm_batch import SLACK_S, setup_seconds, time_limit_minutes
     from supervisor_host import CMD_TIMEOUT_S, KILL_CONFIRM_S, SMI_TIMEOUT_S
 
 STOP_TIMEOUT_S = 600.0   # `systemctl stop` of an inference server may wait for long requests to drain
@@ -60,9 +60,10 @@ BOUNDS = (
           "bound and the state check after it", None),
     Bound("ends_by_at", "claimed_at + runtime_max_s + 2 * timeout_stop_s", "status.json readers (an epoch)",
           "the latest the unit lets the job hold the host: its run, then both stop phases", None),
-    Bound("slurm_time_min", "max(time_min, time_limit_minutes(max_runtime, grace))",
+    Bound("slurm_time_min", "max(time_min, time_limit_minutes(max_runtime, grace, setup))",
           "slurm_launch.submit_argv: sbatch --time= (minutes)", "slurm.time_min as the controller sent it, never below "
-          "what our own deadline needs (time_limit_minutes: ceil((max_runtime + grace + SLACK_S) / 60))", "slurm"),
+          "what our own deadline needs (time_limit_minutes: ceil((setup + max_runtime + grace + SLACK_S) / 60))",
+          "slurm"),
 )
 
 
@@ -83,6 +84,7 @@ def terms(spec: dict, queue: bool) -> dict:
             "queue_timeout": limits.get("queue_timeout", DEFAULTS["limits.queue_timeout"]) if queue else 0,
             "prepare_timeout": limits.get("prepare_timeout", 0),
             "stage_timeout": limits.get("stage_timeout", 0) if (spec.get("payload") or {}).get("staged") else 0,
+            "setup": setup_seconds(limits, spec.get("payload") or {}),
             "time_min": (spec.get("slurm") or {}).get("time_min") or 0}
 
 

@@ -8,10 +8,12 @@ import re
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from remote_payload import supervisor_settle as settle
 from remote_payload.slurm_launch import submit_argv
 from remote_payload.supervisor_budget import BOUNDS, budget, recorded
+from remote_payload.supervisor_host import Fail
 from remote_payload.supervisor_files import JobPaths, read_status, write_json_atomic
 from remote_payload.supervisor_spec import check_spec
 from remote_payload.supervisor_start import claim_job_dir
@@ -63,6 +65,27 @@ def test_slurms_time_is_the_controllers_never_below_our_deadline():
     spec = checked("slurm")
     assert budget(dict(spec, slurm=dict(spec["slurm"], time_min=22)), T)["slurm_time_min"] == 22  # the default
     assert budget(dict(spec, slurm=dict(spec["slurm"], time_min=1)), T)["slurm_time_min"] == 22
+
+
+def test_slurms_time_covers_the_prepare_step_and_the_staging_the_allocation_runs_first():
+    """slurm-run runs the whole choreography in the allocation: prepare step (limits.prepare_timeout), then the
+    payload. A --time of max_runtime + grace + slack alone lets Slurm kill a job whose prepare step took a while
+    before our own deadline ends it TIMED_OUT."""
+    from runner.spec import JobSpec
+
+    base = {"name": "p", "host": {"address": "login-1"}, "launcher": "slurm",
+            "payload": {"command": ["python3", "bench.py"], "prepare_command": ["python3", "bench.py", "--jit"]},
+            "limits": {"max_runtime": "30m", "grace": "30s", "prepare_timeout": "10m"}}
+    wire = JobSpec.model_validate(base).to_wire("j-1", 0, None)
+    assert wire["slurm"]["time_min"] == 42  # 10 min prepare + 30 min run + 30 s grace + 60 s slack
+    assert budget(check_spec(wire, "j-1"), T)["slurm_time_min"] == 42
+    with pytest.raises(ValidationError, match="shorter than"):
+        JobSpec.model_validate(dict(base, slurm={"time": "32m"}))
+    with pytest.raises(Fail, match="shorter than"):
+        check_spec(dict(wire, slurm=dict(wire["slurm"], time_min=32)), "j-1")
+    staged = dict(base, payload={"command": ["python3", "bench.py"], "staged": True},
+                  limits={"max_runtime": "30m", "grace": "30s", "stage_timeout": "5m"})
+    assert JobSpec.model_validate(staged).to_wire("j-1", 0, None)["slurm"]["time_min"] == 37
 
 
 def table_rows(text: str) -> list:
