@@ -152,11 +152,13 @@ def test_the_unit_and_the_guard_timer_carry_the_recorded_budget(service_host):
     from tests.test_supervisor_service import RemoteHost
 
     remote = RemoteHost(service_host)
+    spec, runtime_max = remote.spec("always", "sleep", "30", "0"), {}
     try:
         for job_id, flags in (("u1", ()), ("u2", ("--queue",))):
-            assert remote.call("start", "--job-id", job_id, *flags, spec=remote.spec("always", "sleep", "30", "0"))["ok"]
+            assert remote.call("start", "--job-id", job_id, *flags, spec=spec)["ok"]
             status = remote.wait(job_id, "RUNNING")
             bounds = json.loads((remote.root / "jobs" / job_id / "status.json").read_text())["budget"]
+            runtime_max[job_id] = bounds["runtime_max_s"]
             unit = [remote.sh.systemctl("show", "-P", prop, "runner-job-%s.service" % job_id).stdout
                     for prop in ("RuntimeMaxUSec", "TimeoutStopUSec")]  # one each: -P prints in systemd's order
             timer = remote.sh.systemctl("show", "-P", "TimersMonotonic", "runner-guard-%s.timer" % job_id).stdout
@@ -166,6 +168,7 @@ def test_the_unit_and_the_guard_timer_carry_the_recorded_budget(service_host):
             assert on_active and timespan_s(on_active.group(1)) == int(bounds["guard_timer_s"]), timer
             assert remote.call("cancel", "--job-id", job_id)["ok"]
             assert remote.wait(job_id, "CANCELLED")["service"]["healthy"]
+        assert runtime_max["u2"] - runtime_max["u1"] == check_spec(dict(spec), "u2")["limits"]["queue_timeout"]
     finally:
         for job_id in ("u1", "u2"):
             remote.sh.systemctl("stop", "runner-job-%s.service" % job_id, "runner-guard-%s.timer" % job_id)
