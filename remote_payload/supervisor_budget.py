@@ -4,7 +4,7 @@ the unit and the Slurm batch read the recorded numbers, so a restorer or a guard
 the job started with.
 
     claim ──budget(spec, claimed_at, queue)──▶ status.json budget ──▶ guard (hung_*_s), guard timer
-          (guard_timer_s), unit (runtime_max_s, timeout_stop_s), sbatch (slurm_time_min)
+          (guard_timer_s, adopted_timer_s), unit (runtime_max_s, timeout_stop_s), sbatch (slurm_time_min)
 
 BOUNDS is the table docs/protocol.md shows ("Time budget"): a bound's formula is the very expression
 evaluated here, over the spec's terms (`terms`) and the constants below, so the two cannot say different
@@ -40,6 +40,10 @@ BOUNDS = (
           "+ health_timeout + MINUTE_S", "supervisor_settle.start_guard_timer: systemd-run --on-active=",
           "made just before the stop: later than any job still handled could end (each round's run and grace, "
           "two drains, the stop and the start commands, the health wait, a minute)", None),
+    Bound("adopted_timer_s", "prepare_timeout + stage_timeout + guard_timer_s",
+          "supervisor_settle.settle_ledger: the guard timer of an adopted stop", "made when the job takes a dead "
+          "job's stop over, before its own prepare step and staging: those first, then all the guard timer counts",
+          None),
     Bound("runtime_max_s", "queue_timeout + prepare_timeout + stage_timeout + guard_timer_s",
           "supervisor_unit.run_argv: RuntimeMaxSec=", "the unit starts before the lock wait (--queue), the "
           "prepare step and the staging; then all the guard timer counts", None),

@@ -44,10 +44,10 @@ def timer_unit(job_id: str) -> str:
     return "runner-guard-" + re.sub(r"[^A-Za-z0-9:_.-]", "_", job_id)
 
 
-def start_guard_timer(job: Job) -> None:
+def start_guard_timer(job: Job, bound: str = "guard_timer_s") -> None:
     """Last line of defence when even the guard dies: systemd runs `restore` after the longest job could take
-    (the budget's guard_timer_s). It fires once; a `restore` that finds the supervisor or guard alive does nothing."""
-    seconds = recorded(job.spec, job.status)["guard_timer_s"]
+    (the budget's `bound`). It fires once; a `restore` that finds the supervisor or guard alive does nothing."""
+    seconds = recorded(job.spec, job.status)[bound]
     command = RUN_SUPERVISOR + ["restore", "--job-id", job.paths.job_id, "--root", job.paths.root]
     try:
         done = run_command(job.ctl.timer_argv(timer_unit(job.paths.job_id), seconds, command))
@@ -234,7 +234,7 @@ def settle_ledger(job: Job) -> None:
     job.save(service=dict(service, was=entry.get("was") or "active", now=now, stopped=True,
                           stopped_at=entry.get("stopped_at") or time.time(), adopted_from=previous,
                           released=entry.get("released")))
-    start_guard_timer(job)
+    start_guard_timer(job, "adopted_timer_s")  # before this job's prepare step and staging
     ledger.record_stop(job.paths.root, unit, job.paths.job_id, job.status["service"], job.spec["gpu"]["devices"],
                        adopted_from=previous, stopped_at=job.status["service"]["stopped_at"],
                        released=entry.get("released"))

@@ -58,6 +58,7 @@ def test_the_budget_keeps_the_numbers_of_the_five_formulas_it_replaces(name, que
     got = budget(checked(name), T, queue)
     assert {key: got[key] for key in want} == want
     assert got["ends_by_at"] == T + got["runtime_max_s"] + 2 * got["timeout_stop_s"]
+    assert got["adopted_timer_s"] == PINNED[name]["runtime_max_s"][False]  # the prepare step and staging first
     assert set(got) == {b.name for b in BOUNDS if b.launcher in (None, SPECS[name].get("launcher", "ssh"))}
 
 
@@ -172,4 +173,33 @@ def test_the_unit_and_the_guard_timer_carry_the_recorded_budget(service_host):
     finally:
         for job_id in ("u1", "u2"):
             remote.sh.systemctl("stop", "runner-job-%s.service" % job_id, "runner-guard-%s.timer" % job_id)
+        remote.cleanup()
+
+
+@pytest.mark.systemd
+def test_a_job_adopting_a_dead_jobs_stop_times_its_guard_timer_past_its_prepare_step(service_host):
+    """The adopting job makes its guard timer when it takes the ledger's stop, before its prepare step and its
+    staging: a timer of guard_timer_s alone fires (and is spent) while the job still runs, leaving no last line
+    for when its supervisor and guard die later."""
+    from tests.test_supervisor_service import RemoteHost
+
+    remote = RemoteHost(service_host)
+    (remote.root / "launch-fork").touch()  # the fork + guard path: no unit restores the dead job first
+    spec_b = remote.spec("always", "sleep", "1", "0")
+    spec_b["payload"]["prepare"] = ["/usr/bin/python3", str(remote.root / "payload.py"), "sleep", "0.1", "0"]
+    spec_b["limits"]["prepare_timeout"] = 300
+    try:
+        assert remote.call("start", "--job-id", "a1", spec=remote.spec("always", "sleep", "600", "0"))["ok"]
+        a = remote.wait("a1", "RUNNING")
+        remote.sh.ssh(["kill", "-KILL", str(a["supervisor"]["pid"]), str(a["guard"]["pid"])], check=True)
+        assert remote.call("start", "--job-id", "b1", spec=spec_b)["ok"]
+        b = remote.wait("b1", "SUCCEEDED", "FAILED", "LOST")
+        assert b["state"] == "SUCCEEDED" and b["service"]["adopted_from"] == "a1", b
+        events = [json.loads(line) for line in (remote.root / "jobs" / "b1" / "events.jsonl").read_text().splitlines()]
+        timer = [e for e in events if e["event"] == "guard-timer" and "seconds" in e]
+        assert [e["seconds"] for e in timer] == [int(300 + b["budget"]["guard_timer_s"])]  # prepare_timeout first
+        assert b["budget"]["adopted_timer_s"] == 300 + b["budget"]["guard_timer_s"]
+    finally:
+        for job_id in ("a1", "b1"):
+            remote.sh.systemctl("stop", "runner-guard-%s.timer" % job_id)
         remote.cleanup()
