@@ -7,9 +7,10 @@ shlex.quote. In the allocation the script execs our supervisor, which runs the p
 SSH host (job dir, output.log, events, deadline, result.json) and is the batch step's main process, so
 Slurm's SIGTERM (scancel, time limit) reaches it first.
 
-The time limit: our supervisor's deadline is limits.max_runtime, then TERM → grace → KILL. Slurm's limit
-is set later than all of that (SLACK_S more, rounded up to whole minutes, Slurm's unit), so that at the
-deadline our supervisor, not Slurm, ends the payload and writes TIMED_OUT with the log intact. Slurm's own
+The time limit: in the allocation our supervisor runs the prepare step and the staging first (each bounded by
+its own timeout: the job's `setup`), then the payload until limits.max_runtime, then TERM → grace → KILL.
+Slurm's limit is set later than all of that (SLACK_S more, rounded up to whole minutes, Slurm's unit), so that
+at the deadline our supervisor, not Slurm, ends the payload and writes TIMED_OUT with the log intact. Slurm's own
 limit is the backstop (it sends SIGTERM, then SIGKILL KillWait seconds later).
 
 `--no-requeue`: a job dir holds one run. A node failure or a preemption ends the job (NODE_FAIL,
@@ -68,17 +69,26 @@ def extra_args_problem(extra_args: list) -> str | None:
     return None
 
 
-def time_limit_minutes(max_runtime: float, grace: float, slack: float = SLACK_S) -> int:
-    """Slurm's --time for a job whose own deadline is max_runtime + grace: later by `slack`, whole minutes."""
-    return max(1, math.ceil((max_runtime + grace + slack) / 60.0))
+def setup_seconds(limits: dict, payload: dict) -> float:
+    """What the allocation runs before the payload, at its bounds: the prepare step (when the job has one)
+    and the staging (a staged payload). Wire-form limits and payload."""
+    return ((limits.get("prepare_timeout", 0) if payload.get("prepare") is not None else 0)
+            + (limits.get("stage_timeout", 0) if payload.get("staged") else 0))
 
 
-def time_problem(minutes: int, max_runtime: float, grace: float) -> str | None:
+def time_limit_minutes(max_runtime: float, grace: float, setup: float = 0.0, slack: float = SLACK_S) -> int:
+    """Slurm's --time for a job whose own deadline is setup + max_runtime + grace: later by `slack`, whole
+    minutes."""
+    return max(1, math.ceil((setup + max_runtime + grace + slack) / 60.0))
+
+
+def time_problem(minutes: int, max_runtime: float, grace: float, setup: float = 0.0) -> str | None:
     """An explicit slurm.time shorter than what our deadline needs would let Slurm kill the job first."""
-    need = time_limit_minutes(max_runtime, grace)
+    need = time_limit_minutes(max_runtime, grace, setup)
     if minutes < need:
-        return ("slurm.time is %d min, shorter than limits.max_runtime + grace + %.0f s = %d min; raise it "
-                "or lower limits.max_runtime" % (minutes, SLACK_S, need))
+        before = " + its prepare step and staging (%.0f s)" % setup if setup else ""
+        return ("slurm.time is %d min, shorter than limits.max_runtime + grace%s + %.0f s = %d min; raise it "
+                "or lower limits.max_runtime" % (minutes, before, SLACK_S, need))
     return None
 
 

@@ -29,6 +29,7 @@ from dataclasses import asdict
 try:  # imported as remote_payload.slurm_launch (tests)
     from .contract import TERMINAL, memory_verdict
     from .slurm_batch import batch_script, parse_sbatch_parsable, sbatch_argv
+    from .supervisor_budget import recorded
     from .slurm_states import SACCT_FIELDS, SQUEUE_FORMAT, SlurmJob, SlurmOutputError, forgotten, parse_sacct, \
         parse_squeue, reconcile, sacct_disabled, squeue_forgot
     from .supervisor_files import JobPaths, Locks, append_line, read_json, read_status, write_json_atomic
@@ -37,6 +38,7 @@ try:  # imported as remote_payload.slurm_launch (tests)
 except ImportError:  # run from supervisor.py as a script: sys.path[0] is this directory
     from contract import TERMINAL, memory_verdict
     from slurm_batch import batch_script, parse_sbatch_parsable, sbatch_argv
+    from supervisor_budget import recorded
     from slurm_states import SACCT_FIELDS, SQUEUE_FORMAT, SlurmJob, SlurmOutputError, forgotten, parse_sacct, \
         parse_squeue, reconcile, sacct_disabled, squeue_forgot
     from supervisor_files import JobPaths, Locks, append_line, read_json, read_status, write_json_atomic
@@ -74,13 +76,15 @@ def preflight(python: str) -> dict:
 def submit(paths: JobPaths, spec: dict) -> dict:
     """sbatch the claimed job dir's job; a refusal removes the dir (the id was never used) and says why.
     A sweep is one job array: one task per variant, at most sweep.max_parallel at once (slurm_array.py)."""
-    slurm, sweep = spec["slurm"], spec.get("sweep")
-    array = (len(sweep["variants"]), sweep["max_parallel"]) if sweep else None
+    array = array_shape(spec)
     try:
-        argv = sbatch_argv(slurm, paths.job_id, paths.dir, slurm["time_min"], array=array)
+        argv = submit_argv(paths, spec)
     except ValueError as exc:
         shutil.rmtree(paths.dir, ignore_errors=True)
         raise Fail("bad-spec", str(exc))
+    except Fail:  # its status.json unreadable just after the claim: nothing was submitted
+        shutil.rmtree(paths.dir, ignore_errors=True)
+        raise
     script = batch_script(sys.executable, SUPERVISOR, paths.root, paths.job_id)
     try:
         done = _slurm(argv, stdin=script, timeout=SBATCH_TIMEOUT_S)
@@ -98,6 +102,18 @@ def submit(paths: JobPaths, spec: dict) -> dict:
     append_line(paths.events, {"t": time.time(), "event": "slurm-submitted", "slurm_job_id": slurm_job_id})
     return {"ok": True, "job_id": paths.job_id, "state": "QUEUED", "slurm_job_id": slurm_job_id,
             "job_dir": paths.dir}
+
+
+def submit_argv(paths: JobPaths, spec: dict) -> list:
+    """sbatch's argv for the claimed job: its --time is the job's recorded budget (slurm_time_min)."""
+    minutes = recorded(spec, read_status(paths))["slurm_time_min"]
+    return sbatch_argv(spec["slurm"], paths.job_id, paths.dir, minutes, array=array_shape(spec))
+
+
+def array_shape(spec: dict):
+    """(variants, max_parallel) for a sweep's job array, None for a single job."""
+    sweep = spec.get("sweep")
+    return (len(sweep["variants"]), sweep["max_parallel"]) if sweep else None
 
 
 def refresh(paths: JobPaths) -> dict:

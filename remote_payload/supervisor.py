@@ -9,6 +9,7 @@ each importing only the rooms above it in this list:
     supervisor_host.py   host primitives: Fail, commands without a shell, systemd, nvidia-smi + parsers, /proc
     supervisor_files.py  ROOT on disk: job paths, atomic files, status.json, the locks
     supervisor_spec.py   the spec and argv checked again with the contract's rules and defaults
+    supervisor_budget.py the job's time budget: every bound, computed once at the claim, kept in status.json
     supervisor_job.py    one job's choreography (supervise → settle) and its guard
     supervisor_unit.py   where systemd is: _run in a transient unit (ExecStopPost= restore, watchdog, cgroup)
     supervisor_start.py  starting a job: the claim of its dir, the detached launch, the ready handshake
@@ -120,7 +121,7 @@ def cmd_start(args) -> dict:
 def start_job(args, spec: dict) -> dict:
     """Claim the job id, then hand the job to Slurm or to its own detached supervisor (supervisor_start.py)."""
     paths = JobPaths(args.root, check_job_id(args.job_id))
-    claim_job_dir(paths, spec)
+    claim_job_dir(paths, spec, args.queue)
     if spec.get("launcher") == "slurm":  # Slurm queues it: no lock, no --queue, no detached supervisor here
         return slurm_launch().submit(paths, spec)
     return launch_detached(paths, spec, args.queue, main)

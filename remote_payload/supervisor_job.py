@@ -22,8 +22,9 @@ try:  # imported as remote_payload.supervisor_job (tests)
     from .supervisor_files import Locks
     from .supervisor_host import KILL_CONFIRM_S, Fail, describe_apps, group_members, kill_group, query_apps, \
         query_gpus, refuse_too_small, short_gpus
+    from .supervisor_budget import STOP_TIMEOUT_S
     from .supervisor_record import Flags, Interrupted, Job
-    from .supervisor_settle import GPU_POLL_S, STOP_TIMEOUT_S, final_state, settle, settle_ledger, start_guard_timer
+    from .supervisor_settle import GPU_POLL_S, final_state, settle, settle_ledger, start_guard_timer
     from .supervisor_payload import check_interrupt, launch_payload, record_exit, watch_payload
     from .supervisor_startable import check_startable
     from . import supervisor_engine as engine, supervisor_ledger as ledger, supervisor_stage, supervisor_sweep
@@ -33,8 +34,9 @@ except ImportError:  # run from supervisor.py as a script: sys.path[0] is this d
     from supervisor_files import Locks
     from supervisor_host import KILL_CONFIRM_S, Fail, describe_apps, group_members, kill_group, query_apps, \
         query_gpus, refuse_too_small, short_gpus
+    from supervisor_budget import STOP_TIMEOUT_S
     from supervisor_record import Flags, Interrupted, Job
-    from supervisor_settle import GPU_POLL_S, STOP_TIMEOUT_S, final_state, settle, settle_ledger, start_guard_timer
+    from supervisor_settle import GPU_POLL_S, final_state, settle, settle_ledger, start_guard_timer
     import supervisor_engine as engine
     from supervisor_payload import check_interrupt, launch_payload, record_exit, watch_payload
     from supervisor_startable import check_startable

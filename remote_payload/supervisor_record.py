@@ -1,7 +1,7 @@
 """One job's record on the host: status.json and events.jsonl (`Job`, whose `set_state` every state change goes
 through), the flags the signal handlers set, and `Interrupted`, which carries a final state out of a step.
 
-Imports only the stdlib, contract.py and the supervisor_host/_files rooms.
+Imports only the stdlib, contract.py and the supervisor_host/_files/_budget rooms.
 """
 from __future__ import annotations
 
@@ -12,11 +12,13 @@ import time
 
 try:  # imported as remote_payload.supervisor_record (tests)
     from .contract import DEFAULTS, TERMINAL
+    from .supervisor_budget import budget
     from .supervisor_files import JobPaths, append_line, append_text, read_json, read_status, release_reserve, \
         write_json_atomic
     from .supervisor_host import Systemd
 except ImportError:  # run from supervisor.py as a script: sys.path[0] is this directory
     from contract import DEFAULTS, TERMINAL
+    from supervisor_budget import budget
     from supervisor_files import JobPaths, append_line, append_text, read_json, read_status, release_reserve, \
         write_json_atomic
     from supervisor_host import Systemd
@@ -92,14 +94,16 @@ class Job:
         return self.status.get("state") in TERMINAL
 
 
-def initial_status(spec: dict) -> dict:
+def initial_status(spec: dict, queue: bool = False) -> dict:
+    """The record of a job just claimed, with its time budget (supervisor_budget.py) computed once, here."""
     now = time.time()
     service = dict(spec["service"], was=None, now=None, stopped=False, stopped_at=None, restored_at=None,
                    downtime_s=None, healthy=None) if spec["service"]["manager"] == "systemd" else {"manager": "none"}
     return {"schema": SCHEMA, "job_id": spec["job_id"], "name": spec["name"], "state": "QUEUED", "phase": "starting",
             "message": "", "created_at": now, "started_at": None, "ended_at": None, "updated_at": now,
             "supervisor": None, "guard": None, "payload": None, "exit_code": None, "service": service,
-            "gpu": dict(spec["gpu"], before=None, drained_after_s=None), "restored": False, "ending": None}
+            "gpu": dict(spec["gpu"], before=None, drained_after_s=None), "restored": False, "ending": None,
+            "budget": budget(spec, now, queue)}
 
 
 def signal_name(sig: int) -> str:

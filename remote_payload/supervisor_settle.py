@@ -6,7 +6,8 @@
                alive past `hard_deadline`), it settles as a restorer (so does `supervisor.py restore`, run by
                the guard timer, the last line where the host has systemd)
 
-Imports only the stdlib, contract.py and the supervisor_host/_files/_record/_ledger/_engine rooms.
+Its time bounds (the guard timer, the hard deadline) are the job's recorded budget (supervisor_budget.py).
+Imports only the stdlib, contract.py and the supervisor_host/_files/_record/_ledger/_engine/_budget rooms.
 """
 from __future__ import annotations
 
@@ -18,22 +19,23 @@ import time
 
 try:  # imported as remote_payload.supervisor_settle (tests)
     from .contract import RUNNING_SERVICE_STATES, TERMINAL
+    from .supervisor_budget import recorded
     from .supervisor_files import JobPaths, Locks
-    from .supervisor_host import CMD_TIMEOUT_S, KILL_CONFIRM_S, SMI_TIMEOUT_S, RUN_SUPERVISOR, Fail, group_is_ours, \
+    from .supervisor_host import RUN_SUPERVISOR, Fail, group_is_ours, \
         group_members, health_ok, identity, kill_group, query_apps, run_command, start_unit, wait_healthy
     from .supervisor_record import Job
     from . import supervisor_engine as engine, supervisor_ledger as ledger
 except ImportError:  # run from supervisor.py as a script: sys.path[0] is this directory
     from contract import RUNNING_SERVICE_STATES, TERMINAL
+    from supervisor_budget import recorded
     from supervisor_files import JobPaths, Locks
-    from supervisor_host import CMD_TIMEOUT_S, KILL_CONFIRM_S, SMI_TIMEOUT_S, RUN_SUPERVISOR, Fail, group_is_ours, \
+    from supervisor_host import RUN_SUPERVISOR, Fail, group_is_ours, \
         group_members, health_ok, identity, kill_group, query_apps, run_command, start_unit, wait_healthy
     from supervisor_record import Job
     import supervisor_engine as engine
     import supervisor_ledger as ledger
 
 GPU_POLL_S = 0.5
-STOP_TIMEOUT_S = 600.0   # `systemctl stop` of an inference server may wait for long requests to drain
 
 
 # ── the guard timer ───────────────────────────────────────────────────────────────────────────────────
@@ -42,18 +44,10 @@ def timer_unit(job_id: str) -> str:
     return "runner-guard-" + re.sub(r"[^A-Za-z0-9:_.-]", "_", job_id)
 
 
-def guard_timer_seconds(spec: dict) -> float:
-    """Later than any job that is still being handled could end: the timer fires once, and a `restore` that
-    finds the supervisor or guard alive does nothing. Run, grace, two drains, the stop (its own bound) and
-    start commands, the health wait, and a minute."""
-    variants = len((spec.get("sweep") or {}).get("variants") or [None])  # a sweep: each variant's run and grace
-    return (variants * (spec["limits"]["max_runtime"] + spec["limits"]["grace"]) + 2 * spec["gpu"]["drain_timeout"]
-            + STOP_TIMEOUT_S + CMD_TIMEOUT_S + spec["service"].get("health_timeout", 0) + 60)
-
-
-def start_guard_timer(job: Job) -> None:
-    """Last line of defence when even the guard dies: systemd runs `restore` after the longest job could take."""
-    seconds = guard_timer_seconds(job.spec)
+def start_guard_timer(job: Job, bound: str = "guard_timer_s") -> None:
+    """Last line of defence when even the guard dies: systemd runs `restore` after the longest job could take
+    (the budget's `bound`). It fires once; a `restore` that finds the supervisor or guard alive does nothing."""
+    seconds = recorded(job.spec, job.status)[bound]
     command = RUN_SUPERVISOR + ["restore", "--job-id", job.paths.job_id, "--root", job.paths.root]
     try:
         done = run_command(job.ctl.timer_argv(timer_unit(job.paths.job_id), seconds, command))
@@ -97,32 +91,25 @@ def wait_gpu_release(job: Job) -> None:
         time.sleep(GPU_POLL_S)
 
 
-HANG_MARGIN_S = 20.0
-
-
 def hard_deadline(spec: dict, status: dict):
-    """When a supervisor that is still alive counts as hung (failed): the end of the step it is in, every
-    wait of that step at its own bound, plus a margin. None where nothing of the service waits on it."""
+    """When a supervisor that is still alive counts as hung (failed): the start of the step it is in plus the
+    budget's hung_*_s for it (every wait of that step at its own bound, and a margin). None where nothing of
+    the service waits on it."""
     if status.get("state") in TERMINAL:
         return None
-    limits, drain_s = spec["limits"], spec["gpu"]["drain_timeout"]
-    restore_s = limits["grace"] + KILL_CONFIRM_S + drain_s + SMI_TIMEOUT_S + CMD_TIMEOUT_S \
-        + spec["service"].get("health_timeout", 0)
+    bounds = recorded(spec, status)
     state, since = status.get("state"), status.get("updated_at") or time.time()
     if state == "RESTORING":
-        return since + restore_s + HANG_MARGIN_S
-    # run, TERM grace, KILL, release wait: then it must be restoring. The run counts from the payload process's
-    # own start once the job has started (a sweep's variants each get max_runtime); a prepare step before it
-    # (service untouched) sets no started_at, so it gets no hard deadline, as before.
+        return since + bounds["hung_restoring_s"]
+    # Once the job has started, the run counts from the payload process's own start (a sweep's variants each
+    # get max_runtime); a prepare step before it (service untouched) sets no started_at: no hard deadline.
     started = status.get("started_at")
     if started:
-        started = (status.get("payload") or {}).get("started_at") or started
-        return started + limits["max_runtime"] + limits["grace"] + KILL_CONFIRM_S + drain_s \
-            + SMI_TIMEOUT_S + HANG_MARGIN_S
+        return ((status.get("payload") or {}).get("started_at") or started) + bounds["hung_running_s"]
     if state == "DRAINING":
-        return since + drain_s + SMI_TIMEOUT_S + HANG_MARGIN_S
+        return since + bounds["hung_draining_s"]
     if state == "STOPPING_SERVICE":
-        return since + STOP_TIMEOUT_S + CMD_TIMEOUT_S + HANG_MARGIN_S
+        return since + bounds["hung_stopping_s"]
     return None
 
 
@@ -247,7 +234,7 @@ def settle_ledger(job: Job) -> None:
     job.save(service=dict(service, was=entry.get("was") or "active", now=now, stopped=True,
                           stopped_at=entry.get("stopped_at") or time.time(), adopted_from=previous,
                           released=entry.get("released")))
-    start_guard_timer(job)
+    start_guard_timer(job, "adopted_timer_s")  # before this job's prepare step and staging
     ledger.record_stop(job.paths.root, unit, job.paths.job_id, job.status["service"], job.spec["gpu"]["devices"],
                        adopted_from=previous, stopped_at=job.status["service"]["stopped_at"],
                        released=entry.get("released"))

@@ -14,13 +14,13 @@ import sys
 
 try:  # imported as remote_payload.supervisor_spec (tests)
     from . import contract
-    from .slurm_batch import MAX_DOWNTIME_ON_SLURM, slurm_problem, time_problem
+    from .slurm_batch import MAX_DOWNTIME_ON_SLURM, setup_seconds, slurm_problem, time_problem
     from .supervisor_engine import FREE_METHODS, PAUSE_MODES, api_url
     from .supervisor_host import Fail
     from .sweep import MAX_VARIANTS
 except ImportError:  # run from supervisor.py as a script: sys.path[0] is this directory
     import contract
-    from slurm_batch import MAX_DOWNTIME_ON_SLURM, slurm_problem, time_problem
+    from slurm_batch import MAX_DOWNTIME_ON_SLURM, setup_seconds, slurm_problem, time_problem
     from sweep import MAX_VARIANTS
     from supervisor_engine import FREE_METHODS, PAUSE_MODES, api_url
     from supervisor_host import Fail
@@ -281,7 +281,8 @@ def check_launcher(raw: dict, spec: dict) -> dict:
     minutes = slurm.get("time_min")
     _need(isinstance(minutes, int) and not isinstance(minutes, bool) and minutes >= 1,
           "slurm.time_min must be a whole number of minutes >= 1")
-    _rule(time_problem(minutes, spec["limits"]["max_runtime"], spec["limits"]["grace"]))
+    _rule(time_problem(minutes, spec["limits"]["max_runtime"], spec["limits"]["grace"],
+                       setup_seconds(spec["limits"], spec["payload"])))
     return {"launcher": "slurm", "slurm": dict(slurm)}
 
 

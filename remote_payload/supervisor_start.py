@@ -173,7 +173,7 @@ def give_up_start(paths: JobPaths, ready_r: int):
         return read_ready(ready_r, 0)
 
 
-def claim_job_dir(paths: JobPaths, spec: dict) -> None:
+def claim_job_dir(paths: JobPaths, spec: dict, queue: bool) -> None:
     """Build the job dir aside, then rename it into place: the rename is the atomic claim of the id, and no
     reader ever sees a job dir without its spec.json and status.json."""
     staging = os.path.join(paths.root, "tmp")
@@ -190,7 +190,7 @@ def claim_job_dir(paths: JobPaths, spec: dict) -> None:
     try:
         tmp = tempfile.mkdtemp(prefix=paths.job_id + ".", dir=staging)
         write_json_atomic(os.path.join(tmp, "spec.json"), spec)
-        write_json_atomic(os.path.join(tmp, "status.json"), initial_status(spec))
+        write_json_atomic(os.path.join(tmp, "status.json"), initial_status(spec, queue))
         with open(os.path.join(tmp, "reserve"), "wb") as fh:  # real blocks, not a sparse file
             fh.write(b"\0" * RESERVE_BYTES)
     except OSError as exc:  # a full or read-only disk: nothing was started, and nothing is left behind

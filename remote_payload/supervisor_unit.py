@@ -10,9 +10,10 @@ restore`, with no controller call. A supervisor frozen as a whole (SIGSTOP, a st
 watchdog (a thread, so a main thread blocked in a bounded wait still pings) and is killed after WATCHDOG_S.
 The job is outside the SSH session's scope. Where systemd-run is missing or fails (or ROOT/launch-fork
 exists), `start` falls back to the fork + guard path (containers, the GPU machine); status.json's `launch`
-says which path ran, events.jsonl why the fork path was taken.
+says which path ran, events.jsonl why the fork path was taken. RuntimeMaxSec= and TimeoutStopSec= are the job's
+recorded budget (supervisor_budget.py: runtime_max_s, timeout_stop_s).
 
-Imports only the stdlib, contract.py and the supervisor_host/_files/_settle rooms.
+Imports only the stdlib and the supervisor_host/_files/_budget rooms.
 """
 from __future__ import annotations
 
@@ -24,15 +25,13 @@ import threading
 import time
 
 try:  # imported as remote_payload.supervisor_unit (tests)
-    from .supervisor_files import JobPaths, append_line, try_unlink
-    from .supervisor_host import CMD_TIMEOUT_S, KILL_CONFIRM_S, RUN_SUPERVISOR, SMI_TIMEOUT_S, Fail, Systemd, \
-        run_command
-    from .supervisor_settle import guard_timer_seconds
+    from .supervisor_budget import recorded
+    from .supervisor_files import JobPaths, append_line, read_status, try_unlink
+    from .supervisor_host import RUN_SUPERVISOR, Fail, Systemd, run_command
 except ImportError:  # run from supervisor.py as a script: sys.path[0] is this directory
-    from supervisor_files import JobPaths, append_line, try_unlink
-    from supervisor_host import CMD_TIMEOUT_S, KILL_CONFIRM_S, RUN_SUPERVISOR, SMI_TIMEOUT_S, Fail, Systemd, \
-        run_command
-    from supervisor_settle import guard_timer_seconds
+    from supervisor_budget import recorded
+    from supervisor_files import JobPaths, append_line, read_status, try_unlink
+    from supervisor_host import RUN_SUPERVISOR, Fail, Systemd, run_command
 
 UNIT_PREFIX = "runner-job-"
 WATCHDOG_S = 30              # a supervisor that stops pinging this long is hung (frozen): systemd kills the unit
@@ -46,25 +45,11 @@ def unit_name(job_id: str) -> str:
     return UNIT_PREFIX + job_id + ".service"  # a job id's characters are all valid in a unit name (contract)
 
 
-def runtime_max_s(spec: dict, queue: bool) -> float:
-    """The unit's hard deadline: the queue wait, the prepare step, the staging, then everything the guard
-    timer counts."""
-    limits = spec["limits"]
-    staging = limits.get("stage_timeout", 0) if spec["payload"].get("staged") else 0
-    return (limits["queue_timeout"] if queue else 0) + limits.get("prepare_timeout", 0) + staging \
-        + guard_timer_seconds(spec)
-
-
-def stop_timeout_s(spec: dict) -> float:
-    """Each stop phase of the unit (the supervisor settling after a TERM, then ExecStopPost='s restore)."""
-    return (spec["limits"]["grace"] + KILL_CONFIRM_S + spec["gpu"]["drain_timeout"] + SMI_TIMEOUT_S + CMD_TIMEOUT_S
-            + spec["service"].get("health_timeout", 0) + 60)
-
-
-def run_argv(ctl: Systemd, paths: JobPaths, spec: dict, fifo: str, queue: bool) -> list:
+def run_argv(ctl: Systemd, paths: JobPaths, bounds: dict, fifo: str, queue: bool) -> list:
+    """systemd-run for `_run`; bounds: the job's recorded budget (its hard deadline and each stop phase's)."""
     restore = RUN_SUPERVISOR + ["restore", "--job-id", paths.job_id, "--root", paths.root]
-    props = ["KillMode=control-group", "RuntimeMaxSec=%d" % runtime_max_s(spec, queue),
-             "TimeoutStopSec=%d" % stop_timeout_s(spec), "WatchdogSec=%d" % WATCHDOG_S, "NotifyAccess=main",
+    props = ["KillMode=control-group", "RuntimeMaxSec=%d" % bounds["runtime_max_s"],
+             "TimeoutStopSec=%d" % bounds["timeout_stop_s"], "WatchdogSec=%d" % WATCHDOG_S, "NotifyAccess=main",
              "StandardOutput=append:" + paths.supervisor_log, "StandardError=append:" + paths.supervisor_log,
              "ExecStopPost=" + " ".join(shlex.quote(a) for a in restore)]
     ids = ["--uid=%d" % os.getuid(), "--gid=%d" % os.getgid()] if ctl.sudo else []  # run as the login, not root
@@ -89,8 +74,9 @@ def launch(paths: JobPaths, spec: dict, queue: bool):
     os.mkfifo(fifo, 0o600)
     fd = os.open(fifo, os.O_RDWR)  # a reader from now on: the supervisor's open never blocks, never fails
     try:
-        done = run_command(run_argv(Systemd(service["scope"], service["sudo"]), paths, spec, fifo, queue),
-                           timeout=SYSTEMD_RUN_TIMEOUT_S)
+        argv = run_argv(Systemd(service["scope"], service["sudo"]), paths, recorded(spec, read_status(paths)), fifo,
+                        queue)
+        done = run_command(argv, timeout=SYSTEMD_RUN_TIMEOUT_S)
         why = "" if done.returncode == 0 else done.stderr.decode("utf-8", "replace").strip()[-300:]
     except Fail as exc:
         why = str(exc)

@@ -72,8 +72,8 @@ DESCRIPTIONS = {
                       "staged ends the job with the service never stopped. Not with a sweep.",
     "launcher": "`ssh` (default): the supervisor runs on `host`. `slurm`: `host` is the login node and the job "
                 "goes through sbatch (service.manager none, no gpu.devices; see the README's Running on Slurm).",
-    "slurm": "With launcher slurm: partition, gres or gpus, time (default: max_runtime + grace + 60 s), "
-             "account, qos, constraint, extra_args (each `--name=value`).",
+    "slurm": "With launcher slurm: partition, gres or gpus, time (default: the prepare step and staging + "
+             "max_runtime + grace + 60 s), account, qos, constraint, extra_args (each `--name=value`).",
     "rollout": "With a list of hosts: how the run's jobs are rolled out over them.",
     "rollout.max_unavailable": "At most this many hosts have their service stopped by the run at a time (a job "
                                "that leaves its service running does not count).",
@@ -85,8 +85,9 @@ DESCRIPTIONS = {
     "slurm.partition": "The partition (sbatch --partition); a Slurm name ([A-Za-z0-9._-]).",
     "slurm.gres": "GPUs as generic resources, e.g. `gpu:2` or `gpu:a100:2` (sbatch --gres); or give `gpus`.",
     "slurm.gpus": "GPUs as a count (`2`) or TYPE:COUNT (`a100:2`) (sbatch --gpus); or give `gres`.",
-    "slurm.time": "The allocation's time limit; default and minimum: limits.max_runtime + grace + 60 s, in whole "
-                  "minutes (shorter would let Slurm kill the job before its own deadline).",
+    "slurm.time": "The allocation's time limit; default and minimum: limits.prepare_timeout (with a prepare step) "
+                  "+ limits.stage_timeout (staged) + limits.max_runtime + grace + 60 s, in whole minutes (shorter "
+                  "would let Slurm kill the job before its own deadline).",
     "slurm.account": "The account to charge (sbatch --account).",
     "slurm.qos": "The quality of service (sbatch --qos).",
     "slurm.constraint": "A node feature expression (sbatch --constraint), e.g. `h200&ib`.",

@@ -13,7 +13,8 @@ from typing import Annotated, Union
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, model_validator
 
-from remote_payload.slurm_batch import MAX_DOWNTIME_ON_SLURM, slurm_problem, time_limit_minutes, time_problem
+from remote_payload.slurm_batch import MAX_DOWNTIME_ON_SLURM, setup_seconds, slurm_problem, time_limit_minutes, \
+    time_problem
 
 from .spec_fields import Duration, kind
 
@@ -31,7 +32,7 @@ class SlurmSpec(BaseModel):
     partition: str | None = None
     gres: str | None = None
     gpus: Annotated[Union[str, None], BeforeValidator(_gpus)] = None
-    time: Duration | None = None  # default: limits.max_runtime + grace + slack, in whole minutes
+    time: Duration | None = None  # default: prepare step + staging + limits.max_runtime + grace + slack, whole minutes
     account: str | None = None
     qos: str | None = None
     constraint: str | None = None
@@ -58,8 +59,13 @@ def launcher_problem(spec) -> str | None:
     if spec.limits.max_downtime is not None:
         return MAX_DOWNTIME_ON_SLURM
     if spec.slurm is not None and spec.slurm.time is not None:
-        return time_problem(minutes(spec.slurm.time), spec.limits.max_runtime, spec.limits.grace)
+        return time_problem(minutes(spec.slurm.time), spec.limits.max_runtime, spec.limits.grace, setup_s(spec))
     return None
+
+
+def setup_s(spec) -> float:
+    """What the allocation runs before the payload, at its bounds (the prepare step, the staging)."""
+    return setup_seconds(spec.limits.model_dump(), {"prepare": spec.prepare_argv(), "staged": spec.payload.staged})
 
 
 def minutes(seconds: float) -> int:
@@ -72,5 +78,5 @@ def wire_slurm(spec) -> dict:
     slurm = (spec.slurm or SlurmSpec()).model_dump()
     seconds = slurm.pop("time")
     slurm["time_min"] = (minutes(seconds) if seconds is not None
-                         else time_limit_minutes(spec.limits.max_runtime, spec.limits.grace))
+                         else time_limit_minutes(spec.limits.max_runtime, spec.limits.grace, setup_s(spec)))
     return slurm

@@ -11,7 +11,7 @@ from remote_payload.supervisor_host import Fail
 from remote_payload.supervisor_job import late_interrupt
 from remote_payload.supervisor_payload import check_interrupt
 from remote_payload.supervisor_record import Flags, Interrupted
-from remote_payload.supervisor_settle import guard_timer_seconds
+from remote_payload.supervisor_budget import budget
 from remote_payload.supervisor_spec import check_service
 from runner.spec import ServiceSpec
 
@@ -49,7 +49,7 @@ def test_the_guard_timer_outlasts_a_full_stop_and_start():
     """A stop may take 600 s (stop_service's bound); the timer must not fire while a job is still handled."""
     spec = {"limits": {"max_runtime": 60, "grace": 1}, "gpu": {"drain_timeout": 10},
             "service": {"health_timeout": 30}}
-    assert guard_timer_seconds(spec) >= 60 + 1 + 2 * 10 + 600 + 120 + 30
+    assert budget(spec, 0.0)["guard_timer_s"] >= 60 + 1 + 2 * 10 + 600 + 120 + 30
 
 
 def test_user_scope_with_sudo_is_refused_on_both_sides():

@@ -12,6 +12,7 @@ from remote_payload import supervisor_job as job
 from remote_payload import supervisor_payload as payload
 from remote_payload import supervisor_settle as settle
 from remote_payload import supervisor_spec as checks
+from remote_payload.supervisor_budget import budget
 
 DATA = Path(__file__).parent / "data"
 
@@ -254,7 +255,7 @@ def test_guard_timer_fires_after_the_slowest_legitimate_end():
     spec = {"limits": {"max_runtime": 1800, "grace": 30}, "gpu": {"drain_timeout": 120},
             "service": {"health_timeout": 900}}
     # run + grace + both drains + the stop at its own 600 s bound + the start command + the health wait + a minute
-    assert settle.guard_timer_seconds(spec) == 1800 + 30 + 240 + 600 + host.CMD_TIMEOUT_S + 900 + 60
+    assert budget(spec, 0.0)["guard_timer_s"] == 1800 + 30 + 240 + 600 + host.CMD_TIMEOUT_S + 900 + 60
 
 
 def test_the_hard_deadline_counts_a_sweeps_run_from_the_running_variant_and_a_prepare_step_gets_none():
