@@ -38,7 +38,8 @@ def payload_argv(spec: dict) -> list:
     return [payload["python"], os.path.join(HERE, payload["script"])] + payload["args"]
 
 
-def payload_env(job: Job, result=None, staged: bool = False) -> dict:
+def payload_env(job: Job, result=None, staged: bool = False, slot=None) -> dict:
+    """slot: (index, devices) of a sweep's variant: its own devices, and RUNNER_GPU_SLOT naming the slot."""
     env = dict(os.environ)
     env.pop("RUNNER_STAGED", None)  # set only for a staged payload's launch, never inherited
     env.update(job.spec["payload"]["env"])
@@ -46,24 +47,27 @@ def payload_env(job: Job, result=None, staged: bool = False) -> dict:
                 "RUNNER_RESULT": result or job.paths.result})
     if staged:
         env["RUNNER_STAGED"] = "1"
-    if job.spec["gpu"]["devices"]:
+    devices = job.spec["gpu"]["devices"] if slot is None else slot[1]
+    if devices:
         # nvidia-smi numbers GPUs in PCI bus order; CUDA by default puts the fastest first. Same order, so
         # "GPU 1" is the card whose memory the preflight and the drain checked.
         env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(job.spec["gpu"]["devices"])
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(devices)
+    if slot is not None:
+        env["RUNNER_GPU_SLOT"] = str(slot[0])
     return env
 
 
 def launch_payload(job: Job, argv=None, state: str = "RUNNING", phase: str = "payload running",
-                   result=None, staged: bool = False) -> subprocess.Popen:
-    """The payload (or its prepare step, or a sweep's variant: argv; result: its RUNNER_RESULT) in its own
-    process group, so the group can be killed as one; output appended to the log. staged: stdin a pipe for
-    the hand-over (supervisor_stage.py)."""
+                   result=None, staged: bool = False, slot=None) -> subprocess.Popen:
+    """The payload (or its prepare step, or a sweep's variant: argv; result: its RUNNER_RESULT; slot: its
+    (index, devices)) in its own process group, so the group can be killed as one; output appended to the
+    log. staged: stdin a pipe for the hand-over (supervisor_stage.py)."""
     argv = argv or payload_argv(job.spec)
     stdin = subprocess.PIPE if staged else subprocess.DEVNULL
     with open(job.paths.output, "ab") as log:
         try:
-            proc = subprocess.Popen(argv, cwd=job.paths.dir, env=payload_env(job, result, staged), stdin=stdin,
+            proc = subprocess.Popen(argv, cwd=job.paths.dir, env=payload_env(job, result, staged, slot), stdin=stdin,
                                     stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         except OSError as exc:
             raise Fail("start-failed", "cannot start the payload %r: %s" % (argv[0], exc))
@@ -100,9 +104,13 @@ def watch_payload(job: Job, proc: subprocess.Popen, flags: Flags, limit: str = "
     return None
 
 
-def record_exit(job: Job, returncode: int) -> None:
+def record_exit(job: Job, returncode: int, pid=None, **fields) -> int:
+    """The exit code (128 + N for signal N), in status.json's payload when it is that process (pid: a sweep's
+    variant, whose side-by-side sibling may be the one recorded there) and as a `payload-exit` event."""
     sig = -returncode if returncode < 0 else None
     exit_code = 128 + sig if sig else returncode
-    job.save(exit_code=exit_code, payload=dict(job.status["payload"], exit_code=exit_code,
-                                               signal=signal_name(sig) if sig else None))
-    job.event("payload-exit", exit_code=exit_code, signal=sig)
+    if pid is None or job.status["payload"].get("pid") == pid:
+        job.save(exit_code=exit_code, payload=dict(job.status["payload"], exit_code=exit_code,
+                                                   signal=signal_name(sig) if sig else None))
+    job.event("payload-exit", exit_code=exit_code, signal=sig, **fields)
+    return exit_code

@@ -6,7 +6,7 @@
                alive past `hard_deadline`), it settles as a restorer (so does `supervisor.py restore`, run by
                the guard timer, the last line where the host has systemd)
 
-Imports only the stdlib, contract.py and the supervisor_host/_files/_record/_ledger/_engine rooms.
+Imports only the stdlib, contract.py and the supervisor_host/_files/_record/_ledger/_engine/_spec rooms.
 """
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ try:  # imported as remote_payload.supervisor_settle (tests)
     from .supervisor_host import CMD_TIMEOUT_S, KILL_CONFIRM_S, SMI_TIMEOUT_S, RUN_SUPERVISOR, Fail, group_is_ours, \
         group_members, health_ok, identity, kill_group, query_apps, run_command, start_unit, wait_healthy
     from .supervisor_record import Job
+    from .supervisor_spec import variant_rounds
     from . import supervisor_engine as engine, supervisor_ledger as ledger
 except ImportError:  # run from supervisor.py as a script: sys.path[0] is this directory
     from contract import RUNNING_SERVICE_STATES, TERMINAL
@@ -29,6 +30,7 @@ except ImportError:  # run from supervisor.py as a script: sys.path[0] is this d
     from supervisor_host import CMD_TIMEOUT_S, KILL_CONFIRM_S, SMI_TIMEOUT_S, RUN_SUPERVISOR, Fail, group_is_ours, \
         group_members, health_ok, identity, kill_group, query_apps, run_command, start_unit, wait_healthy
     from supervisor_record import Job
+    from supervisor_spec import variant_rounds
     import supervisor_engine as engine
     import supervisor_ledger as ledger
 
@@ -46,8 +48,8 @@ def guard_timer_seconds(spec: dict) -> float:
     """Later than any job that is still being handled could end: the timer fires once, and a `restore` that
     finds the supervisor or guard alive does nothing. Run, grace, two drains, the stop (its own bound) and
     start commands, the health wait, and a minute."""
-    variants = len((spec.get("sweep") or {}).get("variants") or [None])  # a sweep: each variant's run and grace
-    return (variants * (spec["limits"]["max_runtime"] + spec["limits"]["grace"]) + 2 * spec["gpu"]["drain_timeout"]
+    rounds = variant_rounds(spec)  # a sweep: each round of variants' run and grace
+    return (rounds * (spec["limits"]["max_runtime"] + spec["limits"]["grace"]) + 2 * spec["gpu"]["drain_timeout"]
             + STOP_TIMEOUT_S + CMD_TIMEOUT_S + spec["service"].get("health_timeout", 0) + 60)
 
 
@@ -184,14 +186,16 @@ def observe(job: Job) -> None:
 
 
 def kill_leftovers(job: Job) -> None:
-    payload = job.status.get("payload")
-    if payload and group_is_ours(payload):
-        job.payload_pids.update(group_members(int(payload["pgid"])))
-        grace = job.spec["limits"]["grace"]
-        since = (job.status.get("ending") or {}).get("at")
-        if since:  # the payload got its TERM then: a restorer gives only what is left of the grace
-            grace = min(grace, max(0.0, since + grace - time.time()))
-        kill_group(int(payload["pgid"]), grace)
+    """The payload's group, and each group a sweep's slots still name (variants side by side)."""
+    slots = [s for s in job.status.get("slots") or [] if isinstance(s, dict) and s.get("pgid")]
+    for payload in [job.status.get("payload")] + slots:
+        if payload and group_is_ours(payload):
+            job.payload_pids.update(group_members(int(payload["pgid"])))
+            grace = job.spec["limits"]["grace"]
+            since = (job.status.get("ending") or {}).get("at")
+            if since:  # the payload got its TERM then: a restorer gives only what is left of the grace
+                grace = min(grace, max(0.0, since + grace - time.time()))
+            kill_group(int(payload["pgid"]), grace)
 
 
 def settle(job: Job, decide, ended_at=None) -> None:
