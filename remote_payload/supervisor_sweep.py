@@ -29,12 +29,14 @@ try:  # imported as remote_payload.supervisor_sweep (tests)
     from .supervisor_payload import check_interrupt, launch_payload, record_exit
     from .supervisor_record import Interrupted, Job
     from .sweep import label
+    from . import supervisor_ledger as ledger
 except ImportError:  # run from supervisor.py as a script: sys.path[0] is this directory
     from supervisor_files import append_line, read_json, write_json_atomic
     from supervisor_host import HERE, KILL_CONFIRM_S, POLL_S, group_members, kill_group
     from supervisor_payload import check_interrupt, launch_payload, record_exit
     from supervisor_record import Interrupted, Job
     from sweep import label
+    import supervisor_ledger as ledger
 
 
 def announce(job: Job, index: int, of: int, variant: dict, status: str, **extra) -> None:
@@ -206,6 +208,9 @@ def note_slots(job: Job, slots: list, running: dict) -> None:
             entry.update(pid=run.proc.pid, pgid=run.proc.pid, start_time=run.start_time)
         table.append(entry)
     job.save(slots=table)
+    if job.status["service"].get("stopped"):  # the ledger too: what a restorer trusts (supervisor_trust)
+        job.persist(lambda: ledger.note_slots(job.paths.root, job.status["service"]["unit"], job.paths.job_id,
+                                              [s for s in table if s["variant"]]))
 
 
 def finish_sweep(job: Job, records: list, slots: list, interrupted) -> None:

@@ -243,3 +243,54 @@ def test_a_parallel_sweep_stops_the_unit_once_and_halves_the_window(service_host
         assert slots == ({("0", "1")} if per_variant is None else {("0",), ("1",)})
     print(f"\nwindow: in sequence {windows[None]:.2f} s, over 2 GPUs {windows[1]:.2f} s")
     assert windows[1] < 0.8 * windows[None], windows
+
+
+# -- a restorer stops every variant running side by side -----------------------------------------------------
+
+def test_a_sigkilled_supervisor_leaves_no_variant_running_on_any_slot(tmp_path):
+    """The guard (the fork path's restorer) kills the group of each busy slot, not only the variant that
+    status.json's `payload` names (the one launched last)."""
+    import signal
+    import sys
+    import time
+
+    from remote_payload.supervisor_host import is_alive
+    from tests.test_supervisor import Host, pid_gone
+
+    host = Host(tmp_path)
+    gpu_state.write_gpus(host.gpu_dir, count=2)
+    sleeper = {"args": {}, "argv": [sys.executable, "-c", "import time; time.sleep(120)"]}
+    spec = {"name": "t", "service": {"manager": "none"}, "gpu": {"devices": ["0", "1"]},
+            "payload": {"command": ["true"], "env": {}}, "limits": {"max_runtime": 300, "grace": 0.5},
+            "sweep": {"variants": [sleeper, sleeper, sleeper], "gpus_per_variant": 1}}
+    try:
+        answer = host.start("p", spec)
+        deadline = time.monotonic() + 20
+        while len([s for s in host.status("p").get("slots") or [] if s.get("pid")]) < 2:
+            assert time.monotonic() < deadline, host.status("p")
+            time.sleep(0.1)
+        busy = [s for s in host.status("p")["slots"] if s.get("pid")]
+        os.kill(answer["supervisor_pid"], signal.SIGKILL)
+        status = host.wait("p", "FAILED")
+        assert status["restored"] is True
+        assert all(pid_gone(s["pid"]) for s in busy), busy
+        assert not any(is_alive(s) for s in busy)
+    finally:
+        host.cleanup()
+
+
+def test_a_restorer_that_cannot_trust_status_json_still_kills_every_busy_slot(tmp_path):
+    """The ledger names the processes of the busy slots too: a payload that overwrote status.json cannot hide
+    its side-by-side siblings from the restore."""
+    from remote_payload import supervisor_ledger as ledger
+    from remote_payload import supervisor_trust as trust
+    from tests.test_trust import UNIT, job, stopped_by
+
+    paths, spec, _ = job(tmp_path)
+    stopped_by(tmp_path, paths, spec, pid=4243, pgid=4243, start_time=99)
+    ledger.note_slots(str(tmp_path), UNIT, paths.job_id, [{"pid": 4242, "pgid": 4242, "start_time": 98},
+                                                         {"pid": 4243, "pgid": 4243, "start_time": 99}])
+    (tmp_path / "jobs" / "j1" / "status.json").write_text("\0 garbage")
+    rebuilt = trust.load_for_restore(paths)
+    assert [s["pgid"] for s in rebuilt.status["slots"]] == [4242, 4243]
+    assert rebuilt.status["payload"]["pgid"] == 4243
