@@ -62,10 +62,11 @@ def skip_reason(job: Job, started: float, longest) -> str | None:
 class Run:
     """A variant running in a slot: its process, its deadline and when it began."""
 
-    def __init__(self, index: int, variant: dict, slot: int, devices: list, proc, seconds: float, result: str):
+    def __init__(self, index: int, variant: dict, slot: int, devices: list, proc, start_time, seconds: float,
+                 result: str):
         self.index, self.variant, self.slot, self.devices, self.proc = index, variant, slot, devices, proc
+        self.start_time = start_time  # the process's, its identity for a restorer
         self.seconds, self.result = seconds, result
-        self.start_time = None  # the process's start time (its identity, for a restorer)
         self.began = time.monotonic()
         self.deadline = self.began + seconds
 
@@ -82,9 +83,8 @@ def start_variant(job: Job, index: int, of: int, variant: dict, slot: int, devic
     seconds = limits["max_runtime"]
     if limits.get("max_downtime") is not None:  # never past the window's end
         seconds = max(0.0, min(seconds, limits["max_downtime"] - (time.time() - started)))
-    run = Run(index, variant, slot, devices, proc, seconds, result)
-    run.start_time = job.status["payload"]["start_time"]  # launch_payload recorded this process last
-    return run
+    start_time = job.status["payload"]["start_time"]  # launch_payload recorded this process last
+    return Run(index, variant, slot, devices, proc, start_time, seconds, result)
 
 
 def wait_for_ends(job: Job, flags, running: dict) -> list:
@@ -112,6 +112,7 @@ def wait_for_ends(job: Job, flags, running: dict) -> list:
 def end_variants(job: Job, of: int, ended: list) -> list:
     """Each ended run's group stopped (TERM to all first, so their graces overlap), its exit recorded and
     announced; [(record, stop)] in the order given."""
+    now = time.monotonic()
     for run, _stop in ended:
         job.payload_pids.update(group_members(run.proc.pid))
         try:
@@ -126,7 +127,7 @@ def end_variants(job: Job, of: int, ended: list) -> list:
         except subprocess.TimeoutExpired:  # SIGKILLed and still there: abandoned, as run_payload does
             job.event("payload-exit", abandoned=True, pid=run.proc.pid, variant=run.index)
             code = None
-        seconds = round(time.monotonic() - run.began, 3)
+        seconds = round(now - run.began, 3)  # to its end, not to the end of its siblings' kills
         record = variant_record(run.index, run.variant["args"], "ended", code, seconds, stop[1] if stop else None,
                                 run.result, slot=run.slot, devices=run.devices)
         announce(job, run.index, of, run.variant, "end", exit_code=code, seconds=seconds, slot=run.slot,

@@ -24,10 +24,9 @@ CONTROLLER_LAYERS = [
 # Outside the standard library, the host side may import only these (a payload's own heavy imports are its own).
 HOST_THIRD_PARTY = {"torch", "triton", "sglang", "sgl_kernel", "numpy", "tvm_ffi", "pynvml"}
 BENCHMARK_PREFIXES = ("bench_", "marlin_")
-# The host side's one cycle, hidden by a function-local import: on Slurm a job array's tasks and a single job are
-# still two code paths. Listed so that no new cycle can join it; the fix is one variant runner for both (a job as
-# a list of one variant).
-KNOWN_HOST_CYCLES = [["slurm_array", "slurm_launch"]]
+# Cycles the host side still has (each hidden by a function-local import): none; listed here if one must be
+# tolerated for a while, so that no new cycle can join it.
+KNOWN_HOST_CYCLES: list[list[str]] = []
 
 
 def imports_of(path: Path, package: str, siblings: set[str]) -> tuple[set[str], set[str]]:
