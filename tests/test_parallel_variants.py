@@ -154,6 +154,26 @@ def test_fail_fast_in_parallel_lets_the_running_variant_finish_and_starts_no_new
     assert result["variants"][2]["reason"] == "not started: variant 1 failed and sweep.fail_fast is set"
 
 
+def test_a_cancel_stops_every_running_variant_at_once_and_skips_the_rest(work):
+    import time
+
+    from tests.cli_helpers import status, wait_for
+
+    target = local_gpus(2)
+    job_id = submit(target, parallel_job(work, target, variants(3, 60), devices=[0, 1], per_variant=1))
+    wait_for(lambda: len([s for s in status(target, job_id).get("slots") or [] if s["variant"]]) == 2,
+             what="both slots busy")
+    asked = time.monotonic()
+    run_cli(target, "cancel", job_id)
+    job = wait_terminal(target, job_id)
+    assert job["state"] == "CANCELLED", job
+    assert time.monotonic() - asked < 30  # both stopped together, far from their 60 s
+    result = json.loads(run_cli(target, "results", job_id, "--json").stdout)
+    assert [v["status"] for v in result["variants"]] == ["ended", "ended", "skipped"]
+    assert all(v["reason"].startswith("cancelled") for v in result["variants"][:2]), result["variants"]
+    assert result["variants"][2]["reason"].startswith("not started: cancelled")
+
+
 def test_max_downtime_holds_per_slot(work):
     """A slot starts no variant that could not end inside the window: with two slots, the third variant
     (needing as long as the longest so far) would end past limits.max_downtime and is skipped."""
