@@ -183,9 +183,9 @@ def run_sweep(job: Job, flags) -> None:
                     announce(job, index, n, variant, "skipped", reason=reason)
                     records[index] = {"index": index, "args": variant["args"], "status": "skipped", "exit_code": None,
                                       "seconds": None, "reason": reason, "result": None}
-                else:
+                else:  # noted at once: status.json's payload names only the process launched last
                     running[slot] = start_variant(job, index, n, variant, slot, slots[slot], started)
-        note_slots(job, slots, running)
+                    note_slots(job, slots, running)
         if not running:
             continue
         for record, stop in end_variants(job, n, wait_for_ends(job, flags, running)):
@@ -196,6 +196,7 @@ def run_sweep(job: Job, flags) -> None:
                 interrupted, halt = stop, "not started: " + stop[1]
             elif record["exit_code"] != 0 and sweep["fail_fast"] and halt is None:
                 halt = "not started: variant %d failed and sweep.fail_fast is set" % record["index"]
+        note_slots(job, slots, running)
     finish_sweep(job, [records[k] for k in sorted(records)], slots, interrupted)
 
 

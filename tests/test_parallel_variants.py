@@ -314,3 +314,33 @@ def test_a_restorer_that_cannot_trust_status_json_still_kills_every_busy_slot(tm
     rebuilt = trust.load_for_restore(paths)
     assert [s["pgid"] for s in rebuilt.status["slots"]] == [4242, 4243]
     assert rebuilt.status["payload"]["pgid"] == 4243
+
+
+def test_a_variant_that_cannot_start_leaves_none_of_its_siblings_running(tmp_path):
+    """The third slot's variant cannot even be launched (its command does not exist): the job fails, and the
+    settle kills the two variants already running on the other slots."""
+    import time
+
+    from tests.test_supervisor import Host, pid_gone
+
+    host = Host(tmp_path)
+    gpu_state.write_gpus(host.gpu_dir, count=3)
+    pidfiles = [tmp_path / "v1.pid", tmp_path / "v2.pid"]
+    sleepers = [{"args": {}, "argv": ["/bin/sh", "-c", 'echo $$ > "$0"; exec sleep 120', str(path)]}
+                for path in pidfiles]
+    broken = tmp_path / "broken-interpreter"  # an executable file whose exec fails: its interpreter is missing
+    broken.write_text(f"#!{tmp_path / 'no-such-interpreter'}\n")
+    broken.chmod(0o755)
+    missing = {"args": {}, "argv": [str(broken)]}
+    spec = {"name": "t", "service": {"manager": "none"}, "gpu": {"devices": ["0", "1", "2"]},
+            "payload": {"command": ["true"], "env": {}}, "limits": {"max_runtime": 300, "grace": 0.5},
+            "sweep": {"variants": [*sleepers, missing], "gpus_per_variant": 1}}
+    try:
+        host.start("m", spec)
+        status = host.wait("m", "FAILED")
+        assert "cannot start the payload" in status["message"], status
+        time.sleep(1.0)  # a sibling left running has written its pid by now (one killed at once may not have)
+        pids = [int(p.read_text()) for p in pidfiles if p.exists() and p.read_text().strip()]
+        assert pids and all(pid_gone(pid, timeout=2) for pid in pids), pids
+    finally:
+        host.cleanup()
