@@ -20,19 +20,18 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import time
 
 try:  # imported as remote_payload.supervisor_sweep (tests)
     from .supervisor_files import append_line, read_json, write_json_atomic
-    from .supervisor_host import HERE, KILL_CONFIRM_S, POLL_S, group_members, kill_group
+    from .supervisor_host import HERE, KILL_CONFIRM_S, POLL_S, group_members
     from .supervisor_payload import check_interrupt, launch_payload, record_exit
     from .supervisor_record import Interrupted, Job
     from .sweep import label
     from . import supervisor_ledger as ledger
 except ImportError:  # run from supervisor.py as a script: sys.path[0] is this directory
     from supervisor_files import append_line, read_json, write_json_atomic
-    from supervisor_host import HERE, KILL_CONFIRM_S, POLL_S, group_members, kill_group
+    from supervisor_host import HERE, KILL_CONFIRM_S, POLL_S, group_members
     from supervisor_payload import check_interrupt, launch_payload, record_exit
     from supervisor_record import Interrupted, Job
     from sweep import label
@@ -60,7 +59,8 @@ def skip_reason(job: Job, started: float, longest) -> str | None:
 
 
 class Run:
-    """A variant running in a slot: its process, its deadline and when it began."""
+    """A variant in a slot: its process, its deadline, and its stop (TERM → grace → KILL, as kill_group does,
+    one step per poll so that a slow stop holds only its own slot)."""
 
     def __init__(self, index: int, variant: dict, slot: int, devices: list, proc, start_time, seconds: float,
                  result: str):
@@ -69,6 +69,9 @@ class Run:
         self.seconds, self.result = seconds, result
         self.began = time.monotonic()
         self.deadline = self.began + seconds
+        self.ended = None  # when it exited or was told to stop
+        self.reason = None  # why it was stopped: its bound, a cancel or a signal
+        self.term_at = self.kill_at = None
 
 
 def start_variant(job: Job, index: int, of: int, variant: dict, slot: int, devices: list, started: float) -> Run:
@@ -87,10 +90,11 @@ def start_variant(job: Job, index: int, of: int, variant: dict, slot: int, devic
     return Run(index, variant, slot, devices, proc, start_time, seconds, result)
 
 
-def wait_for_ends(job: Job, flags, running: dict) -> list:
-    """[(run, stop)]: the runs that exited (stop None) or reached their bound, or every run when a cancel or
-    a signal came ((state, message) as watch_payload returns it)."""
-    next_sample = 0.0
+def wait_for_ends(job: Job, flags, running: dict) -> tuple:
+    """([runs whose processes are gone], the (state, message) of a cancel or a signal, or None): polls every
+    run, stops those that ended or reached their bound (each a step at a time), and on a cancel or a signal
+    stops them all."""
+    next_sample, interrupt = 0.0, None
     while True:
         now = time.monotonic()
         if now >= next_sample:  # remember the groups' pids: they may hold GPU memory later
@@ -100,40 +104,62 @@ def wait_for_ends(job: Job, flags, running: dict) -> list:
         try:
             check_interrupt(job, flags)
         except Interrupted as stop:
-            return [(run, (stop.state, str(stop))) for run in running.values()]
-        ended = [(run, None) for run in running.values() if run.proc.poll() is not None]
-        ended += [(run, ("TIMED_OUT", "the payload ran past limits.max_runtime (%gs)" % run.seconds))
-                  for run in running.values() if run.proc.returncode is None and now >= run.deadline]
-        if ended:
-            return ended
+            interrupt = (stop.state, str(stop))
+        for run in running.values():
+            if run.ended is None and (interrupt or run.proc.poll() is not None or now >= run.deadline):
+                run.ended = now
+                if interrupt:
+                    run.reason = interrupt[1]
+                elif run.proc.returncode is None:
+                    run.reason = "the payload ran past limits.max_runtime (%gs)" % run.seconds
+        gone = [run for run in running.values() if run.ended is not None and stop_step(job, run, now)]
+        if gone:
+            return gone, interrupt
         time.sleep(POLL_S)
 
 
-def end_variants(job: Job, of: int, ended: list) -> list:
-    """Each ended run's group stopped (TERM to all first, so their graces overlap), its exit recorded and
-    announced; [(record, stop)] in the order given."""
-    now = time.monotonic()
-    for run, _stop in ended:
-        job.payload_pids.update(group_members(run.proc.pid))
-        try:
-            os.killpg(run.proc.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-    done = []
-    for run, stop in ended:
-        kill_group(run.proc.pid, job.spec["limits"]["grace"], run.proc)
-        try:
-            code = record_exit(job, run.proc.wait(timeout=KILL_CONFIRM_S), pid=run.proc.pid, variant=run.index)
-        except subprocess.TimeoutExpired:  # SIGKILLed and still there: abandoned, as run_payload does
-            job.event("payload-exit", abandoned=True, pid=run.proc.pid, variant=run.index)
-            code = None
-        seconds = round(now - run.began, 3)  # to its end, not to the end of its siblings' kills
-        record = variant_record(run.index, run.variant["args"], "ended", code, seconds, stop[1] if stop else None,
-                                run.result, slot=run.slot, devices=run.devices)
-        announce(job, run.index, of, run.variant, "end", exit_code=code, seconds=seconds, slot=run.slot,
-                 devices=run.devices, **({"error": record["error"]} if record["error"] else {}))
-        done.append((record, stop))
-    return done
+def stop_step(job: Job, run: Run, now: float) -> bool:
+    """The next step of a run's stop; True once its group is gone (or, SIGKILLed, KILL_CONFIRM_S passed)."""
+    pgid = run.proc.pid
+    run.proc.poll()  # reap our own child so it does not linger as a zombie
+    if run.term_at is None:
+        job.payload_pids.update(group_members(pgid))
+        run.term_at = now
+        if not signal_group(pgid, signal.SIGTERM):
+            return True
+    if not group_members(pgid):
+        return True
+    if run.kill_at is None:
+        if now >= run.term_at + job.spec["limits"]["grace"]:
+            run.kill_at = now
+            return not signal_group(pgid, signal.SIGKILL)
+        return False
+    return now >= run.kill_at + KILL_CONFIRM_S
+
+
+def signal_group(pgid: int, sig) -> bool:
+    """False when the group is gone already."""
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def end_variant(job: Job, of: int, run: Run) -> dict:
+    """A stopped run's exit recorded and announced; its record."""
+    returncode = run.proc.poll()
+    if returncode is None:  # SIGKILLed and still there: abandoned, as run_payload does
+        job.event("payload-exit", abandoned=True, pid=run.proc.pid, variant=run.index)
+        code = None
+    else:
+        code = record_exit(job, returncode, pid=run.proc.pid, variant=run.index)
+    seconds = round(run.ended - run.began, 3)  # to its end, not to the end of its stop
+    record = variant_record(run.index, run.variant["args"], "ended", code, seconds, run.reason, run.result,
+                            slot=run.slot, devices=run.devices)
+    announce(job, run.index, of, run.variant, "end", exit_code=code, seconds=seconds, slot=run.slot,
+             devices=run.devices, **({"error": record["error"]} if record["error"] else {}))
+    return record
 
 
 def variant_record(index: int, args: dict, status: str, code, seconds, reason, result: str, **where) -> dict:
@@ -188,13 +214,13 @@ def run_sweep(job: Job, flags) -> None:
                     note_slots(job, slots, running)
         if not running:
             continue
-        for record, stop in end_variants(job, n, wait_for_ends(job, flags, running)):
-            records[record["index"]] = record
-            running.pop(record["slot"])
+        gone, interrupt = wait_for_ends(job, flags, running)
+        if interrupt is not None:  # a cancel or a signal ends the sweep
+            interrupted, halt = interrupt, "not started: " + interrupt[1]
+        for run in gone:
+            record = records[run.index] = end_variant(job, n, running.pop(run.slot))
             longest = max(longest or 0.0, record["seconds"])
-            if stop is not None and stop[0] != "TIMED_OUT":  # a cancel or a signal ends the sweep
-                interrupted, halt = stop, "not started: " + stop[1]
-            elif record["exit_code"] != 0 and sweep["fail_fast"] and halt is None:
+            if record["exit_code"] != 0 and sweep["fail_fast"] and halt is None:
                 halt = "not started: variant %d failed and sweep.fail_fast is set" % record["index"]
         note_slots(job, slots, running)
     finish_sweep(job, [records[k] for k in sorted(records)], slots, interrupted)

@@ -174,6 +174,36 @@ def test_a_cancel_stops_every_running_variant_at_once_and_skips_the_rest(work):
     assert result["variants"][2]["reason"].startswith("not started: cancelled")
 
 
+def test_a_variant_slow_to_stop_holds_only_its_own_slot(work):
+    """Variant 1 exits at once but leaves a child that ignores TERM (killed only after the grace); meanwhile
+    variant 2 ends on the other slot, which takes variant 3 at once instead of waiting for that stop."""
+    target = local_gpus(2)
+    path = write_job(work / "slow.yaml", target, command=["sh", "-c", "{cmd}"], grace="6s",
+                     gpu={"devices": [0, 1], "min_free_mib": 1000})
+    spec = yaml.safe_load(path.read_text())
+    spec["sweep"] = {"include": [{"cmd": "(trap '' TERM; exec sleep 30) & exit 0"}, {"cmd": "sleep 1"},
+                                 {"cmd": "sleep 0.2"}], "gpus_per_variant": 1}
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    job = wait_terminal(target, submit(target, path))
+    assert job["state"] == "SUCCEEDED", job
+    events = {(e["index"], e["status"]): e for e in local_events(target, job["job_id"])}
+    assert events[(3, "start")]["slot"] == 1
+    assert events[(3, "start")]["t"] < events[(1, "end")]["t"], (events[(3, "start")], events[(1, "end")])
+
+
+def test_a_variant_past_max_runtime_that_ignores_term_is_killed_after_its_grace(work):
+    target = local_gpus(2)
+    path = write_job(work / "stubborn.yaml", target, command=["sh", "-c", "{cmd}"], max_runtime="2s", grace="1s",
+                     gpu={"devices": [0, 1], "min_free_mib": 1000})
+    spec = yaml.safe_load(path.read_text())
+    spec["sweep"] = {"include": [{"cmd": "trap '' TERM; sleep 30"}, {"cmd": "sleep 0.2"}], "gpus_per_variant": 1}
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    job = wait_terminal(target, submit(target, path))
+    assert job["state"] == "FAILED" and "1 succeeded, 1 failed, 0 skipped of 2" in job["message"], job
+    first = json.loads(run_cli(target, "results", job["job_id"], "--json").stdout)["variants"][0]
+    assert first["exit_code"] == 137 and "limits.max_runtime (2s)" in first["reason"], first
+
+
 def test_max_downtime_holds_per_slot(work):
     """A slot starts no variant that could not end inside the window: with two slots, the third variant
     (needing as long as the longest so far) would end past limits.max_downtime and is skipped."""
