@@ -1,6 +1,7 @@
 """The payload's process, for every way it runs (the job's payload, its prepare step, a staged payload, a
 sweep's variants): its argv and environment, the launch in its own process group with output to the log, the
-watch against its deadline, cancel and signals, and the record of how it exited.
+watch against its deadline, cancel and signals (a sweep's variants: supervisor_sweep watches them side by side),
+and the record of how it exited.
 
 Imports only the stdlib and the rooms below it; supervisor_job, supervisor_stage and supervisor_sweep import it.
 """
@@ -82,11 +83,11 @@ def launch_payload(job: Job, argv=None, state: str = "RUNNING", phase: str = "pa
     return proc
 
 
-def watch_payload(job: Job, proc: subprocess.Popen, flags: Flags, limit: str = "max_runtime", seconds=None):
+def watch_payload(job: Job, proc: subprocess.Popen, flags: Flags, limit: str = "max_runtime"):
     """Wait for the payload; returns None when it exited, or (state, message) when it must be stopped.
-    limit: the key of spec.limits that bounds it (max_runtime, or prepare_timeout for the prepare step);
-    seconds: a tighter bound than that limit (a sweep's variant near the end of limits.max_downtime)."""
-    seconds = job.spec["limits"][limit] if seconds is None else seconds
+    limit: the key of spec.limits that bounds it (max_runtime, or prepare_timeout for the prepare step).
+    A sweep's variants are watched side by side by supervisor_sweep.wait_for_ends."""
+    seconds = job.spec["limits"][limit]
     deadline = time.monotonic() + seconds
     next_sample = 0.0
     while proc.poll() is None:
