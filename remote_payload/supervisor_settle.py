@@ -187,7 +187,7 @@ def observe(job: Job) -> None:
 
 def kill_leftovers(job: Job) -> None:
     """The payload's group, and each group a sweep's slots still name (variants side by side)."""
-    slots = [s for s in job.status.get("slots") or [] if isinstance(s, dict) and s.get("pgid")]
+    slots = [s for s in job.status.get("slots") or [] if isinstance(s, dict) and isinstance(s.get("pgid"), int)]
     for payload in [job.status.get("payload")] + slots:
         if payload and group_is_ours(payload):
             job.payload_pids.update(group_members(int(payload["pgid"])))

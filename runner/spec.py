@@ -199,11 +199,6 @@ class JobSpec(_Section):
                 raise ValueError(problem)
         return self
 
-    def slots(self) -> list[list[str]]:
-        """The devices each variant runs on, one list per slot ([all devices] without gpus_per_variant)."""
-        per_variant = self.sweep.gpus_per_variant if self.sweep is not None else None
-        return sweeps.slots([str(d) for d in self.gpu.devices], per_variant)
-
     @model_validator(mode="after")
     def _sweep_keys_used(self) -> JobSpec:
         if self.sweep is None or self.payload.command is None:
