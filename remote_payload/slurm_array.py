@@ -23,7 +23,7 @@ variant K+1 are served only once variant K is done (its writer creates `done` af
 offset into this stream always means the same byte and the byte-cursor tail stays exactly-once. Variant 1
 is followed live; a later variant's lines, though it runs at the same time, appear once those before it end.
 
-Imports only the stdlib and the rooms above it (slurm_launch.py imports this module lazily).
+Imports only the stdlib and the rooms above it (slurm_calls, slurm_allocation); slurm_launch.py imports it.
 """
 from __future__ import annotations
 
@@ -35,7 +35,8 @@ from dataclasses import asdict
 try:  # imported as remote_payload.slurm_array (tests)
     from .contract import TERMINAL
     from .slurm_batch import array_task_index
-    from .slurm_launch import CANCEL_SLACK_S, SLURM_POLL_S, _slurm, run_job, slurm_file
+    from .slurm_allocation import run_job
+    from .slurm_calls import CANCEL_SLACK_S, SLURM_POLL_S, slurm_call, slurm_file
     from .slurm_states import SACCT_FIELDS, SQUEUE_FORMAT, SlurmJob, SlurmOutputError, forgotten, parse_sacct, \
         parse_squeue, reconcile, sacct_disabled, squeue_forgot
     from .supervisor_files import JobPaths, append_line, read_json, read_status, write_json_atomic
@@ -45,7 +46,8 @@ try:  # imported as remote_payload.slurm_array (tests)
 except ImportError:  # run from supervisor.py as a script: sys.path[0] is this directory
     from contract import TERMINAL
     from slurm_batch import array_task_index
-    from slurm_launch import CANCEL_SLACK_S, SLURM_POLL_S, _slurm, run_job, slurm_file
+    from slurm_allocation import run_job
+    from slurm_calls import CANCEL_SLACK_S, SLURM_POLL_S, slurm_call, slurm_file
     from slurm_states import SACCT_FIELDS, SQUEUE_FORMAT, SlurmJob, SlurmOutputError, forgotten, parse_sacct, \
         parse_squeue, reconcile, sacct_disabled, squeue_forgot
     from supervisor_files import JobPaths, append_line, read_json, read_status, write_json_atomic
@@ -197,7 +199,7 @@ def cancel(paths: JobPaths, known: dict) -> dict:
                 started.append(view.job_id)
             else:
                 waiting[index] = view
-        errors = [_slurm(argv + ids).stderr.strip()[-300:] for argv, ids in
+        errors = [slurm_call(argv + ids).stderr.strip()[-300:] for argv, ids in
                   ((["scancel"], [v.job_id for v in waiting.values()]),
                    (["scancel", "--batch", "--signal=USR1"], started)) if ids]
         # Slurm drops a pending task scancelled by its id from squeue and sacct alike: record it here
@@ -364,7 +366,7 @@ def _escalate_cancel(paths: JobPaths, spec: dict, known: dict, tasks: list) -> N
     if known.get("scancel_at") or not os.path.exists(paths.cancel) or all(t["closed"] for t in tasks):
         return
     if time.time() - os.path.getmtime(paths.cancel) > spec["limits"]["grace"] + CANCEL_SLACK_S:
-        _slurm(["scancel", known["job_id"]])
+        slurm_call(["scancel", known["job_id"]])
         write_json_atomic(slurm_file(paths), dict(_read(paths), scancel_at=time.time()))
         append_line(paths.events, {"t": time.time(), "event": "slurm-scancel", "why": "cancel not done in time"})
 
@@ -402,7 +404,7 @@ def ask(slurm_job_id: str, variants: int) -> tuple:
     slurmctld no longer lists (it forgets each MinJobAge after its end; sacct prints the tasks that never
     started as one range, in full with SLURM_BITSTR_LEN=0); a task neither knows is `forgotten` (LOST)."""
     wanted = {"%s_%d" % (slurm_job_id, k - 1): k for k in range(1, variants + 1)}
-    done = _slurm(["squeue", "-h", "-r", "-t", "all", "-j", slurm_job_id, "-o", SQUEUE_FORMAT])
+    done = slurm_call(["squeue", "-h", "-r", "-t", "all", "-j", slurm_job_id, "-o", SQUEUE_FORMAT])
     try:
         if done.returncode == 0:
             lines = parse_squeue(done.stdout)
@@ -412,7 +414,7 @@ def ask(slurm_job_id: str, variants: int) -> tuple:
         else:
             return {}, "squeue: " + (done.stderr.strip()[-300:] or "exit %d" % done.returncode)
         if set(wanted) - set(found):
-            done = _slurm(["sacct", "-n", "-P", "-X", "-j", slurm_job_id, "-o", SACCT_FIELDS],
+            done = slurm_call(["sacct", "-n", "-P", "-X", "-j", slurm_job_id, "-o", SACCT_FIELDS],
                           env=dict(os.environ, SLURM_BITSTR_LEN="0"))
             if sacct_disabled(done.returncode, done.stderr):
                 rows = {}

@@ -3,7 +3,7 @@
     login node: start  → claim the job dir → sbatch (slurm_batch's argv + script) → slurm.json {job_id}
                 status/logs/cancel → squeue (sacct once slurmctld forgot the job) → slurm_states.reconcile
     compute node: slurm-run (the batch script execs it) → the job's usual choreography (supervisor_job.supervise)
-                  without locks, service or guard: Slurm owns the node and its GPUs
+                  without locks, service or guard: Slurm owns the node and its GPUs (slurm_allocation.py)
     a sweep:      one job array, one task per variant: slurm_array.py (submit here adds --array)
 
 Who writes what (one writer per file, so no update is lost): status.json, events.jsonl and output.log are
@@ -14,51 +14,47 @@ supervisor died (node failure); then nobody else writes it any more.
 
 Slurm is asked at most every SLURM_POLL_S per job (slurm.json caches its answer), so `logs --wait`
 polling every 0.1 s and many `status` callers do not load slurmctld. Imports the stdlib and the rooms
-above supervisor.py; supervisor.py calls in from its commands.
+below it (the client calls: slurm_calls.py; a job array: slurm_array.py); supervisor.py calls in from its
+commands.
 """
 from __future__ import annotations
 
 import os
 import shutil
-import signal
-import subprocess
 import sys
 import time
 from dataclasses import asdict
 
 try:  # imported as remote_payload.slurm_launch (tests)
-    from .contract import TERMINAL, memory_verdict
+    from .contract import TERMINAL
+    from .slurm_allocation import run_job
     from .slurm_batch import batch_script, parse_sbatch_parsable, sbatch_argv
     from .supervisor_budget import recorded
+    from .slurm_calls import CANCEL_SLACK_S, SLURM_POLL_S, raise_if_unreachable, slurm_call, slurm_file
     from .slurm_states import SACCT_FIELDS, SQUEUE_FORMAT, SlurmJob, SlurmOutputError, forgotten, parse_sacct, \
         parse_squeue, reconcile, sacct_disabled, squeue_forgot
-    from .supervisor_files import JobPaths, Locks, append_line, read_json, read_status, write_json_atomic
-    from .supervisor_host import GPU_QUERY, SUPERVISOR, Fail, identity, nvidia_smi, parse_gpu_csv
-    from .supervisor_job import Flags, Job, supervise
+    from .supervisor_files import JobPaths, append_line, read_json, read_status, write_json_atomic
+    from .supervisor_host import SUPERVISOR, Fail
+    from .supervisor_record import Job
+    from . import slurm_array
 except ImportError:  # run from supervisor.py as a script: sys.path[0] is this directory
-    from contract import TERMINAL, memory_verdict
+    from contract import TERMINAL
+    from slurm_allocation import run_job
     from slurm_batch import batch_script, parse_sbatch_parsable, sbatch_argv
     from supervisor_budget import recorded
+    from slurm_calls import CANCEL_SLACK_S, SLURM_POLL_S, raise_if_unreachable, slurm_call, slurm_file
     from slurm_states import SACCT_FIELDS, SQUEUE_FORMAT, SlurmJob, SlurmOutputError, forgotten, parse_sacct, \
         parse_squeue, reconcile, sacct_disabled, squeue_forgot
-    from supervisor_files import JobPaths, Locks, append_line, read_json, read_status, write_json_atomic
-    from supervisor_host import GPU_QUERY, SUPERVISOR, Fail, identity, nvidia_smi, parse_gpu_csv
-    from supervisor_job import Flags, Job, supervise
+    from supervisor_files import JobPaths, append_line, read_json, read_status, write_json_atomic
+    from supervisor_host import SUPERVISOR, Fail
+    from supervisor_record import Job
+    import slurm_array
 
-SLURM_POLL_S = 5.0       # ask Slurm about one job at most this often
 SBATCH_TIMEOUT_S = 30.0
-QUERY_TIMEOUT_S = 4.0    # squeue/sacct/scancel: short, so `logs --wait` stays within its bound
-CANCEL_SLACK_S = 30.0    # a cancelled job still running grace + this long after the request gets plain scancel
-UNREACHABLE = ("Unable to contact slurm controller", "Socket timed out", "Connection refused",
-               "Zero Bytes were transmitted")
 TOOLS = ("sbatch", "squeue", "scancel")
 
 
 # ── the login node ────────────────────────────────────────────────────────────────────────────────────
-
-def slurm_file(paths: JobPaths) -> str:
-    return os.path.join(paths.dir, "slurm.json")
-
 
 def preflight(python: str) -> dict:
     """The login node can submit: sbatch, squeue and scancel are there and slurmctld answers."""
@@ -66,8 +62,8 @@ def preflight(python: str) -> dict:
     if missing:
         raise Fail("slurm-unavailable", "%s not found on the login node's PATH (%s)"
                    % (", ".join(missing), os.environ.get("PATH", "")))
-    done = _slurm(["sinfo", "-h", "-o", "%P"])
-    _raise_if_unreachable(done, "sinfo")
+    done = slurm_call(["sinfo", "-h", "-o", "%P"])
+    raise_if_unreachable(done, "sinfo")
     return {"ok": True, "service": None, "locks": [], "python": python, "gpus": [], "apps": [],
             "nvidia_smi": shutil.which("nvidia-smi") is not None,
             "slurm": {"partitions": done.stdout.split()}}
@@ -87,8 +83,8 @@ def submit(paths: JobPaths, spec: dict) -> dict:
         raise
     script = batch_script(sys.executable, SUPERVISOR, paths.root, paths.job_id)
     try:
-        done = _slurm(argv, stdin=script, timeout=SBATCH_TIMEOUT_S)
-        _raise_if_unreachable(done, "sbatch")
+        done = slurm_call(argv, stdin=script, timeout=SBATCH_TIMEOUT_S)
+        raise_if_unreachable(done, "sbatch")
         if done.returncode != 0:
             raise Fail("slurm-refused", done.stderr.strip()[-2000:] or "sbatch exited %d" % done.returncode)
         slurm_job_id = parse_sbatch_parsable(done.stdout)
@@ -124,7 +120,7 @@ def refresh(paths: JobPaths) -> dict:
     if known is None:  # sbatch has not answered yet
         return status
     if known.get("array"):  # a sweep: one task per variant, each reconciled as one job
-        return array_room().refresh(paths, known)
+        return slurm_array.refresh(paths, known)
     if status["state"] not in TERMINAL:
         known = _asked(paths, known)
         status = read_status(paths)  # again, after Slurm's answer: a supervisor that just finished wins
@@ -150,10 +146,10 @@ def cancel(paths: JobPaths, status: dict) -> dict:
     if known is None:
         return dict(answer, state=status["state"])
     if known.get("array"):
-        return dict(answer, **array_room().cancel(paths, known))
+        return dict(answer, **slurm_array.cancel(paths, known))
     started = status.get("supervisor") is not None
     argv = ["scancel", "--batch", "--signal=USR1", known["job_id"]] if started else ["scancel", known["job_id"]]
-    done = _slurm(argv)
+    done = slurm_call(argv)
     if done.returncode != 0:
         answer["scancel"] = done.stderr.strip()[-500:]
     if not started:
@@ -169,16 +165,7 @@ def log_chunk(paths: JobPaths, offset: int, limit: int):
     """A job array's log: its variants' logs in turn (slurm_array.combined_chunk); None for one job."""
     if not read_json(paths.spec).get("sweep"):
         return None
-    return array_room().log_chunk(paths, offset, limit)
-
-
-def array_room():
-    """slurm_array.py, imported when a sweep is on Slurm (it imports this module)."""
-    try:
-        from . import slurm_array
-    except ImportError:  # run from supervisor.py as a script
-        import slurm_array
-    return slurm_array
+    return slurm_array.log_chunk(paths, offset, limit)
 
 
 def _read_known(paths: JobPaths):
@@ -201,7 +188,7 @@ def _asked(paths: JobPaths, known: dict) -> dict:
 def ask(slurm_job_id: str) -> tuple:
     """(SlurmJob or None, error text or None): squeue first (immediate), sacct once slurmctld forgot it;
     `forgotten` (LOST) when sacct cannot know it either."""
-    done = _slurm(["squeue", "-h", "-t", "all", "-j", slurm_job_id, "-o", SQUEUE_FORMAT])
+    done = slurm_call(["squeue", "-h", "-t", "all", "-j", slurm_job_id, "-o", SQUEUE_FORMAT])
     try:
         if done.returncode == 0:
             found = parse_squeue(done.stdout).get(slurm_job_id)
@@ -209,7 +196,7 @@ def ask(slurm_job_id: str) -> tuple:
                 return found, None
         elif not squeue_forgot(done.returncode, done.stderr):
             return None, "squeue: " + (done.stderr.strip()[-300:] or "exit %d" % done.returncode)
-        done = _slurm(["sacct", "-n", "-P", "-X", "-j", slurm_job_id, "-o", SACCT_FIELDS])
+        done = slurm_call(["sacct", "-n", "-P", "-X", "-j", slurm_job_id, "-o", SACCT_FIELDS])
         if sacct_disabled(done.returncode, done.stderr):
             return forgotten(slurm_job_id, done.stderr.strip()[-300:]), None
         if done.returncode != 0:
@@ -239,7 +226,7 @@ def _escalate_cancel(paths: JobPaths, status: dict, known: dict) -> None:
         return
     grace = read_json(paths.spec)["limits"]["grace"]
     if time.time() - os.path.getmtime(paths.cancel) > grace + CANCEL_SLACK_S:
-        _slurm(["scancel", known["job_id"]])
+        slurm_call(["scancel", known["job_id"]])
         write_json_atomic(slurm_file(paths), dict(known, scancel_at=time.time()))
         append_line(paths.events, {"t": time.time(), "event": "slurm-scancel", "why": "cancel not done in time"})
 
@@ -253,21 +240,6 @@ def _with_view(status: dict, known: dict) -> dict:
                                "error": known.get("error")})
 
 
-def _slurm(argv: list, stdin: str = "", timeout: float = QUERY_TIMEOUT_S, env=None) -> subprocess.CompletedProcess:
-    """A Slurm client command (no shell); missing tools and hangs are `slurm-unavailable`."""
-    try:
-        return subprocess.run(argv, input=stdin, capture_output=True, text=True, timeout=timeout, env=env)
-    except FileNotFoundError:
-        raise Fail("slurm-unavailable", "%s is not installed on the login node" % argv[0])
-    except subprocess.TimeoutExpired:
-        return subprocess.CompletedProcess(argv, 124, "", "%s did not answer within %.0f s" % (argv[0], timeout))
-
-
-def _raise_if_unreachable(done: subprocess.CompletedProcess, tool: str) -> None:
-    if done.returncode != 0 and (done.returncode == 124 or any(s in done.stderr for s in UNREACHABLE)):
-        raise Fail("slurm-unavailable", "%s: slurmctld does not answer: %s" % (tool, done.stderr.strip()[-500:]))
-
-
 # ── the allocation ────────────────────────────────────────────────────────────────────────────────────
 
 def run_in_allocation(root: str, job_id: str) -> dict:
@@ -277,76 +249,8 @@ def run_in_allocation(root: str, job_id: str) -> dict:
     In a job array's task: that task's variant (slurm_array.run_task)."""
     paths = JobPaths(root, job_id)
     if read_json(paths.spec).get("sweep"):
-        return array_room().run_task(paths)
+        return slurm_array.run_task(paths)
     job = Job.load(paths)
     if job.terminal:  # cancelled while it waited, and Slurm started it anyway
         return {"ok": True, "state": job.status["state"], "exit_status": 0}
     return run_job(job)
-
-
-def run_job(job: Job) -> dict:
-    """The job (or one array task's variant) in this allocation, to its final state."""
-    paths = job.paths
-    flags = Flags()
-    _install_handlers(flags)
-    env = os.environ
-    allocation = {"job_id": env.get("SLURM_JOB_ID"), "node": env.get("SLURMD_NODENAME"),
-                  "cuda_visible_devices": env.get("CUDA_VISIBLE_DEVICES")}
-    job.save(supervisor=identity(os.getpid()), slurm=allocation)
-    job.event("slurm-allocation", **allocation)
-    problem = gpu_memory_problem(job)
-    if problem:
-        job.set_state("FAILED", "done", message=problem, ended_at=time.time(), restored=True)
-        return {"ok": True, "state": "FAILED", "exit_status": 1}
-    locks = Locks(paths.root, [], paths.job_id)  # none: Slurm gives this allocation its GPUs alone
-    locks.try_acquire()
-    supervise(job, locks, flags)  # Slurm's TERM ends it CANCELLED, named so (supervisor_payload.check_interrupt)
-    return {"ok": True, "state": job.status["state"], "exit_status": exit_status(job.status)}
-
-
-def _install_handlers(flags: Flags) -> None:
-    """Slurm's SIGTERM (scancel, its time limit) and our SIGUSR1 (`cancel`) both stop the payload as a
-    cancel: TERM → grace → KILL, then CANCELLED (Slurm's KILL follows KillWait after its TERM)."""
-    def cancel(signum, frame):
-        flags.cancel = True
-        flags.slurm_term = flags.slurm_term or signum == signal.SIGTERM
-
-    def stop(signum, frame):
-        flags.signal = signum
-
-    for sig in (signal.SIGTERM, signal.SIGUSR1):
-        signal.signal(sig, cancel)
-    for sig in (signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, stop)
-
-
-def gpu_memory_problem(job: Job):
-    """None, or why the allocation's GPUs cannot hold gpu.required_mib (read with nvidia-smi, here)."""
-    need = job.spec["gpu"]["required_mib"]
-    if not need:
-        return None
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if not visible:
-        return ("the job needs %d MiB of GPU memory but its Slurm allocation has no GPU (ask with slurm.gres "
-                "or slurm.gpus)" % need)
-    try:
-        gpus = parse_gpu_csv(nvidia_smi(GPU_QUERY))
-    except (Fail, ValueError) as exc:
-        return "cannot check GPU memory in the Slurm allocation: %s" % exc
-    ids = (os.environ.get("SLURM_JOB_GPUS") or visible).split(",")
-    mine = [g for g in gpus if g["index"] in ids or g["uuid"] in ids] or gpus  # a cgroup shows only ours
-    job.save(gpu=dict(job.status["gpu"], before=mine))
-    short = [g for g in mine if memory_verdict(g, need) != "ok"]
-    if not short:
-        return None
-    return "GPU memory is short in the Slurm allocation on %s: %s" % (os.environ.get("SLURMD_NODENAME", "?"), "; ".join(
-        "GPU %s has %s MiB free of %s MiB, %d MiB needed" % (g["index"], g["free_mib"], g["total_mib"], need)
-        for g in short))
-
-
-def exit_status(status: dict) -> int:
-    """The batch script's exit code: 0 only for SUCCEEDED, else the payload's code (1 when it has none)."""
-    if status["state"] == "SUCCEEDED":
-        return 0
-    code = status.get("exit_code")
-    return code if isinstance(code, int) and 0 < code < 256 else 1

@@ -10,7 +10,8 @@ BOUNDS is the table docs/protocol.md shows ("Time budget"): a bound's formula is
 evaluated here, over the spec's terms (`terms`) and the constants below, so the two cannot say different
 things. A formula may use the bounds above it.
 
-Imports only the stdlib, contract.py (the spec's defaults), supervisor_host.py and slurm_batch.py (constants).
+Imports only the stdlib, contract.py (the spec's defaults), supervisor_host.py and slurm_batch.py (constants),
+supervisor_spec.py (variant_rounds: a sweep's variants side by side count as rounds).
 """
 from __future__ import annotations
 
@@ -21,10 +22,12 @@ try:  # imported as remote_payload.supervisor_budget (tests)
     from .contract import DEFAULTS
     from .slurm_batch import SLACK_S, setup_seconds, time_limit_minutes
     from .supervisor_host import CMD_TIMEOUT_S, KILL_CONFIRM_S, SMI_TIMEOUT_S
+    from .supervisor_spec import variant_rounds
 except ImportError:  # run from supervisor.py as a script: sys.path[0] is this directory
     from contract import DEFAULTS
     from slurm_batch import SLACK_S, setup_seconds, time_limit_minutes
     from supervisor_host import CMD_TIMEOUT_S, KILL_CONFIRM_S, SMI_TIMEOUT_S
+    from supervisor_spec import variant_rounds
 
 STOP_TIMEOUT_S = 600.0   # `systemctl stop` of an inference server may wait for long requests to drain
 HANG_MARGIN_S = 20.0     # past every wait of its step at its own bound, a live supervisor counts as hung
@@ -71,17 +74,12 @@ BOUNDS = (
 )
 
 
-def _rounds(spec: dict) -> int:
-    """How many variants run one after another in the job's window (a plain job: one)."""
-    return len((spec.get("sweep") or {}).get("variants") or [None])
-
-
 def terms(spec: dict, queue: bool) -> dict:
     """The spec's numbers the formulas use; a term the job does not have counts 0 (no --queue: no lock wait;
     not staged: no staging). A checked spec has every field; a partial one (a record rebuilt from less) gets
     the spec's defaults, so the record of a job is never refused for its budget."""
     limits, gpu = spec.get("limits") or {}, spec.get("gpu") or {}
-    return {"rounds": _rounds(spec), "max_runtime": limits.get("max_runtime", DEFAULTS["limits.max_runtime"]),
+    return {"rounds": variant_rounds(spec), "max_runtime": limits.get("max_runtime", DEFAULTS["limits.max_runtime"]),
             "grace": limits.get("grace", DEFAULTS["limits.grace"]),
             "drain_timeout": gpu.get("drain_timeout", DEFAULTS["gpu.drain_timeout"]),
             "health_timeout": (spec.get("service") or {}).get("health_timeout", 0),

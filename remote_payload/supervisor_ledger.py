@@ -49,10 +49,22 @@ def record_stop(root: str, unit: str, job_id: str, service: dict, gpus: list, **
 def note_payload(root: str, unit: str, job_id: str, payload: dict) -> None:
     """The payload process now running under job_id's stop (pid, pgid, start time): a restorer that cannot
     trust the job's status.json still kills what is left of it."""
+    _note(root, unit, job_id, payload=_ident(payload))
+
+
+def note_slots(root: str, unit: str, job_id: str, running: list) -> None:
+    """The processes of a sweep's busy slots (variants side by side), for the same restorer."""
+    _note(root, unit, job_id, slots=[_ident(p) for p in running])
+
+
+def _ident(payload: dict) -> dict:
+    return {k: payload.get(k) for k in ("pid", "pgid", "start_time")}
+
+
+def _note(root: str, unit: str, job_id: str, **fields) -> None:
     entry = read_entry(root, unit)
     if entry and entry.get("job_id") == job_id and not entry.get("unreadable"):
-        write_json_atomic(ledger_path(root, unit), dict(entry, payload={
-            k: payload.get(k) for k in ("pid", "pgid", "start_time")}))
+        write_json_atomic(ledger_path(root, unit), dict(entry, **fields))
 
 
 def entries_of(root: str, job_id: str) -> list:

@@ -1,6 +1,7 @@
 """The payload's process, for every way it runs (the job's payload, its prepare step, a staged payload, a
 sweep's variants): its argv and environment, the launch in its own process group with output to the log, the
-watch against its deadline, cancel and signals, and the record of how it exited.
+watch against its deadline, cancel and signals (a sweep's variants: supervisor_sweep watches them side by side),
+and the record of how it exited.
 
 Imports only the stdlib and the rooms below it; supervisor_job, supervisor_stage and supervisor_sweep import it.
 """
@@ -38,7 +39,8 @@ def payload_argv(spec: dict) -> list:
     return [payload["python"], payload["path"]] + payload["args"]
 
 
-def payload_env(job: Job, result=None, staged: bool = False) -> dict:
+def payload_env(job: Job, result=None, staged: bool = False, slot=None) -> dict:
+    """slot: (index, devices) of a sweep's variant: its own devices, and RUNNER_GPU_SLOT naming the slot."""
     env = dict(os.environ)
     env.pop("RUNNER_STAGED", None)  # set only for a staged payload's launch, never inherited
     env.update(job.spec["payload"]["env"])
@@ -46,24 +48,27 @@ def payload_env(job: Job, result=None, staged: bool = False) -> dict:
                 "RUNNER_RESULT": result or job.paths.result})
     if staged:
         env["RUNNER_STAGED"] = "1"
-    if job.spec["gpu"]["devices"]:
+    devices = job.spec["gpu"]["devices"] if slot is None else slot[1]
+    if devices:
         # nvidia-smi numbers GPUs in PCI bus order; CUDA by default puts the fastest first. Same order, so
         # "GPU 1" is the card whose memory the preflight and the drain checked.
         env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(job.spec["gpu"]["devices"])
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(devices)
+    if slot is not None:
+        env["RUNNER_GPU_SLOT"] = str(slot[0])
     return env
 
 
 def launch_payload(job: Job, argv=None, state: str = "RUNNING", phase: str = "payload running",
-                   result=None, staged: bool = False) -> subprocess.Popen:
-    """The payload (or its prepare step, or a sweep's variant: argv; result: its RUNNER_RESULT) in its own
-    process group, so the group can be killed as one; output appended to the log. staged: stdin a pipe for
-    the hand-over (supervisor_stage.py)."""
+                   result=None, staged: bool = False, slot=None) -> subprocess.Popen:
+    """The payload (or its prepare step, or a sweep's variant: argv; result: its RUNNER_RESULT; slot: its
+    (index, devices)) in its own process group, so the group can be killed as one; output appended to the
+    log. staged: stdin a pipe for the hand-over (supervisor_stage.py)."""
     argv = argv or payload_argv(job.spec)
     stdin = subprocess.PIPE if staged else subprocess.DEVNULL
     with open(job.paths.output, "ab") as log:
         try:
-            proc = subprocess.Popen(argv, cwd=job.paths.dir, env=payload_env(job, result, staged), stdin=stdin,
+            proc = subprocess.Popen(argv, cwd=job.paths.dir, env=payload_env(job, result, staged, slot), stdin=stdin,
                                     stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         except OSError as exc:
             raise Fail("start-failed", "cannot start the payload %r: %s" % (argv[0], exc))
@@ -78,11 +83,11 @@ def launch_payload(job: Job, argv=None, state: str = "RUNNING", phase: str = "pa
     return proc
 
 
-def watch_payload(job: Job, proc: subprocess.Popen, flags: Flags, limit: str = "max_runtime", seconds=None):
+def watch_payload(job: Job, proc: subprocess.Popen, flags: Flags, limit: str = "max_runtime"):
     """Wait for the payload; returns None when it exited, or (state, message) when it must be stopped.
-    limit: the key of spec.limits that bounds it (max_runtime, or prepare_timeout for the prepare step);
-    seconds: a tighter bound than that limit (a sweep's variant near the end of limits.max_downtime)."""
-    seconds = job.spec["limits"][limit] if seconds is None else seconds
+    limit: the key of spec.limits that bounds it (max_runtime, or prepare_timeout for the prepare step).
+    A sweep's variants are watched side by side by supervisor_sweep.wait_for_ends."""
+    seconds = job.spec["limits"][limit]
     deadline = time.monotonic() + seconds
     next_sample = 0.0
     while proc.poll() is None:
@@ -100,9 +105,13 @@ def watch_payload(job: Job, proc: subprocess.Popen, flags: Flags, limit: str = "
     return None
 
 
-def record_exit(job: Job, returncode: int) -> None:
+def record_exit(job: Job, returncode: int, pid=None, **fields) -> int:
+    """The exit code (128 + N for signal N), in status.json's payload when it is that process (pid: a sweep's
+    variant, whose side-by-side sibling may be the one recorded there) and as a `payload-exit` event."""
     sig = -returncode if returncode < 0 else None
     exit_code = 128 + sig if sig else returncode
-    job.save(exit_code=exit_code, payload=dict(job.status["payload"], exit_code=exit_code,
-                                               signal=signal_name(sig) if sig else None))
-    job.event("payload-exit", exit_code=exit_code, signal=sig)
+    if pid is None or job.status["payload"].get("pid") == pid:
+        job.save(exit_code=exit_code, payload=dict(job.status["payload"], exit_code=exit_code,
+                                                   signal=signal_name(sig) if sig else None))
+    job.event("payload-exit", exit_code=exit_code, signal=sig, **fields)
+    return exit_code

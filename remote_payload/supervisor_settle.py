@@ -171,14 +171,16 @@ def observe(job: Job) -> None:
 
 
 def kill_leftovers(job: Job) -> None:
-    payload = job.status.get("payload")
-    if payload and group_is_ours(payload):
-        job.payload_pids.update(group_members(int(payload["pgid"])))
-        grace = job.spec["limits"]["grace"]
-        since = (job.status.get("ending") or {}).get("at")
-        if since:  # the payload got its TERM then: a restorer gives only what is left of the grace
-            grace = min(grace, max(0.0, since + grace - time.time()))
-        kill_group(int(payload["pgid"]), grace)
+    """The payload's group, and each group a sweep's slots still name (variants side by side)."""
+    slots = [s for s in job.status.get("slots") or [] if isinstance(s, dict) and isinstance(s.get("pgid"), int)]
+    for payload in [job.status.get("payload")] + slots:
+        if payload and group_is_ours(payload):
+            job.payload_pids.update(group_members(int(payload["pgid"])))
+            grace = job.spec["limits"]["grace"]
+            since = (job.status.get("ending") or {}).get("at")
+            if since:  # the payload got its TERM then: a restorer gives only what is left of the grace
+                grace = min(grace, max(0.0, since + grace - time.time()))
+            kill_group(int(payload["pgid"]), grace)
 
 
 def settle(job: Job, decide, ended_at=None) -> None:

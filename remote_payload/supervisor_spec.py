@@ -17,11 +17,11 @@ try:  # imported as remote_payload.supervisor_spec (tests)
     from .slurm_batch import MAX_DOWNTIME_ON_SLURM, setup_seconds, slurm_problem, time_problem
     from .supervisor_engine import FREE_METHODS, PAUSE_MODES, api_url
     from .supervisor_host import Fail
-    from .sweep import MAX_VARIANTS
+    from .sweep import MAX_VARIANTS, rounds, slot_problem, slots
 except ImportError:  # run from supervisor.py as a script: sys.path[0] is this directory
     import contract
     from slurm_batch import MAX_DOWNTIME_ON_SLURM, setup_seconds, slurm_problem, time_problem
-    from sweep import MAX_VARIANTS
+    from sweep import MAX_VARIANTS, rounds, slot_problem, slots
     from supervisor_engine import FREE_METHODS, PAUSE_MODES, api_url
     from supervisor_host import Fail
 
@@ -255,6 +255,13 @@ def check_sweep(raw, spec: dict) -> dict:
               "each sweep variant needs args (an object) and argv (a list of strings)")
     sweep = {"fail_fast": raw.get("fail_fast", False),
              "variants": [{"args": dict(v["args"]), "argv": list(v["argv"])} for v in raw["variants"]]}
+    per_variant = raw.get("gpus_per_variant")
+    if per_variant is not None:  # side by side, each variant on its own slot of the devices
+        _need(spec.get("launcher", "ssh") == "ssh", "sweep.gpus_per_variant is for launcher ssh (Slurm hands "
+              "out the GPUs: sweep.max_parallel)")
+        _rule(slot_problem(spec["gpu"]["devices"], per_variant))
+        sweep["gpus_per_variant"] = per_variant
+    sweep["slots"] = slots(spec["gpu"]["devices"], per_variant)
     if spec.get("launcher", "ssh") == "slurm":  # one job array: `--array=0-(N-1)%max_parallel`
         k = raw.get("max_parallel")
         _need(isinstance(k, int) and not isinstance(k, bool) and k >= 1,
@@ -263,6 +270,14 @@ def check_sweep(raw, spec: dict) -> dict:
     else:
         _need(raw.get("max_parallel") is None, "sweep.max_parallel is for launcher slurm")
     return sweep
+
+
+def variant_rounds(spec: dict) -> int:
+    """How many variants run one after another at most (1 for a plain job): the factor of every time bound
+    that counts the payload's runs. Sequential, that is the variant count; side by side on S slots,
+    ceil(n / S)."""
+    sweep = spec.get("sweep") or {}
+    return rounds(len(sweep.get("variants") or [None]), len(sweep.get("slots") or [None]))
 
 
 def check_launcher(raw: dict, spec: dict) -> dict:

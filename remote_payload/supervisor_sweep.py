@@ -1,33 +1,41 @@
-"""A sweep on the host: every variant in turn inside the one window that supervise() opened (one stop, one
-drain before, one restore after, by settle).
+"""A sweep on the host: its variants inside the one window that supervise() opened (one stop, one drain
+before, one restore after, by settle).
 
+The devices are cut into slots (sweep.slots: all of them as one slot, or gpu.devices in order in slots of
+sweep.gpus_per_variant); each slot runs one variant at a time with its own CUDA_VISIBLE_DEVICES and
+RUNNER_GPU_SLOT, and takes the next variant when its variant ends. One slot is the sequential sweep.
 Each variant is its own process (its own exit code; its RUNNER_RESULT is results/variant-K.json), announced
-by a `variant` event (start, end or skipped) in events.jsonl and echoed as the same JSON line in output.log,
-so `runner tail` shows the boundaries and progress.py counts "variant k of n". A failing variant does not stop
-the others unless sweep.fail_fast. With limits.max_downtime no variant starts that could not end inside the
-window (bound: the longest variant measured so far, else limits.max_runtime): it is recorded SKIPPED with
-the reason, and a running one is stopped at the window's end. result.json is the combined record.
+by a `variant` event (start, end or skipped; start and end name its slot and devices) in events.jsonl and
+echoed as the same JSON line in output.log, so `runner tail` shows the boundaries and progress.py counts
+"variant k of n"; status.json's `slots` says which variant runs where now. A failing variant does not stop
+the others unless sweep.fail_fast (then no new variant starts; running ones finish). With
+limits.max_downtime no variant starts that could not end inside the window (bound: the longest variant
+measured so far, else limits.max_runtime): it is recorded SKIPPED with the reason, and a running one is
+stopped at the window's end. A cancel or a signal stops every running variant. result.json is the
+combined record.
 
 Imports only the stdlib, contract.py and the supervisor rooms.
 """
 from __future__ import annotations
 
 import os
-import subprocess
+import signal
 import time
 
 try:  # imported as remote_payload.supervisor_sweep (tests)
     from .supervisor_files import append_line, read_json, write_json_atomic
-    from .supervisor_host import KILL_CONFIRM_S, group_members, kill_group
-    from .supervisor_payload import launch_payload, record_exit, watch_payload
+    from .supervisor_host import KILL_CONFIRM_S, POLL_S, group_members
+    from .supervisor_payload import check_interrupt, launch_payload, record_exit
     from .supervisor_record import Interrupted, Job
     from .sweep import label
+    from . import supervisor_ledger as ledger
 except ImportError:  # run from supervisor.py as a script: sys.path[0] is this directory
     from supervisor_files import append_line, read_json, write_json_atomic
-    from supervisor_host import KILL_CONFIRM_S, group_members, kill_group
-    from supervisor_payload import launch_payload, record_exit, watch_payload
+    from supervisor_host import KILL_CONFIRM_S, POLL_S, group_members
+    from supervisor_payload import check_interrupt, launch_payload, record_exit
     from supervisor_record import Interrupted, Job
     from sweep import label
+    import supervisor_ledger as ledger
 
 
 def announce(job: Job, index: int, of: int, variant: dict, status: str, **extra) -> None:
@@ -50,43 +58,120 @@ def skip_reason(job: Job, started: float, longest) -> str | None:
     return "needs about %.1f s (%s), only %.1f s of limits.max_downtime (%g s) left" % (needs, basis, max(left, 0), budget)
 
 
-def run_variant(job: Job, flags, index: int, of: int, variant: dict, started: float) -> tuple:
-    """(record, stop): the variant run to its end, or stopped by its bound, a cancel or a signal."""
+class Run:
+    """A variant in a slot: its process, its deadline, and its stop (TERM → grace → KILL, as kill_group does,
+    one step per poll so that a slow stop holds only its own slot)."""
+
+    def __init__(self, index: int, variant: dict, slot: int, devices: list, proc, start_time, seconds: float,
+                 result: str):
+        self.index, self.variant, self.slot, self.devices, self.proc = index, variant, slot, devices, proc
+        self.start_time = start_time  # the process's, its identity for a restorer
+        self.seconds, self.result = seconds, result
+        self.began = time.monotonic()
+        self.deadline = self.began + seconds
+        self.ended = None  # when it exited or was told to stop
+        self.reason = None  # why it was stopped: its bound, a cancel or a signal
+        self.term_at = self.kill_at = None
+
+
+def start_variant(job: Job, index: int, of: int, variant: dict, slot: int, devices: list, started: float) -> Run:
+    """The variant launched on its slot's devices, bounded by max_runtime and never past the window's end."""
     payload, limits = job.spec["payload"], job.spec["limits"]
     result = os.path.join(job.paths.dir, "results", "variant-%d.json" % index)
-    announce(job, index, of, variant, "start")
-    began = time.monotonic()
+    announce(job, index, of, variant, "start", slot=slot, devices=devices)
     argv = list(variant["argv"]) if payload["command"] is not None else \
         [payload["python"], payload["path"]] + variant["argv"]
-    proc = launch_payload(job, argv, phase="variant %d of %d: %s" % (index, of, label(variant["args"])), result=result)
-    bound = None
+    proc = launch_payload(job, argv, phase="variant %d of %d: %s" % (index, of, label(variant["args"])),
+                          result=result, slot=(slot, devices))
+    seconds = limits["max_runtime"]
     if limits.get("max_downtime") is not None:  # never past the window's end
-        bound = max(0.0, min(limits["max_runtime"], limits["max_downtime"] - (time.time() - started)))
-    stop = watch_payload(job, proc, flags, seconds=bound)
-    job.payload_pids.update(group_members(proc.pid))
-    kill_group(proc.pid, limits["grace"], proc)
+        seconds = max(0.0, min(seconds, limits["max_downtime"] - (time.time() - started)))
+    start_time = job.status["payload"]["start_time"]  # launch_payload recorded this process last
+    return Run(index, variant, slot, devices, proc, start_time, seconds, result)
+
+
+def wait_for_ends(job: Job, flags, running: dict) -> tuple:
+    """([runs whose processes are gone], the (state, message) of a cancel or a signal, or None): polls every
+    run, stops those that ended or reached their bound (each a step at a time), and on a cancel or a signal
+    stops them all."""
+    next_sample, interrupt = 0.0, None
+    while True:
+        now = time.monotonic()
+        if now >= next_sample:  # remember the groups' pids: they may hold GPU memory later
+            for run in running.values():
+                job.payload_pids.update(group_members(run.proc.pid))
+            next_sample = now + 1.0
+        try:
+            check_interrupt(job, flags)
+        except Interrupted as stop:
+            interrupt = (stop.state, str(stop))
+        for run in running.values():
+            if run.ended is None and (interrupt or run.proc.poll() is not None or now >= run.deadline):
+                run.ended = now
+                if interrupt:
+                    run.reason = interrupt[1]
+                elif run.proc.returncode is None:
+                    run.reason = "the payload ran past limits.max_runtime (%gs)" % run.seconds
+        gone = [run for run in running.values() if run.ended is not None and stop_step(job, run, now)]
+        if gone:
+            return gone, interrupt
+        time.sleep(POLL_S)
+
+
+def stop_step(job: Job, run: Run, now: float) -> bool:
+    """The next step of a run's stop; True once its group is gone (or, SIGKILLed, KILL_CONFIRM_S passed)."""
+    pgid = run.proc.pid
+    run.proc.poll()  # reap our own child so it does not linger as a zombie
+    if run.term_at is None:
+        job.payload_pids.update(group_members(pgid))
+        run.term_at = now
+        if not signal_group(pgid, signal.SIGTERM):
+            return True
+    if not group_members(pgid):
+        return True
+    if run.kill_at is None:
+        if now >= run.term_at + job.spec["limits"]["grace"]:
+            run.kill_at = now
+            return not signal_group(pgid, signal.SIGKILL)
+        return False
+    return now >= run.kill_at + KILL_CONFIRM_S
+
+
+def signal_group(pgid: int, sig) -> bool:
+    """False when the group is gone already."""
     try:
-        record_exit(job, proc.wait(timeout=KILL_CONFIRM_S))
-        code = job.status["exit_code"]
-    except subprocess.TimeoutExpired:  # SIGKILLed and still there: abandoned, as run_payload does
-        job.event("payload-exit", abandoned=True, pid=proc.pid)
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def end_variant(job: Job, of: int, run: Run) -> dict:
+    """A stopped run's exit recorded and announced; its record."""
+    returncode = run.proc.poll()
+    if returncode is None:  # SIGKILLed and still there: abandoned, as run_payload does
+        job.event("payload-exit", abandoned=True, pid=run.proc.pid, variant=run.index)
         code = None
-    seconds = round(time.monotonic() - began, 3)
-    record = variant_record(index, variant["args"], "ended", code, seconds, stop[1] if stop else None, result)
-    announce(job, index, of, variant, "end", exit_code=code, seconds=seconds,
-             **({"error": record["error"]} if record["error"] else {}))
-    return record, stop
+    else:
+        code = record_exit(job, returncode, pid=run.proc.pid, variant=run.index)
+    seconds = round(run.ended - run.began, 3)  # to its end, not to the end of its stop
+    record = variant_record(run.index, run.variant["args"], "ended", code, seconds, run.reason, run.result,
+                            slot=run.slot, devices=run.devices)
+    announce(job, run.index, of, run.variant, "end", exit_code=code, seconds=seconds, slot=run.slot,
+             devices=run.devices, **({"error": record["error"]} if record["error"] else {}))
+    return record
 
 
-def variant_record(index: int, args: dict, status: str, code, seconds, reason, result: str) -> dict:
+def variant_record(index: int, args: dict, status: str, code, seconds, reason, result: str, **where) -> dict:
     """One variant in result.json (`status`: ended or skipped), its RUNNER_RESULT file read back; also what
     a Slurm job array's login node writes for each of its tasks (slurm_array.py). A result file that is not a
-    JSON object is this variant's failure (`error`, also its `reason`), never the sweep's."""
+    JSON object is this variant's failure (`error`, also its `reason`), never the sweep's. where: the slot
+    and devices it ran on."""
     outcome, error = read_variant_result(result)
     tables = [t for t in (outcome or {}).values() if isinstance(t, list) and t and isinstance(t[0], dict)]
     return {"index": index, "args": args, "status": status, "exit_code": code, "seconds": seconds,
             "reason": reason or error, "error": error, "result": outcome,
-            "columns": list(tables[0][0]) if tables else None}  # the payload's column order
+            "columns": list(tables[0][0]) if tables else None, **where}  # columns: the payload's order
 
 
 def read_variant_result(path: str) -> tuple:
@@ -106,29 +191,63 @@ def read_variant_result(path: str) -> tuple:
 
 
 def run_sweep(job: Job, flags) -> None:
-    """Every variant in turn; result.json is the combined record; FAILED unless each ran and exited 0."""
+    """Every variant, each slot taking the next when its variant ends; result.json is the combined record;
+    FAILED unless each ran and exited 0."""
     sweep = job.spec["sweep"]
     variants, n = sweep["variants"], len(sweep["variants"])
+    slots = sweep.get("slots") or [job.spec["gpu"]["devices"]]
     started = job.status["service"].get("stopped_at") or time.time()  # the window: from the stop, if any
     os.makedirs(os.path.join(job.paths.dir, "results"), exist_ok=True)
-    records, longest, halt, interrupted = [], None, None, None
-    for index, variant in enumerate(variants, 1):
-        reason = halt or skip_reason(job, started, longest)
-        if reason:
-            announce(job, index, n, variant, "skipped", reason=reason)
-            records.append({"index": index, "args": variant["args"], "status": "skipped", "exit_code": None,
-                            "seconds": None, "reason": reason, "result": None})
+    records, pending, running = {}, list(enumerate(variants, 1)), {}
+    longest, halt, interrupted = None, None, None
+    while pending or running:
+        for slot in [k for k in range(len(slots)) if k not in running]:
+            while pending and slot not in running:
+                index, variant = pending.pop(0)
+                reason = halt or skip_reason(job, started, longest)
+                if reason:
+                    announce(job, index, n, variant, "skipped", reason=reason)
+                    records[index] = {"index": index, "args": variant["args"], "status": "skipped", "exit_code": None,
+                                      "seconds": None, "reason": reason, "result": None}
+                else:  # noted at once: status.json's payload names only the process launched last
+                    running[slot] = start_variant(job, index, n, variant, slot, slots[slot], started)
+                    note_slots(job, slots, running)
+        if not running:
             continue
-        record, stop = run_variant(job, flags, index, n, variant, started)
-        records.append(record)
-        longest = max(longest or 0.0, record["seconds"])
-        if stop is not None and stop[0] != "TIMED_OUT":  # a cancel or a signal ends the sweep
-            interrupted, halt = stop, "not started: " + stop[1]
-        elif record["exit_code"] != 0 and sweep["fail_fast"]:
-            halt = "not started: variant %d failed and sweep.fail_fast is set" % index
+        gone, interrupt = wait_for_ends(job, flags, running)
+        if interrupt is not None:  # a cancel or a signal ends the sweep
+            interrupted, halt = interrupt, "not started: " + interrupt[1]
+        for run in gone:
+            record = records[run.index] = end_variant(job, n, running.pop(run.slot))
+            longest = max(longest or 0.0, record["seconds"])
+            if record["exit_code"] != 0 and sweep["fail_fast"] and halt is None:
+                halt = "not started: variant %d failed and sweep.fail_fast is set" % record["index"]
+        note_slots(job, slots, running)
+    finish_sweep(job, [records[k] for k in sorted(records)], slots, interrupted)
+
+
+def note_slots(job: Job, slots: list, running: dict) -> None:
+    """status.json's `slots`: each slot's devices and the variant on it now (its process, for a restorer)."""
+    table = []
+    for k, devices in enumerate(slots):
+        run = running.get(k)
+        entry = {"slot": k, "devices": devices, "variant": run.index if run else None}
+        if run:
+            entry.update(pid=run.proc.pid, pgid=run.proc.pid, start_time=run.start_time)
+        table.append(entry)
+    job.save(slots=table)
+    if job.status["service"].get("stopped"):  # the ledger too: what a restorer trusts (supervisor_trust)
+        job.persist(lambda: ledger.note_slots(job.paths.root, job.status["service"]["unit"], job.paths.job_id,
+                                              [s for s in table if s["variant"]]))
+
+
+def finish_sweep(job: Job, records: list, slots: list, interrupted) -> None:
+    n = len(records)
     ok = sum(1 for r in records if r["status"] == "ended" and r["exit_code"] == 0 and not r.get("error"))
     skipped = sum(1 for r in records if r["status"] == "skipped")
     summary = {"variants": n, "succeeded": ok, "failed": n - ok - skipped, "skipped": skipped}
+    if job.spec["sweep"].get("gpus_per_variant") is not None:  # side by side: the slots they ran on
+        summary["slots"] = slots
     job.persist(lambda: write_json_atomic(job.paths.result, {"payload": "sweep", "sweep": summary,
                                                              "variants": records}))
     job.save(sweep=summary, exit_code=0 if ok == n else 1)

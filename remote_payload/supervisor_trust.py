@@ -126,13 +126,15 @@ def status_from_ledger(spec: dict, entry: dict, why: str) -> dict:
     status.update(state="LOST", phase=LEDGER_PHASE, ended_at=time.time(),
                   message="%s; settled from the host ledger (the payload may have overwritten its job's files)" % why,
                   service=dict(status["service"], was=was, stopped=True, stopped_at=stopped_at),
-                  payload=payload_from_ledger(entry))
+                  payload=payload_from_ledger(entry.get("payload")),
+                  slots=[p for p in map(payload_from_ledger, entry.get("slots") if isinstance(entry.get("slots"), list)
+                                        else []) if p])
     return status
 
 
-def payload_from_ledger(entry: dict):
-    """The payload process the supervisor noted in the ledger, for kill_leftovers (checked by start time)."""
-    payload = entry.get("payload")
+def payload_from_ledger(payload):
+    """A payload process the supervisor noted in the ledger (the payload, or a busy slot's variant), for
+    kill_leftovers (checked by start time)."""
     if not isinstance(payload, dict):
         return None
     ident = {k: payload.get(k) for k in ("pid", "pgid", "start_time")}

@@ -6,6 +6,7 @@ on the wire; the host reads them as given (supervisor_sweep.py) and never expand
 from __future__ import annotations
 
 import itertools
+import math
 
 MAX_VARIANTS = 1000  # over it the spec is refused (exit 2 naming `sweep`)
 
@@ -27,6 +28,31 @@ def count(matrix: dict, include: list) -> int:
     for values in matrix.values():
         product *= len(values)
     return (product if matrix else 0) + len(include)
+
+
+def slot_problem(devices: list, per_variant) -> str | None:
+    """Why `gpu.devices` cannot be cut into slots of `sweep.gpus_per_variant` devices (None: it can)."""
+    if not isinstance(per_variant, int) or isinstance(per_variant, bool) or per_variant < 1:
+        return "sweep.gpus_per_variant must be a whole number >= 1, got %r" % (per_variant,)
+    if not devices:
+        return "sweep.gpus_per_variant needs gpu.devices: the variants share them out, %d each" % per_variant
+    if len(devices) % per_variant:
+        return ("gpu.devices holds %d devices, not a multiple of sweep.gpus_per_variant (%d): every slot needs "
+                "as many" % (len(devices), per_variant))
+    return None
+
+
+def slots(devices: list, per_variant=None) -> list:
+    """The devices cut in order into slots of per_variant each: [[0, 1], [2, 3]]; one slot of them all when
+    per_variant is None (the variants one after another, each with every device)."""
+    if per_variant is None:
+        return [list(devices)]
+    return [list(devices[k:k + per_variant]) for k in range(0, len(devices), per_variant)]
+
+
+def rounds(variants: int, slot_count: int) -> int:
+    """How many variants one slot runs at most, one after another: the time bounds' factor."""
+    return math.ceil(max(variants, 1) / max(slot_count, 1))
 
 
 def _text(value) -> str:

@@ -11,6 +11,7 @@ from dataclasses import asdict
 
 import click
 
+from remote_payload.contract import is_terminal
 from remote_payload.sweep import label as variant_label
 
 from . import controller, fleet, fleet_cli  # neither imports pydantic: a one-host tail stays light
@@ -112,6 +113,9 @@ def _dry_run_text(plan) -> str:
     if plan.variants:
         how = (f"as one Slurm job array, at most {plan.array_parallel} at once (sweep.max_parallel)"
                if plan.array_parallel else "in one downtime window (one stop, one restore)")
+        if plan.slots:
+            how = (f"side by side on {len(plan.slots)} slots of {len(plan.slots[0])} GPUs "
+                   f"(GPU {' · '.join(','.join(slot) for slot in plan.slots)}) {how}")
         lines.append(f"  sweep         {len(plan.variants)} variants {how}:")
         lines += [f"    {k + 1:>4}. {variant_label(v['args'])}" for k, v in enumerate(plan.variants)]
     lines += [f"  note          {note}" for note in plan.notes]
@@ -261,6 +265,9 @@ def _status_text(job: dict) -> str:
         if variant:
             lines.append(f"  sweep       variant {variant['index']} of {variant['of']}: {variant_label(variant['args'] or {})}"
                          + (" (skipped)" if variant.get("status") == "skipped" else ""))
+    slots = job.get("slots")
+    if isinstance(slots, list) and len(slots) > 1 and not is_terminal(job.get("state", "")):  # side by side
+        lines.append("  slots       " + " · ".join(_slot_text(slot) for slot in slots if isinstance(slot, dict)))
     service = job.get("service") or {}
     slurm, array = job.get("slurm") or {}, job.get("array")
     if array:  # a sweep on Slurm: one job array
@@ -280,6 +287,13 @@ def _status_text(job: dict) -> str:
     if job.get("message"):
         lines.append(f"  why         {job['message']}")
     return "\n".join(lines)
+
+
+def _slot_text(slot: dict) -> str:
+    """`GPU 0,1: variant 3` (or `idle`): one slot of a sweep's side-by-side variants, from status.json."""
+    devices = slot.get("devices")
+    gpus = ",".join(map(str, devices)) if isinstance(devices, list) else "?"
+    return f"GPU {gpus}: " + (f"variant {slot['variant']}" if slot.get("variant") else "idle")
 
 
 def _exit_note(code: int | None) -> str:

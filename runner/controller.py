@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO, Callable, Sequence
 
 from remote_payload.contract import DEFAULTS
+from remote_payload import sweep as sweeps
 
 from . import plan_cache, preflight
 from .deadline import DEFAULT_MAX_WAIT_S, Deadline
@@ -58,6 +59,7 @@ class DryRun:
     service: dict | None = None
     variants: list[dict] = field(default_factory=list)  # a sweep's, as the host will run them
     array_parallel: int | None = None  # on Slurm a sweep is one job array, at most this many tasks at once
+    slots: list[list[str]] | None = None  # sweep.gpus_per_variant: the devices of each side-by-side slot
 
 
 @dataclass
@@ -277,7 +279,14 @@ def dry_run(spec_path: str, overrides: list[str], *, queue: bool = False, job_id
               "then ends TIMED_OUT with nothing stopped"] if queue else []
     return DryRun(wire["job_id"], host["address"], decision.stop_service, wire["gpu"]["required_mib"], argv,
                   [args_note, *decision.notes, *queued], report.get("gpus", []), report.get("service"),
-                  (wire.get("sweep") or {}).get("variants", []), (wire.get("sweep") or {}).get("max_parallel"))
+                  (wire.get("sweep") or {}).get("variants", []), (wire.get("sweep") or {}).get("max_parallel"),
+                  _slots(wire))
+
+
+def _slots(wire: dict) -> list[list[str]] | None:
+    """The side-by-side slots of a sweep with gpus_per_variant, as the host will cut them; else None."""
+    per_variant = (wire.get("sweep") or {}).get("gpus_per_variant")
+    return None if per_variant is None else sweeps.slots(wire["gpu"]["devices"], per_variant)
 
 
 def _submit_once(client: HostClient, wire: dict, queue: bool) -> tuple[dict, bool]:

@@ -181,8 +181,9 @@ def _bounded(text: str) -> str:
 
 
 def render_sweep(result: dict) -> str:
-    """One table across a sweep's variants: a variant column (its args), its status, then each variant's rows
-    (the Marlin benchmark's columns, or the union of any payload's first table of rows)."""
+    """One table across a sweep's variants: a variant column (its args), its status, the GPUs it ran on when
+    the variants ran side by side, then each variant's rows (the Marlin benchmark's columns, or the union of
+    any payload's first table of rows)."""
     variants = result.get("variants") or []
     outcomes = [_in_payload_order(v) for v in variants]
     marlin = any(o.get("payload") == "bench_marlin_moe" for o in outcomes)
@@ -192,18 +193,23 @@ def render_sweep(result: dict) -> str:
     else:
         keys = list(dict.fromkeys(k for t in tables if t for row in t for k in row))
         columns = [(k, k, None) for k in keys]
+    summary = result.get("sweep") or {}
+    side_by_side = isinstance(summary.get("slots"), list) and len(summary["slots"]) > 1  # sweep.gpus_per_variant
     rows = []
     for variant, table in zip(variants, tables):
         status = variant.get("status") if variant.get("status") == "skipped" else f"exit {variant.get('exit_code')}"
         head = [str(variant.get("index")), label(variant.get("args") or {}), status]
+        if side_by_side:
+            devices = variant.get("devices")
+            head.append(",".join(map(str, devices)) if isinstance(devices, list) else "-")
         for row in table or [{}]:
             rows.append(head + [(_cell(fmt, row.get(key)) if fmt else ("-" if row.get(key) is None else _plain(row[key])))
                                 for _, key, fmt in columns])
-    summary = result.get("sweep") or {}
     lines = [f"sweep: {summary.get('succeeded', '?')} succeeded, {summary.get('failed', '?')} failed, "
              f"{summary.get('skipped', '?')} skipped of {summary.get('variants', len(variants))} variants"]
     lines += [f"variant {v['index']} skipped: {v.get('reason')}" for v in variants if v.get("status") == "skipped"]
-    return "\n".join(lines) + "\n\n" + _grid(["#", "variant", "status", *(h for h, _, _ in columns)], rows) + "\n"
+    return "\n".join(lines) + "\n\n" + _grid(["#", "variant", "status", *(["GPU"] if side_by_side else []),
+                                             *(h for h, _, _ in columns)], rows) + "\n"
 
 
 def _in_payload_order(variant: dict) -> dict:

@@ -149,6 +149,9 @@ class SweepSpec(_Section):
     fail_fast: bool = False
     # launcher slurm: the job array's `%k`, at most this many variants at once (default: all of them)
     max_parallel: Annotated[int, Field(ge=1)] | None = None
+    # launcher ssh: the variants side by side, each on its own slot of this many of gpu.devices (in order);
+    # null: one after another, each with all of them
+    gpus_per_variant: Annotated[int, Field(ge=1)] | None = None
 
     @model_validator(mode="after")
     def _some_within_the_cap(self) -> SweepSpec:
@@ -186,7 +189,14 @@ class JobSpec(_Section):
                              "window, none of them staged")
         if self.sweep is not None and self.launcher == "ssh" and self.sweep.max_parallel is not None:
             raise ValueError("sweep.max_parallel is for launcher slurm (a job array); on one host the variants "
-                             "run one after another in one window")
+                             "share gpu.devices out with sweep.gpus_per_variant")
+        if self.sweep is not None and self.sweep.gpus_per_variant is not None:
+            if self.launcher != "ssh":
+                raise ValueError("sweep.gpus_per_variant is for launcher ssh (Slurm hands out the GPUs: "
+                                 "sweep.max_parallel)")
+            problem = sweeps.slot_problem([str(d) for d in self.gpu.devices], self.sweep.gpus_per_variant)
+            if problem:
+                raise ValueError(problem)
         return self
 
     @model_validator(mode="after")
@@ -256,6 +266,8 @@ class JobSpec(_Section):
                              "variants": [{"args": v, "argv": self._variant_argv(v)} for v in self.sweep.variants()]}
             if self.launcher == "slurm":  # one job array: `%max_parallel`, every variant when not given
                 wire["sweep"]["max_parallel"] = self.sweep.max_parallel or len(wire["sweep"]["variants"])
+            if self.sweep.gpus_per_variant is not None:  # as it was without one
+                wire["sweep"]["gpus_per_variant"] = self.sweep.gpus_per_variant
         return wire
 
     def _variant_argv(self, variant: dict) -> list[str]:

@@ -97,7 +97,11 @@ DESCRIPTIONS = {
     "sweep.fail_fast": "After a failing variant start no more (each one left is recorded \"not started\" with "
                        "the reason).",
     "sweep.max_parallel": "With launcher slurm: at most this many variants at once (the job array's `%k`); "
-                          "default all. Refused with launcher ssh (the variants run one after another).",
+                          "default all. Refused with launcher ssh (there: `gpus_per_variant`).",
+    "sweep.gpus_per_variant": "With launcher ssh: the variants side by side in one window, gpu.devices cut in "
+                              "order into slots of this many, each variant on its own slot (CUDA_VISIBLE_DEVICES, "
+                              "RUNNER_GPU_SLOT); a slot takes the next variant when its own ends. gpu.devices "
+                              "must hold a multiple of it. Default: one after another, each with all devices.",
     "limits": "Time limits.",
     "limits.max_runtime": "The payload's deadline: TERM, `grace`, then KILL of its process group.",
     "limits.grace": "Seconds between TERM and KILL.",

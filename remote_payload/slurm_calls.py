@@ -1,0 +1,41 @@
+"""The Slurm client calls a login node makes, for one job and a job array alike: each command bounded, a
+slurmctld that does not answer named as such, and the file that caches Slurm's answer (slurm.json).
+
+Imports only the stdlib and supervisor_files/_host; slurm_launch.py and slurm_array.py import it.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+
+try:  # imported as remote_payload.slurm_calls (tests)
+    from .supervisor_files import JobPaths
+    from .supervisor_host import Fail
+except ImportError:  # run from supervisor.py as a script: sys.path[0] is this directory
+    from supervisor_files import JobPaths
+    from supervisor_host import Fail
+
+SLURM_POLL_S = 5.0       # ask Slurm about one job at most this often
+QUERY_TIMEOUT_S = 4.0    # squeue/sacct/scancel: short, so `logs --wait` stays within its bound
+CANCEL_SLACK_S = 30.0    # a cancelled job still running grace + this long after the request gets plain scancel
+UNREACHABLE = ("Unable to contact slurm controller", "Socket timed out", "Connection refused",
+               "Zero Bytes were transmitted")
+
+
+def slurm_file(paths: JobPaths) -> str:
+    return os.path.join(paths.dir, "slurm.json")
+
+
+def slurm_call(argv: list, stdin: str = "", timeout: float = QUERY_TIMEOUT_S, env=None) -> subprocess.CompletedProcess:
+    """A Slurm client command (no shell); missing tools and hangs are `slurm-unavailable`."""
+    try:
+        return subprocess.run(argv, input=stdin, capture_output=True, text=True, timeout=timeout, env=env)
+    except FileNotFoundError:
+        raise Fail("slurm-unavailable", "%s is not installed on the login node" % argv[0])
+    except subprocess.TimeoutExpired:
+        return subprocess.CompletedProcess(argv, 124, "", "%s did not answer within %.0f s" % (argv[0], timeout))
+
+
+def raise_if_unreachable(done: subprocess.CompletedProcess, tool: str) -> None:
+    if done.returncode != 0 and (done.returncode == 124 or any(s in done.stderr for s in UNREACHABLE)):
+        raise Fail("slurm-unavailable", "%s: slurmctld does not answer: %s" % (tool, done.stderr.strip()[-500:]))
