@@ -10,7 +10,7 @@
 # device scripts. ~52 MB: with the repo (~7 MB) one call carries it (64 MiB).
 # Needs: SYSTEMD_DEBS (folder of prepare.sh's debs), JIT_TAR (prebuild's jit-sm90a.tar.xz), KERNEL_TGZ (the
 # sgl_kernel_sm90.tgz of ../shared/device/prepare-sglang-carry.sh), HOST_SH (../shared/device/gpu-systemd/host.sh).
-# ~10 min on 2 cores (xz -9 of 270 MB, the norm module's nvcc).
+# ~6 min on 2 cores (xz -9 of 270 MB, the norm module's nvcc).
 set -euo pipefail
 dest=$(mkdir -p "${1:?usage: prepare_carry.sh DEST}" && cd "$1" && pwd)
 here=$(cd "$(dirname "$0")" && pwd)

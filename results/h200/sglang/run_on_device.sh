@@ -18,11 +18,11 @@ if [ $mode = start ]; then
   fi
   for o in $D/dev/overlay-*.tar.xz; do [ -e "$o" ] && tar xJf "$o" -C /tmp/sgsite; done  # files added to the site later
   # sglang checks sglang-kernel's version by its metadata: the carry has 0.4.5's sgl_kernel/ (sm90 part) without it
-    for dist in sglang-kernel:sglang_kernel:0.4.5:sgl_kernel sglang:sglang:0.5.17:sglang; do
-      IFS=: read -r name dir ver top <<< "$dist"; mkdir -p /tmp/sgsite/$dir-$ver.dist-info
-      printf 'Metadata-Version: 2.1\nName: %s\nVersion: %s\n' $name $ver > /tmp/sgsite/$dir-$ver.dist-info/METADATA
-      echo $top > /tmp/sgsite/$dir-$ver.dist-info/top_level.txt
-    done
+  for dist in sglang-kernel:sglang_kernel:0.4.5:sgl_kernel sglang:sglang:0.5.17:sglang; do
+    IFS=: read -r name dir ver top <<< "$dist"; mkdir -p /tmp/sgsite/$dir-$ver.dist-info
+    printf 'Metadata-Version: 2.1\nName: %s\nVersion: %s\n' $name $ver > /tmp/sgsite/$dir-$ver.dist-info/METADATA
+    echo $top > /tmp/sgsite/$dir-$ver.dist-info/top_level.txt
+  done
   python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/rsite $D/dev/rwhl/*.whl || exit 1
   mkdir -p /tmp/jit/tvm-ffi /tmp/jit/sglang /tmp/triton-cache && tar xJf $D/dev/jit-sm90a.tar.xz -C /tmp/jit/tvm-ffi
   py=$(command -v python3)
