@@ -12,10 +12,7 @@ A busy message names the lock and its holder without the "host busy: " the contr
 """
 from __future__ import annotations
 
-try:  # imported as remote_payload.admission (the controller, tests)
-    from .contract import memory_verdict
-except ImportError:  # run as a script on the host: sys.path[0] is this directory
-    from contract import memory_verdict
+from .contract import memory_verdict
 
 BUSY_HINT = "Wait for that job (`runner tail ID -f`), cancel it, or submit with --queue."
 ENGINE_HINT = ("Start the engine with its memory API (SGLang: --enable-memory-saver; vLLM: "

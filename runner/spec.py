@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator,
 from remote_payload.contract import DEFAULTS, LAUNCHERS, SERVICE_MANAGERS, SERVICE_SCOPES, STOP_POLICIES, \
     USER_SCOPE_SUDO
 from remote_payload import sweep as sweeps
-from remote_payload.supervisor_engine import FREE_METHODS, PAUSE_MODES, origin
+from remote_payload.host.engine import FREE_METHODS, PAUSE_MODES, origin
 
 from .errors import SpecError
 from .job_id import check_job_id

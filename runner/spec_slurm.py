@@ -1,10 +1,10 @@
 """The spec's `launcher: slurm` part: the `slurm` section's model, the rules between it and the other
-sections, and its wire form. The field rules are remote_payload/slurm_batch.py's, which the host applies
+sections, and its wire form. The field rules are remote_payload/slurm/batch.py's, which the host applies
 again, so the controller never accepts what the supervisor on the login node would refuse.
 
     launcher: slurm            host = the login node (or `local`); sbatch places the job
     slurm: {partition, gres | gpus, time, account, qos, constraint, extra_args}
-    sweep: {…, max_parallel}   one job array, at most max_parallel variants at once (remote_payload/slurm_array.py)
+    sweep: {…, max_parallel}   one job array, at most max_parallel variants at once (remote_payload/slurm/array.py)
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Annotated, Union
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, model_validator
 
-from remote_payload.slurm_batch import MAX_DOWNTIME_ON_SLURM, setup_seconds, slurm_problem, time_limit_minutes, \
+from remote_payload.slurm.batch import MAX_DOWNTIME_ON_SLURM, setup_seconds, slurm_problem, time_limit_minutes, \
     time_problem
 
 from .spec_fields import Duration, kind

@@ -1,4 +1,4 @@
-"""The one time budget (remote_payload/supervisor_budget.py): every bound of a job computed once from its spec
+"""The one time budget (remote_payload/supervision/budget.py): every bound of a job computed once from its spec
 when the job dir is claimed, recorded in status.json, and read from there by the guard, the guard timer, the
 unit and the Slurm batch. Pure checks first, then the fork path, then the unit on the confined systemd host."""
 from __future__ import annotations
@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from remote_payload import supervisor_settle as settle
-from remote_payload.slurm_launch import submit_argv
-from remote_payload.supervisor_budget import BOUNDS, budget, recorded
-from remote_payload.supervisor_host import Fail
-from remote_payload.supervisor_files import JobPaths, read_status, write_json_atomic
-from remote_payload.supervisor_spec import check_spec
-from remote_payload.supervisor_start import claim_job_dir
+from remote_payload.supervision import settle
+from remote_payload.slurm.launch import submit_argv
+from remote_payload.supervision.budget import BOUNDS, budget, recorded
+from remote_payload.host.primitives import Fail
+from remote_payload.supervision.files import JobPaths, read_status, write_json_atomic
+from remote_payload.supervision.spec import check_spec
+from remote_payload.supervision.start import claim_job_dir
 from tests.test_supervisor import host  # noqa: F401 (the fixture)
 
 PROTOCOL = Path(__file__).parent.parent / "docs" / "protocol.md"

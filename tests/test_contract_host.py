@@ -11,10 +11,12 @@ import time
 import pytest
 
 from remote_payload import contract
-from remote_payload import supervisor, supervisor_files, supervisor_host, supervisor_job, supervisor_record, \
-    supervisor_settle, supervisor_spec
-from remote_payload import supervisor_host as host
-from remote_payload import supervisor_spec as checks
+from remote_payload import commands as supervisor
+from remote_payload.supervision import files as supervisor_files, job as supervisor_job, record as supervisor_record, \
+    settle as supervisor_settle, spec as supervisor_spec
+from remote_payload.host import primitives as supervisor_host
+from remote_payload.host import primitives as host
+from remote_payload.supervision import spec as checks
 
 ROOMS = (supervisor, supervisor_files, supervisor_host, supervisor_job, supervisor_record, supervisor_settle,
          supervisor_spec)

@@ -1,4 +1,4 @@
-"""The detached launch of a supervisor without systemd (remote_payload/supervisor_start.py): a fork of the host
+"""The detached launch of a supervisor without systemd (remote_payload/supervision/start.py): a fork of the host
 call's own interpreter runs `_run`, so it must behave like the exec'd process it replaced — detached from the
 caller's stdin/stdout (the SSH channel), its output in the log, never back in the caller's frames."""
 from __future__ import annotations

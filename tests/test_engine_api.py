@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from remote_payload import supervisor_engine as engine
-from remote_payload.supervisor_host import query_gpus
+from remote_payload.host import engine
+from remote_payload.host.primitives import query_gpus
 from tests.hosts import gpu_state
 from tests.hosts._proc import free_port, wait_until
 

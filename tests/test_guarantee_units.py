@@ -6,13 +6,13 @@ import signal
 import pytest
 from pydantic import ValidationError
 
-from remote_payload.supervisor_files import JobPaths
-from remote_payload.supervisor_host import Fail
-from remote_payload.supervisor_job import late_interrupt
-from remote_payload.supervisor_payload import check_interrupt
-from remote_payload.supervisor_record import Flags, Interrupted
-from remote_payload.supervisor_budget import budget
-from remote_payload.supervisor_spec import check_service
+from remote_payload.supervision.files import JobPaths
+from remote_payload.host.primitives import Fail
+from remote_payload.supervision.job import late_interrupt
+from remote_payload.supervision.payload import check_interrupt
+from remote_payload.supervision.record import Flags, Interrupted
+from remote_payload.supervision.budget import budget
+from remote_payload.supervision.spec import check_service
 from runner.spec import ServiceSpec
 
 

@@ -6,13 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from remote_payload import supervisor_files as files
-from remote_payload import supervisor_host as host
-from remote_payload import supervisor_job as job
-from remote_payload import supervisor_payload as payload
-from remote_payload import supervisor_settle as settle
-from remote_payload import supervisor_spec as checks
-from remote_payload.supervisor_budget import budget
+from remote_payload.supervision import files
+from remote_payload.host import primitives as host
+from remote_payload.supervision import job
+from remote_payload.supervision import payload
+from remote_payload.supervision import settle
+from remote_payload.supervision import spec as checks
+from remote_payload.supervision.budget import budget
 
 DATA = Path(__file__).parent / "data"
 

@@ -231,8 +231,8 @@ def test_a_device_count_that_does_not_split_into_slots_exits_2(work, devices, pe
 
 
 def test_the_host_refuses_a_bad_slot_cut_too():
-    from remote_payload.supervisor_host import Fail
-    from remote_payload.supervisor_spec import check_spec
+    from remote_payload.host.primitives import Fail
+    from remote_payload.supervision.spec import check_spec
 
     raw = {"job_id": "j1", "gpu": {"devices": ["0", "1", "2"]}, "payload": {"command": ["true"]},
            "sweep": {"variants": [{"args": {}, "argv": ["true"]}], "gpus_per_variant": 2}}
@@ -254,8 +254,8 @@ def test_dry_run_shows_the_slots(work):
 # -- the time bounds: rounds of variants, not variants -------------------------------------------------------
 
 def test_variant_rounds_count_the_rounds_of_slots():
-    from remote_payload.supervisor_budget import budget
-    from remote_payload.supervisor_spec import check_spec, variant_rounds
+    from remote_payload.supervision.budget import budget
+    from remote_payload.supervision.spec import check_spec, variant_rounds
 
     def spec(n, devices, k=None):
         sweep = {"variants": [{"args": {}, "argv": ["true"]}] * n, **({"gpus_per_variant": k} if k else {})}
@@ -307,7 +307,7 @@ def test_a_sigkilled_supervisor_leaves_no_variant_running_on_any_slot(tmp_path):
     import sys
     import time
 
-    from remote_payload.supervisor_host import is_alive
+    from remote_payload.host.primitives import is_alive
     from tests.test_supervisor import Host, pid_gone
 
     host = Host(tmp_path)
@@ -335,8 +335,8 @@ def test_a_sigkilled_supervisor_leaves_no_variant_running_on_any_slot(tmp_path):
 def test_a_restorer_that_cannot_trust_status_json_still_kills_every_busy_slot(tmp_path):
     """The ledger names the processes of the busy slots too: a payload that overwrote status.json cannot hide
     its side-by-side siblings from the restore."""
-    from remote_payload import supervisor_ledger as ledger
-    from remote_payload import supervisor_trust as trust
+    from remote_payload.supervision import ledger
+    from remote_payload.supervision import trust
     from tests.test_trust import UNIT, job, stopped_by
 
     paths, spec, _ = job(tmp_path)

@@ -1,5 +1,5 @@
 """PID 1 as the last line (issue 9): where the host has systemd, the supervisor runs in a transient unit
-(remote_payload/supervisor_unit.py) whose ExecStopPost= restores, whose watchdog and RuntimeMaxSec= overrule a
+(remote_payload/supervision/unit.py) whose ExecStopPost= restores, whose watchdog and RuntimeMaxSec= overrule a
 hung supervisor, and whose cgroup holds every process of the job. On the real confined systemd + sshd host.
 
 After the kill or stop below, the tests read status.json over plain ssh only: no controller call (a `runner

@@ -15,9 +15,9 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from remote_payload.slurm_array import array_progress, combined_chunk, sweep_outcome
-from remote_payload.supervisor_host import Fail
-from remote_payload.supervisor_spec import check_spec
+from remote_payload.slurm.array import array_progress, combined_chunk, sweep_outcome
+from remote_payload.host.primitives import Fail
+from remote_payload.supervision.spec import check_spec
 from runner.spec import JobSpec
 from tests.cli_helpers import Target, job_dir, pid_alive, python_payload, run_cli, status, submit_refused, wait_for
 from tests.hosts.prereqs import require

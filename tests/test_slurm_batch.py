@@ -1,4 +1,4 @@
-"""remote_payload/slurm_batch.py: the sbatch argv and batch script, pure; then the same through real sbatch."""
+"""remote_payload/slurm/batch.py: the sbatch argv and batch script, pure; then the same through real sbatch."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from remote_payload.slurm_batch import (array_option, array_task_index, batch_script, parse_sbatch_parsable,
+from remote_payload.slurm.batch import (array_option, array_task_index, batch_script, parse_sbatch_parsable,
                                         sbatch_argv, slurm_problem, time_limit_minutes, time_problem)
 from tests.hosts.prereqs import require
 from tests.hosts.slurm_cluster import missing_prerequisites, start_slurm_cluster

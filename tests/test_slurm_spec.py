@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from remote_payload.supervisor_host import Fail
-from remote_payload.supervisor_spec import check_spec
+from remote_payload.host.primitives import Fail
+from remote_payload.supervision.spec import check_spec
 from runner.spec import JobSpec
 from tests.cli_helpers import submit_refused
 

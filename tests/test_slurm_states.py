@@ -1,4 +1,4 @@
-"""remote_payload/slurm_states.py on real squeue/sacct output captured from the test cluster
+"""remote_payload/slurm/states.py on real squeue/sacct output captured from the test cluster
 (tests/data/slurm/capture.py made every file there; Slurm 22.05)."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from remote_payload import contract
-from remote_payload import slurm_states
-from remote_payload.slurm_states import (STATE_MAP, SlurmOutputError, forgotten, job_view, parse_sacct,
-                                         parse_squeue, reconcile, runner_state, sacct_disabled, squeue_forgot)
+from remote_payload.slurm import states as slurm_states
+from remote_payload.slurm.states import (STATE_MAP, SlurmOutputError, forgotten, job_view, parse_sacct, parse_squeue,
+                                         reconcile, runner_state, sacct_disabled, squeue_forgot)
 
 DATA = Path(__file__).parent / "data" / "slurm"
 # Job ids on the fresh capture cluster, in capture.py's submission order.

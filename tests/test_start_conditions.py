@@ -164,9 +164,9 @@ def test_a_probe_that_hangs_is_bounded(tmp_path):
     """A payload.python that never answers is a refusal after START_PROBE_TIMEOUT_S, not a hang."""
     import time
 
-    from remote_payload import supervisor_startable
+    from remote_payload.supervision import startable as supervisor_startable
     from remote_payload.contract import START_PROBE_TIMEOUT_S
-    from remote_payload.supervisor_host import Fail
+    from remote_payload.host.primitives import Fail
 
     slow = tmp_path / "python"
     slow.write_text("#!/bin/sh\nexec sleep 60\n")
@@ -185,7 +185,8 @@ def test_its_error_code_is_a_contract_code():
     import inspect
     import re
 
-    from remote_payload import contract, supervisor_startable
+    from remote_payload import contract
+    from remote_payload.supervision import startable as supervisor_startable
 
     codes = set(re.findall(r'Fail\(\s*"([a-z-]+)"', inspect.getsource(supervisor_startable)))
     assert codes == {"cannot-start"} and codes <= set(contract.ERRORS)

@@ -125,13 +125,13 @@ class Host:
 
 
 def alive(ident: dict | None) -> bool:
-    from remote_payload.supervisor_host import is_alive
+    from remote_payload.host.primitives import is_alive
 
     return is_alive(ident)
 
 
 def pid_gone(pid: int, timeout: float = 10) -> bool:
-    from remote_payload.supervisor_host import proc_stat
+    from remote_payload.host.primitives import proc_stat
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -544,8 +544,8 @@ while time.monotonic() < end:  # the real probe, as fast as it goes
 
 def test_settle_restores_even_when_the_steps_before_it_fail(tmp_path, monkeypatch):
     """nvidia-smi answering something unparseable, or a kill failing, must never skip the restore."""
-    from remote_payload import supervisor_settle as sup
-    from remote_payload.supervisor_record import initial_status
+    from remote_payload.supervision import settle as sup
+    from remote_payload.supervision.record import initial_status
 
     paths = sup.JobPaths(str(tmp_path), "j")
     os.makedirs(paths.dir)

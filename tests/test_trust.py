@@ -6,12 +6,12 @@ import json
 
 import pytest
 
-from remote_payload import supervisor_ledger as ledger
-from remote_payload import supervisor_trust as trust
-from remote_payload.supervisor_files import JobPaths
-from remote_payload.supervisor_host import Fail
-from remote_payload.supervisor_record import initial_status
-from remote_payload.supervisor_spec import check_spec
+from remote_payload.supervision import ledger
+from remote_payload.supervision import trust
+from remote_payload.supervision.files import JobPaths
+from remote_payload.host.primitives import Fail
+from remote_payload.supervision.record import initial_status
+from remote_payload.supervision.spec import check_spec
 
 UNIT = "dummy-infer.service"
 

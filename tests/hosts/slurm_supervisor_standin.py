@@ -1,6 +1,6 @@
 """TEST STAND-IN for remote_payload/supervisor.py in a Slurm allocation (its `slurm-run` is not built yet).
 
-Records what the batch script from remote_payload/slurm_batch.py handed it: argv, cwd and the allocation's
+Records what the batch script from remote_payload/slurm/batch.py handed it: argv, cwd and the allocation's
 GPU variables, as JSON in ./seen.json (cwd is the job dir), then exits with the code in $STANDIN_EXIT (0).
 """
 import json

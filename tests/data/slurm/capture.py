@@ -3,7 +3,7 @@
     python -m tests.data.slurm.capture
 
 Provokes each job state on a 2-node cluster with accounting and saves, at chosen moments, exactly what the
-parsers in remote_payload/slurm_states.py read: `squeue -h -o FORMAT` / `sacct -n -P -o FIELDS` (and the
+parsers in remote_payload/slurm/states.py read: `squeue -h -o FORMAT` / `sacct -n -P -o FIELDS` (and the
 `--json` forms of both, for reference). Takes ~2 minutes: a time limit cannot be shorter than 1 minute and
 Slurm checks limits every 30 s.
 """
@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from remote_payload.slurm_states import SACCT_FIELDS, SQUEUE_FORMAT
+from remote_payload.slurm.states import SACCT_FIELDS, SQUEUE_FORMAT
 from tests.hosts._proc import wait_until
 from tests.hosts.slurm_cluster import start_slurm_cluster
 

@@ -18,17 +18,14 @@ is always paused first. SGLang without --enable-memory-saver answers every relea
 nothing (its memory saver is a no-op then): only /get_server_info tells, so `probe` reads it. Weights
 released without --enable-weights-cpu-backup come back as uninitialised memory; they are never released
 then. Every HTTP call is bounded by the caller's deadline (time.monotonic()). Stdlib only; imports
-supervisor_host.py (`Fail`, the unit's health wait for the restart that backs a failed resume).
+host/primitives.py (`Fail`, the unit's health wait for the restart that backs a failed resume).
 """
 from __future__ import annotations
 
 import json
 import time
 
-try:  # imported as remote_payload.supervisor_engine (tests)
-    from .supervisor_host import Fail, wait_healthy
-except ImportError:  # run from supervisor.py as a script: sys.path[0] is this directory
-    from supervisor_host import Fail, wait_healthy
+from .primitives import Fail, wait_healthy
 
 FREE_METHODS = ("stop", "sglang", "vllm")  # service.free; stop: systemctl stop / start
 PAUSE_MODES = ("abort", "retract")  # in_place keeps requests in the running batch: a release then aborts SGLang

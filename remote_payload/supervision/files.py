@@ -4,7 +4,7 @@ Owns: `JobPaths` (the one place job paths are built; layout in docs/protocol.md)
 (temp + fsync + rename + dir fsync) and appends, reading status.json (unreadable is `bad-status`, never
 "running"), the job's disk reserve, and the host-wide flock locks under ROOT/locks with their holder
 files. Host-level records that must outlive every process belong here, beside the locks.
-Imports only the stdlib and supervisor_host.py.
+Imports only the stdlib and host/primitives.py.
 """
 from __future__ import annotations
 
@@ -13,10 +13,7 @@ import json
 import os
 import time
 
-try:  # imported as remote_payload.supervisor_files (tests)
-    from .supervisor_host import Fail, pid_exists, query_gpus
-except ImportError:  # run from supervisor.py as a script: sys.path[0] is this directory
-    from supervisor_host import Fail, pid_exists, query_gpus
+from ..host.primitives import Fail, pid_exists, query_gpus
 
 RESERVE_BYTES = 256 << 10   # given back when the disk fills, so the final status and restore log still fit
 LOCK_RETRY_S = 5.0          # how long a busy lock with no live holder recorded is retried before "busy"
@@ -84,7 +81,7 @@ def read_json(path: str):
 
 
 def is_slurm_job(paths: JobPaths) -> bool:
-    """A `launcher: slurm` job (its supervisor runs in an allocation: slurm_launch.py follows it)."""
+    """A `launcher: slurm` job (its supervisor runs in an allocation: slurm/launch.py follows it)."""
     try:
         return read_json(paths.spec).get("launcher") == "slurm"
     except (OSError, ValueError, AttributeError):

@@ -11,7 +11,7 @@ watchdog (a thread, so a main thread blocked in a bounded wait still pings) and 
 The job is outside the SSH session's scope. Where systemd-run is missing or fails (or ROOT/launch-fork
 exists), `start` falls back to the fork + guard path (containers, the GPU machine); status.json's `launch`
 says which path ran, events.jsonl why the fork path was taken. RuntimeMaxSec= and TimeoutStopSec= are the job's
-recorded budget (supervisor_budget.py: runtime_max_s, timeout_stop_s).
+recorded budget (supervision/budget.py: runtime_max_s, timeout_stop_s).
 
 Imports only the stdlib and the supervisor_host/_files/_budget rooms.
 """
@@ -24,14 +24,9 @@ import socket
 import threading
 import time
 
-try:  # imported as remote_payload.supervisor_unit (tests)
-    from .supervisor_budget import recorded
-    from .supervisor_files import JobPaths, append_line, read_status, try_unlink
-    from .supervisor_host import RUN_SUPERVISOR, Fail, Systemd, run_command
-except ImportError:  # run from supervisor.py as a script: sys.path[0] is this directory
-    from supervisor_budget import recorded
-    from supervisor_files import JobPaths, append_line, read_status, try_unlink
-    from supervisor_host import RUN_SUPERVISOR, Fail, Systemd, run_command
+from .budget import recorded
+from .files import JobPaths, append_line, read_status, try_unlink
+from ..host.primitives import RUN_SUPERVISOR, Fail, Systemd, run_command
 
 UNIT_PREFIX = "runner-job-"
 WATCHDOG_S = 30              # a supervisor that stops pinging this long is hung (frozen): systemd kills the unit

@@ -1,7 +1,7 @@
 """What the restorers believe: the host ledger over status.json.
 
 The payload runs in its job dir as the login user and can overwrite status.json and spec.json there (garbage,
-or a forged "SUCCEEDED, restored"). The ledger (ROOT/locks/ledger-service-<unit>.json, supervisor_ledger.py)
+or a forged "SUCCEEDED, restored"). The ledger (ROOT/locks/ledger-service-<unit>.json, supervision/ledger.py)
 is written by the supervisor before the stop and removed only after a finished restore; the payload is not
 told where it is. So:
 
@@ -20,18 +20,11 @@ from __future__ import annotations
 
 import time
 
-try:  # imported as remote_payload.supervisor_trust (tests)
-    from .contract import DEFAULTS, RUNNING_SERVICE_STATES, SERVICE_SCOPES, TERMINAL, normalize_unit, unit_problem
-    from .supervisor_files import JobPaths, lock_held, read_holder, read_json, read_status, write_json_atomic
-    from .supervisor_host import Fail
-    from .supervisor_record import Job, initial_status
-    from . import supervisor_ledger as ledger
-except ImportError:  # run from supervisor.py as a script: sys.path[0] is this directory
-    from contract import DEFAULTS, RUNNING_SERVICE_STATES, SERVICE_SCOPES, TERMINAL, normalize_unit, unit_problem
-    from supervisor_files import JobPaths, lock_held, read_holder, read_json, read_status, write_json_atomic
-    from supervisor_host import Fail
-    from supervisor_record import Job, initial_status
-    import supervisor_ledger as ledger
+from ..contract import DEFAULTS, RUNNING_SERVICE_STATES, SERVICE_SCOPES, TERMINAL, normalize_unit, unit_problem
+from .files import JobPaths, lock_held, read_holder, read_json, read_status, write_json_atomic
+from ..host.primitives import Fail
+from .record import Job, initial_status
+from . import ledger
 
 
 LEDGER_PHASE = "settling from the host ledger"

@@ -23,7 +23,7 @@ variant K+1 are served only once variant K is done (its writer creates `done` af
 offset into this stream always means the same byte and the byte-cursor tail stays exactly-once. Variant 1
 is followed live; a later variant's lines, though it runs at the same time, appear once those before it end.
 
-Imports only the stdlib and the rooms above it (slurm_calls, slurm_allocation); slurm_launch.py imports it.
+Imports only the stdlib and the rooms above it (slurm_calls, slurm_allocation); slurm/launch.py imports it.
 """
 from __future__ import annotations
 
@@ -32,28 +32,16 @@ import os
 import time
 from dataclasses import asdict
 
-try:  # imported as remote_payload.slurm_array (tests)
-    from .contract import TERMINAL
-    from .slurm_batch import array_task_index
-    from .slurm_allocation import run_job
-    from .slurm_calls import CANCEL_SLACK_S, SLURM_POLL_S, slurm_call, slurm_file
-    from .slurm_states import SACCT_FIELDS, SQUEUE_FORMAT, SlurmJob, SlurmOutputError, forgotten, parse_sacct, \
-        parse_squeue, reconcile, sacct_disabled, squeue_forgot
-    from .supervisor_files import JobPaths, append_line, read_json, read_status, write_json_atomic
-    from .supervisor_host import Fail
-    from .supervisor_record import Job, initial_status
-    from .supervisor_sweep import variant_record
-except ImportError:  # run from supervisor.py as a script: sys.path[0] is this directory
-    from contract import TERMINAL
-    from slurm_batch import array_task_index
-    from slurm_allocation import run_job
-    from slurm_calls import CANCEL_SLACK_S, SLURM_POLL_S, slurm_call, slurm_file
-    from slurm_states import SACCT_FIELDS, SQUEUE_FORMAT, SlurmJob, SlurmOutputError, forgotten, parse_sacct, \
-        parse_squeue, reconcile, sacct_disabled, squeue_forgot
-    from supervisor_files import JobPaths, append_line, read_json, read_status, write_json_atomic
-    from supervisor_host import Fail
-    from supervisor_record import Job, initial_status
-    from supervisor_sweep import variant_record
+from ..contract import TERMINAL
+from .batch import array_task_index
+from .allocation import run_job
+from .calls import CANCEL_SLACK_S, SLURM_POLL_S, slurm_call, slurm_file
+from .states import SACCT_FIELDS, SQUEUE_FORMAT, SlurmJob, SlurmOutputError, forgotten, parse_sacct, parse_squeue, \
+    reconcile, sacct_disabled, squeue_forgot
+from ..supervision.files import JobPaths, append_line, read_json, read_status, write_json_atomic
+from ..host.primitives import Fail
+from ..supervision.record import Job, initial_status
+from ..supervision.sweep import variant_record
 
 TASK_FILES = ("status", "events", "output", "supervisor_log", "restore_log", "reserve", "restore_lock")
 

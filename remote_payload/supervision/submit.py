@@ -9,14 +9,9 @@ from __future__ import annotations
 
 import os
 
-try:  # imported as remote_payload.supervisor_submit (tests)
-    from .admission import admit
-    from .supervisor_files import JobPaths
-    from .supervisor_host import Fail
-except ImportError:  # run as a script: sys.path[0] is this directory
-    from admission import admit
-    from supervisor_files import JobPaths
-    from supervisor_host import Fail
+from ..admission import admit
+from .files import JobPaths
+from ..host.primitives import Fail
 
 # A retried submit of a job this id already names: its own locks and memory are no refusal; start answers
 # `exists` and the controller adopts the job (or refuses a different spec).

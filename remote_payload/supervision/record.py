@@ -10,18 +10,10 @@ import signal
 import sys
 import time
 
-try:  # imported as remote_payload.supervisor_record (tests)
-    from .contract import DEFAULTS, TERMINAL
-    from .supervisor_budget import budget
-    from .supervisor_files import JobPaths, append_line, append_text, read_json, read_status, release_reserve, \
-        write_json_atomic
-    from .supervisor_host import Systemd
-except ImportError:  # run from supervisor.py as a script: sys.path[0] is this directory
-    from contract import DEFAULTS, TERMINAL
-    from supervisor_budget import budget
-    from supervisor_files import JobPaths, append_line, append_text, read_json, read_status, release_reserve, \
-        write_json_atomic
-    from supervisor_host import Systemd
+from ..contract import DEFAULTS, TERMINAL
+from .budget import budget
+from .files import JobPaths, append_line, append_text, read_json, read_status, release_reserve, write_json_atomic
+from ..host.primitives import Systemd
 
 SCHEMA = 1
 
@@ -95,7 +87,7 @@ class Job:
 
 
 def initial_status(spec: dict, queue: bool = False) -> dict:
-    """The record of a job just claimed, with its time budget (supervisor_budget.py) computed once, here."""
+    """The record of a job just claimed, with its time budget (supervision/budget.py) computed once, here."""
     now = time.time()
     service = dict(spec["service"], was=None, now=None, stopped=False, stopped_at=None, restored_at=None,
                    downtime_s=None, healthy=None) if spec["service"]["manager"] == "systemd" else {"manager": "none"}

@@ -10,24 +10,18 @@ BOUNDS is the table docs/protocol.md shows ("Time budget"): a bound's formula is
 evaluated here, over the spec's terms (`terms`) and the constants below, so the two cannot say different
 things. A formula may use the bounds above it.
 
-Imports only the stdlib, contract.py (the spec's defaults), supervisor_host.py and slurm_batch.py (constants),
-supervisor_spec.py (variant_rounds: a sweep's variants side by side count as rounds).
+Imports only the stdlib, contract.py (the spec's defaults), host/primitives.py and slurm/batch.py (constants),
+supervision/spec.py (variant_rounds: a sweep's variants side by side count as rounds).
 """
 from __future__ import annotations
 
 import math
 from collections import namedtuple
 
-try:  # imported as remote_payload.supervisor_budget (tests)
-    from .contract import DEFAULTS
-    from .slurm_batch import SLACK_S, setup_seconds, time_limit_minutes
-    from .supervisor_host import CMD_TIMEOUT_S, KILL_CONFIRM_S, SMI_TIMEOUT_S
-    from .supervisor_spec import variant_rounds
-except ImportError:  # run from supervisor.py as a script: sys.path[0] is this directory
-    from contract import DEFAULTS
-    from slurm_batch import SLACK_S, setup_seconds, time_limit_minutes
-    from supervisor_host import CMD_TIMEOUT_S, KILL_CONFIRM_S, SMI_TIMEOUT_S
-    from supervisor_spec import variant_rounds
+from ..contract import DEFAULTS
+from ..slurm.batch import SLACK_S, setup_seconds, time_limit_minutes
+from ..host.primitives import CMD_TIMEOUT_S, KILL_CONFIRM_S, SMI_TIMEOUT_S
+from .spec import variant_rounds
 
 STOP_TIMEOUT_S = 600.0   # `systemctl stop` of an inference server may wait for long requests to drain
 HANG_MARGIN_S = 20.0     # past every wait of its step at its own bound, a live supervisor counts as hung

@@ -6,24 +6,24 @@ This file is the entry point (BOOT runs ROOT/payload/<digest>/supervisor.py; the
 each importing only the rooms above it in this list:
 
     contract.py          the rules both sides share: ids, unit names, defaults, states, wire codes, memory
-    supervisor_host.py   host primitives: Fail, commands without a shell, systemd, nvidia-smi + parsers, /proc
-    supervisor_files.py  ROOT on disk: job paths, atomic files, status.json, the locks
-    supervisor_spec.py   the spec and argv checked again with the contract's rules and defaults
-    supervisor_budget.py the job's time budget: every bound, computed once at the claim, kept in status.json
-    supervisor_job.py    one job's choreography (supervise → settle) and its guard
-    supervisor_unit.py   where systemd is: _run in a transient unit (ExecStopPost= restore, watchdog, cgroup)
-    supervisor_start.py  starting a job: the claim of its dir, the detached launch, the ready handshake
-    supervisor_sweep.py  a sweep's variants inside the one window supervise() opened
-    supervisor_startable.py  may the payload start: program, script, imports, cache dirs (no side effect)
+    host/primitives.py   host primitives: Fail, commands without a shell, systemd, nvidia-smi + parsers, /proc
+    supervision/files.py  ROOT on disk: job paths, atomic files, status.json, the locks
+    supervision/spec.py   the spec and argv checked again with the contract's rules and defaults
+    supervision/budget.py the job's time budget: every bound, computed once at the claim, kept in status.json
+    supervision/job.py    one job's choreography (supervise → settle) and its guard
+    supervision/unit.py   where systemd is: _run in a transient unit (ExecStopPost= restore, watchdog, cgroup)
+    supervision/start.py  starting a job: the claim of its dir, the detached launch, the ready handshake
+    supervision/sweep.py  a sweep's variants inside the one window supervise() opened
+    supervision/startable.py  may the payload start: program, script, imports, cache dirs (no side effect)
     admission.py         may it start, will it stop the service: the one verdict on a preflight report
-    supervisor_submit.py `submit`: preflight, the verdict and the start in one call
+    supervision/submit.py `submit`: preflight, the verdict and the start in one call
     supervisor.py        the subcommands, argv parsing, the one JSON answer
 
 Public subcommands: preflight, start, submit (preflight, verdict and start in one call), status, logs, cancel, restore,
 restore-service, result.
 Internal ones: _run (the detached supervisor of one job) and _guard (watches the supervisor; settles the job
 if the supervisor dies without doing it).
-`slurm-run` is what a Slurm batch script execs in its allocation (launcher slurm: slurm_launch.py, which
+`slurm-run` is what a Slurm batch script execs in its allocation (launcher slurm: slurm/launch.py, which
 also submits, follows and cancels such jobs for start/status/logs/cancel).
 
     start ──fork/setsid/fork/exec──▶ _run (supervisor) ──fork/setsid/exec──▶ _guard
@@ -32,7 +32,7 @@ also submits, follows and cancels such jobs for start/status/logs/cancel).
 
 Process ids are trusted only together with their start time (/proc/PID/stat field 22), so a reused pid is
 never taken for the job. Runs on Python >= 3.8 and never imports the controller. Works both as a script
-(sys.path[0] is this directory) and imported as remote_payload.supervisor (tests).
+(sys.path[0] is this directory) and imported as remote_payload.commands (tests).
 """
 from __future__ import annotations
 
@@ -47,56 +47,28 @@ import stat
 import sys
 import time
 
-try:  # imported as remote_payload.supervisor (tests)
-    from .contract import DEFAULTS, MAX_RESULT_BYTES, RUNNING_SERVICE_STATES, SERVICE_SCOPES, TERMINAL
-    from .supervisor_files import JobPaths, Locks, append_line, is_slurm_job, lock_keys, probe_lock, read_json, \
-        read_status
-    from .supervisor_host import GPU_QUERY, HERE, KILL_CONFIRM_S, POLL_S, RUN_SUPERVISOR, Fail, Systemd, identity, \
-        is_alive, nvidia_smi, parse_gpu_csv, query_apps, start_unit, wait_healthy
-    from .supervisor_job import supervise
-    from .supervisor_record import Flags, Job
-    from .supervisor_start import answer_start, claim_job_dir, daemonize_exec, launch_detached, ready_lock, \
-        send_ready
-    from .supervisor_settle import hard_deadline, settle_as_restorer, start_guard, with_restore_lock
-    from .supervisor_spec import check_health_url, check_job_id, check_root, check_root_safe, check_unit, \
-        read_spec_stdin
-    from . import supervisor_engine, supervisor_ledger as ledger, supervisor_unit
-    from .supervisor_submit import submit
-    from .supervisor_startable import check_startable
-    from . import supervisor_trust as trust
-except ImportError:  # run as a script: sys.path[0] is this directory
-    from contract import DEFAULTS, MAX_RESULT_BYTES, RUNNING_SERVICE_STATES, SERVICE_SCOPES, TERMINAL
-    from supervisor_files import JobPaths, Locks, append_line, is_slurm_job, lock_keys, probe_lock, read_json, \
-        read_status
-    from supervisor_host import GPU_QUERY, HERE, KILL_CONFIRM_S, POLL_S, RUN_SUPERVISOR, Fail, Systemd, identity, \
-        is_alive, nvidia_smi, parse_gpu_csv, query_apps, start_unit, wait_healthy
-    from supervisor_job import supervise
-    from supervisor_record import Flags, Job
-    from supervisor_start import answer_start, claim_job_dir, daemonize_exec, launch_detached, ready_lock, \
-        send_ready
-    from supervisor_settle import hard_deadline, settle_as_restorer, start_guard, with_restore_lock
-    from supervisor_spec import check_health_url, check_job_id, check_root, check_root_safe, check_unit, \
-        read_spec_stdin
-    import supervisor_engine
-    import supervisor_ledger as ledger
-    import supervisor_unit
-    from supervisor_submit import submit
-    from supervisor_startable import check_startable
-    import supervisor_trust as trust
+from .contract import DEFAULTS, MAX_RESULT_BYTES, RUNNING_SERVICE_STATES, SERVICE_SCOPES, TERMINAL
+from .supervision.files import JobPaths, Locks, append_line, is_slurm_job, lock_keys, probe_lock, read_json, read_status
+from .host.primitives import GPU_QUERY, HERE, KILL_CONFIRM_S, POLL_S, RUN_SUPERVISOR, Fail, Systemd, identity, \
+    is_alive, nvidia_smi, parse_gpu_csv, query_apps, start_unit, wait_healthy
+from .supervision.job import supervise
+from .supervision.record import Flags, Job
+from .supervision.start import answer_start, claim_job_dir, daemonize_exec, launch_detached, ready_lock, send_ready
+from .supervision.settle import hard_deadline, settle_as_restorer, start_guard, with_restore_lock
+from .supervision.spec import check_health_url, check_job_id, check_root, check_root_safe, check_unit, read_spec_stdin
+from .host import engine as supervisor_engine
+from .supervision import ledger, unit as supervisor_unit
+from .supervision.submit import submit
+from .supervision.startable import check_startable
+from .supervision import trust
 
-try:
-    from .progress import SCAN_BYTES, summarize
-except ImportError:
-    from progress import SCAN_BYTES, summarize
+from .progress import SCAN_BYTES, summarize
 
 
 def slurm_launch():
-    """remote_payload/slurm_launch.py, imported on first use: only Slurm jobs need it, and its imports
+    """remote_payload/slurm/launch.py, imported on first use: only Slurm jobs need it, and its imports
     (dataclasses, typing) were a third of every call's start-up on the host."""
-    try:
-        from . import slurm_launch as module
-    except ImportError:  # run as a script: sys.path[0] is this directory
-        import slurm_launch as module
+    from .slurm import launch as module
     return module
 
 
@@ -119,7 +91,7 @@ def cmd_start(args) -> dict:
 
 
 def start_job(args, spec: dict) -> dict:
-    """Claim the job id, then hand the job to Slurm or to its own detached supervisor (supervisor_start.py)."""
+    """Claim the job id, then hand the job to Slurm or to its own detached supervisor (supervision/start.py)."""
     paths = JobPaths(args.root, check_job_id(args.job_id))
     claim_job_dir(paths, spec, args.queue)
     if spec.get("launcher") == "slurm":  # Slurm queues it: no lock, no --queue, no detached supervisor here
@@ -141,7 +113,7 @@ def install_signal_handlers(flags: Flags) -> None:
 
 def cmd_run(args) -> dict:
     """The detached supervisor: claim locks, start the guard, answer `start`, then run the job."""
-    if args.ready_fifo:  # started by systemd-run (supervisor_unit.py): no fd is passed, the fifo is named
+    if args.ready_fifo:  # started by systemd-run (supervision/unit.py): no fd is passed, the fifo is named
         args.ready_fd = supervisor_unit.open_ready(args.ready_fifo)
         supervisor_unit.start_watchdog()
     os.set_inheritable(args.ready_fd, False)  # the guard and the payload must not hold `start`'s pipe
@@ -171,7 +143,7 @@ def cmd_run(args) -> dict:
 
 
 def cmd_slurm_run(args) -> dict:
-    """The batch script's process in a Slurm allocation (remote_payload/slurm_launch.py)."""
+    """The batch script's process in a Slurm allocation (remote_payload/slurm/launch.py)."""
     return slurm_launch().run_in_allocation(args.root, check_job_id(args.job_id))
 
 
@@ -312,7 +284,7 @@ def cmd_logs(args) -> dict:
     deadline = time.monotonic() + max(0.0, args.wait)
     while True:
         status = reap_if_dead(paths)  # read the state first: a terminal state then covers every byte read below
-        limit = min(args.max, LOG_MAX_BYTES)  # a Slurm job array's log: its variants' logs in turn (slurm_array.py)
+        limit = min(args.max, LOG_MAX_BYTES)  # a Slurm job array's log: its variants' logs in turn (slurm/array.py)
         data, size = (is_slurm_job(paths) and slurm_launch().log_chunk(paths, args.offset, limit)) or \
             read_log_chunk(paths.output, args.offset, limit)
         if args.offset > size:

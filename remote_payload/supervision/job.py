@@ -1,14 +1,14 @@
 """One job's choreography on the host: everything between "supervisor started" and "settle".
 
     supervise: locks → settle the ledger → may it start (supervisor_startable) → prepare step → stage the
-               payload (payload.staged: its GPU-free setup, supervisor_stage.py) → record the service → stop
+               payload (payload.staged: its GPU-free setup, supervision/stage.py) → record the service → stop
                it, or release its GPU memory through the engine's API (policy, service.free) → drain GPU
                memory → run the payload (deadline, cancel, signals) → settle, on every path out
 
-The record (`Job`, `Flags`, `Interrupted`) is supervisor_record.py; the payload's process (launch, watch,
-exit record) supervisor_payload.py; settle, restore, the ledger's adoption and the guard are
-supervisor_settle.py. Imports only the stdlib, contract.py and those rooms;
-supervisor.py (commands) and slurm_launch.py import it.
+The record (`Job`, `Flags`, `Interrupted`) is supervision/record.py; the payload's process (launch, watch,
+exit record) supervision/payload.py; settle, restore, the ledger's adoption and the guard are
+supervision/settle.py. Imports only the stdlib, contract.py and those rooms;
+supervisor.py (commands) and slurm/launch.py import it.
 """
 from __future__ import annotations
 
@@ -16,33 +16,18 @@ import os
 import subprocess
 import time
 
-try:  # imported as remote_payload.supervisor_job (tests)
-    from .admission import needs_stop
-    from .contract import RUNNING_SERVICE_STATES
-    from .supervisor_files import Locks
-    from .supervisor_host import KILL_CONFIRM_S, Fail, describe_apps, group_members, kill_group, query_apps, \
-        query_gpus, refuse_too_small, short_gpus
-    from .supervisor_budget import STOP_TIMEOUT_S
-    from .supervisor_record import Flags, Interrupted, Job
-    from .supervisor_settle import GPU_POLL_S, final_state, settle, settle_ledger, start_guard_timer
-    from .supervisor_payload import check_interrupt, launch_payload, record_exit, watch_payload
-    from .supervisor_startable import check_startable
-    from . import supervisor_engine as engine, supervisor_ledger as ledger, supervisor_stage, supervisor_sweep
-except ImportError:  # run from supervisor.py as a script: sys.path[0] is this directory
-    from admission import needs_stop
-    from contract import RUNNING_SERVICE_STATES
-    from supervisor_files import Locks
-    from supervisor_host import KILL_CONFIRM_S, Fail, describe_apps, group_members, kill_group, query_apps, \
-        query_gpus, refuse_too_small, short_gpus
-    from supervisor_budget import STOP_TIMEOUT_S
-    from supervisor_record import Flags, Interrupted, Job
-    from supervisor_settle import GPU_POLL_S, final_state, settle, settle_ledger, start_guard_timer
-    import supervisor_engine as engine
-    from supervisor_payload import check_interrupt, launch_payload, record_exit, watch_payload
-    from supervisor_startable import check_startable
-    import supervisor_ledger as ledger
-    import supervisor_stage
-    import supervisor_sweep
+from ..admission import needs_stop
+from ..contract import RUNNING_SERVICE_STATES
+from .files import Locks
+from ..host.primitives import KILL_CONFIRM_S, Fail, describe_apps, group_members, kill_group, query_apps, query_gpus, \
+    refuse_too_small, short_gpus
+from .budget import STOP_TIMEOUT_S
+from .record import Flags, Interrupted, Job
+from .settle import GPU_POLL_S, final_state, settle, settle_ledger, start_guard_timer
+from .payload import check_interrupt, launch_payload, record_exit, watch_payload
+from .startable import check_startable
+from ..host import engine
+from . import ledger, stage as supervisor_stage, sweep as supervisor_sweep
 
 LOCK_POLL_S = 0.5
 

@@ -22,20 +22,12 @@ import os
 import signal
 import time
 
-try:  # imported as remote_payload.supervisor_sweep (tests)
-    from .supervisor_files import append_line, read_json, write_json_atomic
-    from .supervisor_host import KILL_CONFIRM_S, POLL_S, group_members
-    from .supervisor_payload import check_interrupt, launch_payload, record_exit
-    from .supervisor_record import Interrupted, Job
-    from .sweep import label
-    from . import supervisor_ledger as ledger
-except ImportError:  # run from supervisor.py as a script: sys.path[0] is this directory
-    from supervisor_files import append_line, read_json, write_json_atomic
-    from supervisor_host import KILL_CONFIRM_S, POLL_S, group_members
-    from supervisor_payload import check_interrupt, launch_payload, record_exit
-    from supervisor_record import Interrupted, Job
-    from sweep import label
-    import supervisor_ledger as ledger
+from .files import append_line, read_json, write_json_atomic
+from ..host.primitives import KILL_CONFIRM_S, POLL_S, group_members
+from .payload import check_interrupt, launch_payload, record_exit
+from .record import Interrupted, Job
+from ..sweep import label
+from . import ledger
 
 
 def announce(job: Job, index: int, of: int, variant: dict, status: str, **extra) -> None:
@@ -164,7 +156,7 @@ def end_variant(job: Job, of: int, run: Run) -> dict:
 
 def variant_record(index: int, args: dict, status: str, code, seconds, reason, result: str, **where) -> dict:
     """One variant in result.json (`status`: ended or skipped), its RUNNER_RESULT file read back; also what
-    a Slurm job array's login node writes for each of its tasks (slurm_array.py). A result file that is not a
+    a Slurm job array's login node writes for each of its tasks (slurm/array.py). A result file that is not a
     JSON object is this variant's failure (`error`, also its `reason`), never the sweep's. where: the slot
     and devices it ran on."""
     outcome, error = read_variant_result(result)

@@ -20,16 +20,10 @@ import shutil
 import sys
 import time
 
-try:  # imported as remote_payload.supervisor_start (tests)
-    from .supervisor_files import RESERVE_BYTES, JobPaths, fsync_dir, read_json, write_json_atomic
-    from .supervisor_host import Fail, is_alive
-    from .supervisor_record import Job, initial_status
-    from . import supervisor_unit
-except ImportError:  # run from supervisor.py as a script: sys.path[0] is this directory
-    from supervisor_files import RESERVE_BYTES, JobPaths, fsync_dir, read_json, write_json_atomic
-    from supervisor_host import Fail, is_alive
-    from supervisor_record import Job, initial_status
-    import supervisor_unit
+from .files import RESERVE_BYTES, JobPaths, fsync_dir, read_json, write_json_atomic
+from ..host.primitives import Fail, is_alive
+from .record import Job, initial_status
+from . import unit as supervisor_unit
 
 READY_TIMEOUT_S = 30.0       # how long `start` waits for the detached supervisor's handshake
 COMM = "runner-job"          # the forked supervisor's process name (ps -e, top; its cmdline is the host call's)

@@ -11,14 +11,9 @@ import os
 import subprocess
 import time
 
-try:  # imported as remote_payload.supervisor_payload (tests)
-    from .supervisor_host import POLL_S, Fail, group_members, identity
-    from .supervisor_record import Flags, Interrupted, Job, signal_name
-    from . import supervisor_ledger as ledger
-except ImportError:  # run from supervisor.py as a script: sys.path[0] is this directory
-    from supervisor_host import POLL_S, Fail, group_members, identity
-    from supervisor_record import Flags, Interrupted, Job, signal_name
-    import supervisor_ledger as ledger
+from ..host.primitives import POLL_S, Fail, group_members, identity
+from .record import Flags, Interrupted, Job, signal_name
+from . import ledger
 
 
 def check_interrupt(job: Job, flags: Flags) -> None:
@@ -63,7 +58,7 @@ def launch_payload(job: Job, argv=None, state: str = "RUNNING", phase: str = "pa
                    result=None, staged: bool = False, slot=None) -> subprocess.Popen:
     """The payload (or its prepare step, or a sweep's variant: argv; result: its RUNNER_RESULT; slot: its
     (index, devices)) in its own process group, so the group can be killed as one; output appended to the
-    log. staged: stdin a pipe for the hand-over (supervisor_stage.py)."""
+    log. staged: stdin a pipe for the hand-over (supervision/stage.py)."""
     argv = argv or payload_argv(job.spec)
     stdin = subprocess.PIPE if staged else subprocess.DEVNULL
     with open(job.paths.output, "ab") as log:

@@ -7,7 +7,7 @@
 A problem is `Fail("cannot-start", "FIELD: why", field=FIELD)`. The preflight report raises it (so `submit`
 and `submit --dry-run` refuse with exit 4 naming the field), and the supervisor checks again once it holds
 the locks (a queued job may start hours later), before its prepare step and the service stop. Imports only
-the stdlib, contract.py and supervisor_host.py.
+the stdlib, contract.py and host/primitives.py.
 """
 from __future__ import annotations
 
@@ -16,12 +16,8 @@ import os
 import shutil
 import subprocess
 
-try:  # imported as remote_payload.supervisor_startable (tests)
-    from .contract import START_PROBE_TIMEOUT_S, cache_dir_keys
-    from .supervisor_host import HERE, Fail, communicate_within
-except ImportError:  # run from supervisor.py as a script: sys.path[0] is this directory
-    from contract import START_PROBE_TIMEOUT_S, cache_dir_keys
-    from supervisor_host import HERE, Fail, communicate_within
+from ..contract import START_PROBE_TIMEOUT_S, cache_dir_keys
+from ..host.primitives import HERE, Fail, communicate_within
 
 # Run by payload.python with argv [script]: compile the script as that interpreter would, then look up (with
 # importlib's finders, importing nothing) each module the script imports at its top level, outside any

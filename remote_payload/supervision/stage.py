@@ -18,14 +18,9 @@ import os
 import subprocess
 import time
 
-try:  # imported as remote_payload.supervisor_stage (tests)
-    from .supervisor_host import KILL_CONFIRM_S, POLL_S, kill_group
-    from .supervisor_payload import check_interrupt, launch_payload, record_exit
-    from .supervisor_record import Interrupted
-except ImportError:  # run from supervisor.py as a script: sys.path[0] is this directory
-    from supervisor_host import KILL_CONFIRM_S, POLL_S, kill_group
-    from supervisor_payload import check_interrupt, launch_payload, record_exit
-    from supervisor_record import Interrupted
+from ..host.primitives import KILL_CONFIRM_S, POLL_S, kill_group
+from .payload import check_interrupt, launch_payload, record_exit
+from .record import Interrupted
 
 GO = b"go\n"
 MAX_LINE = 64 << 10  # a longer line without a newline is not the staged line: dropped, not buffered

@@ -6,7 +6,7 @@
                alive past `hard_deadline`), it settles as a restorer (so does `supervisor.py restore`, run by
                the guard timer, the last line where the host has systemd)
 
-Its time bounds (the guard timer, the hard deadline) are the job's recorded budget (supervisor_budget.py).
+Its time bounds (the guard timer, the hard deadline) are the job's recorded budget (supervision/budget.py).
 Imports only the stdlib, contract.py and the supervisor_host/_files/_record/_ledger/_engine/_budget rooms.
 """
 from __future__ import annotations
@@ -17,23 +17,14 @@ import re
 import sys
 import time
 
-try:  # imported as remote_payload.supervisor_settle (tests)
-    from .contract import RUNNING_SERVICE_STATES, TERMINAL
-    from .supervisor_budget import recorded
-    from .supervisor_files import JobPaths, Locks
-    from .supervisor_host import RUN_SUPERVISOR, Fail, group_is_ours, \
-        group_members, health_ok, identity, kill_group, query_apps, run_command, start_unit, wait_healthy
-    from .supervisor_record import Job
-    from . import supervisor_engine as engine, supervisor_ledger as ledger
-except ImportError:  # run from supervisor.py as a script: sys.path[0] is this directory
-    from contract import RUNNING_SERVICE_STATES, TERMINAL
-    from supervisor_budget import recorded
-    from supervisor_files import JobPaths, Locks
-    from supervisor_host import RUN_SUPERVISOR, Fail, group_is_ours, \
-        group_members, health_ok, identity, kill_group, query_apps, run_command, start_unit, wait_healthy
-    from supervisor_record import Job
-    import supervisor_engine as engine
-    import supervisor_ledger as ledger
+from ..contract import RUNNING_SERVICE_STATES, TERMINAL
+from .budget import recorded
+from .files import JobPaths, Locks
+from ..host.primitives import RUN_SUPERVISOR, Fail, group_is_ours, group_members, health_ok, identity, kill_group, \
+    query_apps, run_command, start_unit, wait_healthy
+from .record import Job
+from ..host import engine
+from . import ledger
 
 GPU_POLL_S = 0.5
 

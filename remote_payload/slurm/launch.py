@@ -3,8 +3,8 @@
     login node: start  → claim the job dir → sbatch (slurm_batch's argv + script) → slurm.json {job_id}
                 status/logs/cancel → squeue (sacct once slurmctld forgot the job) → slurm_states.reconcile
     compute node: slurm-run (the batch script execs it) → the job's usual choreography (supervisor_job.supervise)
-                  without locks, service or guard: Slurm owns the node and its GPUs (slurm_allocation.py)
-    a sweep:      one job array, one task per variant: slurm_array.py (submit here adds --array)
+                  without locks, service or guard: Slurm owns the node and its GPUs (slurm/allocation.py)
+    a sweep:      one job array, one task per variant: slurm/array.py (submit here adds --array)
 
 Who writes what (one writer per file, so no update is lost): status.json, events.jsonl and output.log are
 the supervisor's in the allocation, as on an SSH host; slurm.json is the login node's (Slurm's job id, its
@@ -14,7 +14,7 @@ supervisor died (node failure); then nobody else writes it any more.
 
 Slurm is asked at most every SLURM_POLL_S per job (slurm.json caches its answer), so `logs --wait`
 polling every 0.1 s and many `status` callers do not load slurmctld. Imports the stdlib and the rooms
-below it (the client calls: slurm_calls.py; a job array: slurm_array.py); supervisor.py calls in from its
+below it (the client calls: slurm/calls.py; a job array: slurm/array.py); supervisor.py calls in from its
 commands.
 """
 from __future__ import annotations
@@ -25,30 +25,17 @@ import sys
 import time
 from dataclasses import asdict
 
-try:  # imported as remote_payload.slurm_launch (tests)
-    from .contract import TERMINAL
-    from .slurm_allocation import run_job
-    from .slurm_batch import batch_script, parse_sbatch_parsable, sbatch_argv
-    from .supervisor_budget import recorded
-    from .slurm_calls import CANCEL_SLACK_S, SLURM_POLL_S, raise_if_unreachable, slurm_call, slurm_file
-    from .slurm_states import SACCT_FIELDS, SQUEUE_FORMAT, SlurmJob, SlurmOutputError, forgotten, parse_sacct, \
-        parse_squeue, reconcile, sacct_disabled, squeue_forgot
-    from .supervisor_files import JobPaths, append_line, read_json, read_status, write_json_atomic
-    from .supervisor_host import SUPERVISOR, Fail
-    from .supervisor_record import Job
-    from . import slurm_array
-except ImportError:  # run from supervisor.py as a script: sys.path[0] is this directory
-    from contract import TERMINAL
-    from slurm_allocation import run_job
-    from slurm_batch import batch_script, parse_sbatch_parsable, sbatch_argv
-    from supervisor_budget import recorded
-    from slurm_calls import CANCEL_SLACK_S, SLURM_POLL_S, raise_if_unreachable, slurm_call, slurm_file
-    from slurm_states import SACCT_FIELDS, SQUEUE_FORMAT, SlurmJob, SlurmOutputError, forgotten, parse_sacct, \
-        parse_squeue, reconcile, sacct_disabled, squeue_forgot
-    from supervisor_files import JobPaths, append_line, read_json, read_status, write_json_atomic
-    from supervisor_host import SUPERVISOR, Fail
-    from supervisor_record import Job
-    import slurm_array
+from ..contract import TERMINAL
+from .allocation import run_job
+from .batch import batch_script, parse_sbatch_parsable, sbatch_argv
+from ..supervision.budget import recorded
+from .calls import CANCEL_SLACK_S, SLURM_POLL_S, raise_if_unreachable, slurm_call, slurm_file
+from .states import SACCT_FIELDS, SQUEUE_FORMAT, SlurmJob, SlurmOutputError, forgotten, parse_sacct, parse_squeue, \
+    reconcile, sacct_disabled, squeue_forgot
+from ..supervision.files import JobPaths, append_line, read_json, read_status, write_json_atomic
+from ..host.primitives import SUPERVISOR, Fail
+from ..supervision.record import Job
+from . import array as slurm_array
 
 SBATCH_TIMEOUT_S = 30.0
 TOOLS = ("sbatch", "squeue", "scancel")
@@ -71,7 +58,7 @@ def preflight(python: str) -> dict:
 
 def submit(paths: JobPaths, spec: dict) -> dict:
     """sbatch the claimed job dir's job; a refusal removes the dir (the id was never used) and says why.
-    A sweep is one job array: one task per variant, at most sweep.max_parallel at once (slurm_array.py)."""
+    A sweep is one job array: one task per variant, at most sweep.max_parallel at once (slurm/array.py)."""
     array = array_shape(spec)
     try:
         argv = submit_argv(paths, spec)

@@ -1,19 +1,15 @@
 """The Slurm client calls a login node makes, for one job and a job array alike: each command bounded, a
 slurmctld that does not answer named as such, and the file that caches Slurm's answer (slurm.json).
 
-Imports only the stdlib and supervisor_files/_host; slurm_launch.py and slurm_array.py import it.
+Imports only the stdlib and supervisor_files/_host; slurm/launch.py and slurm/array.py import it.
 """
 from __future__ import annotations
 
 import os
 import subprocess
 
-try:  # imported as remote_payload.slurm_calls (tests)
-    from .supervisor_files import JobPaths
-    from .supervisor_host import Fail
-except ImportError:  # run from supervisor.py as a script: sys.path[0] is this directory
-    from supervisor_files import JobPaths
-    from supervisor_host import Fail
+from ..supervision.files import JobPaths
+from ..host.primitives import Fail
 
 SLURM_POLL_S = 5.0       # ask Slurm about one job at most this often
 QUERY_TIMEOUT_S = 4.0    # squeue/sacct/scancel: short, so `logs --wait` stays within its bound

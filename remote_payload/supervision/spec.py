@@ -2,7 +2,7 @@
 
 The controller validated the spec already; the host never trusts it and checks again, with contract.py's
 rules and defaults, so both sides refuse and default alike. A problem is a `Fail` (`bad-spec` for the spec,
-`bad-args` for argv). Imports only the stdlib, contract.py and supervisor_host.py.
+`bad-args` for argv). Imports only the stdlib, contract.py and host/primitives.py.
 """
 from __future__ import annotations
 
@@ -12,18 +12,11 @@ import re
 import stat
 import sys
 
-try:  # imported as remote_payload.supervisor_spec (tests)
-    from . import contract
-    from .slurm_batch import MAX_DOWNTIME_ON_SLURM, setup_seconds, slurm_problem, time_problem
-    from .supervisor_engine import FREE_METHODS, PAUSE_MODES, api_url
-    from .supervisor_host import Fail
-    from .sweep import MAX_VARIANTS, rounds, slot_problem, slots
-except ImportError:  # run from supervisor.py as a script: sys.path[0] is this directory
-    import contract
-    from slurm_batch import MAX_DOWNTIME_ON_SLURM, setup_seconds, slurm_problem, time_problem
-    from sweep import MAX_VARIANTS, rounds, slot_problem, slots
-    from supervisor_engine import FREE_METHODS, PAUSE_MODES, api_url
-    from supervisor_host import Fail
+from .. import contract
+from ..slurm.batch import MAX_DOWNTIME_ON_SLURM, setup_seconds, slurm_problem, time_problem
+from ..host.engine import FREE_METHODS, PAUSE_MODES, api_url
+from ..host.primitives import Fail
+from ..sweep import MAX_VARIANTS, rounds, slot_problem, slots
 
 DEFAULTS = contract.DEFAULTS
 

@@ -14,12 +14,9 @@ import subprocess
 import sys
 import time
 
-try:  # imported as remote_payload.supervisor_host (tests)
-    from .contract import memory_verdict
-except ImportError:  # run from supervisor.py as a script: sys.path[0] is this directory
-    from contract import memory_verdict
+from ..contract import memory_verdict
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SUPERVISOR = os.path.join(HERE, "supervisor.py")  # the entry point every detached process re-executes
 # ... with this interpreter and its -S (the launch line's: stdlib only, no site-packages' .pth files to run)
 RUN_SUPERVISOR = [sys.executable] + (["-S"] if sys.flags.no_site else []) + [SUPERVISOR]

@@ -128,7 +128,7 @@ def _slurm_path(path: str) -> str:
     return path
 
 
-# ── job arrays (a sweep's variants: remote_payload/slurm_array.py) ──────────────────────────────────────
+# ── job arrays (a sweep's variants: remote_payload/slurm/array.py) ──────────────────────────────────────
 
 def array_option(variants: int, max_parallel: int) -> str:
     """sbatch's `--array=0-(N-1)%k` for N variants, at most k tasks running at once. An argv word like every

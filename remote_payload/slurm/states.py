@@ -34,10 +34,7 @@ import re
 from dataclasses import dataclass
 from typing import Optional
 
-try:  # imported as remote_payload.slurm_states (tests)
-    from .contract import TERMINAL
-except ImportError:  # run from supervisor.py as a script: sys.path[0] is this directory
-    from contract import TERMINAL
+from ..contract import TERMINAL
 
 SQUEUE_FORMAT = "%i|%T|%r"
 SACCT_FIELDS = "JobID,State,ExitCode,Reason"

@@ -2,7 +2,7 @@
 (supervisor_job.supervise) without locks, service or guard, Slurm owning the node and its GPUs; the
 allocation's GPU memory checked first; its exit status the batch script's.
 
-Imports only the stdlib and the rooms above it; slurm_launch.py (one job) and slurm_array.py (a task)
+Imports only the stdlib and the rooms above it; slurm/launch.py (one job) and slurm/array.py (a task)
 import it.
 """
 from __future__ import annotations
@@ -11,16 +11,10 @@ import os
 import signal
 import time
 
-try:  # imported as remote_payload.slurm_allocation (tests)
-    from .contract import memory_verdict
-    from .supervisor_files import Locks
-    from .supervisor_host import GPU_QUERY, Fail, identity, nvidia_smi, parse_gpu_csv
-    from .supervisor_job import Flags, Job, supervise
-except ImportError:  # run from supervisor.py as a script: sys.path[0] is this directory
-    from contract import memory_verdict
-    from supervisor_files import Locks
-    from supervisor_host import GPU_QUERY, Fail, identity, nvidia_smi, parse_gpu_csv
-    from supervisor_job import Flags, Job, supervise
+from ..contract import memory_verdict
+from ..supervision.files import Locks
+from ..host.primitives import GPU_QUERY, Fail, identity, nvidia_smi, parse_gpu_csv
+from ..supervision.job import Flags, Job, supervise
 
 
 def run_job(job: Job) -> dict:

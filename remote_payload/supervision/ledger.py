@@ -5,17 +5,14 @@ before the stop and removed only after a finished restore, so it outlives every 
 supervisor, its guard and the guard timer can all die and the next job on that service still learns that
 the service is down because of J, not because someone wanted it down. Whoever holds the service's lock
 settles an entry that names another job: it adopts the stop ("already stopped by J, I will restore it")
-or finds the service running again and drops the entry. Imports only the stdlib and supervisor_files.py.
+or finds the service running again and drops the entry. Imports only the stdlib and supervision/files.py.
 """
 from __future__ import annotations
 
 import os
 import time
 
-try:  # imported as remote_payload.supervisor_ledger (tests)
-    from .supervisor_files import fsync_dir, locks_dir, read_json, try_unlink, write_json_atomic
-except ImportError:  # run from supervisor.py as a script: sys.path[0] is this directory
-    from supervisor_files import fsync_dir, locks_dir, read_json, try_unlink, write_json_atomic
+from .files import fsync_dir, locks_dir, read_json, try_unlink, write_json_atomic
 
 
 PREFIX = "ledger-service-"
