@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """The host side of runner: one stdlib-only script, one JSON line per call (docs/protocol.md is binding).
 
 This file is the entry point (BOOT runs ROOT/payload/<digest>/supervisor.py; the guard timer runs
@@ -518,6 +517,3 @@ def main(argv: list) -> int:
     sys.stdout.flush()
     return answer.pop("exit_status", 0 if answer.get("ok") else 1)  # slurm-run: the payload's exit code
 
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

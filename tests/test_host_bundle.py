@@ -96,3 +96,22 @@ def test_unpacked_bundle_runs_the_supervisor_and_its_rooms_as_a_script(tmp_path)
     done = subprocess.run([sys.executable, "-S", str(script), "status", "--root", str(tmp_path)], cwd="/",
                           capture_output=True, env={"PATH": "/usr/bin:/bin"})
     assert json.loads(done.stdout) == {"ok": True, "jobs": []}, done.stderr
+
+
+def test_the_script_loads_each_host_module_once_under_the_package(tmp_path):
+    """supervisor.py binds its directory as the package remote_payload and takes that directory off sys.path:
+    a module of the bundle loaded a second time as a top-level module (`contract` beside
+    `remote_payload.contract`) would be two copies, two Fail classes that do not catch each other."""
+    bundle, _ = build_bundle()
+    assert {"host/__init__.py", "supervision/__init__.py", "slurm/__init__.py", "commands.py"} <= set(bundle.files)
+    assert json.loads(unpack(tmp_path, bundle.digest, bundle.tarball()).stdout) == {"ok": True}
+    script = tmp_path / "payload" / bundle.digest / "supervisor.py"
+    done = subprocess.run([sys.executable, "-S", "-X", "importtime", str(script), "status", "--root", str(tmp_path)],
+                          cwd="/", capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})
+    assert json.loads(done.stdout) == {"ok": True, "jobs": []}, done.stderr
+    loaded = {line.rsplit("|", 1)[1].strip() for line in done.stderr.splitlines() if line.startswith("import time:")}
+    tops = {name.split("/")[0].removesuffix(".py") for name in bundle.files} | {"remote_payload"}
+    ours = {name for name in loaded if name.split(".")[0] in tops}
+    assert {"remote_payload.commands", "remote_payload.contract", "remote_payload.supervision.files"} <= ours
+    assert sorted(name for name in ours if not name.startswith("remote_payload")) == []
+

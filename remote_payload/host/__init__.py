@@ -1,0 +1,7 @@
+"""Host primitives: what the supervisor asks the machine, never what a job means.
+
+primitives.py: the `Fail` answer, bounded commands without a shell, systemd, nvidia-smi and its parsers, process
+identity from /proc and process-group kills, the health wait; engine.py: a serving engine's own HTTP API
+(release and resume GPU memory). May import the standard library and the shared rules (remote_payload/contract.py)
+only; supervision/, slurm/ and commands.py import it. No imports here: every host call pays for what it loads.
+"""

@@ -1,0 +1,40 @@
+#!/usr/bin/env python3
+"""The host side's entry script: BOOT imports it from ROOT/payload/<digest>/ and calls `main`; the detached
+processes (`_run`, `_guard`, `restore` from the guard timer and ExecStopPost=, `slurm-run` in a Slurm batch
+step) run it by its path.
+
+The host side is the package remote_payload (this directory; its tree is in docs/design.md). Uploaded, it
+lives in ROOT/payload/<digest>/, a directory not named after it, so this script binds its own directory as
+the package `remote_payload` and calls the package's main (remote_payload/commands.py). First it takes its
+own directory off sys.path: no module of the package may be importable a second time as a top-level module
+(`contract` beside `remote_payload.contract` would be two copies: two Fail classes, two sets of constants).
+Stdlib only, Python >= 3.8, never imports the controller.
+"""
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def bind_package() -> None:
+    """`remote_payload` is this directory, unless it is imported already (the controller's tests)."""
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != HERE]
+    if "remote_payload" in sys.modules:
+        return
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("remote_payload", os.path.join(HERE, "__init__.py"))
+    package = importlib.util.module_from_spec(spec)
+    sys.modules["remote_payload"] = package
+    spec.loader.exec_module(package)
+
+
+def main(argv=None) -> int:
+    bind_package()
+    from remote_payload.commands import main as run_command_line
+
+    return run_command_line(sys.argv[1:] if argv is None else argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
