@@ -13,7 +13,7 @@ REPO = Path(__file__).resolve().parent.parent
 CALLER = r"""
 import os, sys, time
 sys.path.insert(0, sys.argv[1])
-from supervisor_start import daemonize_call
+from remote_payload.supervision.start import daemonize_call
 log, marks = sys.argv[2], sys.argv[3]
 
 def main(argv):
@@ -39,7 +39,7 @@ print("caller answer")
 def run_caller(tmp_path: Path, *argv: str) -> tuple[subprocess.CompletedProcess, float, Path, Path]:
     log, marks = tmp_path / "supervisor.log", tmp_path / "marks"
     t0 = time.monotonic()
-    done = subprocess.run([sys.executable, "-S", "-c", CALLER, str(REPO / "remote_payload"), str(log), str(marks),
+    done = subprocess.run([sys.executable, "-S", "-c", CALLER, str(REPO), str(log), str(marks),
                            *argv], capture_output=True, text=True, timeout=60)
     return done, time.monotonic() - t0, log, marks
 

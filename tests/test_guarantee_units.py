@@ -64,19 +64,19 @@ def test_an_unsafe_root_is_refused_by_boot_and_by_the_supervisor(tmp_path):
     """Defect 7: a ROOT others may write to (e.g. `root: /tmp/runner`) is code execution for them: refuse it,
     in BOOT before it runs ROOT/payload/<digest>/supervisor.py, and in the supervisor itself."""
     import json
-    import shutil
-    from pathlib import Path
     import subprocess
     import sys
 
-    from runner.host import BOOT
+    from runner.host import BOOT, build_bundle
 
     root = tmp_path / "root"
     digest = "0123456789abcdef"
     payload = root / "payload" / digest
     payload.mkdir(parents=True)
-    for source in Path("remote_payload").glob("*.py"):  # what the bundle carries
-        shutil.copy(source, payload / source.name)
+    bundle, _ = build_bundle()
+    for name, data in bundle.files.items():  # what the bundle carries
+        (payload / name).parent.mkdir(parents=True, exist_ok=True)
+        (payload / name).write_bytes(data)
     root.chmod(0o777)  # world-writable, as /tmp/runner would be made by a careless mkdir
     for argv in ([sys.executable, "-c", BOOT, str(root), digest, "status"],
                  [sys.executable, str(payload / "supervisor.py"), "status", "--root", str(root)]):

@@ -534,8 +534,8 @@ def test_preflight_probes_never_make_a_start_busy(host):
 
 PROBE_LOOP = """
 import os, sys, time
-sys.path.insert(0, os.path.dirname(sys.argv[1]))  # as the supervisor runs: its own dir first on sys.path
-import supervisor_files as sup
+sys.path.insert(0, os.path.dirname(os.path.dirname(sys.argv[1])))  # the package the supervisor's files are in
+from remote_payload.supervision import files as sup
 root, end = sys.argv[2], time.monotonic() + float(sys.argv[4])
 while time.monotonic() < end:  # the real probe, as fast as it goes
     sup.probe_lock(root, "gpu-0")
