@@ -1,22 +1,16 @@
-"""The host side of runner: one stdlib-only script, one JSON line per call (docs/protocol.md is binding).
+"""The host side's subcommands, argv parsing and the one JSON answer per call (docs/protocol.md is binding).
 
-This file is the entry point (BOOT runs ROOT/payload/<digest>/supervisor.py; the guard timer runs
-`supervisor.py restore`) and owns the commands and `main`. The rest lives in rooms beside it,
-each importing only the rooms above it in this list:
+supervisor.py, the entry script, calls `main` (BOOT imports it from ROOT/payload/<digest>/; the guard, the
+guard timer, ExecStopPost= and a Slurm batch step run it by path). The rest lives in the package's rooms,
+each importing only the layers below it (tests/test_import_layers.py HOST_LAYERS):
 
-    contract.py          the rules both sides share: ids, unit names, defaults, states, wire codes, memory
-    host/primitives.py   host primitives: Fail, commands without a shell, systemd, nvidia-smi + parsers, /proc
-    supervision/files.py  ROOT on disk: job paths, atomic files, status.json, the locks
-    supervision/spec.py   the spec and argv checked again with the contract's rules and defaults
-    supervision/budget.py the job's time budget: every bound, computed once at the claim, kept in status.json
-    supervision/job.py    one job's choreography (supervise → settle) and its guard
-    supervision/unit.py   where systemd is: _run in a transient unit (ExecStopPost= restore, watchdog, cgroup)
-    supervision/start.py  starting a job: the claim of its dir, the detached launch, the ready handshake
-    supervision/sweep.py  a sweep's variants inside the one window supervise() opened
-    supervision/startable.py  may the payload start: program, script, imports, cache dirs (no side effect)
-    admission.py         may it start, will it stop the service: the one verdict on a preflight report
-    supervision/submit.py `submit`: preflight, the verdict and the start in one call
-    supervisor.py        the subcommands, argv parsing, the one JSON answer
+    contract.py, admission.py, progress.py, sweep.py, slurm/batch.py, slurm/states.py
+                   the shared rules: pure, stdlib only; the controller imports them too
+    host/          host primitives (Fail, bounded commands, systemd, nvidia-smi, /proc) and the engine's API
+    supervision/   one job on one host: spec, files, record, ledger, trust, startable, payload, stage, sweep,
+                   budget, settle and the guard, the unit, start, job (the choreography), submit
+    slurm/         launch, array, calls, allocation: `launcher: slurm` (imported on first use, below)
+    commands.py    this file: the subcommands; nothing below imports it
 
 Public subcommands: preflight, start, submit (preflight, verdict and start in one call), status, logs, cancel, restore,
 restore-service, result.
@@ -25,13 +19,14 @@ if the supervisor dies without doing it).
 `slurm-run` is what a Slurm batch script execs in its allocation (launcher slurm: slurm/launch.py, which
 also submits, follows and cancels such jobs for start/status/logs/cancel).
 
-    start ──fork/setsid/fork/exec──▶ _run (supervisor) ──fork/setsid/exec──▶ _guard
-      ◀──── one JSON line over the readiness pipe ───┘        holds the read end of the "life" pipe and the
-                                                                lock fds; EOF = the supervisor is gone
+    start ──systemd-run──▶ runner-job-<id>.service: _run (supervision/unit.py), or where systemd is not:
+          ──fork/setsid/fork──▶ _run, this interpreter's own fork calling main (supervision/start.py)
+      ◀── one JSON line: through ready.fifo (unit), over a pipe (fork) ──┘
+    _run ──fork/setsid/exec supervisor.py _guard──▶ the guard (supervision/settle.py): holds the read end of
+          the "life" pipe and the lock fds; EOF = the supervisor is gone
 
 Process ids are trusted only together with their start time (/proc/PID/stat field 22), so a reused pid is
-never taken for the job. Runs on Python >= 3.8 and never imports the controller. Works both as a script
-(sys.path[0] is this directory) and imported as remote_payload.commands (tests).
+never taken for the job. Runs on Python >= 3.8 and never imports the controller.
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""supervisor_engine against the engine stand-in (tests/hosts/engine_standin.py) run as a plain process:
+"""remote_payload/host/engine.py against the engine stand-in (tests/hosts/engine_standin.py) run as a plain process:
 probe, release, resume for SGLang and vLLM, with GPU memory read through the nvidia-smi stand-in."""
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The `launcher: slurm` spec on both sides: the controller's models and wire form (runner/spec_slurm.py) and
-the host's own check of that wire form (supervisor_spec.check_launcher): the same verdicts. Last, the same
+the host's own check of that wire form (supervision/spec.py check_launcher): the same verdicts. Last, the same
 refusals through the real CLI: exit 2 and no host contacted (no Slurm needed)."""
 
 from __future__ import annotations

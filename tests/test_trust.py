@@ -1,4 +1,4 @@
-"""supervisor_trust: what a restorer believes when status.json or spec.json was overwritten by the payload.
+"""remote_payload/supervision/trust.py: what a restorer believes when status.json or spec.json was overwritten by the payload.
 Pure file-level cases on a real ROOT layout (no service; the systemd cases are tests/test_forged_status.py)."""
 from __future__ import annotations
 

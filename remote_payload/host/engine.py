@@ -308,7 +308,7 @@ def describe(record: dict) -> str:
 def restore_released(job, deadline: float) -> tuple:
     """Every restorer's way back for a job whose status records a release: resume it through the API within
     half of what is left, else restart the unit (the service comes back whatever happens) and say so.
-    job: a supervisor_record.Job. Returns (healthy, active_state); service.resumed says how."""
+    job: a supervision/record.py Job. Returns (healthy, active_state); service.resumed says how."""
     service = job.status["service"]
     unit, record = service["unit"], service["released"]
     job.note_restore("resuming %s: %s" % (unit, describe(record)))

@@ -3,7 +3,8 @@
 Owns: the `Fail` answer, external commands run without a shell and bounded (`run_command`), systemd
 (`Systemd`: systemctl/systemd-run/journalctl argv for one scope; start, health), nvidia-smi and the pure
 parsers of its output, and process identity from /proc (a pid is trusted only with its start time) with
-process-group kills. Imports only the stdlib and contract.py; every other room of the supervisor imports it.
+process-group kills. HERE is the bundle's root (the package remote_payload), where supervisor.py and the
+payload scripts are. Imports only the stdlib and contract.py; every other room of the supervisor imports it.
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """A sweep on Slurm (`launcher: slurm` + `sweep`): one job array, one task per variant.
 
-    login node:   submit → sbatch --array=0-(N-1)%max_parallel (slurm_launch.submit, slurm_batch.sbatch_argv)
+    login node:   submit → sbatch --array=0-(N-1)%max_parallel (launch.submit, batch.sbatch_argv)
                   status → squeue -r (sacct for tasks slurmctld forgot) → each task reconciled as one job →
                            the array's progress; once every variant is done, result.json, then the final state
                   logs   → the variants' logs one after another (combined_chunk)
@@ -23,7 +23,7 @@ variant K+1 are served only once variant K is done (its writer creates `done` af
 offset into this stream always means the same byte and the byte-cursor tail stays exactly-once. Variant 1
 is followed live; a later variant's lines, though it runs at the same time, appear once those before it end.
 
-Imports only the stdlib and the rooms above it (slurm_calls, slurm_allocation); slurm/launch.py imports it.
+Imports only the stdlib, the shared rules, host/, supervision/ and calls.py, allocation.py; launch.py imports it.
 """
 from __future__ import annotations
 

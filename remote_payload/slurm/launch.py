@@ -1,8 +1,8 @@
 """`launcher: slurm` on the host side: submit with sbatch, run inside the allocation, follow Slurm's view.
 
-    login node: start  → claim the job dir → sbatch (slurm_batch's argv + script) → slurm.json {job_id}
-                status/logs/cancel → squeue (sacct once slurmctld forgot the job) → slurm_states.reconcile
-    compute node: slurm-run (the batch script execs it) → the job's usual choreography (supervisor_job.supervise)
+    login node: start  → claim the job dir → sbatch (batch.py's argv + script) → slurm.json {job_id}
+                status/logs/cancel → squeue (sacct once slurmctld forgot the job) → states.reconcile
+    compute node: slurm-run (the batch script execs it) → the job's usual choreography (supervision/job.py supervise)
                   without locks, service or guard: Slurm owns the node and its GPUs (slurm/allocation.py)
     a sweep:      one job array, one task per variant: slurm/array.py (submit here adds --array)
 

@@ -1,14 +1,14 @@
 """One job's choreography on the host: everything between "supervisor started" and "settle".
 
-    supervise: locks → settle the ledger → may it start (supervisor_startable) → prepare step → stage the
+    supervise: locks → settle the ledger → may it start (supervision/startable.py) → prepare step → stage the
                payload (payload.staged: its GPU-free setup, supervision/stage.py) → record the service → stop
                it, or release its GPU memory through the engine's API (policy, service.free) → drain GPU
                memory → run the payload (deadline, cancel, signals) → settle, on every path out
 
 The record (`Job`, `Flags`, `Interrupted`) is supervision/record.py; the payload's process (launch, watch,
 exit record) supervision/payload.py; settle, restore, the ledger's adoption and the guard are
-supervision/settle.py. Imports only the stdlib, contract.py and those rooms;
-supervisor.py (commands) and slurm/launch.py import it.
+supervision/settle.py. Imports only the stdlib, the shared rules (contract.py, admission.py), host/ and
+those rooms; commands.py and slurm/launch.py import it.
 """
 from __future__ import annotations
 

@@ -3,7 +3,8 @@ sweep's variants): its argv and environment, the launch in its own process group
 watch against its deadline, cancel and signals (a sweep's variants: supervisor_sweep watches them side by side),
 and the record of how it exited.
 
-Imports only the stdlib and the rooms below it; supervisor_job, supervisor_stage and supervisor_sweep import it.
+Imports only the stdlib, host/primitives.py and the record and ledger rooms; job.py, stage.py and sweep.py
+import it.
 """
 from __future__ import annotations
 
@@ -69,7 +70,7 @@ def launch_payload(job: Job, argv=None, state: str = "RUNNING", phase: str = "pa
             raise Fail("start-failed", "cannot start the payload %r: %s" % (argv[0], exc))
     ident = identity(proc.pid)
     job.payload_pids.add(proc.pid)
-    if job.status["service"].get("stopped"):  # first: the ledger is what a restorer trusts (supervisor_trust)
+    if job.status["service"].get("stopped"):  # first: the ledger is what a restorer trusts (trust.py)
         job.persist(lambda: ledger.note_payload(job.paths.root, job.status["service"]["unit"], job.paths.job_id,
                                                 dict(ident, pgid=proc.pid)))
     now = time.time()  # payload.started_at: this process's (a sweep's variant's); started_at: the job's first

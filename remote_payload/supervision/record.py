@@ -1,7 +1,7 @@
 """One job's record on the host: status.json and events.jsonl (`Job`, whose `set_state` every state change goes
 through), the flags the signal handlers set, and `Interrupted`, which carries a final state out of a step.
 
-Imports only the stdlib, contract.py and the supervisor_host/_files/_budget rooms.
+Imports only the stdlib, contract.py host/primitives.py and files.py, budget.py.
 """
 from __future__ import annotations
 

@@ -7,7 +7,7 @@
                the guard timer, the last line where the host has systemd)
 
 Its time bounds (the guard timer, the hard deadline) are the job's recorded budget (supervision/budget.py).
-Imports only the stdlib, contract.py and the supervisor_host/_files/_record/_ledger/_engine/_budget rooms.
+Imports only the stdlib, contract.py host/ (primitives, engine) and the files, record, ledger and budget rooms.
 """
 from __future__ import annotations
 

@@ -2,7 +2,8 @@
 
 The controller validated the spec already; the host never trusts it and checks again, with contract.py's
 rules and defaults, so both sides refuse and default alike. A problem is a `Fail` (`bad-spec` for the spec,
-`bad-args` for argv). Imports only the stdlib, contract.py and host/primitives.py.
+`bad-args` for argv). Imports only the stdlib, the shared rules (contract.py, sweep.py, slurm/batch.py) and
+host/ (primitives; engine.py for the `service.free` names).
 """
 from __future__ import annotations
 
@@ -274,7 +275,7 @@ def variant_rounds(spec: dict) -> int:
 
 
 def check_launcher(raw: dict, spec: dict) -> dict:
-    """`launcher: slurm` with its `slurm` section (slurm_batch's rules), or nothing for an ssh job."""
+    """`launcher: slurm` with its `slurm` section (slurm/batch.py's rules), or nothing for an ssh job."""
     launcher = raw.get("launcher", "ssh")
     _need(launcher in contract.LAUNCHERS, "launcher must be ssh or slurm, got %r" % (launcher,))
     if launcher == "ssh":

@@ -9,7 +9,7 @@
 The payload's side, stdlib-simple: when RUNNER_STAGED=1, do the setup, print {"event": "staged"} as one JSON
 line on stdout (flushed; other keys allowed), then read one line from stdin: `go` means the GPU is yours;
 EOF (the supervisor is gone) or anything else means exit at once without touching the GPU.
-Imported by supervisor_job; the launch and the exit record are supervisor_payload's.
+Imported by job.py; the launch and the exit record are payload.py's.
 """
 from __future__ import annotations
 

@@ -6,8 +6,8 @@ ready handshake.
       ◀── read_ready (at most READY_TIMEOUT_S; past it give_up_start marks the job abandoned) ──┘
 
 `start` giving up and the supervisor answering exclude each other under ready.lock, so they never disagree
-on whether the job exists. Imports only the stdlib, contract.py and the supervisor_host/_files/_record/_unit
-rooms; supervisor.py dispatches `start` (and the Slurm launcher) and runs `_run`.
+on whether the job exists. Imports only the stdlib, host/primitives.py and the files, record and unit rooms;
+commands.py dispatches `start` (and the Slurm launcher) and runs `_run`.
 """
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 A refusal is answered as an error (`busy` with the holder, or `preflight-refused`; both with the report and
 the verdict's hint); otherwise the job starts in the same call, a stop of the service included (the
 supervisor decides that stop again when it holds the locks). So every submit is one round trip.
-stdlib only; never imports the controller.
+Imports only the stdlib, admission.py, host/primitives.py and files.py; never imports the controller.
 """
 from __future__ import annotations
 

@@ -14,7 +14,8 @@ measured so far, else limits.max_runtime): it is recorded SKIPPED with the reaso
 stopped at the window's end. A cancel or a signal stops every running variant. result.json is the
 combined record.
 
-Imports only the stdlib, contract.py and the supervisor rooms.
+Imports only the stdlib, sweep.py (the shared variant labels), host/primitives.py and the files, record and
+payload rooms.
 """
 from __future__ import annotations
 

@@ -13,8 +13,8 @@ told where it is. So:
 
 What this does not protect: a payload running as the same user can still delete the ledger, write ROOT/locks,
 kill the restorers or stop the service itself. It guards against a payload corrupting its own job's records,
-by mistake or on purpose, not against a payload that attacks the host. Imports only the stdlib, contract.py
-and the supervisor_host/_files/_record/_ledger rooms.
+by mistake or on purpose, not against a payload that attacks the host. Imports only the stdlib, contract.py,
+host/primitives.py and the files, record and ledger rooms.
 """
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ exists), `start` falls back to the fork + guard path (containers, the GPU machin
 says which path ran, events.jsonl why the fork path was taken. RuntimeMaxSec= and TimeoutStopSec= are the job's
 recorded budget (supervision/budget.py: runtime_max_s, timeout_stop_s).
 
-Imports only the stdlib and the supervisor_host/_files/_budget rooms.
+Imports only the stdlib, host/primitives.py and the files and budget rooms.
 """
 from __future__ import annotations
 
