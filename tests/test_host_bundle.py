@@ -102,9 +102,9 @@ def test_the_script_loads_each_host_module_once_under_the_package(tmp_path):
     """supervisor.py binds its directory as the package remote_payload and takes that directory off sys.path:
     a module of the bundle loaded a second time as a top-level module (`contract` beside
     `remote_payload.contract`) would be two copies, two Fail classes that do not catch each other."""
-    bundle, _ = build_bundle()
+    bundle = supervisor_bundle()
     assert {"host/__init__.py", "supervision/__init__.py", "slurm/__init__.py", "commands.py"} <= set(bundle.files)
-    assert json.loads(unpack(tmp_path, bundle.digest, bundle.tarball()).stdout) == {"ok": True}
+    assert json.loads(unpack(tmp_path, tarball([("payload", bundle)]), f"payload/{bundle.digest}").stdout)["ok"]
     script = tmp_path / "payload" / bundle.digest / "supervisor.py"
     done = subprocess.run([sys.executable, "-S", "-X", "importtime", str(script), "status", "--root", str(tmp_path)],
                           cwd="/", capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})

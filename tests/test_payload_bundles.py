@@ -238,9 +238,10 @@ def test_every_module_of_the_supervisor_bundle_imports_on_a_bare_host(tmp_path):
     import sys
 
     bundle = host.supervisor_bundle()
-    for name, data in bundle.files.items():
-        write(tmp_path / name, data.decode())
-    modules = sorted(n[:-3].replace("/", ".") for n in bundle.files if n != "__init__.py")
+    for name, data in bundle.files.items():  # the package's tree, as supervisor.py binds it
+        write(tmp_path / "remote_payload" / name, data.decode())
+    modules = sorted("remote_payload." + n[:-3].replace("/", ".").removesuffix(".__init__")
+                     for n in bundle.files if n not in ("__init__.py", "supervisor.py"))
     code = "import importlib, sys\nfor m in sys.argv[1:]:\n    importlib.import_module(m)\n"
     done = subprocess.run([sys.executable, "-S", "-c", code, *modules], cwd=tmp_path, capture_output=True,
                           env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(tmp_path)}, timeout=60)

@@ -34,35 +34,35 @@ Bound = namedtuple("Bound", "name formula reader why launcher")
 
 BOUNDS = (
     Bound("guard_timer_s", "rounds * (max_runtime + grace) + 2 * drain_timeout + STOP_TIMEOUT_S + CMD_TIMEOUT_S "
-          "+ health_timeout + MINUTE_S", "supervisor_settle.start_guard_timer: systemd-run --on-active=",
+          "+ health_timeout + MINUTE_S", "supervision.settle.start_guard_timer: systemd-run --on-active=",
           "made just before the stop: later than any job still handled could end (each round's run and grace, "
           "two drains, the stop and the start commands, the health wait, a minute)", None),
     Bound("adopted_timer_s", "prepare_timeout + stage_timeout + guard_timer_s",
-          "supervisor_settle.settle_ledger: the guard timer of an adopted stop", "made when the job takes a dead "
+          "supervision.settle.settle_ledger: the guard timer of an adopted stop", "made when the job takes a dead "
           "job's stop over, before its own prepare step and staging: those first, then all the guard timer counts",
           None),
     Bound("runtime_max_s", "queue_timeout + prepare_timeout + stage_timeout + guard_timer_s",
-          "supervisor_unit.run_argv: RuntimeMaxSec=", "the unit starts before the lock wait (--queue), the "
+          "supervision.unit.run_argv: RuntimeMaxSec=", "the unit starts before the lock wait (--queue), the "
           "prepare step and the staging; then all the guard timer counts", None),
     Bound("timeout_stop_s", "grace + KILL_CONFIRM_S + drain_timeout + SMI_TIMEOUT_S + CMD_TIMEOUT_S "
-          "+ health_timeout + MINUTE_S", "supervisor_unit.run_argv: TimeoutStopSec=",
+          "+ health_timeout + MINUTE_S", "supervision.unit.run_argv: TimeoutStopSec=",
           "each stop phase of the unit: the supervisor settling after a TERM, then ExecStopPost='s restore", None),
     Bound("hung_running_s", "max_runtime + grace + KILL_CONFIRM_S + drain_timeout + SMI_TIMEOUT_S + HANG_MARGIN_S",
-          "supervisor_settle.hard_deadline (the guard)", "from payload.started_at (a sweep: the running variant's "
+          "supervision.settle.hard_deadline (the guard)", "from payload.started_at (a sweep: the running variant's "
           "start): the run, TERM grace, KILL, the GPU release wait; then it must be restoring", None),
     Bound("hung_restoring_s", "grace + KILL_CONFIRM_S + drain_timeout + SMI_TIMEOUT_S + CMD_TIMEOUT_S "
-          "+ health_timeout + HANG_MARGIN_S", "supervisor_settle.hard_deadline (the guard)",
+          "+ health_timeout + HANG_MARGIN_S", "supervision.settle.hard_deadline (the guard)",
           "from entering RESTORING: leftovers killed, the GPU released, the start command, the health wait", None),
     Bound("hung_draining_s", "drain_timeout + SMI_TIMEOUT_S + HANG_MARGIN_S",
-          "supervisor_settle.hard_deadline (the guard)", "from entering DRAINING: the drain and its last "
+          "supervision.settle.hard_deadline (the guard)", "from entering DRAINING: the drain and its last "
           "nvidia-smi call", None),
     Bound("hung_stopping_s", "STOP_TIMEOUT_S + CMD_TIMEOUT_S + HANG_MARGIN_S",
-          "supervisor_settle.hard_deadline (the guard)", "from entering STOPPING_SERVICE: the stop at its own "
+          "supervision.settle.hard_deadline (the guard)", "from entering STOPPING_SERVICE: the stop at its own "
           "bound and the state check after it", None),
     Bound("ends_by_at", "claimed_at + runtime_max_s + 2 * timeout_stop_s", "status.json readers (an epoch)",
           "the latest the unit lets the job hold the host: its run, then both stop phases", None),
     Bound("slurm_time_min", "max(time_min, time_limit_minutes(max_runtime, grace, setup))",
-          "slurm_launch.submit_argv: sbatch --time= (minutes)", "slurm.time_min as the controller sent it, never below "
+          "slurm.launch.submit_argv: sbatch --time= (minutes)", "slurm.time_min as the controller sent it, never below "
           "what our own deadline needs (time_limit_minutes: ceil((setup + max_runtime + grace + SLACK_S) / 60))",
           "slurm"),
 )
