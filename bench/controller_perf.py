@@ -35,11 +35,11 @@ sys.path[:0] = [str(REPO), str(REPO / "bench")]
 
 from latency_proxy import LatencyProxy  # noqa: E402
 from remote_payload import contract  # noqa: E402
-from runner import controller  # noqa: E402
+from runner.commands import controller  # noqa: E402
 from runner.deadline import Deadline  # noqa: E402
-from runner.spec_load import load_spec  # noqa: E402
-from runner.store import JobRecord, Store  # noqa: E402
-from runner.transport import SshTarget, SshTransport  # noqa: E402
+from runner.remote.transport import SshTarget, SshTransport  # noqa: E402
+from runner.spec.spec_load import load_spec  # noqa: E402
+from runner.state.store import JobRecord, Store  # noqa: E402
 from tests.cli_helpers import Target, python_payload, write_job  # noqa: E402
 from tests.hosts import sshd  # noqa: E402
 from tests.hosts._proc import shared_tmpdir, wait_until  # noqa: E402

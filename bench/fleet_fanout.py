@@ -27,7 +27,7 @@ from pathlib import Path
 
 import yaml
 
-from runner.fleet_store import DEFAULT_FORKS
+from runner.state.fleet_store import DEFAULT_FORKS
 from tests.hosts._proc import shared_tmpdir
 from tests.hosts.sshd import start_sshd
 

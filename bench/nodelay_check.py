@@ -2,7 +2,7 @@
 
     python bench/nodelay_check.py        (root: starts its own loopback sshd, stops it at the end)
 
-Runs `true` back to back over one runner.transport.SshTransport, then sets TCP_NODELAY on that
+Runs `true` back to back over one runner.remote.transport.SshTransport, then sets TCP_NODELAY on that
 connection's socket and runs it again. Exits 1 while the first median is more than twice the second
 plus 10 ms: then each command after the first waits for the server's delayed ACK (40 ms on Linux)
 before its channel-open packet leaves. docs/performance.md, "Findings", has the numbers and the fix.
@@ -20,7 +20,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from runner.deadline import Deadline  # noqa: E402
-from runner.transport import SshTarget, SshTransport  # noqa: E402
+from runner.remote.transport import SshTarget, SshTransport  # noqa: E402
 from tests.hosts import sshd  # noqa: E402
 
 RUNS = 20

@@ -33,8 +33,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO), str(REPO / "bench")]
 
 from latency_proxy import LatencyProxy  # noqa: E402
-from runner import controller  # noqa: E402
-from runner.store import Store  # noqa: E402
+from runner.commands import controller  # noqa: E402
+from runner.state.store import Store  # noqa: E402
 from tests.cli_helpers import Target, write_job  # noqa: E402
 from tests.hosts import sshd  # noqa: E402
 from tests.hosts._proc import shared_tmpdir  # noqa: E402
@@ -172,13 +172,13 @@ def cached_submit_round_trips(bench: Bench) -> int:
 
 
 def import_time(args: list[str]) -> float:
-    """runner.cli's cumulative import time (µs → ms), median of 5 `python -X importtime` runs."""
+    """runner.cli.cli's cumulative import time (µs → ms), median of 5 `python -X importtime` runs."""
     values = []
     for _ in range(5):
         done = subprocess.run([sys.executable, "-X", "importtime", "-m", "runner", *args], capture_output=True,
                               cwd=REPO, text=True, env={k: v for k, v in os.environ.items()
                                                         if k != "PYTHONDONTWRITEBYTECODE"})
-        line = next(l for l in done.stderr.splitlines() if l.rstrip().endswith("| runner.cli"))
+        line = next(l for l in done.stderr.splitlines() if l.rstrip().endswith("| runner.cli.cli"))
         values.append(int(line.split("|")[1]) / 1000)
     return round(statistics.median(values), 1)
 

@@ -1,7 +1,7 @@
 """May this job start on this host now, and will it stop the service: the one rule, applied to a preflight report.
 
 The host's `submit` applies it and either starts the job in the same call or answers the refusal; the
-controller applies the same function for `submit --dry-run` (runner/preflight.py wraps it) and the
+controller applies the same function for `submit --dry-run` (runner/remote/preflight.py wraps it) and the
 supervisor's own stop at start time uses `needs_stop`. Pure, stdlib only, Python >= 3.8; the verdict is
 plain data so it crosses the wire as it is:
 

@@ -1,6 +1,6 @@
 """A sweep's variants: the cartesian product of `sweep.matrix` plus the `sweep.include` combinations.
 
-Stdlib only, pure (no I/O). The controller expands the spec with it (runner/spec.py) and sends the variants
+Stdlib only, pure (no I/O). The controller expands the spec with it (runner/spec/spec.py) and sends the variants
 on the wire; the host reads them as given (supervision/sweep.py) and never expands.
 """
 from __future__ import annotations

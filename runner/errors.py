@@ -11,7 +11,7 @@ are a contract; class names are not. A RemoteError carries the wire's own code f
     ├── SpecError           2     bad-spec            bad job spec or bad command-line usage
     ├── TransportError      3     host-unreachable    host unreachable, auth failed, timed out
     │   ├── HostKeyError    3     host-key            unknown or changed host key (message has the fingerprint)
-    │   └── BadAnswer       3     bad-answer          the host answered outside the wire contract (runner/answers.py)
+    │   └── BadAnswer       3     bad-answer          the host answered outside the wire contract (runner/remote/answers.py)
     ├── PreflightError      4     preflight-refused   the host cannot run this job now (memory, service policy)
     ├── HostBusy            5     busy                a lock is held; the message names the holder
     ├── SchedulerUnavailable 3    slurm-unavailable   launcher slurm: no sbatch/squeue on the login node
@@ -136,14 +136,14 @@ class LogShrank(RunnerError):
 
 
 class BadBaseline(RunnerError):
-    """A regression-gate baseline file that cannot be used (runner/gate.py)."""
+    """A regression-gate baseline file that cannot be used (runner/results/gate.py)."""
 
     exit_code = EXIT_USAGE
     code = "bad-baseline"
 
 
 class NotAllowed(RunnerError):
-    """What the MCP server was not started to allow (runner/mcp_policy.py); the hint names the flag."""
+    """What the MCP server was not started to allow (runner/mcp/mcp_policy.py); the hint names the flag."""
 
     exit_code = EXIT_USAGE
     code = "not-allowed"

@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from runner import ci, controller
-from runner.store import JobRecord, Store
+from runner.commands import ci, controller
+from runner.state.store import JobRecord, Store
 
 LOG = "start é ü € 𝄞 done\n".encode() + b"raw \xff\xfe bytes\n" + "end ✓\n".encode()
 

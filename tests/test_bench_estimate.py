@@ -9,7 +9,7 @@ import pytest
 
 from remote_payload.payloads.marlin_moe.marlin_estimate import (Shape, block_size_m, estimate, estimate_from_args,
                                                                 expert_bytes, weight_bytes, weight_tensor_bytes)
-from runner.payload_args import check_args
+from runner.spec.payload_args import check_args
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "remote_payload" / "payloads" / "marlin_moe" / "bench_marlin_moe.py"

@@ -72,7 +72,7 @@ def test_slurms_time_covers_the_prepare_step_and_the_staging_the_allocation_runs
     """slurm-run runs the whole choreography in the allocation: prepare step (limits.prepare_timeout), then the
     payload. A --time of max_runtime + grace + slack alone lets Slurm kill a job whose prepare step took a while
     before our own deadline ends it TIMED_OUT."""
-    from runner.spec import JobSpec
+    from runner.spec.spec import JobSpec
 
     base = {"name": "p", "host": {"address": "login-1"}, "launcher": "slurm",
             "payload": {"command": ["python3", "bench.py"], "prepare_command": ["python3", "bench.py", "--jit"]},

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from runner import gate
+from runner.results import gate
 
 REPO = Path(__file__).resolve().parents[1]
 WORKFLOW = REPO / "docs" / "ci-example.yml"

@@ -6,9 +6,9 @@ import pytest
 from pydantic import ValidationError
 
 from runner.errors import PreflightError, SpecError
-from runner.job_id import check_job_id
-from runner.preflight import decide
-from runner.spec import GpuSpec, HostSpec, PayloadSpec, ServiceSpec
+from runner.remote.preflight import decide
+from runner.spec.spec import GpuSpec, HostSpec, PayloadSpec, ServiceSpec
+from runner.state.job_id import check_job_id
 
 table = pytest.importorskip("tests.test_contract_host", reason="the host side's table is not in this tree yet")
 

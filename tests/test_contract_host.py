@@ -1,6 +1,6 @@
 """One table of values, the contract's verdict, and the host side's own checks: they must agree.
 
-The table is module-level data so the controller side can walk the same rows through runner/spec.py
+The table is module-level data so the controller side can walk the same rows through runner/spec/spec.py
 (`from tests.test_contract_host import ROWS, MEMORY_ROWS, CONTRACT_RULES`). A row is (kind, value, ok):
 `ok` is what the contract says, written out so that a change of rule shows up here as a diff.
 """

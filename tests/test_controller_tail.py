@@ -6,9 +6,9 @@ import time
 
 import pytest
 
-from runner import controller
+from runner.commands import controller
 from runner.errors import RemoteError, TransportError
-from runner.store import JobRecord, Store
+from runner.state.store import JobRecord, Store
 
 
 class ScriptedHost:

@@ -6,12 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from runner.controller import _retrying
+from runner.commands.controller import _retrying
 from runner.deadline import ROUND_TRIP_ALLOWANCE_S, Deadline
 from runner.errors import TransportError
-from runner.host import Bundle, HostClient
-from runner.transport import SshTarget, SshTransport
-from runner.transport_openssh import OpenSshTransport
+from runner.remote.host import Bundle, HostClient
+from runner.remote.transport import SshTarget, SshTransport
+from runner.remote.transport_openssh import OpenSshTransport
 
 MAX_WAIT = 15.0
 

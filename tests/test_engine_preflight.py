@@ -3,7 +3,7 @@ which touches nothing) it cannot free memory is refused with exit 4 and the reas
 import pytest
 
 from runner.errors import EXIT_REFUSED, PreflightError
-from runner.preflight import decide
+from runner.remote.preflight import decide
 from tests.test_preflight import report
 
 WHY = "the SGLang server at http://127.0.0.1:30000 runs without --enable-memory-saver: a release would free nothing"

@@ -7,7 +7,7 @@ from pydantic import ValidationError
 
 from remote_payload.host.primitives import Fail
 from remote_payload.supervision.spec import check_service
-from runner.spec import ServiceSpec
+from runner.spec.spec import ServiceSpec
 
 BASE = {"manager": "systemd", "unit": "sglang.service", "health_url": "http://127.0.0.1:30000/health"}
 

@@ -28,7 +28,7 @@ import pytest
 
 from remote_payload.contract import TERMINAL
 from runner.deadline import ROUND_TRIP_ALLOWANCE_S
-from runner.host import LAUNCH
+from runner.remote.host import LAUNCH
 from tests.case_report import record
 from tests.cli_helpers import REPO, Target, python_payload, run_cli, submit, wait_for, write_job
 from tests.hosts._proc import shared_tmpdir

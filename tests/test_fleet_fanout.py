@@ -133,8 +133,9 @@ def test_forks_1_makes_one_host_call_at_a_time_in_list_order(hosts):
 
 def test_the_spec_is_validated_once_for_the_run_not_per_host(hosts, monkeypatch):
     """In-process: load_spec (pydantic validation of the whole spec) counted over one fleet submit."""
-    from runner import fleet, spec_load
-    from runner.store import Store
+    from runner.fleet import fleet
+    from runner.spec import spec_load
+    from runner.state.store import Store
 
     work = shared_tmpdir("runner-fanout-valid-")
     target = fanout_target(hosts, work)
@@ -186,7 +187,7 @@ def test_forks_grants_in_list_order_and_gives_up_at_the_deadline():
     import threading
 
     from runner.deadline import Deadline
-    from runner.fleet import Forks
+    from runner.fleet.fleet import Forks
 
     forks, granted, order = Forks(1), [], []
     held = threading.Event()
@@ -231,8 +232,8 @@ def test_for_each_host_keeps_to_its_forks_and_each_hosts_error_is_its_own():
     import threading
 
     from runner.errors import TransportError
-    from runner.fleet import for_each_host
-    from runner.fleet_store import HostEntry
+    from runner.fleet.fleet import for_each_host
+    from runner.state.fleet_store import HostEntry
 
     entries = [HostEntry(f"h{i}", f"R.{i}") for i in range(5)]
     lock, now, peak = threading.Lock(), [0], [0]

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from runner import controller
+from runner.commands import controller
 from runner.deadline import ROUND_TRIP_ALLOWANCE_S
-from runner.host import HostClient
-from runner.store import JobRecord, Store
+from runner.remote.host import HostClient
+from runner.state.store import JobRecord, Store
 from tests.cli_helpers import Target, run_cli, wait_for, wait_terminal, write_job
 from tests.hosts._proc import shared_tmpdir
 from tests.hosts.relay import FreezableRelay, SilentListener

@@ -1,4 +1,4 @@
-"""runner.gate and runner.gate_report: metrics from real H200 results, verdicts, the baseline file, the formats.
+"""runner.results.gate and runner.results.gate_report: metrics from real H200 results, verdicts, the baseline file, the formats.
 
 The CLI cases run `python -m runner results` as a user or CI step would (a result.json path as the ID,
 so no host is needed).
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from runner import gate, gate_report
 from runner.errors import BadBaseline
+from runner.results import gate, gate_report
 
 REPO = Path(__file__).resolve().parents[1]
 RUN2 = REPO / "results" / "h200" / "run2"

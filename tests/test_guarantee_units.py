@@ -6,14 +6,14 @@ import signal
 import pytest
 from pydantic import ValidationError
 
-from remote_payload.supervision.files import JobPaths
 from remote_payload.host.primitives import Fail
+from remote_payload.supervision.budget import budget
+from remote_payload.supervision.files import JobPaths
 from remote_payload.supervision.job import late_interrupt
 from remote_payload.supervision.payload import check_interrupt
 from remote_payload.supervision.record import Flags, Interrupted
-from remote_payload.supervision.budget import budget
 from remote_payload.supervision.spec import check_service
-from runner.spec import ServiceSpec
+from runner.spec.spec import ServiceSpec
 
 
 def test_a_real_time_signal_is_named_not_a_crash():
@@ -67,7 +67,7 @@ def test_an_unsafe_root_is_refused_by_boot_and_by_the_supervisor(tmp_path):
     import subprocess
     import sys
 
-    from runner.host import BOOT, build_bundle
+    from runner.remote.host import BOOT, build_bundle
 
     root = tmp_path / "root"
     digest = "0123456789abcdef"

@@ -1,4 +1,4 @@
-"""runner.history and runner.history_report: the SQLite results history, its migrations, and its failure modes.
+"""runner.results.history and runner.results.history_report: the SQLite results history, its migrations, and its failure modes.
 
 Real SQLite files, a real git repository for the spec's revision, the committed H200 results as data.
 """
@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from runner import gate, history, history_report
 from runner.errors import NoResult, RunnerError
-from runner.store import JobRecord, Store
+from runner.results import gate, history, history_report
+from runner.state.store import JobRecord, Store
 
 REPO = Path(__file__).resolve().parents[1]
 H200 = REPO / "results" / "h200"
@@ -185,7 +185,7 @@ def test_a_result_of_any_shape_is_recorded_with_unknown_fields_empty(db):
 def test_history_reads_the_submitted_spec_not_the_file_as_it_is_now(tmp_path):
     """The job record keeps the wire form the host was sent (`--set` overrides included): an edit of the job
     file after the submit changes neither the recorded variant nor the spec hash."""
-    from runner import controller
+    from runner.commands import controller
 
     spec = tmp_path / "job.yaml"
     spec.write_text(f"name: x\nhost: {{address: local, root: '{tmp_path / 'root'}'}}\n"

@@ -5,7 +5,7 @@ import subprocess
 import sys
 import tarfile
 
-from runner.host import UNPACK, Bundle, payload_bundle, supervisor_bundle, tarball
+from runner.remote.host import UNPACK, Bundle, payload_bundle, supervisor_bundle, tarball
 
 
 def unpack(root, data, *names):

@@ -4,7 +4,7 @@ field: why)", never a traceback, and nothing of the answer reaches the local ind
 
 FAKE, labelled: `CannedTransport` stands in for the host. It answers each supervisor subcommand with a canned
 stdout line instead of running the uploaded supervisor, which is what a compromised host can do; the real
-HostClient (runner/host.py) reads it through the real transport interface.
+HostClient (runner/remote/host.py) reads it through the real transport interface.
 """
 from __future__ import annotations
 
@@ -14,12 +14,13 @@ import time
 
 import pytest
 
-from runner import cli, controller
+from runner.cli import cli
+from runner.commands import controller
 from runner.deadline import Deadline
 from runner.errors import TransportError
-from runner.host import Bundle, HostClient
-from runner.store import JobRecord, Store
-from runner.transport import Completed
+from runner.remote.host import Bundle, HostClient
+from runner.remote.transport import Completed
+from runner.state.store import JobRecord, Store
 
 MESSAGE = "the host answered something runner does not understand"
 
@@ -271,7 +272,7 @@ def test_the_error_is_a_transport_error():
 # -- the forms a real supervisor answers pass (captured shapes of docs/protocol.md) -----------------------
 
 def test_the_host_s_own_forms_pass():
-    from runner import answers
+    from runner.remote import answers
 
     slurm_preflight = {"ok": True, "service": None, "locks": [], "python": "3.8.10", "gpus": [], "apps": [],
                        "nvidia_smi": False, "slurm": {"partitions": ["gpu*"]}}

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from runner import controller
-from runner.spec_load import load_spec
+from runner.commands import controller
+from runner.spec.spec_load import load_spec
 from tests.cli_helpers import REPO
 
 JOBS = sorted((REPO / "jobs").glob("*.yaml"))

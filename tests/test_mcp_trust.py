@@ -2,7 +2,7 @@
 runs or where, results by job id only, `local` and any other unit only when the server was started allowing
 them. Each refusal is a tool error naming the flag that would allow it; nothing is run, read or started.
 
-The tool functions are called directly (runner.mcp_server.Tools) and through the MCP SDK's own stdio client.
+The tool functions are called directly (runner.mcp.mcp_server.Tools) and through the MCP SDK's own stdio client.
 """
 from __future__ import annotations
 
@@ -52,8 +52,8 @@ def project(tmp_path) -> dict:
 
 
 def tools(project: dict, **allow):
-    from runner.mcp_policy import Policy
-    from runner.mcp_server import Tools
+    from runner.mcp.mcp_policy import Policy
+    from runner.mcp.mcp_server import Tools
 
     return Tools(Policy(jobs_dirs=(project["jobs"],), **allow))
 

@@ -4,7 +4,7 @@ from pathlib import Path
 import pytest
 
 from runner.errors import SpecError
-from runner.payload_args import check_args, is_checkable
+from runner.spec.payload_args import check_args, is_checkable
 
 ROOT = Path(__file__).resolve().parents[1] / "remote_payload" / "payloads"
 DEMO, BENCH = ROOT / "demo" / "demo_payload.py", ROOT / "marlin_moe" / "bench_marlin_moe.py"

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from runner import controller, host
+from runner.commands import controller
+from runner.remote import host
 from tests.cli_helpers import REPO, Target, run_cli, submit, wait_terminal, write_job
 from tests.hosts._proc import shared_tmpdir
 
@@ -164,7 +165,7 @@ def test_min_free_mib_auto_without_an_estimate_names_what_is_missing(work):
 
 
 def test_the_import_closure_ignores_the_stdlib_and_installed_packages(tmp_path):
-    from runner.import_closure import local_closure
+    from runner.remote.import_closure import local_closure
 
     script = write(tmp_path / "run.py", """
         import json, os.path, collections.abc
@@ -196,7 +197,7 @@ def test_the_import_closure_ignores_the_stdlib_and_installed_packages(tmp_path):
 
 
 def test_the_import_closure_leaves_out_what_resolves_outside_the_scripts_directory(tmp_path):
-    from runner.import_closure import local_closure
+    from runner.remote.import_closure import local_closure
 
     write(tmp_path / "outside.py", "")
     script = write(tmp_path / "inner" / "run.py", "import outside\nimport linked\nfrom .. import outside\n")
@@ -206,7 +207,7 @@ def test_the_import_closure_leaves_out_what_resolves_outside_the_scripts_directo
 
 def test_a_file_the_controller_cannot_parse_still_travels(tmp_path):
     """payload.python may be newer than the controller's: the host's probe judges the syntax, not the closure."""
-    from runner.import_closure import local_closure
+    from runner.remote.import_closure import local_closure
 
     script = write(tmp_path / "run.py", "import helper\n")
     write(tmp_path / "helper.py", "match = (\nimport never_followed\n")
@@ -215,7 +216,7 @@ def test_a_file_the_controller_cannot_parse_still_travels(tmp_path):
 
 
 def test_both_bundles_travel_in_one_upload_and_a_warm_submit_is_one_round_trip(local, work):
-    from runner.store import Store
+    from runner.state.store import Store
 
     demo = write_job(work / "demo.yaml", local, script="demo_payload.py", args={"seconds": 1, "sizes": [1]})
     write(work / "other.py", "print('other')\n")

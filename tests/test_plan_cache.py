@@ -1,4 +1,4 @@
-"""A warm submit reuses its validated plan (runner/plan_cache.py) and never a stale one: through the real CLI
+"""A warm submit reuses its validated plan (runner/state/plan_cache.py) and never a stale one: through the real CLI
 on the local transport (the plan is decided before any host, so the transport does not matter here)."""
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from tests.hosts._proc import shared_tmpdir
 # The CLI in a child that reports, as it exits, whether pydantic (the validation) was imported.
 REPORTING = ("import atexit, sys\n"
              "atexit.register(lambda: print('pydantic imported:', 'pydantic' in sys.modules, file=sys.stderr))\n"
-             "from runner.cli import main\n"
+             "from runner.cli.cli import main\n"
              "main(sys.argv[1:])\n")
 
 

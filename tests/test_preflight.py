@@ -2,7 +2,7 @@
 import pytest
 
 from runner.errors import HostBusy, PreflightError
-from runner.preflight import decide
+from runner.remote.preflight import decide
 
 
 def wire(stop="if-needed", manager="systemd", devices=("0",), need=9000):

@@ -39,7 +39,7 @@ def test_describe_is_one_short_line():
 def test_watch_renders_events_passes_other_lines_and_folds_like_status():
     import io
 
-    from runner.watch import plain_sink, summary_line
+    from runner.cli.watch import plain_sink, summary_line
 
     out = io.StringIO()
     sink = plain_sink(out)
@@ -73,7 +73,7 @@ def test_any_event_shape_folds_and_renders(event):
     `runner status` renders it."""
     import json
 
-    from runner.cli import _status_text
+    from runner.cli.cli import _status_text
 
     summary = summarize(json.dumps(event) + "\n")
     variant = summary.get("variant")

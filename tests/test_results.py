@@ -1,10 +1,10 @@
-"""runner.results: the text table and the lever plot of a result.json."""
+"""runner.results.results: the text table and the lever plot of a result.json."""
 import json
 from pathlib import Path
 
 import pytest
 
-from runner.results import plot_lever, render_table
+from runner.results.results import plot_lever, render_table
 
 RUN = Path(__file__).resolve().parents[1] / "results" / "h200" / "run2"
 
@@ -73,7 +73,7 @@ def test_plot_refuses_a_result_without_rows(tmp_path):
 
 
 def test_any_other_payload_renders_scalars_and_row_lists():
-    from runner.results import render_any
+    from runner.results.results import render_any
 
     text = render_any({"payload": "demo", "python": "3.12", "rows": [{"size": 1, "median_us": 84.2234}, {"size": 64, "median_us": 9495.5}]})
     assert "payload: demo" in text
@@ -90,7 +90,7 @@ def demo_result() -> dict:
 
 def test_plot_of_the_demo_payload_draws_its_rows(tmp_path):
     pytest.importorskip("matplotlib")
-    from runner.results import plot, plottable_series
+    from runner.results.results import plot, plottable_series
 
     assert plottable_series(demo_result())[1:3] == ("size", ["median_us", "samples"])
     out = plot(demo_result(), tmp_path / "demo.png")
@@ -99,7 +99,7 @@ def test_plot_of_the_demo_payload_draws_its_rows(tmp_path):
 
 def test_plot_without_rows_says_why_instead_of_a_traceback(tmp_path):
     from runner.errors import NoResult
-    from runner.results import plot
+    from runner.results.results import plot
 
     with pytest.raises(NoResult, match="nothing to plot"):
         plot({"payload": "x", "value": 3}, tmp_path / "x.png")
@@ -110,7 +110,7 @@ def test_plot_without_rows_says_why_instead_of_a_traceback(tmp_path):
 
 def test_plot_dispatches_marlin_results_to_the_lever_figure(tmp_path):
     pytest.importorskip("matplotlib")
-    from runner.results import plot
+    from runner.results.results import plot
 
     assert plot(synthetic(), tmp_path / "lever.png").stat().st_size > 10_000
 
@@ -129,7 +129,7 @@ def test_table_of_run4_shows_the_lever_interval_capped_windows_and_the_schedule(
 
 
 def test_only_time_like_columns_share_the_latency_axis():
-    from runner.results import time_axis
+    from runner.results.results import time_axis
 
     assert time_axis(["median_us", "samples", "p90_ms", "tokens_per_s", "us"]) == ["median_us", "p90_ms", "us"]
     assert time_axis(["samples", "tokens_per_s"]) == ["samples"]  # no time column: the first alone
@@ -137,7 +137,7 @@ def test_only_time_like_columns_share_the_latency_axis():
 
 def test_a_lever_plot_skips_rows_of_the_wrong_type(tmp_path):
     pytest.importorskip("matplotlib")
-    from runner.results import plot
+    from runner.results.results import plot
 
     res = synthetic()
     res["rows"].append({"m": "1024", "us_per_token": "fast", "lever": None})

@@ -18,10 +18,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from runner import ci, gate, gate_report, history, history_report, results
+from runner.commands import ci
 from runner.errors import NoResult, RunnerError, UnknownJob
-from runner.fleet_results import side_by_side
-from runner.store import Store
+from runner.results import gate, gate_report, history, history_report, results
+from runner.results.fleet_results import side_by_side
+from runner.state.store import Store
 from tests.cli_helpers import REPO, Target, run_cli, submit, wait_terminal, write_job
 from tests.hosts._proc import shared_tmpdir
 
@@ -236,7 +237,7 @@ def test_a_fifo_as_any_path_is_refused_not_waited_on(tmp_path, args):
 def without(modules: list[str], *argv: str, timeout: float = 60) -> subprocess.CompletedProcess:
     """The CLI as if `modules` were not installed (an import of them raises ModuleNotFoundError)."""
     code = (f"import sys; sys.modules.update(dict.fromkeys({modules!r})); sys.argv = ['runner', *{list(argv)!r}]; "
-            "from runner.cli import main; main()")
+            "from runner.cli.cli import main; main()")
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=timeout)
 
 

@@ -15,10 +15,10 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from remote_payload.slurm.array import array_progress, combined_chunk, sweep_outcome
 from remote_payload.host.primitives import Fail
+from remote_payload.slurm.array import array_progress, combined_chunk, sweep_outcome
 from remote_payload.supervision.spec import check_spec
-from runner.spec import JobSpec
+from runner.spec.spec import JobSpec
 from tests.cli_helpers import Target, job_dir, pid_alive, python_payload, run_cli, status, submit_refused, wait_for
 from tests.hosts.prereqs import require
 from tests.hosts.slurm_cluster import missing_prerequisites, start_slurm_cluster

@@ -1,4 +1,4 @@
-"""The `launcher: slurm` spec on both sides: the controller's models and wire form (runner/spec_slurm.py) and
+"""The `launcher: slurm` spec on both sides: the controller's models and wire form (runner/spec/spec_slurm.py) and
 the host's own check of that wire form (supervision/spec.py check_launcher): the same verdicts. Last, the same
 refusals through the real CLI: exit 2 and no host contacted (no Slurm needed)."""
 
@@ -9,7 +9,7 @@ from pydantic import ValidationError
 
 from remote_payload.host.primitives import Fail
 from remote_payload.supervision.spec import check_spec
-from runner.spec import JobSpec
+from runner.spec.spec import JobSpec
 from tests.cli_helpers import submit_refused
 
 BASE = {"name": "k26 on slurm", "host": {"address": "login-1"}, "launcher": "slurm",

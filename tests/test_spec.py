@@ -18,10 +18,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from runner.errors import SpecError
-from runner.job_id import JOB_ID_RE, check_job_id, job_id_for
-from runner.spec import HostSpec, JobSpec, ServiceSpec
-from runner.spec_fields import parse_duration
-from runner.spec_load import load_spec, section_from_options
+from runner.spec.spec import HostSpec, JobSpec, ServiceSpec
+from runner.spec.spec_fields import parse_duration
+from runner.spec.spec_load import load_spec, section_from_options
+from runner.state.job_id import JOB_ID_RE, check_job_id, job_id_for
 
 DATA = Path(__file__).parent / "data" / "specs"
 EXAMPLE = DATA / "k26_example.yaml"

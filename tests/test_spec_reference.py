@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from runner.spec_reference import json_schema, markdown, missing_descriptions
+from runner.spec.spec_reference import json_schema, markdown, missing_descriptions
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -18,7 +18,7 @@ def test_every_key_of_the_schema_is_described():
 
 def test_the_committed_reference_is_the_generated_one():
     assert (REPO / "docs" / "spec-reference.md").read_text() == markdown(), \
-        "run: python -m runner.spec_reference > docs/spec-reference.md"
+        "run: python -m runner.spec.spec_reference > docs/spec-reference.md"
 
 
 def test_runner_schema_validates_the_shipped_jobs_and_refuses_a_typo():
@@ -54,7 +54,7 @@ def every_key(model, prefix=""):
 
 
 def test_every_nested_key_has_a_row_and_a_description():
-    from runner.spec import JobSpec
+    from runner.spec.spec import JobSpec
 
     rows = {line.split("|")[1].strip().strip("`") for line in markdown().splitlines() if line.startswith("| `")}
     keys = list(every_key(JobSpec))

@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from runner.host import BOOT, launch_argv
+from runner.remote.host import BOOT, launch_argv
 from tests.cli_helpers import Target, run_cli, status, submit, wait_for, wait_terminal, write_job
 from tests.hosts import prereqs
+from tests.hosts import sshd
 from tests.hosts._proc import shared_tmpdir
 from tests.hosts.prereqs import require
-from tests.hosts import sshd
 from tests.hosts.sshd import start_sshd
 
 SHELLS = {"tcsh": "/usr/bin/tcsh", "fish": "/usr/bin/fish"}  # role (the login name's end) → login shell

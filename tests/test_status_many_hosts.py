@@ -6,7 +6,7 @@ import json
 import socket
 import time
 
-from runner.store import JobRecord, Store
+from runner.state.store import JobRecord, Store
 from tests.cli_helpers import Target, run_cli, wait_for, write_job
 
 

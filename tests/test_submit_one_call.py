@@ -9,9 +9,10 @@ from __future__ import annotations
 import pytest
 
 from remote_payload.admission import admit
-from runner import controller, preflight
+from runner.commands import controller
 from runner.errors import HostBusy, PreflightError, RunnerError
-from runner.store import Store
+from runner.remote import preflight
+from runner.state.store import Store
 from tests.cli_helpers import Target, wait_terminal, write_job
 from tests.hosts._proc import shared_tmpdir
 

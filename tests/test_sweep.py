@@ -201,7 +201,7 @@ def test_progress_counts_variants_and_rows_per_variant():
 
 
 def test_the_sweep_table_has_a_variant_column_and_says_why_one_was_skipped(tmp_path):
-    from runner.results import plot, render_any
+    from runner.results.results import plot, render_any
 
     rows = lambda k: [{"size": 1, "median_us": 10.0 * k}, {"size": 4, "median_us": 40.0 * k}]  # noqa: E731
     result = {"payload": "sweep", "sweep": {"variants": 3, "succeeded": 2, "failed": 0, "skipped": 1},
@@ -245,8 +245,8 @@ def test_started_at_is_the_first_variant_start_not_the_last(work, local):
 def test_a_warm_sweep_submit_is_one_round_trip_and_carries_every_variant(ssh_host, work):
     """The sweep goes through the one-call `submit` (preflight + start) like any job: its variants travel
     expanded on the wire, and the host runs them all."""
-    from runner import controller
-    from runner.store import Store
+    from runner.commands import controller
+    from runner.state.store import Store
 
     root = shared_tmpdir("runner-root-sweep-one-")
     target = Target("ssh", {"address": ssh_host.alias, "root": str(root), "transport": "openssh"}, root,

@@ -19,8 +19,9 @@ from pathlib import Path
 import pytest
 
 from remote_payload.contract import is_terminal
-from runner import ci, host as host_module
-from runner.store import Store
+from runner.commands import ci
+from runner.remote import host as host_module
+from runner.state.store import Store
 from tests.cli_helpers import REPO, Target, job_dir, python_payload, run_cli, submit, wait_for, wait_terminal, \
     write_job
 from tests.hosts._proc import shared_tmpdir

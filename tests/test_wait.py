@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from runner import ci
-from runner.controller import TailOutcome
+from runner.commands import ci
+from runner.commands.controller import TailOutcome
 from runner.errors import HostKeyError, TransportError
 
 REPO = Path(__file__).resolve().parents[1]

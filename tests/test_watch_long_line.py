@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from runner.watch import MAX_LINE_BYTES, EventSink
+from runner.cli.watch import MAX_LINE_BYTES, EventSink
 
 
 def test_a_30_mb_line_is_shown_cut_and_the_next_lines_as_they_are():

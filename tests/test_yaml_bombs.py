@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from runner.errors import SpecError
-from runner.spec_fields import short
-from runner.spec_load import load_spec
+from runner.spec.spec_fields import short
+from runner.spec.spec_load import load_spec
 
 REPO = Path(__file__).resolve().parent.parent
 HEAD = "name: bomb\nhost: {address: local}\npayload: {command: ['true']}\n"

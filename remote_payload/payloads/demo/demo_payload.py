@@ -34,7 +34,7 @@ def build_parser():
 
 
 def parse_args(argv):
-    """Also what the controller runs to check payload.args before submitting (runner/payload_args.py)."""
+    """Also what the controller runs to check payload.args before submitting (runner/spec/payload_args.py)."""
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

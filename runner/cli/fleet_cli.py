@@ -1,0 +1,124 @@
+"""The `runner` commands on a fleet run (RUN = the id `runner submit` printed for a spec with a list of hosts).
+
+cli.py calls these when the spec is a fleet or the id is a run's; each prints what it found and returns the
+exit code, and cli.py exits with it (errors still go through cli.main). Logic: fleet.py, fleet_view.py.
+"""
+from __future__ import annotations
+
+import sys
+from dataclasses import asdict
+
+from ..commands import controller
+from ..errors import EXIT_OK, worst
+from ..fleet import fleet, fleet_view
+from ..fleet.fleet import for_each_host
+from ..state.fleet_store import HostEntry, RunRecord
+from ..state.store import Store
+from .cli_echo import emit_json as _emit_json, progress as _progress, say as _say
+
+
+def run_exit(run: RunRecord) -> int:
+    """0 every host's job SUCCEEDED · 1 the run is over and some host did not · 75 hosts still to go."""
+    return fleet_view.state_exit(run.state if run.finished else None)
+
+
+def run_text(run: RunRecord) -> str:
+    width = max(len(e.address) for e in run.hosts)
+    lines = [f"{run.run_id}: {run.state} ({sum(e.final for e in run.hosts)} of {len(run.hosts)} hosts final, "
+             f"max_unavailable {run.max_unavailable}, forks {run.forks})"]
+    lines += [f"  {e.address:<{width}}  {e.job_id}  {e.phase}" + (f" {e.state}" if e.state else "")
+              + (f"  {e.note}" if e.note else "") for e in run.hosts]
+    return "\n".join(lines)
+
+
+def submit(job_file: str, overrides: list[str], *, run_id: str | None, queue: bool, dry_run: bool,
+           max_wait: float, as_json: bool, forks: int | None = None) -> int:
+    if dry_run:
+        return _dry_run(job_file, overrides, queue=queue)
+    run = fleet.submit(job_file, overrides, run_id=run_id, queue=queue, store=Store(), max_wait=max_wait,
+                       progress=_progress, forks=forks)
+    return _report(run, as_json)
+
+
+def wait(run_id: str, *, max_wait: float, as_json: bool) -> int:
+    return _report(fleet.drive(run_id, store=Store(), max_wait=max_wait, progress=_progress), as_json)
+
+
+def _report(run: RunRecord, as_json: bool) -> int:
+    if as_json:
+        _emit_json({**asdict(run), "state": run.state, "finished": run.finished})
+    else:
+        _say(run.run_id)
+        _progress(run_text(run))
+        if not run.finished:
+            _progress(f"[runner] run {run.run_id} unfinished; drive it on with `runner wait {run.run_id} "
+                      f"--timeout 100s` (exit 75 while unfinished)")
+    return run_exit(run)
+
+
+def _dry_run(job_file: str, overrides: list[str], *, queue: bool) -> int:
+    """Every host's dry run at once, from the one plan: what it would do, or why it would be skipped.
+    Nothing is changed."""
+    planned = controller.local_plan(job_file, overrides)
+    entries = [HostEntry(a, "") for a in planned.host["address"]]
+    plans, errors = for_each_host(entries, lambda e: controller.dry_run(
+        job_file, overrides, queue=queue, planned=planned.for_address(e.address)))
+    _say(f"dry run of a fleet of {len(entries)}: nothing was started or changed")
+    for entry in entries:
+        plan = plans.get(entry.address)
+        if plan is None:
+            _say(f"  {entry.address}: WOULD BE SKIPPED: {str(errors[entry.address]).splitlines()[0]}")
+        else:
+            service = (plan.service or {}).get("unit")
+            _say(f"  {entry.address}: {plan.required_mib} MiB needed; "
+                 + (f"{service} WOULD BE STOPPED (counts against max_unavailable)" if plan.stop_service
+                    else "the service is left running"))
+    return EXIT_OK
+
+
+def status(run_id: str, *, as_json: bool) -> int:
+    run, rows = fleet_view.status(run_id, store=Store())
+    if as_json:
+        _emit_json({"run_id": run.run_id, "state": run.state, "max_unavailable": run.max_unavailable, "hosts": rows})
+    else:
+        _say(fleet_view.status_text(run, rows))
+    return worst(row["exit"] for row in rows)
+
+
+def tail(run_id: str, *, follow: bool, max_wait: float, from_start: bool) -> int:
+    run, codes = fleet_view.tail(run_id, store=Store(), out=sys.stdout.buffer, follow=follow, max_wait=max_wait,
+                                 from_start=from_start, progress=_progress)
+    code = worst(codes.values())
+    _progress(f"[runner] {run_id}: " + ", ".join(f"{a} {_word(c)}" for a, c in codes.items()))
+    return code
+
+
+def _word(code: int) -> str:
+    return {0: "succeeded", 1: "ended otherwise", 3: "unreachable", 75: "still running"}.get(code, str(code))
+
+
+def cancel(run_id: str, *, as_json: bool) -> int:
+    answers = fleet.cancel(run_id, store=Store())
+    if as_json:
+        _emit_json(answers)
+    for address, answer in answers.items():
+        if not as_json:
+            what = (f"error: {answer['error']}" if "error" in answer else
+                    f"already {answer.get('state')}" if answer.get("already") else
+                    f"cancel requested ({answer.get('state')})")
+            _progress(f"{address}: {what}")
+    return max((a.get("exit", EXIT_OK) for a in answers.values()), default=EXIT_OK)
+
+
+def results(run_id: str, *, as_json: bool, plot_path: str | None) -> int:
+    from ..results.fleet_results import plot_hosts, side_by_side
+
+    found = fleet_view.results(run_id, store=Store())
+    if as_json:
+        _emit_json({"results": found.results, "missing": found.missing})
+    else:
+        _say(side_by_side(found.results, found.missing), nl=False)
+    if plot_path:
+        plot_hosts(found.results, plot_path)
+        _progress(f"wrote {plot_path}")
+    return EXIT_OK if found.results and not found.missing else 1

@@ -1,0 +1,20 @@
+"""What the front ends share: each function resolves its target once and returns plain data or raises from the
+one error tree; the CLI (cli.py) and the MCP server (mcp_server.py) only render what comes back, so the two
+give the same answer for the same case.
+
+May import: controller, store, errors (never cli or mcp_server).
+"""
+from __future__ import annotations
+
+from ..deadline import Deadline
+from ..errors import UnknownJob
+from ..state.store import Store
+from . import controller
+
+
+def job_statuses(job_id: str | None, *, store: Store, deadline: Deadline | None = None) -> list[dict]:
+    """One job's status, or every known job's; a job its host does not know is an unknown job (exit 2)."""
+    jobs = controller.status([job_id] if job_id else [], store=store, deadline=deadline)
+    if job_id and jobs and jobs[0].get("state") == "UNKNOWN":
+        raise UnknownJob(f"job {job_id} is not on its host (it was never started there, or its directory was removed)")
+    return jobs

@@ -1,0 +1,238 @@
+"""What the CI- and agent-facing commands do (results by id or file, the gate, history recording, wait).
+
+Plain functions returning plain data, like controller.py; cli.py prints and exits.
+"""
+from __future__ import annotations
+
+import codecs
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, BinaryIO, Callable
+
+from remote_payload.contract import STATES, is_terminal
+
+from ..deadline import Deadline
+from ..errors import (HostKeyError, LogShrank, NoResult, RemoteError, ResultNotYet, RunnerError, SpecError,
+                      TransportError, UnknownJob)
+from ..local_files import read_regular
+from ..results import gate, history
+from ..state.job_id import check_job_id
+from ..state.store import Store
+from . import controller
+
+WAIT_CHUNK_S = 50.0
+
+
+@dataclass
+class Collected:
+    """A result.json and where it came from; `warning` when it could not be recorded in the history.
+
+    `result` is whatever JSON the payload wrote (an object, or not): every reader of it checks its shape."""
+
+    result: Any
+    source: str
+    job_id: str | None = None
+    warning: str | None = None
+    window: dict | None = None  # the job's service window (status.json service.downtime), when it had one
+
+
+def collect(ref: str, *, store: Store, record: bool = True, deadline: Deadline | None = None) -> Collected:
+    """`ref` is a result.json path (`is_result_path`) or a job id; a job's result is fetched and recorded in
+    the history."""
+    if is_result_path(ref, store):
+        return Collected(read_result(Path(ref)), ref)
+    try:
+        store.load(check_job_id(ref))
+    except (UnknownJob, SpecError):
+        raise UnknownJob(f"unknown job id {ref!r}: neither a file nor a job id this controller knows",
+                        hint="give a result.json path (with a `/` for one in this directory: ./FILE.json), or a "
+                             "job id from `runner list`") from None
+    return collect_job(ref, store=store, record=record, deadline=deadline)
+
+
+def collect_job(job_id: str, *, store: Store, record: bool = True, deadline: Deadline | None = None) -> Collected:
+    """A known job's result by its id (never a path) and its service window, recorded in the history."""
+    store.load(check_job_id(job_id))  # an id this controller does not know is an unknown job
+    result = fetch_result(job_id, store, deadline)
+    window = service_window(job_id, store, deadline)
+    warning = history.record_job(store, job_id, result, window) if record else None
+    return Collected(result, job_id, job_id, warning, window)
+
+
+def service_window(job_id: str, store: Store, deadline: Deadline | None = None) -> dict | None:
+    """The job's service window (status.json's `service.downtime`: not serving and its parts), or None when it
+    stopped nothing or its status cannot be read now: the result is what was asked for, this only adds to it."""
+    try:
+        jobs = controller.status([job_id], store=store, deadline=deadline)
+    except RunnerError:
+        return None
+    window = (jobs[0].get("service") or {}).get("downtime") if jobs and isinstance(jobs[0], dict) else None
+    return window if isinstance(window, dict) else None
+
+
+def is_result_path(ref: str, store: Store) -> bool:
+    """A path when it has a `/`, or names an existing file that is no job id of the local index; otherwise a
+    job id (`--job-id run-7.json` makes one that looks like a file name: `./run-7.json` is the file)."""
+    if "/" in ref or os.sep in ref:
+        return True
+    if not os.path.lexists(ref):
+        return False
+    try:
+        store.load(check_job_id(ref))
+    except RunnerError:
+        return True
+    return False
+
+
+def fetch_result(job_id: str, store: Store, deadline: Deadline | None = None):
+    """The job's result from its host; a job still running is 75 (call again), one that ended without a
+    result is NoResult."""
+    try:
+        return controller.result(job_id, store=store, deadline=deadline)
+    except RemoteError as exc:
+        if exc.code not in ("no-result", "result-too-large"):
+            raise
+        state, message = exc.answer.get("state"), exc.answer.get("message") or str(exc)
+        if exc.code == "no-result" and state in STATES and not is_terminal(state):
+            raise ResultNotYet(f"{job_id} is still {state}: no result yet; call again once it has ended",
+                               hint=f"`runner tail {job_id}` shows its progress; `runner wait {job_id}` blocks "
+                                    "until it ends") from None
+        raise NoResult(message) from None
+
+
+def read_result(path: Path):
+    """A local result.json: any JSON value, from a regular file of at most MAX_RESULT_BYTES."""
+    try:
+        data = read_regular(path, "a result.json")
+    except OSError as exc:
+        raise NoResult(f"{path}: cannot read the result: {exc.strerror or exc}") from exc
+    try:
+        return json.loads(data.decode("utf-8"))
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
+        raise NoResult(f"{path}: not JSON: {_first_line(exc)}") from None
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).splitlines() or [type(exc).__name__])[0][:200]
+
+
+def gate_against(baseline_path: str, current: Collected, tolerance: float) -> list[gate.Verdict]:
+    """Read the baseline first: a bad baseline is exit 2 whatever the result holds."""
+    baseline = gate.read_baseline(baseline_path)
+    return gate.compare(baseline, gate.extract_metrics(current.result), tolerance)
+
+
+def compare_runs(a: Collected, b: Collected, tolerance: float) -> list[gate.Verdict]:
+    return gate.compare(gate.extract_metrics(a.result), gate.extract_metrics(b.result), tolerance)
+
+
+# -- wait -------------------------------------------------------------------------------------------------
+
+@dataclass
+class WaitOutcome:
+    job_id: str
+    state: str
+    exit_code: int | None
+    terminal: bool
+    printed: int
+    calls: int
+    notes: list[str] = field(default_factory=list)
+
+
+def wait(job_id: str, *, store: Store, out: BinaryIO, timeout: float, chunk: float = WAIT_CHUNK_S,
+         progress: Callable[[str], None] = lambda _m: None, tail=controller.tail,
+         clock: Callable[[], float] = time.monotonic) -> WaitOutcome:
+    """Follow the log in bounded `tail` calls until the job is terminal or `timeout` passes.
+
+    A lost link after the first successful call is retried until the timeout (the cursor makes this safe:
+    no byte twice); a refused host key or a first call that fails is raised at once. Each call moves the
+    cursor as `runner tail` does, when it ends: a killed `wait` repeats at most its last chunk. A log found
+    shorter than the cursor is followed again from byte 0 (said on progress).
+    """
+    deadline = clock() + timeout
+    printed = calls = 0
+    state, code = "UNKNOWN", None
+    while True:
+        left = deadline - clock()
+        if left <= 0:
+            return WaitOutcome(job_id, state, code, False, printed, calls)
+        try:
+            outcome = tail(job_id, store=store, out=out, follow=True, max_wait=min(chunk, left), from_start=False)
+        except LogShrank as exc:
+            progress(f"[runner] {exc}; following it again from byte 0")  # the cursor is reset: no gap
+            continue
+        except TransportError as exc:
+            if calls == 0 or isinstance(exc, HostKeyError):
+                raise
+            progress(f"[runner] {job_id}: {exc}; retrying")
+            time.sleep(min(2.0, max(0.0, deadline - clock())))
+            continue
+        calls += 1
+        printed += outcome.printed
+        state, code = outcome.state, outcome.exit_code
+        if outcome.terminal:
+            return WaitOutcome(job_id, state, code, True, printed, calls)
+
+
+# -- a bounded tail for agents (the MCP server) ---------------------------------------------------------------
+
+@dataclass
+class TailText:
+    job_id: str
+    text: str
+    state: str
+    exit_code: int | None
+    call_again: bool  # false once the job is terminal and every byte has been returned
+    offset: int
+
+
+def tail_text(job_id: str, *, store: Store, max_wait: float, max_bytes: int) -> TailText:
+    """At most `max_bytes` of new log after the stored cursor, waiting up to `max_wait` for the first byte.
+
+    The cursor is the same one `runner tail` uses, taken in turn with it (store.cursor_turn), and moves
+    only past bytes returned: an incomplete UTF-8 sequence at the end is held back, and while it is all
+    there is, the call long-polls the host for the bytes after it (one call per LONG_POLL_S, never a spin);
+    so the texts of successive calls join to the log exactly (undecodable bytes appear as \\xNN escapes).
+    A character is never split: completing one may take up to 3 bytes past max_bytes.
+    """
+    deadline = time.monotonic() + max_wait
+    job_id = check_job_id(job_id)
+    with store.cursor_turn(job_id, max_wait) as (record, turn):
+        if not turn:
+            return TailText(job_id, "", record.last_state, None, True, record.cursor)
+        text, state, code, done, cursor = _text_after(record, store, max_bytes, deadline)
+        store.advance_cursor(job_id, cursor, state)
+        return TailText(job_id, text, state, code, not done, cursor)
+
+
+def _text_after(record, store: Store, max_bytes: int, deadline: float) -> tuple[str, str, int | None, bool, int]:
+    """(text, state, exit code, every byte returned and the job ended, the new cursor)."""
+    held = b""  # a trailing partial character: the next poll asks for the bytes after it
+    with controller.connect(record.host, deadline=Deadline.for_command(deadline - time.monotonic())) as client:
+        while True:
+            left = deadline - time.monotonic()
+            wait = max(0.0, min(controller.LONG_POLL_S, left - 0.2))
+            try:
+                answer = client.logs(record.job_id, record.cursor + len(held),
+                                     max_bytes=max(1, max_bytes - len(held)), wait=wait)
+            except RemoteError as exc:
+                if exc.code != "bad-offset":
+                    raise
+                raise controller.log_shrank(record, exc.answer.get("size"), store) from None
+            data = held + answer["data"]
+            at_end = answer["next_offset"] >= answer["size"]
+            text, used = _decode_prefix(data, final=answer["terminal"] and at_end)
+            done = answer["terminal"] and record.cursor + used >= answer["size"]
+            if text or done or time.monotonic() >= deadline - 0.25:
+                return text, answer["state"], answer.get("exit_code"), done, record.cursor + used
+            held = data
+
+
+def _decode_prefix(data: bytes, *, final: bool) -> tuple[str, int]:
+    """(text, bytes used): everything but a trailing incomplete UTF-8 sequence, unless this is the end."""
+    decoder = codecs.getincrementaldecoder("utf-8")("backslashreplace")
+    text = decoder.decode(data, final=final)
+    return text, len(data) - len(decoder.getstate()[0])

@@ -1,0 +1,502 @@
+"""What each CLI command does, as plain functions returning plain data (cli.py only prints and exits).
+
+Every operation is one or a few short round trips; none holds a step of the job's choreography.
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING, BinaryIO, Callable, Sequence
+
+from remote_payload.contract import DEFAULTS
+from remote_payload import sweep as sweeps
+
+from ..deadline import DEFAULT_MAX_WAIT_S, Deadline
+from ..errors import (HostKeyError, LocalStateError, LogShrank, PreflightError, RemoteError, RunnerError,
+                      SpecError, TransportError, UnknownJob)
+from ..remote import preflight
+from ..remote.host import Bundle, HostClient, packaged_payload, payload_bundle, payload_dir, supervisor_bundle
+from ..remote.transport_openssh import for_host
+from ..state import plan_cache
+from ..state.job_id import check_job_id, job_id_for
+from ..state.store import JobRecord, Store, default_state_dir
+
+if TYPE_CHECKING:  # pydantic, yaml and tenacity load only in the commands that use them (`runner tail` starts fast)
+    from tenacity import Retrying
+
+    from ..spec.payload_args import ArgsCheck
+    from ..spec.spec import JobSpec
+
+LOG_CHUNK = 1 << 20
+LONG_POLL_S = 5.0
+PLANNED_JOB_ID = "planned"  # the wire form's job id in a plan; each submit sets its own
+
+
+@dataclass
+class Submitted:
+    job_id: str
+    state: str
+    host: str
+    stop_service: bool
+    notes: list[str] = field(default_factory=list)
+    round_trips: int = 0
+    already: bool = False
+    slurm_job_id: str | None = None
+
+
+@dataclass
+class DryRun:
+    """What submit would do, decided from a real preflight; nothing was started or changed."""
+    job_id: str
+    host: str
+    stop_service: bool
+    required_mib: int
+    argv: list[str]
+    notes: list[str] = field(default_factory=list)
+    gpus: list[dict] = field(default_factory=list)
+    service: dict | None = None
+    variants: list[dict] = field(default_factory=list)  # a sweep's, as the host will run them
+    array_parallel: int | None = None  # on Slurm a sweep is one job array, at most this many tasks at once
+    slots: list[list[str]] | None = None  # sweep.gpus_per_variant: the devices of each side-by-side slot
+
+
+@dataclass
+class TailOutcome:
+    job_id: str
+    state: str
+    exit_code: int | None
+    terminal: bool
+    offset: int
+    printed: int
+    busy: bool = False  # another tail of this job held its cursor for all of max_wait: nothing printed
+
+
+def connect(host: dict, bundle: Bundle | None = None, deadline: Deadline | None = None,
+            payload: Bundle | None = None) -> HostClient:
+    """A client for the host section of a spec; use it as `with connect(host) as client:` (closes the transport).
+    deadline: the command's own, which no call may outlive (default: one of DEFAULT_MAX_WAIT_S); bundle: the
+    supervisor's (built when not given); payload: the job's payload bundle, for the calls that name it."""
+    if isinstance(host["address"], list):
+        raise SpecError("host.address is a list of hosts (a fleet): this command takes one host",
+                        hint="Submit the fleet with `runner submit JOB.yaml`; give --host H for one of its hosts.")
+    transport = for_host(host)
+    if bundle is None:
+        bundle = supervisor_bundle()
+    return HostClient(transport, root=host.get("root", DEFAULTS["host.root"]), python=host.get("python", "python3"),
+                      bundle=bundle, deadline=_command_deadline(deadline), payload=payload)
+
+
+def _command_deadline(deadline: Deadline | None) -> Deadline:
+    """The command's deadline, or, for a caller that gave none (the MCP server, a fleet's host), the default's."""
+    return deadline if deadline is not None else Deadline.for_command(DEFAULT_MAX_WAIT_S)
+
+
+def _retrying(deadline: Deadline) -> Retrying:
+    """Retries for idempotent calls only (a lost link, never a refused host key), inside the command's
+    deadline: no retry starts once it passed, no back-off sleeps past it."""
+    from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
+
+    backoff = wait_exponential(multiplier=0.2, max=2.0)
+    return Retrying(
+        retry=retry_if_exception(lambda e: isinstance(e, TransportError) and not isinstance(e, HostKeyError)),
+        stop=stop_after_attempt(3) | (lambda _state: deadline.passed()),
+        wait=lambda state: min(backoff(state), deadline.left()),
+        reraise=True,
+    )
+
+
+# -- submit -----------------------------------------------------------------------------------------------
+
+def required_mib(spec: JobSpec, check: ArgsCheck | None) -> int:
+    """gpu.min_free_mib, or with `auto` the payload's own estimate (its estimate_peak_bytes, asked in the args
+    check's child: a sweep's largest variant decides)."""
+    if spec.gpu.min_free_mib != "auto":
+        return int(spec.gpu.min_free_mib)
+    variants = len(spec.variant_args())
+    estimates = (check.estimates[-variants:] if variants else check.estimates[:1]) if check and check.checked else []
+    if not estimates or None in estimates:
+        script = spec.payload.script
+        why = f" ({check.estimate_problem})" if check and check.estimate_problem else ""
+        raise SpecError(f"{spec.spec_path}: gpu.min_free_mib: `auto` needs a payload script whose parse_args and "
+                        f"estimate_peak_bytes(args) answer on the controller ({script or 'a command'} does not"
+                        f"{why}); give a number of MiB")
+    return -(-max(estimates) // (1 << 20))
+
+
+def _check_payload_args(spec: JobSpec, source: Path | None) -> ArgsCheck | None:
+    """A script's args are checked against its own parser before any host is contacted (exit 2 naming the key);
+    the same child answers the script's estimates: the job's run first, a sweep's variants last."""
+    if source is None:
+        return None
+    from ..spec.payload_args import check_many
+
+    runs = [(spec.payload.args, spec.payload_args(), "payload.args")]
+    merged = spec.prepare_args_merged()
+    if merged is not None:  # the prepare run's args are the script's too: checked alike
+        runs.append((merged, spec.payload_args(merged), "payload.args"))
+    matrix = spec.sweep.matrix if spec.sweep is not None else {}
+    for variant, full in zip(spec.sweep.variants() if spec.sweep else [], spec.variant_args()):
+        runs.append((variant, spec.payload_args(full), "sweep.matrix" if set(variant) <= set(matrix) else "sweep.include"))
+    return check_many(source, runs, spec.spec_path)
+
+
+@dataclass
+class LocalPlan:
+    """Everything submit decides before it contacts a host: the host section, the bundles (the supervisor's,
+    the payload's), the wire form (its job id left to each submit) and the args check's note."""
+    host: dict
+    bundle: Bundle
+    payload_bundle: Bundle | None
+    wire: dict
+    args_note: str
+
+    def for_address(self, address: str) -> LocalPlan:
+        """This plan for one host of a fleet: the wire form names no host, so only host.address changes and
+        nothing is validated again."""
+        return replace(self, host=dict(self.host, address=address))
+
+
+def local_plan(spec_path: str, overrides: Sequence[str], state: Path | None = None) -> LocalPlan:
+    """The spec's plan. A spec planned before from the same bytes, overrides, bundle and code is not validated
+    again (plan_cache)."""
+    state = default_state_dir() if state is None else state
+    key = plan_cache.key(spec_path, overrides)
+    cached = plan_cache.load(state, key, _bundles)
+    if cached is None:
+        cached = _validated_plan(spec_path, list(overrides))
+        plan_cache.save(state, key, cached[0])
+    plan, (bundle, payload) = cached
+    return LocalPlan(plan.host, bundle, payload, plan.wire, plan.args_note)
+
+
+def _bundles(source: Path | None) -> tuple[Bundle, Bundle | None]:
+    """The supervisor's bundle and the payload script's own (None for a command payload)."""
+    return supervisor_bundle(), payload_bundle(source) if source is not None else None
+
+
+def _plan(spec_path: str, overrides: list[str], job_id: str | None, state: Path,
+          planned: LocalPlan | None = None) -> tuple[LocalPlan, dict]:
+    """The plan (`planned`, or the spec's) and its wire form with this submit's job id."""
+    plan = planned or local_plan(spec_path, overrides, state)
+    job_id = check_job_id(job_id) if job_id is not None else job_id_for(plan.wire["name"], datetime.now(timezone.utc), os.urandom(3).hex())
+    return plan, dict(plan.wire, job_id=job_id)
+
+
+def _validated_plan(spec_path: str, overrides: list[str]) -> tuple[plan_cache.Plan, tuple[Bundle, Bundle | None]]:
+    from ..spec.spec_load import load_spec
+
+    spec = load_spec(spec_path, overrides)
+    script = spec.payload.script
+    source = spec.script_source(packaged_payload(script) or payload_dir() / "payloads") if script else None
+    check = _check_payload_args(spec, source)
+    args_note = check.note if check else "payload is a command: its arguments are passed as written"
+    bundle, payload = _bundles(source)
+    wire = spec.to_wire(PLANNED_JOB_ID, required_mib(spec, check), source.name if source else None)
+    if payload is not None:  # the host runs the script from ROOT/payloads/<this digest>/
+        wire["payload"]["bundle"] = payload.digest
+    return plan_cache.Plan(spec.host.model_dump(), wire, str(source.resolve()) if source else None, bundle.digest,
+                           payload.digest if payload else None, args_note), (bundle, payload)
+
+
+def planned_host(spec_path: str, overrides: Sequence[str]) -> dict | None:
+    """The host section of this spec's cached plan (no validation), or None when it was not planned yet."""
+    return plan_cache.host(default_state_dir(), plan_cache.key(spec_path, overrides))
+
+
+def submit(spec_path: str, overrides: list[str], *, queue: bool = False, job_id: str | None = None,
+           store: Store, progress: Callable[[str], None], planned: LocalPlan | None = None,
+           deadline: Deadline | None = None) -> Submitted:
+    """Plan, record the job locally (its id chosen here), then preflight and start it on the host. The record
+    comes first, so whatever fails later (the link, the state dir) leaves a job `status`/`cancel` can name;
+    a refusal from the host removes the record it made. planned: a plan made already (a fleet's, retargeted
+    to this host); deadline: the command's."""
+    deadline = _command_deadline(deadline)
+    store.check_writable()
+    plan, wire = _plan(spec_path, overrides, job_id, store.root, planned)
+    host, job_id = plan.host, wire["job_id"]
+    progress(plan.args_note)
+    record = JobRecord(job_id=job_id, name=wire["name"], host=host, spec_path=str(Path(spec_path).resolve()),
+                       submitted_at=time.time(), service=wire["service"], wire=wire)
+    made_record = _record(store, record)
+    try:
+        with connect(host, plan.bundle, deadline, plan.payload_bundle) as client:
+            progress(f"preflight on {host['address']} …")
+            answer, already = _submit_once(client, wire, queue)
+            notes = answer.get("notes", [])
+            for note in notes:
+                progress(note)
+    except HostKeyError:
+        raise
+    except TransportError as exc:
+        again = (f"The job may have started: `runner status {job_id}` tells; submitting again with --job-id "
+                 f"{job_id} never starts it twice.")
+        raise type(exc)(str(exc), hint=f"{exc.hint} {again}".strip()) from exc
+    except RunnerError:
+        if made_record:
+            store.forget(job_id)  # the host refused it: never started
+        raise
+    state = answer.get("state", "QUEUED")
+    if not (made_record and state == record.last_state):
+        _note_state(store, job_id, state, progress)
+    return Submitted(job_id, state, host["address"], bool(answer.get("stop_service")), notes,
+                     client.round_trips, already, answer.get("slurm_job_id"))
+
+
+def _record(store: Store, record: JobRecord) -> bool:
+    """Save the job's record unless one exists (a resubmit keeps its cursor). Whether this made it."""
+    try:
+        store.load(record.job_id)
+        return False
+    except UnknownJob:
+        pass
+    store.save(record)  # a state dir that cannot be written: LocalStateError
+    return True
+
+
+def _note_state(store: Store, job_id: str, state: str, progress: Callable[[str], None]) -> None:
+    """Record the state the host answered; the record's last_state is only a cache, so a state dir that broke
+    after the start costs a note, not the job id the caller needs."""
+    try:
+        store.update_state(job_id, state)
+    except LocalStateError as exc:
+        progress(f"warning: the job's state was not recorded: {exc}")
+
+
+def dry_run(spec_path: str, overrides: list[str], *, queue: bool = False, job_id: str | None = None,
+            planned: LocalPlan | None = None, deadline: Deadline | None = None) -> DryRun:
+    """Validate, check the args, preflight the host and decide — without starting or changing anything.
+    A refusal raises exactly what submit would raise (exit 2/3/4/5). planned, deadline: as for submit."""
+    plan, wire = _plan(spec_path, overrides, job_id, default_state_dir(), planned)
+    host, args_note = plan.host, plan.args_note
+    with connect(host, plan.bundle, deadline, plan.payload_bundle) as client:
+        report = _preflight(client, wire)
+    decision = preflight.decide(wire, report, queue=queue)
+    payload = wire["payload"]
+    argv = payload["command"] or [payload["python"], payload["script"], *payload["args"]]
+    queued = [f"--queue: waits at most {wire['limits']['queue_timeout']:.0f} s for the locks (limits.queue_timeout), "
+              "then ends TIMED_OUT with nothing stopped"] if queue else []
+    return DryRun(wire["job_id"], host["address"], decision.stop_service, wire["gpu"]["required_mib"], argv,
+                  [args_note, *decision.notes, *queued], report.get("gpus", []), report.get("service"),
+                  (wire.get("sweep") or {}).get("variants", []), (wire.get("sweep") or {}).get("max_parallel"),
+                  _slots(wire))
+
+
+def _slots(wire: dict) -> list[list[str]] | None:
+    """The side-by-side slots of a sweep with gpus_per_variant, as the host will cut them; else None."""
+    per_variant = (wire.get("sweep") or {}).get("gpus_per_variant")
+    return None if per_variant is None else sweeps.slots(wire["gpu"]["devices"], per_variant)
+
+
+def _submit_once(client: HostClient, wire: dict, queue: bool) -> tuple[dict, bool]:
+    """One `submit` call: the host decides (remote_payload/admission.py) and starts the job or refuses it.
+    The answer (start's, with the verdict's notes and stop_service) and whether it adopted a job this id
+    started before. A lost call asks whether the job exists before submitting again (never twice)."""
+    try:
+        return _submit_call(client, wire, queue)
+    except TransportError as exc:
+        if isinstance(exc, HostKeyError):
+            raise
+        client.close()
+        found = _retrying(client.deadline)(client.status, [wire["job_id"]])
+        if found and found[0].get("state") not in (None, "UNKNOWN"):
+            return found[0], False
+        return _submit_call(client, wire, queue)
+
+
+def _submit_call(client: HostClient, wire: dict, queue: bool) -> tuple[dict, bool]:
+    """The host's verdict as the controller's outcome: started, adopted (`exists`), or the refusal raised."""
+    try:
+        return client.submit(wire, queue=queue), False
+    except RemoteError as exc:
+        if exc.code == "exists":
+            return _adopt(client, wire, exc), True
+        if exc.answer.get("stage") in ("preflight", "admit") or exc.code in ("bad-spec", "bad-args"):
+            raise _refusal(exc) from exc
+        raise
+
+
+def _preflight(client: HostClient, wire: dict) -> dict:
+    """The host's own refusal (systemd unreachable, sudo wants a password …) is a preflight refusal: exit 4."""
+    try:
+        return _retrying(client.deadline)(client.preflight, wire)
+    except RemoteError as exc:
+        raise _refusal(exc) from exc
+
+
+def _refusal(exc: RemoteError) -> SpecError | PreflightError:
+    if exc.code in ("bad-spec", "bad-args"):
+        return SpecError(f"the host refused the spec: {exc}")
+    if exc.answer.get("stage") == "admit":  # the verdict's own words, as dry-run renders them
+        return PreflightError(exc.answer.get("message") or str(exc), hint=exc.answer.get("hint") or "")
+    return PreflightError(f"{exc}", hint=exc.hint)
+
+
+def _adopt(client: HostClient, wire: dict, exc: RemoteError) -> dict:
+    """The job this id already names on the host: its status when it is the same spec (a retried submit)."""
+    if exc.answer.get("same_spec") is False:
+        raise SpecError(f"job id {wire['job_id']} is already used on this host by a different spec",
+                        hint="Resubmit the same spec to adopt that job, or choose another --job-id.") from None
+    return client.status([wire["job_id"]])[0]
+
+
+# -- tail -------------------------------------------------------------------------------------------------
+
+def tail(job_id: str, *, store: Store, out: BinaryIO, follow: bool, max_wait: float, from_start: bool,
+         save_cursor: bool = True, delivered: Callable[[TailOutcome], None] = lambda _o: None) -> TailOutcome:
+    """Print log bytes after the stored cursor; with follow, until terminal or max_wait. Never past max_wait
+    plus one round trip's allowance (the client's deadline).
+
+    The cursor moves only when the call ends by itself: once, after the last chunk was written and flushed
+    to `out` and `delivered(outcome)` (the caller's last step, e.g. printing the --json document) returned.
+    A call killed at any point leaves it where it was, so its bytes come again with the next call; the
+    calls that end by themselves join to the log byte for byte. The call holds the job's cursor turn from
+    reading the cursor to saving it: two tails of one job take turns, each byte to one of them; a call
+    that does not get the turn within max_wait prints nothing and ends busy ("call again"). Bytes printed
+    before a host error end the call normally ("call again"); the error comes with the next call. A host
+    log shorter than the cursor resets the cursor to 0 and raises LogShrank (exit 3): the next call prints
+    the log again from its first byte, so nothing is skipped, though bytes may repeat.
+    save_cursor=False (watch): a reader of its own that neither takes the turn nor writes the record.
+    """
+    waiting = Deadline(max_wait)
+    job_id = check_job_id(job_id)
+    if not save_cursor:
+        record = store.load(job_id)
+        outcome = _print_log(record, 0 if from_start else record.cursor, out, follow, waiting)
+        delivered(outcome)
+        return outcome
+    with store.cursor_turn(job_id, waiting.left()) as (record, turn):
+        if not turn:
+            outcome = TailOutcome(job_id, record.last_state, None, False, record.cursor, 0, busy=True)
+            delivered(outcome)
+            return outcome
+        try:
+            outcome = _print_log(record, 0 if from_start else record.cursor, out, follow, waiting)
+        except RemoteError as exc:
+            if exc.code != "bad-offset":
+                raise
+            raise log_shrank(record, exc.answer.get("size"), store) from None
+        delivered(outcome)
+        store.advance_cursor(job_id, outcome.offset, outcome.state)
+        return outcome
+
+
+def log_shrank(record: JobRecord, size: int | None, store: Store) -> LogShrank:
+    """The host's log is shorter than the cursor: reset the cursor to 0 (the caller holds the turn). Not to
+    its size: a log cut and written again would then lose its first bytes without a word; from 0 nothing is
+    skipped, and the message says bytes may come again."""
+    store.rewind_cursor(record.job_id)
+    return LogShrank(
+        f"the log of {record.job_id} is {size if size is not None else '?'} bytes, shorter than the cursor "
+        f"{record.cursor}: it shrank or was replaced on the host; the cursor is reset to 0",
+        hint=f"the next `runner tail {record.job_id}` prints the log from its first byte (bytes may come again).")
+
+
+def _print_log(record: JobRecord, cursor: int, out: BinaryIO, follow: bool, waiting: Deadline) -> TailOutcome:
+    """Chunks from `cursor`, each written and flushed to `out` as it comes; the outcome's offset is past the
+    last byte flushed."""
+    job_id, printed = record.job_id, 0
+    state, code = record.last_state, None
+    with connect(record.host, deadline=Deadline.for_command(waiting.left())) as client:
+        while True:
+            wait = max(0.0, min(LONG_POLL_S, waiting.left() - 0.2)) if follow else 0.0
+            try:
+                answer = client.logs(job_id, cursor, max_bytes=LOG_CHUNK, wait=wait)
+            except RunnerError:
+                if not printed:
+                    raise
+                # What this call printed is delivered: report "call again" so the caller (a --json caller
+                # too) gets those bytes now and the cursor moves past them; the next call meets the error.
+                return TailOutcome(job_id, state, None, False, cursor, printed)
+            data = answer["data"]
+            if data:
+                out.write(data)
+                out.flush()
+                printed += len(data)
+            cursor = answer["next_offset"]
+            state, code = answer["state"], answer.get("exit_code")
+            caught_up = cursor >= answer["size"]
+            if answer["terminal"] and caught_up:
+                return TailOutcome(job_id, state, code, True, cursor, printed)
+            # A backlog is drained chunk by chunk, but never past max_wait: the rest comes with the next call.
+            if (caught_up and not follow) or waiting.left() <= 0.25:
+                return TailOutcome(job_id, state, code, False, cursor, printed)
+
+
+# -- status, list, cancel, results, restore ---------------------------------------------------------------
+
+def status(job_ids: list[str], *, store: Store, deadline: Deadline | None = None) -> list[dict]:
+    deadline = _command_deadline(deadline)
+    records = [store.load(check_job_id(j)) for j in job_ids] if job_ids else store.all()
+    by_host: dict[tuple, list[JobRecord]] = {}
+    for record in records:
+        by_host.setdefault(_host_key(record.host), []).append(record)
+    answers = []
+    for group in by_host.values():
+        try:
+            with connect(group[0].host, deadline=deadline) as client:
+                found = _retrying(deadline)(client.status, [r.job_id for r in group])
+        except TransportError as exc:
+            if job_ids:
+                raise  # the jobs asked for by id: their host's error is the answer
+            answers.extend(_unreached(record, exc) for record in group)  # one host's error, not every job's
+            continue
+        for record, job in zip(group, found):
+            if job.get("state", record.last_state) != record.last_state:
+                _note_state(store, record.job_id, job["state"], lambda _note: None)
+            answers.append(job)
+    return answers
+
+
+def _unreached(record: JobRecord, exc: TransportError) -> dict:
+    """A job whose host did not answer: its last known state, and why there is no newer one."""
+    return {"job_id": record.job_id, "state": record.last_state, "error": exc.code,
+            "message": f"host {record.host.get('address')} unreachable: {str(exc).splitlines()[0]}"}
+
+
+def _host_key(host: dict) -> tuple:
+    return (host["address"], host.get("user"), host.get("port"), host.get("root"))
+
+
+def cancel(job_id: str, *, store: Store, deadline: Deadline | None = None) -> dict:
+    record = store.load(check_job_id(job_id))
+    with connect(record.host, deadline=deadline) as client:
+        return client.cancel(job_id)
+
+
+def result(job_id: str, *, store: Store, deadline: Deadline | None = None) -> dict:
+    record = store.load(check_job_id(job_id))
+    with connect(record.host, deadline=deadline) as client:
+        return _retrying(client.deadline)(client.result, job_id)
+
+
+def restore_service(host: dict, service: dict, *, max_wait: float) -> dict:
+    """Start the unit if inactive and wait until healthy, at most max_wait on the host plus one round trip."""
+    if service.get("manager", "systemd") != "systemd" or not service.get("unit"):
+        raise SpecError("restore-service needs a systemd unit (service.manager: systemd and service.unit)")
+    with connect(host, deadline=Deadline.for_command(max_wait)) as client:
+        return client.restore_service(service, max_wait=max_wait)
+
+
+def restore_target(spec_path: str | None, *, address: str | None = None, unit: str | None = None,
+                   overrides: Sequence[str] = (), **options) -> tuple[dict, dict]:
+    """The (host, service) sections to restore: from JOB.yaml, or from --host/--unit and their options
+    (user, port, host_key_policy for the host; scope, sudo, health_url for the service), validated alike."""
+    from ..spec.spec import HostSpec, ServiceSpec
+    from ..spec.spec_load import load_spec, section_from_options
+
+    if spec_path and (address or unit):
+        raise SpecError("give either JOB.yaml or --host/--unit, not both")
+    if spec_path:
+        spec = load_spec(spec_path, overrides)
+        return spec.host.model_dump(), spec.service.model_dump()
+    if not (address and unit):
+        raise SpecError("restore-service needs JOB.yaml, or both --host and --unit")
+    host_keys = ("user", "port", "host_key_policy")
+    host = section_from_options(HostSpec, "--host", address=address,
+                                **{k: v for k, v in options.items() if k in host_keys and v is not None})
+    service = section_from_options(ServiceSpec, "--unit", manager="systemd", unit=unit,
+                                   **{k: v for k, v in options.items() if k not in host_keys and v is not None})
+    return host.model_dump(), service.model_dump()

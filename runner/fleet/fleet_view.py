@@ -1,0 +1,194 @@
+"""Looking at a fleet run: `runner status RUN`, `runner tail RUN`, `runner results RUN`.
+
+Each asks every host at once (fleet.for_each_host) and reports each host on its own: an unreachable host
+is a line saying so, never an error that hides the others. Exit codes are per host, then the worst wins.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from typing import BinaryIO, Callable
+
+from remote_payload.contract import is_terminal
+
+from ..commands import controller
+from ..errors import EXIT_FAILED, EXIT_STILL_RUNNING, EXIT_UNREACHABLE, RunnerError, exit_code
+from ..state.fleet_store import DONE, HELD, PENDING, SKIPPED, STARTED, STARTING, HostEntry, RunRecord, RunStore
+from ..state.job_id import check_job_id
+from ..state.store import Store
+from .fleet import for_each_host
+
+def state_exit(state: str | None) -> int:
+    """A host's job state as an exit status; no state yet (not started, not finished) is still running."""
+    return exit_code(state) if state and is_terminal(state) else EXIT_STILL_RUNNING
+
+
+def is_run(ref: str, store: Store) -> bool:
+    """Is this id a fleet run of this controller (rather than one job)?"""
+    try:
+        return RunStore(store).exists(check_job_id(ref))
+    except RunnerError:
+        return False
+
+
+def _has_job(entry: HostEntry, store: Store) -> bool:
+    """A job record exists for this host (STARTING: only if its start got that far)."""
+    return entry.phase in (STARTED, DONE) or (entry.phase == STARTING and (store.jobs_dir / f"{entry.job_id}.json").is_file())
+
+
+def _first_line(exc: Exception) -> str:
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+
+
+def _error_exit(exc: RunnerError) -> int:
+    """Unreachable stays 3 (it may be fine); any other error about a host's job counts as failed."""
+    return EXIT_UNREACHABLE if exc.exit_code == EXIT_UNREACHABLE else EXIT_FAILED
+
+
+def _phase_exit(entry: HostEntry) -> int:
+    return EXIT_FAILED if entry.phase in (SKIPPED, HELD) else EXIT_STILL_RUNNING
+
+
+# -- status -------------------------------------------------------------------------------------------------
+
+def status(run_id: str, *, store: Store) -> tuple[RunRecord, list[dict]]:
+    """Per host: the run's view (phase, note) and the job's live status from its host, or the error."""
+    run = RunStore(store).load(check_job_id(run_id))
+    live = [e for e in run.hosts if _has_job(e, store)]
+    answers, errors = for_each_host(live, lambda e: controller.status([e.job_id], store=store)[0])
+    rows = []
+    for entry in run.hosts:
+        answer, error = answers.get(entry.address), errors.get(entry.address)
+        row = {"address": entry.address, "job_id": entry.job_id, "phase": entry.phase, "note": entry.note,
+               "stops_service": entry.stops}
+        if error is not None:
+            row.update(error=_first_line(error), exit=_error_exit(error))
+        elif answer is None:
+            row["exit"] = _phase_exit(entry) if entry.phase != DONE else state_exit(entry.state)
+        else:
+            row.update(job=answer, exit=state_exit(answer.get("state")))
+        rows.append(row)
+    return run, rows
+
+
+def status_text(run: RunRecord, rows: list[dict]) -> str:
+    done = sum(1 for r in rows if r["phase"] in (DONE, SKIPPED, HELD))
+    lines = [f"{run.run_id}: fleet of {len(rows)}, max_unavailable {run.max_unavailable}, "
+             f"{done} of {len(rows)} hosts final ({run.state})"]
+    width = max(len(r["address"]) for r in rows)
+    for row in rows:
+        lines.append(f"  {row['address']:<{width}}  {_host_line(row)}")
+    return "\n".join(lines)
+
+
+def _host_line(row: dict) -> str:
+    if row.get("error"):
+        return f"{row['job_id']}  UNREACHABLE: {row['error']}"
+    job = row.get("job")
+    if job is None:
+        return f"{row['phase'].upper()}: {row['note']}" if row["note"] else row["phase"].upper()
+    text = f"{job.get('job_id')}  {job.get('state')}" + (f" ({job['phase']})" if job.get("phase") else "")
+    service = job.get("service") or {}
+    if service.get("unit"):
+        text += f"  service was {service.get('was')} now {service.get('now')}"
+        if service.get("downtime_s") is not None:
+            text += f", downtime {service['downtime_s']:.1f} s"
+        elif service.get("stopped_at") and not service.get("restored_at"):
+            text += f", down for {(job.get('now') or time.time()) - service['stopped_at']:.1f} s so far"
+    if job.get("exit_code") is not None:
+        text += f"  exit code {job['exit_code']}"
+    return text
+
+
+# -- tail -----------------------------------------------------------------------------------------------------
+
+class PrefixedSink:
+    """One host's log bytes, each line prefixed `[HOST] `. A line still open when the call ends is printed
+    (with a newline) and its rest, in the next call, is prefixed `[HOST]+ `: every byte once, lines whole."""
+
+    def __init__(self, address: str, out: BinaryIO, lock: threading.Lock, continuing: bool) -> None:
+        self.out, self.lock, self.continuing = out, lock, continuing
+        self.prefix, self.rest_prefix = f"[{address}] ".encode(), f"[{address}]+ ".encode()
+        self.pending = b""
+
+    def write(self, data: bytes) -> None:
+        *lines, self.pending = (self.pending + data).split(b"\n")
+        self._emit(lines)
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> bool:
+        """Print a line left open; True when the next call continues it (also when this call printed
+        nothing after a line the last call left open)."""
+        if not self.pending:
+            return self.continuing
+        self._emit([self.pending])
+        self.pending = b""
+        return True
+
+    def _emit(self, lines: list[bytes]) -> None:
+        if not lines:
+            return
+        chunk = []
+        for line in lines:
+            chunk.append((self.rest_prefix if self.continuing else self.prefix) + line + b"\n")
+            self.continuing = False
+        with self.lock:
+            self.out.write(b"".join(chunk))
+            self.out.flush()
+
+
+def tail(run_id: str, *, store: Store, out: BinaryIO, follow: bool, max_wait: float, from_start: bool,
+         progress: Callable[[str], None]) -> tuple[RunRecord, dict[str, int]]:
+    """Every started host's log after its own cursor (controller.tail, one thread per host, each bounded by
+    max_wait), prefixed by host; per host the exit code of what it found. Each host's cursor moves as
+    `runner tail`'s does, when its call ends, after its open line was printed."""
+    runs = RunStore(store)
+    run = runs.load(check_job_id(run_id))
+    open_lines = {} if from_start else runs.open_lines(run_id)
+    lock = threading.Lock()
+    sinks = {e.address: PrefixedSink(e.address, out, lock, open_lines.get(e.address, False)) for e in run.hosts}
+
+    still_open = dict(open_lines)
+
+    def one(entry: HostEntry) -> dict:
+        def delivered(_outcome) -> None:  # the open line is printed before this host's cursor moves past it
+            still_open[entry.address] = sinks[entry.address].close()
+
+        outcome = controller.tail(entry.job_id, store=store, out=sinks[entry.address], follow=follow,
+                                  max_wait=max_wait, from_start=from_start, delivered=delivered)
+        return {"exit": state_exit(outcome.state) if outcome.terminal else EXIT_STILL_RUNNING}
+
+    answers, errors = for_each_host([e for e in run.hosts if _has_job(e, store)], one)
+    runs.save_open_lines(run_id, still_open)
+    codes = {}
+    for entry in run.hosts:
+        if entry.address in errors:
+            progress(f"[runner] {entry.address}: {_first_line(errors[entry.address])}")
+            codes[entry.address] = _error_exit(errors[entry.address])
+        else:
+            codes[entry.address] = answers.get(entry.address, {}).get("exit", _phase_exit(entry))
+    if any(e.phase == PENDING for e in run.hosts):
+        progress(f"[runner] {run_id}: hosts still pending; the rollout goes on under `runner wait {run_id}`")
+    return run, codes
+
+
+# -- results --------------------------------------------------------------------------------------------------
+
+@dataclass
+class HostResults:
+    results: dict[str, dict]  # address -> result.json
+    missing: dict[str, str]   # address -> why there is none
+
+
+def results(run_id: str, *, store: Store) -> HostResults:
+    run = RunStore(store).load(check_job_id(run_id))
+    live = [e for e in run.hosts if _has_job(e, store)]
+    found, errors = for_each_host(live, lambda e: controller.result(e.job_id, store=store))
+    missing = {a: _first_line(exc) for a, exc in errors.items()}
+    for entry in run.hosts:
+        if entry.address not in found and entry.address not in missing:
+            missing[entry.address] = f"{entry.phase}: {entry.note}" if entry.note else entry.phase
+    return HostResults({e.address: found[e.address] for e in run.hosts if e.address in found}, missing)

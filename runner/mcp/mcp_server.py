@@ -1,0 +1,221 @@
+"""`runner mcp`: the runner's commands as MCP tools over stdio, for AI agents (the `mcp` extra).
+
+Tools: submit, tail, status, list, cancel, results, restore_service. What a call may ask is bounded by the
+server's Policy (runner/mcp/mcp_policy.py: job files from the jobs dirs, parameter overrides only, results by job
+id, `local` only when allowed). Like the CLI, no call blocks longer than its max_wait (at most 100 s) plus one
+round trip; `tail` returns at most max_bytes of new log per call with `call_again` (cursor semantics: each
+byte once, across calls and across `runner tail`).
+
+Every tool answers one JSON object, as structured content and as its JSON text (lists sit under a key). A
+failure is a tool error: text `CODE: message [exit code N] hint: …` and structured content
+`{error, message, hint, exit}`, the same object as the CLI's `--json` errors (codes: runner/errors.py).
+Arguments are checked before anything runs: an unknown argument or a bad value is one line naming it
+(`bad-args`, exit 2). Blocking work runs in a worker thread so the session keeps answering while a long poll
+waits. stdout is the protocol: nothing else prints.
+"""
+from __future__ import annotations
+
+import inspect
+from dataclasses import asdict
+from typing import Annotated, Any, Callable
+
+import anyio
+from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+from mcp.types import CallToolResult, TextContent
+from pydantic import Field, ValidationError
+
+from ..commands import ci, controller
+from ..commands.app import job_statuses
+from ..errors import EXIT_USAGE, RunnerError, SpecError, exit_code
+from ..results import gate, gate_report
+from ..state.store import Store
+from .mcp_policy import Policy
+
+MAX_WAIT_LIMIT_S = 100.0
+DEFAULT_MAX_WAIT_S = 50.0
+DEFAULT_MAX_BYTES = 64 * 1024
+BAD_ARGS = "bad-args"  # the wire's code for a call's invalid arguments
+
+MaxWait = Annotated[float, Field(ge=0, le=MAX_WAIT_LIMIT_S, description="seconds this call may wait (≤ 100)")]
+Answer = dict[str, Any]
+INSTRUCTIONS = """\
+Detached benchmark jobs on GPU hosts that serve a model through a service: submit stops the service if
+the GPU memory is needed, runs the job detached, and the host brings the service back however it ends.
+Call `tail` again while call_again is true (a 6-minute JIT compile is many calls); every byte comes once.
+Job files come from the server's jobs dirs; overrides may set payload.args.*, sweep.*, limits.*, gpu.*, name.
+Errors carry a code and the CLI's exit code: 2 bad spec/usage/unknown id/not allowed, 3 unreachable/host key,
+4 preflight refused, 5 host busy (the message names the job holding it)."""
+
+
+class Tools:
+    """The tools as plain methods (the server registers them; tests call them); each raises RunnerError."""
+
+    def __init__(self, policy: Policy) -> None:
+        self.policy = policy
+
+    def submit(self, job_file: str, overrides: list[str] | None = None, queue: bool = False,
+               job_id: str | None = None) -> dict:
+        path = self.policy.job_file(job_file)
+        overrides = self.policy.overrides(overrides or [])
+        spec = _spec(path, overrides)
+        if overrides:
+            self.policy.arguments(_spec(path, []), spec)
+        self.policy.host(spec.host.model_dump())
+        notes: list[str] = []
+        done = controller.submit(path, overrides, queue=queue, job_id=job_id, store=Store(), progress=notes.append)
+        return {**asdict(done), "progress": notes, "next": f"call tail with job_id {done.job_id!r}"}
+
+    def tail(self, job_id: str, max_wait: float = DEFAULT_MAX_WAIT_S, max_bytes: int = DEFAULT_MAX_BYTES) -> dict:
+        chunk = ci.tail_text(job_id, store=Store(), max_wait=max_wait, max_bytes=max_bytes)
+        return {**asdict(chunk), "cli_exit_code": exit_code(chunk.state, settled=not chunk.call_again)}
+
+    def status(self, job_id: str | None = None) -> dict:
+        return {"jobs": job_statuses(job_id, store=Store())}
+
+    def list_jobs(self) -> dict:
+        return {"jobs": [asdict(r) for r in Store().all()]}
+
+    def cancel(self, job_id: str) -> dict:
+        return controller.cancel(job_id, store=Store())
+
+    def results(self, job_id: str, baseline: str | None = None, tolerance: str = "5%") -> dict:
+        from ..results.results import render_any, strict_json
+
+        try:
+            fraction = gate.parse_tolerance(tolerance)
+        except ValueError as exc:
+            raise SpecError(f"tolerance: {exc}") from None
+        baseline = self.policy.baseline(baseline) if baseline else None
+        collected = ci.collect_job(job_id, store=Store())  # by id only: never a path
+        answer = {"table": render_any(collected.result), "result": strict_json(collected.result),
+                  "service_window": strict_json(collected.window),
+                  "history_warning": collected.warning}
+        if baseline:
+            verdicts = ci.gate_against(baseline, collected, fraction)
+            answer["gate"] = {"exit_code": gate.exit_code(verdicts), "markdown": gate_report.render(
+                verdicts, "markdown", baseline=baseline, current=collected.source, tolerance=fraction),
+                "verdicts": {v.name: v.verdict for v in verdicts}}
+        return answer
+
+    def restore_service(self, job_file: str | None = None, host: str | None = None, unit: str | None = None,
+                        max_wait: float = DEFAULT_MAX_WAIT_S) -> dict:
+        if job_file and (host or unit):
+            raise SpecError("give either job_file, or host and unit, not both")
+        if not job_file and not (host and unit):
+            raise SpecError("restore_service needs job_file, or both host and unit")
+        if host:
+            self.policy.host({"address": host})
+        path = self.policy.job_file(job_file) if job_file else self.policy.known_service(host, unit)
+        overrides = [f"host.address={host}"] if host else []  # one host of a fleet's job file
+        host_spec, service = controller.restore_target(path, overrides=overrides)
+        self.policy.host(host_spec)
+        answer = controller.restore_service(host_spec, service, max_wait=max_wait)
+        return {**answer, "cli_exit_code": exit_code(answer.get("state"))}
+
+
+def _spec(path: str, overrides: list[str]):
+    from ..spec.spec_load import load_spec
+
+    return load_spec(path, overrides)
+
+
+# -- the server ---------------------------------------------------------------------------------------------------
+
+class _Server(MCPServer):
+    """MCPServer that refuses unknown arguments, and answers every failure as one line plus {error, …}."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.arguments: dict[str, list[str]] = {}
+
+    def register(self, name: str, description: str, fn: Callable[..., Any]) -> None:
+        self.arguments[name] = list(inspect.signature(fn).parameters)
+        self.tool(name=name, description=description)(fn)
+
+    async def list_tools(self):
+        tools = await super().list_tools()
+        for tool in tools:
+            tool.input_schema["additionalProperties"] = False
+        return tools
+
+    async def call_tool(self, name: str, arguments: dict[str, Any], context: Any = None) -> Any:
+        known = self.arguments.get(name)
+        unknown = sorted(set(arguments) - set(known)) if known is not None else []
+        if unknown:
+            return _error(BAD_ARGS, f"{name}: unknown argument{'s' if len(unknown) > 1 else ''} "
+                          f"{', '.join(map(repr, unknown))} ({name} takes {', '.join(known) or 'none'})", "",
+                          EXIT_USAGE)
+        try:
+            return await super().call_tool(name, arguments, context)
+        except ToolError as exc:
+            cause = exc.__cause__
+            if isinstance(cause, ValidationError):
+                return _error(BAD_ARGS, f"{name}: " + "; ".join(_argument_problem(e) for e in cause.errors()), "",
+                              EXIT_USAGE)
+            if isinstance(cause, RunnerError):
+                return _error(cause.code, str(cause), cause.hint, cause.exit_code)
+            raise
+
+
+def _argument_problem(error: dict) -> str:
+    where = ".".join(str(part) for part in error["loc"]) or "arguments"
+    return f"{where}: {error['msg']}"
+
+
+def _error(code: str, message: str, hint: str, exit: int) -> CallToolResult:
+    text = f"{code}: {message} [exit code {exit}]" + (f" hint: {hint}" if hint else "")
+    return CallToolResult(content=[TextContent(type="text", text=text)], is_error=True,
+                          structured_content={"error": code, "message": message, "hint": hint, "exit": exit})
+
+
+async def _call(fn: Callable[..., Any], *args: Any) -> Any:
+    """Run blocking controller code in a worker thread (its RunnerError becomes a tool error in _Server)."""
+    return await anyio.to_thread.run_sync(lambda: fn(*args))
+
+
+def build_server(policy: Policy) -> MCPServer:
+    tools = Tools(policy)
+    server = _Server("runner", instructions=INSTRUCTIONS)
+
+    async def submit(job_file: str, overrides: list[str] | None = None, queue: bool = False,
+                     job_id: str | None = None) -> Answer:
+        return await _call(tools.submit, job_file, overrides, queue, job_id)
+
+    async def tail(job_id: str, max_wait: MaxWait = DEFAULT_MAX_WAIT_S,
+                   max_bytes: Annotated[int, Field(ge=1024, le=1 << 20)] = DEFAULT_MAX_BYTES) -> Answer:
+        return await _call(tools.tail, job_id, max_wait, max_bytes)
+
+    async def status(job_id: str | None = None) -> Answer:
+        return await _call(tools.status, job_id)
+
+    async def list_jobs() -> Answer:
+        return await _call(tools.list_jobs)
+
+    async def cancel(job_id: str) -> Answer:
+        return await _call(tools.cancel, job_id)
+
+    async def results(job_id: str, baseline: str | None = None, tolerance: str = "5%") -> Answer:
+        return await _call(tools.results, job_id, baseline, tolerance)
+
+    async def restore_service(job_file: str | None = None, host: str | None = None, unit: str | None = None,
+                              max_wait: MaxWait = DEFAULT_MAX_WAIT_S) -> Answer:
+        return await _call(tools.restore_service, job_file, host, unit, max_wait)
+
+    server.register("submit", "Validate a job file (from the server's jobs dirs), preflight its host and start "
+                    "it detached. overrides are KEY=VALUE like payload.args.experts=128. Returns the job id.", submit)
+    server.register("tail", "New log text after the cursor (at most max_bytes), waiting up to max_wait s for the "
+                    "first byte; state, and call_again (true until the job ended and all was read).", tail)
+    server.register("status", "State, phase, service and GPU readings of one job, or of all known jobs.", status)
+    server.register("list", "Jobs this controller knows (local index, no network).", list_jobs)
+    server.register("cancel", "Stop the job's payload (TERM, grace, KILL); the host restores the service.", cancel)
+    server.register("results", "The job's result (by job id) as a table and as JSON; with baseline (a file in the "
+                    "server's baselines dirs), the regression gate (exit_code 0 within, 1 regression).", results)
+    server.register("restore_service", "Start the service if inactive and wait up to max_wait s until healthy "
+                    "(state healthy / starting: call again / failed). Give job_file, or host and unit of a job "
+                    "file in the server's jobs dirs.", restore_service)
+    return server
+
+
+def serve(policy: Policy) -> None:
+    build_server(policy).run("stdio")

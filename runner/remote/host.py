@@ -1,0 +1,315 @@
+"""The controller's side of the host protocol (docs/protocol.md): one method per supervisor subcommand.
+
+Every call is `python3 -c BOOT ROOT HASH SUBCOMMAND ARGS…`: BOOT runs the uploaded supervisor (imported, in
+the same interpreter: no second start-up on the host), or answers
+"payload-missing" (exit 42: the supervisor's bundle, or the job's payload bundle, is not there), in which case
+both bundles are uploaded in one call and the call repeated. On the wire
+it travels as `launch_argv`: one fixed single-line program plus one base64 word, which every login shell
+(sh, bash, zsh, csh/tcsh, fish) hands to python unchanged. Every call is bounded by the command's one
+Deadline, shared by its boot, upload and repeat; no call has an allowance of its own.
+
+`HostClient` is a context manager: `with connect(host) as client:` closes the transport on every path.
+"""
+from __future__ import annotations
+
+import base64
+import hashlib
+import io
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from remote_payload.admission import BUSY_HINT
+from remote_payload.contract import EXIT_PAYLOAD_MISSING
+
+from ..deadline import Deadline
+from ..errors import HostBusy, PreflightError, RemoteError, SchedulerUnavailable, UnknownJob
+from . import answers
+from .transport import Completed, Transport
+
+BOOT = r"""
+import os, sys
+root, digest = os.path.expanduser(sys.argv[1]), sys.argv[2]
+here = os.path.join(root, "payload", digest)
+sup = os.path.join(here, "supervisor.py")
+for p in (root, here, sup):  # others able to write here could run code as us: refuse
+    try:
+        st = os.lstat(p)
+    except FileNotFoundError:
+        break
+    if st.st_uid not in (os.geteuid(), 0) or st.st_mode & 0o022 or os.path.islink(p):
+        import json
+        sys.stdout.write(json.dumps({"ok": False, "error": "unsafe-root", "message": p + " is writable by others, "
+                         "a link, or owned by neither the login user nor root: chmod go-w it or choose another host.root"}) + "\n")
+        sys.exit(1)
+if not os.path.isfile(sup):
+    sys.stdout.write('{"ok": false, "error": "payload-missing"}\n')
+    sys.exit(%d)
+sys.path[0] = here  # in place of the login dir: the supervisor and its rooms, bytecode cached beside them
+import supervisor
+sys.exit(supervisor.main(sys.argv[3:] + ["--root", root]))
+""" % EXIT_PAYLOAD_MISSING
+
+# Unpacks a tar.gz of bundles from stdin: argv names each as KIND/HASH (KIND payload: the supervisor's, payloads:
+# a job's payload), its members are KIND/HASH/NAME. Each bundle not yet on the host goes to ROOT/KIND/HASH,
+# atomically (temp dir + rename); members that are not plain files inside a named bundle, or a bundle whose
+# content does not hash to its HASH, are refused. When every bundle is there already, stdin is not read.
+UNPACK = r"""
+import hashlib, io, json, os, re, shutil, sys, tarfile, tempfile
+root, wanted = os.path.expanduser(sys.argv[1]), sys.argv[2:]
+tmp = None
+def say(answer, code):
+    sys.stdout.write(json.dumps(answer) + "\n"); sys.exit(code)
+def refuse(exc, base):  # a full or read-only disk: say so in one line, and leave no half-written copy behind
+    if tmp:
+        shutil.rmtree(tmp, ignore_errors=True)
+    say({"ok": False, "error": "upload-failed", "message": "cannot write the payload bundle under %s: %s"
+         % (base, exc.strerror or exc)}, 1)
+if not wanted or any(not re.match(r"(payload|payloads)/[0-9a-f]{16}$", w) for w in wanted):
+    say({"ok": False, "error": "bad-bundle", "message": "name each bundle as payload/HASH or payloads/HASH"}, 1)
+missing = [w for w in wanted if not os.path.isdir(os.path.join(root, w))]
+if missing:
+    tar = tarfile.open(fileobj=io.BytesIO(sys.stdin.buffer.read()), mode="r:gz")
+    files = dict((w, {}) for w in wanted)
+    for m in tar.getmembers():
+        parts = m.name.split("/")
+        where = "/".join(parts[:2])
+        if not m.isfile() or m.name.startswith("/") or ".." in parts or len(parts) < 3 or where not in files:
+            say({"ok": False, "error": "bad-bundle", "message": "unsafe member"}, 1)
+        files[where]["/".join(parts[2:])] = tar.extractfile(m).read()
+    for w in wanted:
+        h = hashlib.sha256()
+        for name in sorted(files[w]):
+            h.update(name.encode() + b"\0" + files[w][name] + b"\0")
+        if h.hexdigest()[:16] != w.split("/")[1]:
+            say({"ok": False, "error": "bad-bundle", "message": "hash mismatch: " + w}, 1)
+    for w in missing:
+        base, digest = os.path.join(root, w.split("/")[0]), w.split("/")[1]
+        try:
+            os.makedirs(base, mode=0o700, exist_ok=True)
+            tmp = tempfile.mkdtemp(prefix=".tmp-" + digest + "-", dir=base)
+            for name, data in files[w].items():
+                path = os.path.join(tmp, name)
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                with open(path, "wb") as fh:
+                    fh.write(data)
+        except OSError as exc:
+            refuse(exc, base)
+        try:
+            os.rename(tmp, os.path.join(base, digest))
+        except OSError:
+            shutil.rmtree(tmp)  # a concurrent upload won the race; its content is identical
+        tmp = None
+say({"ok": True}, 0)
+"""
+
+
+# The program every remote command runs: it decodes its one argument, base64 of [program, *argv] joined by
+# NUL (no argv string can hold one), and runs program with that argv. Only characters that no login shell
+# treats specially inside single quotes (no newline, `!`, backslash, `$` or quote), so sh, csh/tcsh and fish
+# all pass it through unchanged; base64 itself is [A-Za-z0-9+/=], a plain word in every shell. binascii is
+# built in: decoding imports nothing.
+LAUNCH = "import binascii,sys;a=binascii.a2b_base64(sys.argv[1]).decode().split(chr(0));sys.argv=a[1:];exec(a[0])"
+
+
+def launch_argv(python: str, program: str, args: Sequence[str]) -> list[str]:
+    """argv that runs `python -S -c program ARGS…` through any login shell (quoted once by the transport).
+    -S: no site-packages on the host side (stdlib only), and none of their .pth files run at each call."""
+    words = [program, "-c", *args]
+    if any("\0" in word for word in words):
+        raise ValueError("an argument holds a NUL character, which no argv can carry")
+    return [python, "-S", "-c", LAUNCH, base64.b64encode("\0".join(words).encode("utf-8")).decode("ascii")]
+
+
+@dataclass(frozen=True)
+class Bundle:
+    """Files uploaded to one content-addressed dir on the host: the supervisor's (ROOT/payload/<digest>/) or a
+    job's payload (ROOT/payloads/<digest>/)."""
+
+    files: dict[str, bytes]
+
+    @property
+    def digest(self) -> str:
+        h = hashlib.sha256()
+        for name in sorted(self.files):
+            h.update(name.encode() + b"\0" + self.files[name] + b"\0")
+        return h.hexdigest()[:16]
+
+
+def tarball(bundles: Sequence[tuple[str, Bundle]]) -> bytes:
+    """One tar.gz of the bundles, each under its host dir (`payload/<digest>/…`, `payloads/<digest>/…`)."""
+    import tarfile  # only an upload needs it
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for kind, bundle in bundles:
+            for name in sorted(bundle.files):
+                info = tarfile.TarInfo(f"{kind}/{bundle.digest}/{name}")
+                info.size = len(bundle.files[name])
+                info.mode = 0o644
+                tar.addfile(info, io.BytesIO(bundle.files[name]))
+    return buf.getvalue()
+
+
+def payload_dir() -> Path:
+    import remote_payload
+
+    return Path(remote_payload.__file__).parent
+
+
+PAYLOAD_PACKAGES = "payloads"  # remote_payload/payloads/: each payload is bundled apart, per job
+
+
+def supervisor_bundle() -> Bundle:
+    """Every .py file under remote_payload/ (its sub-packages too) except the payload packages: a benchmark's
+    edit never changes this digest."""
+    root = payload_dir()
+    files = {}
+    for path in sorted(root.rglob("*.py")):
+        parts = path.relative_to(root).parts
+        if parts[0] != PAYLOAD_PACKAGES and "__pycache__" not in parts:
+            files["/".join(parts)] = path.read_bytes()
+    return Bundle(files)
+
+
+def packaged_payload(script: str) -> Path | None:
+    """The folder of remote_payload/payloads/ that holds a bare `payload.script` name, or None."""
+    if "/" in script:
+        return None
+    packages = sorted(p for p in (payload_dir() / PAYLOAD_PACKAGES).iterdir() if p.is_dir())
+    return next((p for p in packages if (p / script).is_file()), None)
+
+
+def payload_bundle(script: Path) -> Bundle:
+    """The script and its local import closure (runner/remote/import_closure.py), named from the script's directory."""
+    from .import_closure import local_closure
+
+    return Bundle(local_closure(script))
+
+
+class HostClient:
+    """Typed calls to the supervisor on one host. Raises RemoteError (or a subclass) for `ok: false`.
+
+    `deadline` is the calling command's: no call runs past it.
+    """
+
+    def __init__(self, transport: Transport, *, root: str, python: str, bundle: Bundle, deadline: Deadline,
+                 payload: Bundle | None = None) -> None:
+        self.transport = transport
+        self.root = root
+        self.python = python
+        self.bundle = bundle  # the supervisor's
+        self.payload = payload  # the job's script and its imports, when it has one
+        self.deadline = deadline
+        self.round_trips = 0
+
+    def __enter__(self) -> HostClient:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.transport.close()
+
+    def preflight(self, wire: dict) -> dict:
+        return answers.preflight(self.call("preflight", [], stdin=_json_bytes(wire)))
+
+    def start(self, wire: dict, *, queue: bool = False) -> dict:
+        args = ["--job-id", wire["job_id"]] + (["--queue"] if queue else [])
+        return answers.start(self.call("start", args, stdin=_json_bytes(wire)), wire["job_id"])
+
+    def submit(self, wire: dict, *, queue: bool = False) -> dict:
+        """Wire `submit`: the host's own verdict on its preflight report, in one round trip: start's answer
+        (plus `report`, `started`: true, `stop_service`, `notes`), or the refusal raised (busy, exit 4)."""
+        args = ["--job-id", wire["job_id"]] + (["--queue"] if queue else [])
+        return answers.submit(self.call("submit", args, stdin=_json_bytes(wire)), wire["job_id"])
+
+    def status(self, job_ids: Sequence[str] = ()) -> list[dict]:
+        args = [a for job_id in job_ids for a in ("--job-id", job_id)]
+        return answers.status(self.call("status", args), job_ids)
+
+    def logs(self, job_id: str, offset: int, *, max_bytes: int, wait: float) -> dict:
+        args = ["--job-id", job_id, "--offset", str(offset), "--max", str(max_bytes), "--wait", f"{wait:.2f}"]
+        return answers.logs(self.call("logs", args), offset, max_bytes)
+
+    def cancel(self, job_id: str) -> dict:
+        return answers.cancel(self.call("cancel", ["--job-id", job_id]))
+
+    def restore_job(self, job_id: str) -> dict:
+        """Wire `restore`: bring the job's service back to its recorded prior state."""
+        return answers.restore(self.call("restore", ["--job-id", job_id]))
+
+    def restore_service(self, service: dict, *, max_wait: float) -> dict:
+        """Wire `restore-service`: start the unit if inactive and wait until healthy or max_wait."""
+        args = ["--unit", service["unit"], "--scope", service.get("scope", "system"), "--max-wait", f"{max_wait:.1f}"]
+        if service.get("sudo"):
+            args.append("--sudo")
+        if service.get("health_url"):
+            args += ["--health-url", service["health_url"]]
+        return answers.restore_service(self.call("restore-service", args))
+
+    def result(self, job_id: str) -> dict:
+        return answers.result(self.call("result", ["--job-id", job_id]))
+
+    def call(self, sub: str, args: list[str], *, stdin: bytes = b"") -> dict:
+        """One supervisor call; its boot, the upload it may need and the repeat run inside the command's deadline."""
+        done = self._run_boot(sub, args, stdin)
+        if done.exit_code == EXIT_PAYLOAD_MISSING:
+            self.upload()
+            done = self._run_boot(sub, args, stdin)
+        return _answer(done, sub)
+
+    def upload(self) -> None:
+        """Both bundles in one round trip (the host skips one it has): `payload-missing` comes from BOOT for
+        the supervisor's and from the supervisor for the payload's."""
+        bundles = [("payload", self.bundle)] + ([("payloads", self.payload)] if self.payload is not None else [])
+        argv = launch_argv(self.python, UNPACK, [self.root, *(f"{kind}/{b.digest}" for kind, b in bundles)])
+        self.round_trips += 1
+        _answer(self.transport.run(argv, stdin=tarball(bundles), deadline=self.deadline), "upload")
+
+    def _run_boot(self, sub: str, args: list[str], stdin: bytes) -> Completed:
+        argv = launch_argv(self.python, BOOT, [self.root, self.bundle.digest, sub, *args])
+        self.round_trips += 1
+        return self.transport.run(argv, stdin=stdin, deadline=self.deadline)
+
+
+def _json_bytes(obj: dict) -> bytes:
+    return json.dumps(obj).encode("utf-8")
+
+
+def _answer(done: Completed, sub: str) -> dict:
+    """Parse the one JSON line the supervisor prints; turn `ok: false` into the matching error."""
+    answer = _parse_line(done, sub)
+    if answer.get("ok"):
+        return answer
+    answers.failure(sub, answer)
+    code = answer.get("error", "internal")
+    message = answer.get("message") or code
+    if code == "busy":
+        raise HostBusy(f"host busy: {message}", hint=answer.get("hint") or BUSY_HINT)  # the verdict's, when given
+    if code == "slurm-refused":
+        raise PreflightError(f"Slurm refused the job: {message}", hint="Check the spec's slurm section (partition, "
+                             "gres/gpus, account, qos) against `sinfo` on the login node.")
+    if code == "slurm-unavailable":
+        raise SchedulerUnavailable(message, hint="Run submit against a login node with Slurm's client tools and a "
+                                   "reachable slurmctld (`sinfo` there should answer).")
+    if code == "no-systemd":
+        raise PreflightError(message, hint="Where the service is not a systemd unit, use service.manager: none "
+                             "(runner then never stops it); for a user unit, service.scope: user.")
+    if code == "unknown-job":
+        raise UnknownJob(message, code=code, answer=answer)
+    raise RemoteError(f"{sub}: {message}", code=code, answer=answer)
+
+
+def _parse_line(done: Completed, sub: str) -> dict:
+    answer = answers.parse_line(done.stdout, sub)  # bounded: size and depth
+    if answer is not None:
+        return answer
+    if done.exit_code in (126, 127) or b"not found" in done.stderr:
+        raise PreflightError(
+            f"{sub}: host.python {done.argv[0]!r} cannot be run on the host: {done.stderr_tail(2)}",
+            hint="Set host.python to a Python 3 interpreter that exists on the host.",
+        )
+    raise RemoteError(f"{sub}: the host answered no JSON (exit {done.exit_code}): {done.stderr_tail()}")

@@ -1,0 +1,370 @@
+"""How the controller reaches a host: run one argv there, get its exit code and output bytes back.
+
+Two implementations of one small interface (the shape of httpx's transports):
+
+    Transport.run(argv, stdin=b"", deadline=Deadline(S)) -> Completed
+    Transport.close()
+
+- `LocalTransport` (`host.address: local`): the same host protocol on this machine, through subprocess.
+- `SshTransport`: one SSH connection (fabric for ssh_config aliases, IdentityFile, ProxyJump; paramiko
+  underneath), host keys verified against known_hosts, keepalive, and a deadline on every call.
+
+argv is quoted exactly once, here (`shlex.join`), so nothing a user wrote reaches a shell unquoted.
+Every paramiko, socket and OS error of an SSH call (connecting included: config, known_hosts, handshake,
+auth) is translated into `TransportError`/`HostKeyError` in one place, `_translated`. Each call is bounded
+by the calling command's `Deadline`.
+"""
+from __future__ import annotations
+
+import base64
+import errno
+import hashlib
+import os
+import select
+import shlex
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol, Sequence
+
+from ..deadline import Deadline
+from ..errors import HostKeyError, TransportError
+
+KEEPALIVE_S = 15
+
+
+@dataclass(frozen=True)
+class Completed:
+    argv: tuple[str, ...]
+    exit_code: int
+    stdout: bytes
+    stderr: bytes
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0
+
+    def stderr_tail(self, lines: int = 5) -> str:
+        text = self.stderr.decode("utf-8", "replace").strip().splitlines()
+        return "\n".join(text[-lines:])
+
+
+class Transport(Protocol):
+    name: str
+
+    def run(self, argv: Sequence[str], *, stdin: bytes = b"", deadline: Deadline) -> Completed: ...
+
+    def close(self) -> None: ...
+
+
+class LocalTransport:
+    name = "local"
+
+    def run(self, argv: Sequence[str], *, stdin: bytes = b"", deadline: Deadline) -> Completed:
+        timeout = deadline.left()
+        try:
+            proc = subprocess.run(list(argv), input=stdin, capture_output=True, timeout=timeout)
+        except subprocess.TimeoutExpired as exc:
+            raise TransportError(f"local: {argv[0]} did not answer within {timeout:.0f} s") from exc
+        except OSError as exc:
+            if exc.errno in (errno.ENOENT, errno.EACCES, errno.ENOEXEC):  # what a shell answers: 127 / 126
+                why = "not found" if exc.errno == errno.ENOENT else exc.strerror
+                return Completed(tuple(argv), 127 if exc.errno == errno.ENOENT else 126, b"",
+                                 f"{argv[0]}: {why}".encode())
+            raise TransportError(f"local: cannot run {argv[0]}: {exc.strerror}") from exc
+        return Completed(tuple(argv), proc.returncode, proc.stdout, proc.stderr)
+
+    def close(self) -> None:
+        pass
+
+
+@dataclass(frozen=True)
+class SshTarget:
+    address: str
+    user: str | None = None
+    port: int | None = None
+    host_key_policy: str = "strict"
+    connect_timeout: float = 10.0
+    ssh_config: str | None = None  # default: ~/.ssh/config; RUNNER_SSH_CONFIG overrides
+
+
+class SshTransport:
+    """One lazily opened SSH connection, reused for every call of one controller command."""
+
+    def __init__(self, target: SshTarget) -> None:
+        self.target = target
+        self.name = target.address
+        self._conn = None
+        self._connecting = ConnectBudget(target)
+
+    def run(self, argv: Sequence[str], *, stdin: bytes = b"", deadline: Deadline) -> Completed:
+        connecting = self._conn is None
+        try:
+            if connecting:
+                self._conn = _connect(self.target, self._connecting.take(deadline).left())
+                self._connecting.reset()  # connected: a reconnect after a lost link has a connect_timeout of its own
+            return _exec(self._conn.transport, tuple(argv), stdin, deadline, self.name)  # paramiko's connection
+        except TransportError:
+            self.close()
+            raise
+        except _ssh_errors() as exc:
+            self.close()
+            raise _translated(exc, self.target, connecting) from exc
+
+    def close(self) -> None:
+        if self._conn is not None:
+            try:
+                self._conn.close()
+            finally:
+                self._conn = None
+
+
+def _paramiko():
+    import paramiko  # imported lazily: `address: local` never needs it
+
+    return paramiko
+
+
+def _ssh_errors() -> tuple[type[BaseException], ...]:
+    """What an SSH call can raise besides our own errors: paramiko's, the socket's, the files' (OSError)."""
+    paramiko = _paramiko()
+    return (OSError, EOFError, paramiko.SSHException, paramiko.hostkeys.InvalidHostKey)
+
+
+def _translated(exc: BaseException, target: SshTarget, connecting: bool) -> TransportError:
+    """The one translation of a paramiko/socket/OS error into our tree (exit 3), with what to check next."""
+    paramiko = _paramiko()
+    name = target.address
+    if isinstance(exc, paramiko.BadHostKeyException):
+        # `ssh-keygen -R` needs the known_hosts name (`[host]:port` off port 22), not the ssh_config alias.
+        return HostKeyError(
+            f"ssh {name}: the host key CHANGED: got {exc.key.get_name()} {fingerprint(exc.key)}, "
+            f"known_hosts has {fingerprint(exc.expected_key)}",
+            hint="If the host was legitimately reinstalled, remove the old line with "
+            f"`ssh-keygen -R {shlex.quote(_known_hosts_name(exc.hostname or name, target.port))}`; "
+            "otherwise do not connect.")
+    if isinstance(exc, paramiko.AuthenticationException):
+        return TransportError(f"ssh {name}: authentication failed as {target.user or 'the ssh_config user'}",
+                              hint="Check the user and IdentityFile (ssh_config) and that `ssh` itself can log in.")
+    if isinstance(exc, paramiko.hostkeys.InvalidHostKey):
+        return HostKeyError(f"ssh {name}: a known_hosts line cannot be read: {exc.line[:100]!r}",
+                            hint="Fix or remove that line (`ssh-keygen -F HOST` shows the lines for a host).")
+    verb = "cannot connect" if connecting else "connection lost"
+    return TransportError(f"ssh {name}: {verb} ({_describe(exc)})")
+
+
+def _known_hosts_name(host: str, port: int | None) -> str:
+    return host if not port or port == 22 else f"[{host}]:{port}"
+
+
+def _connect(target: SshTarget, timeout: float):
+    """Open a fabric Connection with our host-key rules; `timeout` (what is left for connecting) bounds the TCP
+    connect, the banner and key exchange, the authentication and the channels. Errors are translated by the
+    caller (`run`)."""
+    conn = _fabric_connection(target, timeout)
+    try:
+        _open_gateway(conn.gateway, target, timeout)
+        conn.open()
+    except BaseException:
+        conn.close()
+        raise
+    conn.transport.set_keepalive(KEEPALIVE_S)
+    import socket  # here: the OpenSSH transport never needs it, and `runner` starts without it
+
+    sock = conn.transport.sock
+    if isinstance(sock, socket.socket):
+        # Without it, each new channel on the connection waits ~40 ms for the server's delayed ACK (Nagle).
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return conn
+
+
+def _open_gateway(gateway, target: SshTarget, timeout: float) -> None:
+    """Open a ProxyJump hop before the target (fabric would open it inside the target's connect): its errors
+    then name the jump host, and the direct-tcpip channel through it waits at most `timeout` (paramiko's
+    default is 3600 s: a dead target behind a live jump host held `tail --max-wait 10` for ~130 s)."""
+    if gateway is None or isinstance(gateway, str):
+        return
+    _open_gateway(gateway.gateway, target, timeout)
+    hop = SshTarget(address=gateway.host, user=gateway.user, port=gateway.port,
+                    host_key_policy=target.host_key_policy, connect_timeout=timeout)
+    try:
+        gateway.open()
+    except TransportError as exc:
+        raise type(exc)(f"{exc} (the jump host on the way to {target.address})", hint=exc.hint) from exc
+    except _ssh_errors() as exc:
+        error = _translated(exc, hop, True)
+        raise type(error)(f"{error} (the jump host on the way to {target.address})", hint=error.hint) from exc
+    gateway.transport.channel_timeout = timeout
+
+
+def _fabric_connection(target: SshTarget, timeout: float):
+    import logging
+
+    from fabric import Config, Connection
+
+    # paramiko logs a failed handshake with a traceback through logging's last-resort handler; the error
+    # itself reaches cli.main as an exception and is reported once there.
+    logging.getLogger("paramiko").addHandler(logging.NullHandler())
+
+    config_path = target.ssh_config or os.environ.get("RUNNER_SSH_CONFIG")
+    config = Config(runtime_ssh_path=config_path) if config_path else Config()
+    kwargs = {"config": config, "connect_timeout": timeout}
+    if target.user:
+        kwargs["user"] = target.user
+    if target.port:
+        kwargs["port"] = target.port
+    conn = Connection(target.address, **kwargs)
+    conn.connect_kwargs.update(banner_timeout=timeout, auth_timeout=timeout, channel_timeout=timeout)
+    _secure_host_keys(conn, target.host_key_policy)
+    return conn
+
+
+def _secure_host_keys(conn, policy: str) -> None:
+    """Undo fabric's AutoAddPolicy: load known_hosts and refuse (or, opt-in, record) unknown keys.
+
+    fabric loads no known_hosts at all and accepts every key; the same holds for a ProxyJump gateway,
+    so the gateway chain is secured too.
+    """
+    files = known_hosts_files(conn.ssh_config)
+    skipped = 0
+    for path in files:
+        if path.exists():
+            skipped += load_known_hosts(conn.client.get_host_keys(), path)
+    conn.client.set_missing_host_key_policy(_MissingKeyPolicy(policy, files[0], ca_lines=skipped))
+    gateway = conn.gateway
+    if gateway is not None and not isinstance(gateway, str):
+        # fabric builds a ProxyJump hop with no timeouts at all: a dead jump host would block for the
+        # kernel's TCP timeout, past any --max-wait.
+        gateway.connect_timeout = conn.connect_timeout
+        gateway.connect_kwargs.update(banner_timeout=conn.connect_timeout, auth_timeout=conn.connect_timeout,
+                                      channel_timeout=conn.connect_timeout)
+        _secure_host_keys(gateway, policy)
+
+
+def load_known_hosts(keys, path: Path) -> int:
+    """paramiko's HostKeys.load, but knowing OpenSSH's markers, which paramiko cannot parse.
+
+    `@cert-authority` lines are skipped: paramiko cannot check host certificates, so they trust nothing here
+    and a host known only through its CA stays unknown (refused, the message naming the marker). `@revoked`
+    refuses to go on: ignoring a revocation would trust a key the user revoked. Returns how many
+    `@cert-authority` lines were skipped.
+    """
+    from paramiko.hostkeys import HostKeyEntry
+
+    ca_lines = 0
+    for number, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+        line = line.strip()
+        ca_lines += line.startswith("@cert-authority ")
+        if not line or line.startswith(("#", "@cert-authority ")):
+            continue
+        if line.startswith("@"):
+            raise HostKeyError(f"{path}:{number}: `{line.split()[0]}` lines cannot be honoured by the "
+                               f"paramiko SSH transport", hint="Remove the line, or reach this host with `ssh`.")
+        try:
+            entry = HostKeyEntry.from_line(line, number)
+        except _paramiko().SSHException:
+            continue  # a key type paramiko does not know, as HostKeys.load does
+        for hostname in entry.hostnames if entry is not None else ():
+            keys.add(hostname, entry.key.get_name(), entry.key)
+    return ca_lines
+
+
+def known_hosts_files(ssh_config: dict) -> list[Path]:
+    """UserKnownHostsFile entries from ssh_config (space separated, `~` expanded), else the defaults."""
+    configured = ssh_config.get("userknownhostsfile")
+    if configured:
+        return [Path(os.path.expanduser(p)) for p in configured.split()]
+    return [Path.home() / ".ssh" / "known_hosts", Path("/etc/ssh/ssh_known_hosts")]
+
+
+class _MissingKeyPolicy:
+    def __init__(self, policy: str, record_in: Path, *, ca_lines: int = 0) -> None:
+        self.policy = policy
+        self.record_in = record_in
+        self.ca_lines = ca_lines
+
+    def missing_host_key(self, client, hostname: str, key) -> None:
+        if self.policy != "accept-new":
+            raise HostKeyError(
+                f"ssh {hostname}: host key not in known_hosts: {key.get_name()} {fingerprint(key)}"
+                + (f" (known_hosts has {self.ca_lines} `@cert-authority` line(s): host certificates cannot be "
+                   "checked by the paramiko transport; `host.transport: openssh` checks them)" if self.ca_lines else ""),
+                hint="Verify the fingerprint out of band, then add it (`ssh-keyscan` or one `ssh` login), "
+                "or set `host.host_key_policy: accept-new` to trust it on first use.",
+            )
+        client.get_host_keys().add(hostname, key.get_name(), key)
+        self.record_in.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.record_in, "a", encoding="ascii") as fh:
+            fh.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
+
+
+def fingerprint(key) -> str:
+    digest = hashlib.sha256(key.asbytes()).digest()
+    return "SHA256:" + base64.b64encode(digest).decode("ascii").rstrip("=")
+
+
+def _exec(connection, argv: tuple[str, ...], stdin: bytes, deadline: Deadline, name: str) -> Completed:
+    """Run one command on its own channel; read both streams until exit, never past the deadline."""
+    chan = connection.open_session(timeout=time_left(deadline, name))
+    try:
+        chan.settimeout(time_left(deadline, name))
+        chan.exec_command(shlex.join(argv))
+        if stdin:
+            chan.sendall(stdin)
+        chan.shutdown_write()
+        out, err = _drain(chan, deadline, name)
+        return Completed(argv, chan.recv_exit_status(), out, err)
+    finally:
+        chan.close()
+
+
+def _drain(chan, deadline: Deadline, name: str) -> tuple[bytes, bytes]:
+    out, err = bytearray(), bytearray()
+    while True:
+        while chan.recv_ready():
+            out += chan.recv(1 << 16)
+        while chan.recv_stderr_ready():
+            err += chan.recv_stderr(1 << 16)
+        if chan.exit_status_ready() and chan.eof_received and not (chan.recv_ready() or chan.recv_stderr_ready()):
+            return bytes(out), bytes(err)
+        if chan.closed and not (chan.recv_ready() or chan.recv_stderr_ready()):
+            raise TransportError(f"ssh {name}: channel closed before the command finished")
+        select.select([chan], [], [], min(0.05, time_left(deadline, name)))
+
+
+def time_left(deadline: Deadline, name: str) -> float:
+    """Seconds the command's deadline leaves for a hop to host `name`; none left is a TransportError."""
+    left = deadline.left()
+    if left <= 0:
+        raise TransportError(f"ssh {name}: no answer before the deadline (link down or host overloaded?)")
+    return left
+
+
+class ConnectBudget:
+    """What host.connect_timeout leaves: every connect attempt of one command until one connects shares it (a
+    host that never answers is not waited for again by a retry); `reset` once connected, or once an attempt
+    failed fast, so a later connect has a connect_timeout of its own."""
+
+    def __init__(self, target) -> None:
+        self.name, self.timeout = target.address, target.connect_timeout
+        self._by: Deadline | None = None
+
+    def take(self, deadline: Deadline) -> Deadline:
+        time_left(deadline, self.name)  # the command's deadline first: it is what ended the wait, if it passed
+        if self._by is None:
+            self._by = deadline.within(self.timeout)
+        if self._by.passed():
+            raise TransportError(f"ssh {self.name}: cannot connect (no answer within host.connect_timeout, "
+                                 f"{self.timeout:g} s)",
+                                 hint="Check that `ssh` itself reaches the host (address, port, network).")
+        return self._by
+
+    def reset(self) -> None:
+        self._by = None
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc) or type(exc).__name__
+    if isinstance(exc, TimeoutError):  # socket.timeout is TimeoutError since Python 3.10
+        return "timed out"
+    return text

@@ -1,0 +1,275 @@
+"""The OpenSSH transport: the user's own `ssh` client runs each command, so every ssh_config option they use
+(ProxyJump, certificates, agents, FIDO keys, GSSAPI, Match blocks, their own ControlMaster) works as in a shell.
+
+    ssh [-F CONFIG] -o BatchMode=yes -o StrictHostKeyChecking=yes|accept-new -o ConnectTimeout=N -o ServerAlive…
+        [-o ControlMaster=auto -o ControlPath=STATE/cm/TRUST/%C -o ControlPersist=120] [-l USER] [-p PORT] -- HOST CMD
+
+One master connection per host is kept in our state dir (unless the user's config names a ControlPath of its
+own), so a warm command is one exec on an open connection; TRUST names the known_hosts files as they are now,
+so a changed known_hosts never rides on a master verified under the old one. Host keys are checked by OpenSSH itself (strict
+unless the spec opts in to accept-new). Exit 255 is ssh's own failure: its stderr is mapped into our tree
+(`HostKeyError` naming the host whose key failed, with the fingerprint line ssh printed; auth; unreachable),
+all exit 3. Each call is bounded by the command's Deadline: ConnectTimeout and the keepalives come from what
+is left of it (and of host.connect_timeout, shared by every connect attempt of the command), and the process
+is killed when it passes.
+
+`for_host(host)` picks the transport a spec's `host.transport` asks for (`auto`: this one when `ssh` exists).
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Sequence
+
+from ..deadline import Deadline
+from ..errors import HostKeyError, SpecError, TransportError
+from .transport import Completed, ConnectBudget, LocalTransport, SshTarget, SshTransport, time_left
+
+EXIT_SSH_FAILED = 255
+SERVER_ALIVE_S = 15  # the keepalive interval when the command has time; less when it has less
+SERVER_ALIVE_COUNT = 3
+CONTROL_PERSIST_S = 120
+# sun_path holds 104 bytes on macOS (108 on Linux); ssh appends ".XXXXXXXXXXXXXXXX" while it binds a new master.
+SOCKET_PATH_MAX = 104 - 1 - 17
+CONTROL_NAME_LEN = 40  # %C: a SHA1 of local host, remote host, port, user
+
+
+class OpenSshTransport:
+    """Runs each command with the system `ssh`; the connection lives in a ControlMaster between commands."""
+
+    def __init__(self, target: SshTarget, *, control_dir: Path, ssh: str = "ssh") -> None:
+        self.target = target
+        self.name = target.address
+        self.control_dir = control_dir
+        self.ssh = ssh
+        self._options: list[str] | None = None
+        self._resolved: dict[str, str] = {}  # `ssh -G` of the target: hostname, port, controlpath…
+        self._connecting = ConnectBudget(target)
+
+    def run(self, argv: Sequence[str], *, stdin: bytes = b"", deadline: Deadline) -> Completed:
+        connecting = self._connecting.take(deadline)
+        command = self.command(shlex.join(argv), deadline, connecting)
+        try:
+            proc = subprocess.run(command, input=stdin, capture_output=True, timeout=time_left(deadline, self.name))
+        except subprocess.TimeoutExpired as exc:
+            self._drop_master()
+            raise TransportError(f"ssh {self.name}: no answer before the deadline (link down or host overloaded?)") from exc
+        except OSError as exc:
+            raise TransportError(f"ssh {self.name}: cannot run {self.ssh}: {exc.strerror}") from exc
+        stderr = proc.stderr.decode("utf-8", "replace") if proc.returncode == EXIT_SSH_FAILED else ""
+        if not _CONNECT_TIMED_OUT.search(stderr):
+            self._connecting.reset()  # it connected (or failed fast)
+        if proc.returncode == EXIT_SSH_FAILED:
+            if self._says_too_little(stderr):
+                stderr = self._diagnosed(command, deadline) or stderr
+            raise translated(stderr, self.target, self._known_as())
+        return Completed(tuple(argv), proc.returncode, proc.stdout, proc.stderr)
+
+    def _drop_master(self) -> None:
+        """Close the master after a call ran out of time: its TCP connection may be stalled in retransmit
+        back-off long after the link returns; the next command then connects afresh. `-O exit` talks to the
+        local socket only; it is not waited for, the command's deadline having passed already."""
+        if self._options is None or "ControlMaster=auto" not in self._options:
+            return
+        try:
+            subprocess.Popen([self.ssh, *self._options, "-O", "exit", "--", self.target.address],
+                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        except OSError:
+            pass
+
+    def _says_too_little(self, stderr: str) -> bool:
+        """A refused key without its fingerprint (strict checking does not print an unknown key's), or a
+        jump host's failure hidden: with ControlPersist, ssh sends the ProxyJump hop's stderr to /dev/null."""
+        if is_host_key_failure(stderr):
+            return not _FINGERPRINT.search(stderr)
+        through_jump = self._resolved.get("proxyjump", "none") != "none" or \
+            self._resolved.get("proxycommand", "none") != "none"
+        return through_jump and "Permission denied" not in stderr
+
+    def _diagnosed(self, command: list[str], deadline: Deadline) -> str:
+        """ssh's stderr once more with -v (the hops' stderr kept, `Server host key|certificate: TYPE SHA256:…`),
+        debug lines but that one dropped. A key problem fails again before any authentication."""
+        try:
+            proc = subprocess.run([command[0], "-v", *command[1:-1], "true"], capture_output=True,
+                                  stdin=subprocess.DEVNULL, timeout=time_left(deadline, self.name))
+        except (OSError, subprocess.TimeoutExpired, TransportError):
+            return ""
+        lines = proc.stderr.decode("utf-8", "replace").splitlines()
+        return "\n".join(line.split("debug1: ", 1)[-1] for line in lines
+                         if not line.startswith("debug") or "Server host key:" in line
+                         or "Server host certificate:" in line)
+
+    def command(self, remote: str, deadline: Deadline, connecting: Deadline | None = None) -> list[str]:
+        """The ssh argv for one remote command line (already quoted once). Its timeouts come from what is
+        left: ConnectTimeout (TCP, banner and key exchange) from `connecting` (default: the deadline), and
+        keepalives that give up on a silent link within what is left of the command."""
+        if self._options is None:
+            self._options = self._fixed_options(deadline)
+        connect = _whole_seconds((connecting or deadline).left())
+        alive = min(SERVER_ALIVE_S, _whole_seconds(deadline.left() / SERVER_ALIVE_COUNT))
+        return [self.ssh, *self._options, "-o", f"ConnectTimeout={connect}", "-o", f"ServerAliveInterval={alive}",
+                "-o", f"ServerAliveCountMax={SERVER_ALIVE_COUNT}", "--", self.target.address, remote]
+
+    def _known_as(self) -> set[str]:
+        """The names the target's own key line has in known_hosts (any other host's key is a jump host's)."""
+        host, port = self._resolved.get("hostname", self.target.address), self._resolved.get("port", "22")
+        return {self.target.address, host if port == "22" else f"[{host}]:{port}"}
+
+    def close(self) -> None:
+        """Nothing to close: the master connection outlives the command on purpose (ControlPersist)."""
+
+    def _fixed_options(self, deadline: Deadline) -> list[str]:
+        target = self.target
+        config = target.ssh_config or os.environ.get("RUNNER_SSH_CONFIG")
+        options = ["-F", config] if config else []
+        checking = "accept-new" if target.host_key_policy == "accept-new" else "yes"
+        options += ["-T", "-o", "BatchMode=yes", "-o", f"StrictHostKeyChecking={checking}"]
+        if target.user:
+            options += ["-l", target.user]
+        if target.port:
+            options += ["-p", str(target.port)]
+        self._resolved = self._ssh_g(options, deadline)
+        if not has_control_path(self._resolved):
+            try:
+                socket_dir = control_socket_dir(self.control_dir / trust_tag(self._resolved))
+            except OSError:  # a state dir that cannot be written: each call connects afresh, nothing else changes
+                return options
+            options += ["-o", "ControlMaster=auto", "-o", f"ControlPath={socket_dir}/%C",
+                        "-o", f"ControlPersist={CONTROL_PERSIST_S}"]
+        return options
+
+    def _ssh_g(self, options: list[str], deadline: Deadline) -> dict[str, str]:
+        """The user's ssh_config as applied to this host (`ssh -G`, no network): {option: value}."""
+        try:
+            proc = subprocess.run([self.ssh, *options, "-G", "--", self.target.address], capture_output=True,
+                                  stdin=subprocess.DEVNULL, timeout=time_left(deadline, self.name))
+        except (OSError, subprocess.TimeoutExpired, TransportError):
+            return {}
+        return parse_ssh_g(proc.stdout.decode("utf-8", "replace"))
+
+
+def parse_ssh_g(text: str) -> dict[str, str]:
+    pairs = (line.partition(" ") for line in text.splitlines())
+    return {key: value.strip() for key, _, value in pairs if key}
+
+
+def has_control_path(resolved: dict[str, str]) -> bool:
+    """Whether the user's ssh_config already sets a ControlPath for this host (then theirs is used)."""
+    return resolved.get("controlpath", "none") not in ("", "none")
+
+
+def trust_tag(resolved: dict[str, str]) -> str:
+    """Which known_hosts files, as they are now, a master was verified against. A master connection is not
+    checked again when reused, so a known_hosts that changed (a key removed or replaced) gets a new master,
+    verified afresh, instead of riding on one made under the old trust."""
+    h = hashlib.sha256()
+    for option in ("userknownhostsfile", "globalknownhostsfile", "stricthostkeychecking"):
+        for word in resolved.get(option, "").split():
+            path = os.path.expanduser(word)
+            try:
+                st = os.stat(path)
+                h.update(f"{path}|{st.st_ino}|{st.st_size}|{st.st_mtime_ns}\n".encode())
+            except OSError:
+                h.update(f"{path}|absent\n".encode())
+    return h.hexdigest()[:10]
+
+
+def control_socket_dir(preferred: Path) -> Path:
+    """`preferred`, or a short per-user dir under the temp dir when socket paths there would be too long."""
+    if len(str(preferred)) + 1 + CONTROL_NAME_LEN > SOCKET_PATH_MAX:
+        import tempfile
+
+        tag = hashlib.sha256(str(preferred).encode()).hexdigest()[:8]
+        preferred = Path(tempfile.gettempdir()) / f"runner-cm-{os.getuid()}-{tag}"
+    preferred.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(preferred, 0o700)
+    return preferred
+
+
+# What OpenSSH prints when it refuses a host key, and the line naming that host (the jump host when it is
+# the jump host's key: the hop's own ssh prints it).
+_HOST_KEY_MARKS = ("Host key verification failed", "REMOTE HOST IDENTIFICATION HAS CHANGED",
+                   "host key is known for", "Certificate invalid", "No matching host key")
+_KEY_HOST = re.compile(r"(?:Host key for|host key is known for) (\S+) (?:has changed|and you have)")
+_FINGERPRINT = re.compile(r"SHA256:[A-Za-z0-9+/]{43}")
+# ssh's words for a connect that used up ConnectTimeout (TCP, or the banner and key exchange after it).
+_CONNECT_TIMED_OUT = re.compile(r"Connection timed out|timed out during banner exchange")
+
+
+def is_host_key_failure(stderr: str) -> bool:
+    return any(mark in stderr for mark in _HOST_KEY_MARKS)
+
+
+def translated(stderr: str, target: SshTarget, known_as: set[str] = frozenset()) -> TransportError:
+    """ssh's exit 255 and its stderr as our error (all exit 3), naming what to check next."""
+    name = target.address
+    tail = "\n".join(line for line in stderr.strip().splitlines()[-6:] if line.strip())
+    if is_host_key_failure(stderr):
+        return _host_key_error(stderr, name, target.host_key_policy, known_as | {name})
+    if "Permission denied" in stderr or "Too many authentication failures" in stderr:
+        return TransportError(f"ssh {name}: authentication failed: {tail}",
+                              hint="Check the user and IdentityFile (ssh_config) and that `ssh` itself can log in.")
+    return TransportError(f"ssh {name}: cannot connect: {tail or 'ssh exited 255 and printed nothing'}",
+                          hint="Check that `ssh` itself reaches the host (address, ProxyJump, network).")
+
+
+def _host_key_error(stderr: str, name: str, policy: str, known_as: set[str]) -> HostKeyError:
+    found = _KEY_HOST.search(stderr)
+    key_host = found.group(1) if found else name
+    fingerprint = _FINGERPRINT.search(stderr)
+    offered = re.findall(r"Server host (?:key|certificate): (\S+) (SHA256:[^\s,]+)", stderr)
+    seen = (f" (the host sent {offered[-1][0]} {offered[-1][1]})" if offered
+            else f" (the host sent {fingerprint.group(0)})" if fingerprint else "")
+    whose = name if key_host in known_as else f"{key_host} (the jump host on the way to {name})"
+    if "CHANGED" in stderr:
+        return HostKeyError(f"ssh {whose}: the host key CHANGED{seen}",
+                            hint="If the host was legitimately reinstalled, remove the old line with "
+                            f"`ssh-keygen -R {_keygen_name(key_host)}`; otherwise do not connect.")
+    if "host key is known for" in stderr:
+        return HostKeyError(f"ssh {whose}: host key not in known_hosts{seen}", hint=_unknown_hint(policy))
+    detail = " ".join(line for line in stderr.strip().splitlines() if "Server host " not in line)[-300:]
+    return HostKeyError(f"ssh {whose}: host key not accepted{seen}: {detail}", hint=_unknown_hint(policy))
+
+
+def _unknown_hint(policy: str) -> str:
+    return ("Verify the fingerprint out of band, then add it (`ssh-keyscan` or one `ssh` login)"
+            + (", or set `host.host_key_policy: accept-new` to trust it on first use." if policy != "accept-new" else "."))
+
+
+def _keygen_name(host: str) -> str:
+    """ssh prints `[127.0.0.1]:2222`; `ssh-keygen -R` takes it quoted the same way."""
+    return shlex.quote(host)
+
+
+def _whole_seconds(seconds: float) -> int:
+    """ssh takes whole seconds, at least 1: the nearest, within half a second of what is left (the process is
+    killed at the deadline whatever ssh's own timers say)."""
+    return max(1, int(seconds + 0.5))
+
+
+def for_host(host: dict):
+    """The transport a host section asks for: local, or `host.transport` (auto = OpenSSH when `ssh` exists)."""
+    if host["address"] == "local":
+        return LocalTransport()
+    target = SshTarget(address=host["address"], user=host.get("user"), port=host.get("port"),
+                       host_key_policy=host.get("host_key_policy", "strict"),
+                       connect_timeout=host.get("connect_timeout", 10.0))
+    kind = host.get("transport", "auto")
+    ssh = shutil.which("ssh") if kind in ("auto", "openssh") else None
+    if kind == "openssh" and ssh is None:
+        raise SpecError("host.transport: openssh, but no `ssh` client is on PATH",
+                        hint="Install OpenSSH's client, or set host.transport: paramiko.")
+    if ssh is None:
+        return SshTransport(target)
+    return OpenSshTransport(target, control_dir=_state_dir() / "cm", ssh=ssh)
+
+
+def _state_dir() -> Path:
+    from ..state.store import default_state_dir
+
+    return default_state_dir()

@@ -1,0 +1,215 @@
+"""Regression gate: a result's metrics against a saved baseline, each within its measured spread + a tolerance.
+
+Pure functions of parsed JSON (no I/O but `read_baseline`/`write_baseline`). A metric is a value, the
+direction that is better, and its measured spread as a relative half-width (± fraction of the value):
+
+    median_us_M        rows[].median_us               lower is better   ± half the range of rep_median_us
+    lever_M            lever.by_m[M].lever            higher is better  ± half of ci_high-ci_low, else of max-min
+    peak_over_weights  memory.peak_over_weights       lower is better   ± 0 (a deterministic byte count)
+
+Payloads other than the Marlin benchmark gate on `rows[].median_us` keyed by `m` or `size` (the demo).
+A metric passes when its change in the worse direction is at most max(both spreads) + tolerance.
+"""
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from ..errors import BadBaseline, NoResult
+from ..local_files import read_regular, write_regular
+
+SCHEMA = 1
+KIND = "runner-baseline"
+DIRECTIONS = ("lower", "higher")
+WITHIN, REGRESSION, IMPROVED, MISSING, NEW = "within", "regression", "improved", "missing", "new"
+FAILING = (REGRESSION, MISSING)
+
+
+@dataclass(frozen=True)
+class Metric:
+    value: float
+    direction: str  # "lower" or "higher" is better
+    spread: float = 0.0  # measured relative half-width, e.g. 0.03 for ±3%
+
+
+@dataclass(frozen=True)
+class Verdict:
+    name: str
+    verdict: str
+    baseline: Metric | None
+    current: Metric | None
+    change: float | None  # relative change in the worse direction (+0.09 = 9% worse)
+    allowed: float | None  # spread + tolerance
+
+    @property
+    def failed(self) -> bool:
+        return self.verdict in FAILING
+
+
+# -- metrics from a result --------------------------------------------------------------------------------
+
+def label(name: str) -> str:
+    """`lever_512` → `lever(512)`; names without a batch size stay as they are."""
+    stem, _, size = name.rpartition("_")
+    return f"{stem}({size})" if stem and size.isdigit() else name
+
+
+WINDOW_PARTS = ("not_serving_s", "release_s", "drain_s", "payload_s", "resume_s", "health_s")
+
+
+def window_metrics(window) -> dict[str, Metric]:
+    """The service window's parts (status.json `service.downtime`) as metrics, lower is better; a part that is
+    not a finite number is left out (status.json is the payload's to overwrite)."""
+    if not isinstance(window, dict):
+        return {}
+    return {name: Metric(float(window[name]), "lower") for name in WINDOW_PARTS
+            if isinstance(window.get(name), (int, float)) and not isinstance(window[name], bool)
+            and math.isfinite(window[name])}
+
+
+def extract_metrics(result) -> dict[str, Metric]:
+    """Every gateable metric of one result.json, by name (none when a field has the wrong type)."""
+    if not isinstance(result, dict):
+        return {}
+    metrics = {**_median_metrics(result.get("rows")), **_lever_metrics(_object(result.get("lever")))}
+    peak = _object(result.get("memory")).get("peak_over_weights")
+    if _is_number(peak) and peak > 0:
+        metrics["peak_over_weights"] = Metric(float(peak), "lower")
+    return metrics
+
+
+def _object(value) -> dict:
+    return value if isinstance(value, dict) else {}
+
+
+def _median_metrics(rows) -> dict[str, Metric]:
+    out = {}
+    for row in rows if isinstance(rows, list) else []:
+        size = row.get("m", row.get("size")) if isinstance(row, dict) else None
+        value = row.get("median_us") if isinstance(row, dict) else None
+        if isinstance(size, int) and not isinstance(size, bool) and _is_number(value) and value > 0:
+            out[f"median_us_{size}"] = Metric(float(value), "lower", _half_range(row.get("rep_median_us"), value))
+    return out
+
+
+def _lever_metrics(lever: dict) -> dict[str, Metric]:
+    out = {}
+    base = str(lever.get("base_m", ""))
+    for size, entry in _object(lever.get("by_m")).items():
+        value = entry.get("lever") if isinstance(entry, dict) else None
+        if str(size) == base or not _is_number(value) or value <= 0:
+            continue  # lever(base) is 1 by definition: nothing to gate
+        bounds = [entry.get("ci_low"), entry.get("ci_high")]
+        if not all(_is_number(b) for b in bounds):
+            bounds = [entry.get("min"), entry.get("max")]
+        out[f"lever_{size}"] = Metric(float(value), "higher", _half_range(bounds, value))
+    return out
+
+
+def _half_range(values, center: float) -> float:
+    values = [v for v in values if _is_number(v)] if isinstance(values, list) else []
+    return (max(values) - min(values)) / 2 / center if len(values) >= 2 and center else 0.0
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+# -- comparing ----------------------------------------------------------------------------------------------
+
+def compare(baseline: dict[str, Metric], current: dict[str, Metric], tolerance: float) -> list[Verdict]:
+    """One verdict per metric of either side, baseline order first."""
+    names = list(baseline) + [n for n in current if n not in baseline]
+    return [judge(n, baseline.get(n), current.get(n), tolerance) for n in names]
+
+
+def judge(name: str, base: Metric | None, cur: Metric | None, tolerance: float) -> Verdict:
+    if base is None:
+        return Verdict(name, NEW, None, cur, None, None)
+    if cur is None:
+        return Verdict(name, MISSING, base, None, None, None)
+    sign = 1.0 if base.direction == "lower" else -1.0
+    change = sign * (cur.value - base.value) / base.value
+    allowed = max(base.spread, cur.spread) + tolerance
+    verdict = REGRESSION if change > allowed else IMPROVED if change < -allowed else WITHIN
+    return Verdict(name, verdict, base, cur, change, allowed)
+
+
+def exit_code(verdicts: list[Verdict]) -> int:
+    """0 when nothing regressed or went missing, else 1 (2, a bad baseline, is raised before)."""
+    return 1 if any(v.failed for v in verdicts) else 0
+
+
+def parse_tolerance(text: str) -> float:
+    """`5%` or `0.05` → 0.05. Raises ValueError saying what is allowed."""
+    stripped = str(text).strip()
+    try:
+        value = float(stripped[:-1]) / 100 if stripped.endswith("%") else float(stripped)
+    except ValueError:
+        raise ValueError(f"not a tolerance: {text!r} (use e.g. 5% or 0.05)") from None
+    if not (math.isfinite(value) and 0 <= value < 10):
+        raise ValueError(f"tolerance must be between 0% and 1000%; got {text!r}")
+    return value
+
+
+# -- the baseline file --------------------------------------------------------------------------------------
+
+def baseline_document(result, source: str, now: float | None = None) -> dict:
+    result = _object(result)
+    env = _object(result.get("environment"))
+    return {"schema": SCHEMA, "kind": KIND, "source": source, "payload": result.get("payload"),
+            "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now if now is not None else time.time())),
+            "environment": {k: env.get(k) for k in ("gpu", "driver", "torch", "sglang") if k in env},
+            "metrics": {name: asdict(m) for name, m in extract_metrics(result).items()}}
+
+
+def write_baseline(path: str | Path, result: dict, source: str) -> dict:
+    document = baseline_document(result, source)
+    if not document["metrics"]:
+        raise BadBaseline(f"{source}: the result has no gateable metrics (rows[].median_us, lever.by_m, "
+                          f"memory.peak_over_weights); no baseline written")
+    write_regular(path, (json.dumps(document, indent=1) + "\n").encode(), "a baseline")  # metrics stay in table order
+    return document
+
+
+def read_baseline(path: str | Path) -> dict[str, Metric]:
+    """The metrics of a baseline file; BadBaseline (exit 2) naming the file and what is wrong."""
+    try:
+        document = json.loads(read_regular(path, "a baseline").decode("utf-8"))
+    except OSError as exc:
+        raise BadBaseline(f"{path}: cannot read the baseline: {exc.strerror or exc}") from exc
+    except NoResult as exc:  # over the size cap
+        raise BadBaseline(str(exc), hint=exc.hint) from None
+    except (ValueError, RecursionError) as exc:
+        raise BadBaseline(f"{path}: not JSON: {str(exc)[:200]}") from exc
+    return parse_baseline(document, str(path))
+
+
+def parse_baseline(document, where: str) -> dict[str, Metric]:
+    if not isinstance(document, dict):
+        raise BadBaseline(f"{where}: a baseline is a JSON object, got {type(document).__name__}")
+    if document.get("kind") != KIND:
+        raise BadBaseline(f"{where}: kind: expected {KIND!r}, got {document.get('kind')!r}",
+                          hint="write one with `runner results --save-baseline FILE ID`")
+    if document.get("schema") != SCHEMA:
+        raise BadBaseline(f"{where}: schema: this runner reads schema {SCHEMA}, got {document.get('schema')!r}")
+    metrics = document.get("metrics")
+    if not isinstance(metrics, dict) or not metrics:
+        raise BadBaseline(f"{where}: metrics: expected a non-empty object of name → {{value, direction, spread}}")
+    return {name: _metric(entry, f"{where}: metrics.{name}") for name, entry in metrics.items()}
+
+
+def _metric(entry, where: str) -> Metric:
+    if not isinstance(entry, dict):
+        raise BadBaseline(f"{where}: expected an object with value, direction, spread")
+    value, direction, spread = entry.get("value"), entry.get("direction"), entry.get("spread", 0.0)
+    if not _is_number(value) or value <= 0:
+        raise BadBaseline(f"{where}.value: expected a number > 0, got {value!r}")
+    if direction not in DIRECTIONS:
+        raise BadBaseline(f"{where}.direction: expected 'lower' or 'higher', got {direction!r}")
+    if not _is_number(spread) or spread < 0:
+        raise BadBaseline(f"{where}.spread: expected a number >= 0, got {spread!r}")
+    return Metric(float(value), direction, float(spread))

@@ -1,0 +1,302 @@
+"""The job spec: the pydantic models a YAML job file must fit, and the JSON form the host reads (`to_wire`).
+
+Everything a user writes is checked before it can reach a host (DESIGN.md invariant 3): unit names,
+interpreter paths, script paths and env keys are validated by pattern, never escaped later. The field rules
+live in spec_fields.py (the shared ones come from remote_payload/contract.py, as do the defaults); reading
+YAML, `--set` and error rendering in spec_load.py; job ids in job_id.py.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
+
+from remote_payload.contract import DEFAULTS, LAUNCHERS, SERVICE_MANAGERS, SERVICE_SCOPES, STOP_POLICIES, \
+    USER_SCOPE_SUDO
+from remote_payload import sweep as sweeps
+from remote_payload.host.engine import FREE_METHODS, PAUSE_MODES, origin
+
+from ..errors import SpecError
+from ..state.job_id import check_job_id
+from .spec_fields import (ArgKey, ArgValue, CommandWord, Device, Duration, EnvKey, EnvValue, HealthUrl,
+                          HostRoot, MinFreeMib, Name, Python, Script, Unit, User, short)
+from .spec_fleet import Addresses, RolloutSpec, fleet_problem
+from .spec_slurm import SlurmSpec, launcher_problem, wire_slurm
+
+
+class _Section(BaseModel):
+    # strict: YAML already gives typed values; "10" is not silently a port, `yes` not silently a name.
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class HostSpec(_Section):
+    address: Addresses  # one host, or a list of them: a fleet (spec_fleet.py)
+    user: User = None
+    port: Annotated[int, Field(ge=1, le=65535)] | None = None
+    host_key_policy: Literal["strict", "accept-new"] = "strict"
+    root: HostRoot = DEFAULTS["host.root"]
+    python: Python = "python3"  # runs the supervisor (the controller's choice: the host never defaults it)
+    connect_timeout: Duration = 10.0
+    transport: Literal["auto", "openssh", "paramiko"] = "auto"  # auto: the system `ssh` when present
+
+
+class ServiceSpec(_Section):
+    manager: Literal[SERVICE_MANAGERS] = DEFAULTS["service.manager"]
+    unit: Unit = None
+    scope: Literal[SERVICE_SCOPES] = DEFAULTS["service.scope"]
+    stop: Literal[STOP_POLICIES] = DEFAULTS["service.stop"]
+    health_url: HealthUrl = None
+    health_timeout: Duration = DEFAULTS["service.health_timeout"]
+    sudo: bool = DEFAULTS["service.sudo"]
+    # How the GPU is freed: `stop` the unit, or ask the engine's own API (the unit keeps running; restarted
+    # only when the API does not bring it back).
+    free: Literal[FREE_METHODS] = "stop"
+    api_url: HealthUrl = None
+    pause_mode: Literal[PAUSE_MODES] | None = None
+
+    @model_validator(mode="after")
+    def _unit_matches_manager(self) -> ServiceSpec:
+        if self.manager == "systemd" and self.unit is None:
+            raise ValueError("manager systemd needs a `unit` (e.g. sglang.service)")
+        if self.manager == "none" and self.unit is not None:
+            raise ValueError("`unit` is only used with `manager: systemd`")
+        if self.scope == "user" and self.sudo:
+            raise ValueError(USER_SCOPE_SUDO)
+        return self
+
+    @model_validator(mode="after")
+    def _free_through_an_api(self) -> ServiceSpec:
+        if self.free == "stop":
+            if self.api_url is not None or self.pause_mode is not None:
+                raise ValueError("`api_url` and `pause_mode` go with `free: sglang` or `free: vllm`")
+            return self
+        if self.manager != "systemd":
+            raise ValueError(f"`free: {self.free}` needs `manager: systemd` (the unit is restarted when the "
+                             "engine's API does not bring it back)")
+        if self.api_url is None and self.health_url is None:
+            raise ValueError(f"`free: {self.free}` needs `api_url` (or a `health_url` on the engine's port)")
+        if self.pause_mode is not None and self.free != "sglang":
+            raise ValueError("`pause_mode` is SGLang's /pause_generation mode: it goes with `free: sglang`")
+        return self
+
+    def wire(self) -> dict:
+        """The host's form: without the engine keys for `free: stop` (the wire as it was); api_url resolved."""
+        if self.free == "stop":
+            return self.model_dump(exclude={"free", "api_url", "pause_mode"})
+        return dict(self.model_dump(), api_url=(self.api_url or origin(self.health_url)).rstrip("/"))
+
+
+class GpuSpec(_Section):
+    devices: list[Device] = []
+    min_free_mib: MinFreeMib = DEFAULTS["gpu.required_mib"]
+    drain_timeout: Duration = DEFAULTS["gpu.drain_timeout"]
+
+    @field_validator("devices")
+    @classmethod
+    def _no_duplicate_devices(cls, devices: list[int | str]) -> list[int | str]:
+        counts = Counter(str(d).lower() for d in devices)
+        duplicates = sorted(d for d, n in counts.items() if n > 1)
+        if duplicates:
+            raise ValueError(f"devices listed twice: {', '.join(duplicates)}")
+        return devices
+
+
+class PayloadSpec(_Section):
+    python: Python = DEFAULTS["payload.python"]
+    script: Script = None
+    args: dict[ArgKey, ArgValue] = {}
+    env: dict[EnvKey, EnvValue] = {}
+    command: list[CommandWord] | None = None
+    # A prepare step runs before the service is stopped (e.g. a JIT compile that needs no GPU memory):
+    # the script again with these args merged over `args`, or for a command payload its own command.
+    prepare_args: dict[ArgKey, ArgValue] | None = None
+    prepare_command: list[CommandWord] | None = None
+    # Started before the service is touched: its GPU-free setup (imports, backend load) runs while the service
+    # serves; it gets the GPU with `go` on stdin (docs/protocol.md, "A staged payload").
+    staged: bool = False
+
+    @model_validator(mode="after")
+    def _script_or_command(self) -> PayloadSpec:
+        if (self.script is None) == (self.command is None):
+            raise ValueError("give exactly one of `script` (with `args`) or `command`")
+        if self.command is not None and not self.command:
+            raise ValueError("`command` must not be empty")
+        if self.command is not None and self.args:
+            raise ValueError("`args` go with `script`; with `command`, put the arguments in the list")
+        if self.prepare_args is not None and self.script is None:
+            raise ValueError("`prepare_args` go with `script`; with `command`, give `prepare_command`")
+        if self.prepare_command is not None and (self.command is None or not self.prepare_command):
+            raise ValueError("`prepare_command` goes with `command` and must not be empty")
+        return self
+
+
+class LimitsSpec(_Section):
+    max_runtime: Duration = DEFAULTS["limits.max_runtime"]
+    grace: Duration = DEFAULTS["limits.grace"]
+    prepare_timeout: Duration = DEFAULTS["limits.prepare_timeout"]
+    queue_timeout: Duration = DEFAULTS["limits.queue_timeout"]
+    stage_timeout: Duration = DEFAULTS["limits.stage_timeout"]
+    # A sweep's whole downtime window: no variant starts that could not end inside it (the host decides).
+    max_downtime: Duration | None = DEFAULTS["limits.max_downtime"]
+
+
+class SweepSpec(_Section):
+    """Many variants of a script payload in one downtime window: each variant's keys become its args."""
+    matrix: dict[ArgKey, Annotated[list[ArgValue], Field(min_length=1)]] = {}
+    include: list[dict[ArgKey, ArgValue]] = []
+    fail_fast: bool = False
+    # launcher slurm: the job array's `%k`, at most this many variants at once (default: all of them)
+    max_parallel: Annotated[int, Field(ge=1)] | None = None
+    # launcher ssh: the variants side by side, each on its own slot of this many of gpu.devices (in order);
+    # null: one after another, each with all of them
+    gpus_per_variant: Annotated[int, Field(ge=1)] | None = None
+
+    @model_validator(mode="after")
+    def _some_within_the_cap(self) -> SweepSpec:
+        n = sweeps.count(self.matrix, self.include)
+        if n == 0:
+            raise ValueError("a sweep needs a `matrix` axis or an `include` entry")
+        if n > sweeps.MAX_VARIANTS:
+            raise ValueError(f"{n} variants is over the cap of {sweeps.MAX_VARIANTS}; split the sweep")
+        return self
+
+    def variants(self) -> list[dict]:
+        return sweeps.expand(self.matrix, self.include)
+
+
+class JobSpec(_Section):
+    name: Name
+    host: HostSpec
+    service: ServiceSpec = Field(default_factory=ServiceSpec)
+    gpu: GpuSpec = Field(default_factory=GpuSpec)
+    payload: PayloadSpec
+    limits: LimitsSpec = Field(default_factory=LimitsSpec)
+    launcher: Literal[LAUNCHERS] = "ssh"
+    slurm: SlurmSpec | None = None
+    sweep: SweepSpec | None = None
+    rollout: RolloutSpec | None = None
+    _spec_path: Path | None = PrivateAttr(None)
+
+    @model_validator(mode="after")
+    def _launcher_rules(self) -> JobSpec:
+        problem = launcher_problem(self) or fleet_problem(self)
+        if problem:
+            raise ValueError(problem)
+        if self.sweep is not None and self.payload.staged:
+            raise ValueError("payload.staged goes without a sweep: the variants run one after another in the "
+                             "window, none of them staged")
+        if self.sweep is not None and self.launcher == "ssh" and self.sweep.max_parallel is not None:
+            raise ValueError("sweep.max_parallel is for launcher slurm (a job array); on one host the variants "
+                             "share gpu.devices out with sweep.gpus_per_variant")
+        if self.sweep is not None and self.sweep.gpus_per_variant is not None:
+            if self.launcher != "ssh":
+                raise ValueError("sweep.gpus_per_variant is for launcher ssh (Slurm hands out the GPUs: "
+                                 "sweep.max_parallel)")
+            problem = sweeps.slot_problem([str(d) for d in self.gpu.devices], self.sweep.gpus_per_variant)
+            if problem:
+                raise ValueError(problem)
+        return self
+
+    @model_validator(mode="after")
+    def _sweep_keys_used(self) -> JobSpec:
+        if self.sweep is None or self.payload.command is None:
+            return self
+        keys = dict.fromkeys(k for v in [self.sweep.matrix, *self.sweep.include] for k in v)
+        unused = sweeps.unused_keys(self.payload.command, keys)
+        if unused:
+            where = "sweep.matrix" if unused[0] in self.sweep.matrix else "sweep.include"
+            raise ValueError(f"{where}.{unused[0]}: no `{{{unused[0]}}}` in payload.command uses it "
+                             "(write the placeholder in an argument)")
+        return self
+
+    def variant_args(self) -> list[dict]:
+        """Each variant's full args: `payload.args` with the variant's keys over them ([] without a sweep)."""
+        return [] if self.sweep is None else [{**self.payload.args, **v} for v in self.sweep.variants()]
+
+    @property
+    def spec_path(self) -> Path | None:
+        """The YAML file this spec was loaded from (set by load_spec)."""
+        return self._spec_path
+
+    def set_spec_path(self, path: Path) -> None:
+        """Remember the YAML file (for error messages and a script relative to it); load_spec calls it."""
+        self._spec_path = path
+
+    def payload_args(self, args: dict | None = None) -> list[str]:
+        """args → argv: `batch_sizes: [1, 2]` → `--batch-sizes 1,2`; true → a bare flag; false/null → left out."""
+        argv: list[str] = []
+        for key, value in (self.payload.args if args is None else args).items():
+            if value is False or value is None:
+                continue
+            argv.append("--" + key.replace("_", "-"))
+            if value is not True:
+                argv.append(",".join(map(str, value)) if isinstance(value, list) else str(value))
+        return argv
+
+    def script_source(self, payload_root: Path) -> Path | None:
+        """The local file to upload: in payload_root (the packaged payload holding a bare name) if it is there,
+        else relative to the YAML's directory."""
+        script = self.payload.script
+        if script is None:
+            return None
+        spec_dir = self._spec_path.parent if self._spec_path is not None else Path.cwd()
+        for candidate in (Path(payload_root) / script, spec_dir / script):
+            if candidate.is_file():
+                return candidate
+        raise SpecError(f"{self._spec_path or '<spec>'}: payload.script: {short(script)} is neither in {payload_root} "
+                        f"nor in {spec_dir}")
+
+    def to_wire(self, job_id: str, required_mib: int, script_name: str | None) -> dict:
+        """The normalised JSON form of docs/protocol.md ("The spec JSON"); script_name is the script's name
+        inside the uploaded payload dir (defaults to payload.script)."""
+        wire = {"name": self.name, "job_id": check_job_id(job_id), "service": self._wire_service(),
+                "gpu": {"devices": [str(d) for d in self.gpu.devices], "required_mib": int(required_mib),
+                        "drain_timeout": self.gpu.drain_timeout},
+                "payload": self._wire_payload(script_name), "limits": self.limits.model_dump()}
+        if self.launcher == "slurm":  # an ssh job's wire form stays as it was
+            wire.update(launcher="slurm", slurm=wire_slurm(self))
+        if wire["limits"]["max_downtime"] is None:  # as it was without one
+            del wire["limits"]["max_downtime"]
+        if not self.payload.staged:  # as it was without staging
+            del wire["limits"]["stage_timeout"]
+        if self.sweep is not None:  # expanded here: the host runs the variants as given
+            wire["sweep"] = {"fail_fast": self.sweep.fail_fast,
+                             "variants": [{"args": v, "argv": self._variant_argv(v)} for v in self.sweep.variants()]}
+            if self.launcher == "slurm":  # one job array: `%max_parallel`, every variant when not given
+                wire["sweep"]["max_parallel"] = self.sweep.max_parallel or len(wire["sweep"]["variants"])
+            if self.sweep.gpus_per_variant is not None:  # as it was without one
+                wire["sweep"]["gpus_per_variant"] = self.sweep.gpus_per_variant
+        return wire
+
+    def _variant_argv(self, variant: dict) -> list[str]:
+        """A script's args with the variant's over them, or the command with its `{KEY}`s filled."""
+        if self.payload.command is not None:
+            return sweeps.fill(self.payload.command, variant)
+        return self.payload_args({**self.payload.args, **variant})
+
+    def _wire_service(self) -> dict:
+        if self.service.manager == "none":
+            return {"manager": "none"}
+        return self.service.wire()
+
+    def _wire_payload(self, script_name: str | None) -> dict:
+        payload = self.payload
+        script = (script_name or payload.script) if payload.script is not None else None
+        return {"python": payload.python, "script": script, "args": self.payload_args(),
+                "command": list(payload.command) if payload.command is not None else None, "env": dict(payload.env),
+                "prepare": self.prepare_argv(), **({"staged": True} if payload.staged else {})}
+
+    def prepare_args_merged(self) -> dict | None:
+        """The prepare run's args: `args` with `prepare_args` over them (None without a prepare step)."""
+        if self.payload.prepare_args is None:
+            return None
+        return {**self.payload.args, **self.payload.prepare_args}
+
+    def prepare_argv(self) -> list[str] | None:
+        """On the wire: the script's argv tail for the prepare run, or the prepare command; None = no step."""
+        if self.payload.prepare_command is not None:
+            return list(self.payload.prepare_command)
+        merged = self.prepare_args_merged()
+        return None if merged is None else self.payload_args(merged)

@@ -1,0 +1,206 @@
+"""The job spec's reference: the JSON Schema (`runner schema`, for editors) and docs/spec-reference.md, both
+generated from the pydantic models. Types, defaults and allowed values come from the models; the one thing
+written here is what each key is for (DESCRIPTIONS), injected into both. A key without a description fails
+tests/test_spec_reference.py, so the reference cannot fall behind the schema.
+"""
+from __future__ import annotations
+
+import json
+
+from .spec import JobSpec
+
+SCHEMA_ID = "https://runner.invalid/job-spec.schema.json"
+
+DESCRIPTIONS = {
+    "name": "What the job measures; becomes part of the job id.",
+    "host": "Where the job runs.",
+    "host.address": "An ssh_config alias (its HostName, User, Port, IdentityFile, ProxyJump apply), a host name, "
+                    "an IP address, or `local` (this machine, no SSH). A list of them is a fleet: one run, one job per "
+                    "host (the rest of host, service, gpu apply to each), rolled out as `rollout` says.",
+    "host.user": "Login user; overrides the alias's User (like `ssh -l`).",
+    "host.port": "SSH port; overrides the alias's Port (like `ssh -p`).",
+    "host.host_key_policy": "`strict`: the host key must already be in known_hosts. `accept-new`: record an "
+                            "unknown key once (a changed key is still refused).",
+    "host.root": "The supervisor's directory on the host (payload copies, job dirs, locks). Must be owned by the "
+                 "login user and not writable by others.",
+    "host.python": "Python 3 on the host that runs the stdlib-only supervisor (not the benchmark's).",
+    "host.connect_timeout": "How long to wait for the SSH connection.",
+    "host.transport": "How to reach the host: `openssh` runs your `ssh` with your ~/.ssh/config (certificates, "
+                      "agents, Match, ProxyJump; one ControlMaster per host), `paramiko` the embedded client "
+                      "(no `ssh` binary needed; no host certificates); `auto` is `openssh` when `ssh` is on PATH.",
+    "service": "The inference service that may have to give up the GPU, and how to bring it back.",
+    "service.manager": "`systemd` to manage `unit`; `none` when nothing has to be stopped.",
+    "service.unit": "The systemd unit (NAME means NAME.service).",
+    "service.scope": "`system` units, or the login user's own manager (`systemctl --user`).",
+    "service.stop": "`if-needed`: stop only when the GPUs lack `gpu.min_free_mib`; `always`; `never` (then a "
+                    "short GPU is a preflight refusal, exit 4).",
+    "service.health_url": "http(s) URL answering 2xx once the service is ready again; without it the unit must "
+                          "stay active for 2 s.",
+    "service.health_timeout": "How long the restore waits for healthy.",
+    "service.sudo": "Run systemctl/systemd-run through `sudo -n` (a NOPASSWD rule is needed; see the README).",
+    "service.free": "How the GPU is freed: `stop` the unit (and start it after); `sglang`: pause generation, "
+                    "release the KV cache (and the weights only if still short, and only with SGLang's "
+                    "--enable-weights-cpu-backup), resume after (needs --enable-memory-saver); `vllm`: sleep level 1, "
+                    "wake after (needs --enable-sleep-mode and VLLM_SERVER_DEV_MODE=1). The unit keeps running; it "
+                    "is restarted only when the API does not bring the engine back.",
+    "service.api_url": "The engine's HTTP root for `free: sglang`/`vllm` (default: the origin of `health_url`).",
+    "service.pause_mode": "SGLang's /pause_generation mode before the release: `abort` (SGLang's default when not "
+                          "given: in-flight requests are returned) or `retract` (they are queued and recomputed after).",
+    "gpu": "The GPUs the payload uses and the memory it needs.",
+    "gpu.devices": "GPU indexes (nvidia-smi order) or UUIDs; the payload gets CUDA_VISIBLE_DEVICES for them.",
+    "gpu.min_free_mib": "Free memory needed on each device, in MiB (at most 16777216, 16 TiB), or `auto`: the "
+                        "script's own `estimate_peak_bytes(args)` (given what its `parse_args` returned), asked on "
+                        "the controller; a sweep's largest variant decides.",
+    "gpu.drain_timeout": "How long to wait, after stopping the service, for the memory to be free.",
+    "payload": "What runs: a script (a packaged payload or your own) with `args`, or a `command`.",
+    "payload.python": "Interpreter that runs `script` on the host (e.g. the venv that has torch and sglang).",
+    "payload.script": "A bare name of a packaged payload (the folder of remote_payload/payloads/ that holds it: "
+                      "`bench_marlin_moe.py`, `demo_payload.py`), else a path relative to the job file. Uploaded "
+                      "with its local import closure (the modules it imports from its own directory; not the "
+                      "stdlib, not installed packages).",
+    "payload.args": "The script's arguments: `key: value` becomes `--key value`, `true` a bare flag, a list "
+                    "`1,2,3`. Checked against the script's own parser before the host is contacted.",
+    "payload.env": "Extra environment for the payload (RUNNER_* are reserved).",
+    "payload.command": "An argv list run as is (instead of `script`).",
+    "payload.prepare_args": "A prepare step run BEFORE the service is stopped: the script again with these args "
+                            "merged over `args` (e.g. `prepare_only: true` to JIT-compile with no GPU memory).",
+    "payload.prepare_command": "The prepare step of a `command` payload: an argv list.",
+    "payload.staged": "Start the payload BEFORE the service is touched (after the prepare step), with "
+                      "RUNNER_STAGED=1: it does its GPU-free setup (imports, backend load), prints the line "
+                      "`{\"event\": \"staged\"}`, and waits for `go` on stdin, written once the GPU is free; "
+                      "EOF instead means exit without touching the GPU. Dying or `limits.stage_timeout` while "
+                      "staged ends the job with the service never stopped. Not with a sweep.",
+    "launcher": "`ssh` (default): the supervisor runs on `host`. `slurm`: `host` is the login node and the job "
+                "goes through sbatch (service.manager none, no gpu.devices; see the README's Running on Slurm).",
+    "slurm": "With launcher slurm: partition, gres or gpus, time (default: the prepare step and staging + "
+             "max_runtime + grace + 60 s), account, qos, constraint, extra_args (each `--name=value`).",
+    "rollout": "With a list of hosts: how the run's jobs are rolled out over them.",
+    "rollout.max_unavailable": "At most this many hosts have their service stopped by the run at a time (a job "
+                               "that leaves its service running does not count).",
+    "rollout.stop_on_failure": "After a host fails (skipped, or its job ended other than SUCCEEDED), start no "
+                               "more hosts.",
+    "rollout.forks": "At most this many host calls (preflight, start, status) in flight at once, in list order, "
+                     "like Ansible's forks; `runner submit --forks N` for one run. Waiting for a turn or for a "
+                     "job's end holds none.",
+    "slurm.partition": "The partition (sbatch --partition); a Slurm name ([A-Za-z0-9._-]).",
+    "slurm.gres": "GPUs as generic resources, e.g. `gpu:2` or `gpu:a100:2` (sbatch --gres); or give `gpus`.",
+    "slurm.gpus": "GPUs as a count (`2`) or TYPE:COUNT (`a100:2`) (sbatch --gpus); or give `gres`.",
+    "slurm.time": "The allocation's time limit; default and minimum: limits.prepare_timeout (with a prepare step) "
+                  "+ limits.stage_timeout (staged) + limits.max_runtime + grace + 60 s, in whole minutes (shorter "
+                  "would let Slurm kill the job before its own deadline).",
+    "slurm.account": "The account to charge (sbatch --account).",
+    "slurm.qos": "The quality of service (sbatch --qos).",
+    "slurm.constraint": "A node feature expression (sbatch --constraint), e.g. `h200&ib`.",
+    "slurm.extra_args": "More sbatch options, one `--name=value` per item; not the ones the fields above set.",
+    "sweep.matrix": "KEY: [values]: every combination of the axes is one variant.",
+    "sweep.include": "Extra variants, each a {KEY: value} mapping, after the matrix's.",
+    "sweep.fail_fast": "After a failing variant start no more (each one left is recorded \"not started\" with "
+                       "the reason).",
+    "sweep.max_parallel": "With launcher slurm: at most this many variants at once (the job array's `%k`); "
+                          "default all. Refused with launcher ssh (there: `gpus_per_variant`).",
+    "sweep.gpus_per_variant": "With launcher ssh: the variants side by side in one window, gpu.devices cut in "
+                              "order into slots of this many, each variant on its own slot (CUDA_VISIBLE_DEVICES, "
+                              "RUNNER_GPU_SLOT); a slot takes the next variant when its own ends. gpu.devices "
+                              "must hold a multiple of it. Default: one after another, each with all devices.",
+    "limits": "Time limits.",
+    "limits.max_runtime": "The payload's deadline: TERM, `grace`, then KILL of its process group.",
+    "limits.grace": "Seconds between TERM and KILL.",
+    "limits.queue_timeout": "With `submit --queue`: the longest wait for the service/GPU locks; past it the job ends TIMED_OUT with nothing stopped.",
+    "limits.prepare_timeout": "The prepare step's deadline (the service is not stopped if it fails).",
+    "limits.stage_timeout": "With `payload.staged`: the longest wait for the staged line; past it the job ends "
+                            "TIMED_OUT with the service untouched. `max_runtime` counts from the hand-over.",
+    "limits.max_downtime": "A sweep's window: the service must be back within it. No variant starts that could not "
+                           "end inside it (the longest variant so far, else max_runtime); it is recorded SKIPPED. "
+                           "Refused with launcher slurm (no service window there).",
+    "sweep": "Many variants in one downtime window (one stop, one restore): `matrix` (KEY: [values], the "
+             "cartesian product), `include` (extra {KEY: value} combinations), `fail_fast` (stop after a failing "
+             "variant). A script's variant keys override `payload.args`; in a `command`, `{KEY}` is replaced by "
+             "the variant's value (a key used nowhere is refused). At most 1000 variants. With launcher slurm the "
+             "sweep is one job array, one task (allocation) per variant, `max_parallel` (default: all) at once.",
+}
+
+
+def json_schema() -> dict:
+    """The models' JSON Schema with every key's description, for editors (`# yaml-language-server: $schema=`)."""
+    schema = JobSpec.model_json_schema()
+    schema = {"$schema": "https://json-schema.org/draft/2020-12/schema", "$id": SCHEMA_ID, **schema}
+    for path, section in _sections(schema):
+        for key, prop in section["properties"].items():
+            description = DESCRIPTIONS.get(f"{path}.{key}" if path else key)
+            if description:
+                prop["description"] = description
+    return schema
+
+
+def _sections(schema: dict, path: str = "", section: dict | None = None):
+    """(path, section schema) of the top level and of every section model below it, optional ones
+    (`rollout: RolloutSpec | None`) too, depth first in the models' order."""
+    section = schema if section is None else section
+    yield path, section
+    for key, prop in section["properties"].items():
+        ref = _ref(prop)
+        if ref:
+            yield from _sections(schema, f"{path}.{key}" if path else key, schema["$defs"][ref.rsplit("/", 1)[1]])
+
+
+def _ref(prop: dict) -> str | None:
+    """The section model a property refers to: directly, through allOf, or as the non-null side of anyOf."""
+    candidates = [prop, *prop.get("allOf", []), *prop.get("anyOf", [])]
+    return next((c["$ref"] for c in candidates if "$ref" in c), None)
+
+
+def missing_descriptions() -> list[str]:
+    schema = JobSpec.model_json_schema()
+    return [f"{path}.{key}" if path else key for path, section in _sections(schema) for key in section["properties"]
+            if (f"{path}.{key}" if path else key) not in DESCRIPTIONS]
+
+
+def markdown() -> str:
+    """docs/spec-reference.md: one table row per key (type, default, allowed values, what it is for)."""
+    schema = json_schema()
+    lines = ["# Job spec reference", "",
+             "Generated from the schema by `python -m runner.spec.spec_reference > docs/spec-reference.md` "
+             "(tests/test_spec_reference.py checks it is current). `runner schema` prints the JSON Schema "
+             "for editors: put `# yaml-language-server: $schema=./job-spec.schema.json` at the top of a "
+             "job file after `runner schema > job-spec.schema.json`.", "",
+             "Durations are seconds or text like `30s`, `5m`, `1h30m`, `2d`. Every key, nested ones included, is "
+             "listed; every key not listed is an error.", "",
+             "`submit --set KEY=VALUE` sets one key; VALUE is YAML (`5`, `true`, `[1, 2]`, `30m`). An empty value "
+             "is refused: write `--set KEY=null` for null (an argument set to null is left out of the script's "
+             "argv), `--set \"KEY=''\"` for an empty string.", "",
+             "| key | type | default | what it is for |", "|---|---|---|---|"]
+    for path, section in _sections(schema):
+        for key, prop in section["properties"].items():
+            name = f"{path}.{key}" if path else key
+            needed = "**required**" if key in section.get("required", []) else _default(prop)
+            lines.append(f"| `{name}` | {_type(prop)} | {needed} | {prop.get('description', '')} |")
+    return "\n".join(lines) + "\n"
+
+
+def _type(prop: dict) -> str:
+    if "enum" in prop:
+        return " \\| ".join(f"`{v}`" for v in prop["enum"])
+    if "const" in prop:
+        return f"`{prop['const']}`"
+    if "anyOf" in prop:
+        return " or ".join(dict.fromkeys(_type(p) for p in prop["anyOf"] if p.get("type") != "null"))
+    if "$ref" in prop or "allOf" in prop:
+        return "section"
+    kind = prop.get("type", "any")
+    if kind == "string" and "pattern" in prop:
+        return "duration"
+    if kind == "array":
+        return f"list of {_type(prop.get('items', {}))}"
+    if kind == "object":
+        return "mapping"
+    return " or ".join(kind) if isinstance(kind, list) else kind
+
+
+def _default(prop: dict) -> str:
+    if "default" not in prop:
+        return ""
+    return f"`{json.dumps(prop['default'])}`"
+
+
+if __name__ == "__main__":
+    print(markdown(), end="")

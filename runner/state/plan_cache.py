@@ -1,0 +1,117 @@
+"""A submit's local plan, cached by everything it came from: a warm `runner submit` of a spec it has planned
+before neither imports pydantic and yaml nor validates again (they were most of the CLI's start-up).
+
+A plan is what submit decides before any host is contacted: the host section, the wire form of the spec
+(its job id left to each submit), the payload script's path, the digests of both bundles (the supervisor's and
+the payload's), and the args check's note.
+Its key hashes the spec file (resolved path and bytes), the `--set` overrides, and a stamp of the code that
+validates (every runner/*.py file, the Python version, the pydantic and yaml packages): any change is a
+miss, so a plan is never older than what it was made from. On a hit both bundles are built again from the files
+and must hash to the recorded digests (the host code, the script and its local imports unchanged: a payload's
+estimate and args check are as fresh as its bundle), else it is a miss too.
+Entries are STATE/plans/<key>.json, replaced atomically; an unreadable one is a miss, never an error.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import stat
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+from ..errors import RunnerError
+
+FORMAT = 2
+RUNNER_DIR = Path(__file__).resolve().parent
+VALIDATING_PACKAGES = ("pydantic", "pydantic_core", "yaml")
+
+
+@dataclass
+class Plan:
+    host: dict
+    wire: dict  # the spec's wire form; its job_id is set by each submit
+    source: str | None  # the payload script (absolute), or None for a command payload
+    digest: str  # the supervisor's bundle
+    payload_digest: str | None  # the payload script's bundle (its import closure), or None
+    args_note: str
+
+
+def key(spec_path: str, overrides: Sequence[str]) -> str | None:
+    """The plan's key, or None when the spec is not a readable regular file (validation then says why)."""
+    path = Path(spec_path).resolve()
+    try:
+        if not stat.S_ISREG(path.stat().st_mode):
+            return None
+        data = path.read_bytes()
+    except (OSError, ValueError):
+        return None
+    h = hashlib.sha256(json.dumps([FORMAT, str(path), list(overrides), _code_stamp()]).encode())
+    h.update(data)
+    return h.hexdigest()[:32]
+
+
+def _code_stamp() -> list:
+    """What validation depends on besides the spec: runner's own files and the validating packages."""
+    files = sorted(RUNNER_DIR.glob("*.py")) + [_package_file(name) for name in VALIDATING_PACKAGES]
+    return [sys.version] + [_file_stamp(path) for path in files]
+
+
+def _package_file(name: str) -> Path | None:
+    from importlib.util import find_spec
+
+    spec = find_spec(name)
+    return Path(spec.origin) if spec is not None and spec.origin else None
+
+
+def _file_stamp(path: Path | None) -> list:
+    try:
+        st = path.stat()
+        return [str(path), st.st_size, st.st_mtime_ns]
+    except (AttributeError, OSError):
+        return [str(path), None]
+
+
+def _read(root: Path, plan_key: str | None) -> Plan | None:
+    if plan_key is None:
+        return None
+    try:
+        return Plan(**json.loads((root / "plans" / f"{plan_key}.json").read_text()))
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def load(root: Path, plan_key: str | None, bundles_of: Callable) -> tuple[Plan, tuple] | None:
+    """The cached plan and its bundles (`bundles_of(source)`: the supervisor's and the payload's, each checked
+    against its recorded digest), or None."""
+    plan = _read(root, plan_key)
+    if plan is None:
+        return None
+    try:
+        bundle, payload = bundles_of(Path(plan.source) if plan.source else None)
+    except (OSError, ValueError, TypeError, RunnerError):
+        return None
+    payload_digest = payload.digest if payload is not None else None
+    return (plan, (bundle, payload)) if (bundle.digest, payload_digest) == (plan.digest, plan.payload_digest) else None
+
+
+def host(root: Path, plan_key: str | None) -> dict | None:
+    """The cached plan's host section alone (the key already covers everything it came from), or None."""
+    plan = _read(root, plan_key)
+    return plan.host if plan is not None and isinstance(plan.host, dict) else None
+
+
+def save(root: Path, plan_key: str | None, plan: Plan) -> None:
+    """Record a plan (best effort: a read-only state dir only costs the next submit its validation)."""
+    if plan_key is None:
+        return
+    directory = root / "plans"
+    tmp = directory / f".tmp-{plan_key}-{os.getpid()}"
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(plan.__dict__))
+        os.replace(tmp, directory / f"{plan_key}.json")
+    except OSError:
+        tmp.unlink(missing_ok=True)

@@ -1,0 +1,222 @@
+"""Local controller state: a job index with each job's host and log cursor (a byte offset).
+
+The host's job directory is the source of truth; this is only what the controller needs to find it again
+and to print each log byte exactly once. One JSON file per job, replaced atomically.
+Location: $RUNNER_STATE_DIR, else platformdirs' user state dir.
+
+The cursor: every read-modify-write of a record holds the job's record lock (a short flock on
+locks/<id>.record), and a write never moves the cursor back (`save` keeps the larger of the two); the one
+move back is `rewind_cursor`, after the host's log was found shorter than the cursor. A `tail` call holds
+the job's cursor turn (a flock on locks/<id>.cursor, released by the kernel if the call is killed) from
+reading the cursor to saving it, so two tails of one job take turns and each byte goes to one of them.
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import time
+from contextlib import contextmanager, suppress
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Iterator
+
+from ..errors import LocalStateError, RunnerError, UnknownJob
+
+TURN_POLL_S = 0.05
+
+
+@dataclass
+class JobRecord:
+    job_id: str
+    name: str
+    host: dict  # the spec's host section, enough to reconnect
+    spec_path: str
+    submitted_at: float
+    service: dict = field(default_factory=dict)
+    cursor: int = 0
+    last_state: str = "QUEUED"
+    wire: dict = field(default_factory=dict)  # the spec as submitted (its wire form): what the history reads
+
+
+_FIELD_TYPES = {"job_id": str, "name": str, "host": dict, "spec_path": str, "submitted_at": (int, float),
+                "service": dict, "cursor": int, "last_state": str, "wire": dict}
+
+
+class Store:
+    def __init__(self, root: Path | None = None) -> None:
+        self.root = root or default_state_dir()
+
+    @property
+    def jobs_dir(self) -> Path:
+        return self.root / "jobs"
+
+    def check_writable(self) -> None:
+        """Refuse before any host is contacted when a job record could not be kept (read-only or full disk)."""
+        with _local_state(self.root):
+            self.jobs_dir.mkdir(parents=True, exist_ok=True)
+            probe = self.jobs_dir / f".write-check-{os.urandom(6).hex()}"  # its own name: tails run side by side
+            _write_atomic(probe, "ok")
+            os.unlink(probe)
+
+    def save(self, record: JobRecord) -> None:
+        """Write the record; its cursor never goes below the one already stored (a reader holding an old
+        record cannot move it back)."""
+        with self._record_lock(record.job_id):
+            stored = self._stored_cursor(record.job_id)
+            self._write(JobRecord(**{**asdict(record), "cursor": max(record.cursor, stored)}))
+
+    def forget(self, job_id: str) -> None:
+        """Remove a job's record (one the host refused, so never started): best effort, never raises."""
+        with suppress(OSError):
+            (self.jobs_dir / f"{job_id}.json").unlink(missing_ok=True)
+
+    def load(self, job_id: str) -> JobRecord:
+        path = self.jobs_dir / f"{job_id}.json"
+        try:
+            return _record_from(json.loads(path.read_bytes()))
+        except FileNotFoundError:
+            raise UnknownJob(
+                f"unknown job id {job_id!r} (not in {self.jobs_dir})",
+                hint="`runner list` shows the jobs this controller knows.",
+            ) from None
+        except (OSError, ValueError, TypeError) as exc:
+            raise RunnerError(f"local job record {path} is unreadable: {exc}",
+                              hint="move it away; `runner list` skips it.") from None
+
+    def advance_cursor(self, job_id: str, offset: int, state: str) -> None:
+        """After a tail call delivered the log up to `offset`: move the cursor there (never back), on a
+        fresh read of the record, and note the state it saw."""
+        with self._record_lock(job_id):
+            record = self.load(job_id)
+            record.cursor, record.last_state = max(record.cursor, offset), state
+            self._write(record)
+
+    def rewind_cursor(self, job_id: str) -> None:
+        """The host's log is shorter than the cursor: start it again from byte 0 (repeats, never a gap)."""
+        with self._record_lock(job_id):
+            record = self.load(job_id)
+            record.cursor = 0
+            self._write(record)
+
+    def update_state(self, job_id: str, state: str) -> None:
+        """Change only last_state, on a fresh read: a `tail` running meanwhile may have moved the cursor."""
+        with self._record_lock(job_id):
+            record = self.load(job_id)
+            record.last_state = state
+            self._write(record)
+
+    @contextmanager
+    def cursor_turn(self, job_id: str, wait_s: float) -> Iterator[tuple[JobRecord, bool]]:
+        """Hold the job's cursor for one tail call: yields (its record as of the turn, True), or (the record,
+        False) when another call held it for all of wait_s. An unknown or unreadable record, or a state dir
+        where the cursor could not be saved (the same bytes would print again and again), is said before
+        anything is written. The kernel drops the lock when its holder dies: a killed call never blocks the next."""
+        self.load(job_id)
+        self.check_writable()
+        with self._lock_file(job_id, "cursor") as fd:
+            end = time.monotonic() + wait_s
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() >= end:
+                        yield self.load(job_id), False
+                        return
+                    time.sleep(min(TURN_POLL_S, max(0.0, end - time.monotonic())))
+            yield self.load(job_id), True
+
+    def scan(self) -> tuple[list[JobRecord], list[str]]:
+        """Every readable record, oldest first, and a line for each one skipped as unreadable."""
+        if not self.jobs_dir.is_dir():
+            return [], []
+        records, skipped = [], []
+        for path in sorted(self.jobs_dir.glob("*.json")):
+            try:
+                records.append(self.load(path.stem))
+            except RunnerError as exc:
+                skipped.append(str(exc))
+        return sorted(records, key=lambda r: r.submitted_at), skipped
+
+    def all(self) -> list[JobRecord]:
+        """Every readable record, oldest first (an unreadable one is skipped: `scan` says which)."""
+        return self.scan()[0]
+
+    def _stored_cursor(self, job_id: str) -> int:
+        try:
+            return self.load(job_id).cursor
+        except RunnerError:
+            return 0
+
+    def _write(self, record: JobRecord) -> None:
+        with _local_state(self.root):
+            self.jobs_dir.mkdir(parents=True, exist_ok=True)
+            _write_atomic(self.jobs_dir / f"{record.job_id}.json", json.dumps(asdict(record), indent=1))
+
+    @contextmanager
+    def _record_lock(self, job_id: str) -> Iterator[None]:
+        with self._lock_file(job_id, "record") as fd:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+
+    @contextmanager
+    def _lock_file(self, job_id: str, kind: str) -> Iterator[int]:
+        with _local_state(self.root):
+            (self.root / "locks").mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.root / "locks" / f"{job_id}.{kind}", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            yield fd
+        finally:
+            os.close(fd)  # closing the one descriptor releases its flock
+
+
+def _record_from(data: object) -> JobRecord:
+    """A JobRecord from parsed JSON, or TypeError naming what is of the wrong shape."""
+    if not isinstance(data, dict):
+        raise TypeError(f"a job record is a JSON object, got {type(data).__name__}")
+    known = {f.name for f in fields(JobRecord)}
+    if set(data) - known:
+        raise TypeError(f"unknown fields {sorted(set(data) - known)}")
+    for name, kind in _FIELD_TYPES.items():
+        if name in data and (not isinstance(data[name], kind) or isinstance(data[name], bool)):
+            raise TypeError(f"{name} is {type(data[name]).__name__}, not {getattr(kind, '__name__', 'a number')}")
+    if data.get("cursor", 0) < 0:
+        raise TypeError("cursor is negative")
+    return JobRecord(**data)
+
+
+@contextmanager
+def _local_state(root: Path) -> Iterator[None]:
+    """An OSError on the state dir is a LocalStateError (exit 2), never a traceback."""
+    try:
+        yield
+    except OSError as exc:
+        raise LocalStateError(
+            f"the state dir {root} cannot be written: {exc.strerror or exc}",
+            hint="free space there, or point RUNNER_STATE_DIR at a writable directory.",
+        ) from None
+
+
+def default_state_dir() -> Path:
+    override = os.environ.get("RUNNER_STATE_DIR")
+    if override:
+        return Path(override)
+    import platformdirs
+
+    return Path(platformdirs.user_state_dir("runner"))
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    # What tempfile.mkstemp does (O_EXCL, 0600, a random name), without importing tempfile on every command
+    tmp = str(path.parent / f".tmp-{os.urandom(6).hex()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
