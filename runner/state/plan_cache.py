@@ -5,7 +5,7 @@ A plan is what submit decides before any host is contacted: the host section, th
 (its job id left to each submit), the payload script's path, the digests of both bundles (the supervisor's and
 the payload's), and the args check's note.
 Its key hashes the spec file (resolved path and bytes), the `--set` overrides, and a stamp of the code that
-validates (every runner/*.py file, the Python version, the pydantic and yaml packages): any change is a
+validates (every runner/**/*.py file, the Python version, the pydantic and yaml packages): any change is a
 miss, so a plan is never older than what it was made from. On a hit both bundles are built again from the files
 and must hash to the recorded digests (the host code, the script and its local imports unchanged: a payload's
 estimate and args check are as fresh as its bundle), else it is a miss too.
@@ -25,7 +25,7 @@ from typing import Callable, Sequence
 from ..errors import RunnerError
 
 FORMAT = 2
-RUNNER_DIR = Path(__file__).resolve().parent
+RUNNER_DIR = Path(__file__).resolve().parents[1]  # the whole runner package, every sub-package
 VALIDATING_PACKAGES = ("pydantic", "pydantic_core", "yaml")
 
 
@@ -55,7 +55,7 @@ def key(spec_path: str, overrides: Sequence[str]) -> str | None:
 
 def _code_stamp() -> list:
     """What validation depends on besides the spec: runner's own files and the validating packages."""
-    files = sorted(RUNNER_DIR.glob("*.py")) + [_package_file(name) for name in VALIDATING_PACKAGES]
+    files = sorted(RUNNER_DIR.rglob("*.py")) + [_package_file(name) for name in VALIDATING_PACKAGES]
     return [sys.version] + [_file_stamp(path) for path in files]
 
 
