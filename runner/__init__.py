@@ -1,3 +1,19 @@
-"""runner: detached remote benchmark jobs over SSH that stop a GPU service, run, and always bring it back."""
+"""runner: detached remote benchmark jobs over SSH that stop a GPU service, run, and always bring it back.
+
+The controller in layers, lowest first; a module imports from its own folder, the primitives and the folders
+below it, never from a folder beside it or above it (tests/test_import_layers.py enforces it, cycles too):
+
+    errors, deadline, printable, local_files   primitives: the error tree, the one deadline, safe text, bounded files
+    state/                                     the controller's own records in the state dir
+    spec/  remote/  results/                   the job spec; reaching a host; results, gate, history (side by side)
+    commands/                                  what each command does, as plain functions
+    fleet/  mcp/                               a run over several hosts; the MCP server (side by side)
+    cli/                                       the command line
+    __main__                                   `python -m runner`
+
+The host side (remote_payload/) never imports this package; any layer here may import its shared,
+stdlib-only modules (contract, admission, sweep, progress). No `__init__` imports anything: a warm submit
+loads only the modules it uses (tests/test_plan_cache.py, bench/submit_unit_cost.py).
+"""
 
 __version__ = "0.1.0"

@@ -1,0 +1,5 @@
+"""`runner mcp`: the commands as MCP tools over stdio (mcp_server) and what an agent may ask of them, the
+server's trust model (mcp_policy).
+
+May import: the primitives, state/, spec/, remote/, results/ and commands/. Not fleet/ (beside it) nor cli/.
+"""
