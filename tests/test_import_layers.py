@@ -1,8 +1,9 @@
-"""The import layers, enforced: the controller's modules and the host tree's import only their own layer or
-those below it, with no cycle (function-local imports count: they hide cycles, they do not remove them); the
-host side imports nothing but the standard library and its own modules, each in one way only: package-relative,
-never as a top-level module beside it (no try/except ImportError pair). Read from the source (AST), nothing
-is imported."""
+"""The import layers, enforced: the controller's modules import only their own folder or the folders of lower
+layers (runner/__init__.py draws the tree), and the host tree's only their own layer or those below it, with no
+cycle (function-local imports count: they hide cycles, they do not remove them), and no package __init__ imports
+anything; the host side imports nothing but the standard library and its own modules, each in one way only:
+package-relative, never as a top-level module beside it (no try/except ImportError pair). Read from the source
+(AST), nothing is imported."""
 from __future__ import annotations
 
 import ast
@@ -13,17 +14,22 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 
-# Lowest first. A module may import from its own layer and the layers below; a new module gets a line here.
+# The controller's packages, lowest first (runner/__init__.py draws the same tree). A module imports from its own
+# package, or from a package on a lower line; packages on one line sit side by side and import none of each other.
+# "runner" is the primitives (runner/*.py); a new folder gets a place here.
 CONTROLLER_LAYERS = [
-    ("primitives", {"errors", "deadline", "printable", "cli_echo", "local_files", "spec_fields", "job_id",
-                    "import_closure"}),
-    ("spec and local state", {"spec", "spec_fleet", "spec_slurm", "spec_load", "spec_reference", "store", "fleet_store",
-                              "payload_args", "preflight", "answers", "results", "gate", "gate_report"}),
-    ("hosts and records", {"transport", "transport_openssh", "host", "plan_cache", "history", "history_report"}),
-    ("commands", {"controller", "watch"}),
-    ("applications", {"ci", "app", "fleet", "fleet_view", "fleet_results", "mcp_policy"}),
-    ("front ends", {"fleet_cli", "mcp_server", "cli", "__main__", "__init__"}),
+    ("primitives", {"runner"}),
+    ("local state", {"runner.state"}),
+    ("parts", {"runner.spec", "runner.remote", "runner.results"}),
+    ("commands", {"runner.commands"}),
+    ("applications", {"runner.fleet", "runner.mcp"}),
+    ("front end", {"runner.cli"}),
 ]
+ENTRY_MODULES = {"runner.__main__"}  # `python -m runner`: above every layer
+# Folders whose modules import only the standard library, the host side's shared modules and LIGHT_THIRD_PARTY:
+# what every command loads first stays light (no pydantic, yaml, paramiko, tenacity).
+STDLIB_ONLY = {"runner", "runner.state"}
+LIGHT_THIRD_PARTY = {"platformdirs"}  # where the state dir is
 # The host tree (remote_payload/), lowest first; "pkg.*" places every module of a sub-package, a name of its own
 # overrides that. The shared rules are pure and stdlib-only: the controller imports them too.
 HOST_LAYERS = [
@@ -38,37 +44,80 @@ HOST_LAYERS = [
 KNOWN_HOST_CYCLES: list[list[str]] = []
 
 
-def imports_of(path: Path, package: str, siblings: set[str]) -> tuple[set[str], set[str]]:
-    """(sibling modules, other top-level modules) that `path` imports anywhere in its body."""
+
+
+def module_names(root: Path, package: str) -> dict[str, Path]:
+    """Every module of `package` under `root` by dotted name; a package's own file is `pkg.__init__`."""
+    return {".".join(path.relative_to(root).with_suffix("").parts): path
+            for path in sorted((root / package).rglob("*.py"))}
+
+
+def resolve(target: str, modules: dict[str, Path]) -> str | None:
+    """The module a dotted import names: itself, or its package's __init__; None when outside `modules`."""
+    if target in modules:
+        return target
+    return f"{target}.__init__" if f"{target}.__init__" in modules else None
+
+
+def package_imports(module: str, path: Path, modules: dict[str, Path]) -> tuple[set[str], set[str]]:
+    """(modules of the package that `module` imports anywhere in its body, other top-level names it imports);
+    relative imports resolved from the file's own folder."""
+    top = module.split(".")[0]
+    here = module.rsplit(".", 1)[0].split(".")  # a package's __init__ and its modules start from the same folder
     own, other = set(), set()
+
+    def add(target: str, names: list[str]) -> None:
+        found = [resolve(f"{target}.{name}", modules) for name in names]
+        if names and all(found):  # `from pkg import a, b` of submodules
+            own.update(found)
+        elif resolve(target, modules):
+            own.add(resolve(target, modules))
+
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.ImportFrom):
             if node.level:
-                names = [node.module] if node.module else [a.name for a in node.names]
-                own.update(n.split(".")[0] for n in names)
-            elif node.module and node.module.split(".")[0] == package:
-                rest = node.module.split(".")[1:]
-                own.update([rest[0]] if rest else [a.name for a in node.names])
+                base = ".".join(here[:len(here) - node.level + 1])
+                add(f"{base}.{node.module}" if node.module else base, [a.name for a in node.names])
+            elif node.module and node.module.split(".")[0] == top:
+                add(node.module, [a.name for a in node.names])
             elif node.module:
-                top = node.module.split(".")[0]
-                (own if top in siblings else other).add(top)
+                other.add(node.module.split(".")[0])
         elif isinstance(node, ast.Import):
             for alias in node.names:
-                parts = alias.name.split(".")
-                if parts[0] == package and len(parts) > 1:
-                    own.add(parts[1])
+                if alias.name.split(".")[0] == top:
+                    add(alias.name, [])
                 else:
-                    (own if parts[0] in siblings else other).add(parts[0])
-    return own & siblings - {path.stem}, other
+                    other.add(alias.name.split(".")[0])
+    return own - {module}, other
 
 
-def graph(package: str) -> tuple[dict[str, set[str]], dict[str, set[str]]]:
-    files = sorted((REPO / package).glob("*.py"))
-    siblings = {f.stem for f in files}
+def controller_graph(root: Path = REPO, package: str = "runner") -> tuple[dict[str, set[str]], dict[str, set[str]]]:
+    modules = module_names(root, package)
     own, other = {}, {}
-    for f in files:
-        own[f.stem], other[f.stem] = imports_of(f, package, siblings)
+    for name, path in modules.items():
+        own[name], other[name] = package_imports(name, path, modules)
     return own, other
+
+
+def folder_of(module: str) -> str:
+    return module.rsplit(".", 1)[0]
+
+
+def layer_violations(edges: dict[str, set[str]], layers: list[tuple[str, set[str]]],
+                     entry: set[str] = frozenset()) -> list[str]:
+    """Each import of a package beside or above the importer's own ("a (its layer) imports b (b's layer)")."""
+    level = {folder: i for i, (_, folders) in enumerate(layers) for folder in folders}
+    found = []
+    for module, deps in sorted(edges.items()):
+        if module in entry:
+            continue
+        mine = folder_of(module)
+        for dep in sorted(deps):
+            theirs = folder_of(dep)
+            if theirs != mine and level[theirs] >= level[mine]:
+                where = "beside" if level[theirs] == level[mine] else "above"
+                found.append(f"{module} ({layers[level[mine]][0]}) imports {dep} ({where}: {layers[level[theirs]][0]})")
+    return found
 
 
 def host_module_name(path: Path) -> str:
@@ -175,13 +224,75 @@ def test_the_cycle_finder_finds_a_hidden_cycle():
 
 
 def test_no_import_cycle_in_the_controller():
-    own, _ = graph("runner")
+    own, _ = controller_graph()
     assert cycles(own) == []
 
 
 def test_no_import_cycle_on_the_host_but_the_known_one():
     own, _ = host_graph()
     assert sorted(cycles(own)) == KNOWN_HOST_CYCLES
+
+
+def test_every_controller_folder_has_a_layer():
+    own, _ = controller_graph()
+    folders = {folder_of(module) for module in own}
+    placed = set().union(*(members for _, members in CONTROLLER_LAYERS))
+    assert sorted(folders - placed) == [], "add the new folder to CONTROLLER_LAYERS"
+    assert sorted(placed - folders) == [], "a folder in CONTROLLER_LAYERS no longer exists"
+    assert sorted(ENTRY_MODULES - set(own)) == []
+
+
+def test_controller_modules_import_only_their_folder_or_lower_layers():
+    own, _ = controller_graph()
+    assert layer_violations(own, CONTROLLER_LAYERS, ENTRY_MODULES) == []
+
+
+def test_no_package_init_imports_anything():
+    """A warm submit must not pay for a folder it only passes through (tests/test_plan_cache.py)."""
+    own, other = controller_graph()
+    inits = {m for m in own if m.endswith(".__init__")}
+    assert {m: sorted(own[m] | other[m] - {"__future__"}) for m in inits if own[m] | other[m] - {"__future__"}} == {}
+
+
+def test_the_light_folders_import_only_the_standard_library_and_the_host_contract():
+    _, other = controller_graph()
+    allowed = set(sys.stdlib_module_names) | {"__future__", "remote_payload"} | LIGHT_THIRD_PARTY
+    bad = {m: sorted(names - allowed) for m, names in other.items()
+           if folder_of(m) in STDLIB_ONLY and names - allowed}
+    assert bad == {}
+
+
+def test_the_layer_check_fails_on_an_upward_or_sideways_import():
+    edges = {"runner.state.store": {"runner.errors"}, "runner.spec.spec": {"runner.state.store"},
+             "runner.errors": {"runner.cli.cli"}, "runner.remote.host": {"runner.spec.spec"},
+             "runner.cli.cli": {"runner.commands.controller"}, "runner.__main__": {"runner.cli.cli"}}
+    assert layer_violations(edges, CONTROLLER_LAYERS, ENTRY_MODULES) == [
+        "runner.errors (primitives) imports runner.cli.cli (above: front end)",
+        "runner.remote.host (parts) imports runner.spec.spec (beside: parts)",
+    ]
+
+
+def test_relative_imports_are_read_from_the_files_own_folder(tmp_path):
+    """Two levels of folders, each import spelling the tree uses: the graph the layer check sees is the real one."""
+    files = {
+        "pkg/__init__.py": "",
+        "pkg/errors.py": "",
+        "pkg/low/__init__.py": "",
+        "pkg/low/a.py": "from ..errors import X\nfrom ..high import b\n",
+        "pkg/high/__init__.py": "",
+        "pkg/high/b.py": "def f():\n    from ..low.a import Y\n    from . import c\n    import pkg.errors\n",
+        "pkg/high/c.py": "from pkg import errors\nfrom pkg.low import a\nimport json\n",
+    }
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    own, other = controller_graph(tmp_path, "pkg")
+    assert own["pkg.low.a"] == {"pkg.errors", "pkg.high.b"}
+    assert own["pkg.high.b"] == {"pkg.low.a", "pkg.high.c", "pkg.errors"}
+    assert own["pkg.high.c"] == {"pkg.errors", "pkg.low.a"} and other["pkg.high.c"] == {"json"}
+    layers = [("bottom", {"pkg"}), ("low", {"pkg.low"}), ("high", {"pkg.high"})]
+    assert layer_violations(own, layers) == ["pkg.low.a (low) imports pkg.high.b (above: high)"]
+    assert cycles(own) == [["pkg.high.b", "pkg.high.c", "pkg.low.a"]]
 
 
 def test_every_host_module_has_a_layer():
@@ -217,21 +328,6 @@ def test_the_host_side_has_no_try_except_import_pair():
                 if any(isinstance(n, ast.ImportFrom) and n.level for n in ast.walk(node)):
                     pairs.append(f"{module}:{node.lineno}")
     assert pairs == []
-
-
-def test_every_controller_module_has_a_layer():
-    own, _ = graph("runner")
-    placed = set().union(*(members for _, members in CONTROLLER_LAYERS))
-    assert sorted(set(own) - placed) == [], "add the new module to CONTROLLER_LAYERS"
-    assert sorted(placed - set(own)) == [], "a module in CONTROLLER_LAYERS no longer exists"
-
-
-def test_controller_modules_import_only_their_layer_or_below():
-    own, _ = graph("runner")
-    layer = {m: i for i, (_, members) in enumerate(CONTROLLER_LAYERS) for m in members}
-    upward = [f"{m} ({CONTROLLER_LAYERS[layer[m]][0]}) imports {d} ({CONTROLLER_LAYERS[layer[d]][0]})"
-              for m, deps in sorted(own.items()) for d in sorted(deps) if layer[d] > layer[m]]
-    assert upward == []
 
 
 def test_the_host_side_never_imports_the_controller_or_third_party_code():
