@@ -11,7 +11,7 @@ are a contract; class names are not. A RemoteError carries the wire's own code f
     ├── SpecError           2     bad-spec            bad job spec or bad command-line usage
     ├── TransportError      3     host-unreachable    host unreachable, auth failed, timed out
     │   ├── HostKeyError    3     host-key            unknown or changed host key (message has the fingerprint)
-    │   └── BadAnswer       3     bad-answer          the host answered outside the wire contract (runner/remote/answers.py)
+    │   └── BadAnswer       3     bad-answer          the host answered outside the wire contract (remote/answers.py)
     ├── PreflightError      4     preflight-refused   the host cannot run this job now (memory, service policy)
     ├── HostBusy            5     busy                a lock is held; the message names the holder
     ├── SchedulerUnavailable 3    slurm-unavailable   launcher slurm: no sbatch/squeue on the login node

@@ -1,4 +1,5 @@
-"""runner.results.gate and runner.results.gate_report: metrics from real H200 results, verdicts, the baseline file, the formats.
+"""runner.results.gate and runner.results.gate_report: metrics from real H200 results, verdicts, the baseline
+file, the formats.
 
 The CLI cases run `python -m runner results` as a user or CI step would (a result.json path as the ID,
 so no host is needed).

@@ -1,4 +1,5 @@
-"""runner.results.history and runner.results.history_report: the SQLite results history, its migrations, and its failure modes.
+"""runner.results.history and runner.results.history_report: the SQLite results history, its migrations, and
+its failure modes.
 
 Real SQLite files, a real git repository for the spec's revision, the committed H200 results as data.
 """
