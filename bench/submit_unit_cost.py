@@ -14,9 +14,9 @@ import sys
 import time
 
 from tests.cli_helpers import run_cli, status, wait_terminal
+from tests.harness.systemd_jobs import gpu_job, target_for
 from tests.hosts._proc import shared_tmpdir
 from tests.hosts.systemd_host import start_service_host
-from tests.test_service import gpu_job, target_for
 
 FORK_MARKER = "/root/.runner/launch-fork"
 

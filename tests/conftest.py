@@ -58,6 +58,15 @@ def service_host(service_host_session):
     return service_host_session
 
 
+@pytest.fixture
+def fork_path(service_host):
+    """These cases are about the fork + guard path (hosts without systemd): pin it on the systemd host, where
+    the supervisor would otherwise run in a unit whose ExecStopPost= restores first (tests/test_pid1.py)."""
+    service_host.ssh(["sh", "-c", "mkdir -p /root/.runner && touch /root/.runner/launch-fork"], check=True)
+    yield
+    service_host.ssh(["rm", "-f", "/root/.runner/launch-fork"], check=True)
+
+
 @pytest.fixture(scope="session")
 def netns_host_session():
     """A systemd test host in its own network namespace, started once per session; tests use `netns_host`."""

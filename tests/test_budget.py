@@ -17,7 +17,15 @@ from remote_payload.host.primitives import Fail
 from remote_payload.supervision.files import JobPaths, read_status, write_json_atomic
 from remote_payload.supervision.spec import check_spec
 from remote_payload.supervision.start import claim_job_dir
-from tests.test_supervisor import host  # noqa: F401 (the fixture)
+from tests.harness.supervisor_calls import Host
+
+
+@pytest.fixture
+def host(tmp_path):
+    h = Host(tmp_path)
+    yield h
+    h.cleanup()
+
 
 PROTOCOL = Path(__file__).parent.parent / "docs" / "protocol.md"
 SERVICE = {"manager": "systemd", "unit": "sg", "health_timeout": 300}
@@ -150,7 +158,7 @@ def timespan_s(text: str) -> float:
 
 @pytest.mark.systemd
 def test_the_unit_and_the_guard_timer_carry_the_recorded_budget(service_host):
-    from tests.test_supervisor_service import RemoteHost
+    from tests.harness.supervisor_calls import RemoteHost
 
     remote = RemoteHost(service_host)
     spec, runtime_max = remote.spec("always", "sleep", "30", "0"), {}
@@ -181,7 +189,7 @@ def test_a_job_adopting_a_dead_jobs_stop_times_its_guard_timer_past_its_prepare_
     """The adopting job makes its guard timer when it takes the ledger's stop, before its prepare step and its
     staging: a timer of guard_timer_s alone fires (and is spent) while the job still runs, leaving no last line
     for when its supervisor and guard die later."""
-    from tests.test_supervisor_service import RemoteHost
+    from tests.harness.supervisor_calls import RemoteHost
 
     remote = RemoteHost(service_host)
     (remote.root / "launch-fork").touch()  # the fork + guard path: no unit restores the dead job first

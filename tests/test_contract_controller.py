@@ -1,5 +1,6 @@
-"""The controller side of the contract table: the rows of tests/test_contract_host.py (the host side's file)
-walked through runner/'s own checks (spec models, job ids, preflight) must get the contract's verdict."""
+"""The controller side of the contract table: the rows of tests/harness/contract_table.py (the host side walks
+them in tests/test_contract_host.py), walked through runner/'s own checks (spec models, job ids, preflight),
+must get the contract's verdict."""
 from __future__ import annotations
 
 import pytest
@@ -9,8 +10,7 @@ from runner.errors import PreflightError, SpecError
 from runner.remote.preflight import decide
 from runner.spec.spec import GpuSpec, HostSpec, PayloadSpec, ServiceSpec
 from runner.state.job_id import check_job_id
-
-table = pytest.importorskip("tests.test_contract_host", reason="the host side's table is not in this tree yet")
+from tests.harness import contract_table as table
 
 CONTROLLER_CHECKS = {
     "job_id": check_job_id,

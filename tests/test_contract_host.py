@@ -1,8 +1,5 @@
-"""One table of values, the contract's verdict, and the host side's own checks: they must agree.
-
-The table is module-level data so the controller side can walk the same rows through runner/spec/spec.py
-(`from tests.test_contract_host import ROWS, MEMORY_ROWS, CONTRACT_RULES`). A row is (kind, value, ok):
-`ok` is what the contract says, written out so that a change of rule shows up here as a diff.
+"""One table of values (tests/harness/contract_table.py, which the controller side walks too), the contract's
+verdict, and the host side's own checks: they must agree.
 """
 from __future__ import annotations
 
@@ -17,99 +14,10 @@ from remote_payload.supervision import files as supervisor_files, job as supervi
 from remote_payload.host import primitives as supervisor_host
 from remote_payload.host import primitives as host
 from remote_payload.supervision import spec as checks
+from tests.harness.contract_table import CONTRACT_RULES, MEMORY_ROWS, ROWS
 
 ROOMS = (supervisor, supervisor_files, supervisor_host, supervisor_job, supervisor_record, supervisor_settle,
          supervisor_spec)
-
-CONTRACT_RULES = {
-    "job_id": contract.job_id_problem,
-    "unit": contract.unit_problem,
-    "script": contract.script_problem,
-    "env_key": contract.env_key_problem,
-    "device": contract.device_problem,
-    "root": contract.root_problem,
-}
-
-ROWS = [
-    ("job_id", "k26-20261129-0826-ab12", True),
-    ("job_id", "a.b_c-1", True),
-    ("job_id", "x" * 128, True),
-    ("job_id", "x" * 129, False),
-    ("job_id", "-rf", False),
-    ("job_id", "--help", False),
-    ("job_id", "", False),
-    ("job_id", ".", False),
-    ("job_id", "..", False),
-    ("job_id", "a/b", False),
-    ("job_id", "a b", False),
-    ("job_id", "$(id)", False),
-    ("job_id", "a\nb", False),
-    ("job_id", None, False),
-    ("unit", "sglang", True),
-    ("unit", "sglang-k26.service", True),
-    ("unit", "getty@tty1.service", True),
-    ("unit", "a\\x2d.service", True),
-    ("unit", "x.socket", True),
-    ("unit", "-H", False),
-    ("unit", "--user", False),
-    ("unit", ".hidden", False),
-    ("unit", "@x.service", False),
-    ("unit", "a@b@c.service", False),
-    ("unit", "getty@", False),
-    ("unit", "a..b.service", False),
-    ("unit", "a b", False),
-    ("unit", "a;b", False),
-    ("unit", "a/b", False),
-    ("unit", "x" * 241, False),
-    ("unit", "", False),
-    ("unit", 5, False),
-    ("script", "demo_payload.py", True),
-    ("script", "marlin_stats.py", True),
-    ("script", "../x.py", False),
-    ("script", "/etc/passwd", False),
-    ("script", "a/../b.py", False),
-    ("script", "./x.py", False),
-    ("script", "a//b.py", False),
-    ("script", "", False),
-    ("env_key", "TVM_FFI_CACHE_DIR", True),
-    ("env_key", "_X1", True),
-    ("env_key", "RUNNER_JOB_ID", False),
-    ("env_key", "RUNNER_ANYTHING", False),
-    ("env_key", "1X", False),
-    ("env_key", "A B", False),
-    ("env_key", "X=Y", False),
-    ("env_key", "X-Y", False),
-    ("env_key", "", False),
-    ("device", "0", True),
-    ("device", 3, True),
-    ("device", "GPU-aaaa8a08-769e-fec6-004a-c6a67ee83402", True),
-    ("device", "-1", False),
-    ("device", -1, False),
-    ("device", True, False),
-    ("device", "GPU-x", False),
-    ("device", "gpu0", False),
-    ("device", "", False),
-    ("root", "~/.runner", True),
-    ("root", "/srv/runner", True),
-    ("root", "~", True),
-    ("root", "relative/dir", False),
-    ("root", "/tmp/$HOME", False),
-    ("root", "/tmp/100%", False),
-    ("root", "~other/x", False),
-]
-
-# (card as nvidia-smi reported it, MiB the job needs, verdict)
-MEMORY_ROWS = [
-    ({"total_mib": 143771, "free_mib": 143156}, 9100, "ok"),
-    ({"total_mib": 143771, "free_mib": 9100}, 9100, "ok"),
-    ({"total_mib": 143771, "free_mib": 12084}, 18200, "short"),
-    ({"total_mib": 143771, "free_mib": None}, 1000, "short"),
-    ({"total_mib": None, "free_mib": None}, 1000, "short"),
-    ({"total_mib": None, "free_mib": 5000}, 1000, "ok"),
-    ({"total_mib": 81559, "free_mib": 81000}, 90000, "too-small"),
-    ({"total_mib": 81559, "free_mib": None}, 90000, "too-small"),
-    ({"total_mib": 0, "free_mib": 0}, 0, "ok"),
-]
 
 
 def host_accepts(kind: str, value) -> bool:
@@ -185,7 +93,7 @@ def test_drift_states_come_from_the_contract():
 
 def test_drift_a_card_smaller_than_the_need_is_refused_at_once(tmp_path):
     """Not 'drain until drain_timeout': no stop can make a card larger than it is."""
-    from tests.test_supervisor import Host, gpu_spec
+    from tests.harness.supervisor_calls import Host, gpu_spec
 
     host = Host(tmp_path)
     try:
@@ -213,7 +121,7 @@ def test_every_error_code_the_supervisor_answers_is_a_contract_code():
 @pytest.mark.systemd
 def test_drift_a_too_small_card_never_stops_the_service(service_host):
     """stop: always, a need above the card's total: refused before the stop, the service never goes down."""
-    from tests.test_supervisor_service import RemoteHost
+    from tests.harness.supervisor_calls import RemoteHost
 
     remote = RemoteHost(service_host)
     try:

@@ -4,7 +4,7 @@ import pytest
 
 from runner.errors import EXIT_REFUSED, PreflightError
 from runner.remote.preflight import decide
-from tests.test_preflight import report
+from tests.harness.host_reports import report
 
 WHY = "the SGLang server at http://127.0.0.1:30000 runs without --enable-memory-saver: a release would free nothing"
 

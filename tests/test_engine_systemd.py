@@ -12,10 +12,9 @@ import json
 import pytest
 
 from tests.cli_helpers import run_cli, status, submit, wait_for, wait_terminal
+from tests.harness.systemd_jobs import (HANG, assert_service_back, calls, gpu_job, hold, host_events, host_status,
+                                        main_pid, restored_within, target_for)
 from tests.hosts._proc import shared_tmpdir
-from tests.test_guarantee import fork_path, host_events  # noqa: F401 (fork_path: a fixture)
-from tests.test_pid1 import restored_within
-from tests.test_service import HANG, HOLD, assert_service_back, gpu_job, host_status, main_pid, target_for
 
 pytestmark = pytest.mark.systemd
 
@@ -23,19 +22,6 @@ pytestmark = pytest.mark.systemd
 @pytest.fixture
 def work():
     return shared_tmpdir("runner-engine-")
-
-
-def calls(path) -> list[str]:
-    """The stand-in's requests, without the health polls of systemctl's side (tests and wait_healthy)."""
-    if not path.exists():
-        return []
-    lines = [json.loads(line) for line in path.read_text().splitlines()]
-    return [f"{c['method']} {c['path']}" + (f" {c['body']}" if c["body"] else "") for c in lines
-            if c["path"] not in ("/health", "/standin_state")]
-
-
-def hold(need: int) -> list[str]:
-    return ["python3", HOLD, str(need - 1000), "1"]
 
 
 def test_kv_cache_alone_when_enough_and_the_same_process_serves_after(service_host, work):

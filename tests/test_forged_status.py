@@ -10,9 +10,8 @@ from __future__ import annotations
 import pytest
 
 from tests.cli_helpers import pid_alive_on, run_cli, status, submit, wait_for
+from tests.harness.systemd_jobs import gpu_job, host_status, target_for
 from tests.hosts._proc import shared_tmpdir
-from tests.test_guarantee import fork_path  # noqa: F401 (fixture)
-from tests.test_service import gpu_job, host_status, target_for
 
 
 pytestmark = pytest.mark.systemd

@@ -11,8 +11,9 @@ import time
 import pytest
 
 from tests.cli_helpers import run_cli, status, submit, wait_for, wait_terminal
+from tests.harness.systemd_jobs import (HANG, HOLD, SMALL_GPU, assert_service_back, gpu_job, host_events, host_output,
+                                        host_status, target_for)
 from tests.hosts._proc import shared_tmpdir
-from tests.test_service import HANG, HOLD, SMALL_GPU, assert_service_back, gpu_job, host_status, target_for
 
 pytestmark = pytest.mark.systemd
 
@@ -31,24 +32,6 @@ while time.monotonic() < end:
 @pytest.fixture
 def work():
     return shared_tmpdir("runner-guar-")
-
-
-@pytest.fixture
-def fork_path(service_host):
-    """These cases are about the fork + guard path (hosts without systemd): pin it on the systemd host, where
-    the supervisor would otherwise run in a unit whose ExecStopPost= restores first (tests/test_pid1.py)."""
-    service_host.ssh(["sh", "-c", "mkdir -p /root/.runner && touch /root/.runner/launch-fork"], check=True)
-    yield
-    service_host.ssh(["rm", "-f", "/root/.runner/launch-fork"], check=True)
-
-
-def host_events(host, job_id: str) -> list[dict]:
-    done = host.ssh(["cat", f"/root/.runner/jobs/{job_id}/events.jsonl"])
-    return [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
-
-
-def host_output(host, job_id: str) -> str:
-    return host.ssh(["cat", f"/root/.runner/jobs/{job_id}/output.log"]).stdout
 
 
 def test_dead_job_stop_is_settled_by_the_next_job_never_under_its_run(service_host, work, fork_path):
@@ -108,8 +91,8 @@ exec "{standin}" "$@"
 def test_a_start_that_gave_up_leaves_no_job_behind(tmp_path):
     """Defect 5: nvidia-smi slow before the ready handshake; `start` gives up (start-failed). The supervisor
     must not go on untracked: no job dir, no process, and the same id starts cleanly afterwards."""
+    from tests.harness.supervisor_calls import Host, gpu_spec
     from tests.hosts import gpu_state
-    from tests.test_supervisor import Host, gpu_spec
 
     host = Host(tmp_path)
     slow = tmp_path / "slow-bin"

@@ -12,11 +12,9 @@ import pytest
 import yaml
 
 from tests.cli_helpers import Target, python_payload, run_cli, submit, wait_terminal, write_job
+from tests.harness.systemd_jobs import assert_service_back, host_events, service_section, starts_and_stops, target_for
 from tests.hosts import gpu_state
 from tests.hosts._proc import shared_tmpdir
-from tests.test_guarantee import host_events
-from tests.test_service import assert_service_back, service_section, target_for
-from tests.test_sweep import starts_and_stops
 
 RECORDER = """\
 import json, os, sys, time
@@ -308,7 +306,7 @@ def test_a_sigkilled_supervisor_leaves_no_variant_running_on_any_slot(tmp_path):
     import time
 
     from remote_payload.host.primitives import is_alive
-    from tests.test_supervisor import Host, pid_gone
+    from tests.harness.supervisor_calls import Host, pid_gone
 
     host = Host(tmp_path)
     gpu_state.write_gpus(host.gpu_dir, count=2)
@@ -337,7 +335,7 @@ def test_a_restorer_that_cannot_trust_status_json_still_kills_every_busy_slot(tm
     its side-by-side siblings from the restore."""
     from remote_payload.supervision import ledger
     from remote_payload.supervision import trust
-    from tests.test_trust import UNIT, job, stopped_by
+    from tests.harness.ledger_records import UNIT, job, stopped_by
 
     paths, spec, _ = job(tmp_path)
     stopped_by(tmp_path, paths, spec, pid=4243, pgid=4243, start_time=99)
@@ -354,7 +352,7 @@ def test_a_variant_that_cannot_start_leaves_none_of_its_siblings_running(tmp_pat
     settle kills the two variants already running on the other slots."""
     import time
 
-    from tests.test_supervisor import Host, pid_gone
+    from tests.harness.supervisor_calls import Host, pid_gone
 
     host = Host(tmp_path)
     gpu_state.write_gpus(host.gpu_dir, count=3)

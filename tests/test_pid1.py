@@ -7,14 +7,12 @@ status` would reap the job and start a restore itself).
 """
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from tests.cli_helpers import run_cli, status, submit, wait_for, wait_terminal
+from tests.harness.systemd_jobs import (HANG, assert_service_back, gpu_job, host_output, host_status, restored_within,
+                                        target_for)
 from tests.hosts._proc import shared_tmpdir
-from tests.test_guarantee import host_output
-from tests.test_service import HANG, assert_service_back, gpu_job, host_status, target_for
 
 pytestmark = pytest.mark.systemd
 
@@ -43,13 +41,6 @@ def work():
 def running(host, target, job_id: str) -> dict:
     wait_for(lambda: status(target, job_id)["state"] == "RUNNING", what="running")
     return status(target, job_id)
-
-
-def restored_within(host, job_id: str, timeout: float) -> float:
-    """Seconds until status.json says restored, read over ssh only."""
-    t0 = time.monotonic()
-    wait_for(lambda: host_status(host, job_id).get("restored") is True, timeout=timeout, what="restored")
-    return time.monotonic() - t0
 
 
 def test_supervisor_and_guard_sigkilled_systemd_restores_without_a_controller_call(service_host, work):

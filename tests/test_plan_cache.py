@@ -2,36 +2,16 @@
 on the local transport (the plan is decided before any host, so the transport does not matter here)."""
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 
-from tests.cli_helpers import REPO, Target, run_cli, submit, wait_terminal, write_job
+from tests.cli_helpers import Target, run_cli, submit, write_job
+from tests.harness.plan_runs import output_of, submit_reporting
 from tests.hosts._proc import shared_tmpdir
-
-# The CLI in a child that reports, as it exits, whether pydantic (the validation) was imported.
-REPORTING = ("import atexit, sys\n"
-             "atexit.register(lambda: print('pydantic imported:', 'pydantic' in sys.modules, file=sys.stderr))\n"
-             "from runner.cli.cli import main\n"
-             "main(sys.argv[1:])\n")
 
 
 def local_target() -> Target:
     root = shared_tmpdir("runner-root-plan-")
     return Target("local", {"address": "local", "root": str(root)}, root, {})
-
-
-def submit_reporting(job, *extra: str) -> tuple[str, bool]:
-    done = subprocess.run([sys.executable, "-c", REPORTING, "submit", str(job), "--json", *extra], cwd=REPO,
-                          capture_output=True, timeout=120)
-    assert done.returncode == 0, done.stderr.decode()
-    return json.loads(done.stdout)["job_id"], b"pydantic imported: True" in done.stderr
-
-
-def output_of(target: Target, job_id: str) -> bytes:
-    assert wait_terminal(target, job_id)["state"] == "SUCCEEDED"
-    return run_cli(target, "tail", job_id, "--from-start").stdout
 
 
 def test_a_second_submit_of_the_same_spec_skips_validation_and_runs_alike(tmp_path):

@@ -3,16 +3,12 @@ import pytest
 
 from runner.errors import HostBusy, PreflightError
 from runner.remote.preflight import decide
+from tests.harness.host_reports import report
 
 
 def wire(stop="if-needed", manager="systemd", devices=("0",), need=9000):
     service = {"manager": manager, "unit": "sglang.service", "stop": stop} if manager != "none" else {"manager": "none"}
     return {"job_id": "this-job", "service": service, "gpu": {"devices": list(devices), "required_mib": need}}
-
-
-def report(free=143156, total=143771, active="active", locks=(), apps=()):
-    return {"gpus": [{"index": 0, "uuid": "GPU-aaaa", "total_mib": total, "used_mib": total - free, "free_mib": free}],
-            "apps": list(apps), "service": {"active_state": active}, "locks": list(locks), "nvidia_smi": True}
 
 
 def test_enough_memory_leaves_service_alone():

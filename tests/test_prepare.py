@@ -7,8 +7,8 @@ import pytest
 
 from tests.case_report import record
 from tests.cli_helpers import run_cli, submit, wait_terminal, write_job
+from tests.harness.systemd_jobs import main_pid, service_section, target_for
 from tests.hosts._proc import shared_tmpdir
-from tests.test_service import main_pid, service_section, target_for
 
 pytestmark = pytest.mark.systemd
 

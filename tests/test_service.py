@@ -12,51 +12,16 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
 from tests.case_report import record
-from tests.cli_helpers import Target, run_cli, status, submit, wait_for, wait_terminal, write_job
+from tests.cli_helpers import run_cli, status, submit, wait_for, wait_terminal
+from tests.harness.systemd_jobs import (HANG, HOLD, SMALL_GPU, assert_service_back, gpu_job, host_status, main_pid,
+                                        target_for)
 from tests.hosts._proc import shared_tmpdir
 
 pytestmark = pytest.mark.systemd
-
-HOLD = str(Path(__file__).parent / "hosts" / "hold_gpu.py")
-SMALL_GPU = 20000  # MiB; the unit holds 4096 of it while active
-
-
-def target_for(host, alias: str | None = None) -> Target:
-    return Target("ssh", {"address": alias or host.alias}, Path("/root/.runner"),
-                  {"RUNNER_SSH_CONFIG": str(host.ssh_config)}, host)
-
-
-def service_section(host, stop: str = "if-needed", **extra) -> dict:
-    return {"manager": "systemd", "unit": host.unit, "stop": stop, "health_url": host.health_url,
-            "health_timeout": "30s", **extra}
-
-
-def gpu_job(work: Path, host, *, stop="if-needed", need=8000, command=None, max_runtime="2m", grace="2s",
-            drain="20s", target=None, **service_extra) -> Path:
-    target = target or target_for(host)
-    command = command or ["python3", HOLD, str(need - 1000), "1"]
-    return write_job(work / "job.yaml", target, command=command, max_runtime=max_runtime, grace=grace,
-                     service=service_section(host, stop, **service_extra),
-                     gpu={"devices": [0], "min_free_mib": need, "drain_timeout": drain})
-
-
-def main_pid(host) -> str:
-    return host.systemctl("show", "-P", "MainPID", host.unit).stdout.strip()
-
-
-def assert_service_back(host, job: dict, case: str, expected: str) -> None:
-    """The invariant: the service is as it was (active) and healthy, and status.json says so."""
-    now, health = host.service_state(), host.health_status()
-    record(case, job, expected=expected, service_now=now, healthy=(now == "active" and health == 200))
-    assert job["state"] == expected, job
-    assert now == "active" and health == 200, f"service {now}, health {health}"
-    assert job["service"]["was"] == "active" and job["service"]["now"] == "active", job["service"]
-    assert job["service"]["healthy"] is True
 
 
 @pytest.fixture
@@ -122,7 +87,6 @@ def test_drain_timeout_restores_and_names_the_holder(service_host, work):
 
 
 CRASH = ["python3", "-c", "raise RuntimeError('payload crashed on purpose')"]
-HANG = ["python3", "-c", "import time; print('hanging', flush=True); time.sleep(600)"]
 
 
 def test_payload_crash_restores(service_host, work):
@@ -158,11 +122,6 @@ def test_controller_killed_right_after_submit(service_host, work):
     wait_for(lambda: host_status(service_host, "orphan-1").get("state") == "SUCCEEDED", timeout=60, what="job finished")
     job = host_status(service_host, "orphan-1")
     assert_service_back(service_host, job, "controller gone after submit", "SUCCEEDED")
-
-
-def host_status(host, job_id: str) -> dict:
-    done = host.ssh(["cat", f"/root/.runner/jobs/{job_id}/status.json"])
-    return json.loads(done.stdout) if done.returncode == 0 and done.stdout.strip() else {}
 
 
 def signal_supervisor(host, target, job_id: str, sig: signal.Signals) -> None:

@@ -20,9 +20,9 @@ from remote_payload.slurm.array import array_progress, combined_chunk, sweep_out
 from remote_payload.supervision.spec import check_spec
 from runner.spec.spec import JobSpec
 from tests.cli_helpers import Target, job_dir, pid_alive, python_payload, run_cli, status, submit_refused, wait_for
+from tests.harness.slurm_jobs import follow, slurm_job, slurm_target, submit_json, wait_state
 from tests.hosts.prereqs import require
 from tests.hosts.slurm_cluster import missing_prerequisites, start_slurm_cluster
-from tests.test_slurm_jobs import follow, slurm_job, submit_json, target, wait_state  # noqa: F401 (target: a fixture)
 
 ENDED = {"SUCCEEDED", "FAILED", "CANCELLED", "LOST", "TIMED_OUT"}
 
@@ -135,6 +135,13 @@ def cluster():
     started = start_slurm_cluster(nodes=2)
     yield started
     started.stop()
+
+
+@pytest.fixture
+def target(cluster):
+    """A fresh host.root per test; every Slurm job ended afterwards."""
+    yield slurm_target(cluster)
+    cluster._cancel_all_jobs()
 
 
 def array_job(path: Path, target: Target, command: list[str], sweep: dict, payload_env: dict | None = None,

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from tests.cli_helpers import Target, job_dir, run_cli, status, wait_for
+from tests.harness.slurm_jobs import slurm_job, slurm_target, submit_json
 from tests.hosts.prereqs import require
 from tests.hosts.slurm_cluster import missing_prerequisites, start_slurm_cluster
-from tests.test_slurm_jobs import slurm_job, slurm_target, submit_json
 
 pytestmark = pytest.mark.slurm
 MIN_JOB_AGE = 2

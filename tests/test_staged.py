@@ -163,8 +163,7 @@ STAGED_PROBE = """
 @pytest.mark.systemd
 def test_the_unit_is_stopped_only_after_the_staged_event_and_the_downtime_excludes_staging(service_host, work):
     from tests.cli_helpers import python_payload
-    from tests.test_guarantee import host_events, host_output
-    from tests.test_service import assert_service_back, service_section, target_for
+    from tests.harness.systemd_jobs import assert_service_back, host_events, host_output, service_section, target_for
     target = target_for(service_host)
     spec = staged_spec(target.host, service=service_section(service_host, "always"))
     spec["payload"] = {"command": python_payload(work, "probe.py", STAGED_PROBE) + [service_host.unit], "staged": True}
@@ -189,7 +188,7 @@ def test_the_unit_is_stopped_only_after_the_staged_event_and_the_downtime_exclud
                                                         ({"setup_seconds": 30}, "1s", "TIMED_OUT")])
 def test_a_payload_that_dies_or_times_out_while_staged_never_stops_the_unit(service_host, work, args, stage_timeout,
                                                                           state):
-    from tests.test_service import main_pid, service_section, target_for
+    from tests.harness.systemd_jobs import main_pid, service_section, target_for
     before = main_pid(service_host)
     target = target_for(service_host)
     spec = staged_spec(target.host, stage_timeout, service=service_section(service_host, "always"), **args)
@@ -241,9 +240,7 @@ HOLD_AFTER_GO = """
 @pytest.mark.systemd
 def test_a_staged_payload_with_free_sglang_is_staged_before_the_engine_is_paused(service_host, work):
     from tests.cli_helpers import python_payload
-    from tests.test_engine_systemd import calls, hold
-    from tests.test_guarantee import host_events
-    from tests.test_service import assert_service_back, gpu_job, main_pid, target_for
+    from tests.harness.systemd_jobs import assert_service_back, calls, gpu_job, hold, host_events, main_pid, target_for
     log = service_host.install_engine_unit("sglang", "--memory-saver", "--weights-cpu-backup")
     pid = main_pid(service_host)
     target = target_for(service_host)

@@ -12,8 +12,8 @@ import pytest
 import yaml
 
 from tests.cli_helpers import REPO, Target, run_cli
+from tests.harness.systemd_jobs import SMALL_GPU, main_pid, service_section, target_for
 from tests.hosts._proc import shared_tmpdir
-from tests.test_service import SMALL_GPU, main_pid, service_section, target_for
 
 DEMO_ARGS = {"seconds": 1, "sizes": [1]}
 
@@ -122,7 +122,7 @@ def test_local_host_python_that_cannot_run_is_a_refusal_naming_it(tmp_path, pyth
 
 @pytest.fixture
 def host(tmp_path):
-    from tests.test_supervisor import Host
+    from tests.harness.supervisor_calls import Host
 
     host = Host(tmp_path)
     yield host

@@ -16,130 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.hosts import gpu_state
+from tests.harness.supervisor_calls import Host, SUPERVISOR, alive, gpu_spec, pid_gone
 
-SUPERVISOR = Path(__file__).resolve().parent.parent / "remote_payload" / "supervisor.py"
 HOSTILE = "name with spaces 'single' \"double\" ; $(touch /tmp/pwned) `id` \\ back\nnewline"
-
-# One payload script, many behaviours (argv[1]); a test double for a benchmark, run as a real process.
-PAYLOAD = r'''
-import json, os, signal, subprocess, sys, time
-mode, args = sys.argv[1], sys.argv[2:]
-def pidfile(name):
-    with open(os.path.join(os.environ["MARKS"], name), "w") as fh:
-        fh.write(str(os.getpid()))
-if mode == "sleep":
-    print("started", flush=True); time.sleep(float(args[0])); print("finished", flush=True); sys.exit(int(args[1]))
-if mode == "chunks":          # writes a file's bytes in pieces, pausing between them
-    data = open(args[0], "rb").read()
-    for i in range(0, len(data), 7):
-        sys.stdout.buffer.write(data[i:i + 7]); sys.stdout.buffer.flush(); time.sleep(0.01)
-if mode == "stubborn":        # itself and a child both ignore SIGTERM
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    child = subprocess.Popen([sys.executable, "-c", "import signal, time; "
-                              "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"])
-    with open(os.path.join(os.environ["MARKS"], "child"), "w") as fh:
-        fh.write(str(child.pid))
-    pidfile("payload"); print("stubborn", flush=True); time.sleep(600)
-if mode == "report":          # what the payload saw: argv, env, cwd
-    keys = [k for k in os.environ if k.startswith(("RUNNER_", "HOSTILE", "CUDA_", "PYTHONUNBUFFERED"))]
-    with open(os.environ["RUNNER_RESULT"], "w") as fh:
-        json.dump({"argv": args, "env": {k: os.environ[k] for k in keys}, "cwd": os.getcwd()}, fh)
-if mode == "hold-gpu":        # "holds" MiB on the stand-in GPU while it lives
-    with open(os.path.join(os.environ["RUNNER_FAKE_GPU_DIR"], "apps", str(os.getpid())), "w") as fh:
-        fh.write("%d,%s" % (os.getpid(), args[0]))
-    time.sleep(float(args[1]))
-'''
-
-
-class Host:
-    """One supervisor ROOT plus the env the calls run with (the stand-in nvidia-smi first on PATH)."""
-
-    def __init__(self, tmp: Path) -> None:
-        self.tmp = tmp
-        self.root = tmp / "root"
-        self.payload = tmp / "payload.py"
-        self.payload.write_text(PAYLOAD)
-        self.marks = tmp / "marks"
-        self.marks.mkdir()
-        self.gpu_dir = gpu_state.make_state_dir(tmp / "gpu")
-        self.env = dict(os.environ, MARKS=str(self.marks), RUNNER_FAKE_GPU_DIR=str(self.gpu_dir),
-                        PATH=f"{gpu_state.STANDIN.parent}:{os.environ['PATH']}")
-
-    def call(self, *args: str, spec: dict | None = None, timeout: float = 60) -> tuple[int, dict]:
-        done = subprocess.run([sys.executable, str(SUPERVISOR), *args, "--root", str(self.root)],
-                              input=json.dumps(spec).encode() if spec is not None else b"",
-                              capture_output=True, timeout=timeout, env=self.env)
-        lines = done.stdout.decode().splitlines()
-        assert len(lines) == 1, (done.stdout, done.stderr)
-        return done.returncode, json.loads(lines[0])
-
-    def ok(self, *args: str, **kwargs) -> dict:
-        rc, answer = self.call(*args, **kwargs)
-        assert rc == 0 and answer["ok"], answer
-        return answer
-
-    def spec(self, mode: str, *args: str, max_runtime: float = 60, grace: float = 1.0, **extra) -> dict:
-        spec = {"name": "t", "service": {"manager": "none"},
-                "payload": {"command": [sys.executable, str(self.payload), mode, *args], "env": {}},
-                "limits": {"max_runtime": max_runtime, "grace": grace}}
-        spec.update(extra)
-        return spec
-
-    def start(self, job_id: str, spec: dict, *flags: str) -> dict:
-        return self.ok("start", "--job-id", job_id, *flags, spec=spec)
-
-    def status(self, job_id: str) -> dict:
-        return self.ok("status", "--job-id", job_id)["jobs"][0]
-
-    def wait(self, job_id: str, *states: str, timeout: float = 30) -> dict:
-        deadline = time.monotonic() + timeout
-        while True:
-            status = self.status(job_id)
-            if status["state"] in states:
-                return status
-            assert time.monotonic() < deadline, f"{job_id} still {status['state']}, wanted {states}: {status}"
-            time.sleep(0.1)
-
-    def mark(self, name: str, timeout: float = 10) -> int:
-        path = self.marks / name
-        deadline = time.monotonic() + timeout
-        while not (path.exists() and path.read_text()):
-            assert time.monotonic() < deadline, f"no mark {name}"
-            time.sleep(0.05)
-        return int(path.read_text())
-
-    def cleanup(self) -> None:
-        """Kill what our jobs left behind, by the pids and groups they recorded (only ours)."""
-        for status_file in self.root.glob("jobs/*/status.json"):
-            try:
-                status = json.loads(status_file.read_text())
-            except ValueError:
-                continue
-            for who in ("supervisor", "guard"):
-                if alive(status.get(who)):
-                    os.kill(status[who]["pid"], signal.SIGKILL)
-            payload = status.get("payload") or {}
-            if alive(payload):
-                os.killpg(payload["pgid"], signal.SIGKILL)
-
-
-def alive(ident: dict | None) -> bool:
-    from remote_payload.host.primitives import is_alive
-
-    return is_alive(ident)
-
-
-def pid_gone(pid: int, timeout: float = 10) -> bool:
-    from remote_payload.host.primitives import proc_stat
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        fields = proc_stat(pid)
-        if fields is None or fields[0] == "Z":
-            return True
-        time.sleep(0.05)
-    return False
 
 
 @pytest.fixture
@@ -356,10 +235,6 @@ def test_restore_is_idempotent_and_leaves_a_live_job_alone(host):
 
 
 # ── locks ────────────────────────────────────────────────────────────────────────────────────────────
-
-def gpu_spec(host: Host, mode: str, *args: str, required: int = 0, drain: float = 5.0, **extra) -> dict:
-    return host.spec(mode, *args, gpu={"devices": ["0"], "required_mib": required, "drain_timeout": drain}, **extra)
-
 
 def test_a_busy_gpu_refuses_a_second_job_naming_the_holder(host):
     first = host.start("a", gpu_spec(host, "sleep", "30", "0"))

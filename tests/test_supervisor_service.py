@@ -1,61 +1,15 @@
 """remote_payload/supervisor.py on the confined real systemd test host, called over its sshd like the
 controller calls it: the service stopped for a job and restored healthy, if-needed/never, the guard's
-restore, restore-service, sudo logins. The same payload script as tests/test_supervisor.py."""
+restore, restore-service, sudo logins. The same payload script as tests/test_supervisor.py (tests/harness/supervisor_calls.py)."""
 from __future__ import annotations
 
 import json
 import os
-import pwd
 import signal
-import time
 
 import pytest
 
-from tests.test_supervisor import PAYLOAD, SUPERVISOR
-
-
-class RemoteHost:
-    """The supervisor called through the systemd test host's sshd; ROOT in a dir the host can see."""
-
-    def __init__(self, service_host, user: str = "root", sudo: bool = False) -> None:
-        from tests.hosts._proc import shared_tmpdir
-
-        self.sh = service_host.as_user(user)
-        self.sudo = sudo
-        self.base = shared_tmpdir("runner-supervisor-")
-        # ROOT is the login's own, mode 0755: a ROOT others may write to is refused (`unsafe-root`)
-        self.root = self.base / "root"
-        self.root.mkdir(mode=0o755)
-        account = pwd.getpwnam(user)
-        os.chown(self.root, account.pw_uid, account.pw_gid)
-        (self.root / "payload.py").write_text(PAYLOAD)
-
-    def call(self, *args: str, spec: dict | None = None) -> dict:
-        argv = ["/usr/bin/python3", str(SUPERVISOR), *args, "--root", str(self.root)]
-        done = self.sh.ssh(argv, input=json.dumps(spec) if spec is not None else "", timeout=60)
-        return json.loads(done.stdout.splitlines()[-1])
-
-    def spec(self, stop: str, *payload_args: str, required: int = 9100, drain: float = 15) -> dict:
-        return {"name": "svc", "service": {"manager": "systemd", "unit": self.sh.unit, "stop": stop, "sudo": self.sudo,
-                                           "health_url": self.sh.health_url, "health_timeout": 30},
-                "gpu": {"devices": ["0"], "required_mib": required, "drain_timeout": drain},
-                "payload": {"command": ["/usr/bin/python3", str(self.root / "payload.py"), *payload_args],
-                            "env": {"MARKS": str(self.root)}},
-                "limits": {"max_runtime": 60, "grace": 1}}
-
-    def wait(self, job_id: str, *states: str, timeout: float = 60) -> dict:
-        deadline = time.monotonic() + timeout
-        while True:
-            status = self.call("status", "--job-id", job_id)["jobs"][0]
-            if status["state"] in states:
-                return status
-            assert time.monotonic() < deadline, status
-            time.sleep(0.2)
-
-    def cleanup(self) -> None:
-        import shutil
-
-        shutil.rmtree(self.base, ignore_errors=True)
+from tests.harness.supervisor_calls import RemoteHost
 
 
 @pytest.fixture

@@ -8,9 +8,9 @@ import pytest
 import yaml
 
 from tests.cli_helpers import Target, run_cli, submit, wait_terminal, write_job
+from tests.harness.systemd_jobs import (assert_service_back, host_events, host_output, service_section,
+                                        starts_and_stops, target_for)
 from tests.hosts._proc import shared_tmpdir
-from tests.test_guarantee import host_events, host_output
-from tests.test_service import assert_service_back, service_section, target_for
 
 
 @pytest.fixture
@@ -28,12 +28,6 @@ def sweep_job(path, target: Target, sweep: dict, *, service=None, gpu=None, max_
         spec["limits"]["max_downtime"] = max_downtime
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
     return path
-
-
-def starts_and_stops(host) -> tuple[int, int]:
-    """The dummy unit's starts and SIGTERMs so far, from its own log."""
-    log = host.service_log.read_text() if host.service_log.exists() else ""
-    return log.count(" serving on "), log.count("SIGTERM")
 
 
 def variant_events(host, job_id: str) -> list[dict]:
@@ -265,7 +259,7 @@ def test_a_warm_sweep_submit_is_one_round_trip_and_carries_every_variant(ssh_hos
 
 
 def test_an_edited_matrix_is_never_served_the_cached_variants(work, local):
-    from tests.test_plan_cache import output_of, submit_reporting
+    from tests.harness.plan_runs import output_of, submit_reporting
 
     path = command_sweep(work / "cached.yaml", local, ["sh", "-c", "echo n={n}"], {"matrix": {"n": [1, 2]}})
     first, validated_first = submit_reporting(path)

@@ -1,6 +1,6 @@
 """A sweep variant whose result is not a JSON object (a top-level list of rows, a string, garbage bytes) is
 that variant's failure, with a message; the other variants still run and the combined result keeps them.
-Real supervisor processes (tests/test_supervisor.Host), no service."""
+Real supervisor processes (tests/harness/supervisor_calls.Host), no service."""
 from __future__ import annotations
 
 import json
@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from tests.test_supervisor import Host
+from tests.harness.supervisor_calls import Host
 
 WRITER = r"""
 import json, os, sys

@@ -8,31 +8,8 @@ import pytest
 
 from remote_payload.supervision import ledger
 from remote_payload.supervision import trust
-from remote_payload.supervision.files import JobPaths
 from remote_payload.host.primitives import Fail
-from remote_payload.supervision.record import initial_status
-from remote_payload.supervision.spec import check_spec
-
-UNIT = "dummy-infer.service"
-
-
-def job(tmp_path, job_id="j1"):
-    paths = JobPaths(str(tmp_path), job_id)
-    (tmp_path / "jobs" / job_id).mkdir(parents=True)
-    spec = check_spec({"service": {"manager": "systemd", "unit": UNIT, "health_url": "http://127.0.0.1:9/health",
-                                   "health_timeout": 30},
-                       "payload": {"command": ["/bin/true"]}}, job_id)
-    (tmp_path / "jobs" / job_id / "spec.json").write_text(json.dumps(spec))
-    status = initial_status(spec)
-    (tmp_path / "jobs" / job_id / "status.json").write_text(json.dumps(status))
-    return paths, spec, status
-
-
-def stopped_by(tmp_path, paths, spec, **payload):
-    service = dict(spec["service"], was="active")
-    ledger.record_stop(str(tmp_path), UNIT, paths.job_id, service, ["0"])
-    if payload:
-        ledger.note_payload(str(tmp_path), UNIT, paths.job_id, payload)
+from tests.harness.ledger_records import UNIT, job, stopped_by
 
 
 def test_garbage_status_with_a_ledger_stop_is_settled_from_the_ledger(tmp_path):

@@ -7,8 +7,8 @@ import json
 import pytest
 
 from tests.cli_helpers import run_cli, submit, wait_terminal
+from tests.harness.systemd_jobs import gpu_job, target_for
 from tests.hosts._proc import shared_tmpdir
-from tests.test_service import gpu_job, target_for
 
 pytestmark = pytest.mark.systemd
 
