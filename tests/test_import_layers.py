@@ -7,6 +7,7 @@ package-relative, never as a top-level module beside it (no try/except ImportErr
 from __future__ import annotations
 
 import ast
+import re
 import sys
 from pathlib import Path
 
@@ -328,6 +329,42 @@ def test_the_host_side_has_no_try_except_import_pair():
                 if any(isinstance(n, ast.ImportFrom) and n.level for n in ast.walk(node)):
                     pairs.append(f"{module}:{node.lineno}")
     assert pairs == []
+
+
+def imported_test_modules(path: Path) -> set[str]:
+    """The test modules (tests/test_*.py) that `path` imports, however spelled: `from tests.test_x import`,
+    `from tests import test_x`, `import tests.test_x`, `from .test_x import`, or a "tests.test_x" string
+    (importorskip, import_module)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom):
+            module = node.module or ""
+            names = [module] + [f"{module}.{a.name}" for a in node.names]
+            found.update(n.split(".")[-1] for n in names if re.fullmatch(r"(tests\.)?test_\w+", n))
+        elif isinstance(node, ast.Import):
+            found.update(a.name.split(".")[-1] for a in node.names if re.fullmatch(r"(tests\.)?test_\w+", a.name))
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            if re.fullmatch(r"tests\.test_\w+", node.value):
+                found.add(node.value.split(".")[-1])
+    return found - {path.stem}
+
+
+def test_no_test_module_imports_another():
+    """What tests (and benchmarks) share lives in tests/harness/, tests/hosts/ or tests/conftest.py: a test
+    module imported by another drags its own fixtures and module-level state along, and hides what the importer
+    depends on."""
+    files = sorted((REPO / "tests").rglob("*.py")) + sorted((REPO / "bench").rglob("*.py"))
+    found = [f"{path.relative_to(REPO)} imports {name}" for path in files
+             for name in sorted(imported_test_modules(path))]
+    assert found == []
+
+
+def test_the_test_import_check_sees_every_spelling(tmp_path):
+    probe = tmp_path / "test_probe.py"
+    probe.write_text("from tests.test_a import x\nfrom tests import test_b\nimport tests.test_c\nfrom .test_d import y\n"
+                     "def f():\n    pytest.importorskip('tests.test_e')\n"
+                     "from tests.harness import plan_runs\nfrom tests.cli_helpers import run_cli\n")
+    assert imported_test_modules(probe) == {"test_a", "test_b", "test_c", "test_d", "test_e"}
 
 
 def test_the_host_side_never_imports_the_controller_or_third_party_code():
