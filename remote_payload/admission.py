@@ -12,7 +12,7 @@ A busy message names the lock and its holder without the "host busy: " the contr
 """
 from __future__ import annotations
 
-from .contract import memory_verdict
+from .contract import memory_verdict, normalize_unit, services_of
 
 BUSY_HINT = "Wait for that job (`runner tail ID -f`), cancel it, or submit with --queue."
 ENGINE_HINT = ("Start the engine with its memory API (SGLang: --enable-memory-saver; vLLM: "
@@ -49,19 +49,54 @@ def describe_holder(holder) -> str:
 
 
 def _admit(spec: dict, report: dict, queue: bool) -> dict:
+    """Over the job's own GPUs only, and only the services they meet (the wire spec lists just those)."""
     if not queue:
         _refuse_if_locked(report.get("locks", []), spec["job_id"])
-    service, gpu = spec["service"], spec["gpu"]
-    _refuse_if_engine_cannot(service, report)
-    stop_policy = service.get("stop", "never") if service["manager"] != "none" else "never"
+    gpu, pairs = spec["gpu"], _services_with_reports(spec, report)
+    for service, found in pairs:
+        _refuse_if_engine_cannot(service, found, report)
+    kept = _kept_note(report)
     if not gpu["devices"]:
-        return _start(needs_stop(stop_policy, False), ["no GPUs requested: no memory check"])
+        return _start(any(needs_stop(_policy(s), False) for s, _ in pairs), ["no GPUs requested: no memory check"]
+                      + kept)
     short = _short_gpus(gpu, report)
     if not short:
         notes = ["GPU %s: %s MiB free >= %s MiB needed" % (g["index"], g["free_mib"], gpu["required_mib"])
                  for g in _selected(gpu, report)]
-        return _start(needs_stop(stop_policy, False), notes)
-    return _decide_short(short, stop_policy, service, report, gpu["required_mib"], queue)
+        return _start(any(needs_stop(_policy(s), False) for s, _ in pairs), notes + kept)
+    holding = [(s, f) for s, f in pairs if _holds_any(s, short)]
+    if not holding:  # no service of the job is on the short cards: nothing to stop there
+        holding = [({"manager": "none"}, None)]
+    verdicts = [_decide_short(short, _policy(s), s, dict(report, service=f), gpu["required_mib"], queue)
+                for s, f in holding]
+    notes = [n for v in verdicts for n in v["notes"]]
+    return _start(any(v["stop_service"] for v in verdicts), list(dict.fromkeys(notes)) + kept)
+
+
+def _services_with_reports(spec: dict, report: dict) -> list:
+    """(the service's spec, the host's report on it) for each service the job frees: with several declared,
+    the host's report lists those the job's GPUs meet (the controller's wire spec lists them all)."""
+    services = services_of(spec)
+    if "services" not in report:  # one service: the report's
+        return [(s, report.get("service")) for s in services[:1]]
+    by_unit = {f.get("unit"): f for f in report["services"] or [] if isinstance(f, dict)}
+    return [(s, by_unit[normalize_unit(s["unit"])]) for s in services if normalize_unit(s["unit"]) in by_unit]
+
+
+def _policy(service: dict) -> str:
+    return service.get("stop", "never") if service["manager"] != "none" else "never"
+
+
+def _holds_any(service: dict, gpus: list) -> bool:
+    """Whether the service is on one of these cards (a service that lists none is on every card)."""
+    held = {str(g) for g in service.get("gpus") or []}
+    return not held or any(str(g["index"]) in held or g.get("uuid") in held for g in gpus)
+
+
+def _kept_note(report: dict) -> list:
+    kept = report.get("services_kept") or []
+    return ["%s keep%s serving: not on the job's GPUs" % (", ".join(kept), "s" if len(kept) == 1 else "")] \
+        if kept else []
 
 
 def _start(stop_service: bool, notes: list) -> dict:
@@ -77,12 +112,13 @@ def _refuse_if_locked(locks: list, job_id: str) -> None:
                            BUSY_HINT, dict(holder, key=lock["key"]))
 
 
-def _refuse_if_engine_cannot(service: dict, report: dict) -> None:
+def _refuse_if_engine_cannot(service: dict, found, report: dict) -> None:
     """service.free sglang/vllm: the host asked the engine (without touching it) whether it can free memory.
-    A unit that is not running, or that a runner job holds released, is judged by the rules below instead."""
-    engine = (report.get("service") or {}).get("engine") or {}
-    if not engine.get("error") or (report.get("service") or {}).get("active_state") != "active" \
-            or _runner_holds_stopped(report, service["unit"]):
+    A unit that is not running, or that a runner job holds released, is judged by the rules below instead.
+    found: the host's report on this service."""
+    engine = (found or {}).get("engine") or {}
+    if not engine.get("error") or (found or {}).get("active_state") != "active" \
+            or _runner_holds_stopped(dict(report, service=found), service["unit"]):
         return
     raise _Refused("preflight-refused", "service.free is %s, but %s" % (service["free"], engine["error"]), ENGINE_HINT)
 

@@ -41,14 +41,15 @@ import stat
 import sys
 import time
 
-from .contract import DEFAULTS, MAX_RESULT_BYTES, RUNNING_SERVICE_STATES, SERVICE_SCOPES, TERMINAL
-from .supervision.files import JobPaths, Locks, append_line, is_slurm_job, lock_keys, probe_lock, read_json, read_status
+from .contract import DEFAULTS, MAX_RESULT_BYTES, RUNNING_SERVICE_STATES, SERVICE_SCOPES, TERMINAL, services_of
+from .supervision.files import JobPaths, Locks, append_line, is_slurm_job, lock_keys, probe_lock, read_json, \
+    read_status, restore_keys
 from .host.primitives import GPU_QUERY, HERE, KILL_CONFIRM_S, POLL_S, RUN_SUPERVISOR, Fail, Systemd, identity, \
     is_alive, nvidia_smi, parse_gpu_csv, query_apps, start_unit, wait_healthy
 from .supervision.job import supervise
 from .supervision.record import Flags, Job
 from .supervision.start import answer_start, claim_job_dir, daemonize_exec, launch_detached, ready_lock, send_ready
-from .supervision.settle import hard_deadline, settle_as_restorer, start_guard, with_restore_lock
+from .supervision.settle import hard_deadline, restore_unit, settle_as_restorer, start_guard, with_restore_lock
 from .supervision.spec import check_health_url, check_job_id, check_root, check_root_safe, check_unit, read_spec_stdin
 from .host import engine as supervisor_engine
 from .supervision import ledger, unit as supervisor_unit
@@ -316,11 +317,11 @@ def cmd_restore(args) -> dict:
     job = trust.load_for_restore(paths)  # the ledger over status.json, which the payload can write
     answer = {"ok": True, "job_id": paths.job_id}
     if job.status.get("restored"):
-        return dict(answer, state=job.status["state"], service=job.status["service"], already=True)
+        return dict(answer, state=job.status["state"], **service_parts(job.status), already=True)
     if is_slurm_job(paths):  # no service, and its processes live on a compute node, not here
-        return dict(answer, state=job.status["state"], service=job.status["service"], already=True)
+        return dict(answer, state=job.status["state"], **service_parts(job.status), already=True)
     if is_alive(job.status.get("supervisor")) or is_alive(job.status.get("guard")):
-        return dict(answer, state=job.status["state"], service=job.status["service"], deferred=True,
+        return dict(answer, state=job.status["state"], **service_parts(job.status), deferred=True,
                     message="the job's supervisor (or guard) is alive and restores the service itself")
     message = "supervisor gone; restored by `restore`" if job.status["state"] != "LOST" else job.status["message"]
     unit_message = supervisor_unit.stop_post_message()
@@ -328,13 +329,16 @@ def cmd_restore(args) -> dict:
         message = "; ".join(m for m in (message, unit_message) if m)
     else:
         message = unit_message or message
+    only = getattr(args, "unit", None)
+    if only and [e for e in trust.owed(paths.root, paths.job_id) if e["unit"] != only]:
+        return restore_one(paths, job, only, answer)
     # A restorer acts only while holding the job's locks: a job that holds them now runs on this service and
     # settles our stop through the host ledger (it adopts it); starting the service here would be under its run.
-    locks = Locks(args.root, lock_keys(job.spec), args.job_id)
+    locks = Locks(args.root, restore_keys(job.spec), args.job_id)
     locks.open()
     holder = locks.try_acquire()
     if holder is not None:
-        return dict(answer, state=job.status["state"], service=job.status["service"], deferred=True,
+        return dict(answer, state=job.status["state"], **service_parts(job.status), deferred=True,
                     message="%s is held by job %s, which settles this job's stop" % (holder.get("key"),
                                                                                     holder.get("job_id", "?")))
     try:
@@ -343,7 +347,31 @@ def cmd_restore(args) -> dict:
     finally:
         locks.release()
     job = trust.load_for_restore(paths)
-    return dict(answer, state=job.status["state"], service=job.status["service"], in_progress=not done)
+    return dict(answer, state=job.status["state"], **service_parts(job.status), in_progress=not done)
+
+
+def restore_one(paths: JobPaths, job: Job, unit: str, answer: dict) -> dict:
+    """`restore-service --unit U` for a job that owes the restore of other units too: U alone, under U's lock
+    and the job's restore lock; the job's other stops stay owed to its restorers."""
+    locks = Locks(paths.root, ["service-" + unit], paths.job_id)
+    locks.open()
+    holder = locks.try_acquire()
+    if holder is not None:
+        return dict(answer, state=job.status["state"], **service_parts(job.status), deferred=True,
+                    message="service-%s is held by job %s, which settles this job's stop" % (
+                        unit, holder.get("job_id", "?")))
+    try:
+        locks.write_holders()
+        done = with_restore_lock(job, lambda: restore_unit(trust.load_for_restore(paths), unit))
+    finally:
+        locks.release()
+    job = trust.load_for_restore(paths)
+    return dict(answer, state=job.status["state"], **service_parts(job.status), in_progress=not done)
+
+
+def service_parts(status: dict) -> dict:
+    """A status's service record, and its `services` when the job freed several."""
+    return {k: status[k] for k in ("service", "services") if k in status}
 
 
 def cmd_restore_service(args) -> dict:
@@ -389,7 +417,7 @@ def restore_released_by_job(root: str, unit: str):
     if not entry or not entry.get("released") or not entry.get("job_id"):
         return None
     try:
-        done = cmd_restore(argparse.Namespace(root=root, job_id=entry["job_id"]))
+        done = cmd_restore(argparse.Namespace(root=root, job_id=entry["job_id"], unit=unit))
     except Fail as exc:
         return {"job_id": entry["job_id"], "deferred": False, "error": str(exc)}
     return {"job_id": entry["job_id"], "deferred": bool(done.get("deferred")), "message": done.get("message")}
@@ -433,16 +461,21 @@ def preflight_report(args, spec: dict) -> dict:
     if spec.get("launcher") == "slurm":
         return slurm_launch().preflight("%d.%d.%d" % sys.version_info[:3])
     check_startable(spec)  # before anything else: a job whose payload cannot start is refused, nothing touched
-    service = None
-    if spec["service"]["manager"] == "systemd":
-        unit = spec["service"]["unit"]
-        ctl = Systemd(spec["service"]["scope"], spec["service"]["sudo"])
-        service = dict(ctl.show(unit), manager="systemd", unit=unit, ledger=ledger.read_entry(args.root, unit))
-        if spec["service"].get("free", "stop") != "stop":  # asked before anything is touched
-            service["engine"] = supervisor_engine.offers(spec["service"])
+    found = [preflight_service(args.root, s) for s in services_of(spec)]
+    several = {"services": found, "services_kept": spec.get("services_kept", [])} if "services" in spec else {}
     locks = [probe_lock(args.root, key) for key in lock_keys(spec)]
-    return dict({"ok": True, "service": service, "locks": locks, "python": "%d.%d.%d" % sys.version_info[:3]},
-                **preflight_gpus(spec))
+    return dict({"ok": True, "service": found[0] if found else None, "locks": locks,
+                 "python": "%d.%d.%d" % sys.version_info[:3]}, **several, **preflight_gpus(spec))
+
+
+def preflight_service(root: str, spec_service: dict) -> dict:
+    """One service the job frees, as it is now: its state, the ledger's entry, what its engine offers."""
+    unit = spec_service["unit"]
+    ctl = Systemd(spec_service["scope"], spec_service["sudo"])
+    service = dict(ctl.show(unit), manager="systemd", unit=unit, ledger=ledger.read_entry(root, unit))
+    if spec_service.get("free", "stop") != "stop":  # asked before anything is touched
+        service["engine"] = supervisor_engine.offers(spec_service)
+    return service
 
 
 def cmd_submit(args) -> dict:

@@ -42,6 +42,7 @@ DEFAULTS = {
     "service.stop": "if-needed",
     "service.health_timeout": 900.0,
     "service.sudo": False,
+    "service.gpus": (),                # the GPUs the service holds: none listed = every GPU of the host
     "payload.python": "python3",
     "host.root": "~/.runner",
 }
@@ -138,6 +139,20 @@ def device_problem(value) -> str | None:
         return None
     return ("a device is a GPU index (0, 1, …) or a UUID like GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx; got %s"
             % _short(value))
+
+
+def gpus_meet(job_gpus, service_gpus) -> bool:
+    """Whether a job on `job_gpus` needs a service on `service_gpus` freed: an empty list is every GPU, so it
+    meets anything; else they share a card. Both lists name cards alike (indices as text, or UUIDs)."""
+    return not job_gpus or not service_gpus or bool(set(map(str, job_gpus)) & set(map(str, service_gpus)))
+
+
+def services_of(spec: dict) -> list:
+    """The systemd services a normalised wire spec frees, in order: `services` when the host side listed them
+    (several, or some of the host's left serving), else the one `service` (none for `manager: none`)."""
+    if "services" in spec:
+        return list(spec["services"])
+    return [spec["service"]] if spec["service"].get("manager") == "systemd" else []
 
 
 def root_problem(value) -> str | None:

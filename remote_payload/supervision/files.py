@@ -4,7 +4,7 @@ Owns: `JobPaths` (the one place job paths are built; layout in docs/protocol.md)
 (temp + fsync + rename + dir fsync) and appends, reading status.json (unreadable is `bad-status`, never
 "running"), the job's disk reserve, and the host-wide flock locks under ROOT/locks with their holder
 files. Host-level records that must outlive every process belong here, beside the locks.
-Imports only the stdlib and host/primitives.py.
+Imports only the stdlib, contract.py and host/primitives.py.
 """
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ import json
 import os
 import time
 
-from ..host.primitives import Fail, pid_exists, query_gpus
+from ..contract import services_of
+from ..host.primitives import GPU_QUERY, Fail, nvidia_smi, parse_gpu_csv, pid_exists, query_gpus
 
 RESERVE_BYTES = 256 << 10   # given back when the disk fills, so the final status and restore log still fit
 LOCK_RETRY_S = 5.0          # how long a busy lock with no live holder recorded is retried before "busy"
@@ -101,11 +102,28 @@ def append_text(path: str, text: str) -> None:
 # ── locks ─────────────────────────────────────────────────────────────────────────────────────────────
 
 def lock_keys(spec: dict) -> list:
-    """`service-<unit>` when a systemd service is involved, `gpu-<device>` per device; none for CPU jobs."""
-    keys = ["gpu-" + d for d in gpu_lock_names(spec["gpu"]["devices"])]
-    if spec["service"]["manager"] == "systemd":
-        keys.append("service-" + spec["service"]["unit"])
+    """`gpu-<index>` per device and `service-<unit>` per service the job frees; none for CPU jobs. A job that
+    frees a service without naming devices means every GPU: it takes every card's lock (as nvidia-smi lists
+    them), so a job on any one card waits for it and it for them."""
+    services = services_of(spec)
+    devices = spec["gpu"]["devices"]
+    keys = ["gpu-" + d for d in (gpu_lock_names(devices) if devices or not services else every_gpu())]
+    keys += ["service-" + s["unit"] for s in services]
     return sorted(set(keys))
+
+
+def restore_keys(spec: dict) -> list:
+    """A restorer's keys: the job's devices and its services. Without devices, its services' alone: a job on
+    another card neither runs on them nor adopts their stops, and must not hold their restore back."""
+    return lock_keys(spec) if spec["gpu"]["devices"] else ["service-" + s["unit"] for s in services_of(spec)]
+
+
+def every_gpu() -> list:
+    """Every card's index; none when nvidia-smi cannot say (a host without GPUs)."""
+    try:
+        return [str(g["index"]) for g in parse_gpu_csv(nvidia_smi(GPU_QUERY))]
+    except (Fail, ValueError):
+        return []
 
 
 def gpu_lock_names(devices: list) -> list:

@@ -27,7 +27,7 @@ from .settle import GPU_POLL_S, final_state, settle, settle_ledger, start_guard_
 from .payload import check_interrupt, launch_payload, record_exit, watch_payload
 from .startable import check_startable
 from ..host import engine
-from . import ledger, stage as supervisor_stage, sweep as supervisor_sweep
+from . import ledger, services, stage as supervisor_stage, sweep as supervisor_sweep
 
 LOCK_POLL_S = 0.5
 
@@ -52,16 +52,23 @@ def wait_for_locks(job: Job, locks: Locks, flags: Flags) -> None:
 
 
 def prepare_service(job: Job, flags: Flags) -> None:
-    """Record the service's state; stop it when the policy (decided here, on the host) says so."""
-    service = job.status["service"]
-    if service["manager"] != "systemd" or service.get("adopted_from"):
+    """Record each of the job's services' state; stop (or release) each one the policy says, decided here on
+    the host. The job's services are those its GPUs meet (supervision/spec.py select_services): the host's others
+    are not in its spec and are never touched."""
+    for view in services.views(job):
+        prepare_one(view, flags)
+
+
+def prepare_one(view, flags: Flags) -> None:
+    service = view.status["service"]
+    if service.get("adopted_from"):
         return  # adopted: already stopped, recorded from the ledger, ours to restore
-    before = job.ctl.show(service["unit"])
-    job.save(service=dict(service, was=before["active_state"], now=before["active_state"]))
-    job.event("service", unit=service["unit"], **before)
-    if before["active_state"] in RUNNING_SERVICE_STATES and should_stop(job):
-        check_interrupt(job, flags)
-        (stop_service if job.spec["service"].get("free", "stop") == "stop" else release_service)(job)
+    before = view.ctl.show(service["unit"])
+    view.save(service=dict(service, was=before["active_state"], now=before["active_state"]))
+    view.event("service", unit=service["unit"], **before)
+    if before["active_state"] in RUNNING_SERVICE_STATES and should_stop(view):
+        check_interrupt(view, flags)
+        (stop_service if view.spec["service"].get("free", "stop") == "stop" else release_service)(view)
 
 
 def measure_gpus(job: Job) -> list:
@@ -77,11 +84,19 @@ def measure_gpus(job: Job) -> list:
 
 
 def should_stop(job: Job) -> bool:
+    """The policy over the job's GPUs that this service holds (all of the job's when it names none)."""
     policy = job.spec["service"]["stop"]
     if policy == "never":
         return False
-    gpus = measure_gpus(job)
+    held = job.spec["service"].get("gpus")
+    gpus = [g for g in measure_gpus(job) if not held or g["index"] in held or g["uuid"] in held]
     return needs_stop(policy, bool(short_gpus(gpus, job.spec["gpu"]["required_mib"])))  # admission's rule
+
+
+def record_stop(job: Job, **extra) -> None:
+    """The ledger entry of this service's stop: what, by which job, the job's GPUs and the service's own."""
+    ledger.record_stop(job.paths.root, job.spec["service"]["unit"], job.paths.job_id, job.status["service"],
+                       job.spec["gpu"]["devices"], service_gpus=job.spec["service"].get("gpus", []), **extra)
 
 
 def stop_service(job: Job) -> None:
@@ -89,7 +104,7 @@ def stop_service(job: Job) -> None:
     start_guard_timer(job)
     # In the host ledger and marked stopped before asking, so every restore path (and the next job on this
     # service, when all of ours are dead) brings it back even if we die mid-stop.
-    ledger.record_stop(job.paths.root, unit, job.paths.job_id, job.status["service"], job.spec["gpu"]["devices"])
+    record_stop(job)
     job.set_state("STOPPING_SERVICE", "stopping " + unit,
                   service=dict(job.status["service"], stopped=True, stopped_at=time.time()))
     try:
@@ -112,8 +127,7 @@ def release_service(job: Job) -> None:
     stopped_at = time.time()
 
     def keep(record: dict) -> None:
-        ledger.record_stop(job.paths.root, unit, job.paths.job_id, job.status["service"], job.spec["gpu"]["devices"],
-                           released=record, stopped_at=stopped_at)
+        record_stop(job, released=record, stopped_at=stopped_at)
         job.save(service=dict(job.status["service"], released=record))
 
     keep(engine.new_record(spec_service))

@@ -14,7 +14,7 @@ import time
 
 from ..host.primitives import POLL_S, Fail, group_members, identity
 from .record import Flags, Interrupted, Job, signal_name
-from . import ledger
+from . import ledger, services
 
 
 def check_interrupt(job: Job, flags: Flags) -> None:
@@ -70,9 +70,10 @@ def launch_payload(job: Job, argv=None, state: str = "RUNNING", phase: str = "pa
             raise Fail("start-failed", "cannot start the payload %r: %s" % (argv[0], exc))
     ident = identity(proc.pid)
     job.payload_pids.add(proc.pid)
-    if job.status["service"].get("stopped"):  # first: the ledger is what a restorer trusts (trust.py)
-        job.persist(lambda: ledger.note_payload(job.paths.root, job.status["service"]["unit"], job.paths.job_id,
-                                                dict(ident, pgid=proc.pid)))
+    for service in services.records(job.status):  # first: the ledger is what a restorer trusts (trust.py)
+        if service.get("stopped"):
+            job.persist(lambda: ledger.note_payload(job.paths.root, service["unit"], job.paths.job_id,
+                                                    dict(ident, pgid=proc.pid)))
     now = time.time()  # payload.started_at: this process's (a sweep's variant's); started_at: the job's first
     job.set_state(state, phase, payload=dict(ident, pgid=proc.pid, exit_code=None, signal=None, started_at=now),
                   **({"started_at": now} if state == "RUNNING" and not job.status.get("started_at") else {}))

@@ -89,13 +89,23 @@ class Job:
 def initial_status(spec: dict, queue: bool = False) -> dict:
     """The record of a job just claimed, with its time budget (supervision/budget.py) computed once, here."""
     now = time.time()
-    service = dict(spec["service"], was=None, now=None, stopped=False, stopped_at=None, restored_at=None,
-                   downtime_s=None, healthy=None) if spec["service"]["manager"] == "systemd" else {"manager": "none"}
-    return {"schema": SCHEMA, "job_id": spec["job_id"], "name": spec["name"], "state": "QUEUED", "phase": "starting",
-            "message": "", "created_at": now, "started_at": None, "ended_at": None, "updated_at": now,
-            "supervisor": None, "guard": None, "payload": None, "exit_code": None, "service": service,
-            "gpu": dict(spec["gpu"], before=None, drained_after_s=None), "restored": False, "ending": None,
-            "budget": budget(spec, now, queue)}
+    service = service_record(spec["service"]) if spec["service"]["manager"] == "systemd" else {"manager": "none"}
+    status = {"schema": SCHEMA, "job_id": spec["job_id"], "name": spec["name"], "state": "QUEUED", "phase": "starting",
+              "message": "", "created_at": now, "started_at": None, "ended_at": None, "updated_at": now,
+              "supervisor": None, "guard": None, "payload": None, "exit_code": None, "service": service,
+              "gpu": dict(spec["gpu"], before=None, drained_after_s=None), "restored": False, "ending": None,
+              "budget": budget(spec, now, queue)}
+    if len(spec.get("services", [])) > 1:  # one record per service (services.py); `service` is the first
+        status["services"] = [service_record(s) for s in spec["services"]]
+    if spec.get("services_kept"):  # the host's services not on the job's GPUs: never touched
+        status["services_kept"] = list(spec["services_kept"])
+    return status
+
+
+def service_record(service: dict) -> dict:
+    """A service's part of status.json before anything is done to it."""
+    return dict(service, was=None, now=None, stopped=False, stopped_at=None, restored_at=None, downtime_s=None,
+                healthy=None)
 
 
 def signal_name(sig: int) -> str:

@@ -7,7 +7,8 @@
                the guard timer, the last line where the host has systemd)
 
 Its time bounds (the guard timer, the hard deadline) are the job's recorded budget (supervision/budget.py).
-Imports only the stdlib, contract.py host/ (primitives, engine) and the files, record, ledger and budget rooms.
+Imports only the stdlib, contract.py, host/ (primitives, engine) and the files, record, ledger, services and
+budget rooms.
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from ..host.primitives import RUN_SUPERVISOR, Fail, group_is_ours, group_members
     query_apps, run_command, start_unit, wait_healthy
 from .record import Job
 from ..host import engine
-from . import ledger
+from . import ledger, services
 
 GPU_POLL_S = 0.5
 
@@ -38,6 +39,8 @@ def timer_unit(job_id: str) -> str:
 def start_guard_timer(job: Job, bound: str = "guard_timer_s") -> None:
     """Last line of defence when even the guard dies: systemd runs `restore` after the longest job could take
     (the budget's `bound`). It fires once; a `restore` that finds the supervisor or guard alive does nothing."""
+    if job.status.get("timer"):  # one per job, however many of its services it stops
+        return
     seconds = recorded(job.spec, job.status)[bound]
     command = RUN_SUPERVISOR + ["restore", "--job-id", job.paths.job_id, "--root", job.paths.root]
     try:
@@ -109,12 +112,13 @@ def stopped_by_us(service: dict) -> bool:
     return bool(service.get("stopped")) and service.get("was") in RUNNING_SERVICE_STATES
 
 
-def restore(job: Job) -> None:
+def restore(job: Job, since=None) -> None:
     """Start the service this job stopped (or resume the engine it released) and wait until it is healthy
-    (bounded by health_timeout)."""
+    (bounded by health_timeout, counted from `since`: a job's services are restored one after another
+    within one such bound, each started at once)."""
     service, spec_service = job.status["service"], job.spec["service"]
     unit, began = service["unit"], time.time()
-    deadline = time.monotonic() + spec_service["health_timeout"]
+    deadline = (time.monotonic() if since is None else since) + spec_service["health_timeout"]
     if service.get("released"):  # freed through the engine's API: resumed, the unit restarted if that fails
         healthy, now = engine.restore_released(job, deadline)
     else:
@@ -176,8 +180,8 @@ def kill_leftovers(job: Job) -> None:
 
 def settle(job: Job, decide, ended_at=None) -> None:
     """The end of every job, whoever runs it: kill leftovers → wait for GPU release → restore (or observe)
-    → final state. `decide()` names the final (state, message) once the service is back or not; ended_at
-    is kept when the job had ended already (LOST)."""
+    each of its services → final state. `decide()` names the final (state, message) once the services are
+    back or not; ended_at is kept when the job had ended already (LOST)."""
     if not job.terminal:
         job.set_state("RESTORING", "restoring the host")
     for step in (kill_leftovers, wait_gpu_release):
@@ -185,15 +189,46 @@ def settle(job: Job, decide, ended_at=None) -> None:
             step(job)
         except Exception as exc:  # nothing before the restore may keep the service down
             job.event("settle", error="%s: %s" % (type(exc).__name__, exc))
-    if stopped_by_us(job.status["service"]) and not handed_over(job):
-        restore(job)
-    else:
-        observe(job)
-    if job.status["service"].get("manager") == "systemd":
-        ledger.clear(job.paths.root, job.status["service"]["unit"], job.paths.job_id)
+    views = services.views(job)
+    owed = [view for view in views if stopped_by_us(view.status["service"]) and not view.status["service"].get(
+        "restored_alone") and not handed_over(view)]
+    several = len(owed) > 1
+    since = time.monotonic()
+    for view in owed if several else []:
+        kick(view)
+    for view in views:
+        if view in owed and several:
+            restore(view, since)
+        elif view in owed:
+            restore(view)
+        else:
+            observe(view)
+        ledger.clear(job.paths.root, view.status["service"]["unit"], job.paths.job_id)
     state, message = decide()
     job.set_state(state, "done", message=message, ended_at=ended_at or time.time(), restored=True)
     stop_guard_timer(job)
+
+
+def restore_unit(job: Job, unit: str) -> None:
+    """One of the job's services alone (`restore-service --unit`), its ledger entry cleared; the job's other
+    stops stay owed, and settle later restores only those (`restored_alone`)."""
+    for view in services.views(job):
+        if view.status["service"]["unit"] == unit and stopped_by_us(view.status["service"]) \
+                and not view.status["service"].get("restored_alone"):
+            restore(view)
+            view.save(service=dict(view.status["service"], restored_alone=True))
+            ledger.clear(job.paths.root, unit, job.paths.job_id)
+
+
+def kick(view) -> None:
+    """Several services to restore: each stopped unit is started without waiting, so their health waits
+    overlap (restore then starts an active unit again: nothing) and all fit one health_timeout."""
+    if view.status["service"].get("released"):
+        return  # resumed through its engine's API by restore itself
+    try:
+        view.ctl.change("start", view.status["service"]["unit"], "--no-block")
+    except Fail as exc:
+        view.note_restore("starting %s: %s" % (view.status["service"]["unit"], exc))
 
 
 def handed_over(job: Job) -> bool:
@@ -207,12 +242,16 @@ def handed_over(job: Job) -> bool:
 
 
 def settle_ledger(job: Job) -> None:
+    """With the job's locks held: settle the ledger entry of each of its services (settle_entry)."""
+    for view in services.views(job):
+        settle_entry(view)
+
+
+def settle_entry(job: Job) -> None:
     """With the service's lock held: an entry naming another job is a stop nobody will restore (that job's
     supervisor and guard are gone, or they would hold the lock). Adopt it: we restore it after our run, and
     the dead job is settled as handed over. An entry whose service runs again is only dropped."""
     service = job.status["service"]
-    if service.get("manager") != "systemd":
-        return
     entry = ledger.read_entry(job.paths.root, service["unit"])
     if not entry or entry.get("job_id") == job.paths.job_id:
         return
@@ -230,7 +269,7 @@ def settle_ledger(job: Job) -> None:
     start_guard_timer(job, "adopted_timer_s")  # before this job's prepare step and staging
     ledger.record_stop(job.paths.root, unit, job.paths.job_id, job.status["service"], job.spec["gpu"]["devices"],
                        adopted_from=previous, stopped_at=job.status["service"]["stopped_at"],
-                       released=entry.get("released"))
+                       released=entry.get("released"), service_gpus=job.spec["service"].get("gpus", []))
     job.event("ledger", unit=unit, adopted_from=previous, message="%s already stopped by job %s and not restored; "
               "job %s adopts it and will restore it" % (unit, previous, job.paths.job_id))
 
@@ -240,11 +279,16 @@ def hand_over(job: Job, previous) -> None:
     if not previous or not os.path.isdir(JobPaths(job.paths.root, previous).dir):
         return
     paths = JobPaths(job.paths.root, previous)
+    unit = job.status["service"]["unit"]
 
     def settle_dead():
         dead = Job.load(paths)  # read under its restore lock: no other restorer is halfway through
         if dead.status.get("restored"):
             return
+        if [e for e in ledger.entries_of(job.paths.root, previous) if e.get("unit") != unit]:
+            dead.note_restore("job %s adopted the stop of %s; the job's other stops are still owed" % (
+                job.paths.job_id, unit))
+            return  # its other services: whoever settles them (their next job, or the job's own restorers)
         try:
             kill_leftovers(dead)
         except Exception as exc:  # its leftovers must not keep our job (and the service) waiting
@@ -263,10 +307,10 @@ def hand_over(job: Job, previous) -> None:
 
 
 def final_state(job: Job, ending) -> tuple:
-    """SUCCEEDED only if the payload exited 0 and the service (when we stopped it) is back healthy."""
-    service = job.status["service"]
-    service_back = not stopped_by_us(service) or service.get("healthy")
-    note = "" if service_back else "; the service %s did not come back healthy" % service.get("unit")
+    """SUCCEEDED only if the payload exited 0 and every service we stopped is back healthy."""
+    down = [r["unit"] for r in services.records(job.status) if stopped_by_us(r) and not r.get("healthy")]
+    service_back = not down
+    note = "" if service_back else "; the service %s did not come back healthy" % ", ".join(down)
     if ending is not None:
         return ending[0], ending[1] + note
     if job.status.get("exit_code") == 0:

@@ -16,7 +16,7 @@ import sys
 from .. import contract
 from ..slurm.batch import MAX_DOWNTIME_ON_SLURM, setup_seconds, slurm_problem, time_problem
 from ..host.engine import FREE_METHODS, PAUSE_MODES, api_url
-from ..host.primitives import Fail
+from ..host.primitives import Fail, query_gpus
 from ..sweep import MAX_VARIANTS, rounds, slot_problem, slots
 
 DEFAULTS = contract.DEFAULTS
@@ -110,7 +110,49 @@ def check_service(raw) -> dict:
                "health_timeout": _number(_default(raw, "service.health_timeout"), "service.health_timeout"),
                "sudo": sudo}
     service.update(check_free(raw, service["health_url"]))
+    gpus = raw.get("gpus", list(DEFAULTS["service.gpus"]))
+    _need(isinstance(gpus, list), "service.gpus must be a list")
+    for gpu in gpus:
+        _rule(contract.device_problem(gpu))
+    if gpus:  # none listed: every GPU, the service section as it was
+        service["gpus"] = [str(g) for g in gpus]
     return service
+
+
+def check_services(raw: dict) -> list:
+    """The host's services as declared: `services` (a list of service sections) or the one `service`; each
+    unit once. Only systemd services are listed (manager none declares nothing)."""
+    _need(raw.get("service") is None or raw.get("services") is None, "give `service` or `services`, not both")
+    listed = raw.get("services")
+    if listed is None:
+        listed = [raw.get("service") or {"manager": "none"}]
+    _need(isinstance(listed, list), "services must be a list of service sections")
+    services = [s for s in (check_service(item) for item in listed) if s["manager"] == "systemd"]
+    units = [s["unit"] for s in services]
+    twice = sorted(set(u for u in units if units.count(u) > 1))
+    _need(not twice, "services: %s listed twice" % ", ".join(twice))
+    return services
+
+
+def select_services(services: list, devices: list) -> tuple:
+    """(the services the job frees, the units it leaves serving): a service is freed when its GPUs meet the
+    job's (contract.gpus_meet, both named by index as nvidia-smi reports them). The spec is the source of which
+    service holds which GPU; nothing here asks the services."""
+    if not devices or all(not s.get("gpus") for s in services):
+        return services, []
+    job = _indices(devices)
+    met = [s for s in services if contract.gpus_meet(job, _indices(s.get("gpus") or []))]
+    return met, [s["unit"] for s in services if s not in met]
+
+
+def _indices(names: list) -> list:
+    """Cards by index; a UUID through nvidia-smi (kept as given when it cannot say: the drain reports that)."""
+    if all(contract.GPU_INDEX_RE.fullmatch(n) for n in names):
+        return [str(int(n)) for n in names]
+    try:
+        return [str(g["index"]) for g in query_gpus(names)]
+    except (Fail, ValueError):
+        return list(names)
 
 
 def check_free(raw: dict, health_url) -> dict:
@@ -214,8 +256,10 @@ def check_spec(raw, job_id=None) -> dict:
     _need(isinstance(limits, dict), "limits must be an object")
     name = raw.get("name", job_id)
     _need(isinstance(name, str) and len(name) <= 1000, "name must be a string")
-    spec = {"name": name, "job_id": job_id, "service": check_service(raw.get("service") or {"manager": "none"}),
-            "gpu": check_gpu(raw.get("gpu")), "payload": check_payload(raw.get("payload")),
+    gpu = check_gpu(raw.get("gpu"))
+    services, kept = select_services(check_services(raw), gpu["devices"])
+    spec = {"name": name, "job_id": job_id, "service": services[0] if services else {"manager": "none"},
+            "gpu": gpu, "payload": check_payload(raw.get("payload")),
             "limits": {"max_runtime": _number(_default(limits, "limits.max_runtime"), "limits.max_runtime", 0.001),
                        "grace": _number(_default(limits, "limits.grace"), "limits.grace"),
                        "prepare_timeout": _number(_default(limits, "limits.prepare_timeout"),
@@ -225,6 +269,8 @@ def check_spec(raw, job_id=None) -> dict:
                                                 0.001),
                        "max_downtime": _optional_number(_default(limits, "limits.max_downtime"),
                                                         "limits.max_downtime")}}
+    if len(services) > 1 or kept:  # one service on every GPU: the spec as it was
+        spec.update(services=services, services_kept=kept)
     spec.update(check_launcher(raw, spec))
     if raw.get("sweep") is not None:
         spec["sweep"] = check_sweep(raw["sweep"], spec)

@@ -28,7 +28,7 @@ from ..host.primitives import KILL_CONFIRM_S, POLL_S, group_members
 from .payload import check_interrupt, launch_payload, record_exit
 from .record import Interrupted, Job
 from ..sweep import label
-from . import ledger
+from . import ledger, services
 
 
 def announce(job: Job, index: int, of: int, variant: dict, status: str, **extra) -> None:
@@ -229,9 +229,10 @@ def note_slots(job: Job, slots: list, running: dict) -> None:
             entry.update(pid=run.proc.pid, pgid=run.proc.pid, start_time=run.start_time)
         table.append(entry)
     job.save(slots=table)
-    if job.status["service"].get("stopped"):  # the ledger too: what a restorer trusts (supervisor_trust)
-        job.persist(lambda: ledger.note_slots(job.paths.root, job.status["service"]["unit"], job.paths.job_id,
-                                              [s for s in table if s["variant"]]))
+    busy = [s for s in table if s["variant"]]
+    for service in services.records(job.status):  # the ledger too: what a restorer trusts (trust.py)
+        if service.get("stopped"):
+            job.persist(lambda: ledger.note_slots(job.paths.root, service["unit"], job.paths.job_id, busy))
 
 
 def finish_sweep(job: Job, records: list, slots: list, interrupted) -> None:

@@ -8,13 +8,14 @@ told where it is. So:
     owed(root, job_id)        the ledger entries naming the job: stops it made and has not restored
     contradiction(...)        a status that claims the job ended well (or restored) while it still owes a stop
     load_for_restore(paths)   the Job a restorer settles: status.json when it agrees with the ledger, else one
-                              rebuilt from the ledger entry (unit, scope, sudo, health URL, GPUs, prior state)
+                              rebuilt from the ledger entries (one per unit it stopped: scope, sudo, health URL,
+                              GPUs, prior state)
     holds_locks(...)          whether the job's supervisor or guard still live: they hold its service lock
 
 What this does not protect: a payload running as the same user can still delete the ledger, write ROOT/locks,
 kill the restorers or stop the service itself. It guards against a payload corrupting its own job's records,
 by mistake or on purpose, not against a payload that attacks the host. Imports only the stdlib, contract.py,
-host/primitives.py and the files, record and ledger rooms.
+host/primitives.py and the files, record, ledger and services rooms.
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from ..contract import DEFAULTS, RUNNING_SERVICE_STATES, SERVICE_SCOPES, TERMINA
 from .files import JobPaths, lock_held, read_holder, read_json, read_status, write_json_atomic
 from ..host.primitives import Fail
 from .record import Job, initial_status
-from . import ledger
+from . import ledger, services
 
 
 LEDGER_PHASE = "settling from the host ledger"
@@ -71,16 +72,16 @@ def load_for_restore(paths: JobPaths) -> Job:
         if not entries:
             raise
         status, why = None, "status.json cannot be read (%s)" % exc
-    if why is None and entries and (spec or {}).get("service", {}).get("unit") != entries[0]["unit"]:
-        why = "spec.json does not name the unit the host ledger says this job stopped"
+    if why is None and entries and not {e["unit"] for e in entries} <= set(services.units(spec or {"service": {}})):
+        why = "spec.json does not name the units the host ledger says this job stopped"
     if why is None and spec is not None:
         return Job(paths, spec, status)
     if not entries:
         raise Fail("bad-status", "cannot read %s" % paths.spec, job_id=paths.job_id)
-    spec = spec_from_ledger(paths.job_id, entries[0])
+    spec = spec_from_ledger(paths.job_id, entries)
     if readable_spec(paths) is None:
         write_json_atomic(paths.spec, spec)  # so later calls (status, restore) can read the job again
-    return Job(paths, spec, status_from_ledger(spec, entries[0], why or "spec.json cannot be read"))
+    return Job(paths, spec, status_from_ledger(spec, entries, why or "spec.json cannot be read"))
 
 
 def readable_spec(paths: JobPaths):
@@ -92,8 +93,22 @@ def readable_spec(paths: JobPaths):
     return spec if ok else None
 
 
-def spec_from_ledger(job_id: str, entry: dict) -> dict:
-    """Enough of a spec to restore the entry's unit: what the supervisor recorded before the stop."""
+def spec_from_ledger(job_id: str, entries: list) -> dict:
+    """Enough of a spec to restore the entries' units: what the supervisor recorded before each stop."""
+    sections = [service_from_ledger(entry) for entry in entries]
+    gpus = [str(g) for g in entries[0].get("gpus") or [] if isinstance(g, (str, int))]
+    spec = {"name": job_id, "job_id": job_id, "service": sections[0],
+            "gpu": {"devices": gpus, "required_mib": 0, "drain_timeout": DEFAULTS["gpu.drain_timeout"]},
+            "payload": {"command": ["true"], "script": None, "python": None, "args": [], "env": {}, "prepare": None},
+            "limits": {"max_runtime": DEFAULTS["limits.max_runtime"], "grace": DEFAULTS["limits.grace"],
+                       "prepare_timeout": DEFAULTS["limits.prepare_timeout"],
+                       "queue_timeout": DEFAULTS["limits.queue_timeout"], "max_downtime": None}}
+    if len(sections) > 1:
+        spec["services"] = sections
+    return spec
+
+
+def service_from_ledger(entry: dict) -> dict:
     scope = entry.get("scope") if entry.get("scope") in SERVICE_SCOPES else DEFAULTS["service.scope"]
     url = entry.get("health_url")
     timeout = entry.get("health_timeout")
@@ -102,26 +117,22 @@ def spec_from_ledger(job_id: str, entry: dict) -> dict:
                "health_url": url if isinstance(url, str) and url.startswith(("http://", "https://")) else None,
                "health_timeout": float(timeout) if isinstance(timeout, (int, float)) and timeout > 0
                else DEFAULTS["service.health_timeout"]}
-    gpus = [str(g) for g in entry.get("gpus") or [] if isinstance(g, (str, int))]
-    return {"name": job_id, "job_id": job_id, "service": service,
-            "gpu": {"devices": gpus, "required_mib": 0, "drain_timeout": DEFAULTS["gpu.drain_timeout"]},
-            "payload": {"command": ["true"], "script": None, "python": None, "args": [], "env": {}, "prepare": None},
-            "limits": {"max_runtime": DEFAULTS["limits.max_runtime"], "grace": DEFAULTS["limits.grace"],
-                       "prepare_timeout": DEFAULTS["limits.prepare_timeout"],
-                       "queue_timeout": DEFAULTS["limits.queue_timeout"], "max_downtime": None}}
+    held = [str(g) for g in entry.get("service_gpus") or [] if isinstance(g, (str, int))]
+    return dict(service, gpus=held) if held else service
 
 
-def status_from_ledger(spec: dict, entry: dict, why: str) -> dict:
-    """A status that says what the ledger knows: this job stopped the unit and owes its restore."""
+def status_from_ledger(spec: dict, entries: list, why: str) -> dict:
+    """A status that says what the ledger knows: this job stopped the entries' units and owes their restore."""
     status = initial_status(spec)
-    was = entry.get("was") if entry.get("was") in RUNNING_SERVICE_STATES else "active"
-    stopped_at = entry.get("stopped_at") if isinstance(entry.get("stopped_at"), (int, float)) else time.time()
+    stopped = [dict(record, was=entry.get("was") if entry.get("was") in RUNNING_SERVICE_STATES else "active",
+                    stopped=True, stopped_at=entry.get("stopped_at") if isinstance(entry.get("stopped_at"), (int, float))
+                    else time.time()) for record, entry in zip(services.records(status), entries)]
+    payload = next((p for p in (payload_from_ledger(entry.get("payload")) for entry in entries) if p), None)
+    noted = [slot for entry in entries if isinstance(entry.get("slots"), list) for slot in entry["slots"]]
+    slots = list({p["pid"]: p for p in map(payload_from_ledger, noted) if p}.values())  # each entry may name them
     status.update(state="LOST", phase=LEDGER_PHASE, ended_at=time.time(),
                   message="%s; settled from the host ledger (the payload may have overwritten its job's files)" % why,
-                  service=dict(status["service"], was=was, stopped=True, stopped_at=stopped_at),
-                  payload=payload_from_ledger(entry.get("payload")),
-                  slots=[p for p in map(payload_from_ledger, entry.get("slots") if isinstance(entry.get("slots"), list)
-                                        else []) if p])
+                  service=stopped[0], payload=payload, slots=slots, **({"services": stopped} if len(stopped) > 1 else {}))
     return status
 
 

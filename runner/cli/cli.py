@@ -281,9 +281,14 @@ def _status_text(job: dict) -> str:
         lines.append(f"  scheduler   slurm {slurm['job_id']} {slurm.get('state') or '?'}"
                      + (f" ({slurm['reason']})" if slurm.get("reason") else "")
                      + (f" on {slurm['node']}" if slurm.get("node") else ""))
-    if service.get("unit"):
-        lines.append(f"  service     {service['unit']} was {service.get('was')} now {service.get('now')}"
-                     + _downtime(service, now))
+    several = [s for s in job.get("services") or [] if isinstance(s, dict) and s.get("unit")]
+    for one in several or ([service] if service.get("unit") else []):
+        freed = (" (freed)" if one.get("stopped") else " (not freed)") if several else ""
+        lines.append(f"  service     {one['unit']} was {one.get('was')} now {one.get('now')}{freed}"
+                     + _downtime(one, now))
+    kept = [u for u in job.get("services_kept") or [] if isinstance(u, str)]
+    if kept:
+        lines.append(f"  kept        {', '.join(kept)} serving (not on the job's GPUs: never touched)")
     if job.get("exit_code") is not None:
         lines.append(f"  payload exit code {job['exit_code']}")
     if job.get("message"):

@@ -11,7 +11,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO, Callable, Sequence
 
-from remote_payload.contract import DEFAULTS
+from remote_payload.contract import DEFAULTS, normalize_unit
 from remote_payload import sweep as sweeps
 
 from ..deadline import DEFAULT_MAX_WAIT_S, Deadline
@@ -219,7 +219,7 @@ def submit(spec_path: str, overrides: list[str], *, queue: bool = False, job_id:
     host, job_id = plan.host, wire["job_id"]
     progress(plan.args_note)
     record = JobRecord(job_id=job_id, name=wire["name"], host=host, spec_path=str(Path(spec_path).resolve()),
-                       submitted_at=time.time(), service=wire["service"], wire=wire)
+                       submitted_at=time.time(), service=wire.get("service") or {"services": wire["services"]}, wire=wire)
     made_record = _record(store, record)
     try:
         with connect(host, plan.bundle, deadline, plan.payload_bundle) as client:
@@ -480,18 +480,34 @@ def restore_service(host: dict, service: dict, *, max_wait: float) -> dict:
         return client.restore_service(service, max_wait=max_wait)
 
 
+def _service_of(spec, unit: str | None):
+    """The one service of JOB.yaml to restore: its `service`, or with `services` the one --unit names (a job
+    file's restore touches only that unit)."""
+    services = spec.all_services()
+    if unit is None:
+        if spec.services is None or len(services) == 1:
+            return spec.service if spec.services is None else services[0]
+        raise SpecError("the job file lists several services (%s): name the one to restore with --unit"
+                        % ", ".join(normalize_unit(s.unit) for s in services))
+    for service in services:
+        if normalize_unit(service.unit) == normalize_unit(unit):
+            return service
+    raise SpecError(f"--unit {unit} is not a service of the job file")
+
+
 def restore_target(spec_path: str | None, *, address: str | None = None, unit: str | None = None,
                    overrides: Sequence[str] = (), **options) -> tuple[dict, dict]:
-    """The (host, service) sections to restore: from JOB.yaml, or from --host/--unit and their options
-    (user, port, host_key_policy for the host; scope, sudo, health_url for the service), validated alike."""
+    """The (host, service) sections to restore: from JOB.yaml (with --unit, the one of its services it names),
+    or from --host/--unit and their options (user, port, host_key_policy for the host; scope, sudo, health_url
+    for the service), validated alike."""
     from ..spec.spec import HostSpec, ServiceSpec
     from ..spec.spec_load import load_spec, section_from_options
 
-    if spec_path and (address or unit):
+    if spec_path and address:
         raise SpecError("give either JOB.yaml or --host/--unit, not both")
     if spec_path:
         spec = load_spec(spec_path, overrides)
-        return spec.host.model_dump(), spec.service.model_dump()
+        return spec.host.model_dump(), _service_of(spec, unit).model_dump()
     if not (address and unit):
         raise SpecError("restore-service needs JOB.yaml, or both --host and --unit")
     host_keys = ("user", "port", "host_key_policy")

@@ -88,7 +88,7 @@ class Policy:
         wanted = normalize_unit(unit)
         for path, spec in self._job_specs():
             addresses = spec.host.address if isinstance(spec.host.address, list) else [spec.host.address]
-            if address in addresses and spec.service.unit and normalize_unit(spec.service.unit) == wanted:
+            if address in addresses and wanted in (normalize_unit(s.unit) for s in spec.all_services()):
                 return str(path)
         raise NotAllowed(f"{wanted} on {_short(address)} is not the service of any job file in "
                          f"{_names(self.jobs_dirs)}",

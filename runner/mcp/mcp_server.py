@@ -108,7 +108,7 @@ class Tools:
             self.policy.host({"address": host})
         path = self.policy.job_file(job_file) if job_file else self.policy.known_service(host, unit)
         overrides = [f"host.address={host}"] if host else []  # one host of a fleet's job file
-        host_spec, service = controller.restore_target(path, overrides=overrides)
+        host_spec, service = controller.restore_target(path, unit=unit, overrides=overrides)  # unit: one of `services`
         self.policy.host(host_spec)
         answer = controller.restore_service(host_spec, service, max_wait=max_wait)
         return {**answer, "cli_exit_code": exit_code(answer.get("state"))}

@@ -166,11 +166,13 @@ GPU = _record({"index": _either(TEXT, COUNT), "uuid": OPT_TEXT, "name": OPT_TEXT
                "used_mib": OPT_NUMBER, "free_mib": OPT_NUMBER}, required=("index",))
 HOLDER = _optional(_record({"job_id": OPT_TEXT, "pid": _optional(SCALAR), "key": OPT_TEXT}))
 LOCK = _record({"key": TEXT, "held": BOOL, "holder": HOLDER}, required=("key", "held"))
+SERVICE_REPORT = _record({"manager": OPT_TEXT, "unit": OPT_TEXT, "active_state": OPT_TEXT, "sub_state": OPT_TEXT,
+                          "ledger": _optional(_record({"job_id": OPT_TEXT}))})
 REPORT = _record({
     "gpus": _list_of(GPU),
     "apps": _list_of(_record({"pid": SCALAR, "used_mib": SCALAR}, required=("pid", "used_mib"))),
-    "service": _optional(_record({"manager": OPT_TEXT, "unit": OPT_TEXT, "active_state": OPT_TEXT,
-                                  "sub_state": OPT_TEXT, "ledger": _optional(_record({"job_id": OPT_TEXT}))})),
+    "service": _optional(SERVICE_REPORT), "services": _optional(_list_of(SERVICE_REPORT)),
+    "services_kept": _optional(_list_of(TEXT)),
     "locks": _list_of(LOCK), "python": OPT_TEXT, "nvidia_smi": BOOL,
 }, required=("gpus", "locks"))
 START = _record({"job_id": TEXT, "state": STATE, "supervisor_pid": OPT_INT, "job_dir": OPT_TEXT, "queued": OPT_BOOL,
@@ -195,7 +197,8 @@ STATUS_ENTRY = _record({
     "job_id": TEXT, "state": STATUS_STATE, "name": OPT_TEXT, "phase": OPT_TEXT, "message": OPT_TEXT,
     **{k: OPT_NUMBER for k in ("created_at", "started_at", "ended_at", "updated_at", "now")},
     "exit_code": OPT_INT, "supervisor_pid": OPT_INT, "restored": OPT_BOOL,
-    "service": SERVICE_STATUS, "progress": PROGRESS, "array": ARRAY, "slurm": SLURM,
+    "service": SERVICE_STATUS, "services": _optional(_list_of(SERVICE_STATUS)),
+    "services_kept": _optional(_list_of(TEXT)), "progress": PROGRESS, "array": ARRAY, "slurm": SLURM,
 }, required=("job_id", "state"))
 STATUS = _record({"jobs": _list_of(STATUS_ENTRY)}, required=("jobs",))
 LOGS = _record({"offset": COUNT, "next_offset": COUNT, "size": COUNT, "data_b64": TEXT, "state": STATE,

@@ -14,7 +14,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from remote_payload.contract import DEFAULTS, LAUNCHERS, SERVICE_MANAGERS, SERVICE_SCOPES, STOP_POLICIES, \
-    USER_SCOPE_SUDO
+    USER_SCOPE_SUDO, normalize_unit
 from remote_payload import sweep as sweeps
 from remote_payload.host.engine import FREE_METHODS, PAUSE_MODES, origin
 
@@ -55,6 +55,9 @@ class ServiceSpec(_Section):
     free: Literal[FREE_METHODS] = "stop"
     api_url: HealthUrl = None
     pause_mode: Literal[PAUSE_MODES] | None = None
+    # The GPUs this service holds (from the spec, not discovered): a job frees it only when its own GPUs meet
+    # these. None listed: every GPU of the host.
+    gpus: list[Device] = list(DEFAULTS["service.gpus"])
 
     @model_validator(mode="after")
     def _unit_matches_manager(self) -> ServiceSpec:
@@ -64,6 +67,11 @@ class ServiceSpec(_Section):
             raise ValueError("`unit` is only used with `manager: systemd`")
         if self.scope == "user" and self.sudo:
             raise ValueError(USER_SCOPE_SUDO)
+        if self.gpus and self.manager != "systemd":
+            raise ValueError("`gpus` are the GPUs a `manager: systemd` service holds")
+        duplicates = sorted(d for d, n in Counter(str(g).lower() for g in self.gpus).items() if n > 1)
+        if duplicates:
+            raise ValueError(f"gpus listed twice: {', '.join(duplicates)}")
         return self
 
     @model_validator(mode="after")
@@ -82,10 +90,13 @@ class ServiceSpec(_Section):
         return self
 
     def wire(self) -> dict:
-        """The host's form: without the engine keys for `free: stop` (the wire as it was); api_url resolved."""
+        """The host's form: without the engine keys for `free: stop` and without `gpus` when none are listed
+        (the wire as it was); api_url resolved; GPUs as text, like gpu.devices."""
+        gpus = {"gpus": [str(g) for g in self.gpus]} if self.gpus else {}
         if self.free == "stop":
-            return self.model_dump(exclude={"free", "api_url", "pause_mode"})
-        return dict(self.model_dump(), api_url=(self.api_url or origin(self.health_url)).rstrip("/"))
+            return dict(self.model_dump(exclude={"free", "api_url", "pause_mode", "gpus"}), **gpus)
+        return dict(self.model_dump(exclude={"gpus"}), api_url=(self.api_url or origin(self.health_url)).rstrip("/"),
+                    **gpus)
 
 
 class GpuSpec(_Section):
@@ -170,6 +181,8 @@ class JobSpec(_Section):
     name: Name
     host: HostSpec
     service: ServiceSpec = Field(default_factory=ServiceSpec)
+    # Several services on one host, each on its own GPUs (`gpus`); a job frees only those its GPUs meet.
+    services: Annotated[list[ServiceSpec], Field(min_length=1)] | None = None
     gpu: GpuSpec = Field(default_factory=GpuSpec)
     payload: PayloadSpec
     limits: LimitsSpec = Field(default_factory=LimitsSpec)
@@ -198,6 +211,27 @@ class JobSpec(_Section):
             if problem:
                 raise ValueError(problem)
         return self
+
+    @model_validator(mode="after")
+    def _services_listed_once(self) -> JobSpec:
+        if self.services is None:
+            return self
+        if "service" in self.model_fields_set:
+            raise ValueError("give `service` (one) or `services` (a list), not both")
+        for index, service in enumerate(self.services):
+            if service.manager != "systemd":
+                raise ValueError(f"services.{index}: each listed service needs `manager: systemd`")
+        units = Counter(normalize_unit(s.unit) for s in self.services)
+        twice = sorted(u for u, n in units.items() if n > 1)
+        if twice:
+            raise ValueError(f"services: {', '.join(twice)} listed twice")
+        return self
+
+    def all_services(self) -> list[ServiceSpec]:
+        """Every service the spec declares on the host (its systemd ones), in order."""
+        if self.services is not None:
+            return list(self.services)
+        return [self.service] if self.service.manager == "systemd" else []
 
     @model_validator(mode="after")
     def _sweep_keys_used(self) -> JobSpec:
@@ -251,7 +285,7 @@ class JobSpec(_Section):
     def to_wire(self, job_id: str, required_mib: int, script_name: str | None) -> dict:
         """The normalised JSON form of docs/protocol.md ("The spec JSON"); script_name is the script's name
         inside the uploaded payload dir (defaults to payload.script)."""
-        wire = {"name": self.name, "job_id": check_job_id(job_id), "service": self._wire_service(),
+        wire = {"name": self.name, "job_id": check_job_id(job_id), **self._wire_services(),
                 "gpu": {"devices": [str(d) for d in self.gpu.devices], "required_mib": int(required_mib),
                         "drain_timeout": self.gpu.drain_timeout},
                 "payload": self._wire_payload(script_name), "limits": self.limits.model_dump()}
@@ -276,10 +310,13 @@ class JobSpec(_Section):
             return sweeps.fill(self.payload.command, variant)
         return self.payload_args({**self.payload.args, **variant})
 
-    def _wire_service(self) -> dict:
+    def _wire_services(self) -> dict:
+        """`services` as listed, or the one `service` as it was; the host picks those the job's GPUs meet."""
+        if self.services is not None:
+            return {"services": [s.wire() for s in self.services]}
         if self.service.manager == "none":
-            return {"manager": "none"}
-        return self.service.wire()
+            return {"service": {"manager": "none"}}
+        return {"service": self.service.wire()}
 
     def _wire_payload(self, script_name: str | None) -> dict:
         payload = self.payload

@@ -105,9 +105,14 @@ def _parse_yaml(path: Path, text: str) -> tuple[dict, dict]:
 
 
 def _refuse_other_files(path: Path, document: dict) -> None:
-    if document and not any(isinstance(key, str) and key in JobSpec.model_fields for key in document):
+    if document and not any(_spec_key(key, value) for key, value in document.items()):
         raise SpecError(f"{path}: not a job spec: none of its {len(document)} top-level keys is a job spec key "
                         f"({', '.join(JobSpec.model_fields)}); its content is not shown")
+
+
+def _spec_key(key: Any, value: Any) -> bool:
+    """A top-level key of a job spec; a compose file's `services` (a mapping, ours is a list) is not one."""
+    return isinstance(key, str) and key in JobSpec.model_fields and not (key == "services" and isinstance(value, dict))
 
 
 def _key_text(key: Any) -> str | None:

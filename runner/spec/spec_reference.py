@@ -46,8 +46,14 @@ DESCRIPTIONS = {
     "service.api_url": "The engine's HTTP root for `free: sglang`/`vllm` (default: the origin of `health_url`).",
     "service.pause_mode": "SGLang's /pause_generation mode before the release: `abort` (SGLang's default when not "
                           "given: in-flight requests are returned) or `retract` (they are queued and recomputed after).",
+    "service.gpus": "The GPUs this service holds (indexes or UUIDs), as the spec declares them (runner does not "
+                    "discover them); a job frees the service only when its `gpu.devices` meet these. None listed: "
+                    "every GPU of the host.",
+    "services": "Several services on the host, each a `service` section with its own `gpus` (instead of "
+                "`service`): a job frees only those its GPUs meet; the others keep serving and are never touched.",
     "gpu": "The GPUs the payload uses and the memory it needs.",
-    "gpu.devices": "GPU indexes (nvidia-smi order) or UUIDs; the payload gets CUDA_VISIBLE_DEVICES for them.",
+    "gpu.devices": "GPU indexes (nvidia-smi order) or UUIDs; the payload gets CUDA_VISIBLE_DEVICES for them. None "
+                   "listed with a service means every GPU: the job takes every GPU's lock.",
     "gpu.min_free_mib": "Free memory needed on each device, in MiB (at most 16777216, 16 TiB), or `auto`: the "
                         "script's own `estimate_peak_bytes(args)` (given what its `parse_args` returned), asked on "
                         "the controller; a sweep's largest variant decides.",

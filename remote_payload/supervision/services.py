@@ -1,0 +1,85 @@
+"""A job's services: the ones its GPUs meet, each freed, recorded and restored on its own.
+
+The normalised spec (supervision/spec.py check_spec) lists them in `services` when there are several, or when
+some of the host's services were left serving (`services_kept`); a spec with one service on every GPU keeps
+only `service`, as it was. status.json keeps `service` (the first one's record, so every reader of one
+service still reads it) and, with several, `services`: one record per service, in the spec's order.
+
+The single-service steps (stop, release, restore, observe, the ledger's adoption) read `job.spec["service"]`
+and `job.status["service"]` and save `service=…`. `ServiceView` is the job as one of its services sees it, so
+those steps run unchanged once per service. Imports only the stdlib, contract.py and host/primitives.py.
+"""
+from __future__ import annotations
+
+from ..contract import services_of
+from ..host.primitives import Systemd
+
+
+def service_specs(spec: dict) -> list:
+    """The job's systemd services, in order (none for `manager: none`)."""
+    return services_of(spec)
+
+
+def records(status: dict) -> list:
+    """The status records of the job's services, in the spec's order."""
+    if "services" in status:
+        return list(status["services"])
+    return [status["service"]] if status["service"].get("manager") == "systemd" else []
+
+
+def units(spec: dict) -> list:
+    return [s["unit"] for s in service_specs(spec)]
+
+
+def views(job) -> list:
+    """One view per service record of the job's status (what was done is what a restorer settles); a job of
+    one service is its own view."""
+    if "services" not in job.status:
+        return [job] if records(job.status) else []
+    return [ServiceView(job, index) for index in range(len(job.status["services"]))]
+
+
+class ServiceView:
+    """The job, with `spec["service"]` and `status["service"]` those of its service number `index`."""
+
+    def __init__(self, job, index: int) -> None:
+        self.job, self.index, self.paths, self.payload_pids = job, index, job.paths, job.payload_pids
+        specs = service_specs(job.spec)
+        service = specs[index] if index < len(specs) else records(job.status)[index]  # a record holds its section
+        self.spec = dict(job.spec, service=service)
+        self.ctl = job.ctl if index == 0 else Systemd(service["scope"], service["sudo"])
+
+    @property
+    def status(self) -> dict:
+        return dict(self.job.status, service=records(self.job.status)[self.index])
+
+    @property
+    def terminal(self) -> bool:
+        return self.job.terminal
+
+    def save(self, **changes) -> None:
+        self.job.save(**self._mapped(changes))
+
+    def set_state(self, state: str, phase: str, **changes) -> None:
+        self.job.set_state(state, phase, **self._mapped(changes))
+
+    def event(self, kind: str, **fields) -> None:
+        self.job.event(kind, **fields)
+
+    def note_restore(self, text: str) -> None:
+        self.job.note_restore(text)
+
+    def persist(self, write) -> None:
+        self.job.persist(write)
+
+    def _mapped(self, changes: dict) -> dict:
+        """`service=` of this view written to its record; the first service's is `service` as well."""
+        if "service" not in changes or "services" not in self.job.status:
+            return changes
+        mapped = dict(changes)
+        listed = list(self.job.status["services"])
+        listed[self.index] = mapped["service"]
+        mapped["services"] = listed
+        if self.index != 0:
+            del mapped["service"]
+        return mapped
