@@ -67,13 +67,13 @@ def test_an_unsafe_root_is_refused_by_boot_and_by_the_supervisor(tmp_path):
     import subprocess
     import sys
 
-    from runner.remote.host import BOOT, build_bundle
+    from runner.remote.host import BOOT, supervisor_bundle
 
     root = tmp_path / "root"
     digest = "0123456789abcdef"
     payload = root / "payload" / digest
     payload.mkdir(parents=True)
-    bundle, _ = build_bundle()
+    bundle = supervisor_bundle()
     for name, data in bundle.files.items():  # what the bundle carries
         (payload / name).parent.mkdir(parents=True, exist_ok=True)
         (payload / name).write_bytes(data)
