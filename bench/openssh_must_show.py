@@ -11,7 +11,8 @@ interleaved so both sides see the same load, medians over --runs:
 - through bench/latency_proxy.py (50 ms each way): the same submits, in RTTs (extra seconds / 0.1 s);
 - with --edited: `runner submit` of a spec edited before every run (no cached plan: validated each time), warm,
   for the non-root login and for root (whose python3 is a pyenv shim and whose ~/.bashrc runs `pyenv init`),
-  against the same hand-written line as that login, and the round trips of such a submit.
+  against the same hand-written line as that login, the round trips of such a submit, and whether its host
+  call was opened while the spec was validated (`early_call`).
 docs/performance.md explains the numbers.
 """
 from __future__ import annotations
@@ -34,6 +35,7 @@ sys.path[:0] = [str(REPO), str(REPO / "bench")]
 
 from latency_proxy import LatencyProxy  # noqa: E402
 from runner.commands import controller  # noqa: E402
+from runner.deadline import Deadline  # noqa: E402
 from runner.state.store import Store  # noqa: E402
 from tests.cli_helpers import Target, write_job  # noqa: E402
 from tests.hosts import sshd  # noqa: E402
@@ -146,11 +148,22 @@ def bench_edited(bench: Bench, route: str, runs: int) -> dict:
     for i in range(runs):
         plain.append(bench.ssh(route, NOHUP))
         edited.append(bench.runner("submit", str(bench.job(route, edit=i))))
-    os.environ.update(RUNNER_SSH_CONFIG=str(bench.config), RUNNER_STATE_DIR=str(bench.state))
-    trips = controller.submit(str(bench.job(route, edit=runs)), [], store=Store(), progress=lambda _m: None).round_trips
+    trips, early = edited_submit_round_trips(bench, route, runs)
     return {"runner_submit_edited_warm_s": median(edited), "openssh_nohup_s": median(plain),
-            "ratio": round(median(edited) / median(plain), 3), "round_trips": trips, "runs": runs,
-            "raw": {"edited": edited, "openssh": plain}}
+            "ratio": round(median(edited) / median(plain), 3), "round_trips": trips, "early_call": early,
+            "runs": runs, "raw": {"edited": edited, "openssh": plain}}
+
+
+def edited_submit_round_trips(bench: Bench, route: str, edit: int) -> tuple[int, bool]:
+    """In process, the CLI's path for an edited spec: its round trips, and whether its host call was opened
+    before the validation (controller.early_submit) and used."""
+    os.environ.update(RUNNER_SSH_CONFIG=str(bench.config), RUNNER_STATE_DIR=str(bench.state))
+    job, deadline = str(bench.job(route, edit=edit)), Deadline.for_command(60)
+    with controller.early_submit(job, [], store=Store(), job_id=None, queue=False, deadline=deadline) as early:
+        plan = controller.local_plan(job, [])
+        done = controller.submit(job, [], store=Store(), progress=lambda _m: None, planned=plan, deadline=deadline,
+                                 early=early)
+    return done.round_trips, early is not None and done.job_id == early.job_id
 
 
 def bench_tail(bench: Bench, runs: int) -> dict:

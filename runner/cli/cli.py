@@ -76,18 +76,24 @@ def cli() -> None:
 def submit(job_file, overrides, queue, queue_timeout, job_id, dry_run, follow, max_wait, forks, as_json) -> None:
     if queue_timeout is not None:
         overrides, queue = (*overrides, "limits.queue_timeout=" + queue_timeout), True
-    if fleet.is_fleet(job_file, list(overrides)):
-        sys.exit(fleet_cli.submit(job_file, list(overrides), run_id=job_id, queue=queue, dry_run=dry_run,
-                                  max_wait=max_wait, as_json=as_json, forks=forks))
+    deadline, store = Deadline.for_command(max_wait), Store()
+    # An edited spec's host call opens while the spec is validated; nothing is sent before the checks pass.
+    with controller.early_submit(job_file, overrides, store=store, job_id=job_id, queue=queue, deadline=deadline,
+                                 wanted=not dry_run) as early:
+        plan = controller.local_plan(job_file, overrides)  # the command's one validation (or the cached plan)
+        one_job = not (plan.is_fleet or dry_run or forks is not None)
+        done = controller.submit(job_file, list(overrides), queue=queue, job_id=job_id, store=store,
+                                 progress=_progress, planned=plan, deadline=deadline, early=early) if one_job else None
+    if plan.is_fleet:
+        sys.exit(fleet_cli.submit(plan, run_id=job_id, queue=queue, dry_run=dry_run, max_wait=max_wait,
+                                  as_json=as_json, forks=forks))
     if forks is not None:
         raise SpecError("--forks goes with a fleet (a list of hosts in host.address); this spec names one host")
-    deadline = Deadline.for_command(max_wait)
     if dry_run:
-        plan = controller.dry_run(job_file, list(overrides), queue=queue, job_id=job_id, deadline=deadline)
-        _emit_json(asdict(plan)) if as_json else _say(_dry_run_text(plan))
+        decided = controller.dry_run(job_file, list(overrides), queue=queue, job_id=job_id, planned=plan,
+                                     deadline=deadline)
+        _emit_json(asdict(decided)) if as_json else _say(_dry_run_text(decided))
         return
-    done = controller.submit(job_file, list(overrides), queue=queue, job_id=job_id, store=Store(), progress=_progress,
-                             deadline=deadline)
     if as_json and not follow:
         _emit_json(asdict(done))
         return

@@ -13,6 +13,7 @@ from ..errors import EXIT_OK, worst
 from ..fleet import fleet, fleet_view
 from ..fleet.fleet import for_each_host
 from ..state.fleet_store import HostEntry, RunRecord
+from ..commands.plan import Plan
 from ..state.store import Store
 from .cli_echo import emit_json as _emit_json, progress as _progress, say as _say
 
@@ -31,12 +32,13 @@ def run_text(run: RunRecord) -> str:
     return "\n".join(lines)
 
 
-def submit(job_file: str, overrides: list[str], *, run_id: str | None, queue: bool, dry_run: bool,
-           max_wait: float, as_json: bool, forks: int | None = None) -> int:
+def submit(plan: Plan, *, run_id: str | None, queue: bool, dry_run: bool, max_wait: float, as_json: bool,
+           forks: int | None = None) -> int:
+    """A fleet's submit from the command's plan (validated once, for every host)."""
     if dry_run:
-        return _dry_run(job_file, overrides, queue=queue)
-    run = fleet.submit(job_file, overrides, run_id=run_id, queue=queue, store=Store(), max_wait=max_wait,
-                       progress=_progress, forks=forks)
+        return _dry_run(plan, queue=queue)
+    run = fleet.submit(plan.spec_path, list(plan.overrides), run_id=run_id, queue=queue, store=Store(),
+                       max_wait=max_wait, progress=_progress, forks=forks, planned=plan)
     return _report(run, as_json)
 
 
@@ -56,13 +58,12 @@ def _report(run: RunRecord, as_json: bool) -> int:
     return run_exit(run)
 
 
-def _dry_run(job_file: str, overrides: list[str], *, queue: bool) -> int:
+def _dry_run(plan: Plan, *, queue: bool) -> int:
     """Every host's dry run at once, from the one plan: what it would do, or why it would be skipped.
     Nothing is changed."""
-    planned = controller.local_plan(job_file, overrides)
-    entries = [HostEntry(a, "") for a in planned.host["address"]]
+    entries = [HostEntry(a, "") for a in plan.addresses]
     plans, errors = for_each_host(entries, lambda e: controller.dry_run(
-        job_file, overrides, queue=queue, planned=planned.for_address(e.address)))
+        plan.spec_path, list(plan.overrides), queue=queue, planned=plan.for_address(e.address)))
     _say(f"dry run of a fleet of {len(entries)}: nothing was started or changed")
     for entry in entries:
         plan = plans.get(entry.address)

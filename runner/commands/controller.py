@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, field, replace
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO, Callable, Sequence
+from typing import TYPE_CHECKING, BinaryIO, Callable, Iterator, Sequence
 
 from remote_payload.contract import DEFAULTS, normalize_unit
 from remote_payload import sweep as sweeps
@@ -18,11 +19,13 @@ from ..deadline import DEFAULT_MAX_WAIT_S, Deadline
 from ..errors import (HostKeyError, LocalStateError, LogShrank, PreflightError, RemoteError, RunnerError,
                       SpecError, TransportError, UnknownJob)
 from ..remote import preflight
-from ..remote.host import Bundle, HostClient, packaged_payload, payload_bundle, payload_dir, supervisor_bundle
+from ..remote.host import Bundle, HostClient, OpenCall, packaged_payload, payload_bundle, payload_dir, \
+    supervisor_bundle
 from ..remote.transport_openssh import for_host
 from ..state import plan_cache
 from ..state.job_id import check_job_id, job_id_for
 from ..state.store import JobRecord, Store, default_state_dir
+from .plan import PLANNED_JOB_ID, Plan
 
 if TYPE_CHECKING:  # pydantic, yaml and tenacity load only in the commands that use them (`runner tail` starts fast)
     from tenacity import Retrying
@@ -32,7 +35,6 @@ if TYPE_CHECKING:  # pydantic, yaml and tenacity load only in the commands that 
 
 LOG_CHUNK = 1 << 20
 LONG_POLL_S = 5.0
-PLANNED_JOB_ID = "planned"  # the wire form's job id in a plan; each submit sets its own
 
 
 @dataclass
@@ -143,33 +145,18 @@ def _check_payload_args(spec: JobSpec, source: Path | None) -> ArgsCheck | None:
     return check_many(source, runs, spec.spec_path)
 
 
-@dataclass
-class LocalPlan:
-    """Everything submit decides before it contacts a host: the host section, the bundles (the supervisor's,
-    the payload's), the wire form (its job id left to each submit) and the args check's note."""
-    host: dict
-    bundle: Bundle
-    payload_bundle: Bundle | None
-    wire: dict
-    args_note: str
-
-    def for_address(self, address: str) -> LocalPlan:
-        """This plan for one host of a fleet: the wire form names no host, so only host.address changes and
-        nothing is validated again."""
-        return replace(self, host=dict(self.host, address=address))
-
-
-def local_plan(spec_path: str, overrides: Sequence[str], state: Path | None = None) -> LocalPlan:
-    """The spec's plan. A spec planned before from the same bytes, overrides, bundle and code is not validated
-    again (plan_cache)."""
+def local_plan(spec_path: str, overrides: Sequence[str], state: Path | None = None) -> Plan:
+    """The command's plan of this spec: validated here, at most once, or — planned before from the same
+    bytes, overrides, bundle and code — read from the plan cache without validating (plan_cache)."""
     state = default_state_dir() if state is None else state
     key = plan_cache.key(spec_path, overrides)
     cached = plan_cache.load(state, key, _bundles)
     if cached is None:
         cached = _validated_plan(spec_path, list(overrides))
-        plan_cache.save(state, key, cached[0])
-    plan, (bundle, payload) = cached
-    return LocalPlan(plan.host, bundle, payload, plan.wire, plan.args_note)
+        plan_cache.save(state, key, cached[0], latest=plan_cache.latest_key(spec_path, overrides))
+    entry, (bundle, payload) = cached
+    return Plan(str(Path(spec_path).resolve()), tuple(overrides), entry.host, bundle, entry.wire, entry.args_note,
+                entry.rollout, payload)
 
 
 def _bundles(source: Path | None) -> tuple[Bundle, Bundle | None]:
@@ -177,15 +164,19 @@ def _bundles(source: Path | None) -> tuple[Bundle, Bundle | None]:
     return supervisor_bundle(), payload_bundle(source) if source is not None else None
 
 
-def _plan(spec_path: str, overrides: list[str], job_id: str | None, state: Path,
-          planned: LocalPlan | None = None) -> tuple[LocalPlan, dict]:
-    """The plan (`planned`, or the spec's) and its wire form with this submit's job id."""
-    plan = planned or local_plan(spec_path, overrides, state)
-    job_id = check_job_id(job_id) if job_id is not None else job_id_for(plan.wire["name"], datetime.now(timezone.utc), os.urandom(3).hex())
-    return plan, dict(plan.wire, job_id=job_id)
+def _planned(spec_path: str, overrides: Sequence[str], planned: Plan | None, state: Path | None = None) -> Plan:
+    """The plan the caller made (the CLI's; a fleet's, retargeted to one host), else this spec's."""
+    return planned if planned is not None else local_plan(spec_path, overrides, state)
+
+
+def _wire(plan: Plan, job_id: str | None) -> dict:
+    """The plan's wire form with this submit's job id: the one given, else a new one."""
+    job_id = check_job_id(job_id) if job_id is not None else job_id_for(plan.name, datetime.now(timezone.utc), os.urandom(3).hex())
+    return plan.wire_for(job_id)
 
 
 def _validated_plan(spec_path: str, overrides: list[str]) -> tuple[plan_cache.Plan, tuple[Bundle, Bundle | None]]:
+    from ..spec.spec_fleet import RolloutSpec
     from ..spec.spec_load import load_spec
 
     spec = load_spec(spec_path, overrides)
@@ -197,34 +188,100 @@ def _validated_plan(spec_path: str, overrides: list[str]) -> tuple[plan_cache.Pl
     wire = spec.to_wire(PLANNED_JOB_ID, required_mib(spec, check), source.name if source else None)
     if payload is not None:  # the host runs the script from ROOT/payloads/<this digest>/
         wire["payload"]["bundle"] = payload.digest
+    rollout = (spec.rollout or RolloutSpec()).model_dump() if isinstance(spec.host.address, list) else None
     return plan_cache.Plan(spec.host.model_dump(), wire, str(source.resolve()) if source else None, bundle.digest,
-                           payload.digest if payload else None, args_note), (bundle, payload)
+                           payload.digest if payload else None, args_note, rollout), (bundle, payload)
 
 
-def planned_host(spec_path: str, overrides: Sequence[str]) -> dict | None:
-    """The host section of this spec's cached plan (no validation), or None when it was not planned yet."""
-    return plan_cache.host(default_state_dir(), plan_cache.key(spec_path, overrides))
+@dataclass
+class Early:
+    """A submit's host call opened before its spec is validated, on the last plan made from the same file and
+    overrides (an edited spec): the connection and the host's interpreter start while the spec is checked.
+    Nothing is sent until the validated plan is found to go to the same host with the same bundle (`fits`);
+    else, and on any error before, it is closed unsent — the host reads no input and refuses it."""
+    client: HostClient
+    call: OpenCall
+    job_id: str
+    host: dict
+    name: str
+    chosen: bool  # the job id was the caller's (--job-id), not made from the guessed name
+
+    def fits(self, plan: Plan) -> bool:
+        return (plan.host == self.host and plan.bundle.digest == self.client.bundle.digest
+                and (self.chosen or plan.name == self.name))
+
+    def close(self) -> None:
+        self.call.close()
+        self.client.close()
+
+
+@contextmanager
+def early_submit(spec_path: str, overrides: Sequence[str], *, store: Store, job_id: str | None, queue: bool,
+                 deadline: Deadline, wanted: bool = True) -> Iterator[Early | None]:
+    """An Early call for this spec's submit, closed at the end unless sent; None when not wanted (a dry run),
+    when there is nothing to overlap (the plan is cached), no guess (never planned, or a fleet's), or the
+    transport cannot open a call. A state dir that cannot be written is refused first (LocalStateError), as
+    submit refuses it: before any host is contacted."""
+    if wanted:
+        store.check_writable()
+    early = _open_early(store.root, spec_path, overrides, job_id, queue, deadline) if wanted else None
+    try:
+        yield early
+    finally:
+        if early is not None:
+            early.close()
+
+
+def _open_early(state: Path, spec_path: str, overrides: Sequence[str], job_id: str | None, queue: bool,
+                deadline: Deadline) -> Early | None:
+    """The submit call opened on the last plan of this file, with the job id it would get (or the one given)."""
+    if plan_cache.load(state, plan_cache.key(spec_path, overrides), _bundles) is not None:
+        return None
+    last = plan_cache.load(state, plan_cache.latest_key(spec_path, overrides), _bundles)
+    if last is None or not isinstance(last[0].host.get("address"), str):
+        return None
+    entry, (bundle, payload) = last
+    name = entry.wire["name"]
+    chosen = check_job_id(job_id) if job_id is not None else None
+    early_id = chosen or job_id_for(name, datetime.now(timezone.utc), os.urandom(3).hex())
+    try:
+        client = connect(entry.host, bundle, deadline, payload)
+        call = client.open_submit(early_id, queue=queue)
+    except RunnerError:
+        return None  # the submit itself, after validation, meets the error and says it
+    if not call.started:
+        client.close()
+        return None
+    return Early(client, call, early_id, entry.host, name, chosen is not None)
 
 
 def submit(spec_path: str, overrides: list[str], *, queue: bool = False, job_id: str | None = None,
-           store: Store, progress: Callable[[str], None], planned: LocalPlan | None = None,
-           deadline: Deadline | None = None) -> Submitted:
+           store: Store, progress: Callable[[str], None], planned: Plan | None = None,
+           deadline: Deadline | None = None, early: Early | None = None) -> Submitted:
     """Plan, record the job locally (its id chosen here), then preflight and start it on the host. The record
     comes first, so whatever fails later (the link, the state dir) leaves a job `status`/`cancel` can name;
-    a refusal from the host removes the record it made. planned: a plan made already (a fleet's, retargeted
-    to this host); deadline: the command's."""
+    a refusal from the host removes the record it made. planned: the command's plan of this spec (the CLI's,
+    or a fleet's retargeted to this host), else it is made here; deadline: the command's; early: this
+    submit's call opened before the plan was made (early_submit), used when it fits the plan."""
     deadline = _command_deadline(deadline)
     store.check_writable()
-    plan, wire = _plan(spec_path, overrides, job_id, store.root, planned)
-    host, job_id = plan.host, wire["job_id"]
+    plan = _planned(spec_path, overrides, planned, store.root)
+    if early is not None and not early.fits(plan):
+        early.close()
+        early = None
+    host, bundle = plan.host, plan.bundle
+    wire = plan.wire_for(early.job_id) if early is not None else _wire(plan, job_id)
+    job_id = wire["job_id"]
     progress(plan.args_note)
-    record = JobRecord(job_id=job_id, name=wire["name"], host=host, spec_path=str(Path(spec_path).resolve()),
+    record = JobRecord(job_id=job_id, name=wire["name"], host=host, spec_path=plan.spec_path,
                        submitted_at=time.time(), service=wire.get("service") or {"services": wire["services"]}, wire=wire)
     made_record = _record(store, record)
     try:
-        with connect(host, plan.bundle, deadline, plan.payload_bundle) as client:
+        if early is not None:  # a payload the host lacks is uploaded with the supervisor's bundle
+            early.client.payload = plan.payload_bundle
+        with early.client if early is not None else connect(host, bundle, deadline, plan.payload_bundle) as client:
             progress(f"preflight on {host['address']} …")
-            answer, already = _submit_once(client, wire, queue)
+            answer, already = _submit_once(client, wire, queue, early.call if early is not None else None)
             notes = answer.get("notes", [])
             for note in notes:
                 progress(note)
@@ -266,12 +323,12 @@ def _note_state(store: Store, job_id: str, state: str, progress: Callable[[str],
 
 
 def dry_run(spec_path: str, overrides: list[str], *, queue: bool = False, job_id: str | None = None,
-            planned: LocalPlan | None = None, deadline: Deadline | None = None) -> DryRun:
+            planned: Plan | None = None, deadline: Deadline | None = None) -> DryRun:
     """Validate, check the args, preflight the host and decide — without starting or changing anything.
     A refusal raises exactly what submit would raise (exit 2/3/4/5). planned, deadline: as for submit."""
-    plan, wire = _plan(spec_path, overrides, job_id, default_state_dir(), planned)
-    host, args_note = plan.host, plan.args_note
-    with connect(host, plan.bundle, deadline, plan.payload_bundle) as client:
+    plan = _planned(spec_path, overrides, planned)
+    host, bundle, wire, args_note = plan.host, plan.bundle, _wire(plan, job_id), plan.args_note
+    with connect(host, bundle, deadline, plan.payload_bundle) as client:
         report = _preflight(client, wire)
     decision = preflight.decide(wire, report, queue=queue)
     payload = wire["payload"]
@@ -290,12 +347,13 @@ def _slots(wire: dict) -> list[list[str]] | None:
     return None if per_variant is None else sweeps.slots(wire["gpu"]["devices"], per_variant)
 
 
-def _submit_once(client: HostClient, wire: dict, queue: bool) -> tuple[dict, bool]:
-    """One `submit` call: the host decides (remote_payload/admission.py) and starts the job or refuses it.
-    The answer (start's, with the verdict's notes and stop_service) and whether it adopted a job this id
-    started before. A lost call asks whether the job exists before submitting again (never twice)."""
+def _submit_once(client: HostClient, wire: dict, queue: bool, opened: OpenCall | None = None) -> tuple[dict, bool]:
+    """One `submit` call (`opened` already, or now): the host decides (remote_payload/admission.py) and starts
+    the job or refuses it. The answer (start's, with the verdict's notes and stop_service) and whether it
+    adopted a job this id started before. A lost call asks whether the job exists before submitting again
+    (never twice)."""
     try:
-        return _submit_call(client, wire, queue)
+        return _submit_call(client, wire, queue, opened)
     except TransportError as exc:
         if isinstance(exc, HostKeyError):
             raise
@@ -306,10 +364,10 @@ def _submit_once(client: HostClient, wire: dict, queue: bool) -> tuple[dict, boo
         return _submit_call(client, wire, queue)
 
 
-def _submit_call(client: HostClient, wire: dict, queue: bool) -> tuple[dict, bool]:
+def _submit_call(client: HostClient, wire: dict, queue: bool, opened: OpenCall | None = None) -> tuple[dict, bool]:
     """The host's verdict as the controller's outcome: started, adopted (`exists`), or the refusal raised."""
     try:
-        return client.submit(wire, queue=queue), False
+        return client.submit(wire, queue=queue, opened=opened), False
     except RemoteError as exc:
         if exc.code == "exists":
             return _adopt(client, wire, exc), True

@@ -15,8 +15,9 @@ A host that is refused or unreachable is skipped and reported, without holding b
 whose service did not come back keeps its slot (the fleet is that much smaller), and when no slot can
 free again the hosts still waiting are held with the reason.
 
-The spec is planned once for the run (controller.local_plan: validated, or from the plan cache) and each
-host's submit gets that plan retargeted to its address. At most `forks` host calls (preflight, start, one
+The spec is planned once per command (commands/plan.py: validated, or from the plan cache; the `runner
+submit` that creates the run passes its own plan down) and each host's submit gets that plan retargeted to
+its address. At most `forks` host calls (preflight, start, one
 status poll) are in flight at once, granted in list order (Forks); a thread waiting for its turn or for its
 job's end holds none. Every call is bounded by the command's deadline (a start by one round trip past it),
 so a host that never answers ends with the command and holds back no one but its own fork meanwhile.
@@ -35,6 +36,7 @@ from typing import Callable, Iterator
 from remote_payload.contract import is_terminal
 
 from ..commands import controller
+from ..commands.plan import Plan
 from ..deadline import ROUND_TRIP_ALLOWANCE_S, Deadline
 from ..errors import RunnerError, SpecError, TransportError
 from ..state.fleet_store import DONE, HELD, PENDING, SKIPPED, STARTED, STARTING, HostEntry, RunRecord, RunStore
@@ -58,20 +60,10 @@ def spec_digest(spec_path: str) -> str:
 
 # -- submit: a new run, or the same run resumed -------------------------------------------------------------
 
-def is_fleet(spec_path: str, overrides: list[str]) -> bool:
-    """Does this spec name a list of hosts? A spec planned before answers from its cached plan (a warm
-    one-host submit still skips validation); else it is loaded (a bad spec raises SpecError, before any host)."""
-    host = controller.planned_host(spec_path, overrides)
-    if host is None:
-        from ..spec.spec_load import load_spec  # pydantic: only when the plan cache cannot answer
-
-        host = load_spec(spec_path, overrides).host.model_dump()
-    return isinstance(host["address"], list)
-
-
 def submit(spec_path: str, overrides: list[str], *, run_id: str | None, queue: bool, store: Store,
-           max_wait: float, progress: Progress, forks: int | None = None) -> RunRecord:
-    """forks: this run's host calls at once (`--forks`), instead of the spec's rollout.forks."""
+           max_wait: float, progress: Progress, forks: int | None = None, planned: Plan | None = None) -> RunRecord:
+    """forks: this run's host calls at once (`--forks`), instead of the spec's rollout.forks. planned: the
+    command's plan of the spec (else made here): every host's job is started from it."""
     runs = RunStore(store)
     if run_id is not None and runs.exists(check_job_id(run_id)):
         run = runs.load(run_id)
@@ -84,40 +76,35 @@ def submit(spec_path: str, overrides: list[str], *, run_id: str | None, queue: b
             run.forks = forks
             runs.save(run)
     else:
-        run = new_run(spec_path, overrides, run_id=run_id, queue=queue, progress=progress, forks=forks)
+        planned = planned if planned is not None else controller.local_plan(spec_path, overrides)
+        run = new_run(planned, run_id=run_id, queue=queue, progress=progress, forks=forks)
         runs.save(run)
-    return drive(run.run_id, store=store, max_wait=max_wait, progress=progress)
+    return drive(run.run_id, store=store, max_wait=max_wait, progress=progress, planned=planned)
 
 
-def new_run(spec_path: str, overrides: list[str], *, run_id: str | None, queue: bool, progress: Progress,
-            forks: int | None = None) -> RunRecord:
-    """The run record for a fleet spec, checked locally first (spec, payload args): no host is contacted.
-    The plan made here (and cached) is the one every host's job is started from."""
-    from ..spec import spec_fleet
-    from ..spec.spec_load import load_spec
-
-    spec = load_spec(spec_path, overrides)
-    addresses = spec_fleet.hosts(spec)
-    progress(controller.local_plan(spec_path, overrides).args_note)
+def new_run(plan: Plan, *, run_id: str | None, queue: bool, progress: Progress, forks: int | None = None) -> RunRecord:
+    """The run record for a fleet's plan (checked locally already: spec, payload args); no host is contacted."""
+    progress(plan.args_note)
     run_id = check_job_id(run_id) if run_id is not None else \
-        job_id_for(spec.name, datetime.now(timezone.utc), secrets.token_hex(3))
-    rollout = spec.rollout or spec_fleet.RolloutSpec()
-    return RunRecord(run_id=run_id, name=spec.name, spec_path=str(Path(spec_path).resolve()),
-                     spec_sha256=spec_digest(spec_path), overrides=list(overrides),
-                     max_unavailable=rollout.max_unavailable, stop_on_failure=rollout.stop_on_failure, queue=queue,
-                     forks=forks or rollout.forks,
-                     hosts=[HostEntry(address, host_job_id(run_id, i)) for i, address in enumerate(addresses)])
+        job_id_for(plan.name, datetime.now(timezone.utc), secrets.token_hex(3))
+    rollout = plan.rollout
+    return RunRecord(run_id=run_id, name=plan.name, spec_path=plan.spec_path,
+                     spec_sha256=spec_digest(plan.spec_path), overrides=list(plan.overrides),
+                     max_unavailable=rollout["max_unavailable"], stop_on_failure=rollout["stop_on_failure"],
+                     queue=queue, forks=forks or rollout["forks"],
+                     hosts=[HostEntry(address, host_job_id(run_id, i)) for i, address in enumerate(plan.addresses)])
 
 
-def drive(run_id: str, *, store: Store, max_wait: float, progress: Progress) -> RunRecord:
+def drive(run_id: str, *, store: Store, max_wait: float, progress: Progress, planned: Plan | None = None) -> RunRecord:
     """Drive the rollout for up to max_wait (plus one start's round trip); the run as it stands then.
-    When another process is driving it, only watch the record until it finishes or max_wait passes."""
+    When another process is driving it, only watch the record until it finishes or max_wait passes.
+    planned: the command's plan of the run's spec (else the first host that needs it makes it)."""
     runs = RunStore(store)
     deadline = Deadline(max_wait)
     with runs.driving(run_id) as mine:
         run = runs.load(run_id)
         if mine:
-            return Rollout(run, runs, store, deadline, progress).run()
+            return Rollout(run, runs, store, deadline, progress, planned).run()
         progress(f"run {run_id} is being driven by another runner process; watching it")
         while not run.finished and deadline.left() > 0:
             time.sleep(min(POLL_S, deadline.left()))
@@ -157,14 +144,15 @@ class Rollout:
     """One driver's pass over a run: a thread per host, the max_unavailable rule under one lock, the host
     calls through `forks`."""
 
-    def __init__(self, run: RunRecord, runs: RunStore, store: Store, deadline: Deadline, progress: Progress) -> None:
+    def __init__(self, run: RunRecord, runs: RunStore, store: Store, deadline: Deadline, progress: Progress,
+                 plan: Plan | None = None) -> None:
         self.run_record, self.runs, self.store, self.deadline = run, runs, store, deadline
         self.progress = progress
         self.forks = Forks(run.forks)
         self.version = self.written = 0  # the record's changes made, and the last one on disk
         self.saving = True
         self.write_lock = threading.Lock()
-        self._plan: controller.LocalPlan | None = None
+        self._plan = plan
         self._plan_lock = threading.Lock()
         self.cond = threading.Condition()
         self.waiting: set[int] = set()  # hosts whose preflight says "will stop", waiting for their turn
@@ -207,7 +195,7 @@ class Rollout:
                 self.undecided.discard(index)
                 self.cond.notify_all()
 
-    def _planned(self, entry: HostEntry) -> controller.LocalPlan:
+    def _planned(self, entry: HostEntry) -> Plan:
         """The run's plan (made once, by the first host that needs it) retargeted to this host."""
         with self._plan_lock:
             if self._plan is None:

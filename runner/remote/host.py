@@ -220,11 +220,19 @@ class HostClient:
         args = ["--job-id", wire["job_id"]] + (["--queue"] if queue else [])
         return answers.start(self.call("start", args, stdin=_json_bytes(wire)), wire["job_id"])
 
-    def submit(self, wire: dict, *, queue: bool = False) -> dict:
+    def submit(self, wire: dict, *, queue: bool = False, opened: OpenCall | None = None) -> dict:
         """Wire `submit`: the host's own verdict on its preflight report, in one round trip: start's answer
-        (plus `report`, `started`: true, `stop_service`, `notes`), or the refusal raised (busy, exit 4)."""
-        args = ["--job-id", wire["job_id"]] + (["--queue"] if queue else [])
-        return answers.submit(self.call("submit", args, stdin=_json_bytes(wire)), wire["job_id"])
+        (plus `report`, `started`: true, `stop_service`, `notes`), or the refusal raised (busy, exit 4).
+        opened: this submit's call, opened already (open_submit) and given the wire form now."""
+        stdin = _json_bytes(wire)
+        answer = opened.send(stdin) if opened is not None else self.call("submit", submit_args(wire["job_id"], queue),
+                                                                         stdin=stdin)
+        return answers.submit(answer, wire["job_id"])
+
+    def open_submit(self, job_id: str, *, queue: bool = False) -> OpenCall:
+        """A `submit` call started before its wire form is ready (the spec still being checked): the connection
+        and the host's interpreter start meanwhile; the host acts on nothing until `send`."""
+        return OpenCall(self, "submit", submit_args(job_id, queue))
 
     def status(self, job_ids: Sequence[str] = ()) -> list[dict]:
         args = [a for job_id in job_ids for a in ("--job-id", job_id)]
@@ -255,11 +263,17 @@ class HostClient:
 
     def call(self, sub: str, args: list[str], *, stdin: bytes = b"") -> dict:
         """One supervisor call; its boot, the upload it may need and the repeat run inside the command's deadline."""
-        done = self._run_boot(sub, args, stdin)
+        return self.answer(self._run_boot(sub, args, stdin), sub, args, stdin)
+
+    def answer(self, done: Completed, sub: str, args: list[str], stdin: bytes) -> dict:
+        """A call's answer; a host without this bundle gets it uploaded and the call run again."""
         if done.exit_code == EXIT_PAYLOAD_MISSING:
             self.upload()
             done = self._run_boot(sub, args, stdin)
         return _answer(done, sub)
+
+    def boot_argv(self, sub: str, args: list[str]) -> list[str]:
+        return launch_argv(self.python, BOOT, [self.root, self.bundle.digest, sub, *args])
 
     def upload(self) -> None:
         """Both bundles in one round trip (the host skips one it has): `payload-missing` comes from BOOT for
@@ -270,9 +284,40 @@ class HostClient:
         _answer(self.transport.run(argv, stdin=tarball(bundles), deadline=self.deadline), "upload")
 
     def _run_boot(self, sub: str, args: list[str], stdin: bytes) -> Completed:
-        argv = launch_argv(self.python, BOOT, [self.root, self.bundle.digest, sub, *args])
         self.round_trips += 1
-        return self.transport.run(argv, stdin=stdin, deadline=self.deadline)
+        return self.transport.run(self.boot_argv(sub, args), stdin=stdin, deadline=self.deadline)
+
+
+class OpenCall:
+    """A supervisor call started before its stdin is known (a transport that can: OpenSSH); elsewhere it
+    simply runs at `send`. Either `send` once or `close` (ends it unsent: the host reads no input and refuses)."""
+
+    def __init__(self, client: HostClient, sub: str, args: list[str]) -> None:
+        self.client, self.sub, self.args = client, sub, args
+        start = getattr(client.transport, "start", None)
+        self.running = start(client.boot_argv(sub, args), deadline=client.deadline) if start else None
+        if self.running is not None:
+            client.round_trips += 1
+
+    @property
+    def started(self) -> bool:
+        """Under way on the host already (not merely deferred to `send`)."""
+        return self.running is not None
+
+    def send(self, stdin: bytes) -> dict:
+        running, self.running = self.running, None
+        if running is None:
+            return self.client.call(self.sub, self.args, stdin=stdin)
+        return self.client.answer(running.finish(stdin), self.sub, self.args, stdin)
+
+    def close(self) -> None:
+        running, self.running = self.running, None
+        if running is not None:
+            running.abandon()
+
+
+def submit_args(job_id: str, queue: bool) -> list[str]:
+    return ["--job-id", job_id] + (["--queue"] if queue else [])
 
 
 def _json_bytes(obj: dict) -> bytes:

@@ -52,23 +52,29 @@ class OpenSshTransport:
         self._connecting = ConnectBudget(target)
 
     def run(self, argv: Sequence[str], *, stdin: bytes = b"", deadline: Deadline) -> Completed:
+        return self.start(argv, deadline=deadline).finish(stdin)
+
+    def start(self, argv: Sequence[str], *, deadline: Deadline) -> Running:
+        """The command started with its stdin still open: `finish(stdin)` gives it its input and waits, so
+        what the caller does meanwhile overlaps the connection and the remote interpreter's start."""
         connecting = self._connecting.take(deadline)
         command = self.command(shlex.join(argv), deadline, connecting)
+        time_left(deadline, self.name)  # none left: a TransportError, before anything starts
         try:
-            proc = subprocess.run(command, input=stdin, capture_output=True, timeout=time_left(deadline, self.name))
-        except subprocess.TimeoutExpired as exc:
-            self._drop_master()
-            raise TransportError(f"ssh {self.name}: no answer before the deadline (link down or host overloaded?)") from exc
+            proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         except OSError as exc:
             raise TransportError(f"ssh {self.name}: cannot run {self.ssh}: {exc.strerror}") from exc
-        stderr = proc.stderr.decode("utf-8", "replace") if proc.returncode == EXIT_SSH_FAILED else ""
+        return Running(self, tuple(argv), command, proc, deadline)
+
+    def _completed(self, running: Running, returncode: int, stdout: bytes, stderr_bytes: bytes) -> Completed:
+        stderr = stderr_bytes.decode("utf-8", "replace") if returncode == EXIT_SSH_FAILED else ""
         if not _CONNECT_TIMED_OUT.search(stderr):
             self._connecting.reset()  # it connected (or failed fast)
-        if proc.returncode == EXIT_SSH_FAILED:
+        if returncode == EXIT_SSH_FAILED:
             if self._says_too_little(stderr):
-                stderr = self._diagnosed(command, deadline) or stderr
+                stderr = self._diagnosed(running.command, running.deadline) or stderr
             raise translated(stderr, self.target, self._known_as())
-        return Completed(tuple(argv), proc.returncode, proc.stdout, proc.stderr)
+        return Completed(running.argv, returncode, stdout, stderr_bytes)
 
     def _drop_master(self) -> None:
         """Close the master after a call ran out of time: its TCP connection may be stalled in retransmit
@@ -198,6 +204,41 @@ _HOST_KEY_MARKS = ("Host key verification failed", "REMOTE HOST IDENTIFICATION H
 _KEY_HOST = re.compile(r"(?:Host key for|host key is known for) (\S+) (?:has changed|and you have)")
 _FINGERPRINT = re.compile(r"SHA256:[A-Za-z0-9+/]{43}")
 # ssh's words for a connect that used up ConnectTimeout (TCP, or the banner and key exchange after it).
+class Running:
+    """One ssh command under way (OpenSshTransport.start): given its stdin once, or closed unsent."""
+
+    def __init__(self, transport: OpenSshTransport, argv: tuple, command: list[str], proc: subprocess.Popen,
+                 deadline: Deadline) -> None:
+        self.transport, self.argv, self.command, self.proc, self.deadline = transport, argv, command, proc, deadline
+
+    def finish(self, stdin: bytes) -> Completed:
+        """Send stdin, close it, wait for the command (never past the deadline: then it is killed)."""
+        name = self.transport.name
+        try:
+            stdout, stderr = self.proc.communicate(stdin, timeout=time_left(self.deadline, name))
+        except TransportError:  # the deadline passed before the input was ready
+            self._kill()
+            raise
+        except subprocess.TimeoutExpired as exc:
+            self._kill()
+            self.transport._drop_master()
+            raise TransportError(f"ssh {name}: no answer before the deadline (link down or host overloaded?)") from exc
+        return self.transport._completed(self, self.proc.returncode, stdout, stderr)
+
+    def abandon(self) -> None:
+        """End the command with nothing sent: the remote side reads an empty input and refuses it (no job, no
+        change)."""
+        self._kill()
+
+    def _kill(self) -> None:
+        """Close our ends (stdin's EOF reaches the remote side) and kill the client, without waiting for its
+        output: a ControlMaster holds the pipes it was handed for as long as the remote session lasts."""
+        for pipe in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
+            pipe.close()
+        self.proc.kill()
+        self.proc.wait()
+
+
 _CONNECT_TIMED_OUT = re.compile(r"Connection timed out|timed out during banner exchange")
 
 

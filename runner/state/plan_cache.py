@@ -3,13 +3,16 @@ before neither imports pydantic and yaml nor validates again (they were most of 
 
 A plan is what submit decides before any host is contacted: the host section, the wire form of the spec
 (its job id left to each submit), the payload script's path, the digests of both bundles (the supervisor's and
-the payload's), and the args check's note.
+the payload's), the args check's note, and a fleet's rollout section (commands/plan.py is the object a command
+passes down).
 Its key hashes the spec file (resolved path and bytes), the `--set` overrides, and a stamp of the code that
 validates (every runner/**/*.py file, the Python version, the pydantic and yaml packages): any change is a
 miss, so a plan is never older than what it was made from. On a hit both bundles are built again from the files
 and must hash to the recorded digests (the host code, the script and its local imports unchanged: a payload's
 estimate and args check are as fresh as its bundle), else it is a miss too.
-Entries are STATE/plans/<key>.json, replaced atomically; an unreadable one is a miss, never an error.
+Entries are STATE/plans/<key>.json, replaced atomically; an unreadable one is a miss, never an error. The
+last plan of each file and overrides is kept as STATE/plans/last-<hash>.json too (latest_key): a guess an
+edited spec's submit may open its host call on while it validates, never used unchecked.
 """
 from __future__ import annotations
 
@@ -18,13 +21,14 @@ import json
 import os
 import stat
 import sys
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
 from ..errors import RunnerError
 
-FORMAT = 2
+FORMAT = 3
 RUNNER_DIR = Path(__file__).resolve().parents[1]  # the whole runner package, every sub-package
 VALIDATING_PACKAGES = ("pydantic", "pydantic_core", "yaml")
 
@@ -37,6 +41,7 @@ class Plan:
     digest: str  # the supervisor's bundle
     payload_digest: str | None  # the payload script's bundle (its import closure), or None
     args_note: str
+    rollout: dict | None  # a fleet's rollout section, defaults filled in; None for one host
 
 
 def key(spec_path: str, overrides: Sequence[str]) -> str | None:
@@ -51,6 +56,13 @@ def key(spec_path: str, overrides: Sequence[str]) -> str | None:
     h = hashlib.sha256(json.dumps([FORMAT, str(path), list(overrides), _code_stamp()]).encode())
     h.update(data)
     return h.hexdigest()[:32]
+
+
+def latest_key(spec_path: str, overrides: Sequence[str]) -> str:
+    """Names the last plan made from this file and these overrides, whatever the file's bytes were then: a
+    guess only (a submit of the file as edited since may open its host call on it, and checks it after)."""
+    named = json.dumps([FORMAT, str(Path(spec_path).resolve()), list(overrides)]).encode()
+    return "last-" + hashlib.sha256(named).hexdigest()[:32]
 
 
 def _code_stamp() -> list:
@@ -97,21 +109,20 @@ def load(root: Path, plan_key: str | None, bundles_of: Callable) -> tuple[Plan, 
     return (plan, (bundle, payload)) if (bundle.digest, payload_digest) == (plan.digest, plan.payload_digest) else None
 
 
-def host(root: Path, plan_key: str | None) -> dict | None:
-    """The cached plan's host section alone (the key already covers everything it came from), or None."""
-    plan = _read(root, plan_key)
-    return plan.host if plan is not None and isinstance(plan.host, dict) else None
+def save(root: Path, plan_key: str | None, plan: Plan, latest: str | None = None) -> None:
+    """Record a plan under its key, and under `latest` (latest_key) when given (best effort: a read-only
+    state dir only costs the next submit its validation)."""
+    for name in (plan_key, latest):
+        if name is not None:
+            _write(root / "plans", name, json.dumps(plan.__dict__))
 
 
-def save(root: Path, plan_key: str | None, plan: Plan) -> None:
-    """Record a plan (best effort: a read-only state dir only costs the next submit its validation)."""
-    if plan_key is None:
-        return
-    directory = root / "plans"
-    tmp = directory / f".tmp-{plan_key}-{os.getpid()}"
+def _write(directory: Path, name: str, text: str) -> None:
+    tmp = directory / f".tmp-{name}-{os.getpid()}"
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps(plan.__dict__))
-        os.replace(tmp, directory / f"{plan_key}.json")
+        tmp.write_text(text)
+        os.replace(tmp, directory / f"{name}.json")
     except OSError:
-        tmp.unlink(missing_ok=True)
+        with suppress(OSError):  # a read-only dir refuses even removing a file that is not there
+            tmp.unlink(missing_ok=True)
