@@ -8,7 +8,7 @@ import json
 import pytest
 import yaml
 
-from runner import cli
+from runner.cli import cli
 from runner.commands.controller import local_plan
 from runner.spec import payload_args, spec_load
 from tests.cli_helpers import Target, wait_terminal, write_job
