@@ -65,7 +65,7 @@ DESCRIPTIONS = {
                       "with its local import closure (the modules it imports from its own directory; not the "
                       "stdlib, not installed packages).",
     "payload.args": "The script's arguments: `key: value` becomes `--key value`, `true` a bare flag, a list "
-                    "`1,2,3`. Checked against the script's own parser before the host is contacted.",
+                    "`1,2,3`. Checked against the script's own parser before anything is sent to the host.",
     "payload.env": "Extra environment for the payload (RUNNER_* are reserved).",
     "payload.command": "An argv list run as is (instead of `script`).",
     "payload.prepare_args": "A prepare step run BEFORE the service is stopped: the script again with these args "
