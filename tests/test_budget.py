@@ -211,3 +211,17 @@ def test_a_job_adopting_a_dead_jobs_stop_times_its_guard_timer_past_its_prepare_
         for job_id in ("a1", "b1"):
             remote.sh.systemctl("stop", "runner-guard-%s.timer" % job_id)
         remote.cleanup()
+
+
+def test_several_services_are_waited_for_by_the_longest_health_timeout():
+    """The freed services' restores run at once: every bound with a health wait counts the longest one, whichever
+    service the spec lists first."""
+    quick = dict(SERVICE, unit="a", gpus=[0], health_timeout=30)
+    slow = dict(SERVICE, unit="b", gpus=[1], health_timeout=900)
+    both = check_spec({"name": "two", "services": [quick, slow], "gpu": dict(GPU, devices=["0", "1"]),
+                       "limits": LIMITS, "payload": {"command": ["/bin/true"]}}, "j1")
+    alone = check_spec({"name": "one", "service": slow, "gpu": dict(GPU, devices=["1"]), "limits": LIMITS,
+                        "payload": {"command": ["/bin/true"]}}, "j1")
+    assert [s["unit"] for s in both["services"]] == ["a.service", "b.service"]
+    for name in ("guard_timer_s", "timeout_stop_s", "hung_restoring_s"):
+        assert budget(both, T)[name] == budget(alone, T)[name], name

@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from collections import namedtuple
 
-from ..contract import DEFAULTS
+from ..contract import DEFAULTS, services_of
 from ..slurm.batch import SLACK_S, setup_seconds, time_limit_minutes
 from ..host.primitives import CMD_TIMEOUT_S, KILL_CONFIRM_S, SMI_TIMEOUT_S
 from .spec import variant_rounds
@@ -76,12 +76,19 @@ def terms(spec: dict, queue: bool) -> dict:
     return {"rounds": variant_rounds(spec), "max_runtime": limits.get("max_runtime", DEFAULTS["limits.max_runtime"]),
             "grace": limits.get("grace", DEFAULTS["limits.grace"]),
             "drain_timeout": gpu.get("drain_timeout", DEFAULTS["gpu.drain_timeout"]),
-            "health_timeout": (spec.get("service") or {}).get("health_timeout", 0),
+            "health_timeout": _health_timeout(spec),
             "queue_timeout": limits.get("queue_timeout", DEFAULTS["limits.queue_timeout"]) if queue else 0,
             "prepare_timeout": limits.get("prepare_timeout", 0),
             "stage_timeout": limits.get("stage_timeout", 0) if (spec.get("payload") or {}).get("staged") else 0,
             "setup": setup_seconds(limits, spec.get("payload") or {}),
             "time_min": (spec.get("slurm") or {}).get("time_min") or 0}
+
+
+def _health_timeout(spec: dict) -> float:
+    """The longest health wait of the services the job frees: their restores run at once (a partial spec: its
+    one `service`)."""
+    freed = services_of(spec) if isinstance(spec.get("service"), dict) else []
+    return max([s.get("health_timeout", 0) for s in freed] or [(spec.get("service") or {}).get("health_timeout", 0)])
 
 
 def budget(spec: dict, claimed_at: float, queue: bool = False) -> dict:
