@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+
 import pytest
 
 from tests.hosts import prereqs
@@ -31,6 +34,17 @@ def runner_state_dir(tmp_path, monkeypatch):
     path = tmp_path / "runner-state"
     monkeypatch.setenv("RUNNER_STATE_DIR", str(path))
     return path
+
+
+@pytest.fixture
+def tmpfs_state_dir(runner_state_dir):
+    """RUNNER_STATE_DIR on a small tmpfs of its own, so the test can make it read-only or full (root only)."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    runner_state_dir.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(runner_state_dir)], check=True)
+    yield runner_state_dir
+    subprocess.run(["umount", "-l", str(runner_state_dir)], check=False)
 
 
 @pytest.fixture(scope="session")

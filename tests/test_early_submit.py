@@ -122,17 +122,6 @@ def test_the_cli_submits_an_edited_spec_in_one_ssh_command(tmp_path, target):
     assert output_of(target, done.stdout.decode().strip()) == b"two\n"
 
 
-@pytest.fixture
-def tmpfs_state_dir(runner_state_dir):
-    """RUNNER_STATE_DIR on a small tmpfs of its own, so the test can make it read-only (root only)."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    runner_state_dir.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(runner_state_dir)], check=True)
-    yield runner_state_dir
-    subprocess.run(["umount", "-l", str(runner_state_dir)], check=False)
-
-
 def test_a_state_dir_that_cannot_be_written_is_refused_before_an_early_call(tmp_path, target, tmpfs_state_dir):
     env, log = counting_ssh(tmp_path)
     job = greeting_job(tmp_path / "job.yaml", target, "planned")

@@ -150,16 +150,6 @@ def test_the_commands_max_wait_caps_connect_timeout(tmp_path, transport):
 
 # -- a state dir that cannot be written --------------------------------------------------------------------
 
-@pytest.fixture
-def tmpfs_state_dir(runner_state_dir):
-    """RUNNER_STATE_DIR on a small tmpfs of its own, so the test can make it read-only or full (root only)."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    runner_state_dir.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(runner_state_dir)], check=True)
-    yield runner_state_dir
-    subprocess.run(["umount", "-l", str(runner_state_dir)], check=False)
-
 
 def fill(directory: Path) -> None:
     fd = os.open(directory / "filler", os.O_WRONLY | os.O_CREAT)
