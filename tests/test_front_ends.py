@@ -57,7 +57,7 @@ def host_states(document: dict) -> dict:
 
 
 def job_states(document) -> list:
-    jobs = document["jobs"] if isinstance(document, dict) else [document]
+    jobs = document["jobs"] if "jobs" in document else [document]  # MCP lists them, the CLI prints one
     return [(job["job_id"], job["state"]) for job in jobs]
 
 
