@@ -7,6 +7,7 @@ answers too), fleet.py, fleet_view.py.
 from __future__ import annotations
 
 import sys
+
 from ..commands import controller
 from ..errors import EXIT_OK
 from ..fleet import fleet, fleet_view, targets

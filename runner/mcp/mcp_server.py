@@ -4,7 +4,8 @@ Tools: submit, tail, status, list, cancel, results, restore_service. What a call
 server's Policy (runner/mcp/mcp_policy.py: job files from the jobs dirs, parameter overrides only, results by job
 id, `local` only when allowed). Like the CLI, no call blocks longer than its max_wait (at most 100 s) plus one
 round trip; `tail` returns at most max_bytes of new log per call with `call_again` (cursor semantics: each
-byte once, across calls and across `runner tail`).
+byte once, across calls and across `runner tail`). A fleet run's id (RUN, what `submit` of a job file with a
+list of hosts returns) is answered as the CLI answers it: fleet/targets.py decides, this module only renders.
 
 Every tool answers one JSON object, as structured content and as its JSON text (lists sit under a key). A
 failure is a tool error: text `CODE: message [exit code N] hint: …` and structured content
@@ -47,6 +48,8 @@ Detached benchmark jobs on GPU hosts that serve a model through a service: submi
 the GPU memory is needed, runs the job detached, and the host brings the service back however it ends.
 Call `tail` again while call_again is true (a 6-minute JIT compile is many calls); every byte comes once.
 Job files come from the server's jobs dirs; overrides may set payload.args.*, sweep.*, limits.*, gpu.*, name.
+A job file with a list of hosts is a fleet: submit returns its run id and drives the rollout for max_wait
+(submit again with that job_id goes on); status, tail, cancel and results take the run id, each host on its own.
 Errors carry a code and the CLI's exit code: 2 bad spec/usage/unknown id/not allowed, 3 unreachable/host key,
 4 preflight refused, 5 host busy (the message names the job holding it)."""
 
@@ -241,10 +244,12 @@ def build_server(policy: Policy) -> MCPServer:
         return await _call(tools.restore_service, job_file, host, unit, max_wait)
 
     server.register("submit", "Validate a job file (from the server's jobs dirs), preflight its host and start "
-                    "it detached. overrides are KEY=VALUE like payload.args.experts=128. Returns the job id.", submit)
+                    "it detached. overrides are KEY=VALUE like payload.args.experts=128. Returns the job id; for a job file "
+                    "with a list of hosts, the run id, the rollout driven for up to max_wait s.", submit)
     server.register("tail", "New log text after the cursor (at most max_bytes), waiting up to max_wait s for the "
-                    "first byte; state, and call_again (true until the job ended and all was read).", tail)
-    server.register("status", "State, phase, service and GPU readings of one job, or of all known jobs.", status)
+                    "first byte; state, and call_again (true until the job ended and all was read). A run id: every "
+                    "host's new log for max_wait s, lines prefixed [HOST].", tail)
+    server.register("status", "State, phase, service and GPU readings of one job, of a run's hosts, or of all known jobs.", status)
     server.register("list", "Jobs this controller knows (local index, no network).", list_jobs)
     server.register("cancel", "Stop the job's payload (TERM, grace, KILL); the host restores the service.", cancel)
     server.register("results", "The job's result (by job id) as a table and as JSON; with baseline (a file in the "
