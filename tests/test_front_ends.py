@@ -1,7 +1,7 @@
 """The two front ends give the same answer: one table of cases (an unknown id, a job, a fleet run's status,
 tail, results and cancel) walked through the CLI (a separate `runner` process) and the MCP server (a real stdio
 session), each case comparing the exit code (MCP: cli_exit_code, or a tool error's exit) or the error code, and
-the same facts (the states per host). The fleet is two logins of the loopback sshd (two addresses, two homes)."""
+the same facts (the states per host); then a run's tail, each byte once across both. The fleet is two logins of the loopback sshd (two addresses, two homes)."""
 from __future__ import annotations
 
 import json
@@ -126,6 +126,14 @@ def test_the_same_cases_give_the_same_answer_from_both_front_ends(fleet):
                 assert facts(cli_doc) == facts(answer), name
             status = await call_raw(client, "status", job_id=run_id)
             assert host_states(status) == {a: ("done", "SUCCEEDED") for a in addresses}
+            # tail of a run: one cursor per host, shared: what the CLI printed, MCP does not give again
+            tailed = run_cli(target, "tail", run_id)
+            assert tailed.returncode == 0, tailed.stderr.decode()
+            assert all(f"[{a}] hello from {run_id}.{i + 1}".encode() in tailed.stdout
+                       for i, a in enumerate(addresses)), tailed.stdout
+            again = await call_raw(client, "tail", job_id=run_id, max_wait=1)
+            assert (again["text"], again["cli_exit_code"], again["call_again"]) == ("", 0, False), again
+            assert again["hosts"] == {a: 0 for a in addresses}
     anyio.run(go)
 
 
@@ -151,3 +159,24 @@ def test_a_fleet_submitted_by_mcp_is_driven_within_max_wait_and_cancelled_like_t
     assert ended.returncode == 1, ended.stderr.decode()  # cancelled: ended other than SUCCEEDED
     shown = json.loads(run_cli(target, "status", run_id, "--json").stdout)
     assert {state for _, state in host_states(shown).values()} == {"CANCELLED"}
+
+
+def test_the_servers_policy_holds_for_fleet_files(tmp_path, runner_state_dir):
+    """A fleet file obeys the trust model as a one-host file does: `local` in its list, an override of where it
+    runs, a file outside the jobs dirs: each refused (not-allowed, exit 2) before any host is contacted."""
+    jobs, elsewhere = tmp_path / "jobs", tmp_path / "elsewhere"
+    jobs.mkdir(), elsewhere.mkdir()
+    with_local = fleet_file(jobs, ["local", "127.0.0.1"], "echo hi")
+    outside = fleet_file(elsewhere, ["a-host", "b-host"], "echo hi")
+    env = {"RUNNER_STATE_DIR": str(runner_state_dir)}
+
+    async def go():
+        async with session(env, ("--jobs-dir", str(jobs))) as client:
+            refused = [await call_raw(client, "submit", job_file=str(with_local)),
+                       await call_raw(client, "submit", job_file=str(with_local),
+                                      overrides=["host.address=[a-host, b-host]"]),
+                       await call_raw(client, "submit", job_file=str(outside))]
+            assert [(r.get("error"), r.get("exit")) for r in refused] == [("not-allowed", 2)] * 3, refused
+            assert "local" in refused[0]["message"] and "host.address" in refused[1]["message"]
+            assert (await call_raw(client, "list"))["jobs"] == []
+    anyio.run(go)
