@@ -1,7 +1,8 @@
 """The two front ends give the same answer: one table of cases (an unknown id, a job, a fleet run's status,
-tail, results and cancel) walked through the CLI (a separate `runner` process) and the MCP server (a real stdio
+results and cancel) walked through the CLI (a separate `runner` process) and the MCP server (a real stdio
 session), each case comparing the exit code (MCP: cli_exit_code, or a tool error's exit) or the error code, and
-the same facts (the states per host); then a run's tail, each byte once across both. The fleet is two logins of the loopback sshd (two addresses, two homes)."""
+the same facts (the states per host); then a run's tail, each byte once across both. The fleet is two logins of
+the loopback sshd (two addresses, two homes)."""
 from __future__ import annotations
 
 import json

@@ -244,12 +244,13 @@ def build_server(policy: Policy) -> MCPServer:
         return await _call(tools.restore_service, job_file, host, unit, max_wait)
 
     server.register("submit", "Validate a job file (from the server's jobs dirs), preflight its host and start "
-                    "it detached. overrides are KEY=VALUE like payload.args.experts=128. Returns the job id; for a job file "
-                    "with a list of hosts, the run id, the rollout driven for up to max_wait s.", submit)
+                    "it detached. overrides are KEY=VALUE like payload.args.experts=128. Returns the job id; for a job "
+                    "file with a list of hosts, the run id, the rollout driven for up to max_wait s.", submit)
     server.register("tail", "New log text after the cursor (at most max_bytes), waiting up to max_wait s for the "
                     "first byte; state, and call_again (true until the job ended and all was read). A run id: every "
                     "host's new log for max_wait s, lines prefixed [HOST].", tail)
-    server.register("status", "State, phase, service and GPU readings of one job, of a run's hosts, or of all known jobs.", status)
+    server.register("status", "State, phase, service and GPU readings of one job, of a run's hosts, or of all "
+                    "known jobs.", status)
     server.register("list", "Jobs this controller knows (local index, no network).", list_jobs)
     server.register("cancel", "Stop the job's payload (TERM, grace, KILL); the host restores the service.", cancel)
     server.register("results", "The job's result (by job id) as a table and as JSON; with baseline (a file in the "
