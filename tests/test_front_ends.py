@@ -71,16 +71,15 @@ def result_hosts(document: dict) -> tuple:
     return sorted(document["results"]), sorted(document["missing"])
 
 
-def tail_codes(document: dict) -> dict:
-    return document["hosts"]
 
 
-# (case, CLI args, MCP tool, MCP arguments, the facts of an answer); RUN and JOB are filled in.
+# (case, CLI args, MCP tool, MCP arguments, the facts of an answer, None: an error); RUN and JOB are filled in.
 CASES = [
     ("unknown job id", ["status", "no-such-job", "--json"], "status", {"job_id": "no-such-job"}, None),
     ("a job's status", ["status", "JOB", "--json"], "status", {"job_id": "JOB"}, job_states),
     ("a fleet run's status", ["status", "RUN", "--json"], "status", {"job_id": "RUN"}, host_states),
     ("results of a run", ["results", "RUN", "--json"], "results", {"job_id": "RUN"}, result_hosts),
+    ("a job that wrote no result", ["results", "JOB", "--json"], "results", {"job_id": "JOB"}, None),
     ("cancel of a run", ["cancel", "RUN", "--json"], "cancel", {"job_id": "RUN"}, cancel_states),
     ("unknown run's cancel", ["cancel", "no-such-run", "--json"], "cancel", {"job_id": "no-such-run"}, None),
 ]

@@ -29,7 +29,7 @@ from pydantic import Field, ValidationError
 
 from ..commands import ci, controller
 from ..deadline import Deadline
-from ..errors import EXIT_STILL_RUNNING, EXIT_USAGE, RunnerError, SpecError, exit_code
+from ..errors import EXIT_OK, EXIT_STILL_RUNNING, EXIT_USAGE, RunnerError, SpecError, exit_code
 from ..fleet import targets
 from ..fleet.fleet_view import is_run
 from ..results import gate, gate_report
@@ -113,7 +113,7 @@ class Tools:
         collected = ci.collect_job(job_id, store=Store())  # by id only: never a path
         answer = {"table": render_any(collected.result), "result": strict_json(collected.result),
                   "service_window": strict_json(collected.window),
-                  "history_warning": collected.warning}
+                  "history_warning": collected.warning, "cli_exit_code": EXIT_OK}
         if baseline:
             verdicts = ci.gate_against(baseline, collected, fraction)
             answer["gate"] = {"exit_code": gate.exit_code(verdicts), "markdown": gate_report.render(
