@@ -7,7 +7,8 @@ below it, never from a folder beside it or above it (tests/test_import_layers.py
     state/                                     the controller's own records in the state dir
     spec/  remote/  results/                   the job spec; reaching a host; results, gate, history (side by side)
     commands/                                  what each command does, as plain functions
-    fleet/  mcp/                               a run over several hosts; the MCP server (side by side)
+    fleet/                                     a run over several hosts; an id that may name one (targets)
+    mcp/                                       the MCP server
     cli/                                       the command line
     __main__                                   `python -m runner`
 

@@ -23,7 +23,8 @@ CONTROLLER_LAYERS = [
     ("local state", {"runner.state"}),
     ("parts", {"runner.spec", "runner.remote", "runner.results"}),
     ("commands", {"runner.commands"}),
-    ("applications", {"runner.fleet", "runner.mcp"}),
+    ("fleet", {"runner.fleet"}),
+    ("mcp", {"runner.mcp"}),
     ("front end", {"runner.cli"}),
 ]
 ENTRY_MODULES = {"runner.__main__"}  # `python -m runner`: above every layer

@@ -15,11 +15,10 @@ from remote_payload.contract import is_terminal
 from remote_payload.sweep import label as variant_label
 
 from ..commands import controller
-from ..commands.app import job_statuses
 from ..deadline import DEFAULT_MAX_WAIT_S, ROUND_TRIP_ALLOWANCE_S, Deadline
-from ..errors import (CODE_ABORTED, CODE_USAGE, EXIT_ABORTED, EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE,
-                      RunnerError, SpecError, exit_code, worst)
-from ..fleet import fleet
+from ..errors import (CODE_ABORTED, CODE_USAGE, EXIT_ABORTED, EXIT_FAILED, EXIT_OK, EXIT_USAGE, RunnerError,
+                      SpecError, exit_code)
+from ..fleet import targets
 from ..printable import printable
 from ..state.store import Store
 from . import fleet_cli  # neither imports pydantic: a one-host tail stays light
@@ -228,22 +227,17 @@ def watch(job_id: str, max_wait: float, plain: bool) -> None:
               help="Seconds this call may take, plus one round trip (then exit 3).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 def status(job_id: str | None, max_wait: float, as_json: bool) -> None:
-    if job_id and _is_run(job_id):
-        sys.exit(fleet_cli.status(job_id, as_json=as_json))
-    jobs = job_statuses(job_id, store=Store(), deadline=Deadline.for_command(max_wait))
+    found = targets.status(job_id, store=Store(), deadline=Deadline.for_command(max_wait))
+    if found.of_run:
+        sys.exit(fleet_cli.status(found, as_json=as_json))
     if as_json:
-        _emit_json(jobs[0] if job_id else jobs)
+        _emit_json(found.document)
     else:
-        if not job_id and not jobs:
+        if not job_id and not found.detail:
             _progress("no jobs yet (`runner submit JOB.yaml`)")
-        for job in jobs:
+        for job in found.detail:
             _say(_status_text(job))
-    sys.exit(worst(_job_exit(job) for job in jobs))
-
-
-def _job_exit(job: dict) -> int:
-    """A job's exit status in `runner status`: its state's, or 3 when its host could not be asked."""
-    return EXIT_UNREACHABLE if job.get("error") == "host-unreachable" else exit_code(job.get("state"))
+    sys.exit(found.exit)
 
 
 def _is_run(ref: str) -> bool:
@@ -380,9 +374,10 @@ def list_jobs(as_json: bool) -> None:
               help="Seconds this call may take, plus one round trip (then exit 3).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 def cancel(job_id: str, max_wait: float, as_json: bool) -> None:
-    if _is_run(job_id):
-        sys.exit(fleet_cli.cancel(job_id, as_json=as_json))
-    answer = controller.cancel(job_id, store=Store(), deadline=Deadline.for_command(max_wait))
+    found = targets.cancel(job_id, store=Store(), deadline=Deadline.for_command(max_wait))
+    if found.of_run:
+        sys.exit(fleet_cli.cancel(found, as_json=as_json))
+    answer = found.document
     if as_json:
         _emit_json(answer)
     elif answer.get("already"):

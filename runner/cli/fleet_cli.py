@@ -1,26 +1,21 @@
 """The `runner` commands on a fleet run (RUN = the id `runner submit` printed for a spec with a list of hosts).
 
 cli.py calls these when the spec is a fleet or the id is a run's; each prints what it found and returns the
-exit code, and cli.py exits with it (errors still go through cli.main). Logic: fleet.py, fleet_view.py.
+exit code, and cli.py exits with it (errors still go through cli.main). Logic: fleet/targets.py (what MCP
+answers too), fleet.py, fleet_view.py.
 """
 from __future__ import annotations
 
 import sys
-from dataclasses import asdict
 
 from ..commands import controller
-from ..errors import EXIT_OK, worst
-from ..fleet import fleet, fleet_view
+from ..errors import EXIT_OK
+from ..fleet import fleet, fleet_view, targets
 from ..fleet.fleet import for_each_host
 from ..state.fleet_store import HostEntry, RunRecord
 from ..commands.plan import Plan
 from ..state.store import Store
 from .cli_echo import emit_json as _emit_json, progress as _progress, say as _say
-
-
-def run_exit(run: RunRecord) -> int:
-    """0 every host's job SUCCEEDED · 1 the run is over and some host did not · 75 hosts still to go."""
-    return fleet_view.state_exit(run.state if run.finished else None)
 
 
 def run_text(run: RunRecord) -> str:
@@ -37,25 +32,26 @@ def submit(plan: Plan, *, run_id: str | None, queue: bool, dry_run: bool, max_wa
     """A fleet's submit from the command's plan (validated once, for every host)."""
     if dry_run:
         return _dry_run(plan, queue=queue)
-    run = fleet.submit(plan.spec_path, list(plan.overrides), run_id=run_id, queue=queue, store=Store(),
-                       max_wait=max_wait, progress=_progress, forks=forks, planned=plan)
-    return _report(run, as_json)
+    return _report(targets.submit_fleet(plan, run_id=run_id, queue=queue, store=Store(), max_wait=max_wait,
+                                        progress=_progress, forks=forks), as_json)
 
 
 def wait(run_id: str, *, max_wait: float, as_json: bool) -> int:
-    return _report(fleet.drive(run_id, store=Store(), max_wait=max_wait, progress=_progress), as_json)
+    return _report(targets.run_outcome(fleet.drive(run_id, store=Store(), max_wait=max_wait, progress=_progress)),
+                   as_json)
 
 
-def _report(run: RunRecord, as_json: bool) -> int:
+def _report(outcome: targets.Outcome, as_json: bool) -> int:
+    run = outcome.run
     if as_json:
-        _emit_json({**asdict(run), "state": run.state, "finished": run.finished})
+        _emit_json(outcome.document)
     else:
         _say(run.run_id)
         _progress(run_text(run))
         if not run.finished:
             _progress(f"[runner] run {run.run_id} unfinished; drive it on with `runner wait {run.run_id} "
                       f"--timeout 100s` (exit 75 while unfinished)")
-    return run_exit(run)
+    return outcome.exit
 
 
 def _dry_run(plan: Plan, *, queue: bool) -> int:
@@ -77,49 +73,48 @@ def _dry_run(plan: Plan, *, queue: bool) -> int:
     return EXIT_OK
 
 
-def status(run_id: str, *, as_json: bool) -> int:
-    run, rows = fleet_view.status(run_id, store=Store())
+def status(found: targets.Outcome, *, as_json: bool) -> int:
+    """`runner status RUN` as targets.status found it."""
     if as_json:
-        _emit_json({"run_id": run.run_id, "state": run.state, "max_unavailable": run.max_unavailable, "hosts": rows})
+        _emit_json(found.document)
     else:
-        _say(fleet_view.status_text(run, rows))
-    return worst(row["exit"] for row in rows)
+        _say(fleet_view.status_text(found.run, found.detail))
+    return found.exit
 
 
 def tail(run_id: str, *, follow: bool, max_wait: float, from_start: bool) -> int:
-    run, codes = fleet_view.tail(run_id, store=Store(), out=sys.stdout.buffer, follow=follow, max_wait=max_wait,
-                                 from_start=from_start, progress=_progress)
-    code = worst(codes.values())
-    _progress(f"[runner] {run_id}: " + ", ".join(f"{a} {_word(c)}" for a, c in codes.items()))
-    return code
+    found = targets.run_tail(run_id, store=Store(), out=sys.stdout.buffer, follow=follow, max_wait=max_wait,
+                             from_start=from_start, progress=_progress)
+    _progress(f"[runner] {run_id}: " + ", ".join(f"{a} {_word(c)}" for a, c in found.document["hosts"].items()))
+    return found.exit
 
 
 def _word(code: int) -> str:
     return {0: "succeeded", 1: "ended otherwise", 3: "unreachable", 75: "still running"}.get(code, str(code))
 
 
-def cancel(run_id: str, *, as_json: bool) -> int:
-    answers = fleet.cancel(run_id, store=Store())
+def cancel(found: targets.Outcome, *, as_json: bool) -> int:
+    """`runner cancel RUN` as targets.cancel found it: per host its answer."""
     if as_json:
-        _emit_json(answers)
-    for address, answer in answers.items():
+        _emit_json(found.document)
+    for address, answer in found.document.items():
         if not as_json:
             what = (f"error: {answer['error']}" if "error" in answer else
                     f"already {answer.get('state')}" if answer.get("already") else
                     f"cancel requested ({answer.get('state')})")
             _progress(f"{address}: {what}")
-    return max((a.get("exit", EXIT_OK) for a in answers.values()), default=EXIT_OK)
+    return found.exit
 
 
 def results(run_id: str, *, as_json: bool, plot_path: str | None) -> int:
     from ..results.fleet_results import plot_hosts, side_by_side
 
-    found = fleet_view.results(run_id, store=Store())
+    found = targets.run_results(run_id, store=Store())
     if as_json:
-        _emit_json({"results": found.results, "missing": found.missing})
+        _emit_json(found.document)
     else:
-        _say(side_by_side(found.results, found.missing), nl=False)
+        _say(side_by_side(found.detail.results, found.detail.missing), nl=False)
     if plot_path:
-        plot_hosts(found.results, plot_path)
+        plot_hosts(found.detail.results, plot_path)
         _progress(f"wrote {plot_path}")
-    return EXIT_OK if found.results and not found.missing else 1
+    return found.exit

@@ -7,7 +7,7 @@ May import: controller, store, errors (never cli or mcp_server).
 from __future__ import annotations
 
 from ..deadline import Deadline
-from ..errors import UnknownJob
+from ..errors import EXIT_UNREACHABLE, UnknownJob, exit_code
 from ..state.store import Store
 from . import controller
 
@@ -18,3 +18,8 @@ def job_statuses(job_id: str | None, *, store: Store, deadline: Deadline | None 
     if job_id and jobs and jobs[0].get("state") == "UNKNOWN":
         raise UnknownJob(f"job {job_id} is not on its host (it was never started there, or its directory was removed)")
     return jobs
+
+
+def job_exit(job: dict) -> int:
+    """A job's exit status in `status`: its state's, or 3 when its host could not be asked."""
+    return EXIT_UNREACHABLE if job.get("error") == "host-unreachable" else exit_code(job.get("state"))

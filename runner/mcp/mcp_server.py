@@ -4,7 +4,8 @@ Tools: submit, tail, status, list, cancel, results, restore_service. What a call
 server's Policy (runner/mcp/mcp_policy.py: job files from the jobs dirs, parameter overrides only, results by job
 id, `local` only when allowed). Like the CLI, no call blocks longer than its max_wait (at most 100 s) plus one
 round trip; `tail` returns at most max_bytes of new log per call with `call_again` (cursor semantics: each
-byte once, across calls and across `runner tail`).
+byte once, across calls and across `runner tail`). A fleet run's id (RUN, what `submit` of a job file with a
+list of hosts returns) is answered as the CLI answers it: fleet/targets.py decides, this module only renders.
 
 Every tool answers one JSON object, as structured content and as its JSON text (lists sit under a key). A
 failure is a tool error: text `CODE: message [exit code N] hint: …` and structured content
@@ -16,6 +17,7 @@ waits. stdout is the protocol: nothing else prints.
 from __future__ import annotations
 
 import inspect
+import io
 from dataclasses import asdict
 from typing import Annotated, Any, Callable
 
@@ -26,8 +28,10 @@ from mcp.types import CallToolResult, TextContent
 from pydantic import Field, ValidationError
 
 from ..commands import ci, controller
-from ..commands.app import job_statuses
-from ..errors import EXIT_USAGE, RunnerError, SpecError, exit_code
+from ..deadline import Deadline
+from ..errors import EXIT_OK, EXIT_STILL_RUNNING, EXIT_USAGE, RunnerError, SpecError, exit_code
+from ..fleet import targets
+from ..fleet.fleet_view import is_run
 from ..results import gate, gate_report
 from ..state.store import Store
 from .mcp_policy import Policy
@@ -44,6 +48,8 @@ Detached benchmark jobs on GPU hosts that serve a model through a service: submi
 the GPU memory is needed, runs the job detached, and the host brings the service back however it ends.
 Call `tail` again while call_again is true (a 6-minute JIT compile is many calls); every byte comes once.
 Job files come from the server's jobs dirs; overrides may set payload.args.*, sweep.*, limits.*, gpu.*, name.
+A job file with a list of hosts is a fleet: submit returns its run id and drives the rollout for max_wait
+(submit again with that job_id goes on); status, tail, cancel and results take the run id, each host on its own.
 Errors carry a code and the CLI's exit code: 2 bad spec/usage/unknown id/not allowed, 3 unreachable/host key,
 4 preflight refused, 5 host busy (the message names the job holding it)."""
 
@@ -55,7 +61,7 @@ class Tools:
         self.policy = policy
 
     def submit(self, job_file: str, overrides: list[str] | None = None, queue: bool = False,
-               job_id: str | None = None) -> dict:
+               job_id: str | None = None, max_wait: float = DEFAULT_MAX_WAIT_S) -> dict:
         path = self.policy.job_file(job_file)
         overrides = self.policy.overrides(overrides or [])
         spec = _spec(path, overrides)
@@ -63,21 +69,36 @@ class Tools:
             self.policy.arguments(_spec(path, []), spec)
         self.policy.host(spec.host.model_dump())
         notes: list[str] = []
-        done = controller.submit(path, overrides, queue=queue, job_id=job_id, store=Store(), progress=notes.append)
+        plan = controller.local_plan(path, overrides)
+        if plan.is_fleet:  # like `runner submit`: the run's id, its rollout driven for up to max_wait
+            run = targets.submit_fleet(plan, run_id=job_id, queue=queue, store=Store(), max_wait=max_wait,
+                                       progress=notes.append)
+            return {**run.document, "cli_exit_code": run.exit, "progress": notes,
+                    "next": f"call tail or status with job_id {run.run.run_id!r}"
+                            + ("" if run.run.finished else "; submit again with this job_id drives the rollout on")}
+        done = controller.submit(path, overrides, queue=queue, job_id=job_id, store=Store(), progress=notes.append,
+                                 planned=plan, deadline=Deadline.for_command(max_wait))
         return {**asdict(done), "progress": notes, "next": f"call tail with job_id {done.job_id!r}"}
 
     def tail(self, job_id: str, max_wait: float = DEFAULT_MAX_WAIT_S, max_bytes: int = DEFAULT_MAX_BYTES) -> dict:
-        chunk = ci.tail_text(job_id, store=Store(), max_wait=max_wait, max_bytes=max_bytes)
+        store = Store()
+        if is_run(job_id, store):
+            return _run_tail(job_id, store, max_wait)
+        chunk = ci.tail_text(job_id, store=store, max_wait=max_wait, max_bytes=max_bytes)
         return {**asdict(chunk), "cli_exit_code": exit_code(chunk.state, settled=not chunk.call_again)}
 
     def status(self, job_id: str | None = None) -> dict:
-        return {"jobs": job_statuses(job_id, store=Store())}
+        found = targets.status(job_id, store=Store())
+        return {**(found.document if found.of_run else {"jobs": found.detail}), "cli_exit_code": found.exit}
 
     def list_jobs(self) -> dict:
         return {"jobs": [asdict(r) for r in Store().all()]}
 
     def cancel(self, job_id: str) -> dict:
-        return controller.cancel(job_id, store=Store())
+        found = targets.cancel(job_id, store=Store())
+        if found.of_run:
+            return {"run_id": job_id, "hosts": found.document, "cli_exit_code": found.exit}
+        return {**found.document, "cli_exit_code": found.exit}
 
     def results(self, job_id: str, baseline: str | None = None, tolerance: str = "5%") -> dict:
         from ..results.results import render_any, strict_json
@@ -87,10 +108,12 @@ class Tools:
         except ValueError as exc:
             raise SpecError(f"tolerance: {exc}") from None
         baseline = self.policy.baseline(baseline) if baseline else None
+        if not baseline and is_run(job_id, Store()):  # like `runner results RUN`: every host's, side by side
+            return _run_results(job_id)
         collected = ci.collect_job(job_id, store=Store())  # by id only: never a path
         answer = {"table": render_any(collected.result), "result": strict_json(collected.result),
                   "service_window": strict_json(collected.window),
-                  "history_warning": collected.warning}
+                  "history_warning": collected.warning, "cli_exit_code": EXIT_OK}
         if baseline:
             verdicts = ci.gate_against(baseline, collected, fraction)
             answer["gate"] = {"exit_code": gate.exit_code(verdicts), "markdown": gate_report.render(
@@ -112,6 +135,24 @@ class Tools:
         self.policy.host(host_spec)
         answer = controller.restore_service(host_spec, service, max_wait=max_wait)
         return {**answer, "cli_exit_code": exit_code(answer.get("state"))}
+
+
+def _run_tail(run_id: str, store: Store, max_wait: float) -> dict:
+    """A run's new log, as `runner tail RUN -f --max-wait` prints it (each line `[HOST] `, every byte once)."""
+    out, notes = io.BytesIO(), []
+    found = targets.run_tail(run_id, store=store, out=out, follow=True, max_wait=max_wait, from_start=False,
+                             progress=notes.append)
+    return {"job_id": run_id, "text": out.getvalue().decode("utf-8", "replace"), **found.document,
+            "call_again": found.exit == EXIT_STILL_RUNNING, "cli_exit_code": found.exit, "progress": notes}
+
+
+def _run_results(run_id: str) -> dict:
+    from ..results.fleet_results import side_by_side
+    from ..results.results import strict_json
+
+    found = targets.run_results(run_id, store=Store())
+    return {"table": side_by_side(found.detail.results, found.detail.missing),
+            **strict_json(found.document), "cli_exit_code": found.exit}
 
 
 def _spec(path: str, overrides: list[str]):
@@ -179,8 +220,8 @@ def build_server(policy: Policy) -> MCPServer:
     server = _Server("runner", instructions=INSTRUCTIONS)
 
     async def submit(job_file: str, overrides: list[str] | None = None, queue: bool = False,
-                     job_id: str | None = None) -> Answer:
-        return await _call(tools.submit, job_file, overrides, queue, job_id)
+                     job_id: str | None = None, max_wait: MaxWait = DEFAULT_MAX_WAIT_S) -> Answer:
+        return await _call(tools.submit, job_file, overrides, queue, job_id, max_wait)
 
     async def tail(job_id: str, max_wait: MaxWait = DEFAULT_MAX_WAIT_S,
                    max_bytes: Annotated[int, Field(ge=1024, le=1 << 20)] = DEFAULT_MAX_BYTES) -> Answer:
@@ -203,10 +244,13 @@ def build_server(policy: Policy) -> MCPServer:
         return await _call(tools.restore_service, job_file, host, unit, max_wait)
 
     server.register("submit", "Validate a job file (from the server's jobs dirs), preflight its host and start "
-                    "it detached. overrides are KEY=VALUE like payload.args.experts=128. Returns the job id.", submit)
+                    "it detached. overrides are KEY=VALUE like payload.args.experts=128. Returns the job id; for a job "
+                    "file with a list of hosts, the run id, the rollout driven for up to max_wait s.", submit)
     server.register("tail", "New log text after the cursor (at most max_bytes), waiting up to max_wait s for the "
-                    "first byte; state, and call_again (true until the job ended and all was read).", tail)
-    server.register("status", "State, phase, service and GPU readings of one job, or of all known jobs.", status)
+                    "first byte; state, and call_again (true until the job ended and all was read). A run id: every "
+                    "host's new log for max_wait s, lines prefixed [HOST].", tail)
+    server.register("status", "State, phase, service and GPU readings of one job, of a run's hosts, or of all "
+                    "known jobs.", status)
     server.register("list", "Jobs this controller knows (local index, no network).", list_jobs)
     server.register("cancel", "Stop the job's payload (TERM, grace, KILL); the host restores the service.", cancel)
     server.register("results", "The job's result (by job id) as a table and as JSON; with baseline (a file in the "

@@ -1,0 +1,76 @@
+"""An id as both front ends take it: a fleet run of this controller (RUN, what `submit` of a spec with a list of
+hosts printed) or one job, resolved once; each function returns an Outcome, the JSON document `runner … --json`
+prints and the exit code, and the CLI (cli.py, fleet_cli.py) and the MCP server only render it. So `runner
+status RUN` and MCP `status` of RUN say the same states per host and the same exit code.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, BinaryIO, Callable
+
+from ..commands import app, controller
+from ..commands.plan import Plan
+from ..deadline import Deadline
+from ..errors import EXIT_OK, worst
+from ..state.fleet_store import RunRecord
+from ..state.store import Store
+from . import fleet, fleet_view
+from .fleet_view import is_run
+
+
+@dataclass
+class Outcome:
+    document: Any        # what `--json` prints
+    exit: int            # the CLI's exit code
+    of_run: bool = False  # the id named a fleet run (else one job, or every job)
+    run: RunRecord | None = None  # a run's record, for its text
+    detail: Any = None   # what the text is drawn from: a run's rows, its results, a job's statuses
+
+
+def run_outcome(run: RunRecord) -> Outcome:
+    """A run as submit and wait report it: 0 every host's job SUCCEEDED · 1 over, some host did not · 75 hosts
+    still to go."""
+    return Outcome({**asdict(run), "state": run.state, "finished": run.finished},
+                   fleet_view.state_exit(run.state if run.finished else None), True, run)
+
+
+def submit_fleet(plan: Plan, *, run_id: str | None, queue: bool, store: Store, max_wait: float,
+                 progress: Callable[[str], None], forks: int | None = None) -> Outcome:
+    """A fleet's run from the command's plan, its rollout driven for up to max_wait."""
+    return run_outcome(fleet.submit(plan.spec_path, list(plan.overrides), run_id=run_id, queue=queue, store=store,
+                                    max_wait=max_wait, progress=progress, forks=forks, planned=plan))
+
+
+def status(ref: str | None, *, store: Store, deadline: Deadline | None = None) -> Outcome:
+    """A run's hosts (each its phase and its job's live status; the worst exit wins), or one job's status, or
+    every known job's."""
+    if ref and is_run(ref, store):
+        run, rows = fleet_view.status(ref, store=store)
+        return Outcome({"run_id": run.run_id, "state": run.state, "max_unavailable": run.max_unavailable,
+                        "hosts": rows}, worst(row["exit"] for row in rows), True, run, rows)
+    jobs = app.job_statuses(ref, store=store, deadline=deadline)
+    return Outcome(jobs[0] if ref else jobs, worst(app.job_exit(job) for job in jobs), detail=jobs)
+
+
+def cancel(ref: str, *, store: Store, deadline: Deadline | None = None) -> Outcome:
+    """A run: every host's answer (or its error), the worst exit; one job: its host's answer, 0."""
+    if is_run(ref, store):
+        answers = fleet.cancel(ref, store=store)
+        return Outcome(answers, max((a.get("exit", EXIT_OK) for a in answers.values()), default=EXIT_OK), True)
+    return Outcome(controller.cancel(ref, store=store, deadline=deadline), EXIT_OK)
+
+
+def run_results(run_id: str, *, store: Store) -> Outcome:
+    """Every host's result.json, and why a host has none: 0 all there · 1 some missing."""
+    found = fleet_view.results(run_id, store=store)
+    return Outcome({"results": found.results, "missing": found.missing},
+                   EXIT_OK if found.results and not found.missing else 1, True, detail=found)
+
+
+def run_tail(run_id: str, *, store: Store, out: BinaryIO, follow: bool, max_wait: float, from_start: bool,
+             progress: Callable[[str], None]) -> Outcome:
+    """Every started host's new log to `out`, each line prefixed `[HOST] ` (fleet_view.tail); per host the
+    exit code of what it found, the worst wins."""
+    run, codes = fleet_view.tail(run_id, store=store, out=out, follow=follow, max_wait=max_wait,
+                                 from_start=from_start, progress=progress)
+    return Outcome({"hosts": codes}, worst(codes.values()), True, run)
