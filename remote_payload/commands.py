@@ -331,10 +331,18 @@ def cmd_restore(args) -> dict:
         message = unit_message or message
     only = getattr(args, "unit", None)
     if only and [e for e in trust.owed(paths.root, paths.job_id) if e["unit"] != only]:
-        return restore_one(paths, job, only, answer)
-    # A restorer acts only while holding the job's locks: a job that holds them now runs on this service and
-    # settles our stop through the host ledger (it adopts it); starting the service here would be under its run.
-    locks = Locks(args.root, restore_keys(job.spec), args.job_id)
+        # U alone, under U's lock; the job's other stops stay owed to its restorers
+        return restore_held(paths, job, ["service-" + only], answer,
+                            lambda: restore_unit(trust.load_for_restore(paths), only))
+    return restore_held(paths, job, restore_keys(job.spec), answer,
+                        lambda: settle_as_restorer(trust.load_for_restore(paths), message))
+
+
+def restore_held(paths: JobPaths, job: Job, keys: list, answer: dict, act) -> dict:
+    """`act` (a restore, True when finished) under the locks `keys` and the job's restore lock. A restorer acts
+    only while holding them: a job that holds one now runs on this service and settles our stop through the
+    host ledger (it adopts it); starting the service here would be under its run."""
+    locks = Locks(paths.root, keys, paths.job_id)
     locks.open()
     holder = locks.try_acquire()
     if holder is not None:
@@ -343,26 +351,7 @@ def cmd_restore(args) -> dict:
                                                                                     holder.get("job_id", "?")))
     try:
         locks.write_holders()
-        done = with_restore_lock(job, lambda: settle_as_restorer(trust.load_for_restore(paths), message))
-    finally:
-        locks.release()
-    job = trust.load_for_restore(paths)
-    return dict(answer, state=job.status["state"], **service_parts(job.status), in_progress=not done)
-
-
-def restore_one(paths: JobPaths, job: Job, unit: str, answer: dict) -> dict:
-    """`restore-service --unit U` for a job that owes the restore of other units too: U alone, under U's lock
-    and the job's restore lock; the job's other stops stay owed to its restorers."""
-    locks = Locks(paths.root, ["service-" + unit], paths.job_id)
-    locks.open()
-    holder = locks.try_acquire()
-    if holder is not None:
-        return dict(answer, state=job.status["state"], **service_parts(job.status), deferred=True,
-                    message="service-%s is held by job %s, which settles this job's stop" % (
-                        unit, holder.get("job_id", "?")))
-    try:
-        locks.write_holders()
-        done = with_restore_lock(job, lambda: restore_unit(trust.load_for_restore(paths), unit))
+        done = with_restore_lock(job, act)
     finally:
         locks.release()
     job = trust.load_for_restore(paths)
