@@ -6,9 +6,6 @@ the loopback sshd (two addresses, two homes)."""
 from __future__ import annotations
 
 import json
-import os
-import sys
-from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
@@ -19,21 +16,14 @@ import anyio  # noqa: E402
 
 from tests.cli_helpers import Target, run_cli  # noqa: E402
 from mcp.client.session import ClientSession  # noqa: E402
-from mcp.client.stdio import StdioServerParameters, stdio_client  # noqa: E402
+from tests.harness.mcp_stdio import mcp_session  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-@asynccontextmanager
-async def session(env: dict, flags: tuple[str, ...]):
+def session(env: dict, flags: tuple[str, ...]):
     """A real `runner mcp` process over stdio, sharing the CLI's state dir and ssh_config."""
-    params = StdioServerParameters(command=sys.executable, args=["-m", "runner", "mcp", *flags], cwd=str(REPO),
-                                   env={"PYTHONPATH": str(REPO), "PATH": os.environ["PATH"], **env})
-    with open(Path(env["RUNNER_STATE_DIR"]).parent / "server-stderr.log", "w") as errlog:
-        async with stdio_client(params, errlog=errlog) as (read, write):
-            async with ClientSession(read, write) as client:
-                await client.initialize()
-                yield client
+    return mcp_session(Path(env["RUNNER_STATE_DIR"]), *flags, env=env)
 
 
 async def call_raw(client: ClientSession, tool: str, **arguments) -> dict:

@@ -12,7 +12,6 @@ import shutil
 import subprocess
 import sys
 import time
-from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
@@ -20,7 +19,7 @@ import pytest
 pytest.importorskip("mcp")
 import anyio  # noqa: E402
 from mcp.client.session import ClientSession  # noqa: E402
-from mcp.client.stdio import StdioServerParameters, stdio_client  # noqa: E402
+from tests.harness.mcp_stdio import mcp_session  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 TOOLS = {"submit", "tail", "status", "list", "cancel", "results", "restore_service"}
@@ -29,16 +28,8 @@ TOOLS = {"submit", "tail", "status", "list", "cancel", "results", "restore_servi
 TRUSTING = ("--allow-overrides", "--allow-local")
 
 
-@asynccontextmanager
-async def session(state: Path, env: dict | None = None, flags: tuple[str, ...] = TRUSTING):
-    params = StdioServerParameters(command=sys.executable, args=["-m", "runner", "mcp", *flags], cwd=str(REPO),
-                                   env={"RUNNER_STATE_DIR": str(state), "PYTHONPATH": str(REPO),
-                                        "PATH": os.environ["PATH"], **(env or {})})
-    with open(state.parent / "server-stderr.log", "w") as errlog:
-        async with stdio_client(params, errlog=errlog) as (read, write):
-            async with ClientSession(read, write) as client:
-                await client.initialize()
-                yield client
+def session(state: Path, env: dict | None = None, flags: tuple[str, ...] = TRUSTING):
+    return mcp_session(state, *flags, env=env)
 
 
 async def call(client: ClientSession, tool: str, **arguments):

@@ -7,9 +7,6 @@ The tool functions are called directly (runner.mcp.mcp_server.Tools) and through
 from __future__ import annotations
 
 import json
-import os
-import sys
-from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
@@ -18,7 +15,7 @@ import yaml
 pytest.importorskip("mcp")
 import anyio  # noqa: E402
 from mcp.client.session import ClientSession  # noqa: E402
-from mcp.client.stdio import StdioServerParameters, stdio_client  # noqa: E402
+from tests.harness.mcp_stdio import mcp_session  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 ATTACK = ["host.address=local", "payload.script=null", "payload.args={}", "payload.command=[sh, -c, 'id > {marker}']"]
@@ -121,16 +118,8 @@ def test_restore_service_only_for_units_of_known_job_files(project, tmp_path):
         assert t.policy.known_service("gpu-box", unit) == str(project["remote"].resolve())
 
 
-@asynccontextmanager
-async def session(cwd: Path, state: Path, *flags: str):
-    params = StdioServerParameters(command=sys.executable, args=["-m", "runner", "mcp", *flags], cwd=str(cwd),
-                                   env={"RUNNER_STATE_DIR": str(state), "PYTHONPATH": str(REPO),
-                                        "PATH": os.environ["PATH"]})
-    with open(state.parent / "server-stderr.log", "w") as errlog:
-        async with stdio_client(params, errlog=errlog) as (read, write):
-            async with ClientSession(read, write) as client:
-                await client.initialize()
-                yield client
+def session(cwd: Path, state: Path, *flags: str):
+    return mcp_session(state, *flags, cwd=cwd)
 
 
 async def refused(client: ClientSession, tool: str, **arguments) -> str:
