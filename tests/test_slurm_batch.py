@@ -36,7 +36,7 @@ def test_sbatch_argv_without_choices_sets_only_what_runner_owns():
 
 @pytest.mark.parametrize("job_dir", ["relative/jobs/j", "/r/100%/j", "/r/a\\b/j", "/r/a\nb/j"])
 def test_a_job_dir_sbatch_would_rewrite_is_refused(job_dir):
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="a Slurm job dir must be absolute, without '%', "):
         sbatch_argv({}, "j", job_dir, 1)
 
 

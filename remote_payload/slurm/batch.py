@@ -124,7 +124,7 @@ def parse_sbatch_parsable(stdout: str) -> str:
 def _slurm_path(path: str) -> str:
     """sbatch expands %-patterns and backslashes in --output/--chdir paths; a job dir must contain neither."""
     if not path.startswith("/") or "%" in path or "\\" in path or "\n" in path:
-        raise ValueError("a Slurm job dir must be absolute, without '%', '\\' or newlines: %r" % path)
+        raise ValueError("a Slurm job dir must be absolute, without '%%', '\\' or newlines: %r" % path)
     return path
 
 
