@@ -7,7 +7,7 @@ each importing only the layers below it (tests/test_import_layers.py HOST_LAYERS
     contract.py, admission.py, progress.py, sweep.py, slurm/batch.py, slurm/states.py
                    the shared rules: pure, stdlib only; the controller imports them too
     host/          host primitives (Fail, bounded commands, systemd, nvidia-smi, /proc) and the engine's API
-    supervision/   one job on one host: spec, files, record, ledger, trust, startable, payload, stage, sweep,
+    supervision/   one job on one host: spec, files, record, ledger, trust, startable, payload, stage, variants,
                    budget, settle and the guard, the unit, start, job (the choreography), submit
     slurm/         launch, array, calls, allocation: `launcher: slurm` (imported on first use, below)
     commands.py    this file: the subcommands; nothing below imports it

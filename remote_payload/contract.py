@@ -34,7 +34,7 @@ DEFAULTS = {
     "limits.queue_timeout": 7200.0,    # --queue: the longest wait for the locks (a default holder: 1 h run + stop/drain/restore)
     "limits.prepare_timeout": 1800.0,  # a cold JIT compile before the stop (5-6 min measured on an H200)
     "limits.stage_timeout": 600.0,     # a staged payload's GPU-free setup before the service is touched
-    "limits.max_downtime": None,       # a sweep's window: no variant starts that could not end inside it
+    "limits.max_downtime": None,       # the window: every job ends by it; a variant starts only if it may fit
     "gpu.drain_timeout": 120.0,
     "gpu.required_mib": 0,
     "service.manager": "none",

@@ -77,3 +77,13 @@ def unused_keys(command: list, keys) -> list:
 def label(args: dict) -> str:
     """`experts=384 routing=zipf`: a variant's name in tables, logs and plot legends."""
     return " ".join("%s=%s" % (k, _text(v)) for k, v in args.items())
+
+
+def job_variants(spec: dict) -> list:
+    """What the host runs, for every job: a sweep's variants as the wire gives them, else the plain job as a
+    list of one (no args of its own; its argv the payload's: a script's args, or the command)."""
+    if spec.get("sweep"):
+        return spec["sweep"]["variants"]
+    payload = spec["payload"]
+    argv = payload["command"] if payload["command"] is not None else payload["args"]
+    return [{"args": {}, "argv": list(argv)}]

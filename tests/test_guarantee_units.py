@@ -1,7 +1,10 @@
 """Issue 9 defect 6, the small ones: pure checks of the supervisor's rooms and the spec, no host needed."""
 from __future__ import annotations
 
+import os
 import signal
+import subprocess
+import sys
 
 import pytest
 from pydantic import ValidationError
@@ -9,9 +12,9 @@ from pydantic import ValidationError
 from remote_payload.host.primitives import Fail
 from remote_payload.supervision.budget import budget
 from remote_payload.supervision.files import JobPaths
-from remote_payload.supervision.job import late_interrupt
 from remote_payload.supervision.payload import check_interrupt
-from remote_payload.supervision.record import Flags, Interrupted
+from remote_payload.supervision.record import Flags, Interrupted, Job
+from remote_payload.supervision import variants
 from remote_payload.supervision.spec import check_service
 from runner.spec.spec import ServiceSpec
 
@@ -38,11 +41,42 @@ def test_slurms_term_is_named_as_the_cancel_it_is(tmp_path):
     assert caught.value.state == "CANCELLED"
 
 
-def test_a_payload_killed_while_a_cancel_was_on_its_way_ends_cancelled(tmp_path):
-    flags = Flags()
-    assert late_interrupt(_Job(tmp_path), flags) is None  # died of a signal, nothing asked: its own exit stands
-    flags.cancel = True
-    assert late_interrupt(_Job(tmp_path), flags) == ("CANCELLED", "cancelled on request")
+class _CancelOnSecondLook(Flags):
+    """A cancel that lands between two looks: the first look sees none, every later one sees it."""
+
+    def __init__(self) -> None:
+        self.looks = 0
+        super().__init__()
+
+    @property
+    def cancel(self) -> bool:
+        self.looks += 1
+        return self.looks > 1
+
+    @cancel.setter
+    def cancel(self, value) -> None:
+        pass
+
+
+@pytest.mark.parametrize("sweep", [None, {"variants": [{"args": {"k": 1}, "argv": []}], "fail_fast": False}],
+                         ids=["plain", "sweep"])
+def test_a_payload_that_failed_as_a_cancel_arrived_ends_with_the_cancel(tmp_path, sweep):
+    """Slurm's TERM reaches the payload and the supervisor at once: the payload may be seen gone (exit 1)
+    before the cancel is. The variant runner looks again after a failed variant, for a plain job and a
+    sweep's variant alike, and records the job's ending before anything else is stopped."""
+    paths = JobPaths(str(tmp_path), "j1")
+    os.makedirs(paths.dir)
+    spec = {"service": {"manager": "none"}, "limits": {"grace": 1, "max_runtime": 60}, "gpu": {"devices": []},
+            **({"sweep": sweep} if sweep else {})}
+    job = Job(paths, spec, {"ending": None, "state": "RUNNING"})
+    proc = subprocess.Popen([sys.executable, "-c", "raise SystemExit(1)"], start_new_session=True)
+    proc.wait()
+    run = variants.Run(1, {"args": {}, "argv": []}, 0, [], proc, None, 60, "limits.max_runtime (60s)",
+                       str(tmp_path / "r.json"))
+    gone, interrupt = variants.wait_for_ends(job, _CancelOnSecondLook(), {0: run})
+    assert gone == [run] and interrupt == ("CANCELLED", "cancelled on request")
+    assert run.reason == "cancelled on request"
+    assert job.status["state"] == "TERMINATING" and job.status["ending"]["state"] == "CANCELLED"
 
 
 def test_the_guard_timer_outlasts_a_full_stop_and_start():

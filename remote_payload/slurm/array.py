@@ -41,7 +41,7 @@ from .states import SACCT_FIELDS, SQUEUE_FORMAT, SlurmJob, SlurmOutputError, for
 from ..supervision.files import JobPaths, append_line, read_json, read_status, write_json_atomic
 from ..host.primitives import Fail
 from ..supervision.record import Job, initial_status
-from ..supervision.sweep import variant_record
+from ..supervision.variants import variant_record
 
 TASK_FILES = ("status", "events", "output", "supervisor_log", "restore_log", "reserve", "restore_lock")
 

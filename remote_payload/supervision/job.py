@@ -3,7 +3,8 @@
     supervise: locks → settle the ledger → may it start (supervision/startable.py) → prepare step → stage the
                payload (payload.staged: its GPU-free setup, supervision/stage.py) → record the service → stop
                it, or release its GPU memory through the engine's API (policy, service.free) → drain GPU
-               memory → run the payload (deadline, cancel, signals) → settle, on every path out
+               memory → run the payload: its variants, a plain job's one (supervision/variants.py:
+               deadline, window, cancel, signals) → settle, on every path out
 
 The record (`Job`, `Flags`, `Interrupted`) is supervision/record.py; the payload's process (launch, watch,
 exit record) supervision/payload.py; settle, restore, the ledger's adoption and the guard are
@@ -12,22 +13,19 @@ those rooms; commands.py and slurm/launch.py import it.
 """
 from __future__ import annotations
 
-import os
-import subprocess
 import time
 
 from ..admission import needs_stop
 from ..contract import RUNNING_SERVICE_STATES
 from .files import Locks
-from ..host.primitives import KILL_CONFIRM_S, Fail, describe_apps, group_members, kill_group, query_apps, query_gpus, \
-    refuse_too_small, short_gpus
+from ..host.primitives import Fail, describe_apps, kill_group, query_apps, query_gpus, refuse_too_small, short_gpus
 from .budget import STOP_TIMEOUT_S
 from .record import Flags, Interrupted, Job
 from .settle import GPU_POLL_S, final_state, settle, settle_ledger, start_guard_timer
-from .payload import check_interrupt, launch_payload, record_exit, watch_payload
+from .payload import check_interrupt, launch_payload, watch_payload
 from .startable import check_startable
 from ..host import engine
-from . import ledger, services, stage as supervisor_stage, sweep as supervisor_sweep
+from . import ledger, services, stage as supervisor_stage, variants
 
 LOCK_POLL_S = 0.5
 
@@ -173,37 +171,6 @@ def drain_message(short: list, need: int, waited: float, apps: list) -> str:
     return "%s after waiting %.0f s; memory is held by %s" % (gaps, waited, describe_apps(apps))
 
 
-def run_payload(job: Job, flags: Flags, staged=None) -> None:
-    """The payload's run; staged: the staged payload's process, handed the GPU here."""
-    check_interrupt(job, flags)
-    proc = supervisor_stage.hand_over(job, staged) if staged else launch_payload(job)
-    stop = watch_payload(job, proc, flags)
-    if stop is None and proc.returncode:
-        stop = late_interrupt(job, flags)  # a cancel's signal can reach the payload before the watch sees it
-    if stop is not None:
-        job.set_state("TERMINATING", stop[1], ending={"state": stop[0], "message": stop[1], "at": time.time()})
-    job.payload_pids.update(group_members(proc.pid))
-    # Also after a normal exit: children left in the group may still hold GPU memory.
-    kill_group(proc.pid, job.spec["limits"]["grace"], proc)
-    try:
-        record_exit(job, proc.wait(timeout=KILL_CONFIRM_S))
-    except subprocess.TimeoutExpired:  # SIGKILLed and still there (stuck in the driver): abandoned, not awaited
-        job.event("payload-exit", abandoned=True, pid=proc.pid)
-    if stop is not None:
-        raise Interrupted(*stop)
-
-
-def late_interrupt(job: Job, flags: Flags):
-    """A payload that failed (killed by a signal, or exiting on one: 143) while a cancel or a signal to us was on
-    its way: that is why it ended (Slurm's TERM reaches every process of the step at once), so the job ends as
-    the interrupt says, not FAILED."""
-    try:
-        check_interrupt(job, flags)
-    except Interrupted as stop:
-        return stop.state, str(stop)
-    return None
-
-
 def prepare_argv(spec: dict):
     """The prepare step's argv (the script again with its prepare args, or the prepare command), or None."""
     payload = spec["payload"]
@@ -249,10 +216,7 @@ def supervise(job: Job, locks: Locks, flags: Flags) -> None:
         staged = supervisor_stage.stage_payload(job, flags) if job.spec["payload"].get("staged") else None
         prepare_service(job, flags)
         drain(job, flags)
-        if job.spec.get("sweep"):
-            supervisor_sweep.run_sweep(job, flags)  # every variant in this one window
-        else:
-            run_payload(job, flags, staged)
+        variants.run_variants(job, flags, staged)  # a plain job's one, or a sweep's every variant, in this window
     except Interrupted as stop:
         ending = (stop.state, str(stop))
     except Fail as exc:

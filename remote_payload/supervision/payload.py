@@ -1,9 +1,9 @@
 """The payload's process, for every way it runs (the job's payload, its prepare step, a staged payload, a
 sweep's variants): its argv and environment, the launch in its own process group with output to the log, the
-watch against its deadline, cancel and signals (a sweep's variants: supervisor_sweep watches them side by side),
+watch against its deadline, cancel and signals (the job's variants: supervision/variants.py watches them side by side),
 and the record of how it exited.
 
-Imports only the stdlib, host/primitives.py and the record and ledger rooms; job.py, stage.py and sweep.py
+Imports only the stdlib, host/primitives.py and the record and ledger rooms; job.py, stage.py and variants.py
 import it.
 """
 from __future__ import annotations
@@ -83,7 +83,7 @@ def launch_payload(job: Job, argv=None, state: str = "RUNNING", phase: str = "pa
 def watch_payload(job: Job, proc: subprocess.Popen, flags: Flags, limit: str = "max_runtime"):
     """Wait for the payload; returns None when it exited, or (state, message) when it must be stopped.
     limit: the key of spec.limits that bounds it (max_runtime, or prepare_timeout for the prepare step).
-    A sweep's variants are watched side by side by supervisor_sweep.wait_for_ends."""
+    The job's own run (its variants) is watched by variants.wait_for_ends."""
     seconds = job.spec["limits"][limit]
     deadline = time.monotonic() + seconds
     next_sample = 0.0

@@ -149,7 +149,7 @@ class LimitsSpec(_Section):
     prepare_timeout: Duration = DEFAULTS["limits.prepare_timeout"]
     queue_timeout: Duration = DEFAULTS["limits.queue_timeout"]
     stage_timeout: Duration = DEFAULTS["limits.stage_timeout"]
-    # A sweep's whole downtime window: no variant starts that could not end inside it (the host decides).
+    # The downtime window of any job: the payload ends by it; a variant starts only if it may fit (the host decides).
     max_downtime: Duration | None = DEFAULTS["limits.max_downtime"]
 
 

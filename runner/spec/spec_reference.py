@@ -115,9 +115,11 @@ DESCRIPTIONS = {
     "limits.prepare_timeout": "The prepare step's deadline (the service is not stopped if it fails).",
     "limits.stage_timeout": "With `payload.staged`: the longest wait for the staged line; past it the job ends "
                             "TIMED_OUT with the service untouched. `max_runtime` counts from the hand-over.",
-    "limits.max_downtime": "A sweep's window: the service must be back within it. No variant starts that could not "
-                           "end inside it (the longest variant so far, else max_runtime); it is recorded SKIPPED. "
-                           "Refused with launcher slurm (no service window there).",
+    "limits.max_downtime": "The window, from the first stop (or the run's start when nothing is stopped): every "
+                           "payload ends by its end (a plain job still running is stopped: TIMED_OUT). A sweep's "
+                           "first variants start whenever any of it is left; a later one only if the longest "
+                           "variant so far fits in what is left, else it is recorded SKIPPED. Refused with "
+                           "launcher slurm (no service window there).",
     "sweep": "Many variants in one downtime window (one stop, one restore): `matrix` (KEY: [values], the "
              "cartesian product), `include` (extra {KEY: value} combinations), `fail_fast` (stop after a failing "
              "variant). A script's variant keys override `payload.args`; in a `command`, `{KEY}` is replaced by "

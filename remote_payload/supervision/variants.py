@@ -1,5 +1,7 @@
-"""A sweep on the host: its variants inside the one window that supervise() opened (one stop, one drain
-before, one restore after, by settle).
+"""Every job's payload on the host: its variants inside the one window that supervise() opened (one stop,
+one drain before, one restore after, by settle). A plain job is a list of one variant (sweep.job_variants),
+run by the same scheduler under the same window, cancel and ending rules; only its presentation differs
+(`plain`): RUNNER_RESULT is result.json itself (the payload's own document), and it announces no variant.
 
 The devices are cut into slots (sweep.slots: all of them as one slot, or gpu.devices in order in slots of
 sweep.gpus_per_variant); each slot runs one variant at a time with its own CUDA_VISIBLE_DEVICES and
@@ -7,15 +9,23 @@ RUNNER_GPU_SLOT, and takes the next variant when its variant ends. One slot is t
 Each variant is its own process (its own exit code; its RUNNER_RESULT is results/variant-K.json), announced
 by a `variant` event (start, end or skipped; start and end name its slot and devices) in events.jsonl and
 echoed as the same JSON line in output.log, so `runner tail` shows the boundaries and progress.py counts
-"variant k of n"; status.json's `slots` says which variant runs where now. A failing variant does not stop
-the others unless sweep.fail_fast (then no new variant starts; running ones finish). With
-limits.max_downtime no variant starts that could not end inside the window (bound: the longest variant
-measured so far, else limits.max_runtime): it is recorded SKIPPED with the reason, and a running one is
-stopped at the window's end. A cancel or a signal stops every running variant. result.json is the
-combined record.
+"variant k of n"; status.json's `slots` says which variant runs where now (the ledger too: a restorer kills
+each busy slot's group). A failing variant does not stop the others unless sweep.fail_fast (then no new
+variant starts; running ones finish). result.json is a sweep's combined record.
 
-Imports only the stdlib, sweep.py (the shared variant labels), host/primitives.py and the files, record and
-payload rooms.
+The window (limits.max_downtime) counts from the first stop of the job's services (from the run's start
+when it stopped none). Every variant ends by the window's end; a variant starts only if it could end
+inside it: the first ones (nothing measured yet) whenever any of the window is left, later ones only if
+the longest variant so far fits; one that may not is recorded SKIPPED with the reason.
+
+A job's end is decided once, the moment it is known (a cancel or a signal, seen before a variant starts,
+while it runs, or just after it failed of it; a plain job's bound): TERMINATING with `ending` {state,
+message, at} before any process gets its TERM, so that a restorer taking over from a dead supervisor
+records that state and gives only what is left of the grace. A cancel or a signal stops every running
+variant and starts no other.
+
+Imports only the stdlib, sweep.py (the variants, their labels), host/primitives.py and the files, record,
+payload, stage, ledger and services rooms.
 """
 from __future__ import annotations
 
@@ -26,40 +36,76 @@ import time
 from .files import append_line, read_json, write_json_atomic
 from ..host.primitives import KILL_CONFIRM_S, POLL_S, group_members
 from .payload import check_interrupt, launch_payload, record_exit
-from .record import Interrupted, Job
-from ..sweep import label
-from . import ledger, services
+from .record import Flags, Interrupted, Job
+from ..sweep import job_variants, label
+from . import ledger, services, stage as supervisor_stage
+
+
+def plain(job: Job) -> bool:
+    """A job without a sweep: its one variant is presented as the payload itself."""
+    return not job.spec.get("sweep")
 
 
 def announce(job: Job, index: int, of: int, variant: dict, status: str, **extra) -> None:
-    """The boundary: an event in events.jsonl and the same line in the log."""
+    """A sweep's boundary: an event in events.jsonl and the same line in the log (a plain job has none)."""
+    if plain(job):
+        return
     fields = dict(index=index, of=of, args=variant["args"], status=status, **extra)
     job.event("variant", **fields)
     job.persist(lambda: append_line(job.paths.output, dict(fields, event="variant")))
 
 
+def result_path(job: Job, index: int) -> str:
+    """The variant's RUNNER_RESULT: result.json for a plain job, results/variant-K.json in a sweep."""
+    return job.paths.result if plain(job) else os.path.join(job.paths.dir, "results", "variant-%d.json" % index)
+
+
+def window_start(job: Job) -> float:
+    """When the window opened: the first stop of the job's services, or now when it stopped none."""
+    stops = [s["stopped_at"] for s in services.records(job.status) if s.get("stopped_at")]
+    return min(stops) if stops else time.time()
+
+
+def decide_ending(job: Job, state: str, message: str) -> None:
+    """The job's end, recorded once (the first decision stands) before any of its processes is stopped."""
+    if not job.status.get("ending"):
+        job.set_state("TERMINATING", message, ending={"state": state, "message": message, "at": time.time()})
+
+
+def interrupt_of(job: Job, flags: Flags):
+    """(state, message) of a cancel or a signal to the supervisor, or None."""
+    try:
+        check_interrupt(job, flags)
+    except Interrupted as stop:
+        return stop.state, str(stop)
+    return None
+
+
 def skip_reason(job: Job, started: float, longest) -> str | None:
-    """Why the next variant must not start inside limits.max_downtime (None: it may)."""
+    """Why the next variant must not start inside limits.max_downtime (None: it may). Nothing measured yet
+    (longest None): it may whenever any of the window is left, and is bounded by the window's end."""
     budget = job.spec["limits"].get("max_downtime")
     if budget is None:
         return None
-    needs = longest if longest is not None else job.spec["limits"]["max_runtime"]
     left = budget - (time.time() - started)
-    if needs <= left:
+    if longest is None:
+        return None if left > 0 else "the window is used up: limits.max_downtime (%g s) ended before it could " \
+                                     "start" % budget
+    if longest <= left:
         return None
-    basis = "the longest variant so far" if longest is not None else "limits.max_runtime"
-    return "needs about %.1f s (%s), only %.1f s of limits.max_downtime (%g s) left" % (needs, basis, max(left, 0), budget)
+    return "needs about %.1f s (the longest variant so far), only %.1f s of limits.max_downtime (%g s) left" % (
+        longest, max(left, 0), budget)
 
 
 class Run:
-    """A variant in a slot: its process, its deadline, and its stop (TERM → grace → KILL, as kill_group does,
-    one step per poll so that a slow stop holds only its own slot)."""
+    """A variant in a slot: its process, its deadline and its bound, and its stop (TERM → grace → KILL, as
+    kill_group does, one step per poll so that a slow stop holds only its own slot)."""
 
     def __init__(self, index: int, variant: dict, slot: int, devices: list, proc, start_time, seconds: float,
-                 result: str):
+                 bound: str, result: str):
         self.index, self.variant, self.slot, self.devices, self.proc = index, variant, slot, devices, proc
         self.start_time = start_time  # the process's, its identity for a restorer
-        self.seconds, self.result = seconds, result
+        self.seconds, self.bound, self.result = seconds, bound, result
         self.began = time.monotonic()
         self.deadline = self.began + seconds
         self.ended = None  # when it exited or was told to stop
@@ -67,26 +113,36 @@ class Run:
         self.term_at = self.kill_at = None
 
 
-def start_variant(job: Job, index: int, of: int, variant: dict, slot: int, devices: list, started: float) -> Run:
-    """The variant launched on its slot's devices, bounded by max_runtime and never past the window's end."""
+def start_variant(job: Job, index: int, of: int, variant: dict, slot: int, devices: list, started: float,
+                  staged=None) -> Run:
+    """The variant launched on its slot's devices (staged: the staged payload's process, handed the GPU
+    here), bounded by max_runtime and never past the window's end."""
     payload, limits = job.spec["payload"], job.spec["limits"]
-    result = os.path.join(job.paths.dir, "results", "variant-%d.json" % index)
-    announce(job, index, of, variant, "start", slot=slot, devices=devices)
-    argv = list(variant["argv"]) if payload["command"] is not None else \
-        [payload["python"], payload["path"]] + variant["argv"]
-    proc = launch_payload(job, argv, phase="variant %d of %d: %s" % (index, of, label(variant["args"])),
-                          result=result, slot=(slot, devices))
-    seconds = limits["max_runtime"]
+    result = result_path(job, index)
+    seconds, bound = limits["max_runtime"], "limits.max_runtime (%gs)" % limits["max_runtime"]
     if limits.get("max_downtime") is not None:  # never past the window's end
-        seconds = max(0.0, min(seconds, limits["max_downtime"] - (time.time() - started)))
+        left = max(0.0, limits["max_downtime"] - (time.time() - started))
+        if left < seconds:
+            seconds, bound = left, "limits.max_downtime (%gs), the service's window" % limits["max_downtime"]
+    announce(job, index, of, variant, "start", slot=slot, devices=devices)
+    if staged is not None:
+        proc = supervisor_stage.hand_over(job, staged)
+    else:
+        argv = list(variant["argv"]) if payload["command"] is not None else \
+            [payload["python"], payload["path"]] + variant["argv"]
+        if plain(job):
+            proc = launch_payload(job, argv, result=result)
+        else:
+            proc = launch_payload(job, argv, phase="variant %d of %d: %s" % (index, of, label(variant["args"])),
+                                  result=result, slot=(slot, devices))
     start_time = job.status["payload"]["start_time"]  # launch_payload recorded this process last
-    return Run(index, variant, slot, devices, proc, start_time, seconds, result)
+    return Run(index, variant, slot, devices, proc, start_time, seconds, bound, result)
 
 
-def wait_for_ends(job: Job, flags, running: dict) -> tuple:
+def wait_for_ends(job: Job, flags: Flags, running: dict) -> tuple:
     """([runs whose processes are gone], the (state, message) of a cancel or a signal, or None): polls every
     run, stops those that ended or reached their bound (each a step at a time), and on a cancel or a signal
-    stops them all."""
+    stops them all, the job's ending recorded first."""
     next_sample, interrupt = 0.0, None
     while True:
         now = time.monotonic()
@@ -94,17 +150,23 @@ def wait_for_ends(job: Job, flags, running: dict) -> tuple:
             for run in running.values():
                 job.payload_pids.update(group_members(run.proc.pid))
             next_sample = now + 1.0
-        try:
-            check_interrupt(job, flags)
-        except Interrupted as stop:
-            interrupt = (stop.state, str(stop))
+        interrupt = interrupt or interrupt_of(job, flags)
         for run in running.values():
             if run.ended is None and (interrupt or run.proc.poll() is not None or now >= run.deadline):
+                if interrupt is None and run.proc.returncode:  # a cancel's signal can reach the payload first
+                    interrupt = interrupt_of(job, flags)  # (Slurm's TERM reaches every process of the step)
                 run.ended = now
                 if interrupt:
                     run.reason = interrupt[1]
                 elif run.proc.returncode is None:
-                    run.reason = "the payload ran past limits.max_runtime (%gs)" % run.seconds
+                    run.reason = "the payload ran past %s" % run.bound
+                    if plain(job):  # its bound is the job's end
+                        decide_ending(job, "TIMED_OUT", run.reason)
+        if interrupt:
+            decide_ending(job, *interrupt)
+            for run in running.values():
+                if run.ended is None:
+                    run.ended, run.reason = now, interrupt[1]
         gone = [run for run in running.values() if run.ended is not None and stop_step(job, run, now)]
         if gone:
             return gone, interrupt
@@ -142,12 +204,16 @@ def signal_group(pgid: int, sig) -> bool:
 def end_variant(job: Job, of: int, run: Run) -> dict:
     """A stopped run's exit recorded and announced; its record."""
     returncode = run.proc.poll()
-    if returncode is None:  # SIGKILLed and still there: abandoned, as run_payload does
-        job.event("payload-exit", abandoned=True, pid=run.proc.pid, variant=run.index)
+    where = {} if plain(job) else {"variant": run.index}
+    if returncode is None:  # SIGKILLed and still there (stuck in the driver): abandoned, not awaited
+        job.event("payload-exit", abandoned=True, pid=run.proc.pid, **where)
         code = None
     else:
-        code = record_exit(job, returncode, pid=run.proc.pid, variant=run.index)
+        code = record_exit(job, returncode, pid=run.proc.pid, **where)
     seconds = round(run.ended - run.began, 3)  # to its end, not to the end of its stop
+    if plain(job):  # its result.json is the payload's own: not read here
+        return {"index": run.index, "args": {}, "status": "ended", "exit_code": code, "seconds": seconds,
+                "reason": run.reason}
     record = variant_record(run.index, run.variant["args"], "ended", code, seconds, run.reason, run.result,
                             slot=run.slot, devices=run.devices)
     announce(job, run.index, of, run.variant, "end", exit_code=code, seconds=seconds, slot=run.slot,
@@ -183,17 +249,23 @@ def read_variant_result(path: str) -> tuple:
     return outcome, None
 
 
-def run_sweep(job: Job, flags) -> None:
-    """Every variant, each slot taking the next when its variant ends; result.json is the combined record;
-    FAILED unless each ran and exited 0."""
-    sweep = job.spec["sweep"]
-    variants, n = sweep["variants"], len(sweep["variants"])
-    slots = sweep.get("slots") or [job.spec["gpu"]["devices"]]
-    started = job.status["service"].get("stopped_at") or time.time()  # the window: from the stop, if any
-    os.makedirs(os.path.join(job.paths.dir, "results"), exist_ok=True)
+def run_variants(job: Job, flags: Flags, staged=None) -> None:
+    """Every variant of the job (a plain job's one), each slot taking the next when its variant ends; then
+    the job's ending (finish). staged: the staged payload's process, which is the first variant."""
+    variants = job_variants(job.spec)
+    n = len(variants)
+    slots = (job.spec.get("sweep") or {}).get("slots") or [job.spec["gpu"]["devices"]]
+    started = window_start(job)
+    if not plain(job):
+        os.makedirs(os.path.join(job.paths.dir, "results"), exist_ok=True)
     records, pending, running = {}, list(enumerate(variants, 1)), {}
     longest, halt, interrupted = None, None, None
     while pending or running:
+        if interrupted is None and pending:
+            interrupted = interrupt_of(job, flags)  # seen before a variant starts: none does
+            if interrupted:
+                decide_ending(job, *interrupted)
+                halt = "not started: " + interrupted[1]
         for slot in [k for k in range(len(slots)) if k not in running]:
             while pending and slot not in running:
                 index, variant = pending.pop(0)
@@ -203,20 +275,21 @@ def run_sweep(job: Job, flags) -> None:
                     records[index] = {"index": index, "args": variant["args"], "status": "skipped", "exit_code": None,
                                       "seconds": None, "reason": reason, "result": None}
                 else:  # noted at once: status.json's payload names only the process launched last
-                    running[slot] = start_variant(job, index, n, variant, slot, slots[slot], started)
+                    running[slot] = start_variant(job, index, n, variant, slot, slots[slot], started,
+                                                  staged if index == 1 else None)
                     note_slots(job, slots, running)
         if not running:
             continue
         gone, interrupt = wait_for_ends(job, flags, running)
-        if interrupt is not None:  # a cancel or a signal ends the sweep
+        if interrupt is not None and interrupted is None:  # a cancel or a signal ends the job
             interrupted, halt = interrupt, "not started: " + interrupt[1]
         for run in gone:
             record = records[run.index] = end_variant(job, n, running.pop(run.slot))
             longest = max(longest or 0.0, record["seconds"])
-            if record["exit_code"] != 0 and sweep["fail_fast"] and halt is None:
+            if record["exit_code"] != 0 and (job.spec.get("sweep") or {}).get("fail_fast") and halt is None:
                 halt = "not started: variant %d failed and sweep.fail_fast is set" % record["index"]
         note_slots(job, slots, running)
-    finish_sweep(job, [records[k] for k in sorted(records)], slots, interrupted)
+    finish(job, [records[k] for k in sorted(records)], slots)
 
 
 def note_slots(job: Job, slots: list, running: dict) -> None:
@@ -235,7 +308,16 @@ def note_slots(job: Job, slots: list, running: dict) -> None:
             job.persist(lambda: ledger.note_slots(job.paths.root, service["unit"], job.paths.job_id, busy))
 
 
-def finish_sweep(job: Job, records: list, slots: list, interrupted) -> None:
+def finish(job: Job, records: list, slots: list) -> None:
+    """The job's end: the one decided while it ran (its `ending`), else a plain job's exit code (settle's
+    final_state reads it) or a sweep's combined record (FAILED unless each variant ran and exited 0)."""
+    ending = job.status.get("ending")
+    if plain(job):
+        if ending:
+            raise Interrupted(ending["state"], ending["message"])
+        if records[0]["status"] == "skipped":
+            raise Interrupted("TIMED_OUT", "the payload did not start: " + records[0]["reason"])
+        return
     n = len(records)
     ok = sum(1 for r in records if r["status"] == "ended" and r["exit_code"] == 0 and not r.get("error"))
     skipped = sum(1 for r in records if r["status"] == "skipped")
@@ -245,8 +327,8 @@ def finish_sweep(job: Job, records: list, slots: list, interrupted) -> None:
     job.persist(lambda: write_json_atomic(job.paths.result, {"payload": "sweep", "sweep": summary,
                                                              "variants": records}))
     job.save(sweep=summary, exit_code=0 if ok == n else 1)
-    if interrupted is not None:
-        raise Interrupted(*interrupted)
+    if ending:
+        raise Interrupted(ending["state"], ending["message"])
     if ok != n:
         raise Interrupted("FAILED", "sweep: %d succeeded, %d failed, %d skipped of %d variants"
                           % (ok, summary["failed"], skipped, n))
