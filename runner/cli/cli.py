@@ -565,7 +565,7 @@ def history(host, metric, plot_path, imports, as_json) -> None:
     store = Store()
     path = hist.db_path(store.root)
     for ref in imports:
-        warning = hist.record(path, hist.run_from_result(ref, collect(ref, store=store, record=False).result))
+        warning = hist.record(path, *hist.runs_from_result(ref, collect(ref, store=store, record=False).result))
         if warning:
             raise RunnerError(warning)
     known = hist.metric_names(path)

@@ -1,8 +1,10 @@
 """Results history: every collected result as a row in a local SQLite database in the state dir.
 
-One row per job (recording the same job again replaces it): job id, when, host, spec hash, variant args, the
-git revision of the spec's repository, GPU name / driver / torch / sglang from result.environment, and the
-gate's metrics (runner/results/gate.py). Schema changes are numbered migrations tracked in PRAGMA user_version.
+One row per run: a plain job is one run (variant index 0), a sweep one run per variant that left a result
+(its index, from 1); recording the same job again replaces all its rows. A row holds the job id, when, host,
+spec hash, variant args, the git revision of the spec's repository, GPU name / driver / torch / sglang from
+the result's environment, and the gate's metrics (runner/results/gate.py). Schema changes are numbered
+migrations tracked in PRAGMA user_version.
 
 Recording never breaks the calling command: `record_*` return a warning string instead of raising when the
 database is corrupt, locked, or from a newer runner. Reading (`runner history`) raises RunnerError.
@@ -14,7 +16,7 @@ import json
 import sqlite3
 import subprocess
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ..errors import RunnerError
@@ -34,7 +36,20 @@ MIGRATIONS = (
            run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE, name TEXT NOT NULL,
            value REAL NOT NULL, spread REAL NOT NULL, direction TEXT NOT NULL, PRIMARY KEY (run_id, name));""",
     "CREATE INDEX metrics_by_name ON metrics(name); CREATE INDEX runs_by_host ON runs(host, recorded_at);",
+    # A row per (job, variant): SQLite drops no UNIQUE constraint, so the table is rebuilt, ids kept for metrics.
+    """CREATE TABLE runs_next (
+           id INTEGER PRIMARY KEY, job_id TEXT NOT NULL, variant_index INTEGER NOT NULL DEFAULT 0,
+           recorded_at REAL NOT NULL, host TEXT, spec_hash TEXT, variant TEXT NOT NULL, git_rev TEXT, payload TEXT,
+           gpu TEXT, driver TEXT, torch TEXT, sglang TEXT, UNIQUE (job_id, variant_index));
+       INSERT INTO runs_next (id, job_id, recorded_at, host, spec_hash, variant, git_rev, payload, gpu, driver, torch,
+                              sglang)
+           SELECT id, job_id, recorded_at, host, spec_hash, variant, git_rev, payload, gpu, driver, torch, sglang
+           FROM runs;
+       DROP TABLE runs;
+       ALTER TABLE runs_next RENAME TO runs;
+       CREATE INDEX runs_by_host ON runs(host, recorded_at);""",
 )
+MAX_INDEX = 2**31  # a variant index past it (the host counts from 1) is not the host's: the position stands in
 
 
 @dataclass
@@ -48,6 +63,7 @@ class Run:
     payload: str | None
     environment: dict
     metrics: dict[str, gate.Metric] = field(default_factory=dict)
+    variant_index: int = 0  # a sweep's variant (from 1); 0 for a plain job
 
 
 def db_path(state_dir: Path) -> Path:
@@ -73,6 +89,16 @@ def migrate(conn: sqlite3.Connection) -> int:
     """Apply the migrations past PRAGMA user_version, each in one transaction; return the version."""
     if conn.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS):
         return len(MIGRATIONS)  # up to date: no write lock needed
+    enforced = conn.execute("PRAGMA foreign_keys").fetchone()[0]
+    conn.execute("PRAGMA foreign_keys = OFF")  # a rebuilt table's DROP must not cascade to the metrics it keeps
+    try:
+        _apply(conn)
+    finally:
+        conn.execute(f"PRAGMA foreign_keys = {int(enforced)}")
+    return len(MIGRATIONS)
+
+
+def _apply(conn: sqlite3.Connection) -> None:
     for number, script in enumerate(MIGRATIONS, start=1):
         conn.execute("BEGIN IMMEDIATE")  # re-read under the write lock: another process may have migrated
         try:
@@ -83,28 +109,65 @@ def migrate(conn: sqlite3.Connection) -> int:
             if version < number:
                 for statement in filter(str.strip, script.split(";")):
                     conn.execute(statement)
+                if conn.execute("PRAGMA foreign_key_check").fetchone():
+                    raise sqlite3.IntegrityError(f"migration {number} would leave metrics without their run")
                 conn.execute(f"PRAGMA user_version = {number}")
             conn.execute("COMMIT")
         except BaseException:
             conn.execute("ROLLBACK")
             raise
-    return len(MIGRATIONS)
 
 
 # -- recording ------------------------------------------------------------------------------------------------
+
+def runs_from_result(job_id: str, result, *, host: str | None = None, spec_path: str | None = None,
+                     now: float | None = None, wire: dict | None = None) -> list[Run]:
+    """The rows for one job's result: a plain result is one run; a sweep's combined record one run per variant
+    with a result object, its args over the job's (none when no variant left one)."""
+    variants = sweep_variants(result)
+    if variants is None:
+        return [run_from_result(job_id, result, host=host, spec_path=spec_path, now=now, wire=wire)]
+    job = _job_run(job_id, host, spec_path, now, wire)
+    return [_measured(job, outcome, variant_of(outcome, spec_path, wire, args), index)
+            for index, args, outcome in variants]
+
 
 def run_from_result(job_id: str, result, *, host: str | None = None, spec_path: str | None = None,
                     now: float | None = None, wire: dict | None = None) -> Run:
     """The row for one result: any JSON value (fields of the wrong type are recorded as unknown). wire: the
     spec as submitted (the job record's), which names the variant and the spec hash; else the file's."""
     result = result if isinstance(result, dict) else {}
-    env = result.get("environment") if isinstance(result.get("environment"), dict) else {}
+    return _measured(_job_run(job_id, host, spec_path, now, wire), result, variant_of(result, spec_path, wire))
+
+
+def _job_run(job_id: str, host: str | None, spec_path: str | None, now: float | None, wire: dict | None) -> Run:
+    """What a job's runs share: when, where, which spec at which revision (nothing measured yet)."""
     return Run(job_id=job_id, recorded_at=time.time() if now is None else now, host=host,
-               spec_hash=wire_hash(wire) if wire else _file_hash(spec_path),
-               variant=variant_of(result, spec_path, wire),
-               git_rev=git_revision(Path(spec_path).parent) if spec_path else None,
-               payload=_text(result.get("payload")), environment={k: _text(env.get(k)) for k in ENV_KEYS},
-               metrics=gate.extract_metrics(result))
+               spec_hash=wire_hash(wire) if wire else _file_hash(spec_path), variant={},
+               git_rev=git_revision(Path(spec_path).parent) if spec_path else None, payload=None, environment={})
+
+
+def _measured(job: Run, result: dict, variant: dict, index: int = 0) -> Run:
+    """The job's run with one payload result's name, environment and metrics."""
+    env = result.get("environment") if isinstance(result.get("environment"), dict) else {}
+    return replace(job, variant=variant, variant_index=index, payload=_text(result.get("payload")),
+                   environment={k: _text(env.get(k)) for k in ENV_KEYS}, metrics=gate.extract_metrics(result))
+
+
+def sweep_variants(result) -> list[tuple[int, dict, dict]] | None:
+    """A sweep's combined record as [(index, args, result)] of the variants that left a result object, by index
+    (a later duplicate index wins); None for anything that is not a sweep's record."""
+    if not isinstance(result, dict) or result.get("payload") != "sweep" or not isinstance(result.get("variants"), list):
+        return None
+    found = {}
+    for position, variant in enumerate(result["variants"], start=1):
+        if not isinstance(variant, dict) or not isinstance(variant.get("result"), dict):
+            continue
+        index = variant.get("index")
+        if not isinstance(index, int) or isinstance(index, bool) or not 0 < index < MAX_INDEX:
+            index = position
+        found[index] = (variant.get("args") if isinstance(variant.get("args"), dict) else {}, variant["result"])
+    return [(index, *found[index]) for index in sorted(found)]
 
 
 def _text(value) -> str | None:
@@ -114,13 +177,14 @@ def _text(value) -> str | None:
     return str(value)[:TEXT_MAX]
 
 
-def variant_of(result: dict, spec_path: str | None = None, wire: dict | None = None) -> dict:
+def variant_of(result: dict, spec_path: str | None = None, wire: dict | None = None,
+               sweep_args: dict | None = None) -> dict:
     """The payload's arguments that define the measurement (not where it wrote its output): the result's own,
-    else those submitted (the wire form's argv), else the job file's as it is now."""
+    else those submitted (the wire form's argv), else the job file's as it is now; a sweep variant's over them."""
     args = result.get("args")
     if not isinstance(args, dict):
         args = _wire_payload_args(wire) if wire else (_spec_payload_args(spec_path) if spec_path else {})
-    return {k: v for k, v in args.items() if k != "out"}
+    return {k: v for k, v in {**args, **(sweep_args or {})}.items() if k != "out"}
 
 
 def _wire_payload_args(wire: dict) -> dict:
@@ -178,46 +242,58 @@ def git_revision(directory: Path) -> str | None:
     return rev[:12] + ("+dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
 
 
-def save(conn: sqlite3.Connection, run: Run) -> None:
+def save(conn: sqlite3.Connection, *runs: Run) -> None:
+    """Save the runs in one transaction, in place of every row their jobs had."""
     conn.execute("BEGIN IMMEDIATE")
     try:
-        conn.execute("DELETE FROM runs WHERE job_id = ?", (run.job_id,))
-        cursor = conn.execute(
-            "INSERT INTO runs (job_id, recorded_at, host, spec_hash, variant, git_rev, payload, gpu, driver, torch, sglang)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (run.job_id, run.recorded_at, run.host, run.spec_hash, json.dumps(run.variant, sort_keys=True),
-             run.git_rev, run.payload, *(run.environment.get(k) for k in ENV_KEYS)))
-        conn.executemany("INSERT INTO metrics (run_id, name, value, spread, direction) VALUES (?, ?, ?, ?, ?)",
-                         [(cursor.lastrowid, name, m.value, m.spread, m.direction) for name, m in run.metrics.items()])
+        for job_id in dict.fromkeys(run.job_id for run in runs):
+            conn.execute("DELETE FROM runs WHERE job_id = ?", (job_id,))
+        for run in runs:
+            _insert(conn, run)
         conn.execute("COMMIT")
     except BaseException:
         conn.execute("ROLLBACK")
         raise
 
 
-def record(path: Path, run: Run) -> str | None:
-    """Save one run; a warning string (never an exception) when the database cannot take it."""
+def _insert(conn: sqlite3.Connection, run: Run) -> None:
+    cursor = conn.execute(
+        "INSERT INTO runs (job_id, variant_index, recorded_at, host, spec_hash, variant, git_rev, payload, gpu,"
+        " driver, torch, sglang) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (run.job_id, run.variant_index, run.recorded_at, run.host, run.spec_hash,
+         json.dumps(run.variant, sort_keys=True), run.git_rev, run.payload, *(run.environment.get(k) for k in ENV_KEYS)))
+    conn.executemany("INSERT INTO metrics (run_id, name, value, spread, direction) VALUES (?, ?, ?, ?, ?)",
+                     [(cursor.lastrowid, name, m.value, m.spread, m.direction) for name, m in run.metrics.items()])
+
+
+def record(path: Path, *runs: Run) -> str | None:
+    """Save one job's runs (nothing to do without any); a warning string (never an exception) when the
+    database cannot take them."""
+    if not runs:
+        return None
     try:
         conn = connect(path)
         try:
-            save(conn, run)
+            save(conn, *runs)
         finally:
             conn.close()
     except (sqlite3.Error, OSError, RunnerError) as exc:
-        return f"history: {run.job_id} not recorded in {path}: {exc}"
+        return f"history: {runs[0].job_id} not recorded in {path}: {exc}"
     return None
 
 
 def record_job(store: Store, job_id: str, result: dict, window: dict | None = None) -> str | None:
-    """Record a fetched job result, with what the local job index knows of its host and spec, and the service
-    window's parts (`not_serving_s`, …) as metrics of their own."""
+    """Record a fetched job result (a sweep's: a run per variant), with what the local job index knows of its
+    host and spec, and the service window's parts (`not_serving_s`, …) as metrics of their own on each run (a
+    sweep's variants share the one window)."""
     try:
         job = store.load(job_id)
     except RunnerError as exc:
         return f"history: {job_id} not recorded: {exc}"
-    run = run_from_result(job_id, result, host=job.host.get("address"), spec_path=job.spec_path, wire=job.wire)
-    run.metrics.update(gate.window_metrics(window))
-    return record(db_path(store.root), run)
+    runs = runs_from_result(job_id, result, host=job.host.get("address"), spec_path=job.spec_path, wire=job.wire)
+    for run in runs:
+        run.metrics.update(gate.window_metrics(window))
+    return record(db_path(store.root), *runs)
 
 
 # -- reading --------------------------------------------------------------------------------------------------
@@ -266,12 +342,13 @@ def _select(conn: sqlite3.Connection, host: str | None, metric: str | None) -> l
     if metric:
         where.append("id IN (SELECT run_id FROM metrics WHERE name = ?)")
         params.append(metric)
-    sql = ("SELECT id, job_id, recorded_at, host, spec_hash, variant, git_rev, payload, gpu, driver, torch, sglang"
-           " FROM runs" + (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY recorded_at, id")
+    sql = ("SELECT id, job_id, recorded_at, host, spec_hash, variant, git_rev, payload, gpu, driver, torch, sglang,"
+           " variant_index FROM runs" + (" WHERE " + " AND ".join(where) if where else "")
+           + " ORDER BY recorded_at, id")  # a job's variants are saved in index order
     found = []
     for row in conn.execute(sql, params).fetchall():
         metrics = {name: gate.Metric(value, direction, spread) for name, value, spread, direction in conn.execute(
             "SELECT name, value, spread, direction FROM metrics WHERE run_id = ?", (row[0],))}
         found.append(Run(row[1], row[2], row[3], row[4], json.loads(row[5]), row[6], row[7],
-                         dict(zip(ENV_KEYS, row[8:12])), metrics))
+                         dict(zip(ENV_KEYS, row[8:12])), metrics, variant_index=row[12]))
     return found

@@ -30,11 +30,16 @@ def render(runs: list[Run], metric: str | None) -> str:
     header = ["recorded (UTC)", "job", "host", "gpu", "torch", "sglang", "git", "variant", label(shown)]
     variants = variant_labels(runs)
     rows = [[printable(str(cell), multiline=False) for cell in (
-        time.strftime("%Y-%m-%d %H:%M", time.gmtime(r.recorded_at)), r.job_id, r.host or "-",
+        time.strftime("%Y-%m-%d %H:%M", time.gmtime(r.recorded_at)), run_name(r), r.host or "-",
         r.environment.get("gpu") or "-", r.environment.get("torch") or "-", r.environment.get("sglang") or "-",
         r.git_rev or "-", variants[_key(r)], _value(r, shown))] for r in runs]
     widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(header)]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in [header, *rows]) + "\n"
+
+
+def run_name(run: Run) -> str:
+    """The job id, and `#K` for a sweep's variant K (the index `runner results` shows)."""
+    return f"{run.job_id}#{run.variant_index}" if run.variant_index else run.job_id
 
 
 def _value(run: Run, metric: str) -> str:
@@ -81,7 +86,7 @@ def plot(runs: list[Run], metric: str, path: str | Path, title: str = "") -> Pat
         series = [(i, r.metrics[metric]) for i, r in points if _key(r) == key]
         ax.errorbar([i for i, _ in series], [m.value for _, m in series],
                     yerr=[m.value * m.spread for _, m in series], fmt="o", capsize=3, label=name)
-    ax.set_xticks([i for i, _ in points], [r.job_id for _, r in points], rotation=60, ha="right", fontsize=8)
+    ax.set_xticks([i for i, _ in points], [run_name(r) for _, r in points], rotation=60, ha="right", fontsize=8)
     direction = next(iter(points))[1].metrics[metric].direction
     ax.set(ylabel=f"{label(metric)} ({direction} is better)", xlabel="recorded runs, oldest first",
            title=title or f"{label(metric)} over recorded runs")
