@@ -10,13 +10,12 @@ import json
 import pytest
 import yaml
 
-from tests.cli_helpers import run_cli, status, submit, wait_for, wait_terminal, write_job
-from tests.harness.systemd_jobs import HANG, HOLD, host_status, restored_within, target_for
-from tests.hosts._proc import free_port, shared_tmpdir, wait_until
+from tests.cli_helpers import run_cli, status, submit, wait_for, wait_terminal
+from tests.harness.multi_services import SECOND, multi_job, two_services as services_on_two_gpu_pairs
+from tests.harness.systemd_jobs import HANG, host_status, restored_within, target_for
+from tests.hosts._proc import shared_tmpdir, wait_until
 
 pytestmark = pytest.mark.systemd
-
-SECOND = "second-infer.service"
 
 
 @pytest.fixture
@@ -26,31 +25,7 @@ def work():
 
 @pytest.fixture
 def two_services(service_host):
-    """8 GPUs; the default unit declared on GPUs 0-1, a second dummy unit on GPUs 2-3 (its own port)."""
-    service_host.set_gpu(count=8)
-    port = free_port()
-    service_host.install_unit(SECOND, port=port, hold_mib=100, ready_delay=0.5)
-    service_host.systemctl("start", SECOND).check_returncode()
-    second_url = f"http://127.0.0.1:{port}/health"
-    wait_until(lambda: service_host.ssh(["curl", "-sf", second_url]).returncode == 0, timeout=20,
-               what=f"{SECOND} healthy")
-    return [
-        {"manager": "systemd", "unit": service_host.unit, "stop": "always", "health_url": service_host.health_url,
-         "health_timeout": "30s", "gpus": [0, 1]},
-        {"manager": "systemd", "unit": SECOND, "stop": "always", "health_url": second_url, "health_timeout": "30s",
-         "gpus": [2, 3]},
-    ]
-
-
-def multi_job(path, host, services: list, devices: list, command=None, max_runtime="2m"):
-    """A job file with a `services:` list instead of one `service:` section."""
-    write_job(path, target_for(host), command=command or ["python3", HOLD, "100", "1"], max_runtime=max_runtime,
-              gpu={"devices": devices, "min_free_mib": 1000, "drain_timeout": "20s"})
-    spec = yaml.safe_load(path.read_text())
-    del spec["service"]
-    spec["services"] = services
-    path.write_text(yaml.safe_dump(spec, sort_keys=False))
-    return path
+    return services_on_two_gpu_pairs(service_host)
 
 
 def main_pids(host) -> dict:
