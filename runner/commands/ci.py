@@ -19,6 +19,7 @@ from ..errors import (HostKeyError, LogShrank, NoResult, RemoteError, ResultNotY
                       TransportError, UnknownJob)
 from ..local_files import read_regular
 from ..results import gate, history
+from ..results.window import job_window
 from ..state.job_id import check_job_id
 from ..state.store import Store
 from . import controller
@@ -36,7 +37,7 @@ class Collected:
     source: str
     job_id: str | None = None
     warning: str | None = None
-    window: dict | None = None  # the job's service window (status.json service.downtime), when it had one
+    window: dict | None = None  # the job's service window (results/window.py job_window), when it freed a service
 
 
 def collect(ref: str, *, store: Store, record: bool = True, deadline: Deadline | None = None) -> Collected:
@@ -63,14 +64,14 @@ def collect_job(job_id: str, *, store: Store, record: bool = True, deadline: Dea
 
 
 def service_window(job_id: str, store: Store, deadline: Deadline | None = None) -> dict | None:
-    """The job's service window (status.json's `service.downtime`: not serving and its parts), or None when it
-    stopped nothing or its status cannot be read now: the result is what was asked for, this only adds to it."""
+    """The job's service window (job_window: not serving and its parts; with several freed services, each
+    one's and the longest), or None when it stopped nothing or its status cannot be read now: the result is
+    what was asked for, this only adds to it."""
     try:
         jobs = controller.status([job_id], store=store, deadline=deadline)
     except RunnerError:
         return None
-    window = (jobs[0].get("service") or {}).get("downtime") if jobs and isinstance(jobs[0], dict) else None
-    return window if isinstance(window, dict) else None
+    return job_window(jobs[0]) if jobs else None
 
 
 def is_result_path(ref: str, store: Store) -> bool:
