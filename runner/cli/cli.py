@@ -336,12 +336,19 @@ def _window_parts(parts: dict) -> str:
                      if isinstance(parts.get(name + "_s"), (int, float)) and not isinstance(parts[name + "_s"], bool))
 
 
-def _window_text(window: dict) -> str:
-    """`results`' line on the service: "service window (stop): not serving 26.2 s (release 0.5, … s)"."""
+def _window_lines(window: dict) -> list[str]:
+    """`results`' lines on the services: one window, or one per freed service (`services`), each unit named."""
+    several = [w for w in window.get("services") or [] if isinstance(w, dict)]
+    return [_window_text(w, w.get("unit")) for w in several] if several else [_window_text(window)]
+
+
+def _window_text(window: dict, unit: str | None = None) -> str:
+    """One window: "service window (stop): not serving 26.2 s (release 0.5, … s)", "service window of U (stop)…"."""
     total = window.get("not_serving_s")
     shown = f"{total:.1f} s" if isinstance(total, (int, float)) and not isinstance(total, bool) else "?"
     parts = _window_parts(window)
-    return f"service window ({window.get('method')}): not serving {shown}" + (f" ({parts} s)" if parts else "")
+    return (f"service window{f' of {unit}' if unit else ''} ({window.get('method')}): not serving {shown}"
+            + (f" ({parts} s)" if parts else ""))
 
 
 def _duration(seconds: float) -> str:
@@ -507,7 +514,8 @@ def results(job_id, as_json, plot_path, baseline_path, save_path, other, toleran
     deadline = Deadline.for_command(max_wait)
     current = ci.collect(job_id, store=store, deadline=deadline)
     if current.window and not as_json:
-        _progress(_window_text(current.window))
+        for line in _window_lines(current.window):
+            _progress(line)
     if current.warning:
         _progress(current.warning)
     if save_path:
