@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.cli_helpers import REPO, Target, python_payload, run_cli, submit, wait_terminal, write_job
+from tests.cli_helpers import REPO, Target, run_cli, submit, wait_terminal, write_job
 from tests.hosts._proc import shared_tmpdir
 
 

@@ -19,7 +19,7 @@ import yaml
 
 from runner.deadline import ROUND_TRIP_ALLOWANCE_S
 from tests.cli_helpers import Target, run_cli
-from tests.hosts._proc import free_port, shared_tmpdir
+from tests.hosts._proc import shared_tmpdir
 from tests.hosts.prereqs import missing_for_sshd, require
 from tests.hosts.sshd import start_sshd
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from tests.cli_helpers import Target, run_cli, submit, write_job
+from tests.cli_helpers import Target, run_cli, write_job
 from tests.harness.plan_runs import output_of, submit_reporting
 from tests.hosts._proc import shared_tmpdir
 

@@ -8,7 +8,6 @@ once there, so only `%2` keeps them to two.
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import pytest

@@ -246,7 +246,7 @@ def _write_files(cluster: SlurmCluster) -> None:
 
 def slurm_conf_text(base: Path, nodes: list[str], ports: Ports, accounting: bool, min_job_age: int = 300) -> str:
     if accounting:
-        acct = [f"AccountingStorageType=accounting_storage/slurmdbd", "AccountingStorageHost=localhost",
+        acct = ["AccountingStorageType=accounting_storage/slurmdbd", "AccountingStorageHost=localhost",
                 f"AccountingStoragePort={ports.dbd}",
                 # without this, slurmctld and sacct talk to slurmdbd through the system's munge socket
                 f"AccountingStoragePass=socket={base}/munge/munge.sock", "AccountingStorageTRES=gres/gpu"]
