@@ -11,6 +11,8 @@ D=${D:-/tmp/gpu26}; cd $D/repo
 SEQUENCE=${SEQUENCE:-"sglang stop sglang stop sglang stop sglang stop sglang"}
 BATCH_SIZES=${BATCH_SIZES:-}  # e.g. "[1,8,64,512]"; empty: the job file's
 START_BUDGET_S=${START_BUDGET_S:-880}
+JOB=${JOB:-jobs/k26_marlin.yaml}  # e.g. jobs/k26_marlin_sweep.yaml
+read -r -a EXTRA <<< "${EXTRA:-}"  # more --set words for every job, e.g. "--set limits.max_downtime=120s"
 export PYTHONPATH=/tmp/site:$D/repo RUNNER_STATE_DIR=$D/state
 O=$D/out; mkdir -p $O/jobs
 API=http://127.0.0.1:30000
@@ -38,7 +40,7 @@ for free in $SEQUENCE; do
   extra=(); [ $free = stop ] || extra=(--set service.api_url=$API)
   pid_before=$(systemctl show -p MainPID --value gpu-engine.service)
   say "submit $id (MainPID $pid_before)"
-  python3 -m runner submit jobs/k26_marlin.yaml --json --job-id $id \
+  python3 -m runner submit $JOB --json --job-id $id "${EXTRA[@]}" \
     --set host.address=local --set host.root=$D/root \
     --set service.unit=gpu-engine.service --set service.health_url=$API/health --set service.health_timeout=300 \
     --set service.free=$free "${extra[@]}" --set payload.staged=$staged \

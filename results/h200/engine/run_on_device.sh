@@ -30,7 +30,7 @@ if [ $mode = start ]; then
     > $D/units/gpu-engine.service
   echo "setup $((SECONDS - t0)) s; nvidia-smi: $(nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader)"
   HOSTDIR=$D/host setsid nohup bash $D/gpu-systemd/host.sh "$CARRY"/systemd $D/units \
-    "D=$D SEQUENCE='${SEQUENCE:-}' START_BUDGET_S=${START_BUDGET_S:-880} BATCH_SIZES='${BATCH_SIZES:-}' bash $D/repo/results/h200/engine/measure.sh" \
+    "D=$D SEQUENCE='${SEQUENCE:-}' START_BUDGET_S=${START_BUDGET_S:-880} BATCH_SIZES='${BATCH_SIZES:-}' JOB='${JOB:-}' EXTRA='${EXTRA:-}' bash $D/repo/results/h200/engine/measure.sh" \
     > $D/host.out 2>&1 < /dev/null &
   echo $! > $D/host.pid
 fi
