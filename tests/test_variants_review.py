@@ -84,3 +84,23 @@ def test_an_interrupt_after_the_last_payload_exited_0_does_not_undo_its_success(
     job = wait_terminal(target, job_id, timeout=90)
     assert job["state"] == "SUCCEEDED", job
     assert job["exit_code"] == 0 and not job.get("ending"), job
+
+
+def test_a_cancel_while_a_variant_is_cleaned_up_with_more_to_run_is_recorded_at_once(work, target):
+    """Variant 1 exited 0 and its left-over child has a long grace; variant 2 is still to run. The cancel
+    stops the sweep (variant 2 skipped) and is the job's ending from the moment it is seen, not after the
+    grace: a restorer taking over meanwhile must find TERMINATING with `ending`."""
+    sweep = [{"m": "leave-child"}, {"m": "quick"}]
+    job_id = submit(target, job_file(work, target, "", sweep=sweep, grace="40s"))
+    log = job_dir(target, job_id) / "output.log"
+    wait_for(lambda: log.exists() and b"payload exiting" in log.read_bytes(), timeout=60, what="variant 1 exiting")
+    wait_for(lambda: not pid_alive(read_status(target, job_id)["payload"]["pid"]), timeout=30,
+             what="variant 1's process gone")
+    cancel(target, job_id)
+    wait_for(lambda: (read_status(target, job_id).get("ending") or {}).get("state") == "CANCELLED", timeout=20,
+             what="the ending recorded while the grace (40 s) runs")
+    job = wait_terminal(target, job_id, timeout=120)
+    assert job["state"] == "CANCELLED", job
+    result = json.loads(run_cli(target, "results", job_id, "--json").stdout)
+    assert [v["status"] for v in result["variants"]] == ["ended", "skipped"], result
+    assert result["variants"][0]["exit_code"] == 0, result

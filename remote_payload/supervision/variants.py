@@ -150,10 +150,10 @@ def wait_for_ends(job: Job, flags: Flags, running: dict) -> tuple:
             for run in running.values():
                 job.payload_pids.update(group_members(run.proc.pid))
             next_sample = now + 1.0
-        # Only a run still going can be stopped by it: one that exited (0) is only having its group cleaned
-        # up, and a cancel then does not make its success a cancel (a failed one is looked at just below).
-        if interrupt is None and any(run.ended is None and run.proc.poll() is None for run in running.values()):
-            interrupt = interrupt_of(job, flags)
+        live = any(run.ended is None and run.proc.poll() is None for run in running.values())
+        seen = interrupt_of(job, flags)
+        if interrupt is None and live:  # only a run still going is stopped by it: one that exited 0 is only
+            interrupt = seen  # having its group cleaned up, no cancel's success (a failed one: looked at below)
         for run in running.values():
             if run.ended is None and (interrupt or run.proc.poll() is not None or now >= run.deadline):
                 if interrupt is None and run.proc.returncode:  # a cancel's signal can reach the payload first
