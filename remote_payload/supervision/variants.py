@@ -139,10 +139,11 @@ def start_variant(job: Job, index: int, of: int, variant: dict, slot: int, devic
     return Run(index, variant, slot, devices, proc, start_time, seconds, bound, result)
 
 
-def wait_for_ends(job: Job, flags: Flags, running: dict) -> tuple:
+def wait_for_ends(job: Job, flags: Flags, running: dict, more: bool = False) -> tuple:
     """([runs whose processes are gone], the (state, message) of a cancel or a signal, or None): polls every
     run, stops those that ended or reached their bound (each a step at a time), and on a cancel or a signal
-    stops them all, the job's ending recorded first."""
+    stops them all, the job's ending recorded first. more: variants are still to start (a cancel or a signal
+    ends the job even while only the groups of exited runs are being stopped)."""
     next_sample, interrupt = 0.0, None
     while True:
         now = time.monotonic()
@@ -150,10 +151,10 @@ def wait_for_ends(job: Job, flags: Flags, running: dict) -> tuple:
             for run in running.values():
                 job.payload_pids.update(group_members(run.proc.pid))
             next_sample = now + 1.0
-        live = any(run.ended is None and run.proc.poll() is None for run in running.values())
+        live = more or any(run.ended is None and run.proc.poll() is None for run in running.values())
         seen = interrupt_of(job, flags)
-        if interrupt is None and live:  # only a run still going is stopped by it: one that exited 0 is only
-            interrupt = seen  # having its group cleaned up, no cancel's success (a failed one: looked at below)
+        if interrupt is None and live:  # it stops a run still going or what is still to start; one that exited
+            interrupt = seen  # 0 is only having its group cleaned up, no cancel's success (a failed one: below)
         for run in running.values():
             if run.ended is None and (interrupt or run.proc.poll() is not None or now >= run.deadline):
                 if interrupt is None and run.proc.returncode:  # a cancel's signal can reach the payload first
@@ -283,7 +284,7 @@ def run_variants(job: Job, flags: Flags, staged=None) -> None:
                     note_slots(job, slots, running)
         if not running:
             continue
-        gone, interrupt = wait_for_ends(job, flags, running)
+        gone, interrupt = wait_for_ends(job, flags, running, more=bool(pending) and halt is None)
         if interrupt is not None and interrupted is None:  # a cancel or a signal ends the job
             interrupted, halt = interrupt, "not started: " + interrupt[1]
         for run in gone:
