@@ -22,7 +22,8 @@ A job's end is decided once, the moment it is known (a cancel or a signal, seen 
 while it runs, or just after it failed of it; a plain job's bound): TERMINATING with `ending` {state,
 message, at} before any process gets its TERM, so that a restorer taking over from a dead supervisor
 records that state and gives only what is left of the grace. A cancel or a signal stops every running
-variant and starts no other.
+variant and starts no other; one that comes after the last variant exited 0, while only its left-over group
+is being stopped, changes nothing (the job ends as its exit says).
 
 Imports only the stdlib, sweep.py (the variants, their labels), host/primitives.py and the files, record,
 payload, stage, ledger and services rooms.
