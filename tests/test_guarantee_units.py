@@ -41,17 +41,17 @@ def test_slurms_term_is_named_as_the_cancel_it_is(tmp_path):
     assert caught.value.state == "CANCELLED"
 
 
-class _CancelOnSecondLook(Flags):
-    """A cancel that lands between two looks: the first look sees none, every later one sees it."""
+class _CancelOnceThePayloadIsGone(Flags):
+    """Slurm's TERM as the supervisor sees it: the payload dies of it, and the handler's flag is there only
+    after the payload is gone (so the look before the poll finds nothing)."""
 
-    def __init__(self) -> None:
-        self.looks = 0
+    def __init__(self, proc) -> None:
+        self.proc = proc
         super().__init__()
 
     @property
     def cancel(self) -> bool:
-        self.looks += 1
-        return self.looks > 1
+        return self.proc.poll() is not None
 
     @cancel.setter
     def cancel(self, value) -> None:
@@ -73,7 +73,7 @@ def test_a_payload_that_failed_as_a_cancel_arrived_ends_with_the_cancel(tmp_path
     proc.wait()
     run = variants.Run(1, {"args": {}, "argv": []}, 0, [], proc, None, 60, "limits.max_runtime (60s)",
                        str(tmp_path / "r.json"))
-    gone, interrupt = variants.wait_for_ends(job, _CancelOnSecondLook(), {0: run})
+    gone, interrupt = variants.wait_for_ends(job, _CancelOnceThePayloadIsGone(proc), {0: run})
     assert gone == [run] and interrupt == ("CANCELLED", "cancelled on request")
     assert run.reason == "cancelled on request"
     assert job.status["state"] == "TERMINATING" and job.status["ending"]["state"] == "CANCELLED"

@@ -124,7 +124,8 @@ def start_variant(job: Job, index: int, of: int, variant: dict, slot: int, devic
     if limits.get("max_downtime") is not None:  # never past the window's end
         left = max(0.0, limits["max_downtime"] - (time.time() - started))
         if left < seconds:
-            seconds, bound = left, "limits.max_downtime (%gs), the service's window" % limits["max_downtime"]
+            seconds, bound = left, "limits.max_downtime (%gs)" % limits["max_downtime"] + (
+                ", the service's window" if any(s.get("stopped_at") for s in services.records(job.status)) else "")
     announce(job, index, of, variant, "start", slot=slot, devices=devices)
     if staged is not None:
         proc = supervisor_stage.hand_over(job, staged)
@@ -153,9 +154,8 @@ def wait_for_ends(job: Job, flags: Flags, running: dict, more: bool = False) -> 
                 job.payload_pids.update(group_members(run.proc.pid))
             next_sample = now + 1.0
         live = more or any(run.ended is None and run.proc.poll() is None for run in running.values())
-        seen = interrupt_of(job, flags)
         if interrupt is None and live:  # it stops a run still going or what is still to start; one that exited
-            interrupt = seen  # 0 is only having its group cleaned up, no cancel's success (a failed one: below)
+            interrupt = interrupt_of(job, flags)  # 0 is only having its group cleaned up, no cancel's success
         for run in running.values():
             if run.ended is None and (interrupt or run.proc.poll() is not None or now >= run.deadline):
                 if interrupt is None and run.proc.returncode:  # a cancel's signal can reach the payload first
