@@ -176,7 +176,7 @@ def test_a_second_start_of_one_id_is_refused(target, work):
     second = run_cli(target, "submit", str(job), "--job-id", "fixed-id.1", "--json")
     assert second.returncode == 0, second.stderr.decode()
     assert json.loads(second.stdout)["already"] is True
-    time.sleep(0.5)
+    time.sleep(0.5)  # a window: a second run, wrongly started, would have counted itself by now
     assert counter.read_text() == "ran\n"
 
 
@@ -208,9 +208,10 @@ def test_status_survives_a_killed_controller(target, work):
     env = {**os.environ, **target.env}
     follower = subprocess.Popen([sys.executable, "-m", "runner", "tail", job_id, "-f", "--max-wait", "30"],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
-    time.sleep(1.0)
+    first = follower.stdout.readline()  # mid-tail: it has printed the job's first line
     follower.kill()  # the controller dies mid-tail; the job must not care
     follower.communicate()
+    assert first == b"started\n"
     final = wait_terminal(target, job_id)
     assert final["state"] == "SUCCEEDED"
     rest = run_cli(target, "tail", job_id, "--from-start")
