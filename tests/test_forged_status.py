@@ -20,7 +20,11 @@ pytestmark = pytest.mark.systemd
 FORGER = """
 import json, os, signal, sys, time
 path = os.path.join(os.environ["RUNNER_JOB_DIR"], "status.json")
-time.sleep(0.5)  # a payload that runs a while, then corrupts its records
+def recorded():  # the supervisor notes a payload it started (ledger, then status.json) just after the fork
+    return (json.load(open(path)).get("payload") or {}).get("pid") == os.getpid()
+deadline = time.time() + 30
+while not recorded() and time.time() < deadline:  # corrupt the records only once they name this payload
+    time.sleep(0.05)
 status = json.load(open(path))
 if sys.argv[1] == "garbage":
     text = "\\x00 not json {{{"
