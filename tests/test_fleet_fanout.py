@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from runner.deadline import ROUND_TRIP_ALLOWANCE_S
-from tests.cli_helpers import Target, run_cli
+from tests.cli_helpers import Target, run_cli, wait_for
 from tests.hosts._proc import shared_tmpdir
 from tests.hosts.prereqs import missing_for_sshd, require
 from tests.hosts.sshd import start_sshd
@@ -177,8 +177,8 @@ def test_a_host_that_never_answers_neither_holds_back_the_others_nor_outlives_th
     assert by_host[SILENT]["phase"] in ("pending", "skipped"), by_host
     assert done.returncode == (75 if by_host[SILENT]["phase"] == "pending" else 1), done.returncode
     assert took <= max_wait + ROUND_TRIP_ALLOWANCE_S + 10, took  # the CLI's own start-up under load
-    time.sleep(1.0)
-    assert our_ssh_clients(Path(target.env["RUNNER_SSH_CONFIG"])) == []  # its calls ended with the command
+    config = Path(target.env["RUNNER_SSH_CONFIG"])  # its calls ended with the command (1 s to see them gone)
+    wait_for(lambda: our_ssh_clients(config) == [], timeout=1.0, what="its ssh clients to end with the command")
 
 
 def test_forks_grants_in_list_order_and_gives_up_at_the_deadline():
@@ -242,7 +242,7 @@ def test_for_each_host_keeps_to_its_forks_and_each_hosts_error_is_its_own():
         with lock:
             now[0] += 1
             peak[0] = max(peak[0], now[0])
-        time.sleep(0.1)
+        time.sleep(0.1)  # a call that lasts: calls of several hosts overlap
         with lock:
             now[0] -= 1
         if entry.address == "h3":
