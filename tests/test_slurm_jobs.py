@@ -189,8 +189,13 @@ def test_slurmctld_restart_mid_job_the_job_finishes_and_status_is_right(target, 
 
     cluster.stop_slurmctld()
     try:
-        time.sleep(5.5)  # past the login node's cached view: the next status asks the dead slurmctld
-        job = status(target, job_id)
+        job = {}
+
+        def asked_the_dead_slurmctld() -> bool:  # a status past the login node's cached view of the job
+            job.update(status(target, job_id))
+            return bool(job["slurm"].get("error"))
+
+        wait_for(asked_the_dead_slurmctld, timeout=60, what="a status that asked the dead slurmctld")
         assert job["state"] == "RUNNING" and job["slurm"]["error"]
     finally:
         cluster.start_slurmctld()
