@@ -225,11 +225,12 @@ def test_link_cut_while_tail_follows_then_resumes_exactly_once(netns_host, work)
     wait_host_status(netns_host, job_id, lambda s: s.get("state") == "RUNNING", what="running")
     t0 = time.monotonic()
     follower = cli_process(target, "tail", job_id, "-f", "--max-wait", str(MAX_WAIT))
-    time.sleep(1.5)  # it is streaming
+    streamed = follower.stdout.readline()  # it is streaming: its first line has come through
     netns_host.cut()
     cut_at = time.monotonic()
     try:
-        first, err = follower.communicate(timeout=MAX_WAIT + ROUND_TRIP_ALLOWANCE_S + 30)
+        rest, err = follower.communicate(timeout=MAX_WAIT + ROUND_TRIP_ALLOWANCE_S + 30)
+        first = streamed + rest
         returned_after = time.monotonic() - t0
         time.sleep(max(0.0, cut_at + OUTAGE_S - time.monotonic()))  # the outage goes on after tail returned
     finally:
@@ -383,7 +384,8 @@ def test_controller_sigkill_mid_tail_gives_that_calls_bytes_again(netns_host, wo
         follower = cli_process(target, "tail", job_id, "-f", "--max-wait", "30", stdout=sink)
     try:
         wait_for(lambda: printed.read_bytes() == b"working\n", timeout=30, what="first part printed")
-        time.sleep(0.5)  # now inside a long poll on the host
+        polling = "logs --job-id %s --offset %d --max" % (job_id, len(b"working\n"))  # the call after it
+        wait_for(lambda: host_process(netns_host, polling), timeout=30, what="its next long poll on the host")
     finally:
         follower.kill()
         follower.communicate()
