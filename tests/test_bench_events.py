@@ -16,7 +16,7 @@ def test_a_slow_phase_gets_heartbeats_between_start_and_end():
     out = io.StringIO()
     events = Events(time.time(), out, heartbeat_s=0.1)
     with events.phase("jit", m=1):
-        time.sleep(0.55)
+        time.sleep(0.55)  # the slow phase itself: long enough for several 0.1 s heartbeats
     got = lines(out)
     assert got[0] == {"event": "phase", "phase": "jit", "status": "start", "m": 1, "t": got[0]["t"]}
     beats = [e for e in got if e["event"] == "heartbeat"]
@@ -41,7 +41,7 @@ def test_a_failing_phase_ends_with_status_error_and_stops_beating():
         with events.phase("import"):
             raise RuntimeError("boom")
     count = len(lines(out))
-    time.sleep(0.2)
+    time.sleep(0.2)  # a window of four heartbeat periods in which a beat that went on would be written
     assert len(lines(out)) == count
     assert lines(out)[-1]["status"] == "error"
 

@@ -323,7 +323,7 @@ def test_drain_waits_for_memory_then_runs(host):
     try:
         host.start("d", gpu_spec(host, "report", required=9100, drain=20))
         host.wait("d", "DRAINING")
-        time.sleep(0.6)
+        time.sleep(0.6)  # the drain must last: the holder lets go only after it (drained_after_s > 0.5)
         holder.kill()
         holder.wait()
         status = host.wait("d", "SUCCEEDED")
