@@ -225,7 +225,8 @@ def test_link_cut_while_tail_follows_then_resumes_exactly_once(netns_host, work)
     wait_host_status(netns_host, job_id, lambda s: s.get("state") == "RUNNING", what="running")
     t0 = time.monotonic()
     follower = cli_process(target, "tail", job_id, "-f", "--max-wait", str(MAX_WAIT))
-    streamed = follower.stdout.readline()  # it is streaming: its first line has come through
+    # it is streaming: its first bytes came through (read from the pipe itself: communicate reads on from there)
+    streamed = os.read(follower.stdout.fileno(), 1 << 16)
     netns_host.cut()
     cut_at = time.monotonic()
     try:
