@@ -28,6 +28,14 @@ class Target:
     ssh_host: object = None  # tests.hosts.sshd.SshHost for ssh targets: PIDs there live in its namespace
 
 
+def local_target(env: dict | None = None) -> Target:
+    """The local host (`host.address: local`) with a ROOT of its own that any local user may read."""
+    from tests.hosts._proc import shared_tmpdir
+
+    root = shared_tmpdir("runner-root-")
+    return Target("local", {"address": "local", "root": str(root)}, root, env or {})
+
+
 def run_cli(target: Target, *args: str, timeout: float = 120, env: dict | None = None) -> subprocess.CompletedProcess:
     full_env = {**os.environ, **target.env, **(env or {})}
     return subprocess.run([sys.executable, "-m", "runner", *args], capture_output=True, timeout=timeout,

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.cli_helpers import Target, job_dir, python_payload, run_cli, status, submit, wait_for, wait_terminal, \
-    write_job
+from tests.cli_helpers import Target, job_dir, local_target, python_payload, run_cli, status, submit, wait_for, \
+    wait_terminal, write_job
 from tests.hosts._proc import shared_tmpdir
 
 SLEEPER = """\
@@ -38,8 +38,7 @@ def work():
 
 @pytest.fixture
 def target():
-    root = shared_tmpdir("runner-root-")
-    return Target("local", {"address": "local", "root": str(root)}, root, {})
+    return local_target()
 
 
 def job_file(work: Path, target: Target, *, sweep: list | None, seconds: float = 0.2, mode: str = "plain",

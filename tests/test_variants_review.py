@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.cli_helpers import Target, job_dir, pid_alive, python_payload, run_cli, submit, wait_for, \
+from tests.cli_helpers import Target, local_target, job_dir, pid_alive, python_payload, run_cli, submit, wait_for, \
     wait_terminal, write_job
 from tests.hosts._proc import shared_tmpdir
 
@@ -38,8 +38,7 @@ def work():
 
 @pytest.fixture
 def target():
-    root = shared_tmpdir("runner-root-")
-    return Target("local", {"address": "local", "root": str(root)}, root, {})
+    return local_target()
 
 
 def job_file(work: Path, target: Target, mode: str, *, sweep: list | None = None, grace: str = "2s",
