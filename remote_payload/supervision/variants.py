@@ -9,8 +9,8 @@ RUNNER_GPU_SLOT, and takes the next variant when its variant ends. One slot is t
 Each variant is its own process (its own exit code; its RUNNER_RESULT is results/variant-K.json), announced
 by a `variant` event (start, end or skipped; start and end name its slot and devices) in events.jsonl and
 echoed as the same JSON line in output.log, so `runner tail` shows the boundaries and progress.py counts
-"variant k of n"; status.json's `slots` says which variant runs where now (the ledger too: a restorer kills
-each busy slot's group). A failing variant does not stop the others unless sweep.fail_fast (then no new
+"variant k of n"; side by side, status.json's `slots` says which variant runs where now (the ledger too: a
+restorer kills each busy slot's group); with one slot `payload` names the process running. A failing variant does not stop the others unless sweep.fail_fast (then no new
 variant starts; running ones finish). result.json is a sweep's combined record.
 
 The window (limits.max_downtime) counts from the first stop of the job's services (from the run's start
@@ -298,7 +298,11 @@ def run_variants(job: Job, flags: Flags, staged=None) -> None:
 
 
 def note_slots(job: Job, slots: list, running: dict) -> None:
-    """status.json's `slots`: each slot's devices and the variant on it now (its process, for a restorer)."""
+    """status.json's `slots`: each slot's devices and the variant on it now (its process, for a restorer).
+    Only side by side: with one slot `payload` already names the one process running, and status.json is
+    not written again while it runs."""
+    if len(slots) < 2:
+        return
     table = []
     for k, devices in enumerate(slots):
         run = running.get(k)
