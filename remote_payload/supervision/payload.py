@@ -28,6 +28,15 @@ def check_interrupt(job: Job, flags: Flags) -> None:
         raise Interrupted("CANCELLED", "cancelled on request")
 
 
+def interrupt_of(job: Job, flags: Flags):
+    """(state, message) of a cancel or a signal to the supervisor (check_interrupt's), or None."""
+    try:
+        check_interrupt(job, flags)
+    except Interrupted as stop:
+        return stop.state, str(stop)
+    return None
+
+
 def payload_argv(spec: dict) -> list:
     payload = spec["payload"]
     if payload["command"] is not None:
@@ -91,10 +100,9 @@ def watch_payload(job: Job, proc: subprocess.Popen, flags: Flags, limit: str = "
         if time.monotonic() >= next_sample:  # remember the group's pids: they may hold GPU memory later
             job.payload_pids.update(group_members(proc.pid))
             next_sample = time.monotonic() + 1.0
-        try:
-            check_interrupt(job, flags)
-        except Interrupted as stop:
-            return stop.state, str(stop)
+        stop = interrupt_of(job, flags)
+        if stop:
+            return stop
         if time.monotonic() >= deadline:
             return "TIMED_OUT", "the %s ran past limits.%s (%gs)" % (
                 "payload" if limit == "max_runtime" else "prepare step", limit, seconds)

@@ -19,7 +19,7 @@ import subprocess
 import time
 
 from ..host.primitives import KILL_CONFIRM_S, POLL_S, kill_group
-from .payload import check_interrupt, launch_payload, record_exit
+from .payload import check_interrupt, interrupt_of, launch_payload, record_exit
 from .record import Interrupted
 
 GO = b"go\n"
@@ -62,10 +62,9 @@ def wait_staged(job, proc: subprocess.Popen, flags, log: "LogLines"):
             return "FAILED", "the payload exited with %s while staged (before it was handed the GPU)" % how
         if staged:
             return None
-        try:
-            check_interrupt(job, flags)
-        except Interrupted as stop:
-            return stop.state, str(stop)
+        stop = interrupt_of(job, flags)
+        if stop:
+            return stop
         if time.monotonic() >= deadline:
             return "TIMED_OUT", "the payload did not print its staged line within limits.stage_timeout (%gs)" % bound
         time.sleep(POLL_S)

@@ -10,8 +10,9 @@ Each variant is its own process (its own exit code; its RUNNER_RESULT is results
 by a `variant` event (start, end or skipped; start and end name its slot and devices) in events.jsonl and
 echoed as the same JSON line in output.log, so `runner tail` shows the boundaries and progress.py counts
 "variant k of n"; side by side, status.json's `slots` says which variant runs where now (the ledger too: a
-restorer kills each busy slot's group); with one slot `payload` names the process running. A failing variant does not stop the others unless sweep.fail_fast (then no new
-variant starts; running ones finish). result.json is a sweep's combined record.
+restorer kills each busy slot's group); with one slot `payload` names the process running. A failing
+variant does not stop the others unless sweep.fail_fast (then no new variant starts; running ones finish).
+result.json is a sweep's combined record.
 
 The window (limits.max_downtime) counts from the first stop of the job's services (from the run's start
 when it stopped none). Every variant ends by the window's end; a variant starts only if it could end
@@ -36,7 +37,7 @@ import time
 
 from .files import append_line, read_json, write_json_atomic
 from ..host.primitives import KILL_CONFIRM_S, POLL_S, group_members
-from .payload import check_interrupt, launch_payload, record_exit
+from .payload import interrupt_of, launch_payload, record_exit
 from .record import Flags, Interrupted, Job
 from ..sweep import job_variants, label
 from . import ledger, services, stage as supervisor_stage
@@ -61,25 +62,16 @@ def result_path(job: Job, index: int) -> str:
     return job.paths.result if plain(job) else os.path.join(job.paths.dir, "results", "variant-%d.json" % index)
 
 
-def window_start(job: Job) -> float:
-    """When the window opened: the first stop of the job's services, or now when it stopped none."""
+def window_start(job: Job) -> tuple:
+    """(when the window opened, whether a stop opened it): the first stop of the job's services, else now."""
     stops = [s["stopped_at"] for s in services.records(job.status) if s.get("stopped_at")]
-    return min(stops) if stops else time.time()
+    return (min(stops), True) if stops else (time.time(), False)
 
 
 def decide_ending(job: Job, state: str, message: str) -> None:
     """The job's end, recorded once (the first decision stands) before any of its processes is stopped."""
     if not job.status.get("ending"):
         job.set_state("TERMINATING", message, ending={"state": state, "message": message, "at": time.time()})
-
-
-def interrupt_of(job: Job, flags: Flags):
-    """(state, message) of a cancel or a signal to the supervisor, or None."""
-    try:
-        check_interrupt(job, flags)
-    except Interrupted as stop:
-        return stop.state, str(stop)
-    return None
 
 
 def skip_reason(job: Job, started: float, longest) -> str | None:
@@ -114,18 +106,18 @@ class Run:
         self.term_at = self.kill_at = None
 
 
-def start_variant(job: Job, index: int, of: int, variant: dict, slot: int, devices: list, started: float,
+def start_variant(job: Job, index: int, of: int, variant: dict, slot: int, devices: list, window: tuple,
                   staged=None) -> Run:
     """The variant launched on its slot's devices (staged: the staged payload's process, handed the GPU
-    here), bounded by max_runtime and never past the window's end."""
+    here), bounded by max_runtime and never past the window's end (window: window_start's)."""
     payload, limits = job.spec["payload"], job.spec["limits"]
     result = result_path(job, index)
     seconds, bound = limits["max_runtime"], "limits.max_runtime (%gs)" % limits["max_runtime"]
     if limits.get("max_downtime") is not None:  # never past the window's end
-        left = max(0.0, limits["max_downtime"] - (time.time() - started))
+        left = max(0.0, limits["max_downtime"] - (time.time() - window[0]))
         if left < seconds:
             seconds, bound = left, "limits.max_downtime (%gs)" % limits["max_downtime"] + (
-                ", the service's window" if any(s.get("stopped_at") for s in services.records(job.status)) else "")
+                ", the service's window" if window[1] else "")
     announce(job, index, of, variant, "start", slot=slot, devices=devices)
     if staged is not None:
         proc = supervisor_stage.hand_over(job, staged)
@@ -260,7 +252,7 @@ def run_variants(job: Job, flags: Flags, staged=None) -> None:
     variants = job_variants(job.spec)
     n = len(variants)
     slots = (job.spec.get("sweep") or {}).get("slots") or [job.spec["gpu"]["devices"]]
-    started = window_start(job)
+    window = window_start(job)
     if not plain(job):
         os.makedirs(os.path.join(job.paths.dir, "results"), exist_ok=True)
     records, pending, running = {}, list(enumerate(variants, 1)), {}
@@ -274,13 +266,13 @@ def run_variants(job: Job, flags: Flags, staged=None) -> None:
         for slot in [k for k in range(len(slots)) if k not in running]:
             while pending and slot not in running:
                 index, variant = pending.pop(0)
-                reason = halt or skip_reason(job, started, longest)
+                reason = halt or skip_reason(job, window[0], longest)
                 if reason:
                     announce(job, index, n, variant, "skipped", reason=reason)
                     records[index] = {"index": index, "args": variant["args"], "status": "skipped", "exit_code": None,
                                       "seconds": None, "reason": reason, "result": None}
                 else:  # noted at once: status.json's payload names only the process launched last
-                    running[slot] = start_variant(job, index, n, variant, slot, slots[slot], started,
+                    running[slot] = start_variant(job, index, n, variant, slot, slots[slot], window,
                                                   staged if index == 1 else None)
                     note_slots(job, slots, running)
         if not running:

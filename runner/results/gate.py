@@ -60,14 +60,17 @@ def label(name: str) -> str:
 WINDOW_PARTS = ("not_serving_s", "release_s", "drain_s", "payload_s", "resume_s", "health_s")
 
 
+def finite_number(value) -> bool:
+    """A JSON number that is a number (not a boolean, not NaN or infinite)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def window_metrics(window) -> dict[str, Metric]:
     """The service window's parts (status.json `service.downtime`) as metrics, lower is better; a part that is
     not a finite number is left out (status.json is the payload's to overwrite)."""
     if not isinstance(window, dict):
         return {}
-    return {name: Metric(float(window[name]), "lower") for name in WINDOW_PARTS
-            if isinstance(window.get(name), (int, float)) and not isinstance(window[name], bool)
-            and math.isfinite(window[name])}
+    return {name: Metric(float(window[name]), "lower") for name in WINDOW_PARTS if finite_number(window.get(name))}
 
 
 def extract_metrics(result) -> dict[str, Metric]:

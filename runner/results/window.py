@@ -11,9 +11,7 @@ Pure: status dicts in, plain dicts out (status.json is the payload's to overwrit
 """
 from __future__ import annotations
 
-import math
-
-PARTS = ("not_serving_s", "release_s", "drain_s", "payload_s", "resume_s", "health_s")
+from .gate import WINDOW_PARTS, finite_number
 
 
 def job_window(job) -> dict | None:
@@ -38,7 +36,7 @@ def freed_windows(job) -> list[tuple[str | None, dict]]:
 def combined(freed: list[tuple[str | None, dict]]) -> dict:
     windows = [window for _unit, window in freed]
     methods = list(dict.fromkeys(str(w.get("method")) for w in windows))
-    return {"method": "+".join(methods), **{part: _longest([w.get(part) for w in windows]) for part in PARTS},
+    return {"method": "+".join(methods), **{part: _longest([w.get(part) for w in windows]) for part in WINDOW_PARTS},
             "units": [unit for unit, _window in freed],
             "services": [{"unit": unit, **window} for unit, window in freed]}
 
@@ -53,5 +51,5 @@ def _records(job) -> list[dict]:
 
 
 def _longest(values: list) -> float | None:
-    known = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)]
+    known = [v for v in values if finite_number(v)]
     return max(known) if known and len(known) == len(values) else None
