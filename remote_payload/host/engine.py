@@ -22,6 +22,7 @@ host/primitives.py (`Fail`, the unit's health wait for the restart that backs a 
 """
 from __future__ import annotations
 
+import io
 import json
 import time
 
@@ -30,7 +31,8 @@ from .primitives import Fail, wait_healthy
 FREE_METHODS = ("stop", "sglang", "vllm")  # service.free; stop: systemctl stop / start
 PAUSE_MODES = ("abort", "retract")  # in_place keeps requests in the running batch: a release then aborts SGLang
 KV_CACHE, WEIGHTS = "kv_cache", "weights"
-CALL_TIMEOUT_S = 30.0     # one HTTP call at most (a weights release copies them to host memory: ~0.5 s/GB)
+MAX_BODY_BYTES = 1 << 20  # the routes answer a few KB
+READ_CHUNK = 1 << 16
 PROBE_S = 5.0             # the preflight's question to the engine
 SETTLE_S = 2.0            # after a release, how long nvidia-smi may lag before the memory counts as still held
 POLL_S = 0.2
@@ -48,35 +50,123 @@ class Unsupported(EngineError):
 
 
 # ── HTTP ──────────────────────────────────────────────────────────────────────────────────────────────
+# The engine's answers are input from another process: any way it can fail to answer well (refused, reset,
+# cut short, trickled, oversized, redirected, malformed) is an EngineError, and the caller restarts the unit.
 
 def call(method: str, url: str, deadline: float, body=None):
-    """(status, parsed JSON or text) of one request; an engine that does not answer is an EngineError.
-    Proxies from the environment are ignored: the API is the host's own."""
-    import urllib.error  # here, not at the top: most of the supervisor's runs never call an engine
-    import urllib.request
+    """(status, answer) of one request: a 2xx answer's parsed JSON (None when empty; anything else is an
+    EngineError), another status's body as JSON or text (for messages)."""
+    status, raw = exchange(method, url, deadline, body)
+    if 200 <= status < 300:
+        return status, parse_body(raw, "%s %s" % (method, url))
+    try:
+        return status, parse_body(raw, url)
+    except EngineError:
+        return status, raw.decode("utf-8", "replace").strip()[-300:]
 
+
+def exchange(method: str, url: str, deadline: float, body=None) -> tuple:
+    """(status, raw body) of one request over http.client, which follows no redirect (a 3xx is an
+    EngineError here: a release answered by whatever the Location names is no release). The whole call
+    (connect, send, status line, headers, body) ends by the deadline, however slowly the engine writes;
+    a body over MAX_BODY_BYTES is refused. Proxies from the environment are never used."""
+    import http.client  # here, not at the top: most of the supervisor's runs never call an engine
+    from urllib.parse import urlsplit
+
+    what = "%s %s" % (method, url)
+    try:
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise EngineError("%s: not an http(s) URL" % what)
+        kind = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+        connection = kind(parts.hostname, parts.port, timeout=time_left(deadline, what))
+        try:
+            connection.connect()
+            connection.sock = DeadlineSocket(connection.sock, deadline, what)
+            data = None if body is None else json.dumps(body).encode("utf-8")
+            headers = {"Content-Type": "application/json"} if data is not None else {}
+            connection.request(method, (parts.path or "/") + ("?" + parts.query if parts.query else ""),
+                               body=data, headers=dict(headers, Connection="close"))
+            answer = connection.getresponse()
+            if 300 <= answer.status < 400:
+                raise EngineError("%s answered %d (a redirect to %r): not followed" % (
+                    what, answer.status, (answer.getheader("Location") or "")[:200]))
+            return answer.status, read_capped(answer, what)
+        finally:
+            connection.close()
+    except EngineError:
+        raise
+    except Exception as exc:  # the boundary: http.client's errors, OSError, a bad port, a decoder's
+        raise EngineError("%s did not answer well: %s: %s" % (what, type(exc).__name__, str(exc)[:200])) from exc
+
+
+def time_left(deadline: float, what: str) -> float:
     left = deadline - time.monotonic()
     if left <= 0:
-        raise EngineError("%s %s: no time left before the deadline" % (method, url))
-    data = None if body is None else json.dumps(body).encode("utf-8")
-    request = urllib.request.Request(url, data=data, method=method,
-                                     headers={"Content-Type": "application/json"} if data is not None else {})
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    try:
-        with opener.open(request, timeout=max(0.1, min(CALL_TIMEOUT_S, left))) as answer:
-            return answer.status, parse_body(answer.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, parse_body(exc.read())
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        raise EngineError("%s %s did not answer: %s" % (method, url, getattr(exc, "reason", exc)))
+        raise EngineError("%s: no time left before the deadline" % what)
+    return left
 
 
-def parse_body(raw: bytes):
+class DeadlineSocket:
+    """The connection's socket with every read and write bounded by what is left of the whole call (a
+    socket timeout alone bounds one read: a body trickled a byte at a time would never end)."""
+
+    def __init__(self, sock, deadline: float, what: str) -> None:
+        self.sock, self.deadline, self.what = sock, deadline, what
+
+    def sendall(self, data) -> None:
+        self.sock.settimeout(time_left(self.deadline, self.what))
+        self.sock.sendall(data)
+
+    def recv_into(self, buffer, nbytes: int = 0) -> int:
+        self.sock.settimeout(time_left(self.deadline, self.what))
+        return self.sock.recv_into(buffer, nbytes)
+
+    def makefile(self, mode: str):
+        return io.BufferedReader(SocketReader(self))
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+class SocketReader(io.RawIOBase):
+    """A raw binary stream over a DeadlineSocket: what http.client reads the status, headers and body from."""
+
+    def __init__(self, sock: DeadlineSocket) -> None:
+        super().__init__()
+        self.sock = sock
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        return self.sock.recv_into(buffer)
+
+
+def read_capped(answer, what: str) -> bytes:
+    """The whole body (by its Content-Length, chunks or the close), at most MAX_BODY_BYTES."""
+    chunks, size = [], 0
+    while True:
+        chunk = answer.read(READ_CHUNK)
+        if not chunk and answer.length:  # http.client returns what came before the close; it was cut short
+            raise EngineError("%s: the answer was cut short (%d bytes of it missing)" % (what, answer.length))
+        if not chunk:
+            return b"".join(chunks)
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise EngineError("%s: the answer is over %d bytes (the routes answer a few KB)" % (what, MAX_BODY_BYTES))
+        chunks.append(chunk)
+
+
+def parse_body(raw: bytes, what: str):
+    """The answer's JSON, None when empty; what is not JSON (or nests too deep to read) is an EngineError."""
     text = raw.decode("utf-8", "replace")
+    if not text.strip():
+        return None
     try:
-        return json.loads(text) if text.strip() else None
-    except ValueError:
-        return text.strip()[-300:]
+        return json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise EngineError("%s answered what is not JSON (%s): %r" % (what, type(exc).__name__, text[:80]))
 
 
 def expect_ok(method: str, url: str, deadline: float, body=None):
@@ -270,7 +360,7 @@ def resume(record: dict, deadline: float, health_url=None) -> dict:
         wake_vllm(record, deadline)
         health = health_url or record["api_url"] + "/health"
     resumed = time.monotonic()
-    wait_for(lambda: call("GET", health, deadline)[0] == 200, deadline, "%s to answer 200" % health)
+    wait_for(lambda: exchange("GET", health, deadline)[0] == 200, deadline, "%s to answer 200" % health)
     return {"resume_s": round(resumed - began, 3), "health_s": round(time.monotonic() - resumed, 3)}
 
 
@@ -315,13 +405,15 @@ def restore_released(job, deadline: float) -> tuple:
     try:
         timings = resume(record, time.monotonic() + (deadline - time.monotonic()) / 2,
                          job.spec["service"].get("health_url"))
-        job.save(service=dict(job.status["service"], resumed=dict(timings, how="api")))
+    except Exception as exc:  # an EngineError, or a record it could not act on: the restart brings it back anyway
+        job.note_restore("the %s API did not bring %s back (%s): restarting the unit" % (
+            record.get("engine"), unit, exc if isinstance(exc, EngineError) else "%s: %s" % (type(exc).__name__, exc)))
+        return restart_unit(job, unit, deadline)
+    job.save(service=dict(job.status["service"], resumed=dict(timings, how="api")))
+    try:
         return True, job.ctl.is_active(unit)
-    except EngineError as exc:
-        job.note_restore("the %s API did not bring %s back (%s): restarting the unit" % (record["engine"], unit, exc))
     except Fail as exc:  # resumed, but systemctl could not say how the unit is
         return True, "unknown (%s)" % exc
-    return restart_unit(job, unit, deadline)
 
 
 def restart_unit(job, unit: str, deadline: float) -> tuple:

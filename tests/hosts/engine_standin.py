@@ -15,8 +15,11 @@ bodies and status codes as the engines' sources have them:
   --sleep-mode a sleep answers 500; GET /health.
 GPU memory is "held" per tag (weights, kv_cache, plus --context-mib) in `<gpu dir>/apps/<pid>`, which the
 nvidia-smi stand-in reads. Every request is appended to --calls (JSON lines) so tests can check the order.
---hang ROUTE makes that route accept and never answer (an API that does not answer). GET /standin_state
-tells a test the state. SIGTERM frees the memory and exits 0. Stdlib only.
+--hang ROUTE makes that route accept and never answer (an API that does not answer). --misbehave ROUTE=KIND
+makes that route (any path, known or not) answer badly at the HTTP level (MISBEHAVIOURS: a body cut short, a
+trickle, a 1 GiB body, a redirect, too many headers, a bad status line, an endless header line, a reset, a
+200 with a body that is not JSON); the route's own effect is not applied. GET /standin_state tells a test
+the state. SIGTERM frees the memory and exits 0. Stdlib only.
 """
 
 import argparse
@@ -24,6 +27,8 @@ import http.server
 import json
 import os
 import signal
+import socket
+import struct
 import sys
 import threading
 import time
@@ -47,6 +52,8 @@ def parse_args(argv):
     parser.add_argument("--sleep-mode", action="store_true", help="vllm --enable-sleep-mode")
     parser.add_argument("--ready-delay", type=float, default=0.5)
     parser.add_argument("--hang", action="append", default=[], help="a route that never answers")
+    parser.add_argument("--misbehave", action="append", default=[], metavar="ROUTE=KIND[:ARG]",
+                        help="answer ROUTE badly: " + ", ".join(MISBEHAVIOURS) + " (redirect:URL)")
     parser.add_argument("--calls", default=None, help="append each request here (JSON lines)")
     parser.add_argument("--gpu-dir", default=os.environ.get("RUNNER_FAKE_GPU_DIR") or "/run/runner-fake-gpu")
     return parser.parse_args(argv)
@@ -146,6 +153,11 @@ def handler(engine: Engine):
             if url.path in args.hang:
                 time.sleep(3600)
                 return
+            kind = misbehaviour_of(args.misbehave, url.path)
+            if kind:
+                misbehave(self, *kind)
+                self.close_connection = True
+                return
             route = (SGLANG if args.engine == "sglang" else VLLM).get((method, url.path))
             if route is None:
                 self.answer(404, {"detail": "Not Found"})
@@ -169,6 +181,85 @@ def handler(engine: Engine):
             self.wfile.write(data)
 
     return Handler
+
+
+# ── answers that break HTTP: what a broken or hostile engine (or whatever holds its port) may send ──────────
+
+CUT_LENGTH = 1000
+HUGE_BYTES = 1 << 30
+HEADER_FLOOD = 150   # http.client refuses more than 100
+LONG_LINE = 70000    # http.client refuses a line over 65536
+
+
+def misbehaviour_of(rules, path):
+    """(kind, arg) for path from --misbehave ROUTE=KIND[:ARG] rules, or None."""
+    for rule in rules:
+        route, _, kind = rule.partition("=")
+        if route == path:
+            name, _, arg = kind.partition(":")
+            return name, arg
+    return None
+
+
+def misbehave(request, kind, arg):
+    out = request.wfile
+    try:
+        MISBEHAVIOURS[kind](request, out, arg)
+        out.flush()
+    except OSError:
+        pass  # the client gave up: that is what a bounded client does
+
+
+def cut_short(request, out, arg):
+    # 6 bytes that parse as SGLang's own answer to a release (JSON null), then the connection closes
+    out.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\nnull  " % CUT_LENGTH)
+
+
+def trickle(request, out, arg):
+    out.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % CUT_LENGTH)
+    for _ in range(CUT_LENGTH):
+        out.write(b" ")
+        out.flush()
+        time.sleep(1.0)
+
+
+def huge(request, out, arg):
+    out.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % HUGE_BYTES)
+    block = b" " * (1 << 16)
+    for _ in range(HUGE_BYTES // len(block)):
+        out.write(block)
+
+
+def redirect(request, out, arg):
+    out.write(b"HTTP/1.1 302 Found\r\nLocation: %s\r\nContent-Length: 0\r\n\r\n" % arg.encode())
+
+
+def header_flood(request, out, arg):
+    out.write(b"HTTP/1.1 200 OK\r\n" + b"".join(b"X-Standin-%d: x\r\n" % n for n in range(HEADER_FLOOD))
+              + b"Content-Length: 2\r\n\r\n{}")
+
+
+def bad_status_line(request, out, arg):
+    out.write(b"SGLANG IS FINE\r\nContent-Length: 2\r\n\r\n{}")
+
+
+def long_header_line(request, out, arg):
+    out.write(b"HTTP/1.1 200 OK\r\nX-Standin: " + b"x" * LONG_LINE + b"\r\nContent-Length: 2\r\n\r\n{}")
+
+
+def reset(request, out, arg):
+    # SO_LINGER 0: close() sends RST instead of FIN
+    request.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    request.connection.close()
+
+
+def not_json(request, out, arg):
+    out.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 9\r\n\r\n{not json")
+
+
+MISBEHAVIOURS = {"cut-short": cut_short, "trickle": trickle, "huge": huge, "redirect": redirect,
+                 "header-flood": header_flood, "bad-status-line": bad_status_line,
+                 "long-header-line": long_header_line, "reset": reset, "not-json": not_json}
 
 
 # ── the routes: (engine, JSON body, query) → (status, JSON content, or Ellipsis for an empty body) ────────
