@@ -49,7 +49,8 @@ from .host.primitives import GPU_QUERY, HERE, KILL_CONFIRM_S, POLL_S, RUN_SUPERV
 from .supervision.job import supervise
 from .supervision.record import Flags, Job
 from .supervision.start import answer_start, claim_job_dir, daemonize_exec, launch_detached, ready_lock, send_ready
-from .supervision.settle import hard_deadline, restore_unit, settle_as_restorer, start_guard, with_restore_lock
+from .supervision.settle import hard_deadline, restore_unit, settle_as_restorer, start_guard, \
+    take_over_hung_restorer, with_restore_lock
 from .supervision.spec import check_health_url, check_job_id, check_root, check_root_safe, check_unit, read_spec_stdin
 from .host import engine as supervisor_engine
 from .supervision import ledger, unit as supervisor_unit
@@ -320,6 +321,8 @@ def cmd_restore(args) -> dict:
         return dict(answer, state=job.status["state"], **service_parts(job.status), already=True)
     if is_slurm_job(paths):  # no service, and its processes live on a compute node, not here
         return dict(answer, state=job.status["state"], **service_parts(job.status), already=True)
+    if take_over_hung_restorer(job):  # a restorer (the guard too) past its bound: never deferred to forever
+        job = trust.load_for_restore(paths)
     if is_alive(job.status.get("supervisor")) or is_alive(job.status.get("guard")):
         return dict(answer, state=job.status["state"], **service_parts(job.status), deferred=True,
                     message="the job's supervisor (or guard) is alive and restores the service itself")
@@ -409,7 +412,9 @@ def restore_released_by_job(root: str, unit: str):
         done = cmd_restore(argparse.Namespace(root=root, job_id=entry["job_id"], unit=unit))
     except Fail as exc:
         return {"job_id": entry["job_id"], "deferred": False, "error": str(exc)}
-    return {"job_id": entry["job_id"], "deferred": bool(done.get("deferred")), "message": done.get("message")}
+    # another restorer at work (within its bound) has not resumed it yet either
+    deferred = bool(done.get("deferred") or done.get("in_progress"))
+    return {"job_id": entry["job_id"], "deferred": deferred, "message": done.get("message")}
 
 
 def cmd_result(args) -> dict:

@@ -119,8 +119,9 @@ def test_systemctl_argv_for_scope_and_sudo():
 
 
 def test_guard_timer_argv():
-    argv = host.Systemd("user").timer_argv("runner-guard-j1", 1990.5, ["/py", "/s.py", "restore"])
-    assert argv == ["systemd-run", "--user", "--on-active=1990s", "--timer-property=AccuracySec=1s", "--unit=runner-guard-j1", "/py", "/s.py", "restore"]
+    argv = host.Systemd("user").timer_argv("runner-guard-j1", 1990.5, ["/py", "/s.py", "restore"], 302.0)
+    assert argv == ["systemd-run", "--user", "--on-active=1990s", "--timer-property=AccuracySec=1s",
+                    "--property=RuntimeMaxSec=302", "--unit=runner-guard-j1", "/py", "/s.py", "restore"]
     assert settle.timer_unit("a.b_c-1") == "runner-guard-a.b_c-1"
 
 

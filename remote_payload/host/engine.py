@@ -31,6 +31,7 @@ from .primitives import Fail, wait_healthy
 FREE_METHODS = ("stop", "sglang", "vllm")  # service.free; stop: systemctl stop / start
 PAUSE_MODES = ("abort", "retract")  # in_place keeps requests in the running batch: a release then aborts SGLang
 KV_CACHE, WEIGHTS = "kv_cache", "weights"
+CALL_TIMEOUT_S = 30.0     # the probe before a release (its deadline; each call's is the caller's)
 MAX_BODY_BYTES = 1 << 20  # the routes answer a few KB
 READ_CHUNK = 1 << 16
 PROBE_S = 5.0             # the preflight's question to the engine
@@ -402,13 +403,14 @@ def restore_released(job, deadline: float) -> tuple:
     service = job.status["service"]
     unit, record = service["unit"], service["released"]
     job.note_restore("resuming %s: %s" % (unit, describe(record)))
+    began = time.monotonic()
     try:
         timings = resume(record, time.monotonic() + (deadline - time.monotonic()) / 2,
                          job.spec["service"].get("health_url"))
     except Exception as exc:  # an EngineError, or a record it could not act on: the restart brings it back anyway
         job.note_restore("the %s API did not bring %s back (%s): restarting the unit" % (
             record.get("engine"), unit, exc if isinstance(exc, EngineError) else "%s: %s" % (type(exc).__name__, exc)))
-        return restart_unit(job, unit, deadline)
+        return restart_unit(job, unit, deadline, began)
     job.save(service=dict(job.status["service"], resumed=dict(timings, how="api")))
     try:
         return True, job.ctl.is_active(unit)
@@ -416,8 +418,8 @@ def restore_released(job, deadline: float) -> tuple:
         return True, "unknown (%s)" % exc
 
 
-def restart_unit(job, unit: str, deadline: float) -> tuple:
-    began = time.monotonic()
+def restart_unit(job, unit: str, deadline: float, began: float) -> tuple:
+    """`systemctl restart` and the health wait; resume_s counts from `began` (the API's failed attempt too)."""
     try:
         job.ctl.change("restart", unit, timeout=max(0.5, deadline - time.monotonic()))
         restarted = time.monotonic()

@@ -275,10 +275,11 @@ class Systemd:
             raise Fail("internal", "systemctl %s %s failed (exit %d): %s" % (
                 verb, unit, done.returncode, done.stderr.decode("utf-8", "replace").strip()[-500:]))
 
-    def timer_argv(self, unit: str, seconds: float, command: list) -> list:
-        # AccuracySec: systemd otherwise may fire a timer up to a minute late.
+    def timer_argv(self, unit: str, seconds: float, command: list, run_max: float) -> list:
+        # AccuracySec: systemd otherwise may fire a timer up to a minute late. RuntimeMaxSec: the command it
+        # runs is killed after run_max (a transient service runs without a bound otherwise).
         return self.argv("systemd-run", "--on-active=%ds" % int(seconds), "--timer-property=AccuracySec=1s",
-                         "--unit=" + unit, *command)
+                         "--property=RuntimeMaxSec=%d" % int(run_max), "--unit=" + unit, *command)
 
     def log_tail(self, unit: str, lines: int = 20) -> str:
         """The unit's last log lines; without a journal, say so and show `systemctl status` instead."""

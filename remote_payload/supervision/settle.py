@@ -13,16 +13,18 @@ budget rooms.
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import re
+import signal
 import sys
 import time
 
 from ..contract import RUNNING_SERVICE_STATES, TERMINAL
 from .budget import recorded
 from .files import JobPaths, Locks
-from ..host.primitives import RUN_SUPERVISOR, Fail, group_is_ours, group_members, health_ok, identity, kill_group, \
-    query_apps, run_command, start_unit, wait_healthy
+from ..host.primitives import KILL_CONFIRM_S, RUN_SUPERVISOR, Fail, group_is_ours, group_members, health_ok, \
+    identity, is_alive, kill_group, query_apps, run_command, start_unit, wait_healthy
 from .record import Job
 from ..host import engine
 from . import ledger, services
@@ -38,13 +40,16 @@ def timer_unit(job_id: str) -> str:
 
 def start_guard_timer(job: Job, bound: str = "guard_timer_s") -> None:
     """Last line of defence when even the guard dies: systemd runs `restore` after the longest job could take
-    (the budget's `bound`). It fires once; a `restore` that finds the supervisor or guard alive does nothing."""
+    (the budget's `bound`), and kills it if it runs longer than ExecStopPost='s `restore` may (timeout_stop_s).
+    It fires once; a `restore` that finds the supervisor or guard alive does nothing."""
     if job.status.get("timer"):  # one per job, however many of its services it stops
         return
-    seconds = recorded(job.spec, job.status)[bound]
+    bounds = recorded(job.spec, job.status)
+    seconds = bounds[bound]
     command = RUN_SUPERVISOR + ["restore", "--job-id", job.paths.job_id, "--root", job.paths.root]
     try:
-        done = run_command(job.ctl.timer_argv(timer_unit(job.paths.job_id), seconds, command))
+        done = run_command(job.ctl.timer_argv(timer_unit(job.paths.job_id), seconds, command,
+                                              bounds["timeout_stop_s"]))
         ok, detail = done.returncode == 0, done.stderr.decode("utf-8", "replace").strip()[-300:]
     except Fail as exc:
         ok, detail = False, str(exc)
@@ -352,7 +357,9 @@ def settle_as_restorer(job: Job, message: str) -> None:
 
 
 def with_restore_lock(job: Job, action) -> bool:
-    """Run action under the job's restore lock; False when another restorer holds it."""
+    """Run action under the job's restore lock; False when another restorer holds it. The holder writes who it
+    is and until when its restore may run (timeout_stop_s, ExecStopPost='s bound), so a later restorer can take
+    over from one that hangs past it (take_over_hung_restorer)."""
     fd = os.open(job.paths.restore_lock, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -360,7 +367,48 @@ def with_restore_lock(job: Job, action) -> bool:
         os.close(fd)
         return False
     try:
+        until = time.time() + recorded(job.spec, job.status)["timeout_stop_s"]
+        os.ftruncate(fd, 0)
+        os.write(fd, json.dumps(dict(identity(os.getpid()), until=until)).encode())
         action()
         return True
     finally:
         os.close(fd)
+
+
+def take_over_hung_restorer(job: Job) -> bool:
+    """SIGKILL the restorer that holds the job's restore lock past its bound (hung); True once it is gone. Its
+    record is believed only for a process the kernel shows holding that very lock (/proc/locks)."""
+    try:
+        with open(job.paths.restore_lock) as fh:
+            holder = json.loads(fh.read() or "{}")
+        inode = os.stat(job.paths.restore_lock).st_ino
+    except (OSError, ValueError):
+        return False
+    until = holder.get("until") if isinstance(holder, dict) else None
+    if not isinstance(until, (int, float)) or time.time() <= until or not is_alive(holder) \
+            or int(holder["pid"]) not in flock_holders(inode):
+        return False
+    try:
+        os.kill(int(holder["pid"]), signal.SIGKILL)
+    except OSError:
+        return False  # another user's (root's guard timer): not ours to end
+    job.note_restore("restorer pid %d held the restore lock past its bound (hung): killed, taken over"
+                     % int(holder["pid"]))
+    deadline = time.monotonic() + KILL_CONFIRM_S
+    while is_alive(holder) and time.monotonic() < deadline:
+        time.sleep(GPU_POLL_S)
+    return not is_alive(holder)
+
+
+def flock_holders(inode: int) -> set:
+    """The pids /proc/locks shows holding (not waiting for) a flock on the file with this inode."""
+    pids = set()
+    try:
+        with open("/proc/locks") as fh:
+            for fields in (line.split() for line in fh):
+                if len(fields) > 5 and fields[1] == "FLOCK" and fields[5].rsplit(":", 1)[-1] == str(inode):
+                    pids.add(int(fields[4]))
+    except (OSError, ValueError):
+        pass
+    return pids

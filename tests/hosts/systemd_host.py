@@ -15,6 +15,7 @@ host because the manager is root's; the two non-root logins are created for the 
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import re
@@ -66,6 +67,17 @@ class ServiceHost(sshd.SshHost):
     def nosudo_user(self) -> str:
         """A non-root login without a sudo rule ("sudo: a password is required")."""
         return self.logins[1]
+
+    @contextlib.contextmanager
+    def sudo_rule(self, rule: str):
+        """`sudo_user`'s sudoers rule is `rule` (checked by visudo) inside the block, then the broad one again."""
+        path = self.workdir / "sudoers.d" / "runner-test"
+        path.write_text(rule)
+        try:
+            subprocess.run(["visudo", "-cqf", str(path)], check=True, capture_output=True)
+            yield
+        finally:
+            path.write_text(SUDO_RULE.format(user=self.sudo_user))
 
     def systemctl(self, *args: str, timeout: float = 30) -> subprocess.CompletedProcess:
         return self.ssh(["systemctl", *args], timeout=timeout)
