@@ -327,12 +327,13 @@ def test_the_readme_rule_lets_the_engine_fallback_restart_the_unit(service_host,
 
 @pytest.mark.systemd
 def test_the_readme_rule_starts_several_services_at_once(service_host, sudo_remote):
-    services = [dict(s, sudo=True) for s in two_services(service_host)]
+    services = [dict(s, sudo=True, health_timeout=30) for s in two_services(service_host)]  # the host spec: seconds
     spec = sudo_remote.spec("always", "sleep", "0.5", "0", required=1000)
     del spec["service"]
     spec.update(services=services, gpu=dict(spec["gpu"], devices=["1", "2"]))
     with service_host.sudo_rule(readme_rule(service_host.sudo_user, [s["unit"] for s in services])):
-        assert sudo_remote.call("start", "--job-id", "m", spec=spec)["ok"]
+        answer = sudo_remote.call("start", "--job-id", "m", spec=spec)
+        assert answer["ok"], answer
         job = sudo_remote.wait("m", "SUCCEEDED", "FAILED")
     assert "password" not in restore_log(sudo_remote, "m"), restore_log(sudo_remote, "m")
     assert job["state"] == "SUCCEEDED", job
