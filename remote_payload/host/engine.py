@@ -17,7 +17,8 @@ An SGLang engine that gets a release while it is generating aborts its whole ser
 is always paused first. SGLang without --enable-memory-saver answers every release with 200 and frees
 nothing (its memory saver is a no-op then): only /get_server_info tells, so `probe` reads it. Weights
 released without --enable-weights-cpu-backup come back as uninitialised memory; they are never released
-then. Every HTTP call is bounded by the caller's deadline (time.monotonic()). Stdlib only; imports
+then. Every HTTP call is bounded as a whole by the caller's deadline (time.monotonic()), its body capped,
+no redirect followed; any failure of it is an EngineError (the caller restarts the unit). Stdlib only; imports
 host/primitives.py (`Fail`, the unit's health wait for the restart that backs a failed resume).
 """
 from __future__ import annotations
