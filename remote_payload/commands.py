@@ -37,13 +37,12 @@ import os
 import select
 import shutil
 import signal
-import stat
 import sys
 import time
 
 from .contract import DEFAULTS, MAX_RESULT_BYTES, RUNNING_SERVICE_STATES, SERVICE_SCOPES, TERMINAL, services_of
-from .supervision.files import JobPaths, Locks, append_line, is_slurm_job, lock_keys, probe_lock, read_json, \
-    read_status, restore_keys
+from .supervision.files import JobPaths, Locks, UnsafeResult, append_line, is_slurm_job, lock_keys, open_result, \
+    probe_lock, read_result, read_status, restore_keys
 from .host.primitives import GPU_QUERY, HERE, KILL_CONFIRM_S, POLL_S, RUN_SUPERVISOR, Fail, Systemd, identity, \
     is_alive, nvidia_smi, parse_gpu_csv, query_apps, start_unit, wait_healthy
 from .supervision.job import supervise
@@ -386,17 +385,21 @@ def cmd_restore_service(args) -> dict:
 
 
 def check_result_file(paths: JobPaths) -> None:
-    """Refuse a result.json the answer cannot carry: over the cap, or not a regular file (a FIFO would block
-    the read until the call's deadline)."""
+    """Refuse a result.json the answer cannot carry or must not: over the cap, or not a regular file of the
+    job dir (a FIFO would block the read until the call's deadline; a symlink may point anywhere)."""
     try:
-        info = os.stat(paths.result)
+        fd, info = open_result(paths.result, paths.dir)
+    except UnsafeResult as exc:
+        what = str(exc)
     except OSError:
-        return  # no result (yet): cmd_result says which
-    if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_RESULT_BYTES:
-        what = "is not a regular file" if not stat.S_ISREG(info.st_mode) else "is %.1f MB, over runner's %d MB cap" % (
-            info.st_size / (1 << 20), MAX_RESULT_BYTES >> 20)
-        raise Fail("result-too-large", "job %s: its result.json %s; copy the raw file from the host: %s"
-                   % (paths.job_id, what, paths.result), job_id=paths.job_id, path=paths.result)
+        return  # no result (yet), or unreadable: cmd_result says which
+    else:
+        os.close(fd)
+        if info.st_size <= MAX_RESULT_BYTES:
+            return
+        what = "is %.1f MB, over runner's %d MB cap" % (info.st_size / (1 << 20), MAX_RESULT_BYTES >> 20)
+    raise Fail("result-too-large", "job %s: its result.json %s; copy the raw file from the host: %s"
+               % (paths.job_id, what, paths.result), job_id=paths.job_id, path=paths.result)
 
 
 def restore_released_by_job(root: str, unit: str):
@@ -418,7 +421,7 @@ def cmd_result(args) -> dict:
         reap_if_dead(paths)
     check_result_file(paths)
     try:
-        return {"ok": True, "job_id": paths.job_id, "result": read_json(paths.result)}
+        return {"ok": True, "job_id": paths.job_id, "result": read_result(paths.result, paths.dir)}
     except (OSError, ValueError, RecursionError) as exc:
         unreadable = "" if isinstance(exc, FileNotFoundError) else " (result.json unreadable: %s)" % exc
         status = reap_if_dead(paths)
