@@ -13,7 +13,7 @@ each importing only the layers below it (tests/test_import_layers.py HOST_LAYERS
     commands.py    this file: the subcommands; nothing below imports it
 
 Public subcommands: preflight, start, submit (preflight, verdict and start in one call), status, logs, cancel, restore,
-restore-service, result.
+restore-service, result, gc (the retention rule by hand).
 Internal ones: _run (the detached supervisor of one job) and _guard (watches the supervisor; settles the job
 if the supervisor dies without doing it).
 `slurm-run` is what a Slurm batch script execs in its allocation (launcher slurm: slurm/launch.py, which
@@ -54,7 +54,7 @@ from .host import engine as supervisor_engine
 from .supervision import ledger, unit as supervisor_unit
 from .supervision.submit import submit
 from .supervision.startable import check_startable
-from .supervision import trust
+from .supervision import retention, trust
 
 from .progress import SCAN_BYTES, summarize
 
@@ -471,8 +471,19 @@ def preflight_service(root: str, spec_service: dict) -> dict:
 
 
 def cmd_submit(args) -> dict:
-    """Preflight, the admission verdict and the start in one call (one round trip): supervisor_submit.submit."""
-    return submit(args, read_spec_stdin(args.root, check_job_id(args.job_id)), preflight_report, start_job)
+    """Preflight, the admission verdict and the start in one call (one round trip): supervisor_submit.submit;
+    then the host's retention rule, bounded (supervision/retention.py)."""
+    spec = read_spec_stdin(args.root, check_job_id(args.job_id))
+    answer = submit(args, spec, preflight_report, start_job)
+    retention.at_submit(args.root, spec)
+    return answer
+
+
+def cmd_gc(args) -> dict:
+    """`gc`: the retention rule by hand (supervision/retention.py); --dry-run lists without deleting."""
+    if not (args.keep_jobs >= 0 and args.keep_days >= 0):
+        raise Fail("bad-args", "--keep-jobs and --keep-days must be >= 0")
+    return dict(retention.collect(args.root, args.keep_jobs, args.keep_days, dry_run=args.dry_run), ok=True)
 
 
 # ── main ──────────────────────────────────────────────────────────────────────────────────────────────
@@ -491,7 +502,7 @@ def build_parser(sub: str) -> ArgParser:
         parser.add_argument("--job-id", action="append", default=[])
     elif sub == "preflight":
         parser.add_argument("--job-id")
-    elif sub != "restore-service":
+    elif sub not in ("restore-service", "gc"):
         parser.add_argument("--job-id", required=True)
     options = {
         "start": [("--queue", dict(action="store_true"))],
@@ -503,6 +514,8 @@ def build_parser(sub: str) -> ArgParser:
         "restore-service": [("--unit", dict(required=True)), ("--scope", dict(choices=SERVICE_SCOPES,
                             default=DEFAULTS["service.scope"])), ("--sudo", dict(action="store_true")),
                             ("--health-url", dict(default=None)), ("--max-wait", dict(type=float, default=50.0))],
+        "gc": [("--keep-jobs", dict(type=int, default=retention.KEEP_JOBS)),
+               ("--keep-days", dict(type=float, default=retention.KEEP_DAYS)), ("--dry-run", dict(action="store_true"))],
     }
     for flag, kwargs in options.get(sub, []):
         parser.add_argument(flag, **kwargs)
@@ -511,7 +524,7 @@ def build_parser(sub: str) -> ArgParser:
 
 COMMANDS = {"preflight": cmd_preflight, "start": cmd_start, "submit": cmd_submit, "status": cmd_status,
             "logs": cmd_logs, "cancel": cmd_cancel, "restore": cmd_restore, "restore-service": cmd_restore_service,
-            "result": cmd_result, "_run": cmd_run, "_guard": cmd_guard, "slurm-run": cmd_slurm_run}
+            "result": cmd_result, "gc": cmd_gc, "_run": cmd_run, "_guard": cmd_guard, "slurm-run": cmd_slurm_run}
 
 
 def dispatch(argv: list) -> dict:

@@ -3,7 +3,8 @@
 Owns: `JobPaths` (the one place job paths are built; layout in docs/protocol.md), atomic JSON writes
 (temp + fsync + rename + dir fsync) and appends, reading status.json (unreadable is `bad-status`, never
 "running"), reading a result the payload wrote (a bounded regular file of the job dir), the job's disk
-reserve, and the host-wide flock locks under ROOT/locks with their holder files. Host-level records that must outlive every process belong here, beside the locks.
+reserve, and the host-wide flock locks under ROOT/locks with their holder files. Host-level records that
+must outlive every process belong here, beside the locks.
 Imports only the stdlib, contract.py and host/primitives.py.
 """
 from __future__ import annotations
