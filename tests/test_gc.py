@@ -135,16 +135,16 @@ def test_submit_applies_the_rule_bounded_and_runner_gc_runs_it_by_hand():
     assert wait_terminal(target, job_id)["state"] == "SUCCEEDED"
     left = {p.name for p in (root / "jobs").iterdir()}
     assert job_id in left and "running" in left and "past-229" in left
-    assert len(left) == 232 - 20, len(left)  # at most 20 deletions a submit, the oldest first
-    # left: the new job, past-229…past-020, running; beyond the newest 200: past-020…past-030 and running
-    assert "past-000" not in left and "past-019" not in left and "past-020" in left
+    assert len(left) == 232 - 10, len(left)  # at most 10 deletions a submit, the oldest first
+    # left: the new job, past-229…past-010, running; beyond the newest 200: past-010…past-030 and running
+    assert "past-000" not in left and "past-009" not in left and "past-010" in left
 
     done = run_cli(target, "gc", str(path), "--dry-run", "--json")
     assert done.returncode == 0, done.stderr.decode()
     listed = json.loads(done.stdout)
-    assert listed["dry_run"] and len(listed["jobs"]) == 11 and "running" not in listed["jobs"]
+    assert listed["dry_run"] and len(listed["jobs"]) == 21 and "running" not in listed["jobs"]
     assert {p.name for p in (root / "jobs").iterdir()} == left
     done = run_cli(target, "gc", str(path))
     assert done.returncode == 0, done.stderr.decode()
-    assert "deleted 11 job dirs" in done.stdout.decode(), done.stdout.decode()
+    assert "deleted 21 job dirs" in done.stdout.decode(), done.stdout.decode()
     assert len(list((root / "jobs").iterdir())) == 200 + 1  # the newest 200, and the running one

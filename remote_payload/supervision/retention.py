@@ -26,7 +26,7 @@ from . import ledger
 KEEP_JOBS = 200          # the newest job dirs kept whatever their age
 KEEP_DAYS = 14.0         # a job dir younger than this is kept
 BUNDLE_DAYS = 1.0        # a bundle used within this is kept (a submit may be on its way to it)
-SUBMIT_MOST = 20         # deletions per submit: the submit's own work stays small
+SUBMIT_MOST = 10         # deletions per submit: the submit's own work stays small
 DAY_S = 86400.0
 
 

@@ -433,7 +433,7 @@ def restore_service(job_file, address, user, port, unit, scope, sudo, health_url
 
 
 @cli.command(help="Delete the host's old job dirs and unused bundles by its retention rule (also applied, at most "
-                  "20 deletions, at every submit): a job dir goes once it is not among the newest --keep-jobs, "
+                  "10 deletions, at every submit): a job dir goes once it is not among the newest --keep-jobs, "
                   "older than --keep-days, ended, owes no stop and holds no lock. HOST_OR_JOB: JOB.yaml (its host "
                   "section) or a host address. Exit: 0 · 2 · 3.")
 @click.argument("host_or_job")
