@@ -13,7 +13,7 @@ each importing only the layers below it (tests/test_import_layers.py HOST_LAYERS
     commands.py    this file: the subcommands; nothing below imports it
 
 Public subcommands: preflight, start, submit (preflight, verdict and start in one call), status, logs, cancel, restore,
-restore-service, result.
+restore-service, result, gc (the retention rule by hand).
 Internal ones: _run (the detached supervisor of one job) and _guard (watches the supervisor; settles the job
 if the supervisor dies without doing it).
 `slurm-run` is what a Slurm batch script execs in its allocation (launcher slurm: slurm/launch.py, which
@@ -37,13 +37,12 @@ import os
 import select
 import shutil
 import signal
-import stat
 import sys
 import time
 
 from .contract import DEFAULTS, MAX_RESULT_BYTES, RUNNING_SERVICE_STATES, SERVICE_SCOPES, TERMINAL, services_of
-from .supervision.files import JobPaths, Locks, append_line, is_slurm_job, lock_keys, probe_lock, read_json, \
-    read_status, restore_keys
+from .supervision.files import JobPaths, Locks, UnsafeResult, append_line, is_slurm_job, lock_keys, open_result, \
+    probe_lock, read_result, read_status, restore_keys
 from .host.primitives import GPU_QUERY, HERE, KILL_CONFIRM_S, POLL_S, RUN_SUPERVISOR, Fail, Systemd, identity, \
     is_alive, nvidia_smi, parse_gpu_csv, query_apps, start_unit, wait_healthy
 from .supervision.job import supervise
@@ -56,7 +55,7 @@ from .host import engine as supervisor_engine
 from .supervision import ledger, unit as supervisor_unit
 from .supervision.submit import submit
 from .supervision.startable import check_startable
-from .supervision import trust
+from .supervision import retention, trust
 
 from .progress import SCAN_BYTES, summarize
 
@@ -389,17 +388,21 @@ def cmd_restore_service(args) -> dict:
 
 
 def check_result_file(paths: JobPaths) -> None:
-    """Refuse a result.json the answer cannot carry: over the cap, or not a regular file (a FIFO would block
-    the read until the call's deadline)."""
+    """Refuse a result.json the answer cannot carry or must not: over the cap, or not a regular file of the
+    job dir (a FIFO would block the read until the call's deadline; a symlink may point anywhere)."""
     try:
-        info = os.stat(paths.result)
+        fd, info = open_result(paths.result, paths.dir)
+    except UnsafeResult as exc:
+        what = str(exc)
     except OSError:
-        return  # no result (yet): cmd_result says which
-    if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_RESULT_BYTES:
-        what = "is not a regular file" if not stat.S_ISREG(info.st_mode) else "is %.1f MB, over runner's %d MB cap" % (
-            info.st_size / (1 << 20), MAX_RESULT_BYTES >> 20)
-        raise Fail("result-too-large", "job %s: its result.json %s; copy the raw file from the host: %s"
-                   % (paths.job_id, what, paths.result), job_id=paths.job_id, path=paths.result)
+        return  # no result (yet), or unreadable: cmd_result says which
+    else:
+        os.close(fd)
+        if info.st_size <= MAX_RESULT_BYTES:
+            return
+        what = "is %.1f MB, over runner's %d MB cap" % (info.st_size / (1 << 20), MAX_RESULT_BYTES >> 20)
+    raise Fail("result-too-large", "job %s: its result.json %s; copy the raw file from the host: %s"
+               % (paths.job_id, what, paths.result), job_id=paths.job_id, path=paths.result)
 
 
 def restore_released_by_job(root: str, unit: str):
@@ -423,7 +426,7 @@ def cmd_result(args) -> dict:
         reap_if_dead(paths)
     check_result_file(paths)
     try:
-        return {"ok": True, "job_id": paths.job_id, "result": read_json(paths.result)}
+        return {"ok": True, "job_id": paths.job_id, "result": read_result(paths.result, paths.dir)}
     except (OSError, ValueError, RecursionError) as exc:
         unreadable = "" if isinstance(exc, FileNotFoundError) else " (result.json unreadable: %s)" % exc
         status = reap_if_dead(paths)
@@ -473,8 +476,19 @@ def preflight_service(root: str, spec_service: dict) -> dict:
 
 
 def cmd_submit(args) -> dict:
-    """Preflight, the admission verdict and the start in one call (one round trip): supervisor_submit.submit."""
-    return submit(args, read_spec_stdin(args.root, check_job_id(args.job_id)), preflight_report, start_job)
+    """Preflight, the admission verdict and the start in one call (one round trip): supervisor_submit.submit;
+    then the host's retention rule, bounded (supervision/retention.py)."""
+    spec = read_spec_stdin(args.root, check_job_id(args.job_id))
+    answer = submit(args, spec, preflight_report, start_job)
+    retention.at_submit(args.root, spec)
+    return answer
+
+
+def cmd_gc(args) -> dict:
+    """`gc`: the retention rule by hand (supervision/retention.py); --dry-run lists without deleting."""
+    if not (args.keep_jobs >= 0 and args.keep_days >= 0):
+        raise Fail("bad-args", "--keep-jobs and --keep-days must be >= 0")
+    return dict(retention.collect(args.root, args.keep_jobs, args.keep_days, dry_run=args.dry_run), ok=True)
 
 
 # ── main ──────────────────────────────────────────────────────────────────────────────────────────────
@@ -493,7 +507,7 @@ def build_parser(sub: str) -> ArgParser:
         parser.add_argument("--job-id", action="append", default=[])
     elif sub == "preflight":
         parser.add_argument("--job-id")
-    elif sub != "restore-service":
+    elif sub not in ("restore-service", "gc"):
         parser.add_argument("--job-id", required=True)
     options = {
         "start": [("--queue", dict(action="store_true"))],
@@ -505,6 +519,8 @@ def build_parser(sub: str) -> ArgParser:
         "restore-service": [("--unit", dict(required=True)), ("--scope", dict(choices=SERVICE_SCOPES,
                             default=DEFAULTS["service.scope"])), ("--sudo", dict(action="store_true")),
                             ("--health-url", dict(default=None)), ("--max-wait", dict(type=float, default=50.0))],
+        "gc": [("--keep-jobs", dict(type=int, default=retention.KEEP_JOBS)),
+               ("--keep-days", dict(type=float, default=retention.KEEP_DAYS)), ("--dry-run", dict(action="store_true"))],
     }
     for flag, kwargs in options.get(sub, []):
         parser.add_argument(flag, **kwargs)
@@ -513,7 +529,7 @@ def build_parser(sub: str) -> ArgParser:
 
 COMMANDS = {"preflight": cmd_preflight, "start": cmd_start, "submit": cmd_submit, "status": cmd_status,
             "logs": cmd_logs, "cancel": cmd_cancel, "restore": cmd_restore, "restore-service": cmd_restore_service,
-            "result": cmd_result, "_run": cmd_run, "_guard": cmd_guard, "slurm-run": cmd_slurm_run}
+            "result": cmd_result, "gc": cmd_gc, "_run": cmd_run, "_guard": cmd_guard, "slurm-run": cmd_slurm_run}
 
 
 def dispatch(argv: list) -> dict:

@@ -55,6 +55,8 @@ STOP_POLICIES = ("always", "if-needed", "never")
 
 # ── the wire: exit status of BOOT and the `error` codes of `{"ok": false, …}` answers ───────────────────
 MAX_RESULT_BYTES = 32 << 20  # the largest result.json `result` answers with (and the controller renders)
+MAX_RESULT_DEPTH = 56  # the deepest nesting a result may have: inside a sweep's record and an answer it stays
+#                        within the controller's 64 levels (runner/remote/answers.py)
 EXIT_PAYLOAD_MISSING = 42  # BOOT found no supervisor for this payload hash: upload, then call again
 ERRORS = {
     "payload-missing": "the payload bundle is not on the host (upload it, then repeat the call)",
@@ -69,7 +71,7 @@ ERRORS = {
     "exists": "a job with this id was already claimed on the host",
     "unknown-job": "no job with this id on the host",
     "no-result": "the job wrote no result.json",
-    "result-too-large": "result.json is over MAX_RESULT_BYTES (or not a regular file); the answer names its path",
+    "result-too-large": "result.json is over MAX_RESULT_BYTES (or not a regular file of the job dir); the answer names its path",
     "drain-timeout": "the GPU memory did not become free in time",
     "start-failed": "the detached supervisor did not report ready",
     "cannot-start": "the payload could not start (interpreter, script, program, cache dir): nothing was touched",

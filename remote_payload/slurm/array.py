@@ -41,7 +41,7 @@ from .states import SACCT_FIELDS, SQUEUE_FORMAT, SlurmJob, SlurmOutputError, for
 from ..supervision.files import JobPaths, append_line, read_json, read_status, write_json_atomic
 from ..host.primitives import Fail
 from ..supervision.record import Job, initial_status
-from ..supervision.variants import variant_record
+from ..supervision.variants import fit_combined, variant_record
 
 TASK_FILES = ("status", "events", "output", "supervisor_log", "restore_log", "reserve", "restore_lock")
 
@@ -323,7 +323,8 @@ def _record(paths: JobPaths, spec: dict, status: dict, tasks: list) -> dict:
         state, message, exit_code = sweep_outcome(records, os.path.exists(paths.cancel))
         summary = {"variants": progress["of"], "succeeded": progress["succeeded"], "failed": progress["failed"],
                    "skipped": progress["skipped"]}
-        write_json_atomic(paths.result, {"payload": "sweep", "sweep": summary, "variants": records})
+        write_json_atomic(paths.result, {"payload": "sweep", "sweep": summary,
+                                         "variants": fit_combined(paths.dir, records)})
         job.set_state(state, "done", message=message, exit_code=exit_code, array=progress, sweep=summary,
                       ended_at=time.time(), restored=True)
         return job.status

@@ -2,18 +2,22 @@
 
 Owns: `JobPaths` (the one place job paths are built; layout in docs/protocol.md), atomic JSON writes
 (temp + fsync + rename + dir fsync) and appends, reading status.json (unreadable is `bad-status`, never
-"running"), the job's disk reserve, and the host-wide flock locks under ROOT/locks with their holder
-files. Host-level records that must outlive every process belong here, beside the locks.
+"running"), reading a result the payload wrote (a bounded regular file of the job dir), the job's disk
+reserve, and the host-wide flock locks under ROOT/locks with their holder files. Host-level records that
+must outlive every process belong here, beside the locks.
 Imports only the stdlib, contract.py and host/primitives.py.
 """
 from __future__ import annotations
 
+import errno
 import fcntl
+import hashlib
 import json
 import os
+import stat
 import time
 
-from ..contract import services_of
+from ..contract import MAX_RESULT_BYTES, MAX_RESULT_DEPTH, services_of
 from ..host.primitives import GPU_QUERY, Fail, nvidia_smi, parse_gpu_csv, pid_exists, query_gpus
 
 RESERVE_BYTES = 256 << 10   # given back when the disk fills, so the final status and restore log still fit
@@ -79,6 +83,79 @@ def fsync_dir(path: str) -> None:
 def read_json(path: str):
     with open(path, "rb") as fh:
         return json.loads(fh.read().decode("utf-8"))
+
+
+# ── result files: written by the payload, so read as hostile ───────────────────────────────────────────
+
+class UnsafeResult(ValueError):
+    """A result file refused before or while it was read; the message says why ("is a symlink", ...)."""
+
+
+def open_result(path: str, job_dir: str) -> tuple:
+    """(an fd open for reading, its fstat) of a result file: a regular file inside the job dir, never through
+    a symlink, never a FIFO (which would block the open) or a device (/dev/zero never ends).
+    FileNotFoundError when there is none; UnsafeResult otherwise."""
+    inside = os.path.realpath(job_dir)
+    if os.path.commonpath([os.path.realpath(os.path.dirname(path)), inside]) != inside:
+        raise UnsafeResult("is not inside the job dir (a folder on its way is a symlink)")
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise UnsafeResult("is a symlink, not a regular file of the job dir") from None
+        raise
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        os.close(fd)
+        raise UnsafeResult("is not a regular file (a FIFO, a device or a folder)")
+    return fd, info
+
+
+def read_result(path: str, job_dir: str, limit: int = MAX_RESULT_BYTES):
+    """The JSON value of a result file, read as open_result allows, at most `limit` bytes and nested at most
+    MAX_RESULT_DEPTH levels (parse_bounded: no depth can exhaust the stack). FileNotFoundError
+    when there is none; UnsafeResult or ValueError (not JSON) otherwise."""
+    fd, _ = open_result(path, job_dir)
+    with os.fdopen(fd, "rb") as fh:
+        data = fh.read(limit + 1)
+    if len(data) > limit:
+        raise UnsafeResult("is over %.1f MB" % (limit / (1 << 20)))
+    return parse_bounded(data)
+
+
+def parse_bounded(data: bytes):
+    """JSON nested at most MAX_RESULT_DEPTH levels: the C parser stops a deeper text with RecursionError (caught
+    here), and the depth of what it parsed is measured without recursion."""
+    try:
+        value = json.loads(data.decode("utf-8"))
+    except RecursionError:
+        raise UnsafeResult("is nested deeper than %d levels" % MAX_RESULT_DEPTH) from None
+    if depth_over(value, MAX_RESULT_DEPTH):
+        raise UnsafeResult("is nested deeper than %d levels" % MAX_RESULT_DEPTH)
+    return value
+
+
+def depth_over(value, limit: int) -> bool:
+    """Whether a parsed JSON value nests deeper than `limit` levels (the value itself is level 1)."""
+    todo = [(value, 1)] if isinstance(value, (dict, list)) else []
+    while todo:
+        node, depth = todo.pop()
+        if depth > limit:
+            return True
+        children = node.values() if isinstance(node, dict) else node
+        todo.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
+    return False
+
+
+def file_digest(fd: int, size: int, most: int) -> str | None:
+    """sha256 of an open file read from its start, or None when it is over `most` bytes (not worth the time)."""
+    if size > most:
+        return None
+    digest = hashlib.sha256()
+    os.lseek(fd, 0, os.SEEK_SET)
+    for chunk in iter(lambda: os.read(fd, 1 << 20), b""):
+        digest.update(chunk)
+    return digest.hexdigest()
 
 
 def is_slurm_job(paths: JobPaths) -> bool:

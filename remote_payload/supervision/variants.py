@@ -31,16 +31,22 @@ payload, stage, ledger and services rooms.
 """
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
 
-from .files import append_line, read_json, write_json_atomic
+from ..contract import MAX_RESULT_BYTES
+from .files import UnsafeResult, append_line, file_digest, open_result, parse_bounded, write_json_atomic
 from ..host.primitives import KILL_CONFIRM_S, POLL_S, group_members
 from .payload import interrupt_of, launch_payload, record_exit
 from .record import Flags, Interrupted, Job
 from ..sweep import job_variants, label
 from . import ledger, services, stage as supervisor_stage
+
+INLINE_RESULT_BYTES = 4 << 20      # a variant's result larger than this stays in its file, listed by name
+COMBINED_RESULT_BYTES = MAX_RESULT_BYTES // 2  # a sweep's result.json, all inlined results together
+DIGEST_MAX_BYTES = 1 << 30         # a listed file larger than this is not hashed (the time is the window's)
 
 
 def plain(job: Job) -> bool:
@@ -221,29 +227,81 @@ def end_variant(job: Job, of: int, run: Run) -> dict:
 def variant_record(index: int, args: dict, status: str, code, seconds, reason, result: str, **where) -> dict:
     """One variant in result.json (`status`: ended or skipped), its RUNNER_RESULT file read back; also what
     a Slurm job array's login node writes for each of its tasks (slurm/array.py). A result file that is not a
-    JSON object is this variant's failure (`error`, also its `reason`), never the sweep's. where: the slot
-    and devices it ran on."""
-    outcome, error = read_variant_result(result)
+    JSON object, or not a bounded regular file of the job dir (files.read_result), is this variant's failure
+    (`error`, also its `reason`), never the sweep's; one over INLINE_RESULT_BYTES stays in its file, listed
+    (`result_file`). where: the slot and devices it ran on."""
+    outcome, error, kept = read_variant_result(result)
     tables = [t for t in (outcome or {}).values() if isinstance(t, list) and t and isinstance(t[0], dict)]
     return {"index": index, "args": args, "status": status, "exit_code": code, "seconds": seconds,
-            "reason": reason or error, "error": error, "result": outcome,
+            "reason": reason or error, "error": error, "result": outcome, "result_file": kept,
             "columns": list(tables[0][0]) if tables else None, **where}  # columns: the payload's order
 
 
+def result_name(path: str) -> str:
+    """A variant's result file as the combined record names it, relative to the job dir."""
+    return os.path.join("results", os.path.basename(path))
+
+
 def read_variant_result(path: str) -> tuple:
-    """(the result object or None, why it is unusable or None); a missing file is no result, not an error."""
-    name = os.path.join("results", os.path.basename(path))
+    """(the result object or None, why it is unusable or None, its `result_file` listing when it is too large
+    to inline or None); a missing file is no result, not an error."""
+    name, job_dir = result_name(path), os.path.dirname(os.path.dirname(path))
     try:
-        outcome = read_json(path)
+        fd, info = open_result(path, job_dir)
     except FileNotFoundError:
-        return None, None
+        return None, None, None
+    except (OSError, UnsafeResult) as exc:
+        return None, "its result %s %s" % (name, exc), None
+    try:
+        if info.st_size > INLINE_RESULT_BYTES:
+            return None, None, kept_file(name, fd, info.st_size, "over the %d MB a variant's result may take in "
+                                         "result.json" % (INLINE_RESULT_BYTES >> 20))
+        with os.fdopen(fd, "rb", closefd=False) as fh:
+            outcome = parse_bounded(fh.read(INLINE_RESULT_BYTES + 1))
+    except UnsafeResult as exc:
+        return None, "its result %s %s" % (name, exc), None
     except (OSError, ValueError) as exc:
-        return None, "its result %s is not JSON: %s" % (name, str(exc)[:200])
+        return None, "its result %s is not JSON: %s" % (name, str(exc)[:200]), None
+    finally:
+        os.close(fd)
     if not isinstance(outcome, dict):
         kind = {list: "a list", str: "a string", bool: "a boolean", int: "a number", float: "a number"}.get(
             type(outcome), "null")
-        return None, "its result %s is %s, not a JSON object (e.g. {\"rows\": [...]})" % (name, kind)
-    return outcome, None
+        return None, "its result %s is %s, not a JSON object (e.g. {\"rows\": [...]})" % (name, kind), None
+    return outcome, None, None
+
+
+def kept_file(name: str, fd: int, size: int, why: str) -> dict:
+    """A variant's result listed instead of inlined: it stays on the host in its own file."""
+    return {"name": name, "bytes": size, "sha256": file_digest(fd, size, DIGEST_MAX_BYTES), "why": why}
+
+
+def listing(job_dir: str, index: int, why: str) -> dict:
+    """Variant `index`'s result file listed (an unreadable one, changed since it was read, without size)."""
+    path = os.path.join(job_dir, "results", "variant-%d.json" % index)
+    try:
+        fd, info = open_result(path, job_dir)
+    except (OSError, UnsafeResult):
+        return {"name": result_name(path), "bytes": None, "sha256": None, "why": why}
+    try:
+        return kept_file(result_name(path), fd, info.st_size, why)
+    finally:
+        os.close(fd)
+
+
+def fit_combined(job_dir: str, records: list) -> list:
+    """The records with the largest inlined results set aside (listed as `result_file`, left in their files)
+    until the combined record fits COMBINED_RESULT_BYTES, well under the controller's MAX_RESULT_BYTES."""
+    sizes = {r["index"]: len(json.dumps(r["result"])) for r in records if r.get("result") is not None}
+    total = len(json.dumps(records))
+    for index in sorted(sizes, key=sizes.get, reverse=True):
+        if total <= COMBINED_RESULT_BYTES:
+            break
+        record = next(r for r in records if r["index"] == index)
+        why = "set aside so that result.json stays under %d MB" % (COMBINED_RESULT_BYTES >> 20)
+        record.update(result=None, columns=None, result_file=listing(job_dir, index, why))
+        total -= sizes[index]
+    return records
 
 
 def run_variants(job: Job, flags: Flags, staged=None) -> None:
@@ -270,7 +328,7 @@ def run_variants(job: Job, flags: Flags, staged=None) -> None:
                 if reason:
                     announce(job, index, n, variant, "skipped", reason=reason)
                     records[index] = {"index": index, "args": variant["args"], "status": "skipped", "exit_code": None,
-                                      "seconds": None, "reason": reason, "result": None}
+                                      "seconds": None, "reason": reason, "result": None, "result_file": None}
                 else:  # noted at once: status.json's payload names only the process launched last
                     running[slot] = start_variant(job, index, n, variant, slot, slots[slot], window,
                                                   staged if index == 1 else None)
@@ -325,8 +383,8 @@ def finish(job: Job, records: list, slots: list) -> None:
     summary = {"variants": n, "succeeded": ok, "failed": n - ok - skipped, "skipped": skipped}
     if job.spec["sweep"].get("gpus_per_variant") is not None:  # side by side: the slots they ran on
         summary["slots"] = slots
-    job.persist(lambda: write_json_atomic(job.paths.result, {"payload": "sweep", "sweep": summary,
-                                                             "variants": records}))
+    combined = {"payload": "sweep", "sweep": summary, "variants": fit_combined(job.paths.dir, records)}
+    job.persist(lambda: write_json_atomic(job.paths.result, combined))
     job.save(sweep=summary, exit_code=0 if ok == n else 1)
     if ending:
         raise Interrupted(ending["state"], ending["message"])

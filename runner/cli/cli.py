@@ -432,6 +432,29 @@ def restore_service(job_file, address, user, port, unit, scope, sudo, health_url
     sys.exit(exit_code(answer.get("state")))
 
 
+@cli.command(help="Delete the host's old job dirs and unused bundles by its retention rule (also applied, at most "
+                  "10 deletions, at every submit): a job dir goes once it is not among the newest --keep-jobs, "
+                  "older than --keep-days, ended, owes no stop and holds no lock. HOST_OR_JOB: JOB.yaml (its host "
+                  "section) or a host address. Exit: 0 · 2 · 3.")
+@click.argument("host_or_job")
+@click.option("--keep-jobs", type=click.IntRange(0), default=200, show_default=True, help="Newest job dirs kept.")
+@click.option("--keep-days", type=click.FloatRange(0), default=14.0, show_default=True,
+              help="Job dirs younger than this are kept.")
+@click.option("--dry-run", is_flag=True, help="List what would go; delete nothing.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+def gc(host_or_job, keep_jobs, keep_days, dry_run, as_json) -> None:
+    answer = controller.gc(host_or_job, keep_jobs=keep_jobs, keep_days=keep_days, dry_run=dry_run)
+    if as_json:
+        _emit_json(answer)
+        return
+    verb = "would delete" if dry_run else "deleted"
+    for kind, what in (("jobs", "job dir"), ("payloads", "payload bundle"), ("supervisors", "supervisor bundle")):
+        for name in answer[kind]:
+            _say(f"{verb} {what} {name}")
+    _say(f"{answer['host']}: {verb} {len(answer['jobs'])} job dirs, "
+         f"{len(answer['payloads']) + len(answer['supervisors'])} bundles; kept {answer['kept']} job dirs")
+
+
 def _restore_target(job_file, address, user, port, unit, scope, sudo, health_url, host_key_policy):
     return controller.restore_target(job_file, address=address, user=user, port=port, unit=unit, scope=scope,
                                      sudo=sudo, health_url=health_url, host_key_policy=host_key_policy)

@@ -538,6 +538,23 @@ def restore_service(host: dict, service: dict, *, max_wait: float) -> dict:
         return client.restore_service(service, max_wait=max_wait)
 
 
+def gc(target: str, *, keep_jobs: int, keep_days: float, dry_run: bool) -> dict:
+    """The host's retention rule by hand (`gc`): target is JOB.yaml (its host section) or a host address."""
+    host = gc_host(target)
+    with connect(host) as client:
+        return dict(client.gc(keep_jobs=keep_jobs, keep_days=keep_days, dry_run=dry_run), host=host["address"])
+
+
+def gc_host(target: str) -> dict:
+    """The host section of JOB.yaml when target is a file, else a host given by its address."""
+    from ..spec.spec import HostSpec
+    from ..spec.spec_load import load_spec, section_from_options
+
+    if os.path.isfile(target):
+        return load_spec(target, ()).host.model_dump()
+    return section_from_options(HostSpec, "HOST", address=target).model_dump()
+
+
 def _service_of(spec, unit: str | None):
     """The one service of JOB.yaml to restore: its `service`, or with `services` the one --unit names (a job
     file's restore touches only that unit)."""

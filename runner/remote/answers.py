@@ -211,6 +211,9 @@ RESTORE_SERVICE = _record({"unit": OPT_TEXT, "state": _one_of("healthy, starting
                                                               ("healthy", "starting", "failed")),
                            "active_state": OPT_TEXT, "sub_state": OPT_TEXT, "log_tail": OPT_TEXT}, required=("state",))
 RESULT = _record({}, required=("result",))
+GC = _record({"jobs": _list_of(TEXT), "payloads": _list_of(TEXT), "supervisors": _list_of(TEXT), "dry_run": BOOL,
+              "kept": COUNT, "complete": BOOL, "keep_jobs": COUNT, "keep_days": NUMBER},
+             required=("jobs", "payloads", "supervisors", "dry_run", "kept", "complete"))
 FAILURE = _record({"error": TEXT, "message": OPT_TEXT, "hint": OPT_TEXT, "stage": OPT_TEXT, "same_spec": OPT_BOOL,
                    "report": REPORT, "holder": HOLDER})
 
@@ -295,6 +298,10 @@ def restore(answer: dict) -> dict:
 
 def restore_service(answer: dict) -> dict:
     return _checked("restore-service", answer, RESTORE_SERVICE)
+
+
+def gc(answer: dict) -> dict:
+    return _checked("gc", answer, GC)
 
 
 def result(answer: dict) -> Any:

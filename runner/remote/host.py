@@ -261,6 +261,11 @@ class HostClient:
     def result(self, job_id: str) -> dict:
         return answers.result(self.call("result", ["--job-id", job_id]))
 
+    def gc(self, *, keep_jobs: int, keep_days: float, dry_run: bool) -> dict:
+        """Wire `gc`: the host's retention rule (old job dirs and unused bundles deleted, or listed)."""
+        args = ["--keep-jobs", str(keep_jobs), "--keep-days", repr(float(keep_days))] + (["--dry-run"] if dry_run else [])
+        return answers.gc(self.call("gc", args))
+
     def call(self, sub: str, args: list[str], *, stdin: bytes = b"") -> dict:
         """One supervisor call; its boot, the upload it may need and the repeat run inside the command's deadline."""
         return self.answer(self._run_boot(sub, args, stdin), sub, args, stdin)

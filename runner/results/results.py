@@ -208,8 +208,18 @@ def render_sweep(result: dict) -> str:
     lines = [f"sweep: {summary.get('succeeded', '?')} succeeded, {summary.get('failed', '?')} failed, "
              f"{summary.get('skipped', '?')} skipped of {summary.get('variants', len(variants))} variants"]
     lines += [f"variant {v['index']} skipped: {v.get('reason')}" for v in variants if v.get("status") == "skipped"]
+    lines += [_left_on_host(v) for v in variants if isinstance(v.get("result_file"), dict)]
     return "\n".join(lines) + "\n\n" + _grid(["#", "variant", "status", *(["GPU"] if side_by_side else []),
                                              *(h for h, _, _ in columns)], rows) + "\n"
+
+
+def _left_on_host(variant: dict) -> str:
+    """What a sweep's record lists instead of inlining a variant's result: where it stays, how large, why."""
+    kept = variant["result_file"]
+    size = f"{kept['bytes'] / (1 << 20):.1f} MB" if isinstance(kept.get("bytes"), int) else "size unknown"
+    digest = f", sha256 {str(kept['sha256'])[:16]}…" if kept.get("sha256") else ""
+    return (f"variant {variant.get('index')}: its result was left on the host in the job dir's "
+            f"{_clip(str(kept.get('name')), MAX_CELL)} ({size}{digest}): {_clip(str(kept.get('why')), MAX_CELL * 3)}")
 
 
 def _in_payload_order(variant: dict) -> dict:

@@ -1,0 +1,205 @@
+"""What a host keeps under ROOT, and `gc`: old job dirs and unused bundles deleted, nothing a job still needs.
+
+The rule (docs/protocol.md, "Retention"): a job dir is kept while it is among the newest `keep_jobs` job dirs,
+younger than `keep_days` (its mtime: the last write of its status.json), not ended (any state outside
+TERMINAL, or a status.json that cannot be read), while its supervisor or guard lives, while the host ledger
+names it (a stop it owes) or while it holds a lock (under ROOT/locks, or its own restore.lock). A payload
+bundle (ROOT/payloads/<hash>) is kept while a kept job's spec names it or it was used in the last day;
+a supervisor bundle (ROOT/payload/<hash>) while it is the one running, was used in the last day, or any job
+is not ended or owes a stop (a guard timer and ExecStopPost= run that job's bundle by path). A deletion is
+a rename into ROOT/tmp, then the removal, so a reader never sees half a job dir; at most `most` per call.
+Imports only the stdlib, contract.py, host/primitives.py, files.py and ledger.py.
+"""
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+import stat
+import time
+
+from ..contract import TERMINAL
+from ..host.primitives import HERE, Fail, is_alive
+from .files import JobPaths, lock_held, locks_dir, read_holder, read_json, read_status
+from . import ledger
+
+KEEP_JOBS = 200          # the newest job dirs kept whatever their age
+KEEP_DAYS = 14.0         # a job dir younger than this is kept
+BUNDLE_DAYS = 1.0        # a bundle used within this is kept (a submit may be on its way to it)
+SUBMIT_MOST = 10         # deletions per submit: the submit's own work stays small
+DAY_S = 86400.0
+
+
+def plan(root: str, keep_jobs: int = KEEP_JOBS, keep_days: float = KEEP_DAYS, most: int | None = None) -> dict:
+    """{jobs: [ids to delete, oldest first], payloads: [...], supervisors: [...], kept: {id: why}, complete};
+    nothing is touched. With `most`, the scan of the job dirs stops at that many (oldest first: a crowded
+    ROOT costs a submit only those), and bundles are looked at only once every job dir was (complete)."""
+    now = time.time()
+    dirs = sorted(entries(os.path.join(root, "jobs")), key=lambda e: e[1])  # oldest first
+    held, owing = lock_holders(root), ledger_jobs(root)
+    doomed, kept = [], {}
+    for position, (job_id, mtime) in enumerate(dirs):
+        if most is not None and len(doomed) >= most:
+            return {"jobs": doomed, "payloads": [], "supervisors": [], "kept": kept, "complete": False}
+        why = keep_reason(root, job_id, len(dirs) - 1 - position, mtime, now, keep_jobs, keep_days, held | owing)
+        if why is None:
+            doomed.append(job_id)
+        else:
+            kept[job_id] = why
+    payloads = unused(root, "payloads", now)
+    if payloads:
+        needed = {bundle_of(root, job_id) for job_id in kept}
+        payloads = [name for name in payloads if name not in needed]
+    supervisors = [name for name in unused(root, "payload", now) if name != os.path.basename(HERE)]
+    if supervisors and (ledger_names_any(root) or any(not ended(root, job_id) for job_id in kept)):
+        supervisors = []  # a job still running or owing a stop may run its own bundle by path
+    return {"jobs": doomed, "payloads": payloads, "supervisors": supervisors, "kept": kept, "complete": True}
+
+
+def unused(root: str, folder: str, now: float) -> list:
+    """The bundles under ROOT/folder not used (their mtime: made or touched by a submit) for BUNDLE_DAYS."""
+    return [name for name, mtime in sorted(entries(os.path.join(root, folder)))
+            if now - mtime > BUNDLE_DAYS * DAY_S and not name.startswith(".")]
+
+
+def ended(root: str, job_id: str) -> bool:
+    try:
+        return read_status(JobPaths(root, job_id)).get("state") in TERMINAL
+    except Fail:
+        return False
+
+
+def entries(folder: str) -> list:
+    """[(name, mtime)] of the folders directly in `folder` (no symlinks); [] when there is none."""
+    try:
+        names = os.listdir(folder)
+    except FileNotFoundError:
+        return []
+    found = []
+    for name in names:
+        try:
+            info = os.lstat(os.path.join(folder, name))
+        except FileNotFoundError:
+            continue
+        if stat.S_ISDIR(info.st_mode):
+            found.append((name, info.st_mtime))
+    return found
+
+
+def keep_reason(root: str, job_id: str, rank: int, mtime: float, now: float, keep_jobs: int, keep_days: float,
+                held: set):
+    """Why the job dir stays (a few words), or None when it may go. rank: 0 for the newest job dir; held: the
+    jobs that hold a lock or that the host ledger names."""
+    if rank < keep_jobs:
+        return "among the newest %d" % keep_jobs
+    if now - mtime < keep_days * DAY_S:
+        return "younger than %g days" % keep_days
+    paths = JobPaths(root, job_id)
+    try:
+        status = read_status(paths)
+    except Fail:
+        return "not ended"  # an unreadable status.json is never taken for an ended job
+    if status["state"] not in TERMINAL:
+        return "not ended"
+    if is_alive(status.get("supervisor")) or is_alive(status.get("guard")):
+        return "its supervisor or guard lives"
+    if job_id in held or restore_lock_held(paths):
+        return "it holds a lock or owes a stop"
+    return None
+
+
+def lock_holders(root: str) -> set:
+    """The jobs named by the holder record of a lock held now under ROOT/locks."""
+    try:
+        names = os.listdir(locks_dir(root))
+    except FileNotFoundError:
+        return set()
+    held = set()
+    for name in names:
+        if name.endswith(".lock") and lock_held(root, name[:-len(".lock")]):
+            holder = read_holder(root, name[:-len(".lock")]) or {}
+            held.add(holder.get("job_id"))
+    return held
+
+
+def restore_lock_held(paths: JobPaths) -> bool:
+    """A restorer settles the job now (it holds the job's restore.lock)."""
+    try:
+        fd = os.open(paths.restore_lock, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+
+
+def ledger_jobs(root: str) -> set:
+    """The jobs the host ledger names: each owes the restore of a stop."""
+    try:
+        names = os.listdir(locks_dir(root))
+    except FileNotFoundError:
+        return set()
+    return {(ledger.read_entry(root, name[len(ledger.PREFIX):-len(".json")]) or {}).get("job_id")
+            for name in names if name.startswith(ledger.PREFIX) and name.endswith(".json")} - {None}
+
+
+def ledger_names_any(root: str) -> bool:
+    try:
+        return any(n.startswith(ledger.PREFIX) for n in os.listdir(locks_dir(root)))
+    except FileNotFoundError:
+        return False
+
+
+def bundle_of(root: str, job_id: str):
+    """The payload bundle a job's spec names (None for a command payload or an unreadable spec)."""
+    try:
+        return read_json(JobPaths(root, job_id).spec)["payload"].get("bundle")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def collect(root: str, keep_jobs: int = KEEP_JOBS, keep_days: float = KEEP_DAYS, most: int | None = None,
+            dry_run: bool = False) -> dict:
+    """`gc`: plan's deletions made (unless dry_run), at most `most` of them, job dirs first, oldest first; the
+    answer lists what went (or would go), how many job dirs stay and whether the rule was applied in full."""
+    found = plan(root, keep_jobs, keep_days, most)
+    todo = [(kind, folder, name) for kind, folder in (("jobs", "jobs"), ("payloads", "payloads"),
+                                                      ("supervisors", "payload")) for name in found[kind]]
+    deleted = {"jobs": [], "payloads": [], "supervisors": []}
+    for kind, folder, name in todo[:most]:
+        if dry_run or remove(root, folder, name):
+            deleted[kind].append(name)
+    return dict(deleted, dry_run=dry_run, kept=len(found["kept"]), complete=found["complete"] and (
+        most is None or len(todo) <= most), keep_jobs=keep_jobs, keep_days=keep_days)
+
+
+def remove(root: str, folder: str, name: str) -> bool:
+    """ROOT/folder/name renamed into ROOT/tmp first (a reader sees the whole dir or none), then removed; False
+    when it went meanwhile."""
+    trash = os.path.join(root, "tmp", "gc-%d-%s-%s" % (os.getpid(), folder, name))
+    os.makedirs(os.path.dirname(trash), exist_ok=True)
+    try:
+        os.rename(os.path.join(root, folder, name), trash)
+    except FileNotFoundError:
+        return False
+    shutil.rmtree(trash, ignore_errors=True)
+    return True
+
+
+def at_submit(root: str, spec: dict) -> None:
+    """After a submit started its job: its bundles marked used (their mtime), then the rule, at most
+    SUBMIT_MOST deletions."""
+    bundle = spec["payload"].get("bundle")
+    used = [os.path.join(root, "payloads", bundle)] if bundle else []
+    if os.path.dirname(HERE) == os.path.join(root, "payload"):  # run from its bundle (not a source tree)
+        used.append(HERE)
+    try:
+        for path in used:
+            os.utime(path)
+        collect(root, most=SUBMIT_MOST)
+    except Exception:  # the job runs already: nothing here may turn its submit into a failure
+        pass
