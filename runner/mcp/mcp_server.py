@@ -32,6 +32,7 @@ from ..deadline import Deadline
 from ..errors import EXIT_OK, EXIT_STILL_RUNNING, EXIT_USAGE, RunnerError, SpecError, exit_code
 from ..fleet import targets
 from ..fleet.fleet_view import is_run
+from ..printable import printable, printable_json
 from ..results import gate, gate_report
 from ..state.store import Store
 from .mcp_policy import Policy
@@ -188,7 +189,7 @@ class _Server(MCPServer):
                           f"{', '.join(map(repr, unknown))} ({name} takes {', '.join(known) or 'none'})", "",
                           EXIT_USAGE)
         try:
-            return await super().call_tool(name, arguments, context)
+            return _printable_text(await super().call_tool(name, arguments, context))
         except ToolError as exc:
             cause = exc.__cause__
             if isinstance(cause, ValidationError):
@@ -199,13 +200,22 @@ class _Server(MCPServer):
             raise
 
 
+def _printable_text(result: Any) -> Any:
+    """A tool's answer with its JSON text made printable (printable_json: the same JSON): an agent's client
+    may show it to a person as it is."""
+    for block in getattr(result, "content", None) or ():
+        if isinstance(block, TextContent):
+            block.text = printable_json(block.text)
+    return result
+
+
 def _argument_problem(error: dict) -> str:
     where = ".".join(str(part) for part in error["loc"]) or "arguments"
     return f"{where}: {error['msg']}"
 
 
 def _error(code: str, message: str, hint: str, exit: int) -> CallToolResult:
-    text = f"{code}: {message} [exit code {exit}]" + (f" hint: {hint}" if hint else "")
+    text = printable(f"{code}: {message} [exit code {exit}]" + (f" hint: {hint}" if hint else ""), multiline=False)
     return CallToolResult(content=[TextContent(type="text", text=text)], is_error=True,
                           structured_content={"error": code, "message": message, "hint": hint, "exit": exit})
 

@@ -192,9 +192,9 @@ def control_socket_dir(preferred: Path) -> Path:
 
         tag = hashlib.sha256(str(preferred).encode()).hexdigest()[:8]
         preferred = Path(tempfile.gettempdir()) / f"runner-cm-{os.getuid()}-{tag}"
-    preferred.mkdir(mode=0o700, parents=True, exist_ok=True)
-    os.chmod(preferred, 0o700)
-    return preferred
+    from ..state.store import private_dir
+
+    return private_dir(preferred)
 
 
 # What OpenSSH prints when it refuses a host key, and the line naming that host (the jump host when it is
