@@ -3,9 +3,9 @@
 An MCP server is how an agent gets less than a shell. By default it runs only the project's own job files (the
 server's `jobs/` at start, or each `--jobs-dir`) and lets a call change only a benchmark's parameters: values
 of the payload arguments the job file names, the sweep over them, the limits, the GPU section, the name; never
-what runs or where. The values are data: numbers, plain tokens, or values the job file lists. It reads results by job id only and baselines only from the baselines dirs, contacts
-`local` (the server's own machine) only with --allow-local, and restores only the services of known job
-files. Each refusal is a NotAllowed (exit 2) whose hint names the flag that would allow it.
+what runs or where; and the values are data (numbers, plain tokens, or values the job file lists), never code.
+It reads results by job id only and baselines only from the baselines dirs, contacts `local` (the server's
+own machine) only with --allow-local, and restores only the services of known job files. Each refusal is a NotAllowed (exit 2) whose hint names the flag that would allow it.
 """
 from __future__ import annotations
 

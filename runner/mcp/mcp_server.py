@@ -89,14 +89,14 @@ class Tools:
         return {**asdict(chunk), "cli_exit_code": exit_code(chunk.state, settled=not chunk.call_again)}
 
     def status(self, job_id: str | None = None) -> dict:
-        found = targets.status(job_id, store=Store())
+        found = targets.status(job_id, store=Store(), deadline=_deadline())
         return {**(found.document if found.of_run else {"jobs": found.detail}), "cli_exit_code": found.exit}
 
     def list_jobs(self) -> dict:
         return {"jobs": [asdict(r) for r in Store().all()]}
 
     def cancel(self, job_id: str) -> dict:
-        found = targets.cancel(job_id, store=Store())
+        found = targets.cancel(job_id, store=Store(), deadline=_deadline())
         if found.of_run:
             return {"run_id": job_id, "hosts": found.document, "cli_exit_code": found.exit}
         return {**found.document, "cli_exit_code": found.exit}
@@ -111,7 +111,7 @@ class Tools:
         baseline = self.policy.baseline(baseline) if baseline else None
         if not baseline and is_run(job_id, Store()):  # like `runner results RUN`: every host's, side by side
             return _run_results(job_id)
-        collected = ci.collect_job(job_id, store=Store())  # by id only: never a path
+        collected = ci.collect_job(job_id, store=Store(), deadline=_deadline())  # by id only: never a path
         answer = {"table": render_any(collected.result), "result": strict_json(collected.result),
                   "service_window": strict_json(collected.window),
                   "history_warning": collected.warning, "cli_exit_code": EXIT_OK}
@@ -151,9 +151,15 @@ def _run_results(run_id: str) -> dict:
     from ..results.fleet_results import side_by_side
     from ..results.results import strict_json
 
-    found = targets.run_results(run_id, store=Store())
+    found = targets.run_results(run_id, store=Store(), deadline=_deadline())
     return {"table": side_by_side(found.detail.results, found.detail.missing),
             **strict_json(found.document), "cli_exit_code": found.exit}
+
+
+def _deadline() -> Deadline:
+    """The deadline of a call that takes no max_wait (status, cancel, results): the default's, made here, the
+    front end, and handed to every host call below."""
+    return Deadline.for_command(DEFAULT_MAX_WAIT_S)
 
 
 def _spec(path: str, overrides: list[str]):
