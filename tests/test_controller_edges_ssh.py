@@ -175,17 +175,20 @@ def test_max_wait_bounds_every_host_call_of_a_fleet_command(silent_host, tmp_pat
 
 
 BELOW_THE_FRONT_ENDS = ("commands", "fleet", "remote")
+FRONT_ENDS = ("cli", "mcp")
 
 
-def functions_below_the_front_ends():
-    """(module name, FunctionDef, whether it is a module's function, not a method) of every function in
-    runner/commands, runner/fleet, runner/remote."""
-    for package in BELOW_THE_FRONT_ENDS:
+def functions_in(packages):
+    """(module name, FunctionDef, whether it is a module's function (not a method), the names its module
+    imports from other modules: {name: module}) of every function in runner/PACKAGE for each package."""
+    for package in packages:
         for path in sorted((REPO / "runner" / package).glob("*.py")):
             tree = ast.parse(path.read_text())
+            imported = {alias.asname or alias.name: node.module.split(".")[-1] for node in ast.walk(tree)
+                        if isinstance(node, ast.ImportFrom) and node.module for alias in node.names}
             for node in ast.walk(tree):
                 if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                    yield path.stem, node, node in tree.body
+                    yield path.stem, node, node in tree.body, imported
 
 
 def _params(fn) -> list[str]:
@@ -202,30 +205,33 @@ def _has_default(fn, name: str) -> bool:
 
 
 def test_no_command_below_the_front_ends_has_a_deadline_of_its_own():
-    """Every `deadline` parameter is required; every call of such a function passes the caller's; and no
-    Deadline is built from a constant (only from the command's own max_wait, timeout or deadline)."""
-    functions = list(functions_below_the_front_ends())
+    """Every `deadline` parameter below the front ends is required; every call of such a function (there and
+    in the front ends) passes one; and no Deadline below the front ends is built from a constant (only from
+    the command's own max_wait, timeout or deadline)."""
+    below = list(functions_in(BELOW_THE_FRONT_ENDS))
     takes_deadline = {(module, fn.name): _params(fn).index("deadline")
-                      for module, fn, top in functions if top and "deadline" in _params(fn)}
-    problems = [f"{module}.{fn.name}: `deadline` has a default" for module, fn, _top in functions
+                      for module, fn, top, _imported in below if top and "deadline" in _params(fn)}
+    problems = [f"{module}.{fn.name}: `deadline` has a default" for module, fn, _top, _imported in below
                 if "deadline" in _params(fn) and _has_default(fn, "deadline")]
-    for module, fn, _top in functions:
+    front = list(functions_in(FRONT_ENDS))
+    made_by_a_front_end = {id(fn) for _module, fn, _top, _imported in front}  # the command's own deadline
+    for module, fn, _top, imported in below + front:
         for call in (n for n in ast.walk(fn) if isinstance(n, ast.Call)):
-            target = _called(call, module)
+            target = _called(call, module, imported)
             if target in takes_deadline and not _passes_deadline(call, takes_deadline[target]):
                 problems.append(f"{module}.{fn.name} calls {target[0]}.{target[1]} without the deadline")
-            if _builds_deadline(call) and not _from_a_variable(call):
+            if id(fn) not in made_by_a_front_end and _builds_deadline(call) and not _from_a_variable(call):
                 problems.append(f"{module}.{fn.name} builds a Deadline of its own: {ast.unparse(call)}")
     assert problems == []
     assert ("controller", "connect") in takes_deadline and ("targets", "status") in takes_deadline
 
 
-def _called(call: ast.Call, module: str) -> tuple[str, str] | None:
-    """(module, function) a call names: `controller.status(…)` or a bare name of the same module."""
+def _called(call: ast.Call, module: str, imported: dict) -> tuple[str, str] | None:
+    """(module, function) a call names: `controller.status(…)`, or a bare name (imported, or of the same module)."""
     if isinstance(call.func, ast.Attribute) and isinstance(call.func.value, ast.Name):
         return call.func.value.id, call.func.attr
     if isinstance(call.func, ast.Name):
-        return module, call.func.id
+        return imported.get(call.func.id, module), call.func.id
     return None
 
 

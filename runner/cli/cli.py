@@ -573,8 +573,10 @@ def history(host, metric, plot_path, imports, as_json) -> None:
 
     store = Store()
     path = hist.db_path(store.root)
+    deadline = Deadline.for_command(DEFAULT_MAX_WAIT_S)  # an import of a job id asks its host
     for ref in imports:
-        warning = hist.record(path, *hist.runs_from_result(ref, collect(ref, store=store, record=False).result))
+        warning = hist.record(path, *hist.runs_from_result(ref, collect(ref, store=store, record=False,
+                                                                        deadline=deadline).result))
         if warning:
             raise RunnerError(warning)
     known = hist.metric_names(path)

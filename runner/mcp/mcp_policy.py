@@ -5,7 +5,8 @@ server's `jobs/` at start, or each `--jobs-dir`) and lets a call change only a b
 of the payload arguments the job file names, the sweep over them, the limits, the GPU section, the name; never
 what runs or where; and the values are data (numbers, plain tokens, or values the job file lists), never code.
 It reads results by job id only and baselines only from the baselines dirs, contacts `local` (the server's
-own machine) only with --allow-local, and restores only the services of known job files. Each refusal is a NotAllowed (exit 2) whose hint names the flag that would allow it.
+own machine) only with --allow-local, and restores only the services of known job files. Each refusal is a
+NotAllowed (exit 2) whose hint names the flag that would allow it.
 """
 from __future__ import annotations
 

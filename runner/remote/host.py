@@ -28,9 +28,11 @@ from ..errors import HostBusy, PreflightError, RemoteError, SchedulerUnavailable
 from . import answers
 from .transport import Completed, Transport
 
+# BOOT and UNPACK first add go-w to the login's umask: nothing they or the supervisor write under ROOT is
+# writable by others, whatever the umask (BOOT refuses a bundle file that is).
 BOOT = r"""
 import os, sys
-os.umask(os.umask(0o022) | 0o022)  # nothing the supervisor writes is writable by others, whatever the login's umask
+os.umask(os.umask(0o022) | 0o022)
 root, digest = os.path.expanduser(sys.argv[1]), sys.argv[2]
 here = os.path.join(root, "payload", digest)
 sup = os.path.join(here, "supervisor.py")
@@ -58,7 +60,7 @@ sys.exit(supervisor.main(sys.argv[3:] + ["--root", root]))
 # content does not hash to its HASH, are refused. When every bundle is there already, stdin is not read.
 UNPACK = r"""
 import hashlib, io, json, os, re, shutil, sys, tarfile, tempfile
-os.umask(os.umask(0o022) | 0o022)  # BOOT refuses a bundle file writable by others
+os.umask(os.umask(0o022) | 0o022)
 root, wanted = os.path.expanduser(sys.argv[1]), sys.argv[2:]
 tmp = None
 def say(answer, code):

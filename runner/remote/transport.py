@@ -333,7 +333,7 @@ def _drain(chan, deadline: Deadline, name: str) -> tuple[bytes, bytes]:
             if len(out) > MAX_OUTPUT_BYTES:
                 raise oversized(name)
         while chan.recv_stderr_ready():
-            err = keep_tail(err + chan.recv_stderr(1 << 16))
+            keep_tail(err, chan.recv_stderr(1 << 16))
         if chan.exit_status_ready() and chan.eof_received and not (chan.recv_ready() or chan.recv_stderr_ready()):
             return bytes(out), bytes(err)
         if chan.closed and not (chan.recv_ready() or chan.recv_stderr_ready()):
@@ -341,9 +341,12 @@ def _drain(chan, deadline: Deadline, name: str) -> tuple[bytes, bytes]:
         select.select([chan], [], [], min(0.05, time_left(deadline, name)))
 
 
-def keep_tail(err: bytes | bytearray) -> bytearray:
-    """The last MAX_STDERR_BYTES of a stderr read so far (what a message quotes is its last lines)."""
-    return bytearray(err[-MAX_STDERR_BYTES:])
+def keep_tail(err: bytearray, chunk: bytes) -> None:
+    """Add chunk to a stderr read so far, keeping about its last MAX_STDERR_BYTES (what a message quotes is its
+    last lines); trimmed once it holds twice that, not copied at every chunk."""
+    err += chunk
+    if len(err) > 2 * MAX_STDERR_BYTES:
+        del err[:-MAX_STDERR_BYTES]
 
 
 def time_left(deadline: Deadline, name: str) -> float:

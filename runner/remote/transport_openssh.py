@@ -273,7 +273,7 @@ def exchange(proc: subprocess.Popen, stdin: bytes, deadline: Deadline, name: str
                     if len(out) > MAX_OUTPUT_BYTES:
                         raise oversized(name)
                 else:
-                    err = keep_tail(err + chunk)
+                    keep_tail(err, chunk)
     proc.wait(timeout=max(0.0, deadline.left()))
     return bytes(out), bytes(err)
 

@@ -218,8 +218,11 @@ def private_dir(path: Path) -> Path:
         missing.append(at)
         at = at.parent
     for directory in reversed(missing):
-        with suppress(FileExistsError):
+        try:
             directory.mkdir(mode=0o700)
+        except FileExistsError:
+            if not directory.is_dir():  # a file in the way: the caller's error, not a chmod of it
+                raise
         os.chmod(directory, 0o700)
     if not missing:
         with suppress(OSError):  # best effort on a dir made before (a read-only state dir is still read)
