@@ -141,7 +141,8 @@ def _selected(gpu: dict, report: dict) -> list:
         raise _Refused("preflight-refused", "the job asks for GPUs but nvidia-smi is not available on the host")
     missing = [str(d) for d in gpu["devices"] if str(d) not in found]
     if missing:
-        have = ", ".join("%s (%s)" % (g["index"], g.get("uuid", "?")) for g in report.get("gpus", [])) or "none"
+        listed = report.get("host_gpus", report.get("gpus", []))  # every GPU of the host, not the asked-for ones
+        have = ", ".join("%s (%s)" % (g["index"], g.get("uuid", "?")) for g in listed) or "none"
         raise _Refused("preflight-refused", "GPU %s not found on the host; it has: %s" % (", ".join(missing), have))
     return [found[str(d)] for d in gpu["devices"]]
 

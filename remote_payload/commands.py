@@ -446,8 +446,9 @@ def preflight_gpus(spec: dict) -> dict:
         return {"gpus": [], "apps": [], "nvidia_smi": False}
     found = parse_gpu_csv(nvidia_smi(GPU_QUERY))
     wanted = set(devices)
+    # host_gpus: every GPU nvidia-smi lists, so a refusal of a device it lacks can say which ones it has.
     return {"gpus": [g for g in found if g["index"] in wanted or g["uuid"] in wanted], "apps": query_apps(),
-            "nvidia_smi": True}
+            "nvidia_smi": True, "host_gpus": [{"index": g["index"], "uuid": g["uuid"]} for g in found]}
 
 
 def cmd_preflight(args) -> dict:

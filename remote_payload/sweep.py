@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
+import shlex
 
 MAX_VARIANTS = 1000  # over it the spec is refused (exit 2 naming `sweep`)
 
@@ -59,14 +61,34 @@ def _text(value) -> str:
     return ",".join(map(str, value)) if isinstance(value, list) else str(value)
 
 
+SHELLS = ("sh", "bash", "dash", "zsh", "ksh", "mksh", "ash")
+
+
 def fill(command: list, args: dict) -> list:
-    """A command payload's argv for one variant: each literal `{KEY}` replaced by the variant's value."""
+    """A command payload's argv for one variant: each literal `{KEY}` replaced by the variant's value; in the
+    script of `sh -c SCRIPT` (any shell of SHELLS, `-c` alone or among other one-letter options) the value
+    goes in shell-quoted, so it is data there too and never shell code (write `{KEY}` bare in the script, not
+    inside quotes of its own: a plain value is left as it is, any other is quoted once)."""
+    script = shell_script_index(command)
     filled = []
-    for word in command:
+    for index, word in enumerate(command):
         for key, value in args.items():
-            word = word.replace("{%s}" % key, _text(value))
+            text = _text(value)
+            word = word.replace("{%s}" % key, shlex.quote(text) if index == script else text)
         filled.append(word)
     return filled
+
+
+def shell_script_index(command: list):
+    """The index of the script word of `SHELL [-OPTS] -c SCRIPT …`, or None when the command is no shell's."""
+    if not command or os.path.basename(command[0]) not in SHELLS:
+        return None
+    for index, word in enumerate(command[1:], 1):
+        if not word.startswith("-") or word.startswith("--"):
+            return None  # a script file: its arguments are argv, not shell code
+        if "c" in word[1:]:
+            return index + 1 if index + 1 < len(command) else None
+    return None
 
 
 def unused_keys(command: list, keys) -> list:

@@ -9,8 +9,9 @@ are a contract; class names are not. A RemoteError carries the wire's own code f
     class                   exit  code                what
     RunnerError             1     internal            anything else; the message says what
     ├── SpecError           2     bad-spec            bad job spec or bad command-line usage
-    ├── TransportError      3     host-unreachable    host unreachable, auth failed, timed out
+    ├── TransportError      3     host-unreachable    host unreachable, link lost, timed out (retried: idempotent calls)
     │   ├── HostKeyError    3     host-key            unknown or changed host key (message has the fingerprint)
+    │   ├── AuthFailed      3     auth-failed         the login was refused (never retried: retries lock accounts)
     │   └── BadAnswer       3     bad-answer          the host answered outside the wire contract (remote/answers.py)
     ├── PreflightError      4     preflight-refused   the host cannot run this job now (memory, service policy)
     ├── HostBusy            5     busy                a lock is held; the message names the holder
@@ -65,16 +66,27 @@ class SpecError(RunnerError):
 class TransportError(RunnerError):
     exit_code = EXIT_UNREACHABLE
     code = "host-unreachable"
+    retry = True  # a lost link or a host that did not answer: an idempotent call may be made again
 
 
 class HostKeyError(TransportError):
     code = "host-key"
+    retry = False
+
+
+class AuthFailed(TransportError):
+    """The host refused the login. Never retried (as Ansible never retries authentication): each failed try
+    counts towards the host's lockout (pam_faillock, MaxAuthTries, fail2ban)."""
+
+    code = "auth-failed"
+    retry = False
 
 
 class BadAnswer(TransportError):
     """The host's answer breaks the wire contract (a broken or compromised supervisor): nothing of it is used."""
 
     code = "bad-answer"
+    retry = False  # asking again gets the same answer from the same supervisor
 
 
 class PreflightError(RunnerError):
@@ -147,6 +159,17 @@ class NotAllowed(RunnerError):
 
     exit_code = EXIT_USAGE
     code = "not-allowed"
+
+
+def exit_for(code: str) -> int:
+    """The exit status of an error code of this tree (`--json`'s `error`, a status row's); 1 for any other."""
+    todo = [RunnerError]
+    while todo:
+        cls = todo.pop()
+        if cls.code == code:
+            return cls.exit_code
+        todo.extend(cls.__subclasses__())
+    return EXIT_FAILED
 
 
 # -- outcomes that are not errors -------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from runner.commands import controller
-from runner.deadline import ROUND_TRIP_ALLOWANCE_S
+from runner.deadline import ROUND_TRIP_ALLOWANCE_S, Deadline
 from runner.remote.host import HostClient
 from runner.state.store import JobRecord, Store
 from tests.cli_helpers import Target, run_cli, wait_for, wait_terminal, write_job
@@ -198,7 +198,8 @@ def test_the_job_is_recorded_before_the_host_starts_it(ssh_host, tmpfs_state_dir
 
     monkeypatch.setattr(HostClient, "submit", submit_then_break)
     notes: list[str] = []
-    done = controller.submit(str(job), [], job_id="recorded-first", store=Store(), progress=notes.append)
+    done = controller.submit(str(job), [], job_id="recorded-first", store=Store(), progress=notes.append,
+                             deadline=Deadline.for_command(50))
     assert seen == {"recorded": True}
     assert done.job_id == "recorded-first"
     wait_for(lambda: run_cli(target, "status", "recorded-first").returncode == 0, what="the job SUCCEEDED")

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from runner.deadline import Deadline
 from runner.errors import NoResult, RunnerError
 from runner.results import gate, history, history_report
 from runner.state.store import JobRecord, Store
@@ -192,7 +193,8 @@ def test_history_reads_the_submitted_spec_not_the_file_as_it_is_now(tmp_path):
     spec.write_text(f"name: x\nhost: {{address: local, root: '{tmp_path / 'root'}'}}\n"
                     "payload: {script: demo_payload.py, args: {seconds: 1, sizes: [1]}}\n")
     store = Store(tmp_path / "state")
-    done = controller.submit(str(spec), ["payload.args.seconds=2"], store=store, progress=lambda _m: None)
+    done = controller.submit(str(spec), ["payload.args.seconds=2"], store=store, progress=lambda _m: None,
+                             deadline=Deadline.for_command(50))
     submitted = store.load(done.job_id).wire
     assert submitted["payload"]["args"][:2] == ["--seconds", "2"]
     spec.write_text(spec.read_text().replace("seconds: 1", "seconds: 9"))

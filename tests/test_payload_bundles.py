@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from runner.deadline import Deadline
 from runner.commands import controller
 from runner.remote import host
 from tests.cli_helpers import REPO, Target, run_cli, submit, wait_terminal, write_job
@@ -222,7 +223,8 @@ def test_both_bundles_travel_in_one_upload_and_a_warm_submit_is_one_round_trip(l
     write(work / "other.py", "print('other')\n")
     other = write_job(work / "other.yaml", local, script="other.py")
     store = Store()
-    trips = [controller.submit(str(job), [], store=store, progress=lambda _m: None) for job in (demo, demo, other)]
+    trips = [controller.submit(str(job), [], store=store, progress=lambda _m: None,
+                               deadline=Deadline.for_command(50)) for job in (demo, demo, other)]
     # cold: payload-missing, one upload of both, submit again; warm: one; a new payload on a warm host: the
     # supervisor answers payload-missing for it, one upload, submit again
     assert [t.round_trips for t in trips] == [3, 1, 3]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 
 from remote_payload.admission import admit
+from runner.deadline import Deadline
 from runner.commands import controller
 from runner.errors import HostBusy, PreflightError, RunnerError
 from runner.remote import preflight
@@ -84,8 +85,10 @@ def test_a_cached_submit_is_one_round_trip(ssh_host, tmp_path):
     store = Store()
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("RUNNER_SSH_CONFIG", str(ssh_host.ssh_config))
-        first = controller.submit(str(job), [], store=store, progress=lambda _m: None)
-        second = controller.submit(str(job), [], store=store, progress=lambda _m: None)
+        first = controller.submit(str(job), [], store=store, progress=lambda _m: None,
+                                  deadline=Deadline.for_command(50))
+        second = controller.submit(str(job), [], store=store, progress=lambda _m: None,
+                                   deadline=Deadline.for_command(50))
     assert first.round_trips == 3  # submit answers payload-missing, the upload, submit again
     assert second.round_trips == 1
     for done in (first, second):
@@ -113,7 +116,7 @@ def service_job(tmp_path, host, *, stop: str, need: int = 8000, command=None):
 def warm_service_host(service_host, monkeypatch):
     """The systemd host with the payload already uploaded, so a submit's round trips are the warm path's."""
     monkeypatch.setenv("RUNNER_SSH_CONFIG", str(service_host.ssh_config))
-    with controller.connect({"address": service_host.alias}) as client:
+    with controller.connect({"address": service_host.alias}, deadline=Deadline.for_command(50)) as client:
         client.upload()
     return service_host
 
@@ -127,7 +130,7 @@ def test_a_submit_that_must_stop_the_service_is_one_round_trip(warm_service_host
     host = warm_service_host
     host.set_gpu(total_mib=SMALL_GPU, baseline_used=10000)  # 5904 MiB free while the unit runs: short of 8000
     job = service_job(tmp_path, host, stop="if-needed")
-    done = controller.submit(str(job), [], store=Store(), progress=lambda _m: None)
+    done = controller.submit(str(job), [], store=Store(), progress=lambda _m: None, deadline=Deadline.for_command(50))
     assert done.stop_service is True and any(f"will stop {host.unit}" in n for n in done.notes), done
     assert done.round_trips == 1
     ended = wait_terminal(service_target(host), done.job_id)
@@ -138,16 +141,16 @@ def test_a_submit_that_must_stop_the_service_is_one_round_trip(warm_service_host
 def test_a_busy_host_is_exit_5_in_one_round_trip(warm_service_host, tmp_path):
     host = warm_service_host
     holder = controller.submit(str(service_job(tmp_path, host, stop="never", need=1000, command=["sleep", "30"])),
-                               [], store=Store(), progress=lambda _m: None)
+                               [], store=Store(), progress=lambda _m: None, deadline=Deadline.for_command(50))
     try:
         job = service_job(tmp_path, host, stop="if-needed", need=1000)
         client_trips = _round_trips_of_failed_submit(job)
         with pytest.raises(HostBusy, match=holder.job_id) as refused:
-            controller.submit(str(job), [], store=Store(), progress=lambda _m: None)
+            controller.submit(str(job), [], store=Store(), progress=lambda _m: None, deadline=Deadline.for_command(50))
         assert refused.value.exit_code == 5 and "--queue" in refused.value.hint
         assert client_trips == 1
     finally:
-        controller.cancel(holder.job_id, store=Store())
+        controller.cancel(holder.job_id, store=Store(), deadline=Deadline.for_command(50))
         wait_terminal(service_target(host), holder.job_id)
 
 
@@ -159,7 +162,7 @@ def test_short_memory_with_stop_never_is_exit_4_in_one_round_trip_nothing_touche
     job = service_job(tmp_path, host, stop="never")
     assert _round_trips_of_failed_submit(job) == 1
     with pytest.raises(PreflightError, match="service.stop is never") as refused:
-        controller.submit(str(job), [], store=Store(), progress=lambda _m: None)
+        controller.submit(str(job), [], store=Store(), progress=lambda _m: None, deadline=Deadline.for_command(50))
     assert refused.value.exit_code == 4 and "service.stop: if-needed" in refused.value.hint
     assert host.service_state() == "active" and main_pid(host) == before
     assert not list(Store().all())  # the refused job's record is gone
@@ -177,5 +180,5 @@ def _round_trips_of_failed_submit(job) -> int:
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(controller, "connect", counting)
         with pytest.raises(RunnerError):
-            controller.submit(str(job), [], store=Store(), progress=lambda _m: None)
+            controller.submit(str(job), [], store=Store(), progress=lambda _m: None, deadline=Deadline.for_command(50))
     return sum(client.round_trips for client in made)

@@ -240,6 +240,7 @@ def test_a_warm_sweep_submit_is_one_round_trip_and_carries_every_variant(ssh_hos
     """The sweep goes through the one-call `submit` (preflight + start) like any job: its variants travel
     expanded on the wire, and the host runs them all."""
     from runner.commands import controller
+    from runner.deadline import Deadline
     from runner.state.store import Store
 
     root = shared_tmpdir("runner-root-sweep-one-")
@@ -248,8 +249,9 @@ def test_a_warm_sweep_submit_is_one_round_trip_and_carries_every_variant(ssh_hos
     path = command_sweep(work / "one.yaml", target, ["sh", "-c", "echo variant n={n}"], {"matrix": {"n": [1, 2, 3]}})
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("RUNNER_SSH_CONFIG", str(ssh_host.ssh_config))
-        controller.submit(str(path), [], store=Store(), progress=lambda _m: None)
-        warm = controller.submit(str(path), [], store=Store(), progress=lambda _m: None)
+        controller.submit(str(path), [], store=Store(), progress=lambda _m: None, deadline=Deadline.for_command(50))
+        warm = controller.submit(str(path), [], store=Store(), progress=lambda _m: None,
+                                 deadline=Deadline.for_command(50))
     assert warm.round_trips == 1
     job = wait_terminal(target, warm.job_id)
     assert job["state"] == "SUCCEEDED", job

@@ -248,7 +248,7 @@ def _is_run(ref: str) -> bool:
 
 
 def _status_text(job: dict) -> str:
-    if job.get("error") == "host-unreachable":
+    if job.get("error"):  # its host was not asked: unreachable, a refused key or login
         return f"{job.get('job_id')}: last known {job.get('state')} ({job.get('message')})"
     head = f"{job.get('job_id')}: {job.get('state')}" + (f" ({job['phase']})" if job.get("phase") else "")
     lines = [head]
@@ -532,7 +532,8 @@ def results(job_id, as_json, plot_path, baseline_path, save_path, other, toleran
     from ..results import gate, gate_report
 
     if _is_run(job_id) and not (baseline_path or save_path or other):
-        sys.exit(fleet_cli.results(job_id, as_json=as_json, plot_path=plot_path))
+        sys.exit(fleet_cli.results(job_id, as_json=as_json, plot_path=plot_path,
+                                   deadline=Deadline.for_command(max_wait)))
     store = Store()
     deadline = Deadline.for_command(max_wait)
     current = ci.collect(job_id, store=store, deadline=deadline)
@@ -595,8 +596,10 @@ def history(host, metric, plot_path, imports, as_json) -> None:
 
     store = Store()
     path = hist.db_path(store.root)
+    deadline = Deadline.for_command(DEFAULT_MAX_WAIT_S)  # an import of a job id asks its host
     for ref in imports:
-        warning = hist.record(path, *hist.runs_from_result(ref, collect(ref, store=store, record=False).result))
+        warning = hist.record(path, *hist.runs_from_result(ref, collect(ref, store=store, record=False,
+                                                                        deadline=deadline).result))
         if warning:
             raise RunnerError(warning)
     known = hist.metric_names(path)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import sys
 
 from ..commands import controller
+from ..deadline import Deadline
 from ..errors import EXIT_OK
 from ..fleet import fleet, fleet_view, targets
 from ..fleet.fleet import for_each_host
@@ -31,7 +32,7 @@ def submit(plan: Plan, *, run_id: str | None, queue: bool, dry_run: bool, max_wa
            forks: int | None = None) -> int:
     """A fleet's submit from the command's plan (validated once, for every host)."""
     if dry_run:
-        return _dry_run(plan, queue=queue)
+        return _dry_run(plan, queue=queue, deadline=Deadline.for_command(max_wait))
     return _report(targets.submit_fleet(plan, run_id=run_id, queue=queue, store=Store(), max_wait=max_wait,
                                         progress=_progress, forks=forks), as_json)
 
@@ -54,12 +55,13 @@ def _report(outcome: targets.Outcome, as_json: bool) -> int:
     return outcome.exit
 
 
-def _dry_run(plan: Plan, *, queue: bool) -> int:
+def _dry_run(plan: Plan, *, queue: bool, deadline: Deadline) -> int:
     """Every host's dry run at once, from the one plan: what it would do, or why it would be skipped.
     Nothing is changed."""
     entries = [HostEntry(a, "") for a in plan.addresses]
     plans, errors = for_each_host(entries, lambda e: controller.dry_run(
-        plan.spec_path, list(plan.overrides), queue=queue, planned=plan.for_address(e.address)))
+        plan.spec_path, list(plan.overrides), queue=queue, planned=plan.for_address(e.address),
+        deadline=deadline))
     _say(f"dry run of a fleet of {len(entries)}: nothing was started or changed")
     for entry in entries:
         plan = plans.get(entry.address)
@@ -106,10 +108,10 @@ def cancel(found: targets.Outcome, *, as_json: bool) -> int:
     return found.exit
 
 
-def results(run_id: str, *, as_json: bool, plot_path: str | None) -> int:
+def results(run_id: str, *, as_json: bool, plot_path: str | None, deadline: Deadline) -> int:
     from ..results.fleet_results import plot_hosts, side_by_side
 
-    found = targets.run_results(run_id, store=Store())
+    found = targets.run_results(run_id, store=Store(), deadline=deadline)
     if as_json:
         _emit_json(found.document)
     else:

@@ -7,12 +7,12 @@ May import: controller, store, errors (never cli or mcp_server).
 from __future__ import annotations
 
 from ..deadline import Deadline
-from ..errors import EXIT_UNREACHABLE, UnknownJob, exit_code
+from ..errors import UnknownJob, exit_code, exit_for
 from ..state.store import Store
 from . import controller
 
 
-def job_statuses(job_id: str | None, *, store: Store, deadline: Deadline | None = None) -> list[dict]:
+def job_statuses(job_id: str | None, *, store: Store, deadline: Deadline) -> list[dict]:
     """One job's status, or every known job's; a job its host does not know is an unknown job (exit 2)."""
     jobs = controller.status([job_id] if job_id else [], store=store, deadline=deadline)
     if job_id and jobs and jobs[0].get("state") == "UNKNOWN":
@@ -21,5 +21,6 @@ def job_statuses(job_id: str | None, *, store: Store, deadline: Deadline | None 
 
 
 def job_exit(job: dict) -> int:
-    """A job's exit status in `status`: its state's, or 3 when its host could not be asked."""
-    return EXIT_UNREACHABLE if job.get("error") == "host-unreachable" else exit_code(job.get("state"))
+    """A job's exit status in `status`: its state's, or its host's error's (3: unreachable, a refused host key or
+    login, a bad answer) when its host could not be asked: never "call again" for a host that refuses."""
+    return exit_for(job["error"]) if job.get("error") else exit_code(job.get("state"))

@@ -15,7 +15,7 @@ from typing import Any, BinaryIO, Callable
 from remote_payload.contract import STATES, is_terminal
 
 from ..deadline import Deadline
-from ..errors import (HostKeyError, LogShrank, NoResult, RemoteError, ResultNotYet, RunnerError, SpecError,
+from ..errors import (LogShrank, NoResult, RemoteError, ResultNotYet, RunnerError, SpecError,
                       TransportError, UnknownJob)
 from ..local_files import read_regular
 from ..results import gate, history
@@ -40,7 +40,7 @@ class Collected:
     window: dict | None = None  # the job's service window (results/window.py job_window), when it freed a service
 
 
-def collect(ref: str, *, store: Store, record: bool = True, deadline: Deadline | None = None) -> Collected:
+def collect(ref: str, *, store: Store, deadline: Deadline, record: bool = True) -> Collected:
     """`ref` is a result.json path (`is_result_path`) or a job id; a job's result is fetched and recorded in
     the history."""
     if is_result_path(ref, store):
@@ -54,7 +54,7 @@ def collect(ref: str, *, store: Store, record: bool = True, deadline: Deadline |
     return collect_job(ref, store=store, record=record, deadline=deadline)
 
 
-def collect_job(job_id: str, *, store: Store, record: bool = True, deadline: Deadline | None = None) -> Collected:
+def collect_job(job_id: str, *, store: Store, deadline: Deadline, record: bool = True) -> Collected:
     """A known job's result by its id (never a path) and its service window, recorded in the history."""
     store.load(check_job_id(job_id))  # an id this controller does not know is an unknown job
     result = fetch_result(job_id, store, deadline)
@@ -63,7 +63,7 @@ def collect_job(job_id: str, *, store: Store, record: bool = True, deadline: Dea
     return Collected(result, job_id, job_id, warning, window)
 
 
-def service_window(job_id: str, store: Store, deadline: Deadline | None = None) -> dict | None:
+def service_window(job_id: str, store: Store, deadline: Deadline) -> dict | None:
     """The job's service window (job_window: not serving and its parts; with several freed services, each
     one's and the longest), or None when it stopped nothing or its status cannot be read now: the result is
     what was asked for, this only adds to it."""
@@ -88,7 +88,7 @@ def is_result_path(ref: str, store: Store) -> bool:
     return False
 
 
-def fetch_result(job_id: str, store: Store, deadline: Deadline | None = None):
+def fetch_result(job_id: str, store: Store, deadline: Deadline):
     """The job's result from its host; a job still running is 75 (call again), one that ended without a
     result is NoResult."""
     try:
@@ -166,7 +166,7 @@ def wait(job_id: str, *, store: Store, out: BinaryIO, timeout: float, chunk: flo
             progress(f"[runner] {exc}; following it again from byte 0")  # the cursor is reset: no gap
             continue
         except TransportError as exc:
-            if calls == 0 or isinstance(exc, HostKeyError):
+            if calls == 0 or not exc.retry:
                 raise
             progress(f"[runner] {job_id}: {exc}; retrying")
             time.sleep(min(2.0, max(0.0, deadline - clock())))

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, BinaryIO, Callable, Iterator, Sequence
 from remote_payload.contract import DEFAULTS, normalize_unit
 from remote_payload import sweep as sweeps
 
-from ..deadline import DEFAULT_MAX_WAIT_S, Deadline
-from ..errors import (HostKeyError, LocalStateError, LogShrank, PreflightError, RemoteError, RunnerError,
+from ..deadline import Deadline
+from ..errors import (AuthFailed, HostKeyError, LocalStateError, LogShrank, PreflightError, RemoteError, RunnerError,
                       SpecError, TransportError, UnknownJob)
 from ..remote import preflight
 from ..remote.host import Bundle, HostClient, OpenCall, packaged_payload, payload_bundle, payload_dir, \
@@ -76,11 +76,12 @@ class TailOutcome:
     busy: bool = False  # another tail of this job held its cursor for all of max_wait: nothing printed
 
 
-def connect(host: dict, bundle: Bundle | None = None, deadline: Deadline | None = None,
+def connect(host: dict, bundle: Bundle | None = None, *, deadline: Deadline,
             payload: Bundle | None = None) -> HostClient:
-    """A client for the host section of a spec; use it as `with connect(host) as client:` (closes the transport).
-    deadline: the command's own, which no call may outlive (default: one of DEFAULT_MAX_WAIT_S); bundle: the
-    supervisor's (built when not given); payload: the job's payload bundle, for the calls that name it."""
+    """A client for the host section of a spec; use it as `with connect(host, deadline=…) as client:` (closes
+    the transport). deadline: the command's own, which no call may outlive (required: every command below the
+    front ends takes its front end's); bundle: the supervisor's (built when not given); payload: the job's
+    payload bundle, for the calls that name it."""
     if isinstance(host["address"], list):
         raise SpecError("host.address is a list of hosts (a fleet): this command takes one host",
                         hint="Submit the fleet with `runner submit JOB.yaml`; give --host H for one of its hosts.")
@@ -88,22 +89,17 @@ def connect(host: dict, bundle: Bundle | None = None, deadline: Deadline | None 
     if bundle is None:
         bundle = supervisor_bundle()
     return HostClient(transport, root=host.get("root", DEFAULTS["host.root"]), python=host.get("python", "python3"),
-                      bundle=bundle, deadline=_command_deadline(deadline), payload=payload)
-
-
-def _command_deadline(deadline: Deadline | None) -> Deadline:
-    """The command's deadline, or, for a caller that gave none (the MCP server, a fleet's host), the default's."""
-    return deadline if deadline is not None else Deadline.for_command(DEFAULT_MAX_WAIT_S)
+                      bundle=bundle, deadline=deadline, payload=payload)
 
 
 def _retrying(deadline: Deadline) -> Retrying:
-    """Retries for idempotent calls only (a lost link, never a refused host key), inside the command's
-    deadline: no retry starts once it passed, no back-off sleeps past it."""
+    """Retries for idempotent calls only (a lost link; never a refused host key or login, nor a bad answer),
+    inside the command's deadline: no retry starts once it passed, no back-off sleeps past it."""
     from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
 
     backoff = wait_exponential(multiplier=0.2, max=2.0)
     return Retrying(
-        retry=retry_if_exception(lambda e: isinstance(e, TransportError) and not isinstance(e, HostKeyError)),
+        retry=retry_if_exception(lambda e: isinstance(e, TransportError) and e.retry),
         stop=stop_after_attempt(3) | (lambda _state: deadline.passed()),
         wait=lambda state: min(backoff(state), deadline.left()),
         reraise=True,
@@ -245,7 +241,7 @@ def _open_early(state: Path, spec_path: str, overrides: Sequence[str], job_id: s
     chosen = check_job_id(job_id) if job_id is not None else None
     early_id = chosen or job_id_for(name, datetime.now(timezone.utc), os.urandom(3).hex())
     try:
-        client = connect(entry.host, bundle, deadline, payload)
+        client = connect(entry.host, bundle, deadline=deadline, payload=payload)
         call = client.open_submit(early_id, queue=queue)
     except RunnerError:
         return None  # the submit itself, after validation, meets the error and says it
@@ -257,13 +253,12 @@ def _open_early(state: Path, spec_path: str, overrides: Sequence[str], job_id: s
 
 def submit(spec_path: str, overrides: list[str], *, queue: bool = False, job_id: str | None = None,
            store: Store, progress: Callable[[str], None], planned: Plan | None = None,
-           deadline: Deadline | None = None, early: Early | None = None) -> Submitted:
+           deadline: Deadline, early: Early | None = None) -> Submitted:
     """Plan, record the job locally (its id chosen here), then preflight and start it on the host. The record
     comes first, so whatever fails later (the link, the state dir) leaves a job `status`/`cancel` can name;
     a refusal from the host removes the record it made. planned: the command's plan of this spec (the CLI's,
     or a fleet's retargeted to this host), else it is made here; deadline: the command's; early: this
     submit's call opened before the plan was made (early_submit), used when it fits the plan."""
-    deadline = _command_deadline(deadline)
     store.check_writable()
     plan = _planned(spec_path, overrides, planned, store.root)
     if early is not None and not early.fits(plan):
@@ -279,13 +274,14 @@ def submit(spec_path: str, overrides: list[str], *, queue: bool = False, job_id:
     try:
         if early is not None:  # a payload the host lacks is uploaded with the supervisor's bundle
             early.client.payload = plan.payload_bundle
-        with early.client if early is not None else connect(host, bundle, deadline, plan.payload_bundle) as client:
+        with early.client if early is not None else connect(host, bundle, deadline=deadline,
+                                                            payload=plan.payload_bundle) as client:
             progress(f"preflight on {host['address']} …")
             answer, already = _submit_once(client, wire, queue, early.call if early is not None else None)
             notes = answer.get("notes", [])
             for note in notes:
                 progress(note)
-    except HostKeyError:
+    except (HostKeyError, AuthFailed):  # refused before anything ran
         raise
     except TransportError as exc:
         again = (f"The job may have started: `runner status {job_id}` tells; submitting again with --job-id "
@@ -323,12 +319,12 @@ def _note_state(store: Store, job_id: str, state: str, progress: Callable[[str],
 
 
 def dry_run(spec_path: str, overrides: list[str], *, queue: bool = False, job_id: str | None = None,
-            planned: Plan | None = None, deadline: Deadline | None = None) -> DryRun:
+            planned: Plan | None = None, deadline: Deadline) -> DryRun:
     """Validate, check the args, preflight the host and decide — without starting or changing anything.
     A refusal raises exactly what submit would raise (exit 2/3/4/5). planned, deadline: as for submit."""
     plan = _planned(spec_path, overrides, planned)
     host, bundle, wire, args_note = plan.host, plan.bundle, _wire(plan, job_id), plan.args_note
-    with connect(host, bundle, deadline, plan.payload_bundle) as client:
+    with connect(host, bundle, deadline=deadline, payload=plan.payload_bundle) as client:
         report = _preflight(client, wire)
     decision = preflight.decide(wire, report, queue=queue)
     payload = wire["payload"]
@@ -355,7 +351,7 @@ def _submit_once(client: HostClient, wire: dict, queue: bool, opened: OpenCall |
     try:
         return _submit_call(client, wire, queue, opened)
     except TransportError as exc:
-        if isinstance(exc, HostKeyError):
+        if not exc.retry:  # a refused key or login, an answer outside the contract: asking again changes nothing
             raise
         client.close()
         found = _retrying(client.deadline)(client.status, [wire["job_id"]])
@@ -485,8 +481,7 @@ def _print_log(record: JobRecord, cursor: int, out: BinaryIO, follow: bool, wait
 
 # -- status, list, cancel, results, restore ---------------------------------------------------------------
 
-def status(job_ids: list[str], *, store: Store, deadline: Deadline | None = None) -> list[dict]:
-    deadline = _command_deadline(deadline)
+def status(job_ids: list[str], *, store: Store, deadline: Deadline) -> list[dict]:
     records = [store.load(check_job_id(j)) for j in job_ids] if job_ids else store.all()
     by_host: dict[tuple, list[JobRecord]] = {}
     for record in records:
@@ -518,13 +513,13 @@ def _host_key(host: dict) -> tuple:
     return (host["address"], host.get("user"), host.get("port"), host.get("root"))
 
 
-def cancel(job_id: str, *, store: Store, deadline: Deadline | None = None) -> dict:
+def cancel(job_id: str, *, store: Store, deadline: Deadline) -> dict:
     record = store.load(check_job_id(job_id))
     with connect(record.host, deadline=deadline) as client:
         return client.cancel(job_id)
 
 
-def result(job_id: str, *, store: Store, deadline: Deadline | None = None) -> dict:
+def result(job_id: str, *, store: Store, deadline: Deadline) -> dict:
     record = store.load(check_job_id(job_id))
     with connect(record.host, deadline=deadline) as client:
         return _retrying(client.deadline)(client.result, job_id)

@@ -413,7 +413,7 @@ def _ended(job: dict, service_down: bool) -> str:
 
 # -- cancel -------------------------------------------------------------------------------------------------
 
-def cancel(run_id: str, *, store: Store) -> dict[str, dict]:
+def cancel(run_id: str, *, store: Store, deadline: Deadline) -> dict[str, dict]:
     """Start no more hosts, and cancel every host's job that may be running (concurrently); per host the
     host's answer or {"error": …}. Hosts not started are held (now, or by the driver that holds the run)."""
     runs = RunStore(store)
@@ -426,7 +426,8 @@ def cancel(run_id: str, *, store: Store) -> dict[str, dict]:
                     entry.phase, entry.note = HELD, "not started: the run was cancelled"
             runs.save(run)
     live = [e for e in run.hosts if e.phase in (STARTING, STARTED)]
-    answers, errors = for_each_host(live, lambda e: controller.cancel(e.job_id, store=store), run.forks)
+    answers, errors = for_each_host(live, lambda e: controller.cancel(e.job_id, store=store, deadline=deadline),
+                                    run.forks)
     answers.update({a: {"error": str(exc).splitlines()[0], "exit": exc.exit_code} for a, exc in errors.items()})
     return {e.address: answers.get(e.address, {"state": e.phase, "already": True, "note": e.note}) for e in run.hosts}
 

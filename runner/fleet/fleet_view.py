@@ -13,6 +13,7 @@ from typing import BinaryIO, Callable
 from remote_payload.contract import is_terminal
 
 from ..commands import controller
+from ..deadline import Deadline
 from ..errors import EXIT_FAILED, EXIT_STILL_RUNNING, EXIT_UNREACHABLE, RunnerError, exit_code
 from ..state.fleet_store import DONE, HELD, PENDING, SKIPPED, STARTED, STARTING, HostEntry, RunRecord, RunStore
 from ..state.job_id import check_job_id
@@ -52,11 +53,11 @@ def _phase_exit(entry: HostEntry) -> int:
 
 # -- status -------------------------------------------------------------------------------------------------
 
-def status(run_id: str, *, store: Store) -> tuple[RunRecord, list[dict]]:
+def status(run_id: str, *, store: Store, deadline: Deadline) -> tuple[RunRecord, list[dict]]:
     """Per host: the run's view (phase, note) and the job's live status from its host, or the error."""
     run = RunStore(store).load(check_job_id(run_id))
     live = [e for e in run.hosts if _has_job(e, store)]
-    answers, errors = for_each_host(live, lambda e: controller.status([e.job_id], store=store)[0])
+    answers, errors = for_each_host(live, lambda e: controller.status([e.job_id], store=store, deadline=deadline)[0])
     rows = []
     for entry in run.hosts:
         answer, error = answers.get(entry.address), errors.get(entry.address)
@@ -183,10 +184,10 @@ class HostResults:
     missing: dict[str, str]   # address -> why there is none
 
 
-def results(run_id: str, *, store: Store) -> HostResults:
+def results(run_id: str, *, store: Store, deadline: Deadline) -> HostResults:
     run = RunStore(store).load(check_job_id(run_id))
     live = [e for e in run.hosts if _has_job(e, store)]
-    found, errors = for_each_host(live, lambda e: controller.result(e.job_id, store=store))
+    found, errors = for_each_host(live, lambda e: controller.result(e.job_id, store=store, deadline=deadline))
     missing = {a: _first_line(exc) for a, exc in errors.items()}
     for entry in run.hosts:
         if entry.address not in found and entry.address not in missing:

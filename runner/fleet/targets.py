@@ -41,28 +41,28 @@ def submit_fleet(plan: Plan, *, run_id: str | None, queue: bool, store: Store, m
                                     max_wait=max_wait, progress=progress, forks=forks, planned=plan))
 
 
-def status(ref: str | None, *, store: Store, deadline: Deadline | None = None) -> Outcome:
+def status(ref: str | None, *, store: Store, deadline: Deadline) -> Outcome:
     """A run's hosts (each its phase and its job's live status; the worst exit wins), or one job's status, or
     every known job's."""
     if ref and is_run(ref, store):
-        run, rows = fleet_view.status(ref, store=store)
+        run, rows = fleet_view.status(ref, store=store, deadline=deadline)
         return Outcome({"run_id": run.run_id, "state": run.state, "max_unavailable": run.max_unavailable,
                         "hosts": rows}, worst(row["exit"] for row in rows), True, run, rows)
     jobs = app.job_statuses(ref, store=store, deadline=deadline)
     return Outcome(jobs[0] if ref else jobs, worst(app.job_exit(job) for job in jobs), detail=jobs)
 
 
-def cancel(ref: str, *, store: Store, deadline: Deadline | None = None) -> Outcome:
+def cancel(ref: str, *, store: Store, deadline: Deadline) -> Outcome:
     """A run: every host's answer (or its error), the worst exit; one job: its host's answer, 0."""
     if is_run(ref, store):
-        answers = fleet.cancel(ref, store=store)
+        answers = fleet.cancel(ref, store=store, deadline=deadline)
         return Outcome(answers, max((a.get("exit", EXIT_OK) for a in answers.values()), default=EXIT_OK), True)
     return Outcome(controller.cancel(ref, store=store, deadline=deadline), EXIT_OK)
 
 
-def run_results(run_id: str, *, store: Store) -> Outcome:
+def run_results(run_id: str, *, store: Store, deadline: Deadline) -> Outcome:
     """Every host's result.json, and why a host has none: 0 all there · 1 some missing."""
-    found = fleet_view.results(run_id, store=store)
+    found = fleet_view.results(run_id, store=store, deadline=deadline)
     return Outcome({"results": found.results, "missing": found.missing},
                    EXIT_OK if found.results and not found.missing else 1, True, detail=found)
 

@@ -3,12 +3,15 @@
 An MCP server is how an agent gets less than a shell. By default it runs only the project's own job files (the
 server's `jobs/` at start, or each `--jobs-dir`) and lets a call change only a benchmark's parameters: values
 of the payload arguments the job file names, the sweep over them, the limits, the GPU section, the name; never
-what runs or where. It reads results by job id only and baselines only from the baselines dirs, contacts
-`local` (the server's own machine) only with --allow-local, and restores only the services of known job
-files. Each refusal is a NotAllowed (exit 2) whose hint names the flag that would allow it.
+what runs or where; and the values are data (numbers, plain tokens, or values the job file lists), never code.
+It reads results by job id only and baselines only from the baselines dirs, contacts `local` (the server's
+own machine) only with --allow-local, and restores only the services of known job files. Each refusal is a
+NotAllowed (exit 2) whose hint names the flag that would allow it.
 """
 from __future__ import annotations
 
+import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator, Sequence
@@ -21,6 +24,9 @@ from ..errors import NotAllowed, SpecError
 PARAMETER_KEYS = ("name", "payload.args", "sweep", "limits", "gpu")
 JOB_FILE_SUFFIXES = (".yaml", ".yml")
 BASELINE_SUFFIXES = (".json",)
+# A value a call may set without --allow-overrides: a number, or a word of these characters (no shell, path or
+# option syntax: no space, quote, `;`, `$`, `/`, and no leading `-` or `.`).
+DATA_TOKEN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
 @dataclass(frozen=True)
@@ -73,6 +79,20 @@ class Policy:
             raise NotAllowed(f"payload argument{'s' if len(added) > 1 else ''} {', '.join(map(_short, added))} "
                              "not named in the job file's payload.args or sweep",
                              hint="Name it in the job file, or start the server with --allow-overrides.")
+        self.values(as_written, overridden)
+
+    def values(self, as_written, overridden) -> None:
+        """Without --allow-overrides every value a call sets is data, never code: a number, a plain token
+        (DATA_TOKEN), or one of the values the job file itself lists (a command may put a value into a shell
+        script, a script may use it in a path)."""
+        if self.allow_overrides:
+            return
+        listed = set(map(_value_key, _values(as_written)))
+        for value in _values(overridden):
+            if not _is_data(value) and _value_key(value) not in listed:
+                raise NotAllowed(f"value {_short(str(value))} is not a number, a plain token ([A-Za-z0-9._-], "
+                                 "starting with a letter or digit) or one of the values the job file lists",
+                                 hint="List the value in the job file, or start the server with --allow-overrides.")
 
     def host(self, host: dict) -> None:
         addresses = host["address"] if isinstance(host["address"], list) else [host["address"]]
@@ -106,6 +126,34 @@ class Policy:
                     yield path, load_spec(path)
                 except SpecError:
                     continue
+
+
+def _values(spec) -> Iterator[object]:
+    """Every scalar a call can set that reaches the payload: the name, payload.args and the sweep's values."""
+    todo: list[object] = [spec.name, spec.payload.args]
+    if spec.sweep is not None:
+        todo += [spec.sweep.matrix, spec.sweep.include]
+    while todo:
+        value = todo.pop()
+        if isinstance(value, dict):
+            todo.extend(value.values())
+        elif isinstance(value, (list, tuple)):
+            todo.extend(value)
+        else:
+            yield value
+
+
+def _is_data(value: object) -> bool:
+    if isinstance(value, bool) or value is None:
+        return True
+    if isinstance(value, (int, float)):
+        return math.isfinite(value)
+    return isinstance(value, str) and DATA_TOKEN.fullmatch(value) is not None
+
+
+def _value_key(value: object) -> tuple[str, str]:
+    """A value as it compares with the job file's own (1 and 1.0 and True stay apart)."""
+    return type(value).__name__, repr(value)
 
 
 def _argument_names(spec) -> set[str]:

@@ -32,6 +32,7 @@ from ..deadline import Deadline
 from ..errors import EXIT_OK, EXIT_STILL_RUNNING, EXIT_USAGE, RunnerError, SpecError, exit_code
 from ..fleet import targets
 from ..fleet.fleet_view import is_run
+from ..printable import printable, printable_json
 from ..results import gate, gate_report
 from ..state.store import Store
 from .mcp_policy import Policy
@@ -88,14 +89,14 @@ class Tools:
         return {**asdict(chunk), "cli_exit_code": exit_code(chunk.state, settled=not chunk.call_again)}
 
     def status(self, job_id: str | None = None) -> dict:
-        found = targets.status(job_id, store=Store())
+        found = targets.status(job_id, store=Store(), deadline=_deadline())
         return {**(found.document if found.of_run else {"jobs": found.detail}), "cli_exit_code": found.exit}
 
     def list_jobs(self) -> dict:
         return {"jobs": [asdict(r) for r in Store().all()]}
 
     def cancel(self, job_id: str) -> dict:
-        found = targets.cancel(job_id, store=Store())
+        found = targets.cancel(job_id, store=Store(), deadline=_deadline())
         if found.of_run:
             return {"run_id": job_id, "hosts": found.document, "cli_exit_code": found.exit}
         return {**found.document, "cli_exit_code": found.exit}
@@ -110,7 +111,7 @@ class Tools:
         baseline = self.policy.baseline(baseline) if baseline else None
         if not baseline and is_run(job_id, Store()):  # like `runner results RUN`: every host's, side by side
             return _run_results(job_id)
-        collected = ci.collect_job(job_id, store=Store())  # by id only: never a path
+        collected = ci.collect_job(job_id, store=Store(), deadline=_deadline())  # by id only: never a path
         answer = {"table": render_any(collected.result), "result": strict_json(collected.result),
                   "service_window": strict_json(collected.window),
                   "history_warning": collected.warning, "cli_exit_code": EXIT_OK}
@@ -150,9 +151,15 @@ def _run_results(run_id: str) -> dict:
     from ..results.fleet_results import side_by_side
     from ..results.results import strict_json
 
-    found = targets.run_results(run_id, store=Store())
+    found = targets.run_results(run_id, store=Store(), deadline=_deadline())
     return {"table": side_by_side(found.detail.results, found.detail.missing),
             **strict_json(found.document), "cli_exit_code": found.exit}
+
+
+def _deadline() -> Deadline:
+    """The deadline of a call that takes no max_wait (status, cancel, results): the default's, made here, the
+    front end, and handed to every host call below."""
+    return Deadline.for_command(DEFAULT_MAX_WAIT_S)
 
 
 def _spec(path: str, overrides: list[str]):
@@ -188,7 +195,7 @@ class _Server(MCPServer):
                           f"{', '.join(map(repr, unknown))} ({name} takes {', '.join(known) or 'none'})", "",
                           EXIT_USAGE)
         try:
-            return await super().call_tool(name, arguments, context)
+            return _printable_text(await super().call_tool(name, arguments, context))
         except ToolError as exc:
             cause = exc.__cause__
             if isinstance(cause, ValidationError):
@@ -199,13 +206,22 @@ class _Server(MCPServer):
             raise
 
 
+def _printable_text(result: Any) -> Any:
+    """A tool's answer with its JSON text made printable (printable_json: the same JSON): an agent's client
+    may show it to a person as it is."""
+    for block in getattr(result, "content", None) or ():
+        if isinstance(block, TextContent):
+            block.text = printable_json(block.text)
+    return result
+
+
 def _argument_problem(error: dict) -> str:
     where = ".".join(str(part) for part in error["loc"]) or "arguments"
     return f"{where}: {error['msg']}"
 
 
 def _error(code: str, message: str, hint: str, exit: int) -> CallToolResult:
-    text = f"{code}: {message} [exit code {exit}]" + (f" hint: {hint}" if hint else "")
+    text = printable(f"{code}: {message} [exit code {exit}]" + (f" hint: {hint}" if hint else ""), multiline=False)
     return CallToolResult(content=[TextContent(type="text", text=text)], is_error=True,
                           structured_content={"error": code, "message": message, "hint": hint, "exit": exit})
 

@@ -42,6 +42,18 @@ def _bad(verb: str, where: str, why: str) -> BadAnswer:
                           "overwritten (its payload can write there); nothing of this answer was used or stored.")
 
 
+def oversized(host: str) -> BadAnswer:
+    """stdout that ran past the cap while it was read (the transport stopped reading it there)."""
+    return _bad(host, "answer", f"more than the {MAX_ANSWER_BYTES} bytes an answer may have; not read further")
+
+
+def no_json(verb: str, exit_code: int, stderr_tail: str) -> BadAnswer:
+    """An answer with no JSON object on its last line (a login banner, a crash): outside the contract too."""
+    error = _bad(verb, "answer", f"no JSON object (exit {exit_code})")
+    error.hint = (f"The host's stderr ends: {stderr_tail}\n" if stderr_tail else "") + error.hint
+    return error
+
+
 # -- reading the line -----------------------------------------------------------------------------------
 
 def parse_line(stdout: bytes, verb: str) -> dict | None:

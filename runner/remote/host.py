@@ -28,8 +28,11 @@ from ..errors import HostBusy, PreflightError, RemoteError, SchedulerUnavailable
 from . import answers
 from .transport import Completed, Transport
 
+# BOOT and UNPACK first add go-w to the login's umask: nothing they or the supervisor write under ROOT is
+# writable by others, whatever the umask (BOOT refuses a bundle file that is).
 BOOT = r"""
 import os, sys
+os.umask(os.umask(0o022) | 0o022)
 root, digest = os.path.expanduser(sys.argv[1]), sys.argv[2]
 here = os.path.join(root, "payload", digest)
 sup = os.path.join(here, "supervisor.py")
@@ -57,6 +60,7 @@ sys.exit(supervisor.main(sys.argv[3:] + ["--root", root]))
 # content does not hash to its HASH, are refused. When every bundle is there already, stdin is not read.
 UNPACK = r"""
 import hashlib, io, json, os, re, shutil, sys, tarfile, tempfile
+os.umask(os.umask(0o022) | 0o022)
 root, wanted = os.path.expanduser(sys.argv[1]), sys.argv[2:]
 tmp = None
 def say(answer, code):
@@ -81,7 +85,7 @@ if missing:
     for w in wanted:
         h = hashlib.sha256()
         for name in sorted(files[w]):
-            h.update(name.encode() + b"\0" + files[w][name] + b"\0")
+            h.update(b"%d %d\0" % (len(name.encode()), len(files[w][name])) + name.encode() + files[w][name])
         if h.hexdigest()[:16] != w.split("/")[1]:
             say({"ok": False, "error": "bad-bundle", "message": "hash mismatch: " + w}, 1)
     for w in missing:
@@ -132,8 +136,8 @@ class Bundle:
     @property
     def digest(self) -> str:
         h = hashlib.sha256()
-        for name in sorted(self.files):
-            h.update(name.encode() + b"\0" + self.files[name] + b"\0")
+        for name in sorted(self.files):  # each entry length-prefixed: no two sets of files hash alike
+            h.update(b"%d %d\0" % (len(name.encode()), len(self.files[name])) + name.encode() + self.files[name])
         return h.hexdigest()[:16]
 
 
@@ -362,4 +366,4 @@ def _parse_line(done: Completed, sub: str) -> dict:
             f"{sub}: host.python {done.argv[0]!r} cannot be run on the host: {done.stderr_tail(2)}",
             hint="Set host.python to a Python 3 interpreter that exists on the host.",
         )
-    raise RemoteError(f"{sub}: the host answered no JSON (exit {done.exit_code}): {done.stderr_tail()}")
+    raise answers.no_json(sub, done.exit_code, done.stderr_tail())

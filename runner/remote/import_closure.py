@@ -16,9 +16,10 @@ from pathlib import Path
 
 def local_closure(script: Path) -> dict[str, bytes]:
     """{name relative to the script's directory (`/`-separated): content} for the script and its closure."""
-    base = script.resolve().parent
-    found = {script.name: script.read_bytes()}
-    todo = [base / script.name]
+    real = script.resolve()  # a link to a file of another name: its imports are the target's, beside the target
+    base = real.parent
+    found = {script.name: real.read_bytes()}
+    todo = [real]
     while todo:
         path = todo.pop()
         for module in _local_imports(path, base):

@@ -28,9 +28,14 @@ from pathlib import Path
 from typing import Protocol, Sequence
 
 from ..deadline import Deadline
-from ..errors import HostKeyError, TransportError
+from ..errors import AuthFailed, HostKeyError, TransportError
+from .answers import MAX_ANSWER_BYTES, oversized
 
 KEEPALIVE_S = 15
+# What one call reads of a host: stdout up to an answer's cap (answers.MAX_ANSWER_BYTES) and then no further
+# (the call fails), stderr's tail only. A host is not trusted to be small: each byte read is held in memory.
+MAX_OUTPUT_BYTES = MAX_ANSWER_BYTES
+MAX_STDERR_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -144,8 +149,8 @@ def _translated(exc: BaseException, target: SshTarget, connecting: bool) -> Tran
             f"`ssh-keygen -R {shlex.quote(_known_hosts_name(exc.hostname or name, target.port))}`; "
             "otherwise do not connect.")
     if isinstance(exc, paramiko.AuthenticationException):
-        return TransportError(f"ssh {name}: authentication failed as {target.user or 'the ssh_config user'}",
-                              hint="Check the user and IdentityFile (ssh_config) and that `ssh` itself can log in.")
+        return AuthFailed(f"ssh {name}: authentication failed as {target.user or 'the ssh_config user'}",
+                          hint="Check the user and IdentityFile (ssh_config) and that `ssh` itself can log in.")
     if isinstance(exc, paramiko.hostkeys.InvalidHostKey):
         return HostKeyError(f"ssh {name}: a known_hosts line cannot be read: {exc.line[:100]!r}",
                             hint="Fix or remove that line (`ssh-keygen -F HOST` shows the lines for a host).")
@@ -319,17 +324,29 @@ def _exec(connection, argv: tuple[str, ...], stdin: bytes, deadline: Deadline, n
 
 
 def _drain(chan, deadline: Deadline, name: str) -> tuple[bytes, bytes]:
+    """Both streams until the command exits: stdout never past MAX_OUTPUT_BYTES (BadAnswer, the channel closed
+    by the caller), stderr's last MAX_STDERR_BYTES."""
     out, err = bytearray(), bytearray()
     while True:
         while chan.recv_ready():
             out += chan.recv(1 << 16)
+            if len(out) > MAX_OUTPUT_BYTES:
+                raise oversized(name)
         while chan.recv_stderr_ready():
-            err += chan.recv_stderr(1 << 16)
+            keep_tail(err, chan.recv_stderr(1 << 16))
         if chan.exit_status_ready() and chan.eof_received and not (chan.recv_ready() or chan.recv_stderr_ready()):
             return bytes(out), bytes(err)
         if chan.closed and not (chan.recv_ready() or chan.recv_stderr_ready()):
             raise TransportError(f"ssh {name}: channel closed before the command finished")
         select.select([chan], [], [], min(0.05, time_left(deadline, name)))
+
+
+def keep_tail(err: bytearray, chunk: bytes) -> None:
+    """Add chunk to a stderr read so far, keeping about its last MAX_STDERR_BYTES (what a message quotes is its
+    last lines); trimmed once it holds twice that, not copied at every chunk."""
+    err += chunk
+    if len(err) > 2 * MAX_STDERR_BYTES:
+        del err[:-MAX_STDERR_BYTES]
 
 
 def time_left(deadline: Deadline, name: str) -> float:

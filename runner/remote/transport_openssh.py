@@ -20,6 +20,8 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import select
+import selectors
 import shlex
 import shutil
 import subprocess
@@ -27,8 +29,10 @@ from pathlib import Path
 from typing import Sequence
 
 from ..deadline import Deadline
-from ..errors import HostKeyError, SpecError, TransportError
-from .transport import Completed, ConnectBudget, LocalTransport, SshTarget, SshTransport, time_left
+from ..errors import AuthFailed, HostKeyError, SpecError, TransportError
+from .answers import oversized
+from .transport import (MAX_OUTPUT_BYTES, Completed, ConnectBudget, LocalTransport, SshTarget, SshTransport, keep_tail,
+                        time_left)
 
 EXIT_SSH_FAILED = 255
 SERVER_ALIVE_S = 15  # the keepalive interval when the command has time; less when it has less
@@ -192,9 +196,9 @@ def control_socket_dir(preferred: Path) -> Path:
 
         tag = hashlib.sha256(str(preferred).encode()).hexdigest()[:8]
         preferred = Path(tempfile.gettempdir()) / f"runner-cm-{os.getuid()}-{tag}"
-    preferred.mkdir(mode=0o700, parents=True, exist_ok=True)
-    os.chmod(preferred, 0o700)
-    return preferred
+    from ..state.store import private_dir
+
+    return private_dir(preferred)
 
 
 # What OpenSSH prints when it refuses a host key, and the line naming that host (the jump host when it is
@@ -215,8 +219,9 @@ class Running:
         """Send stdin, close it, wait for the command (never past the deadline: then it is killed)."""
         name = self.transport.name
         try:
-            stdout, stderr = self.proc.communicate(stdin, timeout=time_left(self.deadline, name))
-        except TransportError:  # the deadline passed before the input was ready
+            time_left(self.deadline, name)  # passed before the input was ready: a TransportError
+            stdout, stderr = exchange(self.proc, stdin, self.deadline, name)
+        except TransportError:  # that, or an answer past the cap (BadAnswer): nothing more of it is read
             self._kill()
             raise
         except subprocess.TimeoutExpired as exc:
@@ -239,6 +244,53 @@ class Running:
         self.proc.wait()
 
 
+def exchange(proc: subprocess.Popen, stdin: bytes, deadline: Deadline, name: str) -> tuple[bytes, bytes]:
+    """Popen.communicate, but stdout is never read past MAX_OUTPUT_BYTES (BadAnswer) and only stderr's last
+    MAX_STDERR_BYTES are kept: a host's answer is held in memory, and a host is not trusted to be small.
+    subprocess.TimeoutExpired when the deadline passes."""
+    out, err = bytearray(), bytearray()
+    pending = memoryview(stdin)
+    with selectors.DefaultSelector() as selector:
+        if pending:
+            selector.register(proc.stdin, selectors.EVENT_WRITE)
+        else:
+            proc.stdin.close()
+        selector.register(proc.stdout, selectors.EVENT_READ)
+        selector.register(proc.stderr, selectors.EVENT_READ)
+        while selector.get_map():
+            left = deadline.left()
+            if left <= 0:
+                raise subprocess.TimeoutExpired(proc.args, 0)
+            for key, _ in selector.select(left):
+                if key.fileobj is proc.stdin:
+                    pending = _write_some(proc.stdin, pending, selector)
+                    continue
+                chunk = os.read(key.fd, 1 << 16)
+                if not chunk:
+                    selector.unregister(key.fileobj)
+                elif key.fileobj is proc.stdout:
+                    out += chunk
+                    if len(out) > MAX_OUTPUT_BYTES:
+                        raise oversized(name)
+                else:
+                    keep_tail(err, chunk)
+    proc.wait(timeout=max(0.0, deadline.left()))
+    return bytes(out), bytes(err)
+
+
+def _write_some(pipe, pending: memoryview, selector) -> memoryview:
+    """One write that cannot block (at most PIPE_BUF to a writable pipe); the pipe closed once all is sent or
+    the other end went away."""
+    try:
+        pending = pending[os.write(pipe.fileno(), pending[:select.PIPE_BUF]):]
+    except BrokenPipeError:
+        pending = pending[:0]
+    if not pending:
+        selector.unregister(pipe)
+        pipe.close()
+    return pending
+
+
 _CONNECT_TIMED_OUT = re.compile(r"Connection timed out|timed out during banner exchange")
 
 
@@ -253,8 +305,8 @@ def translated(stderr: str, target: SshTarget, known_as: set[str] = frozenset())
     if is_host_key_failure(stderr):
         return _host_key_error(stderr, name, target.host_key_policy, known_as | {name})
     if "Permission denied" in stderr or "Too many authentication failures" in stderr:
-        return TransportError(f"ssh {name}: authentication failed: {tail}",
-                              hint="Check the user and IdentityFile (ssh_config) and that `ssh` itself can log in.")
+        return AuthFailed(f"ssh {name}: authentication failed: {tail}",
+                          hint="Check the user and IdentityFile (ssh_config) and that `ssh` itself can log in.")
     return TransportError(f"ssh {name}: cannot connect: {tail or 'ssh exited 255 and printed nothing'}",
                           hint="Check that `ssh` itself reaches the host (address, ProxyJump, network).")
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ..errors import RunnerError
-from ..state.store import Store
+from ..state.store import Store, private_dir, private_file
 from . import gate
 
 DB_NAME = "history.sqlite3"
@@ -74,7 +74,9 @@ def db_path(state_dir: Path) -> Path:
 
 def connect(path: Path, timeout: float = LOCK_TIMEOUT_S) -> sqlite3.Connection:
     """Open (creating) and migrate. Raises sqlite3.Error, OSError, or RunnerError for a newer schema."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    private_dir(path.parent)
+    if not path.exists():
+        private_file(path)  # sqlite makes its journal files with the database's mode: 0600 too
     conn = sqlite3.connect(path, timeout=timeout, isolation_level=None)  # transactions are explicit
     try:
         conn.execute("PRAGMA foreign_keys = ON")

@@ -123,7 +123,8 @@ DESCRIPTIONS = {
     "sweep": "Many variants in one downtime window (one stop, one restore): `matrix` (KEY: [values], the "
              "cartesian product), `include` (extra {KEY: value} combinations), `fail_fast` (stop after a failing "
              "variant). A script's variant keys override `payload.args`; in a `command`, `{KEY}` is replaced by "
-             "the variant's value (a key used nowhere is refused). At most 1000 variants. With launcher slurm the "
+             "the variant's value, shell-quoted in the script of `sh -c SCRIPT` (write `{KEY}` bare there) (a key "
+             "used nowhere is refused). At most 1000 variants. With launcher slurm the "
              "sweep is one job array, one task (allocation) per variant, `max_parallel` (default: all) at once.",
 }
 

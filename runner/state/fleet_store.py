@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Iterator
 
 from ..errors import RunnerError, UnknownJob
-from .store import Store, _write_atomic
+from .store import Store, _write_atomic, private_dir, private_file
 
 # Host calls in flight at once (rollout.forks, like Ansible's forks). Each is one `ssh` client process (a few
 # MB, three pipes) on a warm master, plus a new master on a host's first contact: 16 keeps a laptop's CPUs
@@ -105,7 +105,7 @@ class RunStore:
 
     def write(self, run_id: str, text: str) -> None:
         """The record as `dump` made it, replaced atomically."""
-        self.dir.mkdir(parents=True, exist_ok=True)
+        private_dir(self.dir)
         _write_atomic(self.path(run_id), text)
 
     def load(self, run_id: str) -> RunRecord:
@@ -123,7 +123,7 @@ class RunStore:
     @contextmanager
     def driving(self, run_id: str) -> Iterator[bool]:
         """Yield True while this process alone drives the run (a second driver could start one host too many)."""
-        self.dir.mkdir(parents=True, exist_ok=True)
+        private_dir(self.dir)
         fd = os.open(self.path(run_id, ".lock"), os.O_RDWR | os.O_CREAT, 0o600)
         try:
             try:
@@ -139,8 +139,8 @@ class RunStore:
         return self.path(run_id, ".cancel").exists()
 
     def request_cancel(self, run_id: str) -> None:
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self.path(run_id, ".cancel").touch()
+        private_dir(self.dir)
+        private_file(self.path(run_id, ".cancel"))
 
     def open_lines(self, run_id: str) -> dict[str, bool]:
         try:
@@ -149,5 +149,5 @@ class RunStore:
             return {}
 
     def save_open_lines(self, run_id: str, open_lines: dict[str, bool]) -> None:
-        self.dir.mkdir(parents=True, exist_ok=True)
+        private_dir(self.dir)
         _write_atomic(self.path(run_id, ".tail.json"), json.dumps(open_lines))

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import stat
 import sys
 from contextlib import suppress
@@ -27,10 +26,13 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from ..errors import RunnerError
+from .store import _write_atomic, private_dir
 
 FORMAT = 3
 RUNNER_DIR = Path(__file__).resolve().parents[1]  # the whole runner package, every sub-package
 VALIDATING_PACKAGES = ("pydantic", "pydantic_core", "yaml")
+# A job file over this is not keyed (nor read whole): validation refuses it (spec_load.MAX_SPEC_BYTES).
+MAX_KEYED_BYTES = 1 << 20
 
 
 @dataclass
@@ -48,10 +50,14 @@ def key(spec_path: str, overrides: Sequence[str]) -> str | None:
     """The plan's key, or None when the spec is not a readable regular file (validation then says why)."""
     path = Path(spec_path).resolve()
     try:
-        if not stat.S_ISREG(path.stat().st_mode):
+        info = path.stat()
+        if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_KEYED_BYTES:
             return None
-        data = path.read_bytes()
+        with open(path, "rb") as fh:
+            data = fh.read(MAX_KEYED_BYTES + 1)
     except (OSError, ValueError):
+        return None
+    if len(data) > MAX_KEYED_BYTES:  # grew since the stat
         return None
     h = hashlib.sha256(json.dumps([FORMAT, str(path), list(overrides), _code_stamp()]).encode())
     h.update(data)
@@ -118,11 +124,6 @@ def save(root: Path, plan_key: str | None, plan: Plan, latest: str | None = None
 
 
 def _write(directory: Path, name: str, text: str) -> None:
-    tmp = directory / f".tmp-{name}-{os.getpid()}"
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(text)
-        os.replace(tmp, directory / f"{name}.json")
-    except OSError:
-        with suppress(OSError):  # a read-only dir refuses even removing a file that is not there
-            tmp.unlink(missing_ok=True)
+    """0600 (a plan holds payload.env), replaced atomically; a state dir that cannot be written is no error."""
+    with suppress(OSError):
+        _write_atomic(private_dir(directory) / f"{name}.json", text)

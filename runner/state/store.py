@@ -2,7 +2,9 @@
 
 The host's job directory is the source of truth; this is only what the controller needs to find it again
 and to print each log byte exactly once. One JSON file per job, replaced atomically.
-Location: $RUNNER_STATE_DIR, else platformdirs' user state dir.
+Location: $RUNNER_STATE_DIR, else platformdirs' user state dir. It is private whatever the umask: the plans
+hold each job's payload.env (tokens), so every dir runner makes there is 0700 (`private_dir`) and every file
+0600 (`_write_atomic`, `private_file`).
 
 The cursor: every read-modify-write of a record holds the job's record lock (a short flock on
 locks/<id>.record), and a write never moves the cursor back (`save` keeps the larger of the two); the one
@@ -54,7 +56,7 @@ class Store:
     def check_writable(self) -> None:
         """Refuse before any host is contacted when a job record could not be kept (read-only or full disk)."""
         with _local_state(self.root):
-            self.jobs_dir.mkdir(parents=True, exist_ok=True)
+            private_dir(self.jobs_dir)
             probe = self.jobs_dir / f".write-check-{os.urandom(6).hex()}"  # its own name: tails run side by side
             _write_atomic(probe, "ok")
             os.unlink(probe)
@@ -151,7 +153,7 @@ class Store:
 
     def _write(self, record: JobRecord) -> None:
         with _local_state(self.root):
-            self.jobs_dir.mkdir(parents=True, exist_ok=True)
+            private_dir(self.jobs_dir)
             _write_atomic(self.jobs_dir / f"{record.job_id}.json", json.dumps(asdict(record), indent=1))
 
     @contextmanager
@@ -163,7 +165,7 @@ class Store:
     @contextmanager
     def _lock_file(self, job_id: str, kind: str) -> Iterator[int]:
         with _local_state(self.root):
-            (self.root / "locks").mkdir(parents=True, exist_ok=True)
+            private_dir(self.root / "locks")
             fd = os.open(self.root / "locks" / f"{job_id}.{kind}", os.O_RDWR | os.O_CREAT, 0o600)
         try:
             yield fd
@@ -205,6 +207,36 @@ def default_state_dir() -> Path:
     import platformdirs
 
     return Path(platformdirs.user_state_dir("runner"))
+
+
+def private_dir(path: Path) -> Path:
+    """`mkdir -p path`, each dir it makes 0700 whatever the umask, and `path` itself 0700 (a dir of runner's own
+    inside the state dir; a dir the user made above it is left as it is)."""
+    missing = []
+    at = Path(path)
+    while not at.is_dir():
+        missing.append(at)
+        at = at.parent
+    for directory in reversed(missing):
+        try:
+            directory.mkdir(mode=0o700)
+        except FileExistsError:
+            if not directory.is_dir():  # a file in the way: the caller's error, not a chmod of it
+                raise
+        os.chmod(directory, 0o700)
+    if not missing:
+        with suppress(OSError):  # best effort on a dir made before (a read-only state dir is still read)
+            os.chmod(path, 0o700)
+    return path
+
+
+def private_file(path: Path) -> Path:
+    """Create `path` (empty) as 0600 if it is not there, and make it 0600 if it is: for files another library
+    writes (sqlite), whose umask-given mode would let others read them."""
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0),
+                     0o600))
+    os.chmod(path, 0o600)
+    return path
 
 
 def _write_atomic(path: Path, text: str) -> None:
