@@ -47,6 +47,8 @@ CODE_ABORTED = "aborted"
 
 
 class RunnerError(Exception):
+    """Anything else; the message says what."""
+
     exit_code = EXIT_FAILED
     code = "internal"
     hint = ""
@@ -58,16 +60,22 @@ class RunnerError(Exception):
 
 
 class SpecError(RunnerError):
+    """A bad job spec or bad command-line usage (the message names the file and the field)."""
+
     exit_code = EXIT_USAGE
     code = "bad-spec"
 
 
 class TransportError(RunnerError):
+    """The host cannot be reached, the login failed, or a call timed out."""
+
     exit_code = EXIT_UNREACHABLE
     code = "host-unreachable"
 
 
 class HostKeyError(TransportError):
+    """The host key is unknown or changed (the message has the fingerprint)."""
+
     code = "host-key"
 
 
@@ -78,11 +86,15 @@ class BadAnswer(TransportError):
 
 
 class PreflightError(RunnerError):
+    """The host cannot run this job now (memory, the stop policy, a GPU, an engine, a payload that cannot start): nothing was touched."""
+
     exit_code = EXIT_REFUSED
     code = "preflight-refused"
 
 
 class HostBusy(RunnerError):
+    """A lock is held by another job; the message names the holder."""
+
     exit_code = EXIT_BUSY
     code = "busy"
 
@@ -106,11 +118,15 @@ class RemoteError(RunnerError):
 
 
 class UnknownJob(RemoteError):
+    """No job with this id on the host or in the local index."""
+
     exit_code = EXIT_USAGE
     code = "unknown-job"
 
 
 class NoResult(RunnerError):
+    """The job wrote no result, or one the answer cannot carry."""
+
     code = "no-result"
 
 
