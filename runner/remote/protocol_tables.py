@@ -53,7 +53,7 @@ def controller_codes_table() -> str:
         if cls.code in seen:
             continue
         seen.add(cls.code)
-        what = (cls.__doc__ or "").strip().split("\n\n")[0].replace("\n", " ")
+        what = " ".join((cls.__doc__ or "").strip().split("\n\n")[0].split())
         rows.append(f"| `{cls.code}` | {cls.exit_code} | `{cls.__name__}` | {_cell(what)} |")
     rows.append(f"| `{errors.CODE_USAGE}` | {errors.EXIT_USAGE} | (click) | an unknown option, a missing argument |")
     rows.append(f"| `{errors.CODE_ABORTED}` | {errors.EXIT_ABORTED} | (Ctrl-C) | interrupted |")
