@@ -98,6 +98,8 @@ VERBS = {
     "restore-service": ("--unit U [--scope system/user] [--sudo] [--health-url URL] [--max-wait S]", "-",
                         "start the unit if inactive, wait for healthy"),
     "result": ("--job-id ID", "-", "the job's result.json, bounded"),
+    "gc": ("[--keep-jobs N] [--keep-days D] [--dry-run]", "-", "the retention rule: old ended job dirs and unused "
+           "bundles deleted"),
     "slurm-run": ("--job-id ID", "-", "what a Slurm batch script execs in its allocation"),
 }
 
