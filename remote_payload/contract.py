@@ -84,6 +84,27 @@ ERRORS = {
     "internal": "anything else; the message says what",
 }
 
+# ── the wire: the verbs `supervisor.py VERB … --root ROOT` answers (docs/protocol.md's table is made from this) ──
+# verb: (its arguments besides --root, what it reads on stdin, what it does). A verb starting with `_` is the
+# supervisor's own (its detached run, its guard) and never called by the controller.
+VERBS = {
+    "preflight": ("[--job-id ID]", "spec JSON", "what the host has for this job: GPUs, their apps, the service, locks, "
+                  "the interpreter, whether the payload may start"),
+    "submit": ("--job-id ID [--queue]", "spec JSON", "preflight, the admission verdict and the start in one call"),
+    "start": ("--job-id ID [--queue]", "spec JSON", "claim the job dir and start the detached supervisor"),
+    "status": ("[--job-id ID …]", "-", "the jobs' status.json (all jobs without ids), LOST marked and restored"),
+    "logs": ("--job-id ID --offset N [--max B] [--wait S]", "-", "output.log's bytes from N, waiting up to S "
+             "seconds for more"),
+    "cancel": ("--job-id ID", "-", "ask the supervisor to stop the payload; it then restores"),
+    "restore": ("--job-id ID", "-", "settle a job whose supervisor and guard are gone: the service back"),
+    "restore-service": ("--unit U [--scope system/user] [--sudo] [--health-url URL] [--max-wait S]", "-",
+                        "start the unit if inactive, wait for healthy"),
+    "result": ("--job-id ID", "-", "the job's result.json, bounded"),
+    "gc": ("[--keep-jobs N] [--keep-days D] [--dry-run]", "-", "the retention rule: old ended job dirs and unused "
+           "bundles deleted"),
+    "slurm-run": ("--job-id ID", "-", "what a Slurm batch script execs in its allocation"),
+}
+
 # ── names and paths ─────────────────────────────────────────────────────────────────────────────────────
 JOB_ID_RE = re.compile(r"[A-Za-z0-9._-]{1,128}")
 UNIT_RE = re.compile(r"[A-Za-z0-9:_.\\-]+(?:@[A-Za-z0-9:_.\\-]+)?")

@@ -48,6 +48,8 @@ CODE_ABORTED = "aborted"
 
 
 class RunnerError(Exception):
+    """Anything else; the message says what."""
+
     exit_code = EXIT_FAILED
     code = "internal"
     hint = ""
@@ -59,17 +61,23 @@ class RunnerError(Exception):
 
 
 class SpecError(RunnerError):
+    """A bad job spec or bad command-line usage (the message names the file and the field)."""
+
     exit_code = EXIT_USAGE
     code = "bad-spec"
 
 
 class TransportError(RunnerError):
+    """The host cannot be reached, or a call timed out or lost its link."""
+
     exit_code = EXIT_UNREACHABLE
     code = "host-unreachable"
     retry = True  # a lost link or a host that did not answer: an idempotent call may be made again
 
 
 class HostKeyError(TransportError):
+    """The host key is unknown or changed (the message has the fingerprint)."""
+
     code = "host-key"
     retry = False
 
@@ -90,11 +98,15 @@ class BadAnswer(TransportError):
 
 
 class PreflightError(RunnerError):
+    """The host cannot run this job now (memory, the stop policy, a GPU, an engine, a payload that cannot start): nothing was touched."""
+
     exit_code = EXIT_REFUSED
     code = "preflight-refused"
 
 
 class HostBusy(RunnerError):
+    """A lock is held by another job; the message names the holder."""
+
     exit_code = EXIT_BUSY
     code = "busy"
 
@@ -118,11 +130,15 @@ class RemoteError(RunnerError):
 
 
 class UnknownJob(RemoteError):
+    """No job with this id on the host or in the local index."""
+
     exit_code = EXIT_USAGE
     code = "unknown-job"
 
 
 class NoResult(RunnerError):
+    """The job wrote no result, or one the answer cannot carry."""
+
     code = "no-result"
 
 

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 
 import pytest
 
+from tests.cli_helpers import local_target
 from tests.hosts import prereqs
+from tests.hosts._proc import shared_tmpdir
 from tests.hosts.netns import start_netns_host
 from tests.hosts.prereqs import require
 from tests.hosts.sshd import start_sshd
@@ -96,3 +99,18 @@ def netns_host(netns_host_session):
     netns_host_session.restore()
     netns_host_session.reset()
     return netns_host_session
+
+
+@pytest.fixture
+def work():
+    """A fresh dir under /tmp that the hosts' other users can read: job files, payload scripts, logs of a test."""
+    path = shared_tmpdir("runner-work-")
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def target():
+    """The local host (`host.address: local`) with a host.root of its own; a module that drives another host
+    (ssh, Slurm) defines its own `target`."""
+    return local_target()
