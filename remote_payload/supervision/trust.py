@@ -2,8 +2,8 @@
 
 The payload runs in its job dir as the login user and can overwrite status.json and spec.json there (garbage,
 or a forged "SUCCEEDED, restored"). The ledger (ROOT/locks/ledger-service-<unit>.json, supervision/ledger.py)
-is written by the supervisor before the stop and removed only after a finished restore; the payload is not
-told where it is. So:
+is written by the supervisor before the stop and removed only by a restorer that saw the unit back; the
+payload is not told where it is. Whether a stop is owed is the ledger's alone (settle.owes). So:
 
     owed(root, job_id)        the ledger entries naming the job: stops it made and has not restored
     contradiction(...)        a status that claims the job ended well (or restored) while it still owes a stop
@@ -11,10 +11,12 @@ told where it is. So:
                               rebuilt from the ledger entries (one per unit it stopped: scope, sudo, health URL,
                               GPUs, prior state)
     holds_locks(...)          whether the job's supervisor or guard still live: they hold its service lock
+    job_alive(...)            the same, for a job the ledger names; status.json's pids for one it does not
 
 What this does not protect: a payload running as the same user can still delete the ledger, write ROOT/locks,
 kill the restorers or stop the service itself. It guards against a payload corrupting its own job's records,
-by mistake or on purpose, not against a payload that attacks the host. Imports only the stdlib, contract.py,
+by mistake or on purpose, not against a payload that attacks the host; payload.user (payload.py) runs it as
+another user, who can write none of this. Imports only the stdlib, contract.py,
 host/primitives.py and the files, record, ledger and services rooms.
 """
 from __future__ import annotations
@@ -23,7 +25,7 @@ import time
 
 from ..contract import DEFAULTS, RUNNING_SERVICE_STATES, SERVICE_SCOPES, TERMINAL, normalize_unit, unit_problem
 from .files import JobPaths, lock_held, read_holder, read_json, read_status, write_json_atomic
-from ..host.primitives import Fail
+from ..host.primitives import Fail, is_alive
 from .record import Job, initial_status
 from . import ledger, services
 
@@ -40,6 +42,7 @@ def owed(root: str, job_id: str) -> list:
 def contradiction(status: dict, entries: list):
     """Why `status` is not believed, or None: it says the job ended SUCCEEDED, or restored, while the ledger
     says the service it stopped was never restored."""
+    entries = [e for e in entries if not e.get("restore_failed_at")]  # tried: the job's end stands as recorded
     if not entries or status.get("state") not in TERMINAL:
         return None
     if status.get("state") != "SUCCEEDED" and not status.get("restored"):
@@ -56,6 +59,15 @@ def holds_locks(root: str, job_id: str, entries: list) -> bool:
         if lock_held(root, key) and (read_holder(root, key) or {}).get("job_id") in (job_id, None):
             return True
     return False
+
+
+def job_alive(root: str, job_id: str, status: dict, entries: list) -> bool:
+    """Whether the job's supervisor or guard lives. With a stop owed, the service lock says (status.json's
+    pids are the payload's to write: a forged live pid would keep every restorer waiting); with none, the
+    identities status.json records (no service waits on the answer)."""
+    if entries:
+        return holds_locks(root, job_id, entries)
+    return is_alive(status.get("supervisor")) or is_alive(status.get("guard"))
 
 
 def load_for_restore(paths: JobPaths) -> Job:
