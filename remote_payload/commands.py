@@ -54,7 +54,7 @@ from .supervision.spec import check_health_url, check_job_id, check_root, check_
 from .host import engine as supervisor_engine
 from .supervision import ledger, unit as supervisor_unit
 from .supervision.submit import submit
-from .supervision.startable import check_startable
+from .supervision.startable import check_payload_user, check_startable
 from .supervision import trust
 
 from .progress import SCAN_BYTES, summarize
@@ -418,6 +418,8 @@ def cmd_result(args) -> dict:
         reap_if_dead(paths)
     check_result_file(paths)
     try:
+        if os.path.getsize(paths.result) == 0:  # payload.user's file, made for it, left unwritten
+            raise FileNotFoundError(paths.result)
         return {"ok": True, "job_id": paths.job_id, "result": read_json(paths.result)}
     except (OSError, ValueError, RecursionError) as exc:
         unreadable = "" if isinstance(exc, FileNotFoundError) else " (result.json unreadable: %s)" % exc
@@ -450,6 +452,7 @@ def preflight_report(args, spec: dict) -> dict:
     if spec.get("launcher") == "slurm":
         return slurm_launch().preflight("%d.%d.%d" % sys.version_info[:3])
     check_startable(spec)  # before anything else: a job whose payload cannot start is refused, nothing touched
+    check_payload_user(spec, args.root)
     found = [preflight_service(args.root, s) for s in services_of(spec)]
     several = {"services": found, "services_kept": spec.get("services_kept", [])} if "services" in spec else {}
     locks = [probe_lock(args.root, key) for key in lock_keys(spec)]
