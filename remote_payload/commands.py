@@ -188,10 +188,11 @@ def reap_if_dead(paths: JobPaths) -> dict:
         raise
     if status["state"] in TERMINAL:
         return believed(paths, status)
-    if trust.job_alive(paths.root, paths.job_id, status, trust.owed(paths.root, paths.job_id)):
+    entries = trust.owed(paths.root, paths.job_id)
+    if trust.job_alive(paths.root, paths.job_id, status, entries):
         return status
-    if status.get("supervisor") is None and time.time() - status.get("created_at", 0) < START_GRACE_S:
-        return status  # `start` is still bringing the supervisor up
+    if not entries and status.get("supervisor") is None and time.time() - status.get("created_at", 0) < START_GRACE_S:
+        return status  # `start` is still bringing the supervisor up (a job the ledger names has stopped a unit)
     job = Job.load(paths)  # re-read: with both gone nobody writes any more, so this is the last word
     if job.terminal:
         return job.status

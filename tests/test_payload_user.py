@@ -6,12 +6,13 @@ On the confined systemd + sshd host (its non-root logins are real users of this 
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.cli_helpers import Target, run_cli, wait_terminal
+from tests.cli_helpers import Target, run_cli, wait_for, wait_terminal
 from tests.harness.systemd_jobs import gpu_job
 from tests.hosts._proc import shared_tmpdir
 
@@ -19,7 +20,7 @@ pytestmark = pytest.mark.systemd
 
 # Tries every record of its job dir, then writes its result and exits 0.
 ATTACKER = """
-import json, os
+import json, os, time
 job_dir = os.environ["RUNNER_JOB_DIR"]
 print("uid", os.getuid(), "home", os.environ["HOME"], flush=True)
 for name in ("status.json", "events.jsonl", "spec.json"):
@@ -36,6 +37,7 @@ except OSError as exc:
     print("refused new-file", exc.errno, flush=True)
 with open(os.environ["RUNNER_RESULT"], "w") as fh:
     json.dump({"ran_as": os.getuid()}, fh)
+print("ended", time.time(), flush=True)
 """
 
 
@@ -68,8 +70,15 @@ def test_a_payload_running_as_its_user_cannot_rewrite_its_records(service_host, 
     done = run_cli(target, "submit", str(path), "--json")
     assert done.returncode == 0, done.stderr.decode()
     job_id = json.loads(done.stdout)["job_id"]
+    log = f"{target.root}/jobs/{job_id}/output.log"
+    wait_for(lambda: "ended" in service_host.ssh(["cat", log]).stdout, timeout=60, what="payload ended")
+    wait_for(lambda: service_host.service_state() == "active" and service_host.health_status() == 200, timeout=60,
+             what="service back")
+    ended = float(service_host.ssh(["cat", log]).stdout.split("ended")[-1].split()[0])
+    print("\nHOSTILE-INPUT payload.user, the payload rewrites its records: EACCES; serving %.1f s after its end"
+          % (time.time() - ended))
     job = wait_terminal(target, job_id, timeout=120)
-    output = service_host.ssh(["cat", f"{target.root}/jobs/{job_id}/output.log"]).stdout
+    output = service_host.ssh(["cat", log]).stdout
     uid = service_host.ssh(["id", "-u", user]).stdout.strip()
     assert f"uid {uid} " in output, output
     for name in ("status.json", "events.jsonl", "spec.json", "new-file"):
