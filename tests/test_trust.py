@@ -65,3 +65,17 @@ def test_entries_of_another_job_or_a_bad_unit_are_not_owed(tmp_path):
     assert trust.owed(str(tmp_path), "j1") == []
     (tmp_path / "locks" / "ledger-service-x.service.json").write_text(json.dumps({"unit": "../x", "job_id": "j1"}))
     assert trust.owed(str(tmp_path), "j1") == []
+
+
+def test_a_forged_payload_process_cannot_point_a_restorers_kill_elsewhere(tmp_path):
+    """The payload's process group a restorer kills is the one the supervisor noted in the ledger, not one a
+    forged status.json names (with a live process's start time, read from /proc, it would pass the check)."""
+    paths, spec, status = job(tmp_path)
+    stopped_by(tmp_path, paths, spec, pid=4242, pgid=4242, start_time=99)
+    forged = dict(status, state="RUNNING", payload={"pid": 1, "pgid": 1, "start_time": 1, "exit_code": None},
+                  slots=[{"pid": 1, "pgid": 1, "start_time": 1}])
+    (tmp_path / "jobs" / "j1" / "status.json").write_text(json.dumps(forged))
+    believed = trust.load_for_restore(paths).status
+    assert {k: believed["payload"][k] for k in ("pid", "pgid", "start_time")} == {"pid": 4242, "pgid": 4242,
+                                                                                  "start_time": 99}
+    assert believed["slots"] == []

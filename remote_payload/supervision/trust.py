@@ -87,7 +87,7 @@ def load_for_restore(paths: JobPaths) -> Job:
     if why is None and entries and not {e["unit"] for e in entries} <= set(services.units(spec or {"service": {}})):
         why = "spec.json does not name the units the host ledger says this job stopped"
     if why is None and spec is not None:
-        return Job(paths, spec, status)
+        return Job(paths, spec, with_noted_processes(status, entries))
     if not entries:
         raise Fail("bad-status", "cannot read %s" % paths.spec, job_id=paths.job_id)
     spec = spec_from_ledger(paths.job_id, entries)
@@ -139,13 +139,31 @@ def status_from_ledger(spec: dict, entries: list, why: str) -> dict:
     stopped = [dict(record, was=entry.get("was") if entry.get("was") in RUNNING_SERVICE_STATES else "active",
                     stopped=True, stopped_at=entry.get("stopped_at") if isinstance(entry.get("stopped_at"), (int, float))
                     else time.time()) for record, entry in zip(services.records(status), entries)]
-    payload = next((p for p in (payload_from_ledger(entry.get("payload")) for entry in entries) if p), None)
-    noted = [slot for entry in entries if isinstance(entry.get("slots"), list) for slot in entry["slots"]]
-    slots = list({p["pid"]: p for p in map(payload_from_ledger, noted) if p}.values())  # each entry may name them
+    payload, slots = noted_processes(entries)
     status.update(state="LOST", phase=LEDGER_PHASE, ended_at=time.time(),
                   message="%s; settled from the host ledger (the payload may have overwritten its job's files)" % why,
                   service=stopped[0], payload=payload, slots=slots, **({"services": stopped} if len(stopped) > 1 else {}))
     return status
+
+
+def noted_processes(entries: list) -> tuple:
+    """(the payload, the busy slots' processes) as the supervisor noted them in the ledger entries."""
+    payload = next((p for p in (payload_from_ledger(entry.get("payload")) for entry in entries) if p), None)
+    noted = [slot for entry in entries if isinstance(entry.get("slots"), list) for slot in entry["slots"]]
+    slots = list({p["pid"]: p for p in map(payload_from_ledger, noted) if p}.values())  # each entry may name them
+    return payload, slots
+
+
+def with_noted_processes(status: dict, entries: list) -> dict:
+    """status.json with the processes a restorer kills (as root) taken from the ledger, never from the record
+    the payload can write: a forged pid with a live process's start time (/proc tells anyone) would pass the
+    start-time check. Kept as recorded when the ledger noted no payload (none ran under the stop yet)."""
+    payload, slots = noted_processes(entries)
+    if payload is None:
+        return status
+    recorded = status.get("payload") if isinstance(status.get("payload"), dict) else payload
+    ident = {k: payload[k] for k in ("pid", "pgid", "start_time")}
+    return dict(status, payload=dict(recorded, **ident), slots=slots)
 
 
 def payload_from_ledger(payload):
