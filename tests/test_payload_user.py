@@ -123,3 +123,19 @@ def test_payload_user_is_refused_when_the_supervisor_is_not_root(service_host, w
     assert done.returncode == 4, (done.returncode, done.stdout, done.stderr)
     assert b"only root can run the payload" in done.stdout + done.stderr
     assert service_host.service_state() == "active"
+
+
+def test_a_sweep_as_its_user_keeps_each_variants_result(service_host, work):
+    """Each variant's result file is made for the user in turn; the combined result holds both."""
+    target, path = user_job(work, service_host, service_host.nosudo_user)
+    spec = yaml.safe_load(path.read_text())
+    spec["payload"]["command"] = ["sh", "-c", 'echo "{\\"n\\": {n}, \\"uid\\": $(id -u)}" > "$RUNNER_RESULT"']
+    spec["sweep"] = {"matrix": {"n": [1, 2]}}
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    done = run_cli(target, "submit", str(path), "--json")
+    assert done.returncode == 0, done.stderr.decode()
+    job = wait_terminal(target, json.loads(done.stdout)["job_id"], timeout=120)
+    assert job["state"] == "SUCCEEDED" and job["restored"] is True, job
+    result = json.loads(service_host.ssh(["cat", f"{target.root}/jobs/{job['job_id']}/result.json"]).stdout)
+    uid = int(service_host.ssh(["id", "-u", service_host.nosudo_user]).stdout)
+    assert [v["result"] for v in result["variants"]] == [{"n": 1, "uid": uid}, {"n": 2, "uid": uid}], result
