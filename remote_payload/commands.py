@@ -48,13 +48,13 @@ from .host.primitives import GPU_QUERY, HERE, KILL_CONFIRM_S, POLL_S, RUN_SUPERV
 from .supervision.job import supervise
 from .supervision.record import Flags, Job
 from .supervision.start import answer_start, claim_job_dir, daemonize_exec, launch_detached, ready_lock, send_ready
-from .supervision.settle import hard_deadline, restore_unit, settle_as_restorer, start_guard, \
-    take_over_hung_restorer, with_restore_lock
+from .supervision.settle import Told, restore_unit, settle_as_restorer, start_guard, take_over_hung_restorer, \
+    with_restore_lock
 from .supervision.spec import check_health_url, check_job_id, check_root, check_root_safe, check_unit, read_spec_stdin
 from .host import engine as supervisor_engine
 from .supervision import ledger, unit as supervisor_unit
 from .supervision.submit import submit
-from .supervision.startable import check_startable
+from .supervision.startable import check_payload_user, check_startable
 from .supervision import retention, trust
 
 from .progress import SCAN_BYTES, summarize
@@ -150,7 +150,7 @@ def cmd_guard(args) -> dict:
     for sig in (signal.SIGHUP, signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)
     paths = JobPaths(args.root, args.job_id)
-    message = watch_supervisor(paths, args.life_fd)
+    message = watch_supervisor(args.life_fd)
     if not os.path.isdir(paths.dir):
         return {"ok": True}
     # re-read under the restore lock: another restorer may have settled it meanwhile; the ledger over status.json
@@ -159,25 +159,21 @@ def cmd_guard(args) -> dict:
     return {"ok": True, "state": trust.load_for_restore(paths).status["state"]}
 
 
-def watch_supervisor(paths: JobPaths, life_fd: int) -> str:
-    """Until the supervisor's end (EOF on the life pipe; it never writes), or until it is alive but past its
-    hard deadline (hung: stopped, stuck in the kernel): then it counts as failed and is SIGKILLed."""
+def watch_supervisor(life_fd: int) -> str:
+    """Until the supervisor's end (EOF on the life pipe), or until it is alive but past its hard deadline
+    (hung: stopped, stuck in the kernel): then it counts as failed and is SIGKILLed. The deadline and the
+    process to kill are what the supervisor told over the pipe (settle.Told), never status.json, which the
+    payload can write."""
+    told = Told(life_fd)
     while True:
-        if select.select([life_fd], [], [], GUARD_POLL_S)[0]:
-            if not os.read(life_fd, 1):
-                return "supervisor died (SIGKILL?); guard restored the service"
-            continue
-        try:
-            job = Job.load(paths)
-        except Fail:
-            continue
-        deadline = hard_deadline(job.spec, job.status)
-        supervisor = job.status.get("supervisor")
-        if deadline is not None and time.time() > deadline and is_alive(supervisor):
-            os.kill(int(supervisor["pid"]), signal.SIGKILL)
+        if select.select([life_fd], [], [], GUARD_POLL_S)[0] and not told.read():
+            return "supervisor died (SIGKILL?); guard restored the service"
+        deadline = told.deadline()
+        if deadline is not None and time.time() > deadline and is_alive(told.supervisor()):
+            os.kill(int(told.supervisor()["pid"]), signal.SIGKILL)
             select.select([life_fd], [], [], KILL_CONFIRM_S)  # its fds close as it dies; never wait longer
             return ("supervisor alive but past its hard deadline in %s (hung); the guard killed it and restored "
-                    "the service" % job.status.get("state"))
+                    "the service" % told.last.get("state"))
 
 
 def reap_if_dead(paths: JobPaths) -> dict:
@@ -192,10 +188,11 @@ def reap_if_dead(paths: JobPaths) -> dict:
         raise
     if status["state"] in TERMINAL:
         return believed(paths, status)
-    if is_alive(status.get("supervisor")) or is_alive(status.get("guard")):
+    entries = trust.owed(paths.root, paths.job_id)
+    if trust.job_alive(paths.root, paths.job_id, status, entries):
         return status
-    if status.get("supervisor") is None and time.time() - status.get("created_at", 0) < START_GRACE_S:
-        return status  # `start` is still bringing the supervisor up
+    if not entries and status.get("supervisor") is None and time.time() - status.get("created_at", 0) < START_GRACE_S:
+        return status  # `start` is still bringing the supervisor up (a job the ledger names has stopped a unit)
     job = Job.load(paths)  # re-read: with both gone nobody writes any more, so this is the last word
     if job.terminal:
         return job.status
@@ -230,9 +227,13 @@ def restore_if_owed(paths: JobPaths, entries: list) -> None:
 
 
 def status_entry(paths: JobPaths) -> dict:
+    """The job's status; `restored` is the host ledger's word (no stop of the job owed), never status.json's
+    alone, which the payload can write."""
     status = reap_if_dead(paths)
+    owed = [e for e in trust.owed(paths.root, paths.job_id) if not e.get("restore_failed_at")]
     return dict(status, supervisor_pid=(status.get("supervisor") or {}).get("pid"),
-                progress=payload_progress(paths, status), now=time.time())
+                progress=payload_progress(paths, status), now=time.time(),
+                restored=bool(status.get("restored")) and not owed)
 
 
 def payload_progress(paths: JobPaths, status: dict):
@@ -322,7 +323,7 @@ def cmd_restore(args) -> dict:
         return dict(answer, state=job.status["state"], **service_parts(job.status), already=True)
     if take_over_hung_restorer(job):  # a restorer (the guard too) past its bound: never deferred to forever
         job = trust.load_for_restore(paths)
-    if is_alive(job.status.get("supervisor")) or is_alive(job.status.get("guard")):
+    if trust.job_alive(paths.root, paths.job_id, job.status, trust.owed(paths.root, paths.job_id)):
         return dict(answer, state=job.status["state"], **service_parts(job.status), deferred=True,
                     message="the job's supervisor (or guard) is alive and restores the service itself")
     message = "supervisor gone; restored by `restore`" if job.status["state"] != "LOST" else job.status["message"]
@@ -426,6 +427,8 @@ def cmd_result(args) -> dict:
         reap_if_dead(paths)
     check_result_file(paths)
     try:
+        if os.path.getsize(paths.result) == 0:  # payload.user's file, made for it, left unwritten
+            raise FileNotFoundError(paths.result)
         return {"ok": True, "job_id": paths.job_id, "result": read_result(paths.result, paths.dir)}
     except (OSError, ValueError, RecursionError) as exc:
         unreadable = "" if isinstance(exc, FileNotFoundError) else " (result.json unreadable: %s)" % exc
@@ -459,6 +462,7 @@ def preflight_report(args, spec: dict) -> dict:
     if spec.get("launcher") == "slurm":
         return slurm_launch().preflight("%d.%d.%d" % sys.version_info[:3])
     check_startable(spec)  # before anything else: a job whose payload cannot start is refused, nothing touched
+    check_payload_user(spec, args.root)
     found = [preflight_service(args.root, s) for s in services_of(spec)]
     several = {"services": found, "services_kept": spec.get("services_kept", [])} if "services" in spec else {}
     locks = [probe_lock(args.root, key) for key in lock_keys(spec)]

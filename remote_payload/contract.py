@@ -113,6 +113,7 @@ UNIT_MAX = 240  # systemd's limit is 255 with the suffix we may add
 UNIT_SUFFIXES = (".service", ".socket", ".device", ".mount", ".automount", ".swap", ".target", ".path",
                  ".timer", ".slice", ".scope")
 ENV_KEY_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+PAYLOAD_USER_RE = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
 GPU_UUID_RE = re.compile(r"GPU-[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
 GPU_INDEX_RE = re.compile(r"[0-9]{1,4}")
 
@@ -152,6 +153,15 @@ def env_key_problem(value) -> str | None:
         return "environment variable names must match [A-Za-z_][A-Za-z0-9_]*; got %s" % _short(value)
     if value.startswith("RUNNER_"):
         return "RUNNER_* variables are set by the supervisor and cannot be overridden; got %s" % _short(value)
+    return None
+
+
+def payload_user_problem(value) -> str | None:
+    """payload.user: a portable login name ([a-z_][a-z0-9_-]*, at most 32), never root (the point is a user
+    the payload is not)."""
+    if not isinstance(value, str) or not PAYLOAD_USER_RE.fullmatch(value) or value == "root":
+        return "payload.user is an unprivileged login name ([a-z_][a-z0-9_-]*, at most 32; not root); got %s" % (
+            _short(value))
     return None
 
 

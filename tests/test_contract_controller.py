@@ -19,6 +19,7 @@ CONTROLLER_CHECKS = {
     "env_key": lambda v: PayloadSpec(command=["/bin/true"], env={v: "x"}),
     "device": lambda v: GpuSpec(devices=[v]),
     "root": lambda v: HostSpec(address="local", root=v),
+    "payload_user": lambda v: PayloadSpec(command=["/bin/true"], user=v),
 }
 
 

@@ -29,6 +29,7 @@ def host_accepts(kind: str, value) -> bool:
         "env_key": lambda v: checks.check_spec({"payload": {"command": ["/bin/true"], "env": {v: "x"}}}, "j"),
         "device": lambda v: checks.check_spec({"payload": {"command": ["/bin/true"]}, "gpu": {"devices": [v]}}, "j"),
         "root": lambda v: checks.check_root(v),
+        "payload_user": lambda v: checks.check_spec({"payload": {"command": ["/bin/true"], "user": v}}, "j"),
     }
     try:
         rules[kind](value)

@@ -429,6 +429,7 @@ def test_settle_restores_even_when_the_steps_before_it_fail(tmp_path, monkeypatc
     job = sup.Job(paths, spec, initial_status(spec))
     job.status["payload"] = {"pid": 999999, "pgid": 999999, "start_time": 1}
     job.status["service"] = {"manager": "systemd", "unit": "u.service", "was": "active", "stopped": True}
+    sup.ledger.record_stop(str(tmp_path), "u.service", "j", job.status["service"], ["0"])  # as before every stop
 
     def broken(*_a, **_k):
         raise ValueError("nvidia-smi said something new")

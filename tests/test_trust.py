@@ -65,3 +65,46 @@ def test_entries_of_another_job_or_a_bad_unit_are_not_owed(tmp_path):
     assert trust.owed(str(tmp_path), "j1") == []
     (tmp_path / "locks" / "ledger-service-x.service.json").write_text(json.dumps({"unit": "../x", "job_id": "j1"}))
     assert trust.owed(str(tmp_path), "j1") == []
+
+
+def test_a_forged_payload_process_cannot_point_a_restorers_kill_elsewhere(tmp_path):
+    """The payload's process group a restorer kills is the one the supervisor noted in the ledger, not one a
+    forged status.json names (with a live process's start time, read from /proc, it would pass the check)."""
+    paths, spec, status = job(tmp_path)
+    stopped_by(tmp_path, paths, spec, pid=4242, pgid=4242, start_time=99)
+    forged = dict(status, state="RUNNING", payload={"pid": 1, "pgid": 1, "start_time": 1, "exit_code": None},
+                  slots=[{"pid": 1, "pgid": 1, "start_time": 1}])
+    (tmp_path / "jobs" / "j1" / "status.json").write_text(json.dumps(forged))
+    believed = trust.load_for_restore(paths).status
+    assert {k: believed["payload"][k] for k in ("pid", "pgid", "start_time")} == {"pid": 4242, "pgid": 4242,
+                                                                                  "start_time": 99}
+    assert believed["slots"] == []
+
+
+@pytest.mark.parametrize("back", [True, False])
+def test_only_a_restorer_that_saw_the_unit_back_clears_the_ledger_entry(tmp_path, monkeypatch, back):
+    """A record saying nothing was stopped does not skip the restore (the ledger says it is owed); the entry
+    goes only once the unit is active and healthy; a failed restore leaves it, marked as tried, and the job's
+    recorded end then stands (not contradicted)."""
+    from remote_payload.supervision import settle
+
+    paths, spec, status = job(tmp_path)
+    stopped_by(tmp_path, paths, spec)
+    forged = dict(status, state="RUNNING", service=dict(status["service"], stopped=False, was=None))
+    restored = []
+
+    def restore(view, since=None):
+        restored.append(view.status["service"]["was"])
+        view.save(service=dict(view.status["service"], now="active" if back else "failed", healthy=back))
+
+    monkeypatch.setattr(settle, "restore", restore)
+    monkeypatch.setattr(settle, "stop_guard_timer", lambda job: None)
+    settle.settle(settle.Job(paths, spec, forged), lambda: ("FAILED", "t"))
+    assert restored == ["active"]
+    entry = ledger.read_entry(str(tmp_path), UNIT)
+    if back:
+        assert entry is None
+    else:
+        assert entry["job_id"] == "j1" and entry["restore_failed_at"]
+        final = json.loads((tmp_path / "jobs" / "j1" / "status.json").read_text())
+        assert trust.contradiction(final, trust.owed(str(tmp_path), "j1")) is None and final["state"] == "FAILED"

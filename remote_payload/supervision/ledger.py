@@ -1,7 +1,7 @@
 """The host ledger: "service S (on GPUs G) was stopped by job J and is not restored yet".
 
 One small JSON file per service beside the locks (ROOT/locks/ledger-service-<unit>.json), written atomically
-before the stop and removed only after a finished restore, so it outlives every process of the job: the
+before the stop and removed only by a restorer that saw the unit back (a failed restore marks it tried), so it outlives every process of the job: the
 supervisor, its guard and the guard timer can all die and the next job on that service still learns that
 the service is down because of J, not because someone wanted it down. Whoever holds the service's lock
 settles an entry that names another job: it adopts the stop ("already stopped by J, I will restore it")
@@ -52,6 +52,11 @@ def note_payload(root: str, unit: str, job_id: str, payload: dict) -> None:
 def note_slots(root: str, unit: str, job_id: str, running: list) -> None:
     """The processes of a sweep's busy slots (variants side by side), for the same restorer."""
     _note(root, unit, job_id, slots=[_ident(p) for p in running])
+
+
+def note_restore_failed(root: str, unit: str, job_id: str) -> None:
+    """A restore of job_id's stop ran and the unit did not come back healthy: still owed, tried."""
+    _note(root, unit, job_id, restore_failed_at=time.time())
 
 
 def _ident(payload: dict) -> dict:

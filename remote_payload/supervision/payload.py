@@ -9,7 +9,9 @@ import it.
 from __future__ import annotations
 
 import os
+import pwd
 import subprocess
+import sys
 import time
 
 from ..host.primitives import POLL_S, Fail, group_members, identity
@@ -44,10 +46,13 @@ def payload_argv(spec: dict) -> list:
     return [payload["python"], payload["path"]] + payload["args"]
 
 
-def payload_env(job: Job, result=None, staged: bool = False, slot=None) -> dict:
-    """slot: (index, devices) of a sweep's variant: its own devices, and RUNNER_GPU_SLOT naming the slot."""
+def payload_env(job: Job, result=None, staged: bool = False, slot=None, user=None) -> dict:
+    """slot: (index, devices) of a sweep's variant: its own devices, and RUNNER_GPU_SLOT naming the slot.
+    user: payload.user's pwd entry (its HOME, USER and LOGNAME), or None."""
     env = dict(os.environ)
     env.pop("RUNNER_STAGED", None)  # set only for a staged payload's launch, never inherited
+    if user is not None:
+        env.update({"HOME": user.pw_dir, "USER": user.pw_name, "LOGNAME": user.pw_name})
     env.update(job.spec["payload"]["env"])
     env.update({"PYTHONUNBUFFERED": "1", "RUNNER_JOB_ID": job.paths.job_id, "RUNNER_JOB_DIR": job.paths.dir,
                 "RUNNER_RESULT": result or job.paths.result})
@@ -71,11 +76,15 @@ def launch_payload(job: Job, argv=None, state: str = "RUNNING", phase: str = "pa
     log. staged: stdin a pipe for the hand-over (supervision/stage.py)."""
     argv = argv or payload_argv(job.spec)
     stdin = subprocess.PIPE if staged else subprocess.DEVNULL
+    user = pwd.getpwnam(job.spec["payload"]["user"]) if job.spec["payload"].get("user") else None
+    if user is not None:
+        hand_result_to(user, result or job.paths.result, job.paths.dir)
     with open(job.paths.output, "ab") as log:
         try:
-            proc = subprocess.Popen(argv, cwd=job.paths.dir, env=payload_env(job, result, staged, slot), stdin=stdin,
-                                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        except OSError as exc:
+            proc = subprocess.Popen(argv, cwd=job.paths.dir, env=payload_env(job, result, staged, slot, user),
+                                    stdin=stdin, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                    **as_user(user))
+        except (OSError, subprocess.SubprocessError) as exc:
             raise Fail("start-failed", "cannot start the payload %r: %s" % (argv[0], exc))
     ident = identity(proc.pid)
     job.payload_pids.add(proc.pid)
@@ -87,6 +96,37 @@ def launch_payload(job: Job, argv=None, state: str = "RUNNING", phase: str = "pa
     job.set_state(state, phase, payload=dict(ident, pgid=proc.pid, exit_code=None, signal=None, started_at=now),
                   **({"started_at": now} if state == "RUNNING" and not job.status.get("started_at") else {}))
     return proc
+
+
+def as_user(user) -> dict:
+    """Popen's arguments that run the child as payload.user for good: its groups, gid, then uid, set in the
+    child before exec (as a batch system runs a job as its user while its daemon stays root). Python 3.9+
+    does it in C after the fork; 3.8 needs a preexec function. None: no change."""
+    if user is None:
+        return {}
+    groups = os.getgrouplist(user.pw_name, user.pw_gid)
+    if sys.version_info >= (3, 9):
+        return {"user": user.pw_uid, "group": user.pw_gid, "extra_groups": groups}
+
+    def switch() -> None:
+        os.setgroups(groups)
+        os.setgid(user.pw_gid)
+        os.setuid(user.pw_uid)
+    return {"preexec_fn": switch}
+
+
+def hand_result_to(user, result: str, job_dir: str) -> None:
+    """The one path payload.user may write: its result file, made here (a regular file, never what a name
+    already points to) and given to it. The job dir and the result's dir stay root's and become searchable
+    only: it reaches its file by name, and lists, creates or replaces nothing (status.json, events.jsonl,
+    spec.json stay root's 0644). Its output goes to the log through the fd it inherits."""
+    for directory in {job_dir, os.path.dirname(result)}:
+        os.chmod(directory, 0o711)
+    fd = os.open(result, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    try:
+        os.fchown(fd, user.pw_uid, user.pw_gid)
+    finally:
+        os.close(fd)
 
 
 def watch_payload(job: Job, proc: subprocess.Popen, flags: Flags, limit: str = "max_runtime"):

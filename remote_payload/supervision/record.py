@@ -6,6 +6,8 @@ Imports only the stdlib, contract.py host/primitives.py and files.py, budget.py.
 from __future__ import annotations
 
 import errno
+import json
+import os
 import signal
 import sys
 import time
@@ -43,6 +45,7 @@ class Job:
         self.ctl = Systemd(spec["service"].get("scope", DEFAULTS["service.scope"]),
                            spec["service"].get("sudo", DEFAULTS["service.sudo"]))
         self.payload_pids = set()
+        self.guard_pipe = None  # the supervisor's end of its guard's pipe (settle.start_guard), else None
 
     @classmethod
     def load(cls, paths: JobPaths) -> "Job":
@@ -55,7 +58,24 @@ class Job:
 
     def set_state(self, state: str, phase: str, **changes) -> None:
         self.save(state=state, phase=phase, **changes)
+        self.tell_guard()
         self.event("state", state=state, phase=phase)
+
+    def tell_guard(self) -> None:
+        """What the guard's hard deadline counts from, as this supervisor knows it (never status.json, which
+        the payload can write): its identity, the budget, the state and when it began, the run's start. One
+        JSON line, whole in each (a lost one costs nothing), short enough to be written atomically; never
+        blocks (the guard may be the one that hangs)."""
+        if self.guard_pipe is None:
+            return
+        status = self.status
+        told = {"supervisor": status.get("supervisor"), "budget": status.get("budget"), "state": status.get("state"),
+                "updated_at": time.time(), "started_at": status.get("started_at"),
+                "payload": {"started_at": (status.get("payload") or {}).get("started_at")}}
+        try:
+            os.write(self.guard_pipe, (json.dumps(told) + "\n").encode("ascii"))
+        except OSError:
+            pass  # the guard is gone (EPIPE) or not reading (EAGAIN): it has its own end to act on
 
     def event(self, kind: str, **fields) -> None:
         self.persist(lambda: append_line(self.paths.events, dict(fields, t=time.time(), event=kind)))

@@ -59,7 +59,9 @@ def start_guard_timer(job: Job, bound: str = "guard_timer_s") -> None:
 
 
 def stop_guard_timer(job: Job) -> None:
-    timer = job.status.get("timer")
+    """The job's own timer, by the name its job id gives (status.json's `timer` only says there is one: the
+    payload can write it, and must not name a unit for root to stop)."""
+    timer = job.status.get("timer") and timer_unit(job.paths.job_id) + ".timer"
     if timer:
         try:
             run_command(job.ctl.argv("systemctl", "stop", timer), timeout=30)
@@ -195,8 +197,8 @@ def settle(job: Job, decide, ended_at=None) -> None:
         except Exception as exc:  # nothing before the restore may keep the service down
             job.event("settle", error="%s: %s" % (type(exc).__name__, exc))
     views = services.views(job)
-    owed = [view for view in views if stopped_by_us(view.status["service"]) and not view.status["service"].get(
-        "restored_alone") and not handed_over(view)]
+    owed = [view for view in views if not (stopped_by_us(view.status["service"]) and handed_over(view))
+            and owes(view)]
     several = len(owed) > 1
     since = time.monotonic()
     for view in owed if several else []:
@@ -208,21 +210,46 @@ def settle(job: Job, decide, ended_at=None) -> None:
             restore(view)
         else:
             observe(view)
-        ledger.clear(job.paths.root, view.status["service"]["unit"], job.paths.job_id)
+        settle_entry_of(view, view in owed)
     state, message = decide()
     job.set_state(state, "done", message=message, ended_at=ended_at or time.time(), restored=True)
     stop_guard_timer(job)
 
 
+def owes(job: Job) -> bool:
+    """Whether the job still owes its service's restore: the host ledger's word alone (status.json's
+    service.stopped is the payload's to write). What the entry says of the stop (the state before it, when,
+    the engine it released) replaces the record's, so the restore works from it."""
+    service = job.status["service"]
+    entry = ledger.read_entry(job.paths.root, service["unit"])
+    if not entry or entry.get("job_id") != job.paths.job_id or entry.get("was") not in RUNNING_SERVICE_STATES:
+        return False
+    stopped_at = service.get("stopped_at") if stopped_by_us(service) else entry.get("stopped_at")
+    job.save(service=dict(service, stopped=True, was=entry["was"], released=entry.get("released"),
+                          stopped_at=stopped_at if isinstance(stopped_at, (int, float)) else time.time()))
+    return True
+
+
+def settle_entry_of(job: Job, restored: bool) -> None:
+    """After the restore: only a restorer that saw its unit back (systemd: active, and healthy) drops the
+    entry. A failed restore leaves the stop owed, noted as tried (the job's record of its end then stands),
+    for the job's next restorer or the next job on the service to adopt. An entry of a stop not owed (the
+    service was not running before it) is dropped."""
+    unit = job.status["service"]["unit"]
+    if restored and not (job.status["service"].get("healthy") and job.status["service"].get("now") == "active"):
+        ledger.note_restore_failed(job.paths.root, unit, job.paths.job_id)
+        return
+    ledger.clear(job.paths.root, unit, job.paths.job_id)
+
+
 def restore_unit(job: Job, unit: str) -> None:
-    """One of the job's services alone (`restore-service --unit`), its ledger entry cleared; the job's other
-    stops stay owed, and settle later restores only those (`restored_alone`)."""
+    """One of the job's services alone (`restore-service --unit`), its ledger entry cleared once it is back;
+    the job's other stops stay owed, and settle later restores only those (`restored_alone`)."""
     for view in services.views(job):
-        if view.status["service"]["unit"] == unit and stopped_by_us(view.status["service"]) \
-                and not view.status["service"].get("restored_alone"):
+        if view.status["service"]["unit"] == unit and owes(view):
             restore(view)
             view.save(service=dict(view.status["service"], restored_alone=True))
-            ledger.clear(job.paths.root, unit, job.paths.job_id)
+            settle_entry_of(view, True)
 
 
 def kick(view) -> None:
@@ -326,8 +353,10 @@ def final_state(job: Job, ending) -> tuple:
 # ── guard ─────────────────────────────────────────────────────────────────────────────────────────────
 
 def start_guard(job: Job, locks: Locks) -> None:
-    """Fork the guard: it holds the lock fds and the read end of a pipe only the supervisor can write to.
-    The write end stays open, unused, until the supervisor exits however it exits: that EOF wakes the guard."""
+    """Fork the guard: it holds the lock fds and the read end of a pipe only the supervisor can write to (its
+    end is not inherited by the payload). The supervisor tells the guard over it what its deadlines count
+    from (Job.tell_guard); the write end stays open until the supervisor exits however it exits: that EOF
+    wakes the guard."""
     life_r, life_w = os.pipe()
     keep = [life_r] + list(locks.fds.values())
     argv = RUN_SUPERVISOR + ["_guard", "--job-id", job.paths.job_id, "--root", job.paths.root,
@@ -342,7 +371,42 @@ def start_guard(job: Job, locks: Locks) -> None:
         finally:
             os._exit(127)
     os.close(life_r)
+    os.set_blocking(life_w, False)
+    job.guard_pipe = life_w
     job.save(guard=identity(pid))
+    job.tell_guard()  # the first line, before any of the payload's code runs
+
+
+class Told:
+    """What the supervisor told its guard over the life pipe (Job.tell_guard), the guard's only source for
+    its hard deadline: the last whole line."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd, self.pending, self.last = fd, b"", None
+
+    def read(self) -> bool:
+        """Take what the pipe holds; False at EOF (the supervisor is gone)."""
+        chunk = os.read(self.fd, 1 << 16)
+        if not chunk:
+            return False
+        lines = (self.pending + chunk).split(b"\n")
+        self.pending = lines.pop()[-(1 << 16):]
+        for line in reversed(lines):
+            try:
+                told = json.loads(line.decode("ascii"))
+            except ValueError:
+                continue
+            if isinstance(told, dict) and isinstance(told.get("budget"), dict):
+                self.last = told
+                break
+        return True
+
+    def deadline(self):
+        """hard_deadline over what the supervisor said (None before its first line)."""
+        return hard_deadline({}, self.last) if self.last else None
+
+    def supervisor(self):
+        return (self.last or {}).get("supervisor")
 
 
 def settle_as_restorer(job: Job, message: str) -> None:

@@ -237,13 +237,17 @@ def check_payload(raw) -> dict:
     prepare = None if prepare is None else list(prepare)
     staged = raw.get("staged", False)
     _need(isinstance(staged, bool), "payload.staged must be true or false")
+    user = raw.get("user")
+    if user is not None:
+        _rule(contract.payload_user_problem(user))
+    how = dict({"staged": staged}, **({"user": user} if user is not None else {}))  # how it is launched
     if command is not None:
         _need(_strings(command) and bool(command), "payload.command must be a non-empty list of strings")
-        return {"command": list(command), "script": None, "python": None, "args": [], "env": dict(env),
-                "prepare": prepare, "staged": staged}
-    return {"command": None, "script": check_script(script), "bundle": check_bundle(raw.get("bundle")),
-            "python": _text(_default(raw, "payload.python"), "payload.python"), "args": list(args), "env": dict(env),
-            "prepare": prepare, "staged": staged}
+        return dict({"command": list(command), "script": None, "python": None, "args": [], "env": dict(env),
+                     "prepare": prepare}, **how)
+    return dict({"command": None, "script": check_script(script), "bundle": check_bundle(raw.get("bundle")),
+                 "python": _text(_default(raw, "payload.python"), "payload.python"), "args": list(args),
+                 "env": dict(env), "prepare": prepare}, **how)
 
 
 def check_spec(raw, job_id=None) -> dict:

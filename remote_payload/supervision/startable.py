@@ -3,6 +3,7 @@
     check_startable(spec): the payload's program is there and runs; a script is in the bundle, compiles with
     payload.python and its top-level imports resolve there (found, never imported: no module code runs);
     every JIT cache dir named in payload.env (contract.cache_dir_keys) is writable or creatable.
+    check_payload_user(spec, root): payload.user is a user of this host the supervisor (root) can run it as.
 
 A problem is `Fail("cannot-start", "FIELD: why", field=FIELD)`. The preflight report raises it (so `submit`
 and `submit --dry-run` refuse with exit 4 naming the field), and the supervisor checks again once it holds
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import shutil
 import subprocess
 
@@ -68,6 +70,43 @@ def check_startable(spec: dict, environ=None) -> None:
         check_commands(spec, env)
     else:
         check_script(payload, env)
+
+
+def check_payload_user(spec: dict, root: str) -> None:
+    """payload.user: a user of this host other than root; a supervisor running as root (only root switches
+    to another user); the job dirs under ROOT reachable by that user (its result file lies there)."""
+    name = spec["payload"].get("user")
+    if name is None or spec.get("launcher") == "slurm":
+        return
+    try:
+        user = pwd.getpwnam(name)
+    except KeyError:
+        raise cannot_start("payload.user", "no user %r on this host" % name)
+    if user.pw_uid == 0:
+        raise cannot_start("payload.user", "%r is root: the payload would be as free as the supervisor" % name)
+    if os.geteuid() != 0:
+        raise cannot_start("payload.user", "the supervisor runs as uid %d; only root can run the payload as %r"
+                           % (os.geteuid(), name))
+    blocked = unsearchable(os.path.join(root, "jobs"), user)
+    if blocked:
+        raise cannot_start("payload.user", "%r cannot reach %s (%s is not searchable by it); give host.root a "
+                           "path it can reach" % (name, os.path.join(root, "jobs"), blocked))
+
+
+def unsearchable(path: str, user) -> str:
+    """The first existing dir on the way to path that `user` may not search (mode bits), or ''."""
+    groups = set(os.getgrouplist(user.pw_name, user.pw_gid))
+    parts = os.path.abspath(path).split(os.sep)
+    for depth in range(1, len(parts) + 1):
+        here = os.sep + os.path.join(*parts[1:depth]) if depth > 1 else os.sep
+        try:
+            info = os.stat(here)
+        except FileNotFoundError:
+            return ""  # made by the supervisor, searchable (claim_job_dir; the job dir: payload.hand_result_to)
+        bit = 0o100 if info.st_uid == user.pw_uid else 0o010 if info.st_gid in groups else 0o001
+        if not info.st_mode & bit:
+            return here
+    return ""
 
 
 def check_cache_dirs(env: dict) -> None:

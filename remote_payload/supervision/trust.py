@@ -2,8 +2,8 @@
 
 The payload runs in its job dir as the login user and can overwrite status.json and spec.json there (garbage,
 or a forged "SUCCEEDED, restored"). The ledger (ROOT/locks/ledger-service-<unit>.json, supervision/ledger.py)
-is written by the supervisor before the stop and removed only after a finished restore; the payload is not
-told where it is. So:
+is written by the supervisor before the stop and removed only by a restorer that saw the unit back; the
+payload is not told where it is. Whether a stop is owed is the ledger's alone (settle.owes). So:
 
     owed(root, job_id)        the ledger entries naming the job: stops it made and has not restored
     contradiction(...)        a status that claims the job ended well (or restored) while it still owes a stop
@@ -11,10 +11,12 @@ told where it is. So:
                               rebuilt from the ledger entries (one per unit it stopped: scope, sudo, health URL,
                               GPUs, prior state)
     holds_locks(...)          whether the job's supervisor or guard still live: they hold its service lock
+    job_alive(...)            the same, for a job the ledger names; status.json's pids for one it does not
 
 What this does not protect: a payload running as the same user can still delete the ledger, write ROOT/locks,
 kill the restorers or stop the service itself. It guards against a payload corrupting its own job's records,
-by mistake or on purpose, not against a payload that attacks the host. Imports only the stdlib, contract.py,
+by mistake or on purpose, not against a payload that attacks the host; payload.user (payload.py) runs it as
+another user, who can write none of this. Imports only the stdlib, contract.py,
 host/primitives.py and the files, record, ledger and services rooms.
 """
 from __future__ import annotations
@@ -23,7 +25,7 @@ import time
 
 from ..contract import DEFAULTS, RUNNING_SERVICE_STATES, SERVICE_SCOPES, TERMINAL, normalize_unit, unit_problem
 from .files import JobPaths, lock_held, read_holder, read_json, read_status, write_json_atomic
-from ..host.primitives import Fail
+from ..host.primitives import Fail, is_alive
 from .record import Job, initial_status
 from . import ledger, services
 
@@ -40,6 +42,7 @@ def owed(root: str, job_id: str) -> list:
 def contradiction(status: dict, entries: list):
     """Why `status` is not believed, or None: it says the job ended SUCCEEDED, or restored, while the ledger
     says the service it stopped was never restored."""
+    entries = [e for e in entries if not e.get("restore_failed_at")]  # tried: the job's end stands as recorded
     if not entries or status.get("state") not in TERMINAL:
         return None
     if status.get("state") != "SUCCEEDED" and not status.get("restored"):
@@ -56,6 +59,15 @@ def holds_locks(root: str, job_id: str, entries: list) -> bool:
         if lock_held(root, key) and (read_holder(root, key) or {}).get("job_id") in (job_id, None):
             return True
     return False
+
+
+def job_alive(root: str, job_id: str, status: dict, entries: list) -> bool:
+    """Whether the job's supervisor or guard lives. With a stop owed, the service lock says (status.json's
+    pids are the payload's to write: a forged live pid would keep every restorer waiting); with none, the
+    identities status.json records (no service waits on the answer)."""
+    if entries:
+        return holds_locks(root, job_id, entries)
+    return is_alive(status.get("supervisor")) or is_alive(status.get("guard"))
 
 
 def load_for_restore(paths: JobPaths) -> Job:
@@ -75,7 +87,7 @@ def load_for_restore(paths: JobPaths) -> Job:
     if why is None and entries and not {e["unit"] for e in entries} <= set(services.units(spec or {"service": {}})):
         why = "spec.json does not name the units the host ledger says this job stopped"
     if why is None and spec is not None:
-        return Job(paths, spec, status)
+        return Job(paths, spec, with_noted_processes(status, entries))
     if not entries:
         raise Fail("bad-status", "cannot read %s" % paths.spec, job_id=paths.job_id)
     spec = spec_from_ledger(paths.job_id, entries)
@@ -127,13 +139,31 @@ def status_from_ledger(spec: dict, entries: list, why: str) -> dict:
     stopped = [dict(record, was=entry.get("was") if entry.get("was") in RUNNING_SERVICE_STATES else "active",
                     stopped=True, stopped_at=entry.get("stopped_at") if isinstance(entry.get("stopped_at"), (int, float))
                     else time.time()) for record, entry in zip(services.records(status), entries)]
-    payload = next((p for p in (payload_from_ledger(entry.get("payload")) for entry in entries) if p), None)
-    noted = [slot for entry in entries if isinstance(entry.get("slots"), list) for slot in entry["slots"]]
-    slots = list({p["pid"]: p for p in map(payload_from_ledger, noted) if p}.values())  # each entry may name them
+    payload, slots = noted_processes(entries)
     status.update(state="LOST", phase=LEDGER_PHASE, ended_at=time.time(),
                   message="%s; settled from the host ledger (the payload may have overwritten its job's files)" % why,
                   service=stopped[0], payload=payload, slots=slots, **({"services": stopped} if len(stopped) > 1 else {}))
     return status
+
+
+def noted_processes(entries: list) -> tuple:
+    """(the payload, the busy slots' processes) as the supervisor noted them in the ledger entries."""
+    payload = next((p for p in (payload_from_ledger(entry.get("payload")) for entry in entries) if p), None)
+    noted = [slot for entry in entries if isinstance(entry.get("slots"), list) for slot in entry["slots"]]
+    slots = list({p["pid"]: p for p in map(payload_from_ledger, noted) if p}.values())  # each entry may name them
+    return payload, slots
+
+
+def with_noted_processes(status: dict, entries: list) -> dict:
+    """status.json with the processes a restorer kills (as root) taken from the ledger, never from the record
+    the payload can write: a forged pid with a live process's start time (/proc tells anyone) would pass the
+    start-time check. Kept as recorded when the ledger noted no payload (none ran under the stop yet)."""
+    payload, slots = noted_processes(entries)
+    if payload is None:
+        return status
+    recorded = status.get("payload") if isinstance(status.get("payload"), dict) else payload
+    ident = {k: payload[k] for k in ("pid", "pgid", "start_time")}
+    return dict(status, payload=dict(recorded, **ident), slots=slots)
 
 
 def payload_from_ledger(payload):

@@ -21,7 +21,7 @@ from remote_payload.host.engine import FREE_METHODS, PAUSE_MODES, origin
 from ..errors import SpecError
 from ..state.job_id import check_job_id
 from .spec_fields import (ArgKey, ArgValue, CommandWord, Device, Duration, EnvKey, EnvValue, HealthUrl,
-                          HostRoot, MinFreeMib, Name, Python, Script, Unit, User, short)
+                          HostRoot, MinFreeMib, Name, PayloadUser, Python, Script, Unit, User, short)
 from .spec_fleet import Addresses, RolloutSpec, fleet_problem
 from .spec_slurm import SlurmSpec, launcher_problem, wire_slurm
 
@@ -127,6 +127,8 @@ class PayloadSpec(_Section):
     # Started before the service is touched: its GPU-free setup (imports, backend load) runs while the service
     # serves; it gets the GPU with `go` on stdin (docs/protocol.md, "A staged payload").
     staged: bool = False
+    # The host user the payload runs as (the supervisor stays root): its result file is all it may write.
+    user: PayloadUser = None
 
     @model_validator(mode="after")
     def _script_or_command(self) -> PayloadSpec:
@@ -323,7 +325,8 @@ class JobSpec(_Section):
         script = (script_name or payload.script) if payload.script is not None else None
         return {"python": payload.python, "script": script, "args": self.payload_args(),
                 "command": list(payload.command) if payload.command is not None else None, "env": dict(payload.env),
-                "prepare": self.prepare_argv(), **({"staged": True} if payload.staged else {})}
+                "prepare": self.prepare_argv(), **({"staged": True} if payload.staged else {}),
+                **({"user": payload.user} if payload.user is not None else {})}
 
     def prepare_args_merged(self) -> dict | None:
         """The prepare run's args: `args` with `prepare_args` over them (None without a prepare step)."""

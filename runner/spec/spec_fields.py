@@ -147,6 +147,12 @@ def _check_user(value: Any) -> str | None:
     return text
 
 
+def _check_payload_user(value: Any) -> str | None:
+    if value is None:
+        return None
+    return _contract_rule(contract.payload_user_problem, value)
+
+
 def _check_host_root(value: Any) -> str:
     return _contract_rule(contract.root_problem, _check_printable_line(value, "root"))
 
@@ -249,6 +255,7 @@ Device = Annotated[Union[int, str], BeforeValidator(_check_device)]
 Name = Annotated[str, BeforeValidator(_check_name)]
 Address = Annotated[str, BeforeValidator(_check_address)]
 User = Annotated[Union[str, None], BeforeValidator(_check_user)]
+PayloadUser = Annotated[Union[str, None], BeforeValidator(_check_payload_user)]
 HostRoot = Annotated[str, BeforeValidator(_check_host_root)]
 Python = Annotated[str, BeforeValidator(_check_python)]
 Unit = Annotated[Union[str, None], BeforeValidator(_check_unit)]

@@ -76,6 +76,10 @@ DESCRIPTIONS = {
                       "`{\"event\": \"staged\"}`, and waits for `go` on stdin, written once the GPU is free; "
                       "EOF instead means exit without touching the GPU. Dying or `limits.stage_timeout` while "
                       "staged ends the job with the service never stopped. Not with a sweep.",
+    "payload.user": "Run the payload (and its prepare step) as this unprivileged host user; the supervisor and "
+                    "its guard stay root. Its output and its result file (RUNNER_RESULT) are all it may write: the "
+                    "job's records stay root's (docs/protocol.md, \"Threat model\"). Needs the supervisor to log "
+                    "in as root and `host.root` reachable by the user; refused (exit 4) otherwise.",
     "launcher": "`ssh` (default): the supervisor runs on `host`. `slurm`: `host` is the login node and the job "
                 "goes through sbatch (service.manager none, no gpu.devices; see the README's Running on Slurm).",
     "slurm": "With launcher slurm: partition, gres or gpus, time (default: the prepare step and staging + "

@@ -12,6 +12,7 @@ CONTRACT_RULES = {
     "env_key": contract.env_key_problem,
     "device": contract.device_problem,
     "root": contract.root_problem,
+    "payload_user": contract.payload_user_problem,
 }
 
 ROWS = [
@@ -80,6 +81,18 @@ ROWS = [
     ("root", "/tmp/$HOME", False),
     ("root", "/tmp/100%", False),
     ("root", "~other/x", False),
+    ("payload_user", "bench", True),
+    ("payload_user", "_svc-runner1", True),
+    ("payload_user", "x" * 32, True),
+    ("payload_user", "x" * 33, False),
+    ("payload_user", "root", False),
+    ("payload_user", "Bench", False),
+    ("payload_user", "-bench", False),
+    ("payload_user", "1bench", False),
+    ("payload_user", "a b", False),
+    ("payload_user", "a;id", False),
+    ("payload_user", "", False),
+    ("payload_user", 1000, False),
 ]
 
 # (card as nvidia-smi reported it, MiB the job needs, verdict)
