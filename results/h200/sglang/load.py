@@ -8,7 +8,8 @@
     python3 load.py report LOG STATUS.json...          per job (the host's status.json): the window from its
         stopped_at (the pause that held) to restored_at, the load requests in flight at its start and those that
         arrived in it, each by outcome (complete = HTTP 200 with TOKENS tokens; truncated = 200 with fewer;
-        failed = any other answer), and the prober's outage (first probe held > 1 s to the last held one's answer)
+        failed = any other answer), and the prober's outage (first probe held > 1 s to the last held one's answer);
+        then one line over the whole log: every load request that did not complete, and the probes not answered 200
 """
 import json
 import signal
@@ -121,6 +122,11 @@ def main(argv: list) -> int:
         rows = [json.loads(line) for line in open(argv[1]) if line.strip()]
         for path in argv[2:]:
             print(json.dumps(window_report(rows, json.load(open(path)), 1500)))
+        load = [r for r in rows if r["kind"] == "load"]
+        print(json.dumps({"all_load_requests": len(load),
+                          "not_complete": [r for r in load if outcome(r, 1500) != "complete"],
+                          "probes": sum(1 for r in rows if r["kind"] == "probe"),
+                          "probes_not_200": sum(1 for r in rows if r["kind"] == "probe" and r["http"] != 200)}))
         return 0
     print(__doc__)
     return 2
