@@ -46,6 +46,16 @@ DEFAULTS = {
     "payload.python": "python3",
     "host.root": "~/.runner",
 }
+# service.pause_mode values SGLang cannot release memory after (the why, for the preflight's refusal): SGLang
+# 0.5.x's release_memory_occupation asserts that its scheduler is fully idle.
+REFUSED_PAUSE_MODES = {
+    "retract": "SGLang's retract puts the running requests back in its waiting queue, and "
+               "release_memory_occupation asserts that the queue is empty: with requests in flight the server "
+               "aborts itself (and the requests are lost)",
+    "in_place": "SGLang's in_place keeps the running requests and their KV cache in the scheduler, and "
+                "release_memory_occupation asserts that nothing runs: with requests in flight the server aborts "
+                "itself (and the requests are lost)",
+}
 SERVICE_MANAGERS = ("systemd", "none")
 LAUNCHERS = ("ssh", "slurm")  # ssh: the supervisor runs the payload on the host; slurm: sbatch places it
 SERVICE_SCOPES = ("system", "user")

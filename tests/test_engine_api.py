@@ -97,16 +97,17 @@ def test_kv_cache_alone_when_it_frees_enough_and_resume_brings_it_back(servers, 
     assert gpu() == FREE_BEFORE
     saved = []
     record = engine.release(service(server), 30000, gpu, soon(), save=lambda r: saved.append(json.loads(json.dumps(r))))
-    assert server.calls() == ["GET /get_server_info", "POST /pause_generation {}",
+    assert server.calls() == ["GET /get_server_info", "GET /get_load", "POST /flush_cache",
+                              'POST /pause_generation {"mode": "in_place"}', "POST /flush_cache",
                               'POST /release_memory_occupation {"tags": ["kv_cache"]}']
     assert [s["step"] for s in record["steps"]] == ["pause", "kv_cache"] and not engine.pending(record)
     assert gpu() == FREE_BEFORE + 60000
     # recorded before it was asked: a restorer that finds this knows the release may have happened
-    assert {"step": "kv_cache", "done": False} in saved[2]["steps"]
+    assert any({"step": "kv_cache", "done": False} in r["steps"] for r in saved)
     assert server.state()["on_gpu"] == {"weights": True, "kv_cache": False}
 
     timings = engine.resume(record, soon())
-    assert server.calls()[3:] == ['POST /resume_memory_occupation {"tags": ["kv_cache"]}',
+    assert server.calls()[6:] == ['POST /resume_memory_occupation {"tags": ["kv_cache"]}',
                                   "POST /continue_generation {}", "GET /health_generate"]
     assert server.proc.poll() is None and server.state()["pid"] == server.proc.pid  # the same process serves
     assert gpu() == FREE_BEFORE and set(timings) == {"resume_s", "health_s"}
@@ -115,13 +116,13 @@ def test_kv_cache_alone_when_it_frees_enough_and_resume_brings_it_back(servers, 
 
 def test_weights_too_when_the_kv_cache_is_not_enough_resumed_weights_first(servers, gpu):
     server = servers("--memory-saver", "--weights-cpu-backup")
-    record = engine.release(service(server, pause_mode="retract"), 100000, gpu, soon())
-    assert server.calls()[1:] == ['POST /pause_generation {"mode": "retract"}',
+    record = engine.release(service(server, pause_mode="abort"), 100000, gpu, soon())
+    assert server.calls()[1:] == ["GET /get_load", 'POST /pause_generation {"mode": "abort"}',
                                   'POST /release_memory_occupation {"tags": ["kv_cache"]}',
                                   'POST /release_memory_occupation {"tags": ["weights"]}']
     assert gpu() == FREE_BEFORE + 120000
     engine.resume(record, soon())
-    assert server.calls()[4:7] == ['POST /resume_memory_occupation {"tags": ["weights"]}',
+    assert server.calls()[5:8] == ['POST /resume_memory_occupation {"tags": ["weights"]}',
                                    'POST /resume_memory_occupation {"tags": ["kv_cache"]}',
                                    "POST /continue_generation {}"]
     assert server.state() == dict(server.state(), paused=False, weights_intact=True,
@@ -147,6 +148,63 @@ def test_a_server_that_is_not_sglang_is_refused(servers, gpu):
     server = servers(script=DUMMY)
     with pytest.raises(engine.Unsupported, match="/server_info answered 404: not an SGLang server"):
         engine.probe(service(server), soon())
+
+
+def test_the_default_drain_lets_the_requests_in_flight_finish_and_aborts_none(servers, gpu):
+    server = servers("--memory-saver", "--clients", "3", "--request-s", "1.5")
+    record = engine.release(service(server), 30000, gpu, soon(30))
+    assert server.calls()[1:] == ["GET /get_load", "POST /flush_cache", 'POST /pause_generation {"mode": "in_place"}',
+                                  "POST /flush_cache", 'POST /release_memory_occupation {"tags": ["kv_cache"]}']
+    assert server.state()["load"] == {"running": 0, "held": 0, "completed": 3, "aborted": 0}
+    assert record["mode"] == "drain" and record["drain"]["outcome"] == "drained" and record["drain"]["pauses"] == 1
+    clients = record["clients"]
+    assert (clients["in_flight"], clients["completed"], clients["aborted"]) == (3, 3, 0)
+    assert clients["drained_s"] >= 1.0  # the requests' own 1.5 s, less the time before the load was read
+    assert record["paused_at"] >= record["released_at"]
+    engine.resume(record, soon())
+    assert server.calls()[-2:] == ["POST /continue_generation {}", "GET /health_generate"]
+
+
+def test_a_request_that_slips_in_before_the_pause_runs_to_its_end_and_the_drain_goes_on(servers, gpu):
+    server = servers("--memory-saver", "--clients", "1", "--request-s", "0.5", "--slip-in", "2")
+    record = engine.release(service(server), 30000, gpu, soon(30))
+    assert server.calls()[1:] == ["GET /get_load", "POST /flush_cache", 'POST /pause_generation {"mode": "in_place"}',
+                                  "POST /flush_cache", "POST /continue_generation {}", "POST /flush_cache",
+                                  'POST /pause_generation {"mode": "in_place"}', "POST /flush_cache",
+                                  'POST /release_memory_occupation {"tags": ["kv_cache"]}']
+    assert server.state()["load"] == {"running": 0, "held": 0, "completed": 3, "aborted": 0}
+    assert record["drain"]["pauses"] == 2 and [s["step"] for s in record["steps"]] == ["pause", "kv_cache"]
+
+
+def test_past_the_drain_bound_nothing_is_released_and_nothing_aborted(servers, gpu):
+    server = servers("--memory-saver", "--clients", "2", "--request-s", "0.3", "--loop")  # never idle
+    saved = []
+    began = time.monotonic()
+    with pytest.raises(engine.DrainTimeout, match=r"still had 2 requests in flight after service.drain_timeout "
+                                                  r"\(2 s\): nothing was released"):
+        engine.release(service(server, drain_timeout=2.0), 30000, gpu, soon(30), save=saved.append)
+    assert time.monotonic() - began < 10
+    assert "POST /release_memory_occupation" not in " ".join(server.calls())
+    state = server.state()
+    assert not state["paused"] and state["on_gpu"] == {"weights": True, "kv_cache": True}
+    assert state["load"]["aborted"] == 0 and state["load"]["completed"] > 0
+    assert saved[-1]["steps"] == [] and saved[-1]["drain"]["outcome"] == "timeout"
+    assert gpu() == FREE_BEFORE
+
+
+def test_abort_counts_the_requests_it_aborted(servers, gpu):
+    server = servers("--memory-saver", "--clients", "2", "--request-s", "30")
+    record = engine.release(service(server, pause_mode="abort"), 30000, gpu, soon())
+    assert server.state()["load"] == {"running": 0, "held": 0, "completed": 0, "aborted": 2}
+    assert record["clients"] == {"in_flight": 2, "completed": 0, "aborted": 2}
+
+
+@pytest.mark.parametrize("mode", ["retract", "in_place"])
+def test_a_mode_sglang_cannot_release_after_touches_nothing(servers, gpu, mode):
+    server = servers("--memory-saver", "--clients", "2", "--request-s", "30")
+    with pytest.raises(engine.EngineError, match=f"service.pause_mode {mode}: SGLang's {mode}"):
+        engine.release(service(server, pause_mode=mode), 30000, gpu, soon())
+    assert server.calls() == ["GET /get_server_info"] and not server.state()["paused"]
 
 
 def test_the_standin_aborts_on_a_release_while_generating(servers):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
+from remote_payload.admission import admit
 from remote_payload.host.primitives import Fail
 from remote_payload.supervision.spec import check_service
 from runner.spec.spec import ServiceSpec
@@ -33,7 +34,9 @@ def test_an_explicit_api_url_and_pause_mode_travel():
 
 
 @pytest.mark.parametrize("fields, message", [
-    ({"free": "sglang", "pause_mode": "in_place"}, "pause_mode"),   # requests stay: a release aborts SGLang
+    ({"free": "sglang", "pause_mode": "sideways"}, "pause_mode"),   # not one of SGLang's modes
+    ({"free": "vllm", "drain_timeout": 10}, "drain_timeout"),        # SGLang's drain only
+    ({"free": "sglang", "drain_timeout": 301}, "drain_timeout"),     # the release's own bound must hold it
     ({"free": "vllm", "pause_mode": "abort"}, "pause_mode"),
     ({"api_url": "http://127.0.0.1:1"}, "api_url"),                  # with free: stop
     ({"free": "sglang", "health_url": None}, "api_url"),
@@ -47,6 +50,27 @@ def test_bad_engine_fields_are_refused_by_both_sides(fields, message):
     with pytest.raises(Fail, match=message) as info:
         check_service(raw)
     assert info.value.code == "bad-spec"
+
+
+def test_drain_timeout_travels_only_when_set():
+    assert "drain_timeout" not in ServiceSpec(**BASE, free="sglang").wire()
+    wire = ServiceSpec(**BASE, free="sglang", drain_timeout="45s").wire()
+    assert wire["drain_timeout"] == 45.0 and check_service(wire)["drain_timeout"] == 45.0
+
+
+@pytest.mark.parametrize("mode", ["retract", "in_place"])
+def test_modes_sglang_cannot_release_after_pass_the_spec_and_are_refused_by_admission_with_the_reason(mode):
+    """Valid SGLang modes (the spec takes them), refused before anything is touched: exit 4 with why."""
+    wire = ServiceSpec(**BASE, free="sglang", pause_mode=mode).wire()
+    assert check_service(wire)["pause_mode"] == mode
+    spec = {"job_id": "j", "gpu": {"devices": [], "required_mib": 0}, "service": wire}
+    report = {"gpus": [], "locks": [], "service": {"unit": "sglang.service", "active_state": "active",
+                                                    "engine": {"engine": "sglang", "version": "0.5.17"}}}
+    verdict = admit(spec, report)["refuse"]
+    assert verdict["code"] == "preflight-refused" and "release_memory_occupation asserts" in verdict["message"]
+    assert verdict["message"].startswith(f"service.pause_mode {mode}: ") and "drain" in verdict["hint"]
+    drained = dict(spec, service=ServiceSpec(**BASE, free="sglang").wire())
+    assert admit(drained, report).get("start") is True  # the default on the same report
 
 
 def test_free_through_an_api_needs_a_unit_to_fall_back_on():

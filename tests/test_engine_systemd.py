@@ -13,7 +13,7 @@ import pytest
 
 from tests.cli_helpers import run_cli, status, submit, wait_for, wait_terminal
 from tests.harness.systemd_jobs import (HANG, assert_service_back, calls, gpu_job, hold, host_events, host_status,
-                                        main_pid, restored_within, target_for)
+                                        main_pid, restored_within, standin_state, target_for)
 from tests.hosts._proc import shared_tmpdir
 
 pytestmark = pytest.mark.systemd
@@ -32,7 +32,8 @@ def test_kv_cache_alone_when_enough_and_the_same_process_serves_after(service_ho
                                                        free="sglang")))
     assert_service_back(service_host, job, "free: sglang, kv cache enough", "SUCCEEDED")
     assert calls(log) == ["GET /get_server_info",  # preflight
-                          "GET /get_server_info", "POST /pause_generation {}",
+                          "GET /get_server_info", "GET /get_load", "POST /flush_cache",  # the drain: idle already
+                          'POST /pause_generation {"mode": "in_place"}', "POST /flush_cache",
                           'POST /release_memory_occupation {"tags": ["kv_cache"]}',
                           'POST /resume_memory_occupation {"tags": ["kv_cache"]}',
                           "POST /continue_generation {}", "GET /health_generate"]
@@ -53,15 +54,85 @@ def test_weights_too_when_not_enough_resumed_weights_first(service_host, work):
     pid = main_pid(service_host)
     target = target_for(service_host)
     job = wait_terminal(target, submit(target, gpu_job(work, service_host, need=100000, command=hold(100000),
-                                                       free="sglang", pause_mode="retract")))
+                                                       free="sglang", pause_mode="abort")))
     assert_service_back(service_host, job, "free: sglang, weights too", "SUCCEEDED")
-    assert calls(log)[2:] == ['POST /pause_generation {"mode": "retract"}',
+    assert calls(log)[2:] == ["GET /get_load", 'POST /pause_generation {"mode": "abort"}',
                               'POST /release_memory_occupation {"tags": ["kv_cache"]}',
                               'POST /release_memory_occupation {"tags": ["weights"]}',
                               'POST /resume_memory_occupation {"tags": ["weights"]}',
                               'POST /resume_memory_occupation {"tags": ["kv_cache"]}',
                               "POST /continue_generation {}", "GET /health_generate"]
     assert main_pid(service_host) == pid
+
+
+def test_the_default_drain_under_load_aborts_nothing_and_counts_what_the_clients_saw(service_host, work):
+    log = service_host.install_engine_unit("sglang", "--memory-saver", "--clients", "3", "--request-s", "3")
+    pid = main_pid(service_host)
+    target = target_for(service_host)
+    job = wait_terminal(target, submit(target, gpu_job(work, service_host, need=30000, command=hold(30000),
+                                                       free="sglang")))
+    assert_service_back(service_host, job, "free: sglang, default drain under load", "SUCCEEDED")
+    assert standin_state(service_host)["load"] == {"running": 0, "held": 0, "completed": 3, "aborted": 0}
+    released, parts = job["service"]["released"], job["service"]["downtime"]
+    assert released["mode"] == "drain" and released["drain"]["outcome"] == "drained"
+    assert parts["pause_mode"] == "drain" and parts["clients"] == dict(parts["clients"], in_flight=3, completed=3,
+                                                                      aborted=0)
+    assert parts["clients"]["drained_s"] >= 1.0
+    # the window starts at the pause that held, after the drain: the clients were served until then
+    assert job["service"]["stopped_at"] == released["paused_at"]
+    assert calls(log).index("GET /get_load") < calls(log).index('POST /pause_generation {"mode": "in_place"}')
+    assert main_pid(service_host) == pid
+    shown = run_cli(target, "status", job["job_id"]).stdout.decode()
+    assert "clients (drain): 3 in flight at the pause, 3 completed, 0 aborted (drained in " in shown, shown
+
+
+def test_past_service_drain_timeout_the_job_ends_with_nothing_released(service_host, work):
+    log = service_host.install_engine_unit("sglang", "--memory-saver", "--clients", "2", "--request-s", "0.5",
+                                           "--loop")  # a saturating load: SGLang is never idle
+    pid = main_pid(service_host)
+    target = target_for(service_host)
+    job = wait_terminal(target, submit(target, gpu_job(work, service_host, need=30000, command=hold(30000),
+                                                       free="sglang", drain_timeout="3s")))
+    assert job["state"] == "FAILED" and "nothing was released and it kept serving" in job["message"], job
+    assert "service.pause_mode: abort" in job["message"]
+    assert not any("release_memory_occupation" in c for c in calls(log))
+    state = standin_state(service_host)
+    assert not state["paused"] and state["load"]["aborted"] == 0 and state["load"]["completed"] > 0
+    assert job["service"]["stopped"] is False and job["service"]["released"]["drain"]["outcome"] == "timeout"
+    assert main_pid(service_host) == pid and service_host.service_state() == "active"
+    assert service_host.ssh(["ls", "/root/.runner/locks"]).stdout.count("ledger-") == 0
+
+
+@pytest.mark.parametrize("mode", ["retract", "in_place"])
+def test_a_pause_mode_sglang_cannot_release_after_is_refused_in_preflight(service_host, work, mode):
+    log = service_host.install_engine_unit("sglang", "--memory-saver")
+    pid = main_pid(service_host)
+    target = target_for(service_host)
+    done = run_cli(target, "submit", str(gpu_job(work, service_host, need=30000, command=hold(30000),
+                                                 free="sglang", pause_mode=mode)))
+    assert done.returncode == 4, done.stderr.decode()
+    assert f"service.pause_mode {mode}: SGLang's {mode}" in done.stderr.decode()
+    assert "release_memory_occupation asserts" in done.stderr.decode()
+    assert calls(log) == ["GET /get_server_info"]  # the preflight's probe; nothing paused or released
+    assert main_pid(service_host) == pid and service_host.service_state() == "active"
+
+
+def test_supervisor_and_guard_sigkilled_during_the_drain_serving_with_no_call_and_no_request_lost(service_host,
+                                                                                                  work):
+    log = service_host.install_engine_unit("sglang", "--memory-saver", "--clients", "2", "--request-s", "6")
+    pid = main_pid(service_host)
+    target = target_for(service_host)
+    job_id = submit(target, gpu_job(work, service_host, need=30000, command=HANG, free="sglang"))
+    wait_for(lambda: "GET /get_load" in calls(log), what="the drain to begin")
+    job = host_status(service_host, job_id)
+    assert job["state"] == "STOPPING_SERVICE", job
+    service_host.ssh(["kill", "-KILL", str(job["supervisor"]["pid"]), str(job["guard"]["pid"])], check=True)
+    restored_within(service_host, job_id, timeout=90)
+    assert service_host.health_status() == 200 and main_pid(service_host) == pid
+    assert not any("release_memory_occupation" in c for c in calls(log))
+    wait_for(lambda: standin_state(service_host)["load"]["completed"] == 2, timeout=30, what="the 2 requests done")
+    state = standin_state(service_host)
+    assert state["load"]["aborted"] == 0 and not state["paused"] and state["on_gpu"]["kv_cache"]
 
 
 def test_supervisor_and_guard_sigkilled_while_released_serving_again_with_no_controller_call(service_host, work):
@@ -148,8 +219,9 @@ def test_a_dead_jobs_release_is_adopted_by_the_next_job_and_resumed_after_its_ru
     assert_service_back(service_host, job, "free: sglang, A's release adopted by B", "SUCCEEDED")
     assert job["service"]["adopted_from"] == a and job["service"]["resumed"]["how"] == "api"
     assert any(e.get("event") == "ledger" and e.get("adopted_from") == a for e in host_events(service_host, b))
-    posts = [c for c in calls(log) if c.startswith("POST")]
-    assert posts == ["POST /pause_generation {}", 'POST /release_memory_occupation {"tags": ["kv_cache"]}',
+    posts = [c for c in calls(log) if c.startswith("POST") and c != "POST /flush_cache"]
+    assert posts == ['POST /pause_generation {"mode": "in_place"}',
+                     'POST /release_memory_occupation {"tags": ["kv_cache"]}',
                      'POST /resume_memory_occupation {"tags": ["kv_cache"]}', "POST /continue_generation {}"]
     assert main_pid(service_host) == pid
     assert host_status(service_host, a).get("restored") is True

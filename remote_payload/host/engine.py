@@ -2,8 +2,12 @@
 
     probe:    before anything is touched, the engine says it can (SGLang: /get_server_info has
               enable_memory_saver; vLLM: the dev-mode routes answer and sleep mode is on)
-    release:  SGLang: pause generation → release kv_cache → enough free? else release weights (only with
-              the weights' CPU backup) · vLLM: /sleep?level=1 → /is_sleeping
+    release:  SGLang: drain (default) or abort → release kv_cache → enough free? else release weights (only
+              with the weights' CPU backup) · vLLM: /sleep?level=1 → /is_sleeping
+    drain:    SGLang serves on while its scheduler still has requests; once it says it is idle, an in-place
+              pause closes admission (it aborts nothing), SGLang confirms it is still idle, and only then is
+              memory released; a request that slipped in before the pause is let finish and the wait goes on,
+              at most service.drain_timeout: past it nothing is released (the job ends, the service serving)
     resume:   SGLang: resume what was released, last first → continue generation → /health_generate
               · vLLM: /wake_up → /is_sleeping false → /health
     restore_released: every restorer's way back (resume, else restart the unit); downtime: the window's parts
@@ -13,12 +17,18 @@ for and again once it answered, so a restorer that reads the record (the supervi
 ledger's next job, `restore`) knows what may be released: a step whose answer was never seen is "pending",
 and `resume` refuses to guess about it (`EngineError`): the caller restarts the unit instead.
 
-An SGLang engine that gets a release while it is generating aborts its whole server process, so generation
-is always paused first. SGLang without --enable-memory-saver answers every release with 200 and frees
-nothing (its memory saver is a no-op then): only /get_server_info tells, so `probe` reads it. Weights
-released without --enable-weights-cpu-backup come back as uninitialised memory; they are never released
-then. Every HTTP call is bounded as a whole by the caller's deadline (time.monotonic()), its body capped,
-no redirect followed; any failure of it is an EngineError (the caller restarts the unit). Stdlib only; imports
+An SGLang engine that gets a release while any request runs or waits aborts its whole server process
+(release_memory_occupation asserts the scheduler is fully idle), so memory is released only once SGLang
+itself said it is idle (drain), or after its abort-mode pause, which returns every request it holds. SGLang
+0.5.x has no call that stops admission while the running requests go on: its pause either aborts them (abort)
+or freezes them in the scheduler (in_place; retract puts them back in its queue); both of the latter keep it
+from being idle, so a release after them with requests in flight kills the server: those two modes are
+refused before anything is touched (contract.REFUSED_PAUSE_MODES); the drain uses in_place only once SGLang
+said it is idle. SGLang without --enable-memory-saver answers every release with 200 and frees nothing (its
+memory saver is a no-op then): only /get_server_info tells, so `probe` reads it. Weights released without
+--enable-weights-cpu-backup come back as uninitialised memory; they are never released then. Every HTTP call
+is bounded as a whole by the caller's deadline (time.monotonic()), its body capped, no redirect followed; any
+failure of it is an EngineError (the caller restarts the unit). Stdlib only; imports contract.py and
 host/primitives.py (`Fail`, the unit's health wait for the restart that backs a failed resume).
 """
 from __future__ import annotations
@@ -27,10 +37,16 @@ import io
 import json
 import time
 
+from ..contract import REFUSED_PAUSE_MODES
 from .primitives import Fail, wait_healthy
 
 FREE_METHODS = ("stop", "sglang", "vllm")  # service.free; stop: systemctl stop / start
-PAUSE_MODES = ("abort", "retract")  # in_place keeps requests in the running batch: a release then aborts SGLang
+PAUSE_MODES = ("drain", "abort", "retract", "in_place")  # service.pause_mode; None = drain
+DRAIN_TIMEOUT_S = 60.0    # service.drain_timeout: how long the drain may wait for SGLang to be idle
+MAX_DRAIN_TIMEOUT_S = 300.0  # the release's own bound (supervision/budget.py STOP_TIMEOUT_S) must hold it
+DRAIN_WAIT_S = 10.0       # one /flush_cache?timeout= wait: SGLang answers as soon as its scheduler is idle
+DRAIN_SETTLE_S = 0.2      # after the in-place pause: a request that passed SGLang's gate just before it reaches
+                          # the scheduler (its tokenization) before the idle check asks
 KV_CACHE, WEIGHTS = "kv_cache", "weights"
 CALL_TIMEOUT_S = 30.0     # the probe before a release (its deadline; each call's is the caller's)
 MAX_BODY_BYTES = 1 << 20  # the routes answer a few KB
@@ -204,7 +220,8 @@ def origin(url: str) -> str:
 def new_record(service: dict) -> dict:
     """What is (or may be) released: JSON, kept in status.json and the host ledger. steps: in order,
     each {"step": pause|kv_cache|weights|sleep, "done": bool}; done false = asked, answer not seen."""
-    return {"engine": service["free"], "api_url": api_url(service), "mode": service.get("pause_mode"),
+    mode = (service.get("pause_mode") or "drain") if service["free"] == "sglang" else None
+    return {"engine": service["free"], "api_url": api_url(service), "mode": mode,
             "steps": [], "released_at": time.time(), "timings": {}}
 
 
@@ -286,7 +303,8 @@ def release(service: dict, need_mib: int, gpu_free_fn, deadline: float, save=lam
     record = new_record(service)
     began = time.monotonic()
     if service["free"] == "sglang":
-        release_sglang(record, offers, need_mib, gpu_free_fn, deadline, save)
+        bound = service.get("drain_timeout") or DRAIN_TIMEOUT_S
+        release_sglang(record, offers, need_mib, gpu_free_fn, deadline, save, bound)
     else:
         sleep_vllm(record, deadline, save)
     record["timings"]["release_s"] = round(time.monotonic() - began, 3)
@@ -294,9 +312,14 @@ def release(service: dict, need_mib: int, gpu_free_fn, deadline: float, save=lam
     return record
 
 
-def release_sglang(record: dict, offers: dict, need_mib: int, gpu_free_fn, deadline: float, save) -> None:
-    body = {"mode": record["mode"]} if record["mode"] else {}  # SGLang's own default (abort) when not given
-    step(record, "pause", "/pause_generation", body, deadline, save)
+def release_sglang(record: dict, offers: dict, need_mib: int, gpu_free_fn, deadline: float, save,
+                   bound: float = DRAIN_TIMEOUT_S) -> None:
+    if record["mode"] in REFUSED_PAUSE_MODES:  # the preflight refuses them; a spec that got here anyway touches nothing
+        raise EngineError("service.pause_mode %s: %s" % (record["mode"], REFUSED_PAUSE_MODES[record["mode"]]))
+    if record["mode"] == "drain":
+        drain_sglang(record, deadline, bound, save)
+    else:
+        abort_all(record, deadline, save)
     release_tag(record, KV_CACHE, deadline, save)
     if enough(need_mib, gpu_free_fn, deadline):
         return
@@ -305,6 +328,93 @@ def release_sglang(record: dict, offers: dict, need_mib: int, gpu_free_fn, deadl
         save(record)
         return  # the drain names the shortfall; weights without their CPU backup would come back garbage
     release_tag(record, WEIGHTS, deadline, save)
+
+
+def abort_all(record: dict, deadline: float, save) -> None:
+    """SGLang's abort-mode pause (record["mode"]): every request it holds comes back aborted (HTTP 200,
+    finish_reason abort, the tokens so far); counted from its load just before."""
+    in_flight = requests_in_flight(record["api_url"], deadline)
+    record["paused_at"] = time.time()
+    step(record, "pause", "/pause_generation", {"mode": record["mode"]}, deadline, save)
+    record["clients"] = {"in_flight": in_flight, "completed": 0 if in_flight is not None else None,
+                         "aborted": in_flight}
+    save(record)
+
+
+def drain_sglang(record: dict, deadline: float, bound: float, save) -> None:
+    """Release nothing before SGLang is idle, and abort nothing to make it so: wait while it serves for its
+    scheduler to be idle, close admission with an in-place pause, settle, and ask again; a request that slipped
+    in before the pause is let finish (continue) and the wait goes on. Past `bound` s: DrainTimeout, the engine
+    serving as before (nothing released)."""
+    base, began = record["api_url"], time.monotonic()
+    end = min(began + bound, deadline - DRAIN_WAIT_S)
+    in_flight = requests_in_flight(base, deadline)
+    record["drain"] = {"in_flight": in_flight, "pauses": 0, "bound_s": bound}
+    save(record)
+    while time.monotonic() < end:
+        if not sglang_idle(base, min(DRAIN_WAIT_S, end - time.monotonic()), deadline):
+            continue
+        record["drain"]["pauses"] += 1
+        record["paused_at"] = time.time()
+        step(record, "pause", "/pause_generation", {"mode": "in_place"}, deadline, save)
+        time.sleep(DRAIN_SETTLE_S)
+        if sglang_idle(base, 0.0, deadline):
+            record["drain"].update(outcome="drained", waited_s=round(time.monotonic() - began, 3))
+            record["clients"] = {"in_flight": in_flight, "completed": in_flight, "aborted": 0,
+                                 "drained_s": record["drain"]["waited_s"]}
+            save(record)
+            return
+        unpause(record, deadline, save)  # it slipped in: it runs to its end like the others
+    record["drain"].update(outcome="timeout", waited_s=round(time.monotonic() - began, 3),
+                           in_flight_at_end=requests_in_flight(base, deadline))
+    save(record)
+    raise DrainTimeout(record, bound)
+
+
+def unpause(record: dict, deadline: float, save) -> None:
+    """Undo the drain's in-place pause: continue, then drop the step (nothing is paused any more)."""
+    expect_ok("POST", record["api_url"] + "/continue_generation", deadline, {})
+    record["steps"] = [s for s in record["steps"] if s["step"] != "pause"]
+    save(record)
+
+
+def sglang_idle(base: str, wait_s: float, deadline: float) -> bool:
+    """Whether SGLang's scheduler is fully idle (nothing running or waiting: what release_memory_occupation
+    asserts), as its /flush_cache answers: 200 once idle within wait_s (it flushes the prefix cache then, as
+    the release would), 400 if not (the scheduler logs the counts). The cache flush is its only side effect."""
+    began = time.monotonic()
+    status, answer = call("POST", "%s/flush_cache?timeout=%g" % (base, max(0.0, round(wait_s, 1))), deadline)
+    if status == 200:
+        return True
+    if status != 400:
+        raise EngineError("POST %s/flush_cache answered %d: %s" % (base, status, answer))
+    if time.monotonic() - began < wait_s / 2:  # a server that does not wait (no timeout parameter): poll
+        time.sleep(POLL_S)
+    return False
+
+
+def requests_in_flight(base: str, deadline: float):
+    """Running + waiting requests as SGLang's /get_load reports them (summed over its data-parallel ranks), or
+    None when it does not say."""
+    status, answer = call("GET", base + "/get_load", deadline)
+    if status != 200 or not isinstance(answer, list):
+        return None
+    counts = [entry.get("num_reqs") for entry in answer if isinstance(entry, dict)]
+    if not counts or not all(isinstance(n, int) and not isinstance(n, bool) for n in counts):
+        return None
+    return sum(counts)
+
+
+class DrainTimeout(EngineError):
+    """The drain's bound passed with requests still in SGLang: nothing was released, the engine serves."""
+
+    def __init__(self, record: dict, bound: float) -> None:
+        left = record["drain"].get("in_flight_at_end")
+        super().__init__(
+            "SGLang at %s still had %s after service.drain_timeout (%.0f s): nothing was released and it kept "
+            "serving (the drain never aborts a request); raise service.drain_timeout, or set service.pause_mode: "
+            "abort to abort the requests in flight" % (
+                record["api_url"], "requests in flight" if left is None else "%d requests in flight" % left, bound))
 
 
 def release_tag(record: dict, tag: str, deadline: float, save) -> None:
@@ -447,7 +557,11 @@ def downtime(service: dict, gpu, restore_began: float, restored_at: float, healt
     def span(start, end):
         return round(end - start, 3) if start is not None and end is not None else None
     payload_end = restore_began - (drain_s or 0.0)
-    return {"method": (service.get("released") or {}).get("engine", "stop"),
-            "not_serving_s": span(stopped, restored_at) if healthy else None,
-            "release_s": span(stopped, freed), "drain_s": drain_s, "payload_s": span(freed, payload_end),
-            "resume_s": resumed.get("resume_s"), "health_s": resumed.get("health_s")}
+    released = service.get("released") or {}
+    parts = {"method": released.get("engine", "stop"),
+             "not_serving_s": span(stopped, restored_at) if healthy else None,
+             "release_s": span(stopped, freed), "drain_s": drain_s, "payload_s": span(freed, payload_end),
+             "resume_s": resumed.get("resume_s"), "health_s": resumed.get("health_s")}
+    if released.get("clients") is not None:  # SGLang: its requests in flight at the pause, and their fate
+        parts.update(pause_mode=released.get("mode"), clients=released["clients"])
+    return parts

@@ -128,13 +128,23 @@ def release_service(job: Job) -> None:
         record_stop(job, released=record, stopped_at=stopped_at)
         job.save(service=dict(job.status["service"], released=record))
 
-    keep(engine.new_record(spec_service))
-    job.set_state("STOPPING_SERVICE", "freeing GPU memory through the %s API of %s" % (spec_service["free"], unit),
+    record = engine.new_record(spec_service)
+    keep(record)
+    how = " once its requests in flight have finished" if record["mode"] == "drain" else ""
+    job.set_state("STOPPING_SERVICE", "freeing GPU memory through the %s API of %s%s" % (spec_service["free"], unit,
+                                                                                       how),
                   service=dict(job.status["service"], stopped=True, stopped_at=stopped_at))
-    record = engine.release(spec_service, job.spec["gpu"]["required_mib"], lambda: least_free(job),
-                            time.monotonic() + STOP_TIMEOUT_S, keep, offers)
-    job.save(service=dict(job.status["service"], freed_at=time.time()))
-    job.event("service", released=record["steps"], message=engine.describe(record))
+    try:
+        record = engine.release(spec_service, job.spec["gpu"]["required_mib"], lambda: least_free(job),
+                                time.monotonic() + STOP_TIMEOUT_S, keep, offers)
+    except engine.DrainTimeout:  # nothing released, the engine serving: nothing to restore
+        job.save(service=dict(job.status["service"], stopped=False, stopped_at=None))
+        raise
+    # Its clients were served until the pause that held (a drain waits before it): the window starts there.
+    job.save(service=dict(job.status["service"], freed_at=time.time(),
+                          stopped_at=record.get("paused_at") or stopped_at))
+    job.event("service", released=record["steps"], message=engine.describe(record), clients=record.get("clients"),
+              drain=record.get("drain"))
 
 
 def least_free(job: Job):

@@ -327,7 +327,25 @@ def _downtime(service: dict, now: float) -> str:
 def _downtime_parts(parts: dict | None) -> str:
     """" (stop: release 0.8, drain 0.0, payload 22.2, resume 3.5, health 5.8 s)": the window's parts."""
     known = _window_parts(parts or {})
-    return f" ({parts['method']}: {known} s)" if known else ""
+    return (f" ({parts['method']}: {known} s)" if known else "") + _clients_text(parts or {})
+
+
+def _clients_text(window: dict) -> str:
+    """"; clients: 4 in flight at the pause, 4 completed, 0 aborted (drained in 2.1 s)": what SGLang said became
+    of the requests it held when the window began (its load before the pause), under the pause mode."""
+    clients = window.get("clients")
+    if not isinstance(clients, dict):
+        return ""
+
+    def count(key: str) -> str:
+        value = clients.get(key)
+        return str(value) if isinstance(value, int) and not isinstance(value, bool) else "?"
+    drained = clients.get("drained_s")
+    after = f" (drained in {drained:.1f} s)" if isinstance(drained, (int, float)) and not isinstance(drained, bool) \
+        else ""
+    mode = window.get("pause_mode")
+    return (f"; clients{f' ({printable(mode)})' if isinstance(mode, str) else ''}: {count('in_flight')} in flight "
+            f"at the pause, {count('completed')} completed, {count('aborted')} aborted{after}")
 
 
 def _window_parts(parts: dict) -> str:
@@ -348,7 +366,7 @@ def _window_text(window: dict, unit: str | None = None) -> str:
     shown = f"{total:.1f} s" if isinstance(total, (int, float)) and not isinstance(total, bool) else "?"
     parts = _window_parts(window)
     return (f"service window{f' of {unit}' if unit else ''} ({window.get('method')}): not serving {shown}"
-            + (f" ({parts} s)" if parts else ""))
+            + (f" ({parts} s)" if parts else "") + _clients_text(window))
 
 
 def _duration(seconds: float) -> str:

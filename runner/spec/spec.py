@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator,
 from remote_payload.contract import DEFAULTS, LAUNCHERS, SERVICE_MANAGERS, SERVICE_SCOPES, STOP_POLICIES, \
     USER_SCOPE_SUDO, normalize_unit
 from remote_payload import sweep as sweeps
-from remote_payload.host.engine import FREE_METHODS, PAUSE_MODES, origin
+from remote_payload.host.engine import FREE_METHODS, MAX_DRAIN_TIMEOUT_S, PAUSE_MODES, origin
 
 from ..errors import SpecError
 from ..state.job_id import check_job_id
@@ -55,6 +55,9 @@ class ServiceSpec(_Section):
     free: Literal[FREE_METHODS] = "stop"
     api_url: HealthUrl = None
     pause_mode: Literal[PAUSE_MODES] | None = None
+    # free: sglang: how long the default drain may wait for SGLang's requests in flight to finish (None: the
+    # host's default); past it nothing is released and the job ends.
+    drain_timeout: Annotated[Duration, Field(le=MAX_DRAIN_TIMEOUT_S)] | None = None
     # The GPUs this service holds (from the spec, not discovered): a job frees it only when its own GPUs meet
     # these. None listed: every GPU of the host.
     gpus: list[Device] = list(DEFAULTS["service.gpus"])
@@ -77,16 +80,16 @@ class ServiceSpec(_Section):
     @model_validator(mode="after")
     def _free_through_an_api(self) -> ServiceSpec:
         if self.free == "stop":
-            if self.api_url is not None or self.pause_mode is not None:
-                raise ValueError("`api_url` and `pause_mode` go with `free: sglang` or `free: vllm`")
+            if self.api_url is not None or self.pause_mode is not None or self.drain_timeout is not None:
+                raise ValueError("`api_url`, `pause_mode` and `drain_timeout` go with `free: sglang` or `free: vllm`")
             return self
         if self.manager != "systemd":
             raise ValueError(f"`free: {self.free}` needs `manager: systemd` (the unit is restarted when the "
                              "engine's API does not bring it back)")
         if self.api_url is None and self.health_url is None:
             raise ValueError(f"`free: {self.free}` needs `api_url` (or a `health_url` on the engine's port)")
-        if self.pause_mode is not None and self.free != "sglang":
-            raise ValueError("`pause_mode` is SGLang's /pause_generation mode: it goes with `free: sglang`")
+        if (self.pause_mode is not None or self.drain_timeout is not None) and self.free != "sglang":
+            raise ValueError("`pause_mode` and `drain_timeout` are SGLang's: they go with `free: sglang`")
         return self
 
     def wire(self) -> dict:
@@ -94,9 +97,10 @@ class ServiceSpec(_Section):
         (the wire as it was); api_url resolved; GPUs as text, like gpu.devices."""
         gpus = {"gpus": [str(g) for g in self.gpus]} if self.gpus else {}
         if self.free == "stop":
-            return dict(self.model_dump(exclude={"free", "api_url", "pause_mode", "gpus"}), **gpus)
-        return dict(self.model_dump(exclude={"gpus"}), api_url=(self.api_url or origin(self.health_url)).rstrip("/"),
-                    **gpus)
+            return dict(self.model_dump(exclude={"free", "api_url", "pause_mode", "drain_timeout", "gpus"}), **gpus)
+        unset = {"drain_timeout"} if self.drain_timeout is None else set()  # the wire as it was without one
+        return dict(self.model_dump(exclude={"gpus"} | unset),
+                    api_url=(self.api_url or origin(self.health_url)).rstrip("/"), **gpus)
 
 
 class GpuSpec(_Section):

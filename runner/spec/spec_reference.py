@@ -38,14 +38,23 @@ DESCRIPTIONS = {
                           "stay active for 2 s.",
     "service.health_timeout": "How long the restore waits for healthy.",
     "service.sudo": "Run systemctl/systemd-run through `sudo -n` (a NOPASSWD rule is needed; see the README).",
-    "service.free": "How the GPU is freed: `stop` the unit (and start it after); `sglang`: pause generation, "
-                    "release the KV cache (and the weights only if still short, and only with SGLang's "
+    "service.free": "How the GPU is freed: `stop` the unit (and start it after); `sglang`: pause generation "
+                    "(`pause_mode`), release the KV cache (and the weights only if still short, and only with SGLang's "
                     "--enable-weights-cpu-backup), resume after (needs --enable-memory-saver); `vllm`: sleep level 1, "
                     "wake after (needs --enable-sleep-mode and VLLM_SERVER_DEV_MODE=1). The unit keeps running; it "
                     "is restarted only when the API does not bring the engine back.",
     "service.api_url": "The engine's HTTP root for `free: sglang`/`vllm` (default: the origin of `health_url`).",
-    "service.pause_mode": "SGLang's /pause_generation mode before the release: `abort` (SGLang's default when not "
-                          "given: in-flight requests are returned) or `retract` (they are queued and recomputed after).",
+    "service.pause_mode": "How `free: sglang` holds its clients' requests. `drain` (the default when not given): "
+                          "nothing is aborted; SGLang serves on until its scheduler is idle (the requests in flight "
+                          "have finished), then an in-place pause holds new requests until the resume (they wait "
+                          "and complete); past `drain_timeout` nothing is released and the job ends FAILED, the "
+                          "service untouched. `abort`: SGLang's abort pause at once: the requests in flight come "
+                          "back aborted (HTTP 200, finish_reason abort, the tokens so far). `retract` and `in_place` "
+                          "are refused in preflight (exit 4): SGLang's release asserts that nothing runs or waits, "
+                          "so with requests in flight it would kill the server.",
+    "service.drain_timeout": "`free: sglang` with the default drain: how long to wait for SGLang's requests in "
+                             "flight to finish before the release (at most 300 s; null: 60 s). Past it nothing is "
+                             "released: the job ends FAILED, the service serving as before.",
     "service.gpus": "The GPUs this service holds (indexes or UUIDs), as the spec declares them (runner does not "
                     "discover them); a job frees the service only when its `gpu.devices` meet these. None listed: "
                     "every GPU of the host.",

@@ -79,6 +79,13 @@ def calls(path) -> list[str]:
             if c["path"] not in ("/health", "/standin_state")]
 
 
+def standin_state(host) -> dict:
+    """The engine stand-in's GET /standin_state (its memory, pause and clients' requests), asked on the host."""
+    url = host.health_url.rsplit("/", 1)[0] + "/standin_state"
+    probe = "import sys, urllib.request\nprint(urllib.request.urlopen(sys.argv[1], timeout=5).read().decode())"
+    return json.loads(host.ssh(["python3", "-c", probe, url], check=True).stdout)
+
+
 def hold(need: int) -> list[str]:
     return ["python3", HOLD, str(need - 1000), "1"]
 

@@ -13,6 +13,14 @@ bodies and status codes as the engines' sources have them:
 - vllm (the dev-mode routes, only with --dev-mode, else 404): POST /sleep?level=1|2, POST
   /wake_up[?tags=weights&tags=kv_cache], GET /is_sleeping {"is_sleeping": bool}, GET /server_info; without
   --sleep-mode a sleep answers 500; GET /health.
+Requests in flight (sglang, --clients N --request-s S [--loop]): N clients each send a request of S s of
+scheduler work when the first GET /get_load asks (so a test knows what was in flight when the drain or the
+abort looked); with --loop each client sends its next one as soon as one ends (a saturating load);
+--slip-in K adds K at the first in_place pause (they passed SGLang's gate just before it closed). Time runs
+for them only while the scheduler runs (not in an in_place/retract pause, KV cache on the GPU); an abort-mode
+pause aborts them; an arrival while paused is held until /continue_generation. GET /get_load answers their
+count (num_reqs), POST /flush_cache[?timeout=T] answers 200 once none runs (within T s), else 400, and a
+release with any of them running or waiting aborts the process, as SGLang's idle assertion does.
 GPU memory is "held" per tag (weights, kv_cache, plus --context-mib) in `<gpu dir>/apps/<pid>`, which the
 nvidia-smi stand-in reads. Every request is appended to --calls (JSON lines) so tests can check the order.
 --hang ROUTE makes that route accept and never answer (an API that does not answer). --misbehave ROUTE=KIND
@@ -55,8 +63,60 @@ def parse_args(argv):
     parser.add_argument("--misbehave", action="append", default=[], metavar="ROUTE=KIND[:ARG]",
                         help="answer ROUTE badly: " + ", ".join(MISBEHAVIOURS) + " (redirect:URL)")
     parser.add_argument("--calls", default=None, help="append each request here (JSON lines)")
+    parser.add_argument("--clients", type=int, default=0, help="requests in flight once /get_load is first asked")
+    parser.add_argument("--request-s", type=float, default=2.0, help="scheduler seconds one request takes")
+    parser.add_argument("--loop", action="store_true", help="each client sends its next request at once")
+    parser.add_argument("--slip-in", type=int, default=0,
+                        help="requests that reach the scheduler just as the first in_place pause does")
     parser.add_argument("--gpu-dir", default=os.environ.get("RUNNER_FAKE_GPU_DIR") or "/run/runner-fake-gpu")
     return parser.parse_args(argv)
+
+
+class Load:
+    """The clients' requests: seconds of scheduler work left for each running one, arrivals held while paused,
+    and what became of them. Advanced lazily, on each request to the stand-in."""
+
+    def __init__(self, clients: int, request_s: float, loop: bool):
+        self.clients, self.request_s, self.loop = clients, request_s, loop
+        self.started, self.last = False, time.monotonic()
+        self.running, self.held = [], 0
+        self.completed, self.aborted = 0, 0
+
+    def start(self):
+        if not self.started:
+            self.started, self.last = True, time.monotonic()
+            self.running = [self.request_s] * self.clients
+
+    def advance(self, runs: bool, admits: bool):
+        now = time.monotonic()
+        spent, self.last = now - self.last, now
+        while runs and spent > 0 and self.running:
+            step = min(spent, min(self.running))
+            self.running = [left - step for left in self.running]
+            spent -= step
+            done = [left for left in self.running if left <= 1e-9]
+            self.running = [left for left in self.running if left > 1e-9]
+            self.completed += len(done)
+            for _ in done if self.loop else []:
+                self.arrive(admits)
+
+    def arrive(self, admits: bool):
+        if admits:
+            self.running.append(self.request_s)
+        else:
+            self.held += 1
+
+    def abort_all(self):
+        self.aborted += len(self.running)
+        self.running = []
+
+    def admit_held(self):
+        self.running += [self.request_s] * self.held
+        self.held = 0
+
+    def state(self):
+        return {"running": len(self.running), "held": self.held, "completed": self.completed,
+                "aborted": self.aborted}
 
 
 class Engine:
@@ -71,6 +131,7 @@ class Engine:
         self.sleeping = False
         self.on_gpu = {"weights": True, "kv_cache": True}
         self.weights_intact = True
+        self.load = Load(args.clients, args.request_s, args.loop)
         self.apps_file = Path(args.gpu_dir) / "apps" / str(os.getpid())
         self.write_memory()
 
@@ -87,15 +148,23 @@ class Engine:
         self.apps_file.unlink(missing_ok=True)
 
     def state(self):
+        self.tick()
         return {"pid": os.getpid(), "paused": self.paused, "pause_mode": self.pause_mode, "sleeping": self.sleeping,
-                "on_gpu": dict(self.on_gpu), "held_mib": self.held_mib(), "weights_intact": self.weights_intact}
+                "on_gpu": dict(self.on_gpu), "held_mib": self.held_mib(), "weights_intact": self.weights_intact,
+                "load": self.load.state()}
+
+    def tick(self):
+        """Bring the clients' requests up to now: they run unless the scheduler is frozen or its cache is gone."""
+        frozen = self.paused and self.pause_mode in ("in_place", "retract")
+        self.load.advance(runs=not frozen and self.on_gpu["kv_cache"], admits=not self.paused)
 
     def ready(self):
         return time.monotonic() >= self.ready_at
 
     # sglang
     def release(self, tags):
-        if not self.paused:
+        self.tick()
+        if not self.paused or self.load.running:
             print("engine stand-in: release while generating: aborting like SGLang's scheduler", flush=True)
             self.free_all()
             os._exit(ABORT_EXIT)
@@ -167,15 +236,19 @@ def handler(engine: Engine):
             except ValueError:
                 self.answer(400, {"object": "error", "message": "JSON decode error", "code": 400})
                 return
-            with engine.lock:
+            if route in UNLOCKED:
                 status, content = route(engine, body, parse_qs(url.query))
+            else:
+                with engine.lock:
+                    status, content = route(engine, body, parse_qs(url.query))
             self.answer(status, content)
 
         def answer(self, status, content):
-            data = b"" if content is Ellipsis else json.dumps(content).encode()
+            data = b"" if content is Ellipsis else (content.encode() if isinstance(content, str)
+                                                    else json.dumps(content).encode())
             self.send_response(status)
             if data:
-                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Type", "text/plain" if isinstance(content, str) else "application/json")
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
             self.wfile.write(data)
@@ -283,13 +356,41 @@ def sglang_pause(engine, body, query):
     if mode not in SGLANG_MODES:
         return 400, {"object": "error", "message": "Invalid mode: %r. Expected one of %s." % (mode, list(SGLANG_MODES)),
                      "type": "Bad Request", "code": 400}
+    engine.tick()
     engine.paused, engine.pause_mode = True, mode
+    if mode == "abort":
+        engine.load.abort_all()
+    if mode == "in_place" and engine.args.slip_in:  # passed the gate before it closed: in the scheduler now
+        engine.load.running += [engine.load.request_s] * engine.args.slip_in
+        engine.args.slip_in = 0
     return 200, {"message": "Generation paused successfully.", "status": "ok"}
 
 
 def sglang_continue(engine, body, query):
+    engine.tick()
     engine.paused, engine.pause_mode = False, None
+    engine.load.admit_held()
     return 200, {"message": "Generation continued successfully.", "status": "ok"}
+
+
+def sglang_get_load(engine, body, query):
+    engine.load.start()
+    engine.tick()
+    return 200, [{"dp_rank": 0, "num_reqs": len(engine.load.running), "num_waiting_reqs": 0, "num_tokens": 0,
+                  "num_pending_tokens": 0, "ts_tic": time.perf_counter()}]
+
+
+def sglang_flush_cache(engine, body, query):
+    """Called without the engine's lock: it waits (up to ?timeout=) for the scheduler to be idle."""
+    end = time.monotonic() + float((query.get("timeout") or ["0"])[0])
+    while True:
+        with engine.lock:
+            engine.tick()
+            if not engine.load.running:
+                return 200, "Cache flushed."
+        if time.monotonic() >= end:
+            return 400, "Cache not flushed. Please check for pending requests."
+        time.sleep(0.02)
 
 
 def tags_of(body):
@@ -333,10 +434,13 @@ def standin_state(engine, body, query):
 
 SGLANG = {("GET", "/health"): health, ("GET", "/health_generate"): sglang_health_generate,
           ("GET", "/get_server_info"): sglang_server_info, ("POST", "/pause_generation"): sglang_pause,
-          ("POST", "/continue_generation"): sglang_continue, ("GET", "/standin_state"): standin_state}
+          ("POST", "/continue_generation"): sglang_continue, ("GET", "/standin_state"): standin_state,
+          ("GET", "/get_load"): sglang_get_load}
+UNLOCKED = {sglang_flush_cache}
 for _method in ("GET", "POST"):
     SGLANG[(_method, "/release_memory_occupation")] = sglang_release
     SGLANG[(_method, "/resume_memory_occupation")] = sglang_resume
+    SGLANG[(_method, "/flush_cache")] = sglang_flush_cache
 VLLM = {("GET", "/health"): health, ("GET", "/standin_state"): standin_state}
 
 

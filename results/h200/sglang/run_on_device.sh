@@ -5,9 +5,11 @@
 # `python3 -m sglang.launch_server`, tiny Llama config, dummy weights, --enable-memory-saver); start measure.sh
 # DETACHED inside the confined systemd (gpu-systemd/host.sh); poll until it is done or POLL_S passed; copy
 # what is there to $OUT.   bash build/sglang-real/dev/run_on_device.sh start|poll
+# DEV=FOLDER: the carried folder (prepare_carry.sh's DEST) when this script runs from a repo of its own (then that
+# repo's measure.sh and load.py run, not the carried copies). LOAD, PREPARE, DRAIN_TIMEOUT: measure.sh's.
 set -u
 mode=${1:-start}
-here=$(cd "$(dirname "$0")" && pwd); repo=$(pwd)
+here=${DEV:-$(cd "$(dirname "$0")" && pwd)}; repo=$(pwd)
 D=/tmp/sgr; POLL_S=${POLL_S:-540}; t0=$SECONDS
 if [ $mode = start ]; then
   [ -e $D/host.pid ] && kill -0 "$(cat $D/host.pid)" 2>/dev/null && { echo "already running"; exit 1; }
@@ -34,8 +36,9 @@ if [ $mode = start ]; then
     > $D/units/sglang.service
   echo "setup $((SECONDS - t0)) s; $(nvidia-smi --query-gpu=name,memory.used,memory.total,driver_version --format=csv,noheader)"
   cat $D/units/sglang.service
+  measure=$D/dev/measure.sh; [ -n "${DEV:-}" ] && measure=$D/repo/results/h200/sglang/measure.sh
   HOSTDIR=$D/host setsid nohup bash $D/dev/gpu-systemd/host.sh $D/dev/systemd $D/units \
-    "D=$D SEQUENCE='${SEQUENCE:-}' START_BUDGET_S=${START_BUDGET_S:-300} BATCH_SIZES='${BATCH_SIZES:-}' bash $D/dev/measure.sh" \
+    "D=$D SEQUENCE='${SEQUENCE:-}' START_BUDGET_S=${START_BUDGET_S:-300} BATCH_SIZES='${BATCH_SIZES:-}' LOAD=${LOAD:-0} PREPARE=${PREPARE:-1} DRAIN_TIMEOUT=${DRAIN_TIMEOUT:-} bash $measure" \
     > $D/host.out 2>&1 < /dev/null &
   echo $! > $D/host.pid
 fi
@@ -43,6 +46,7 @@ collect() {  # what is there to $OUT: after each progress line, and at the end (
   [ -n "${OUT:-}" ] || return 0
   for f in results.json results.md progress.log; do [ -e $D/out/$f ] && cp $D/out/$f "$OUT/"; done
   [ -e $D/out/samples.jsonl ] && gzip -c $D/out/samples.jsonl > "$OUT/samples.jsonl.gz"
+  [ -e $D/out/load.jsonl ] && gzip -c $D/out/load.jsonl > "$OUT/load.jsonl.gz"
   tar czf "$OUT/jobs.tgz" -C $D/out jobs sglang.log server_info.json nvidia-smi-idle.txt summarize.log 2>/dev/null
   tar czf "$OUT/host-logs.tgz" -C $D host.out host units 2>/dev/null
 }
