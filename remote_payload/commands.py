@@ -427,7 +427,10 @@ def cmd_result(args) -> dict:
             text = "job %s ended %s without a result%s%s" % (paths.job_id, state, ": " + why if why else "", unreadable)
         else:
             text = "job %s is %s: no result yet%s" % (paths.job_id, state, unreadable)
-        raise Fail("no-result", text, job_id=paths.job_id, state=state)
+        prepared = os.path.lexists(paths.prepare_result)
+        if prepared:  # said, so nobody takes the prepare step's file for the payload's
+            text += " (the payload wrote none; the prepare step's own is %s)" % paths.prepare_result
+        raise Fail("no-result", text, job_id=paths.job_id, state=state, prepare_result=prepared)
 
 
 def preflight_gpus(spec: dict) -> dict:
