@@ -524,7 +524,7 @@ def results(job_id, as_json, plot_path, baseline_path, save_path, other, toleran
     if baseline_path:
         verdicts = ci.gate_against(baseline_path, current, tolerance)
         _say(gate_report.render(verdicts, fmt, baseline=baseline_path, current=current.source,
-                                tolerance=tolerance), nl=False)
+                                tolerance=tolerance, notes=ci.gate_clock_lines(baseline_path, current)), nl=False)
         sys.exit(gate.exit_code(verdicts))
     if other:
         second = ci.collect(other, store=store, deadline=deadline)
