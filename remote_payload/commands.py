@@ -51,7 +51,7 @@ from .supervision.record import Flags, Job
 from .supervision.start import answer_start, claim_job_dir, daemonize_exec, launch_detached, ready_lock, send_ready
 from .supervision.settle import hard_deadline, restore_unit, settle_as_restorer, start_guard, with_restore_lock
 from .supervision.spec import check_health_url, check_job_id, check_root, check_root_safe, check_unit, read_spec_stdin
-from .host import engine as supervisor_engine
+from .host import engine as supervisor_engine, unit_stop
 from .supervision import ledger, unit as supervisor_unit
 from .supervision.submit import submit
 from .supervision.startable import check_startable
@@ -467,6 +467,10 @@ def preflight_service(root: str, spec_service: dict) -> dict:
     service = dict(ctl.show(unit), manager="systemd", unit=unit, ledger=ledger.read_entry(root, unit))
     if spec_service.get("free", "stop") != "stop":  # asked before anything is touched
         service["engine"] = supervisor_engine.offers(spec_service)
+    elif spec_service.get("stop", "never") != "never":  # admission says it when the job will stop the unit
+        hint = unit_stop.slow_stop_hint(unit, unit_stop.stop_settings(ctl, unit))
+        if hint:
+            service["stop_hint"] = hint
     return service
 
 

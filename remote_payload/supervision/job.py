@@ -25,7 +25,7 @@ from .record import Flags, Interrupted, Job
 from .settle import GPU_POLL_S, final_state, settle, settle_ledger, start_guard_timer
 from .payload import check_interrupt, launch_payload, watch_payload
 from .startable import check_startable
-from ..host import engine
+from ..host import engine, unit_stop
 from . import ledger, services, stage as supervisor_stage, variants
 
 LOCK_POLL_S = 0.5
@@ -113,7 +113,11 @@ def stop_service(job: Job) -> None:
             job.save(service=dict(job.status["service"], stopped=False, stopped_at=None))
         raise
     freed_at = time.time()
-    job.save(service=dict(job.status["service"], now=job.ctl.is_active(unit), freed_at=freed_at))
+    now = job.ctl.is_active(unit)
+    failed = {"stop_result": unit_stop.failed_by_stop(job.ctl, unit)} if now == "failed" else {}
+    if failed:  # the engine's own shutdown under our SIGTERM, not a service problem: said, and cleared at restore
+        job.event("service", unit=unit, **failed)
+    job.save(service=dict(job.status["service"], now=now, freed_at=freed_at, **failed))
 
 
 def release_service(job: Job) -> None:
