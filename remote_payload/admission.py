@@ -34,9 +34,18 @@ class _Refused(Exception):
 def admit(spec: dict, report: dict, queue: bool = False) -> dict:
     """The verdict for the wire spec `spec` (its job_id, gpu, service) on the preflight `report`."""
     try:
-        return _admit(spec, report, queue)
+        verdict = _admit(spec, report, queue)
     except _Refused as refused:
         return {"refuse": refused.verdict}
+    if verdict["stop_service"]:
+        verdict["notes"] += _stop_hints(spec, report)
+    return verdict
+
+
+def _stop_hints(spec: dict, report: dict) -> list:
+    """The host's warning for each service the job may stop that will be slow to stop (a hint, never a refusal)."""
+    return ["warning: %s" % found["stop_hint"] for service, found in _services_with_reports(spec, report)
+            if _policy(service) != "never" and isinstance(found, dict) and isinstance(found.get("stop_hint"), str)]
 
 
 def needs_stop(policy: str, short: bool) -> bool:

@@ -51,7 +51,7 @@ from .supervision.start import answer_start, claim_job_dir, daemonize_exec, laun
 from .supervision.settle import Told, restore_unit, settle_as_restorer, start_guard, take_over_hung_restorer, \
     with_restore_lock
 from .supervision.spec import check_health_url, check_job_id, check_root, check_root_safe, check_unit, read_spec_stdin
-from .host import engine as supervisor_engine
+from .host import engine as supervisor_engine, unit_stop
 from .supervision import ledger, unit as supervisor_unit
 from .supervision.submit import submit
 from .supervision.startable import check_payload_user, check_startable
@@ -438,7 +438,10 @@ def cmd_result(args) -> dict:
             text = "job %s ended %s without a result%s%s" % (paths.job_id, state, ": " + why if why else "", unreadable)
         else:
             text = "job %s is %s: no result yet%s" % (paths.job_id, state, unreadable)
-        raise Fail("no-result", text, job_id=paths.job_id, state=state)
+        prepared = os.path.lexists(paths.prepare_result)
+        if prepared:  # said, so nobody takes the prepare step's file for the payload's
+            text += " (the payload wrote none; the prepare step's own is %s)" % paths.prepare_result
+        raise Fail("no-result", text, job_id=paths.job_id, state=state, prepare_result=prepared)
 
 
 def preflight_gpus(spec: dict) -> dict:
@@ -477,6 +480,10 @@ def preflight_service(root: str, spec_service: dict) -> dict:
     service = dict(ctl.show(unit), manager="systemd", unit=unit, ledger=ledger.read_entry(root, unit))
     if spec_service.get("free", "stop") != "stop":  # asked before anything is touched
         service["engine"] = supervisor_engine.offers(spec_service)
+    elif spec_service.get("stop", "never") != "never":  # admission says it when the job will stop the unit
+        hint = unit_stop.slow_stop_hint(unit, unit_stop.stop_settings(ctl, unit))
+        if hint:
+            service["stop_hint"] = hint
     return service
 
 

@@ -39,6 +39,7 @@ class JobPaths:
         self.events = os.path.join(self.dir, "events.jsonl")
         self.output = os.path.join(self.dir, "output.log")
         self.result = os.path.join(self.dir, "result.json")
+        self.prepare_result = os.path.join(self.dir, "prepare-result.json")  # the prepare step's, never the job's
         self.restore_log = os.path.join(self.dir, "restore.log")
         self.cancel = os.path.join(self.dir, "cancel")
         self.supervisor_log = os.path.join(self.dir, "supervisor.log")

@@ -13,18 +13,19 @@ those rooms; commands.py and slurm/launch.py import it.
 """
 from __future__ import annotations
 
+import os
 import time
 
 from ..admission import needs_stop
 from ..contract import RUNNING_SERVICE_STATES
-from .files import Locks
+from .files import Locks, try_unlink
 from ..host.primitives import Fail, describe_apps, kill_group, query_apps, query_gpus, refuse_too_small, short_gpus
 from .budget import STOP_TIMEOUT_S
 from .record import Flags, Interrupted, Job
 from .settle import GPU_POLL_S, final_state, settle, settle_ledger, start_guard_timer
 from .payload import check_interrupt, launch_payload, watch_payload
 from .startable import check_payload_user, check_startable
-from ..host import engine
+from ..host import engine, unit_stop
 from . import ledger, services, stage as supervisor_stage, variants
 
 LOCK_POLL_S = 0.5
@@ -112,7 +113,11 @@ def stop_service(job: Job) -> None:
             job.save(service=dict(job.status["service"], stopped=False, stopped_at=None))
         raise
     freed_at = time.time()
-    job.save(service=dict(job.status["service"], now=job.ctl.is_active(unit), freed_at=freed_at))
+    now = job.ctl.is_active(unit)
+    failed = {"stop_result": unit_stop.failed_by_stop(job.ctl, unit)} if now == "failed" else {}
+    if failed:  # the engine's own shutdown under our SIGTERM, not a service problem: said, and cleared at restore
+        job.event("service", unit=unit, **failed)
+    job.save(service=dict(job.status["service"], now=now, freed_at=freed_at, **failed))
 
 
 def release_service(job: Job) -> None:
@@ -200,16 +205,30 @@ def run_prepare_step(job: Job, flags: Flags) -> None:
     check_interrupt(job, flags)
     began = time.monotonic()
     job.event("prepare", status="start", argv=argv)
-    proc = launch_payload(job, argv, "PREPARING", "prepare step running (the service is untouched)")
+    proc = launch_payload(job, argv, "PREPARING", "prepare step running (the service is untouched)",
+                          result=job.paths.prepare_result)
     stop = watch_payload(job, proc, flags, limit="prepare_timeout")
     kill_group(proc.pid, job.spec["limits"]["grace"], proc)
     code = proc.wait()
+    set_aside_prepare_result(job.paths)
     job.event("prepare", status="end", exit_code=code, seconds=round(time.monotonic() - began, 3))
     job.save(prepare={"exit_code": code, "seconds": round(time.monotonic() - began, 3)})
     if stop is not None:
         raise Interrupted("FAILED" if stop[0] == "TIMED_OUT" else stop[0], stop[1] + "; the service was not stopped")
     if code != 0:
         raise Fail("internal", "the prepare step exited with code %d; the service was not stopped" % code)
+
+
+def set_aside_prepare_result(paths) -> None:
+    """A result.json the prepare step wrote by a path of its own (e.g. --out result.json) is moved to
+    prepare-result.json: result.json is only ever the job's payload's, so a job whose payload never wrote
+    one has no result."""
+    if not os.path.lexists(paths.result):
+        return
+    if os.path.lexists(paths.prepare_result):
+        try_unlink(paths.result)
+    else:
+        os.replace(paths.result, paths.prepare_result)
 
 
 def supervise(job: Job, locks: Locks, flags: Flags) -> None:

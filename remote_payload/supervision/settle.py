@@ -26,7 +26,7 @@ from .files import JobPaths, Locks
 from ..host.primitives import KILL_CONFIRM_S, RUN_SUPERVISOR, Fail, group_is_ours, group_members, health_ok, \
     identity, is_alive, kill_group, query_apps, run_command, start_unit, wait_healthy
 from .record import Job
-from ..host import engine
+from ..host import engine, unit_stop
 from . import ledger, services
 
 GPU_POLL_S = 0.5
@@ -144,6 +144,7 @@ def start_and_wait(job: Job, unit: str, deadline: float) -> tuple:
     job.note_restore("starting %s" % unit)
     try:
         began = time.monotonic()
+        clear_failed_stop(job, unit)
         why = start_unit(job.ctl, unit, deadline - time.monotonic())
         if why:
             job.note_restore(why)
@@ -155,6 +156,17 @@ def start_and_wait(job: Job, unit: str, deadline: float) -> tuple:
     except Fail as exc:
         job.note_restore("restoring %s failed: %s" % (unit, exc))
         return False, "unknown"
+
+
+def clear_failed_stop(job: Job, unit: str) -> None:
+    """Our stop left the unit failed (its engine's shutdown under our SIGTERM): `reset-failed` before the
+    start, so the failure the stop caused is not left behind as the service's."""
+    stop_result = job.status["service"].get("stop_result")
+    if not stop_result:
+        return
+    why = unit_stop.reset_failed(job.ctl, unit)
+    job.note_restore(why or "%s was left failed by this job's stop (Result=%s): reset-failed before the start"
+                     % (unit, stop_result.get("result")))
 
 
 def observe(job: Job) -> None:

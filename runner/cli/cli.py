@@ -285,7 +285,7 @@ def _status_text(job: dict) -> str:
     for one in several or ([service] if service.get("unit") else []):
         freed = (" (freed)" if one.get("stopped") else " (not freed)") if several else ""
         lines.append(f"  service     {one['unit']} was {one.get('was')} now {one.get('now')}{freed}"
-                     + _downtime(one, now))
+                     + _stop_result(one) + _downtime(one, now))
     kept = [u for u in job.get("services_kept") or [] if isinstance(u, str)]
     if kept:
         lines.append(f"  kept        {', '.join(kept)} serving (not on the job's GPUs: never touched)")
@@ -314,6 +314,15 @@ def _phase_text(progress: dict) -> str:
     if not phase:
         return "-"
     return phase + {"end": " ended", "error": " failed"}.get(progress.get("phase_status"), "")
+
+
+def _stop_result(service: dict) -> str:
+    """A unit our stop left failed (its engine's own shutdown under the SIGTERM) is said to be that, not a fault."""
+    stop_result = service.get("stop_result")
+    if not isinstance(stop_result, dict) or service.get("now") != "failed":
+        return ""
+    result = printable(str(stop_result.get("result")), multiline=False)[:40]  # the host's text
+    return f" (left failed by this job's stop, Result={result}; reset and started at the restore)"
 
 
 def _downtime(service: dict, now: float) -> str:
@@ -566,7 +575,7 @@ def results(job_id, as_json, plot_path, baseline_path, save_path, other, toleran
     if baseline_path:
         verdicts = ci.gate_against(baseline_path, current, tolerance)
         _say(gate_report.render(verdicts, fmt, baseline=baseline_path, current=current.source,
-                                tolerance=tolerance), nl=False)
+                                tolerance=tolerance, notes=ci.gate_clock_lines(baseline_path, current)), nl=False)
         sys.exit(gate.exit_code(verdicts))
     if other:
         second = ci.collect(other, store=store, deadline=deadline)

@@ -18,7 +18,7 @@ from ..deadline import Deadline
 from ..errors import (LogShrank, NoResult, RemoteError, ResultNotYet, RunnerError, SpecError,
                       TransportError, UnknownJob)
 from ..local_files import read_regular
-from ..results import gate, history
+from ..results import clocks, gate, history
 from ..results.window import job_window
 from ..state.job_id import check_job_id
 from ..state.store import Store
@@ -124,6 +124,11 @@ def gate_against(baseline_path: str, current: Collected, tolerance: float) -> li
     """Read the baseline first: a bad baseline is exit 2 whatever the result holds."""
     baseline = gate.read_baseline(baseline_path)
     return gate.compare(baseline, gate.extract_metrics(current.result), tolerance)
+
+
+def gate_clock_lines(baseline_path: str, current: Collected) -> list[str]:
+    """The clocks the baseline and this run were measured at, and a note when they differ."""
+    return clocks.clock_lines(gate.read_baseline_document(baseline_path), current.result)
 
 
 def compare_runs(a: Collected, b: Collected, tolerance: float) -> list[gate.Verdict]:

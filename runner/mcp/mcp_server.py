@@ -118,7 +118,8 @@ class Tools:
         if baseline:
             verdicts = ci.gate_against(baseline, collected, fraction)
             answer["gate"] = {"exit_code": gate.exit_code(verdicts), "markdown": gate_report.render(
-                verdicts, "markdown", baseline=baseline, current=collected.source, tolerance=fraction),
+                verdicts, "markdown", baseline=baseline, current=collected.source, tolerance=fraction,
+                notes=ci.gate_clock_lines(baseline, collected)),
                 "verdicts": {v.name: v.verdict for v in verdicts}}
         return answer
 

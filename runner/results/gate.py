@@ -8,7 +8,8 @@ direction that is better, and its measured spread as a relative half-width (± f
     peak_over_weights  memory.peak_over_weights       lower is better   ± 0 (a deterministic byte count)
 
 Payloads other than the Marlin benchmark gate on `rows[].median_us` keyed by `m` or `size` (the demo).
-A metric passes when its change in the worse direction is at most max(both spreads) + tolerance.
+A metric passes when its change in the worse direction is at most max(both spreads) + tolerance. A baseline
+keeps the GPU clocks its result was measured at (gpu_clocks): the gate notes when the run's differ (clocks.py).
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..errors import BadBaseline, NoResult
+from . import clocks
 from ..local_files import read_regular, write_regular
 
 SCHEMA = 1
@@ -166,6 +168,7 @@ def baseline_document(result, source: str, now: float | None = None) -> dict:
     return {"schema": SCHEMA, "kind": KIND, "source": source, "payload": result.get("payload"),
             "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now if now is not None else time.time())),
             "environment": {k: env.get(k) for k in ("gpu", "driver", "torch", "sglang") if k in env},
+            "gpu_clocks": clocks.recorded(result),
             "metrics": {name: asdict(m) for name, m in extract_metrics(result).items()}}
 
 
@@ -180,6 +183,11 @@ def write_baseline(path: str | Path, result: dict, source: str) -> dict:
 
 def read_baseline(path: str | Path) -> dict[str, Metric]:
     """The metrics of a baseline file; BadBaseline (exit 2) naming the file and what is wrong."""
+    return parse_baseline(read_baseline_document(path), str(path))
+
+
+def read_baseline_document(path: str | Path):
+    """A baseline file's JSON as it is (parse_baseline checks it); BadBaseline when it is no JSON file."""
     try:
         document = json.loads(read_regular(path, "a baseline").decode("utf-8"))
     except OSError as exc:
@@ -188,7 +196,7 @@ def read_baseline(path: str | Path) -> dict[str, Metric]:
         raise BadBaseline(str(exc), hint=exc.hint) from None
     except (ValueError, RecursionError) as exc:
         raise BadBaseline(f"{path}: not JSON: {str(exc)[:200]}") from exc
-    return parse_baseline(document, str(path))
+    return document
 
 
 def parse_baseline(document, where: str) -> dict[str, Metric]:

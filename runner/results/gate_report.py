@@ -7,20 +7,23 @@ from __future__ import annotations
 
 import xml.etree.ElementTree as ET
 
+from .clocks import clock_lines
 from .gate import FAILING, Metric, Verdict, label
 
 FORMATS = ("text", "markdown", "junit")
 HEADER = ["metric", "baseline", "current", "worse by", "allowed", "verdict"]
 
 
-def render(verdicts: list[Verdict], fmt: str, *, baseline: str, current: str, tolerance: float) -> str:
+def render(verdicts: list[Verdict], fmt: str, *, baseline: str, current: str, tolerance: float,
+           notes: list[str] = ()) -> str:
+    """notes: lines under the summary (the clocks each side was measured at, clocks.clock_lines)."""
     if fmt == "junit":
-        return junit(verdicts, baseline=baseline, current=current)
+        return junit(verdicts, baseline=baseline, current=current, notes=notes)
     rows = [_cells(v) for v in verdicts]
     summary = _summary(verdicts, baseline=baseline, current=current, tolerance=tolerance)
     if fmt == "markdown":
-        return _markdown(rows, summary)
-    return _text(rows, summary)
+        return _markdown(rows, "\n\n".join([summary, *notes]))
+    return _text(rows, "\n".join([summary, *notes]))
 
 
 def _cells(v: Verdict) -> list[str]:
@@ -67,11 +70,13 @@ def _markdown(rows: list[list[str]], summary: str) -> str:
     return "\n".join([f"### Benchmark gate\n\n{summary}\n", *table]) + "\n"
 
 
-def junit(verdicts: list[Verdict], *, baseline: str, current: str) -> str:
+def junit(verdicts: list[Verdict], *, baseline: str, current: str, notes: list[str] = ()) -> str:
     failures = sum(v.failed for v in verdicts)
     suites = ET.Element("testsuites", name="runner gate", tests=str(len(verdicts)), failures=str(failures))
     suite = ET.SubElement(suites, "testsuite", name=f"gate {current} vs {baseline}", tests=str(len(verdicts)),
                           failures=str(failures), errors="0", skipped="0")
+    if notes:
+        ET.SubElement(suite, "system-out").text = "\n".join(notes)
     for v in verdicts:
         case = ET.SubElement(suite, "testcase", classname="runner.gate", name=label(v.name))
         detail = _detail(v)
@@ -95,6 +100,7 @@ def _detail(v: Verdict) -> str:
 def side_by_side(a: dict, b: dict, verdicts: list[Verdict], *, name_a: str, name_b: str) -> str:
     """Two runs: their environments, then each metric of either with the change from A to B."""
     env_lines = [f"{tag}: {name}: {_environment(result)}" for tag, name, result in (("A", name_a, a), ("B", name_b, b))]
+    env_lines += clock_lines(a, b, names=("A", "B"))
     header = ["metric", "A", "B", "B worse by", "verdict"]
     rows = [[label(v.name), _metric(v.baseline), _metric(v.current), _percent(v.change, signed=True), v.verdict]
             for v in verdicts]

@@ -20,6 +20,7 @@ from remote_payload.sweep import label
 
 from ..errors import NoResult, SpecError
 from ..local_files import MAX_RESULT_BYTES, write_regular
+from . import clocks
 
 __all__ = ["MAX_RESULT_BYTES", "finite_json", "json_text", "plot", "render_any", "render_checked", "strict_json"]
 MAX_LINE = 1000  # characters of one line of a human view
@@ -116,7 +117,23 @@ def render_table(result: dict) -> str:
     if rows:
         header = [h for h, _, _ in COLUMNS]
         parts.append(_grid(header, [[_cell(fmt, row.get(key)) for _, key, fmt in COLUMNS] for row in rows]))
+    clocked = _lever_at_clocks(result)
+    if clocked:
+        parts.append(clocked)
     return "\n\n".join(parts) + "\n"
+
+
+def _lever_at_clocks(result: dict) -> str:
+    """`lever(512) 11.32x at SM 1710–1740 MHz, …`: the largest batch size's lever beside the GPU clocks it was
+    measured at (the start and end of the timed part); "" when the result recorded no clocks."""
+    measured = clocks.describe(clocks.clocks_of(result))
+    if not measured:
+        return ""
+    by_m = (result.get("lever") or {}).get("by_m") or {}
+    sizes = [int(m) for m in by_m if str(m).isdigit()]
+    lever = by_m[str(max(sizes))].get("lever") if sizes else None
+    head = f"lever({max(sizes)}) {lever:.2f}x at " if isinstance(lever, (int, float)) else "GPU at "
+    return head + measured + " (start and end of the timed part)"
 
 
 def render_any(result: Any) -> str:

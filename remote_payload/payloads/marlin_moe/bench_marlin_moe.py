@@ -6,7 +6,9 @@
 stdout: one JSON event line per event (phase start/end, heartbeats during long phases, one line per timed
 window, one row per batch size). result.json: environment, backend used and why (every backend auto tried,
 the stage it failed at and the reason), JIT cold/warm, memory, the window order, rows with per-window GPU
-clock/power/cap flags, levers with per-repetition min/max and a bootstrap interval, args.
+clock/power/cap flags, levers with per-repetition min/max and a bootstrap interval, args, and gpu_clocks: the
+GPU's SM/memory clocks, temperature and power limit at the start and end of the timed part (nvidia-smi; null
+without it).
 Timed windows (one batch size, one repetition) run light and heavy in turn, the same order every repetition,
 each after 200 ms of its own call untimed (--order interleave --settle busy: results/README.md, run4).
 --check: small shapes only; GPTQ weights with known values → repack → the Marlin backend against the
@@ -27,9 +29,9 @@ import statistics  # noqa: E402
 import sys  # noqa: E402
 
 from marlin_estimate import Shape, estimate, estimate_from_args, expert_bytes, weight_bytes  # noqa: E402
-from marlin_env import (backend_version, build_backend, built_modules, environment, jit_cache_dirs,  # noqa: E402
-                        load_backend, own_gpu_memory_mib, reason_of, slow_phase_hook,
-                        start_full_import_probe)
+from marlin_env import (backend_version, build_backend, built_modules, environment, gpu_clocks,  # noqa: E402
+                        gpu_selector, jit_cache_dirs, load_backend, own_gpu_memory_mib, reason_of,
+                        slow_phase_hook, start_full_import_probe)
 from marlin_events import Events  # noqa: E402
 from marlin_stats import ORDERS, add_levers, floor_us, lever_summary, timing_row, window_order  # noqa: E402
 
@@ -379,7 +381,10 @@ class Bench:
             self.result["timing"]["settle"].update(cool_c=a.cool_c, cool_max_ms=a.cool_max_ms)
         from marlin_timing import nvml_sampler
         self.gpu_state = nvml_sampler(self.torch) if self.device == "cuda" else None
+        selector = gpu_selector(self.torch, self.device)
+        start = gpu_clocks(selector)
         timed = self.time_windows(windows, timing_mode)
+        self.result["gpu_clocks"] = clocks_record(selector, start, gpu_clocks(selector))
         rows = [self.row_of(m, timed[m], timing_mode) for m in a.batch_sizes]
         capped = sum(r.get("capped_windows") or 0 for r in rows)
         self.result["timing"]["capped_windows"] = capped if self.gpu_state else None
@@ -548,6 +553,14 @@ class Bench:
         finite = bool(torch.isfinite(out).all())
         rel = float((out - ref).norm() / ref.norm()) if finite else float("inf")
         return {"rel_err": rel, "finite": finite, "ok": finite and rel <= CHECK_TOLERANCE}
+
+
+def clocks_record(selector: str, start: dict | None, end: dict | None) -> dict | None:
+    """The GPU's clocks at the start and end of the timed part (nvidia-smi's -i SELECTOR); None when
+    nvidia-smi answered neither time (missing, failed): the run is never failed for it."""
+    if start is None and end is None:
+        return None
+    return {"gpu": selector, "source": "nvidia-smi", "start": start, "end": end}
 
 
 def window_capped(start: dict | None, end: dict | None) -> bool | None:

@@ -44,6 +44,48 @@ def gpu_driver() -> str | None:
     return text.splitlines()[0] if text else None
 
 
+# What the GPU ran at: nvidia-smi's documented --query-gpu fields (`nvidia-smi --help-query-gpu`), in order.
+CLOCK_FIELDS = ("index", "clocks.sm", "clocks.mem", "temperature.gpu", "power.limit")
+CLOCK_KEYS = ("index", "sm_mhz", "mem_mhz", "temp_c", "power_limit_w")
+
+
+def parse_gpu_clocks(text: str) -> dict | None:
+    """The first card's line of `nvidia-smi --query-gpu=<CLOCK_FIELDS> --format=csv,noheader,nounits -i GPU`
+    as {index, sm_mhz, mem_mhz, temp_c, power_limit_w}; a cell nvidia-smi cannot read ([N/A],
+    [Not Supported]) is None; None when there is no line of that shape."""
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.split(",")]
+        if len(cells) == len(CLOCK_KEYS) and cells[0].isdigit():
+            values = [_number(c) for c in cells]
+            return dict(zip(CLOCK_KEYS, [int(values[0])] + values[1:]))
+    return None
+
+
+def _number(cell: str) -> float | int | None:
+    try:
+        value = float(cell)
+    except ValueError:
+        return None
+    return int(value) if value.is_integer() else value
+
+
+def gpu_selector(torch, device: str) -> str:
+    """How nvidia-smi's -i names this process's GPU: its UUID on CUDA (whatever CUDA_VISIBLE_DEVICES says),
+    else the first visible device, else card 0."""
+    if device == "cuda":
+        uuid = str(getattr(torch.cuda.get_device_properties(0), "uuid", "") or "")
+        if uuid:
+            return uuid if uuid.startswith("GPU-") else "GPU-" + uuid
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
+    return visible or "0"
+
+
+def gpu_clocks(selector: str) -> dict | None:
+    """The GPU's clocks, temperature and power limit now; None without nvidia-smi or an answer it can parse."""
+    text = nvidia_smi("--query-gpu=" + ",".join(CLOCK_FIELDS), "--format=csv,noheader,nounits", "-i", selector)
+    return None if text is None else parse_gpu_clocks(text)
+
+
 def package_version(name: str) -> str | None:
     from importlib import metadata
     try:
