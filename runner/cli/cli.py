@@ -259,14 +259,19 @@ def _status_text(job: dict) -> str:
         lines.append(f"  elapsed     {_duration(end - started)}")
     progress = job.get("progress")
     if progress:
+        sweep = progress.get("sweep") if isinstance(progress.get("sweep"), dict) else {}
         rows = progress["rows_done"]
         rows_text = f"{rows} of {progress['rows_expected']}" if progress.get("rows_expected") else str(rows)
-        lines.append(f"  payload     phase {_phase_text(progress)}, rows {rows_text}, "
+        whose = " (the sweep's: its variants run side by side)" if sweep.get("side_by_side") is True else ""
+        lines.append(f"  payload     phase {_phase_text(progress)}, rows {rows_text}{whose}, "
                      f"last output {progress.get('silent_s', 0):.0f} s ago")
         variant = progress.get("variant")
-        if variant:
+        if sweep.get("side_by_side") is True:
+            lines.append(f"  sweep       {_sweep_text(sweep)}")
+        elif variant:
             lines.append(f"  sweep       variant {variant['index']} of {variant['of']}: {variant_label(variant['args'] or {})}"
-                         + (" (skipped)" if variant.get("status") == "skipped" else ""))
+                         + (" (skipped)" if variant.get("status") == "skipped" else "")
+                         + (f"; the sweep: {_sweep_text(sweep)}" if sweep else ""))
     slots = job.get("slots")
     if isinstance(slots, list) and len(slots) > 1 and not is_terminal(job.get("state", "")):  # side by side
         lines.append("  slots       " + " · ".join(_slot_text(slot) for slot in slots if isinstance(slot, dict)))
@@ -294,6 +299,16 @@ def _status_text(job: dict) -> str:
     if job.get("message"):
         lines.append(f"  why         {job['message']}")
     return "\n".join(lines)
+
+
+def _sweep_text(sweep: dict) -> str:
+    """`1 of 4 variants done, running 2, 3, rows 11 of 32 in all`: the host's tally of a sweep (progress.py)."""
+    count = lambda key: sweep[key] if isinstance(sweep.get(key), int) else "?"  # noqa: E731
+    running = [k for k in sweep["running"] if isinstance(k, int)] if isinstance(sweep.get("running"), list) else []
+    return (f"{count('done')} of {count('of')} variants done"
+            + (f", running {', '.join(map(str, running))}" if running else "")
+            + f", rows {count('rows')}" + (f" of {sweep['rows_expected']}" if isinstance(sweep.get("rows_expected"), int)
+                                           else "") + " in all")
 
 
 def _slot_text(slot: dict) -> str:
