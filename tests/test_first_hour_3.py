@@ -57,3 +57,13 @@ def test_watch_line_of_a_side_by_side_sweep():
 
     line = summary_line(summarize("\n".join(SIDE_BY_SIDE)))
     assert "rows 5/8 (the sweep's) · variants 2/4 done" in line, line
+
+
+def test_status_of_a_queued_job_never_prints_none():
+    job = {"job_id": "j1", "state": "QUEUED", "phase": "waiting for the host lock", "created_at": 100.0, "now": 160.0,
+           "service": {"manager": "systemd", "unit": "fake-llm.service", "was": None, "now": None, "stopped": False}}
+    text = _status_text(job)
+    assert "None" not in text, text
+    assert "service     fake-llm.service not touched yet" in text, text
+    half = dict(job, state="RUNNING", service=dict(job["service"], was="active", now=None))
+    assert "None" not in _status_text(half) and "was active now ?" in _status_text(half)

@@ -289,8 +289,7 @@ def _status_text(job: dict) -> str:
     several = [s for s in job.get("services") or [] if isinstance(s, dict) and s.get("unit")]
     for one in several or ([service] if service.get("unit") else []):
         freed = (" (freed)" if one.get("stopped") else " (not freed)") if several else ""
-        lines.append(f"  service     {one['unit']} was {one.get('was')} now {one.get('now')}{freed}"
-                     + _downtime(one, now))
+        lines.append(f"  service     {one['unit']} {_service_states(one)}{freed}" + _downtime(one, now))
     kept = [u for u in job.get("services_kept") or [] if isinstance(u, str)]
     if kept:
         lines.append(f"  kept        {', '.join(kept)} serving (not on the job's GPUs: never touched)")
@@ -299,6 +298,14 @@ def _status_text(job: dict) -> str:
     if job.get("message"):
         lines.append(f"  why         {job['message']}")
     return "\n".join(lines)
+
+
+def _service_states(service: dict) -> str:
+    """`was active now inactive`; a job still queued has looked at nothing yet (the host fills both in)."""
+    was, now = service.get("was"), service.get("now")
+    if was is None and now is None:
+        return "not touched yet"
+    return f"was {was or '?'} now {now or '?'}"
 
 
 def _sweep_text(sweep: dict) -> str:
