@@ -3,9 +3,20 @@ queued job's status, a submit that never connected left QUEUED, a silent end of 
 from __future__ import annotations
 
 import json
+import socket
+from pathlib import Path
+
+import pytest
 
 from remote_payload.progress import summarize
 from runner.cli.cli import _status_text
+from tests.cli_helpers import Target, run_cli, write_job
+from tests.hosts._proc import shared_tmpdir
+
+
+@pytest.fixture
+def work() -> Path:
+    return shared_tmpdir("runner-work-")
 
 
 def _variant(index: int, status: str, slot: int, of: int = 4) -> str:
@@ -67,3 +78,34 @@ def test_status_of_a_queued_job_never_prints_none():
     assert "service     fake-llm.service not touched yet" in text, text
     half = dict(job, state="RUNNING", service=dict(job["service"], was="active", now=None))
     assert "None" not in _status_text(half) and "was active now ?" in _status_text(half)
+
+
+def _closed_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.mark.parametrize("transport", ["paramiko", "openssh"])
+def test_a_submit_that_never_connected_ends_not_started_and_says_why(work, transport):
+    state = work / "state"
+    host = {"address": "127.0.0.1", "port": _closed_port(), "transport": transport, "connect_timeout": "5s"}
+    target = Target("ssh", host, work, {"RUNNER_STATE_DIR": str(state)})
+    done = run_cli(target, "submit", str(write_job(work / "j.yaml", target, command=["true"])))
+    assert done.returncode == 3, done.stderr
+    assert b"Nothing was started" in done.stderr, done.stderr
+    [record] = json.loads(run_cli(target, "list", "--json").stdout)
+    assert record["last_state"] == "NOT_STARTED" and "cannot connect" in record["note"], record
+    shown = run_cli(target, "status", record["job_id"])
+    assert shown.returncode == 1, shown
+    assert b"NOT_STARTED" in shown.stdout and b"never started: ssh 127.0.0.1" in shown.stdout, shown.stdout
+
+
+def test_paramiko_on_a_closed_port_names_the_port_and_what_to_check(work):
+    host = {"address": "127.0.0.1", "port": _closed_port(), "transport": "paramiko", "connect_timeout": "5s"}
+    target = Target("ssh", host, work, {"RUNNER_STATE_DIR": str(work / "state")})
+    done = run_cli(target, "submit", str(write_job(work / "j.yaml", target, command=["true"])))
+    assert done.returncode == 3, done.stderr
+    assert b"[Errno None]" not in done.stderr, done.stderr
+    assert f"127.0.0.1 port {host['port']}: Connection refused".encode() in done.stderr, done.stderr
+    assert b"runner: hint: Check that `ssh` itself reaches the host" in done.stderr, done.stderr

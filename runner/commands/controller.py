@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -24,7 +24,7 @@ from ..remote.host import Bundle, HostClient, OpenCall, packaged_payload, payloa
 from ..remote.transport_openssh import for_host
 from ..state import plan_cache
 from ..state.job_id import check_job_id, job_id_for
-from ..state.store import JobRecord, Store, default_state_dir
+from ..state.store import NOT_STARTED, JobRecord, Store, default_state_dir
 from .plan import PLANNED_JOB_ID, Plan
 
 if TYPE_CHECKING:  # pydantic, yaml and tenacity load only in the commands that use them (`runner tail` starts fast)
@@ -276,18 +276,22 @@ def submit(spec_path: str, overrides: list[str], *, queue: bool = False, job_id:
     record = JobRecord(job_id=job_id, name=wire["name"], host=host, spec_path=plan.spec_path,
                        submitted_at=time.time(), service=wire.get("service") or {"services": wire["services"]}, wire=wire)
     made_record = _record(store, record)
+    client = None
     try:
         if early is not None:  # a payload the host lacks is uploaded with the supervisor's bundle
             early.client.payload = plan.payload_bundle
-        with early.client if early is not None else connect(host, bundle, deadline, plan.payload_bundle) as client:
+        client = early.client if early is not None else connect(host, bundle, deadline, plan.payload_bundle)
+        with client:
             progress(f"preflight on {host['address']} …")
             answer, already = _submit_once(client, wire, queue, early.call if early is not None else None)
             notes = answer.get("notes", [])
             for note in notes:
                 progress(note)
-    except HostKeyError:
-        raise
     except TransportError as exc:
+        if made_record and (client is None or not getattr(client.transport, "reached", True)):
+            raise _not_started(store, job_id, exc) from exc
+        if isinstance(exc, HostKeyError):
+            raise
         again = (f"The job may have started: `runner status {job_id}` tells; submitting again with --job-id "
                  f"{job_id} never starts it twice.")
         raise type(exc)(str(exc), hint=f"{exc.hint} {again}".strip()) from exc
@@ -300,6 +304,15 @@ def submit(spec_path: str, overrides: list[str], *, queue: bool = False, job_id:
         _note_state(store, job_id, state, progress)
     return Submitted(job_id, state, host["address"], bool(answer.get("stop_service")), notes,
                      client.round_trips, already, answer.get("slurm_job_id"))
+
+
+def _not_started(store: Store, job_id: str, exc: TransportError) -> TransportError:
+    """A submit whose every call failed before reaching the host: its record ends NOT_STARTED, saying why."""
+    why = f"never started: {str(exc).splitlines()[0]}"
+    with suppress(LocalStateError):  # the error to report is the host's; the record stays as it was
+        store.end_not_started(job_id, why)
+    return type(exc)(str(exc), hint=f"{exc.hint} Nothing was started (the host was never reached); `runner list` "
+                                    f"shows {job_id} NOT_STARTED.".strip())
 
 
 def _record(store: Store, record: JobRecord) -> bool:
@@ -489,9 +502,12 @@ def status(job_ids: list[str], *, store: Store, deadline: Deadline | None = None
     deadline = _command_deadline(deadline)
     records = [store.load(check_job_id(j)) for j in job_ids] if job_ids else store.all()
     by_host: dict[tuple, list[JobRecord]] = {}
-    for record in records:
-        by_host.setdefault(_host_key(record.host), []).append(record)
     answers = []
+    for record in records:
+        if record.last_state == NOT_STARTED:  # its host never heard of it: nothing to ask
+            answers.append({"job_id": record.job_id, "state": NOT_STARTED, "message": record.note})
+        else:
+            by_host.setdefault(_host_key(record.host), []).append(record)
     for group in by_host.values():
         try:
             with connect(group[0].host, deadline=deadline) as client:

@@ -51,6 +51,7 @@ class Completed:
 
 class Transport(Protocol):
     name: str
+    reached: bool  # whether a command of this transport may have reached the host (False: none could have)
 
     def run(self, argv: Sequence[str], *, stdin: bytes = b"", deadline: Deadline) -> Completed: ...
 
@@ -59,6 +60,7 @@ class Transport(Protocol):
 
 class LocalTransport:
     name = "local"
+    reached = True
 
     def run(self, argv: Sequence[str], *, stdin: bytes = b"", deadline: Deadline) -> Completed:
         timeout = deadline.left()
@@ -96,6 +98,7 @@ class SshTransport:
         self.name = target.address
         self._conn = None
         self._connecting = ConnectBudget(target)
+        self.reached = False
 
     def run(self, argv: Sequence[str], *, stdin: bytes = b"", deadline: Deadline) -> Completed:
         connecting = self._conn is None
@@ -103,6 +106,7 @@ class SshTransport:
             if connecting:
                 self._conn = _connect(self.target, self._connecting.take(deadline).left())
                 self._connecting.reset()  # connected: a reconnect after a lost link has a connect_timeout of its own
+            self.reached = True
             return _exec(self._conn.transport, tuple(argv), stdin, deadline, self.name)  # paramiko's connection
         except TransportError:
             self.close()
@@ -149,6 +153,11 @@ def _translated(exc: BaseException, target: SshTarget, connecting: bool) -> Tran
     if isinstance(exc, paramiko.hostkeys.InvalidHostKey):
         return HostKeyError(f"ssh {name}: a known_hosts line cannot be read: {exc.line[:100]!r}",
                             hint="Fix or remove that line (`ssh-keygen -F HOST` shows the lines for a host).")
+    if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError):  # its own text is `[Errno None] …`
+        tried = "; ".join(f"{host} port {port}: {why.strerror or why}" for (host, port, *_), why in exc.errors.items())
+        return TransportError(f"ssh {name}: cannot connect ({tried})",
+                              hint="Check that `ssh` itself reaches the host: the address, the port (host.port, "
+                                   "else ssh_config's Port, else 22) and that sshd listens there.")
     verb = "cannot connect" if connecting else "connection lost"
     return TransportError(f"ssh {name}: {verb} ({_describe(exc)})")
 

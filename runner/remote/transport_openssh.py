@@ -50,6 +50,7 @@ class OpenSshTransport:
         self._options: list[str] | None = None
         self._resolved: dict[str, str] = {}  # `ssh -G` of the target: hostname, port, controlpath…
         self._connecting = ConnectBudget(target)
+        self.reached = False
 
     def run(self, argv: Sequence[str], *, stdin: bytes = b"", deadline: Deadline) -> Completed:
         return self.start(argv, deadline=deadline).finish(stdin)
@@ -70,6 +71,8 @@ class OpenSshTransport:
         stderr = stderr_bytes.decode("utf-8", "replace") if returncode == EXIT_SSH_FAILED else ""
         if not _CONNECT_TIMED_OUT.search(stderr):
             self._connecting.reset()  # it connected (or failed fast)
+        if returncode != EXIT_SSH_FAILED or not never_ran(stderr):
+            self.reached = True
         if returncode == EXIT_SSH_FAILED:
             if self._says_too_little(stderr):
                 stderr = self._diagnosed(running.command, running.deadline) or stderr
@@ -220,6 +223,7 @@ class Running:
             self._kill()
             raise
         except subprocess.TimeoutExpired as exc:
+            self.transport.reached = True  # its input was sent: the host may have acted on it
             self._kill()
             self.transport._drop_master()
             raise TransportError(f"ssh {name}: no answer before the deadline (link down or host overloaded?)") from exc
@@ -240,6 +244,18 @@ class Running:
 
 
 _CONNECT_TIMED_OUT = re.compile(r"Connection timed out|timed out during banner exchange")
+
+
+# ssh's words for a connection that was never made (the remote command cannot have run).
+_NOT_CONNECTED = re.compile(r"Connection refused|Could not resolve hostname|Name or service not known|"
+                            r"No route to host|Network is unreachable|Connection timed out|"
+                            r"timed out during banner exchange")
+
+
+def never_ran(stderr: str) -> bool:
+    """ssh failed before the remote command could start: no connection, a refused host key or login."""
+    return bool(_NOT_CONNECTED.search(stderr)) or is_host_key_failure(stderr) or \
+        "Permission denied" in stderr or "Too many authentication failures" in stderr
 
 
 def is_host_key_failure(stderr: str) -> bool:

@@ -37,10 +37,12 @@ class JobRecord:
     cursor: int = 0
     last_state: str = "QUEUED"
     wire: dict = field(default_factory=dict)  # the spec as submitted (its wire form): what the history reads
+    note: str = ""  # why a job that was never started (last_state NOT_STARTED) was not
 
 
 _FIELD_TYPES = {"job_id": str, "name": str, "host": dict, "spec_path": str, "submitted_at": (int, float),
-                "service": dict, "cursor": int, "last_state": str, "wire": dict}
+                "service": dict, "cursor": int, "last_state": str, "wire": dict, "note": str}
+NOT_STARTED = "NOT_STARTED"  # a controller-side end: the host was never reached, so it has no such job
 
 
 class Store:
@@ -103,7 +105,14 @@ class Store:
         """Change only last_state, on a fresh read: a `tail` running meanwhile may have moved the cursor."""
         with self._record_lock(job_id):
             record = self.load(job_id)
-            record.last_state = state
+            record.last_state, record.note = state, ""
+            self._write(record)
+
+    def end_not_started(self, job_id: str, why: str) -> None:
+        """A job whose submit never reached its host: it cannot have started; the record says so and why."""
+        with self._record_lock(job_id):
+            record = self.load(job_id)
+            record.last_state, record.note = NOT_STARTED, why
             self._write(record)
 
     @contextmanager
