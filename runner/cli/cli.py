@@ -25,6 +25,7 @@ from . import fleet_cli  # neither imports pydantic: a one-host tail stays light
 from .cli_echo import emit_json as _emit_json, progress as _progress, say as _say
 
 DEFAULT_MAX_WAIT = DEFAULT_MAX_WAIT_S
+WATCH_UNTIL_END = 86400.0  # `runner watch` on a terminal: until the job ends (a day at most)
 
 EXIT_CODES_HELP = """\b
 Exit codes (every command; `--json` errors are JSON objects {error, message, hint, exit}):
@@ -197,11 +198,14 @@ class _Capture:
 @cli.command(help="Follow the job for a person: a live panel (phase, rows done, recent events) on a terminal, "
                   "plain lines otherwise; `tail` keeps the raw bytes. Never moves tail's cursor. " + JOB_EXITS)
 @click.argument("job_id")
-@click.option("--max-wait", type=click.FloatRange(0, 86400), default=DEFAULT_MAX_WAIT, show_default=True,
-              help="Seconds to watch before returning 75.")
+@click.option("--max-wait", type=click.FloatRange(0, WATCH_UNTIL_END), default=None,
+              help=f"Seconds to watch before returning 75 [default: on a terminal until the job ends, else "
+                   f"{DEFAULT_MAX_WAIT:g}].")
 @click.option("--plain", is_flag=True, help="Plain lines even on a terminal.")
-def watch(job_id: str, max_wait: float, plain: bool) -> None:
+def watch(job_id: str, max_wait: float | None, plain: bool) -> None:
     from .watch import LivePanel, plain_sink
+
+    max_wait = watch_bound(max_wait, on_terminal=sys.stdout.isatty())
 
     def follow(sink):
         return controller.tail(job_id, store=Store(), out=sink, follow=True, max_wait=max_wait, from_start=True,
@@ -216,7 +220,18 @@ def watch(job_id: str, max_wait: float, plain: bool) -> None:
             outcome = follow(sink)
     if outcome.terminal:
         _progress(f"[runner] {job_id} ended {outcome.state}{_exit_note(outcome.exit_code)}")
+    else:
+        _progress(f"[runner] {job_id} still running; `runner watch {job_id}` again to go on "
+                  f"(this watch ended after --max-wait {max_wait:g} s)")
     sys.exit(exit_code(outcome.state, settled=outcome.terminal))
+
+
+def watch_bound(max_wait: float | None, *, on_terminal: bool) -> float:
+    """--max-wait, else: a person at a terminal watches until the job ends; a script or an agent gets the
+    bound that fits a tool call."""
+    if max_wait is not None:
+        return max_wait
+    return WATCH_UNTIL_END if on_terminal else DEFAULT_MAX_WAIT
 
 
 @cli.command(help="State, phase, progress, service and downtime of one job (or every job this controller knows). "
