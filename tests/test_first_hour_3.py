@@ -130,3 +130,23 @@ def test_watch_on_a_terminal_follows_until_the_job_ends_unless_told_otherwise():
     assert watch_bound(None, on_terminal=True) == WATCH_UNTIL_END >= 86400
     assert watch_bound(None, on_terminal=False) == DEFAULT_MAX_WAIT
     assert watch_bound(20.0, on_terminal=True) == 20.0
+
+
+def test_shipped_job_files_leave_the_user_and_the_port_to_ssh_config():
+    import yaml
+
+    from tests.cli_helpers import REPO
+
+    for path in sorted((REPO / "jobs").glob("*.yaml")):
+        host = yaml.safe_load(path.read_text())["host"]
+        assert not {"user", "port"} & set(host), (path.name, host)
+
+
+@pytest.mark.parametrize("transport", ["paramiko", "openssh"])
+def test_a_refused_connect_says_which_spec_field_decided_the_port(work, transport):
+    port = _closed_port()
+    target = Target("ssh", {"address": "127.0.0.1", "port": port, "transport": transport, "connect_timeout": "5s"},
+                    work, {"RUNNER_STATE_DIR": str(work / "state")})
+    done = run_cli(target, "submit", str(write_job(work / "j.yaml", target, command=["true"])))
+    assert done.returncode == 3, done.stderr
+    assert f"the port {port} is host.port in the job spec".encode() in done.stderr, done.stderr

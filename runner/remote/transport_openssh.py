@@ -28,7 +28,8 @@ from typing import Sequence
 
 from ..deadline import Deadline
 from ..errors import HostKeyError, SpecError, TransportError
-from .transport import Completed, ConnectBudget, LocalTransport, SshTarget, SshTransport, time_left
+from .transport import (Completed, ConnectBudget, LocalTransport, SshTarget, SshTransport, port_decided_by, time_left,
+                        user_decided_by)
 
 EXIT_SSH_FAILED = 255
 SERVER_ALIVE_S = 15  # the keepalive interval when the command has time; less when it has less
@@ -270,9 +271,11 @@ def translated(stderr: str, target: SshTarget, known_as: set[str] = frozenset())
         return _host_key_error(stderr, name, target.host_key_policy, known_as | {name})
     if "Permission denied" in stderr or "Too many authentication failures" in stderr:
         return TransportError(f"ssh {name}: authentication failed: {tail}",
-                              hint="Check the user and IdentityFile (ssh_config) and that `ssh` itself can log in.")
+                              hint="Check the user and IdentityFile (ssh_config) and that `ssh` itself can log in; "
+                                   f"{user_decided_by(target)}.")
     return TransportError(f"ssh {name}: cannot connect: {tail or 'ssh exited 255 and printed nothing'}",
-                          hint="Check that `ssh` itself reaches the host (address, ProxyJump, network).")
+                          hint="Check that `ssh` itself reaches the host (address, ProxyJump, network); "
+                               f"{port_decided_by(target)}.")
 
 
 def _host_key_error(stderr: str, name: str, policy: str, known_as: set[str]) -> HostKeyError:
