@@ -126,6 +126,8 @@ def _dry_run_text(plan) -> str:
                    f"(GPU {' · '.join(','.join(slot) for slot in plan.slots)}) {how}")
         lines.append(f"  sweep         {len(plan.variants)} variants {how}:")
         lines += [f"    {k + 1:>4}. {variant_label(v['args'])}" for k, v in enumerate(plan.variants)]
+    for key, title in (("before_stop", "before the stop"), ("window", "in the window"), ("freed", "freed")):
+        lines += [f"  {title if k == 0 else '':<15} {step}" for k, step in enumerate(plan.steps.get(key, []))]
     lines += [f"  note          {note}" for note in plan.notes]
     return "\n".join(lines)
 

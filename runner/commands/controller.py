@@ -5,6 +5,7 @@ Every operation is one or a few short round trips; none holds a step of the job'
 from __future__ import annotations
 
 import os
+import shlex
 import time
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
@@ -63,6 +64,7 @@ class DryRun:
     variants: list[dict] = field(default_factory=list)  # a sweep's, as the host will run them
     array_parallel: int | None = None  # on Slurm a sweep is one job array, at most this many tasks at once
     slots: list[list[str]] | None = None  # sweep.gpus_per_variant: the devices of each side-by-side slot
+    steps: dict = field(default_factory=dict)  # before_stop, window, freed: dry_run_steps
 
 
 @dataclass
@@ -351,7 +353,35 @@ def dry_run(spec_path: str, overrides: list[str], *, queue: bool = False, job_id
     return DryRun(wire["job_id"], host["address"], decision.stop_service, wire["gpu"]["required_mib"], argv,
                   [args_note, *decision.notes, *queued], report.get("gpus", []), report.get("service"),
                   (wire.get("sweep") or {}).get("variants", []), (wire.get("sweep") or {}).get("max_parallel"),
-                  _slots(wire))
+                  _slots(wire), dry_run_steps(wire, argv, decision.stop_service))
+
+
+FREED_BY = {"stop": "stopped; started again after",
+            "sglang": "pause generation and release its GPU memory; resume after (the unit keeps running)",
+            "vllm": "sleep level 1; wake after (the unit keeps running)"}
+
+
+def dry_run_steps(wire: dict, argv: list[str], stop: bool) -> dict:
+    """What the job runs before the service is touched, what runs in the window, and how each service is
+    freed (docs/design.md, "The downtime window")."""
+    payload, limits = wire["payload"], wire["limits"]
+    before = []
+    if payload.get("prepare") is not None:
+        prepare = payload["prepare"] if payload["command"] else [payload["python"], payload["script"], *payload["prepare"]]
+        before.append(f"prepare: {shlex.join(prepare)} (limits.prepare_timeout {limits['prepare_timeout']:g} s; "
+                      "if it fails nothing is stopped)")
+    if payload.get("staged"):
+        before.append(f"staged: {shlex.join(argv)} starts and does its GPU-free setup while the service serves "
+                      f"(limits.stage_timeout {limits['stage_timeout']:g} s), then waits for the GPU")
+    variants = (wire.get("sweep") or {}).get("variants")
+    bound = f"limits.max_runtime {limits['max_runtime']:g} s"
+    window = [f"sweep: {len(variants)} variants of {shlex.join(argv)} ({bound} each)"] if variants else \
+        [f"payload: {shlex.join(argv)} (" + ("gets the GPU with `go`; " if payload.get("staged") else "") + f"{bound})"]
+    services = [s for s in wire.get("services") or [wire.get("service") or {}] if s.get("unit")]
+    freed = [f"{s['unit']}: free: {s.get('free', 'stop')} — {FREED_BY[s.get('free', 'stop')]}" if stop
+             else f"{s['unit']}: left serving (not freed)" for s in services]
+    return {"before_stop": before, "window": window,
+            "freed": freed or ["nothing: no service to free (service.manager none)"]}
 
 
 def _slots(wire: dict) -> list[list[str]] | None:
