@@ -184,3 +184,56 @@ def test_dry_run_says_how_each_freeing_method_frees():
     stop = dict(wire, service={"manager": "systemd", "unit": "llm.service"})
     assert dry_run_steps(stop, ["x"], stop=True)["freed"] == ["llm.service: free: stop — stopped; started again after"]
     assert dry_run_steps(stop, ["x"], stop=True)["before_stop"] == []
+
+
+def test_restore_service_help_names_exit_4_for_a_host_without_systemd():
+    from tests.cli_helpers import local_target
+
+    shown = run_cli(local_target(), "restore-service", "--help").stdout.decode()
+    assert "4 the host cannot manage the unit (no systemd there" in " ".join(shown.split()), shown
+
+
+def test_restore_service_says_whether_it_started_the_unit_takes_set_and_a_job_file_with_host(service_host, work):
+    from tests.harness.systemd_jobs import service_section, target_for
+
+    target = target_for(service_host)
+    elsewhere = Target("ssh", {"address": "127.0.0.1", "port": _closed_port()}, work, {})
+    job = write_job(work / "job.yaml", elsewhere, command=["true"], service=service_section(service_host))
+    service_host.systemctl("stop", service_host.unit).check_returncode()
+    first = run_cli(target, "restore-service", str(job), "--host", service_host.alias,
+                    "--set", "service.health_timeout=40s", "--max-wait", "40")
+    assert first.returncode == 0, first.stdout.decode() + first.stderr.decode()
+    assert b"healthy" in first.stdout and b"started it (it was inactive)" in first.stdout, first.stdout
+    again = run_cli(target, "restore-service", str(job), "--host", service_host.alias, "--json")
+    assert again.returncode == 0 and json.loads(again.stdout)["started"] is False, again.stdout
+    shown = run_cli(target, "restore-service", str(job), "--host", service_host.alias)
+    assert b"it was up already (not started)" in shown.stdout, shown.stdout
+    bad = run_cli(target, "restore-service", str(job), "--host", service_host.alias, "--set", "service.nope=1")
+    assert bad.returncode == 2 and b"service.nope" in bad.stderr, bad.stderr
+
+
+def _history_runs(state: Path) -> None:
+    """Two jobs on two hosts, the demo payload with seconds 20 and 5; the older job's result recorded last."""
+    from runner.results import history
+    from runner.state.store import JobRecord, Store
+
+    store = Store(state)
+    for job_id, host, seconds, submitted in (("j-new", "box-b", 5, 2000.0), ("j-old", "box-a", 20, 1000.0)):
+        wire = {"job_id": job_id, "payload": {"args": ["--seconds", str(seconds)]}}
+        store.save(JobRecord(job_id=job_id, name="demo", host={"address": host}, spec_path="demo.yaml",
+                             submitted_at=submitted, wire=wire))
+        assert history.record_job(store, job_id, {"payload": "demo", "rows": [{"size": 1, "median_us": 5.0}]}) is None
+
+
+def test_history_labels_a_variant_the_same_whichever_rows_are_shown_and_lists_oldest_job_first(work):
+    from tests.cli_helpers import local_target
+
+    _history_runs(work / "state")
+    target = local_target({"RUNNER_STATE_DIR": str(work / "state")})
+    every = run_cli(target, "history").stdout.decode().splitlines()
+    assert [line.split()[2] for line in every[1:]] == ["j-old", "j-new"], every
+    labels = {line.split()[2]: line.split()[-2] for line in every[1:]}
+    assert len(set(labels.values())) == 2, every
+    for job_id, host in (("j-old", "box-a"), ("j-new", "box-b")):
+        one = run_cli(target, "history", "--host", host).stdout.decode().splitlines()
+        assert len(one) == 2 and one[1].split()[-2] == labels[job_id], (one, labels)

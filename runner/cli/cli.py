@@ -441,10 +441,13 @@ def schema() -> None:
 
 
 @cli.command(name="restore-service",
-             help="Start the service if inactive and wait until healthy; idempotent. Give JOB.yaml (its host "
-                  "and service sections), or --host and --unit. Exit: 0 healthy · 75 still starting · 1 failed "
-                  "(the unit's log is printed) · 2 · 3.")
+             help="Start the service if inactive and wait until healthy; idempotent; says whether it started "
+                  "the unit or found it up. Give JOB.yaml (its host and service sections; --host: its service on "
+                  "that host instead), or --host and --unit. Exit: 0 healthy · 75 still starting · 1 failed "
+                  "(the unit's log is printed) · 2 · 3 · 4 the host cannot manage the unit (no systemd there, "
+                  "or sudo wants a password).")
 @click.argument("job_file", required=False)
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Override a field of JOB.yaml.")
 @click.option("--host", "address", default=None, help="ssh_config alias or hostname ('local' for this machine).")
 @click.option("--user", default=None, help="Login user (overrides the ssh_config alias's User, like ssh -l).")
 @click.option("--port", type=int, default=None, help="SSH port (overrides the alias's Port, like ssh -p).")
@@ -459,21 +462,27 @@ def schema() -> None:
 @click.option("--max-wait", type=click.FloatRange(0, 3600), default=DEFAULT_MAX_WAIT, show_default=True,
               help="Seconds to wait for healthy before returning 75 (the start goes on).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
-def restore_service(job_file, address, user, port, unit, scope, sudo, health_url, host_key_policy, max_wait, as_json) -> None:
-    host, service = _restore_target(job_file, address, user, port, unit, scope, sudo, health_url, host_key_policy)
+def restore_service(job_file, overrides, address, user, port, unit, scope, sudo, health_url, host_key_policy,
+                    max_wait, as_json) -> None:
+    host, service = controller.restore_target(job_file, address=address, unit=unit, overrides=overrides, user=user,
+                                              port=port, scope=scope, sudo=sudo, health_url=health_url,
+                                              host_key_policy=host_key_policy)
     answer = controller.restore_service(host, service, max_wait=max_wait)
     if as_json:
         _emit_json(answer)
     else:
-        _say(f"{service['unit']}: {answer.get('state')} ({answer.get('active_state')}/{answer.get('sub_state')})")
+        _say(f"{service['unit']}: {answer.get('state')} ({answer.get('active_state')}/{answer.get('sub_state')})"
+             + _restore_action(answer))
         if answer.get("state") == "failed" and answer.get("log_tail"):
             _say(answer["log_tail"])
     sys.exit(exit_code(answer.get("state")))
 
 
-def _restore_target(job_file, address, user, port, unit, scope, sudo, health_url, host_key_policy):
-    return controller.restore_target(job_file, address=address, user=user, port=port, unit=unit, scope=scope,
-                                     sudo=sudo, health_url=health_url, host_key_policy=host_key_policy)
+def _restore_action(answer: dict) -> str:
+    """What restore-service did: started the unit, or found it up (an older host does not say)."""
+    if answer.get("started") is True:
+        return f": started it (it was {answer.get('was') or 'not running'})"
+    return ": it was up already (not started)" if answer.get("started") is False else ""
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -620,16 +629,17 @@ def history(host, metric, plot_path, imports, as_json) -> None:
         raise SpecError(f"--metric {metric}: no recorded run has it; known metrics: {', '.join(known)}")
     shown = metric or history_report.default_metric(known)
     runs = hist.runs(path, host=host, metric=metric or (shown if plot_path else None))
+    every = hist.runs(path) if runs else []  # the variants are named over all of them, whatever is shown
     if as_json:
         from ..results.results import strict_json
 
         _emit_json(strict_json([asdict(r) for r in runs]))
     else:
-        _say(history_report.render(runs, shown if runs else metric), nl=False)
+        _say(history_report.render(runs, shown if runs else metric, every), nl=False)
     if plot_path:
         if not metric and shown != history_report.DEFAULT_METRIC:
             _progress(f"plotting {shown}: no recorded run has {history_report.DEFAULT_METRIC} (--metric picks another)")
-        history_report.plot(runs, shown, plot_path)
+        history_report.plot(runs, shown, plot_path, every=every)
         _progress(f"wrote {plot_path}")
 
 

@@ -601,20 +601,26 @@ def _service_of(spec, unit: str | None):
 
 def restore_target(spec_path: str | None, *, address: str | None = None, unit: str | None = None,
                    overrides: Sequence[str] = (), **options) -> tuple[dict, dict]:
-    """The (host, service) sections to restore: from JOB.yaml (with --unit, the one of its services it names),
-    or from --host/--unit and their options (user, port, host_key_policy for the host; scope, sudo, health_url
-    for the service), validated alike."""
+    """The (host, service) sections to restore: from JOB.yaml with its overrides (--set; with --unit, the one
+    of its services it names; with --host, on that host instead of the file's), or from --host/--unit and
+    their options (user, port, host_key_policy for the host; scope, sudo, health_url for the service),
+    validated alike."""
     from ..spec.spec import HostSpec, ServiceSpec
     from ..spec.spec_load import load_spec, section_from_options
 
-    if spec_path and address:
-        raise SpecError("give either JOB.yaml or --host/--unit, not both")
+    host_keys = ("user", "port", "host_key_policy")
     if spec_path:
         spec = load_spec(spec_path, overrides)
-        return spec.host.model_dump(), _service_of(spec, unit).model_dump()
+        host = spec.host.model_dump()
+        if address:  # the job file's service on another host: its login is --user/--port's, else ssh_config's
+            given = {k: v for k, v in options.items() if k in host_keys and v is not None}
+            host = section_from_options(HostSpec, "--host", **{**host, "user": None, "port": None,
+                                                               "address": address, **given}).model_dump()
+        return host, _service_of(spec, unit).model_dump()
+    if overrides:
+        raise SpecError("--set changes a job file: give JOB.yaml (or set the service with --unit and its options)")
     if not (address and unit):
         raise SpecError("restore-service needs JOB.yaml, or both --host and --unit")
-    host_keys = ("user", "port", "host_key_policy")
     host = section_from_options(HostSpec, "--host", address=address,
                                 **{k: v for k, v in options.items() if k in host_keys and v is not None})
     service = section_from_options(ServiceSpec, "--unit", manager="systemd", unit=unit,
