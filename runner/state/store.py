@@ -12,6 +12,7 @@ reading the cursor to saving it, so two tails of one job take turns and each byt
 """
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
@@ -201,10 +202,18 @@ def _local_state(root: Path) -> Iterator[None]:
     try:
         yield
     except OSError as exc:
-        raise LocalStateError(
-            f"the state dir {root} cannot be written: {exc.strerror or exc}",
-            hint="free space there, or point RUNNER_STATE_DIR at a writable directory.",
-        ) from None
+        raise LocalStateError(f"the state dir {root} cannot be written: {exc.strerror or exc}",
+                              hint=_state_dir_hint(exc.errno)) from None
+
+
+def _state_dir_hint(number: int | None) -> str:
+    """What to do about a state dir that refused a write: full, read-only, or something else."""
+    elsewhere = "point RUNNER_STATE_DIR at a writable directory."
+    if number in (errno.ENOSPC, errno.EDQUOT):
+        return "free space there, or " + elsewhere
+    if number in (errno.EROFS, errno.EACCES, errno.EPERM):
+        return "make it writable, or " + elsewhere
+    return elsewhere.capitalize()
 
 
 def default_state_dir() -> Path:
