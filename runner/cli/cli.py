@@ -444,8 +444,7 @@ def schema() -> None:
              help="Start the service if inactive and wait until healthy; idempotent; says whether it started "
                   "the unit or found it up. Give JOB.yaml (its host and service sections; --host: its service on "
                   "that host instead), or --host and --unit. Exit: 0 healthy · 75 still starting · 1 failed "
-                  "(the unit's log is printed) · 2 · 3 · 4 the host cannot manage the unit (no systemd there, "
-                  "or sudo wants a password).")
+                  "(the unit's log is printed) · 2 · 3 · 4 the host cannot manage the unit (no systemd there).")
 @click.argument("job_file", required=False)
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Override a field of JOB.yaml.")
 @click.option("--host", "address", default=None, help="ssh_config alias or hostname ('local' for this machine).")
