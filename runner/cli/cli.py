@@ -327,12 +327,14 @@ def _service_states(service: dict) -> str:
 
 def _sweep_text(sweep: dict) -> str:
     """`1 of 4 variants done, running 2, 3, rows 11 of 32 in all`: the host's tally of a sweep (progress.py)."""
-    count = lambda key: sweep[key] if isinstance(sweep.get(key), int) else "?"  # noqa: E731
+    def count(key: str):  # the host's numbers: anything else is shown as unknown
+        return sweep[key] if isinstance(sweep.get(key), int) else "?"
+
     running = [k for k in sweep["running"] if isinstance(k, int)] if isinstance(sweep.get("running"), list) else []
+    expected = f" of {sweep['rows_expected']}" if isinstance(sweep.get("rows_expected"), int) else ""
     return (f"{count('done')} of {count('of')} variants done"
             + (f", running {', '.join(map(str, running))}" if running else "")
-            + f", rows {count('rows')}" + (f" of {sweep['rows_expected']}" if isinstance(sweep.get("rows_expected"), int)
-                                           else "") + " in all")
+            + f", rows {count('rows')}{expected} in all")
 
 
 def _slot_text(slot: dict) -> str:
