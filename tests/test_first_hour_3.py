@@ -99,6 +99,8 @@ def test_a_submit_that_never_connected_ends_not_started_and_says_why(work, trans
     shown = run_cli(target, "status", record["job_id"])
     assert shown.returncode == 1, shown
     assert b"NOT_STARTED" in shown.stdout and b"never started: ssh 127.0.0.1" in shown.stdout, shown.stdout
+    again = run_cli(target, "submit", str(work / "j.yaml"), "--job-id", record["job_id"])
+    assert again.returncode == 3 and b"Nothing was started" in again.stderr, again.stderr
 
 
 def test_paramiko_on_a_closed_port_names_the_port_and_what_to_check(work):

@@ -278,6 +278,7 @@ def submit(spec_path: str, overrides: list[str], *, queue: bool = False, job_id:
     record = JobRecord(job_id=job_id, name=wire["name"], host=host, spec_path=plan.spec_path,
                        submitted_at=time.time(), service=wire.get("service") or {"services": wire["services"]}, wire=wire)
     made_record = _record(store, record)
+    unstarted = made_record or store.load(job_id).last_state == NOT_STARTED  # no host has this job yet
     client = None
     try:
         if early is not None:  # a payload the host lacks is uploaded with the supervisor's bundle
@@ -290,7 +291,7 @@ def submit(spec_path: str, overrides: list[str], *, queue: bool = False, job_id:
             for note in notes:
                 progress(note)
     except TransportError as exc:
-        if made_record and (client is None or not getattr(client.transport, "reached", True)):
+        if unstarted and (client is None or not getattr(client.transport, "reached", True)):
             raise _not_started(store, job_id, exc) from exc
         if isinstance(exc, HostKeyError):
             raise
