@@ -283,3 +283,11 @@ def test_a_read_only_state_dir_is_not_told_to_free_space(work):
         state.chmod(0o700)
     assert done.returncode == 2, done.stderr
     assert b"free space" not in done.stderr and b"make it writable" in done.stderr, done.stderr
+
+
+def test_fleet_status_of_a_queued_host_never_prints_none():
+    from runner.fleet.fleet_view import _host_line
+
+    job = {"job_id": "r.1", "state": "QUEUED", "service": {"unit": "fake-llm.service", "was": None, "now": None}}
+    line = _host_line({"address": "box-a", "job_id": "r.1", "phase": "started", "note": "", "job": job})
+    assert "None" not in line and "service not touched yet" in line, line

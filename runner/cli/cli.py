@@ -19,6 +19,7 @@ from ..deadline import DEFAULT_MAX_WAIT_S, ROUND_TRIP_ALLOWANCE_S, Deadline
 from ..errors import (CODE_ABORTED, CODE_USAGE, EXIT_ABORTED, EXIT_FAILED, EXIT_OK, EXIT_USAGE, RunnerError,
                       SpecError, exit_code)
 from ..fleet import targets
+from ..fleet.fleet_view import service_states
 from ..printable import printable
 from ..state.store import Store
 from . import fleet_cli  # neither imports pydantic: a one-host tail stays light
@@ -306,7 +307,7 @@ def _status_text(job: dict) -> str:
     several = [s for s in job.get("services") or [] if isinstance(s, dict) and s.get("unit")]
     for one in several or ([service] if service.get("unit") else []):
         freed = (" (freed)" if one.get("stopped") else " (not freed)") if several else ""
-        lines.append(f"  service     {one['unit']} {_service_states(one)}{freed}" + _downtime(one, now))
+        lines.append(f"  service     {one['unit']} {service_states(one)}{freed}" + _downtime(one, now))
     kept = [u for u in job.get("services_kept") or [] if isinstance(u, str)]
     if kept:
         lines.append(f"  kept        {', '.join(kept)} serving (not on the job's GPUs: never touched)")
@@ -315,14 +316,6 @@ def _status_text(job: dict) -> str:
     if job.get("message"):
         lines.append(f"  why         {job['message']}")
     return "\n".join(lines)
-
-
-def _service_states(service: dict) -> str:
-    """`was active now inactive`; a job still queued has looked at nothing yet (the host fills both in)."""
-    was, now = service.get("was"), service.get("now")
-    if was is None and now is None:
-        return "not touched yet"
-    return f"was {was or '?'} now {now or '?'}"
 
 
 def _sweep_text(sweep: dict) -> str:
