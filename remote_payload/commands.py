@@ -368,13 +368,16 @@ def service_parts(status: dict) -> dict:
 
 def cmd_restore_service(args) -> dict:
     """`restore-service`: the manual lever, no job involved. Start the unit unless it runs, then wait (at
-    most --max-wait) until healthy; answers healthy, starting or failed (with the unit's log)."""
+    most --max-wait) until healthy; answers healthy, starting or failed (with the unit's log), whether it
+    started the unit and the state it found (`started`, `was`)."""
     unit = check_unit(args.unit)
     check_health_url(args.health_url, "bad-args")
     ctl = Systemd(args.scope, args.sudo)
     deadline = time.monotonic() + max(0.0, args.max_wait)
     released = restore_released_by_job(args.root, unit)
-    if ctl.show(unit)["active_state"] not in RUNNING_SERVICE_STATES:
+    was = ctl.show(unit)["active_state"]
+    started = was not in RUNNING_SERVICE_STATES
+    if started:
         start_unit(ctl, unit, deadline - time.monotonic())
     healthy, active = wait_healthy(ctl, unit, args.health_url, deadline - time.monotonic())
     shown = ctl.show(unit)
@@ -382,7 +385,8 @@ def cmd_restore_service(args) -> dict:
     if released and released.get("deferred"):  # it runs and answers, but its memory is still released
         state = "starting"
     answer = {"ok": True, "unit": unit, "state": state, "active_state": shown["active_state"],
-              "sub_state": shown["sub_state"], "log_tail": None, "released": released}
+              "sub_state": shown["sub_state"], "log_tail": None, "released": released, "started": started,
+              "was": was}
     if state == "failed":
         answer["log_tail"] = ctl.log_tail(unit)
     return answer

@@ -6,6 +6,12 @@ The event convention (docs/design.md, "Writing a payload"): one JSON object per 
 `plan` (`rows`: how many rows to expect), `done`, `error`; `t` is seconds since the payload started. The
 supervisor adds `variant` lines (`index`, `of`, `args`, `status`) between a sweep's variants.
 Anything else on stdout is ordinary output and is ignored here.
+
+A sweep's summary also has `sweep`: {of, done, skipped, running, rows, rows_expected, side_by_side, ...} —
+variants ended or skipped, those running now, rows over the whole sweep and how many to expect (each
+variant's plan times the variants not skipped, when every plan said the same). One variant at a time, rows_done/rows_expected are the running variant's; side by side
+(`sweep.gpus_per_variant`) the variants' lines share the log and a row cannot be told apart per variant, so
+they are the sweep's: its rows of its plan times the variants that will run.
 """
 from __future__ import annotations
 
@@ -55,16 +61,59 @@ def fold(summary: dict, event: dict) -> None:
         summary["phase"], summary["phase_status"] = event["phase"], "start"
     elif kind == "row":
         summary["rows_done"] += 1
+        if "sweep" in summary:
+            summary["sweep"]["rows"] += 1
     elif kind == "plan" and _count(event.get("rows")) is not None:
         summary["rows_expected"] = event["rows"]
+        if "sweep" in summary:
+            fold_plan(summary["sweep"], event["rows"])
     elif kind == "error":
         summary["errors"] += 1
-    elif kind == "variant" and event.get("status") in ("start", "skipped"):  # a sweep's boundary (the host's)
-        args = event.get("args")
-        summary["variant"] = {"index": _count(event.get("index")), "of": _count(event.get("of")),
-                              "args": args if isinstance(args, dict) else {}, "status": event["status"]}
-        if event.get("status") == "start":  # rows count per variant
+    elif kind == "variant" and event.get("status") in ("start", "end", "skipped"):  # a sweep's boundary (the host's)
+        fold_variant(summary, event)
+    sweep = summary.get("sweep")
+    if sweep:
+        sweep["rows_expected"] = sweep_rows_expected(sweep)
+        if sweep["side_by_side"]:
+            summary["rows_done"], summary["rows_expected"] = sweep["rows"], sweep["rows_expected"]
+
+
+def fold_variant(summary: dict, event: dict) -> None:
+    """A variant's start, end or skip into the sweep's tally; a start or a skip is also `variant`, the last
+    one announced. A second variant starting while one runs makes the sweep side by side for good."""
+    sweep = summary.setdefault("sweep", {"of": None, "done": 0, "skipped": 0, "running": [], "rows": 0,
+                                         "rows_expected": None, "plan": None, "plans_differ": False,
+                                         "side_by_side": False})
+    index, status = _count(event.get("index")), event["status"]
+    sweep["of"] = _count(event.get("of")) if sweep["of"] is None else sweep["of"]
+    if status == "start":
+        if index is not None and index not in sweep["running"]:
+            sweep["running"].append(index)
+        sweep["side_by_side"] = sweep["side_by_side"] or len(sweep["running"]) > 1
+        if not sweep["side_by_side"]:  # rows count per variant
             summary["rows_done"], summary["rows_expected"] = 0, None
+    else:
+        sweep["running"] = [k for k in sweep["running"] if k != index]
+        sweep["done"] += 1
+        sweep["skipped"] += status == "skipped"
+    if status != "end":
+        args = event.get("args")
+        summary["variant"] = {"index": index, "of": _count(event.get("of")),
+                              "args": args if isinstance(args, dict) else {}, "status": status}
+
+
+def fold_plan(sweep: dict, rows: int) -> None:
+    """A variant's plan: the sweep's plan per variant while every plan says the same number of rows."""
+    if sweep["plan"] is not None and sweep["plan"] != rows:
+        sweep["plans_differ"] = True
+    sweep["plan"] = None if sweep["plans_differ"] else rows
+
+
+def sweep_rows_expected(sweep: dict):
+    """The sweep's rows to expect: its per-variant plan times the variants not skipped (None: unknown)."""
+    if sweep["plan"] is None or sweep["of"] is None:
+        return None
+    return sweep["plan"] * max(0, sweep["of"] - sweep["skipped"])
 
 
 def _number(value) -> bool:

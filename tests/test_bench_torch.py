@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.harness.pace import Scale
+
 torch = pytest.importorskip("torch")
 
 PAYLOAD = Path(__file__).resolve().parents[1] / "remote_payload" / "payloads" / "marlin_moe"
@@ -105,7 +107,7 @@ def run_bench(tmp_path: Path, *extra: str) -> tuple[subprocess.CompletedProcess,
         [sys.executable, str(PAYLOAD / "bench_marlin_moe.py"), "--experts", "8", "--hidden", "128",
          "--intermediate", "64", "--topk", "2", "--batch-sizes", "1,2,4", "--device", "cpu",
          "--iterations", "4", "--repeats", "3", "--out", str(out), *extra],
-        capture_output=True, text=True, cwd=tmp_path, timeout=120)
+        capture_output=True, text=True, cwd=tmp_path, timeout=Scale()(120))
     return done, json.loads(out.read_text())
 
 

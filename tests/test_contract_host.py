@@ -15,6 +15,7 @@ from remote_payload.host import primitives as supervisor_host
 from remote_payload.host import primitives as host
 from remote_payload.supervision import spec as checks
 from tests.harness.contract_table import CONTRACT_RULES, MEMORY_ROWS, ROWS
+from tests.harness.pace import Scale
 
 ROOMS = (supervisor, supervisor_files, supervisor_host, supervisor_job, supervisor_record, supervisor_settle,
          supervisor_spec)
@@ -96,12 +97,12 @@ def test_drift_a_card_smaller_than_the_need_is_refused_at_once(tmp_path):
     """Not 'drain until drain_timeout': no stop can make a card larger than it is."""
     from tests.harness.supervisor_calls import Host, gpu_spec
 
-    host = Host(tmp_path)
+    host, scale = Host(tmp_path), Scale()  # "at once": well under the drain timeout, both at this machine's pace
     try:
         began = time.monotonic()
-        host.start("big", gpu_spec(host, "sleep", "0", "0", required=200000, drain=30))
-        final = host.wait("big", "FAILED", timeout=20)
-        assert time.monotonic() - began < 15
+        host.start("big", gpu_spec(host, "sleep", "0", "0", required=200000, drain=scale(30)))
+        final = host.wait("big", "FAILED", timeout=scale(20))
+        assert time.monotonic() - began < scale(15)
         assert "143771 MiB in total" in final["message"] and "200000 MiB" in final["message"]
         assert final["payload"] is None and final["restored"] is True
     finally:

@@ -18,6 +18,7 @@ import pytest
 from tests.cli_helpers import (Target, job_dir, pid_alive_on, python_payload, run_cli, status, submit,
                                wait_for, wait_terminal, write_job)
 from tests.hosts._proc import shared_tmpdir
+from tests.harness.pace import Scale
 
 HOSTILE = "it's \"quoted\"; $(touch /tmp/runner-pwned) `id` & spaces"
 
@@ -52,12 +53,13 @@ print("finished", flush=True)
 
 
 def test_submit_returns_while_payload_keeps_running(target, work):
-    job = write_job(work / "job.yaml", target, command=python_payload(work, "sleep.py", SLEEPER) + ["20"])
+    scale = Scale()  # the bound and the payload it must stay under, both at this machine's pace
+    job = write_job(work / "job.yaml", target, command=python_payload(work, "sleep.py", SLEEPER) + [f"{scale(20):.0f}"])
     t0 = time.monotonic()
     job_id = submit(target, job)
     elapsed = time.monotonic() - t0
-    assert elapsed < 15, f"submit held the caller {elapsed:.1f}s"
-    wait_for(lambda: status(target, job_id)["state"] == "RUNNING", timeout=30, what="RUNNING")
+    assert elapsed < scale(15), f"submit held the caller {elapsed:.1f}s ({scale})"
+    wait_for(lambda: status(target, job_id)["state"] == "RUNNING", timeout=scale(30), what="RUNNING")
     job_state = status(target, job_id)
     assert job_state["state"] == "RUNNING" and pid_alive_on(target, job_state["payload"]["pid"])
     run_cli(target, "cancel", job_id)
@@ -100,13 +102,14 @@ def test_tail_prints_every_byte_exactly_once(target, work):
 
 
 def test_tail_follow_returns_75_within_max_wait(target, work):
-    job = write_job(work / "job.yaml", target, command=python_payload(work, "sleep.py", SLEEPER) + ["60"])
+    scale = Scale()  # the round trip past --max-wait, and the payload it must stay under, at this machine's pace
+    job = write_job(work / "job.yaml", target, command=python_payload(work, "sleep.py", SLEEPER) + [f"{scale(60):.0f}"])
     job_id = submit(target, job)
     t0 = time.monotonic()
     done = run_cli(target, "tail", job_id, "-f", "--max-wait", "2")
     elapsed = time.monotonic() - t0
     assert done.returncode == 75, done.stderr.decode()
-    assert elapsed < 8, f"tail -f --max-wait 2 took {elapsed:.1f}s"
+    assert elapsed < 2 + scale(6), f"tail -f --max-wait 2 took {elapsed:.1f}s ({scale})"
     assert b"started" in done.stdout
     run_cli(target, "cancel", job_id)
     final = run_cli(target, "tail", job_id, "-f", "--max-wait", "30")

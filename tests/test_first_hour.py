@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from tests.cli_helpers import REPO, Target, run_cli, submit, wait_terminal, write_job
+from tests.harness.pace import Scale
 from tests.hosts._proc import shared_tmpdir
 
 
@@ -47,7 +48,7 @@ def test_status_exit_codes_follow_the_table(work, target):
         wait_terminal(target, job_id)
     assert run_cli(target, "status", ok).returncode == 0
     assert run_cli(target, "status", failing).returncode == 1
-    running = submit(target, write_job(work / "sleep.yaml", target, command=["sleep", "30"]))
+    running = submit(target, write_job(work / "sleep.yaml", target, command=["sleep", f"{Scale()(30):.0f}"]))
     assert run_cli(target, "status", running).returncode == 75
     assert run_cli(target, "status").returncode == 1  # all jobs: the worst wins
     run_cli(target, "cancel", running)
@@ -55,7 +56,7 @@ def test_status_exit_codes_follow_the_table(work, target):
 
 
 def test_status_shows_progress_of_a_running_payload(work, target):
-    job_id = submit(target, demo_job(work, target, seconds=30))
+    job_id = submit(target, demo_job(work, target, seconds=round(Scale()(30))))  # still running when read
     answer = {}
     for _ in range(100):
         answer = json.loads(run_cli(target, "status", job_id, "--json").stdout)
@@ -110,8 +111,11 @@ def test_submit_follow_prints_the_log_and_the_verdict(work, target):
     assert done.returncode == 0, done.stderr
     lines = done.stdout.decode().splitlines()
     assert lines[0].startswith("demo-") and '"event": "done"' in lines[-1]
-    short = run_cli(target, "submit", str(demo_job(work, target, seconds=20)), "--follow", "--max-wait", "1")
+    scale = Scale()  # the submit inside --max-wait, and a payload that outlasts it, at this machine's pace
+    short = run_cli(target, "submit", str(demo_job(work, target, seconds=round(scale(20)))), "--follow",
+                    "--max-wait", f"{scale(1):.1f}")
     assert short.returncode == 75
+    run_cli(target, "cancel", short.stdout.decode().splitlines()[0])  # its payload was lengthened by the pace
     wait_terminal(target, short.stdout.decode().splitlines()[0])
 
 

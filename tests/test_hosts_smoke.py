@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.harness.pace import Scale
 from tests.hosts._proc import free_port, wait_until
 from tests.hosts.netns import (BLACKHOLE_MARKER, addresses_in_test_range, namespaces_of_test_runs, net_lock,
                               start_netns_host)
@@ -141,9 +142,10 @@ def test_service_host_starts_and_stops_the_dummy_unit_over_ssh(service_host):
 
 @pytest.mark.systemd
 def test_health_goes_from_503_to_200_after_a_restart(service_host):
+    scale = Scale()
     service_host.systemctl("restart", service_host.unit).check_returncode()
-    wait_until(lambda: service_host.health_status() == 503, timeout=5, what="the restarted unit to answer 503")
-    wait_until(lambda: service_host.health_status() == 200, timeout=10, what="health 200")
+    wait_until(lambda: service_host.health_status() == 503, timeout=scale(5), what="the restarted unit to answer 503")
+    wait_until(lambda: service_host.health_status() == 200, timeout=scale(10), what="health 200")
 
 
 @pytest.mark.systemd

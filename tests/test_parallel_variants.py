@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from tests.cli_helpers import Target, python_payload, run_cli, submit, wait_terminal, write_job
+from tests.harness.pace import Scale
 from tests.harness.systemd_jobs import assert_service_back, host_events, service_section, starts_and_stops, target_for
 from tests.hosts import gpu_state
 from tests.hosts._proc import shared_tmpdir
@@ -117,13 +118,14 @@ def test_four_variants_over_two_gpus_run_two_at_a_time_each_on_its_own_gpu(work)
 def test_status_shows_which_variant_runs_on_which_gpus(work):
     from tests.cli_helpers import status, wait_for
 
-    target = local_gpus(2)
-    job_id = submit(target, parallel_job(work, target, variants(2, 4), devices=[0, 1], per_variant=1))
+    target, scale = local_gpus(2), Scale()  # variants long enough to be seen side by side at this machine's pace
+    job_id = submit(target, parallel_job(work, target, variants(2, round(scale(4))), devices=[0, 1], per_variant=1,
+                                         max_runtime=f"{scale(60):.0f}s"))
     wait_for(lambda: len([s for s in status(target, job_id).get("slots") or [] if s["variant"]]) == 2,
-             what="both slots busy")
+             timeout=scale(30), what="both slots busy")
     text = run_cli(target, "status", job_id).stdout.decode()
     assert "slots       GPU 0: variant 1 · GPU 1: variant 2" in text, text
-    assert wait_terminal(target, job_id)["state"] == "SUCCEEDED"
+    assert wait_terminal(target, job_id, timeout=scale(90))["state"] == "SUCCEEDED"
 
 
 def test_eight_gpus_two_per_variant_make_four_slots_and_a_fifth_variant_waits_for_one(work):

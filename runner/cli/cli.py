@@ -19,12 +19,14 @@ from ..deadline import DEFAULT_MAX_WAIT_S, ROUND_TRIP_ALLOWANCE_S, Deadline
 from ..errors import (CODE_ABORTED, CODE_USAGE, EXIT_ABORTED, EXIT_FAILED, EXIT_OK, EXIT_USAGE, RunnerError,
                       SpecError, exit_code)
 from ..fleet import targets
+from ..fleet.fleet_view import service_states
 from ..printable import printable
 from ..state.store import Store
 from . import fleet_cli  # neither imports pydantic: a one-host tail stays light
 from .cli_echo import emit_json as _emit_json, progress as _progress, say as _say
 
 DEFAULT_MAX_WAIT = DEFAULT_MAX_WAIT_S
+WATCH_UNTIL_END = 86400.0  # `runner watch` on a terminal: until the job ends (a day at most)
 
 EXIT_CODES_HELP = """\b
 Exit codes (every command; `--json` errors are JSON objects {error, message, hint, exit}):
@@ -125,6 +127,8 @@ def _dry_run_text(plan) -> str:
                    f"(GPU {' · '.join(','.join(slot) for slot in plan.slots)}) {how}")
         lines.append(f"  sweep         {len(plan.variants)} variants {how}:")
         lines += [f"    {k + 1:>4}. {variant_label(v['args'])}" for k, v in enumerate(plan.variants)]
+    for key, title in (("before_stop", "before the stop"), ("window", "in the window"), ("freed", "freed")):
+        lines += [f"  {title if k == 0 else '':<15} {step}" for k, step in enumerate(plan.steps.get(key, []))]
     lines += [f"  note          {note}" for note in plan.notes]
     return "\n".join(lines)
 
@@ -197,11 +201,14 @@ class _Capture:
 @cli.command(help="Follow the job for a person: a live panel (phase, rows done, recent events) on a terminal, "
                   "plain lines otherwise; `tail` keeps the raw bytes. Never moves tail's cursor. " + JOB_EXITS)
 @click.argument("job_id")
-@click.option("--max-wait", type=click.FloatRange(0, 86400), default=DEFAULT_MAX_WAIT, show_default=True,
-              help="Seconds to watch before returning 75.")
+@click.option("--max-wait", type=click.FloatRange(0, WATCH_UNTIL_END), default=None,
+              help=f"Seconds to watch before returning 75 [default: on a terminal until the job ends, else "
+                   f"{DEFAULT_MAX_WAIT:g}].")
 @click.option("--plain", is_flag=True, help="Plain lines even on a terminal.")
-def watch(job_id: str, max_wait: float, plain: bool) -> None:
+def watch(job_id: str, max_wait: float | None, plain: bool) -> None:
     from .watch import LivePanel, plain_sink
+
+    max_wait = watch_bound(max_wait, on_terminal=sys.stdout.isatty())
 
     def follow(sink):
         return controller.tail(job_id, store=Store(), out=sink, follow=True, max_wait=max_wait, from_start=True,
@@ -216,7 +223,18 @@ def watch(job_id: str, max_wait: float, plain: bool) -> None:
             outcome = follow(sink)
     if outcome.terminal:
         _progress(f"[runner] {job_id} ended {outcome.state}{_exit_note(outcome.exit_code)}")
+    else:
+        _progress(f"[runner] {job_id} still running; `runner watch {job_id}` again to go on "
+                  f"(this watch ended after --max-wait {max_wait:g} s)")
     sys.exit(exit_code(outcome.state, settled=outcome.terminal))
+
+
+def watch_bound(max_wait: float | None, *, on_terminal: bool) -> float:
+    """--max-wait, else: a person at a terminal watches until the job ends; a script or an agent gets the
+    bound that fits a tool call."""
+    if max_wait is not None:
+        return max_wait
+    return WATCH_UNTIL_END if on_terminal else DEFAULT_MAX_WAIT
 
 
 @cli.command(help="State, phase, progress, service and downtime of one job (or every job this controller knows). "
@@ -259,14 +277,19 @@ def _status_text(job: dict) -> str:
         lines.append(f"  elapsed     {_duration(end - started)}")
     progress = job.get("progress")
     if progress:
+        sweep = progress.get("sweep") if isinstance(progress.get("sweep"), dict) else {}
         rows = progress["rows_done"]
         rows_text = f"{rows} of {progress['rows_expected']}" if progress.get("rows_expected") else str(rows)
-        lines.append(f"  payload     phase {_phase_text(progress)}, rows {rows_text}, "
+        whose = " (the sweep's: its variants run side by side)" if sweep.get("side_by_side") is True else ""
+        lines.append(f"  payload     phase {_phase_text(progress)}, rows {rows_text}{whose}, "
                      f"last output {progress.get('silent_s', 0):.0f} s ago")
         variant = progress.get("variant")
-        if variant:
+        if sweep.get("side_by_side") is True:
+            lines.append(f"  sweep       {_sweep_text(sweep)}")
+        elif variant:
             lines.append(f"  sweep       variant {variant['index']} of {variant['of']}: {variant_label(variant['args'] or {})}"
-                         + (" (skipped)" if variant.get("status") == "skipped" else ""))
+                         + (" (skipped)" if variant.get("status") == "skipped" else "")
+                         + (f"; the sweep: {_sweep_text(sweep)}" if sweep else ""))
     slots = job.get("slots")
     if isinstance(slots, list) and len(slots) > 1 and not is_terminal(job.get("state", "")):  # side by side
         lines.append("  slots       " + " · ".join(_slot_text(slot) for slot in slots if isinstance(slot, dict)))
@@ -284,8 +307,8 @@ def _status_text(job: dict) -> str:
     several = [s for s in job.get("services") or [] if isinstance(s, dict) and s.get("unit")]
     for one in several or ([service] if service.get("unit") else []):
         freed = (" (freed)" if one.get("stopped") else " (not freed)") if several else ""
-        lines.append(f"  service     {one['unit']} was {one.get('was')} now {one.get('now')}{freed}"
-                     + _stop_result(one) + _downtime(one, now))
+        lines.append(f"  service     {one['unit']} {service_states(one)}{freed}" + _stop_result(one)
+                     + _downtime(one, now))
     kept = [u for u in job.get("services_kept") or [] if isinstance(u, str)]
     if kept:
         lines.append(f"  kept        {', '.join(kept)} serving (not on the job's GPUs: never touched)")
@@ -294,6 +317,18 @@ def _status_text(job: dict) -> str:
     if job.get("message"):
         lines.append(f"  why         {job['message']}")
     return "\n".join(lines)
+
+
+def _sweep_text(sweep: dict) -> str:
+    """`1 of 4 variants done, running 2, 3, rows 11 of 32 in all`: the host's tally of a sweep (progress.py)."""
+    def count(key: str):  # the host's numbers: anything else is shown as unknown
+        return sweep[key] if isinstance(sweep.get(key), int) else "?"
+
+    running = [k for k in sweep["running"] if isinstance(k, int)] if isinstance(sweep.get("running"), list) else []
+    expected = f" of {sweep['rows_expected']}" if isinstance(sweep.get("rows_expected"), int) else ""
+    return (f"{count('done')} of {count('of')} variants done"
+            + (f", running {', '.join(map(str, running))}" if running else "")
+            + f", rows {count('rows')}{expected} in all")
 
 
 def _slot_text(slot: dict) -> str:
@@ -429,10 +464,12 @@ def schema() -> None:
 
 
 @cli.command(name="restore-service",
-             help="Start the service if inactive and wait until healthy; idempotent. Give JOB.yaml (its host "
-                  "and service sections), or --host and --unit. Exit: 0 healthy · 75 still starting · 1 failed "
-                  "(the unit's log is printed) · 2 · 3.")
+             help="Start the service if inactive and wait until healthy; idempotent; says whether it started "
+                  "the unit or found it up. Give JOB.yaml (its host and service sections; --host: its service on "
+                  "that host instead), or --host and --unit. Exit: 0 healthy · 75 still starting · 1 failed "
+                  "(the unit's log is printed) · 2 · 3 · 4 the host cannot manage the unit (no systemd there).")
 @click.argument("job_file", required=False)
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Override a field of JOB.yaml.")
 @click.option("--host", "address", default=None, help="ssh_config alias or hostname ('local' for this machine).")
 @click.option("--user", default=None, help="Login user (overrides the ssh_config alias's User, like ssh -l).")
 @click.option("--port", type=int, default=None, help="SSH port (overrides the alias's Port, like ssh -p).")
@@ -447,13 +484,17 @@ def schema() -> None:
 @click.option("--max-wait", type=click.FloatRange(0, 3600), default=DEFAULT_MAX_WAIT, show_default=True,
               help="Seconds to wait for healthy before returning 75 (the start goes on).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
-def restore_service(job_file, address, user, port, unit, scope, sudo, health_url, host_key_policy, max_wait, as_json) -> None:
-    host, service = _restore_target(job_file, address, user, port, unit, scope, sudo, health_url, host_key_policy)
+def restore_service(job_file, overrides, address, user, port, unit, scope, sudo, health_url, host_key_policy,
+                    max_wait, as_json) -> None:
+    host, service = controller.restore_target(job_file, address=address, unit=unit, overrides=overrides, user=user,
+                                              port=port, scope=scope, sudo=sudo, health_url=health_url,
+                                              host_key_policy=host_key_policy)
     answer = controller.restore_service(host, service, max_wait=max_wait)
     if as_json:
         _emit_json(answer)
     else:
-        _say(f"{service['unit']}: {answer.get('state')} ({answer.get('active_state')}/{answer.get('sub_state')})")
+        _say(f"{service['unit']}: {answer.get('state')} ({answer.get('active_state')}/{answer.get('sub_state')})"
+             + _restore_action(answer))
         if answer.get("state") == "failed" and answer.get("log_tail"):
             _say(answer["log_tail"])
     sys.exit(exit_code(answer.get("state")))
@@ -482,9 +523,11 @@ def gc(host_or_job, keep_jobs, keep_days, dry_run, as_json) -> None:
          f"{len(answer['payloads']) + len(answer['supervisors'])} bundles; kept {answer['kept']} job dirs")
 
 
-def _restore_target(job_file, address, user, port, unit, scope, sudo, health_url, host_key_policy):
-    return controller.restore_target(job_file, address=address, user=user, port=port, unit=unit, scope=scope,
-                                     sudo=sudo, health_url=health_url, host_key_policy=host_key_policy)
+def _restore_action(answer: dict) -> str:
+    """What restore-service did: started the unit, or found it up (an older host does not say)."""
+    if answer.get("started") is True:
+        return f": started it (it was {answer.get('was') or 'not running'})"
+    return ": it was up already (not started)" if answer.get("started") is False else ""
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -634,16 +677,17 @@ def history(host, metric, plot_path, imports, as_json) -> None:
         raise SpecError(f"--metric {metric}: no recorded run has it; known metrics: {', '.join(known)}")
     shown = metric or history_report.default_metric(known)
     runs = hist.runs(path, host=host, metric=metric or (shown if plot_path else None))
+    every = hist.runs(path) if runs else []  # the variants are named over all of them, whatever is shown
     if as_json:
         from ..results.results import strict_json
 
         _emit_json(strict_json([asdict(r) for r in runs]))
     else:
-        _say(history_report.render(runs, shown if runs else metric), nl=False)
+        _say(history_report.render(runs, shown if runs else metric, every), nl=False)
     if plot_path:
         if not metric and shown != history_report.DEFAULT_METRIC:
             _progress(f"plotting {shown}: no recorded run has {history_report.DEFAULT_METRIC} (--metric picks another)")
-        history_report.plot(runs, shown, plot_path)
+        history_report.plot(runs, shown, plot_path, every=every)
         _progress(f"wrote {plot_path}")
 
 

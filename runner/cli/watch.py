@@ -82,7 +82,10 @@ def summary_line(summary: dict) -> str:
     rows = f"{summary['rows_done']}/{summary['rows_expected']}" if summary["rows_expected"] else str(summary["rows_done"])
     t = summary["last_t"]
     phase = summary["phase"] and f"{summary['phase']} {summary['phase_status'] or ''}".strip()
-    return (f"phase {phase or '-'} · rows {rows} · payload clock "
+    sweep = summary.get("sweep")
+    variants = f" · variants {sweep['done']}/{sweep['of']} done" if sweep and sweep["of"] else ""
+    whose = " (the sweep's)" if sweep and sweep["side_by_side"] else ""
+    return (f"phase {phase or '-'} · rows {rows}{whose}{variants} · payload clock "
             f"{'-' if t is None else f'{t:.0f} s'}" + (f" · {summary['errors']} errors" if summary["errors"] else ""))
 
 

@@ -5,8 +5,9 @@ Every operation is one or a few short round trips; none holds a step of the job'
 from __future__ import annotations
 
 import os
+import shlex
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -24,7 +25,7 @@ from ..remote.host import Bundle, HostClient, OpenCall, packaged_payload, payloa
 from ..remote.transport_openssh import for_host
 from ..state import plan_cache
 from ..state.job_id import check_job_id, job_id_for
-from ..state.store import JobRecord, Store, default_state_dir
+from ..state.store import NOT_STARTED, JobRecord, Store, default_state_dir
 from .plan import PLANNED_JOB_ID, Plan
 
 if TYPE_CHECKING:  # pydantic, yaml and tenacity load only in the commands that use them (`runner tail` starts fast)
@@ -63,6 +64,7 @@ class DryRun:
     variants: list[dict] = field(default_factory=list)  # a sweep's, as the host will run them
     array_parallel: int | None = None  # on Slurm a sweep is one job array, at most this many tasks at once
     slots: list[list[str]] | None = None  # sweep.gpus_per_variant: the devices of each side-by-side slot
+    steps: dict = field(default_factory=dict)  # before_stop, window, freed: dry_run_steps
 
 
 @dataclass
@@ -271,19 +273,24 @@ def submit(spec_path: str, overrides: list[str], *, queue: bool = False, job_id:
     record = JobRecord(job_id=job_id, name=wire["name"], host=host, spec_path=plan.spec_path,
                        submitted_at=time.time(), service=wire.get("service") or {"services": wire["services"]}, wire=wire)
     made_record = _record(store, record)
+    unstarted = made_record or store.load(job_id).last_state == NOT_STARTED  # no host has this job yet
+    client = None
     try:
         if early is not None:  # a payload the host lacks is uploaded with the supervisor's bundle
             early.client.payload = plan.payload_bundle
-        with early.client if early is not None else connect(host, bundle, deadline=deadline,
-                                                            payload=plan.payload_bundle) as client:
+        client = early.client if early is not None else connect(host, bundle, deadline=deadline,
+                                                                 payload=plan.payload_bundle)
+        with client:
             progress(f"preflight on {host['address']} …")
             answer, already = _submit_once(client, wire, queue, early.call if early is not None else None)
             notes = answer.get("notes", [])
             for note in notes:
                 progress(note)
-    except (HostKeyError, AuthFailed):  # refused before anything ran
-        raise
     except TransportError as exc:
+        if unstarted and (client is None or not getattr(client.transport, "reached", True)):
+            raise _not_started(store, job_id, exc) from exc
+        if isinstance(exc, (HostKeyError, AuthFailed)):  # refused before anything ran
+            raise
         again = (f"The job may have started: `runner status {job_id}` tells; submitting again with --job-id "
                  f"{job_id} never starts it twice.")
         raise type(exc)(str(exc), hint=f"{exc.hint} {again}".strip()) from exc
@@ -296,6 +303,15 @@ def submit(spec_path: str, overrides: list[str], *, queue: bool = False, job_id:
         _note_state(store, job_id, state, progress)
     return Submitted(job_id, state, host["address"], bool(answer.get("stop_service")), notes,
                      client.round_trips, already, answer.get("slurm_job_id"))
+
+
+def _not_started(store: Store, job_id: str, exc: TransportError) -> TransportError:
+    """A submit whose every call failed before reaching the host: its record ends NOT_STARTED, saying why."""
+    why = f"never started: {str(exc).splitlines()[0]}"
+    with suppress(LocalStateError):  # the error to report is the host's; the record stays as it was
+        store.end_not_started(job_id, why)
+    return type(exc)(str(exc), hint=f"{exc.hint} Nothing was started (the host was never reached); `runner list` "
+                                    f"shows {job_id} NOT_STARTED.".strip())
 
 
 def _record(store: Store, record: JobRecord) -> bool:
@@ -334,7 +350,35 @@ def dry_run(spec_path: str, overrides: list[str], *, queue: bool = False, job_id
     return DryRun(wire["job_id"], host["address"], decision.stop_service, wire["gpu"]["required_mib"], argv,
                   [args_note, *decision.notes, *queued], report.get("gpus", []), report.get("service"),
                   (wire.get("sweep") or {}).get("variants", []), (wire.get("sweep") or {}).get("max_parallel"),
-                  _slots(wire))
+                  _slots(wire), dry_run_steps(wire, argv, decision.stop_service))
+
+
+FREED_BY = {"stop": "stopped; started again after",
+            "sglang": "pause generation and release its GPU memory; resume after (the unit keeps running)",
+            "vllm": "sleep level 1; wake after (the unit keeps running)"}
+
+
+def dry_run_steps(wire: dict, argv: list[str], stop: bool) -> dict:
+    """What the job runs before the service is touched, what runs in the window, and how each service is
+    freed (docs/design.md, "The downtime window")."""
+    payload, limits = wire["payload"], wire["limits"]
+    before = []
+    if payload.get("prepare") is not None:
+        prepare = payload["prepare"] if payload["command"] else [payload["python"], payload["script"], *payload["prepare"]]
+        before.append(f"prepare: {shlex.join(prepare)} (limits.prepare_timeout {limits['prepare_timeout']:g} s; "
+                      "if it fails nothing is stopped)")
+    if payload.get("staged"):
+        before.append(f"staged: {shlex.join(argv)} starts and does its GPU-free setup while the service serves "
+                      f"(limits.stage_timeout {limits['stage_timeout']:g} s), then waits for the GPU")
+    variants = (wire.get("sweep") or {}).get("variants")
+    bound = f"limits.max_runtime {limits['max_runtime']:g} s"
+    window = [f"sweep: {len(variants)} variants of {shlex.join(argv)} ({bound} each)"] if variants else \
+        [f"payload: {shlex.join(argv)} (" + ("gets the GPU with `go`; " if payload.get("staged") else "") + f"{bound})"]
+    services = [s for s in wire.get("services") or [wire.get("service") or {}] if s.get("unit")]
+    freed = [f"{s['unit']}: free: {s.get('free', 'stop')} — {FREED_BY[s.get('free', 'stop')]}" if stop
+             else f"{s['unit']}: left serving (not freed)" for s in services]
+    return {"before_stop": before, "window": window,
+            "freed": freed or ["nothing: no service to free (service.manager none)"]}
 
 
 def _slots(wire: dict) -> list[list[str]] | None:
@@ -484,9 +528,12 @@ def _print_log(record: JobRecord, cursor: int, out: BinaryIO, follow: bool, wait
 def status(job_ids: list[str], *, store: Store, deadline: Deadline) -> list[dict]:
     records = [store.load(check_job_id(j)) for j in job_ids] if job_ids else store.all()
     by_host: dict[tuple, list[JobRecord]] = {}
-    for record in records:
-        by_host.setdefault(_host_key(record.host), []).append(record)
     answers = []
+    for record in records:
+        if record.last_state == NOT_STARTED:  # its host never heard of it: nothing to ask
+            answers.append({"job_id": record.job_id, "state": NOT_STARTED, "message": record.note})
+        else:
+            by_host.setdefault(_host_key(record.host), []).append(record)
     for group in by_host.values():
         try:
             with connect(group[0].host, deadline=deadline) as client:
@@ -567,20 +614,26 @@ def _service_of(spec, unit: str | None):
 
 def restore_target(spec_path: str | None, *, address: str | None = None, unit: str | None = None,
                    overrides: Sequence[str] = (), **options) -> tuple[dict, dict]:
-    """The (host, service) sections to restore: from JOB.yaml (with --unit, the one of its services it names),
-    or from --host/--unit and their options (user, port, host_key_policy for the host; scope, sudo, health_url
-    for the service), validated alike."""
+    """The (host, service) sections to restore: from JOB.yaml with its overrides (--set; with --unit, the one
+    of its services it names; with --host, on that host instead of the file's), or from --host/--unit and
+    their options (user, port, host_key_policy for the host; scope, sudo, health_url for the service),
+    validated alike."""
     from ..spec.spec import HostSpec, ServiceSpec
     from ..spec.spec_load import load_spec, section_from_options
 
-    if spec_path and address:
-        raise SpecError("give either JOB.yaml or --host/--unit, not both")
+    host_keys = ("user", "port", "host_key_policy")
     if spec_path:
         spec = load_spec(spec_path, overrides)
-        return spec.host.model_dump(), _service_of(spec, unit).model_dump()
+        host = spec.host.model_dump()
+        if address:  # the job file's service on another host: its login is --user/--port's, else ssh_config's
+            given = {k: v for k, v in options.items() if k in host_keys and v is not None}
+            host = section_from_options(HostSpec, "--host", **{**host, "user": None, "port": None,
+                                                               "address": address, **given}).model_dump()
+        return host, _service_of(spec, unit).model_dump()
+    if overrides:
+        raise SpecError("--set changes a job file: give JOB.yaml (or set the service with --unit and its options)")
     if not (address and unit):
         raise SpecError("restore-service needs JOB.yaml, or both --host and --unit")
-    host_keys = ("user", "port", "host_key_policy")
     host = section_from_options(HostSpec, "--host", address=address,
                                 **{k: v for k, v in options.items() if k in host_keys and v is not None})
     service = section_from_options(ServiceSpec, "--unit", manager="systemd", unit=unit,

@@ -83,6 +83,14 @@ def status_text(run: RunRecord, rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def service_states(service: dict) -> str:
+    """`was active now inactive`; a job still queued has looked at nothing yet (the host fills both in)."""
+    was, now = service.get("was"), service.get("now")
+    if was is None and now is None:
+        return "not touched yet"
+    return f"was {was or '?'} now {now or '?'}"
+
+
 def _host_line(row: dict) -> str:
     if row.get("error"):
         return f"{row['job_id']}  UNREACHABLE: {row['error']}"
@@ -92,7 +100,7 @@ def _host_line(row: dict) -> str:
     text = f"{job.get('job_id')}  {job.get('state')}" + (f" ({job['phase']})" if job.get("phase") else "")
     service = job.get("service") or {}
     if service.get("unit"):
-        text += f"  service was {service.get('was')} now {service.get('now')}"
+        text += f"  service {service_states(service)}"
         if service.get("downtime_s") is not None:
             text += f", downtime {service['downtime_s']:.1f} s"
         elif service.get("stopped_at") and not service.get("restored_at"):

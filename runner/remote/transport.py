@@ -56,6 +56,7 @@ class Completed:
 
 class Transport(Protocol):
     name: str
+    reached: bool  # whether a command of this transport may have reached the host (False: none could have)
 
     def run(self, argv: Sequence[str], *, stdin: bytes = b"", deadline: Deadline) -> Completed: ...
 
@@ -64,6 +65,7 @@ class Transport(Protocol):
 
 class LocalTransport:
     name = "local"
+    reached = True
 
     def run(self, argv: Sequence[str], *, stdin: bytes = b"", deadline: Deadline) -> Completed:
         timeout = deadline.left()
@@ -101,6 +103,7 @@ class SshTransport:
         self.name = target.address
         self._conn = None
         self._connecting = ConnectBudget(target)
+        self.reached = False
 
     def run(self, argv: Sequence[str], *, stdin: bytes = b"", deadline: Deadline) -> Completed:
         connecting = self._conn is None
@@ -108,6 +111,7 @@ class SshTransport:
             if connecting:
                 self._conn = _connect(self.target, self._connecting.take(deadline).left())
                 self._connecting.reset()  # connected: a reconnect after a lost link has a connect_timeout of its own
+            self.reached = True
             return _exec(self._conn.transport, tuple(argv), stdin, deadline, self.name)  # paramiko's connection
         except TransportError:
             self.close()
@@ -150,12 +154,36 @@ def _translated(exc: BaseException, target: SshTarget, connecting: bool) -> Tran
             "otherwise do not connect.")
     if isinstance(exc, paramiko.AuthenticationException):
         return AuthFailed(f"ssh {name}: authentication failed as {target.user or 'the ssh_config user'}",
-                          hint="Check the user and IdentityFile (ssh_config) and that `ssh` itself can log in.")
+                          hint="Check the user and IdentityFile (ssh_config) and that `ssh` itself can log in; "
+                                 f"{user_decided_by(target)}.")
     if isinstance(exc, paramiko.hostkeys.InvalidHostKey):
         return HostKeyError(f"ssh {name}: a known_hosts line cannot be read: {exc.line[:100]!r}",
                             hint="Fix or remove that line (`ssh-keygen -F HOST` shows the lines for a host).")
+    if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError):  # its own text is `[Errno None] …`
+        tried = "; ".join(f"{host} port {port}: {why.strerror or why}" for (host, port, *_), why in exc.errors.items())
+        return TransportError(f"ssh {name}: cannot connect ({tried})",
+                              hint="Check that `ssh` itself reaches the host (address, port, network) and that "
+                                   f"sshd listens there; {port_decided_by(target)}.")
     verb = "cannot connect" if connecting else "connection lost"
-    return TransportError(f"ssh {name}: {verb} ({_describe(exc)})")
+    return TransportError(f"ssh {name}: {verb} ({_describe(exc)})",
+                          hint=f"Check that `ssh` itself reaches the host; {port_decided_by(target)}." if connecting
+                          else "")
+
+
+def port_decided_by(target: SshTarget) -> str:
+    """Which setting chose the port a failed connect used: the spec's host.port overrides ssh_config's Port."""
+    if target.port:
+        return f"the port {target.port} is host.port in the job spec (it overrides ssh_config's Port: leave it " \
+               "out to use ssh_config's)"
+    return "the port is ssh_config's Port for this host (22 when it sets none)"
+
+
+def user_decided_by(target: SshTarget) -> str:
+    """Which setting chose the login user: the spec's host.user overrides ssh_config's User."""
+    if target.user:
+        return f"the user {target.user} is host.user in the job spec (it overrides ssh_config's User: leave it " \
+               "out to use ssh_config's)"
+    return "the user is ssh_config's User for this host (your own name when it sets none)"
 
 
 def _known_hosts_name(host: str, port: int | None) -> str:

@@ -32,7 +32,7 @@ from ..deadline import Deadline
 from ..errors import AuthFailed, HostKeyError, SpecError, TransportError
 from .answers import oversized
 from .transport import (MAX_OUTPUT_BYTES, Completed, ConnectBudget, LocalTransport, SshTarget, SshTransport, keep_tail,
-                        time_left)
+                        port_decided_by, time_left, user_decided_by)
 
 EXIT_SSH_FAILED = 255
 SERVER_ALIVE_S = 15  # the keepalive interval when the command has time; less when it has less
@@ -54,6 +54,7 @@ class OpenSshTransport:
         self._options: list[str] | None = None
         self._resolved: dict[str, str] = {}  # `ssh -G` of the target: hostname, port, controlpath…
         self._connecting = ConnectBudget(target)
+        self.reached = False
 
     def run(self, argv: Sequence[str], *, stdin: bytes = b"", deadline: Deadline) -> Completed:
         return self.start(argv, deadline=deadline).finish(stdin)
@@ -74,6 +75,8 @@ class OpenSshTransport:
         stderr = stderr_bytes.decode("utf-8", "replace") if returncode == EXIT_SSH_FAILED else ""
         if not _CONNECT_TIMED_OUT.search(stderr):
             self._connecting.reset()  # it connected (or failed fast)
+        if returncode != EXIT_SSH_FAILED or not never_ran(stderr):
+            self.reached = True
         if returncode == EXIT_SSH_FAILED:
             if self._says_too_little(stderr):
                 stderr = self._diagnosed(running.command, running.deadline) or stderr
@@ -225,6 +228,7 @@ class Running:
             self._kill()
             raise
         except subprocess.TimeoutExpired as exc:
+            self.transport.reached = True  # its input was sent: the host may have acted on it
             self._kill()
             self.transport._drop_master()
             raise TransportError(f"ssh {name}: no answer before the deadline (link down or host overloaded?)") from exc
@@ -294,6 +298,18 @@ def _write_some(pipe, pending: memoryview, selector) -> memoryview:
 _CONNECT_TIMED_OUT = re.compile(r"Connection timed out|timed out during banner exchange")
 
 
+# ssh's words for a connection that was never made (the remote command cannot have run).
+_NOT_CONNECTED = re.compile(r"Connection refused|Could not resolve hostname|Name or service not known|"
+                            r"No route to host|Network is unreachable|Connection timed out|"
+                            r"timed out during banner exchange")
+
+
+def never_ran(stderr: str) -> bool:
+    """ssh failed before the remote command could start: no connection, a refused host key or login."""
+    return bool(_NOT_CONNECTED.search(stderr)) or is_host_key_failure(stderr) or \
+        "Permission denied" in stderr or "Too many authentication failures" in stderr
+
+
 def is_host_key_failure(stderr: str) -> bool:
     return any(mark in stderr for mark in _HOST_KEY_MARKS)
 
@@ -306,9 +322,11 @@ def translated(stderr: str, target: SshTarget, known_as: set[str] = frozenset())
         return _host_key_error(stderr, name, target.host_key_policy, known_as | {name})
     if "Permission denied" in stderr or "Too many authentication failures" in stderr:
         return AuthFailed(f"ssh {name}: authentication failed: {tail}",
-                          hint="Check the user and IdentityFile (ssh_config) and that `ssh` itself can log in.")
+                          hint="Check the user and IdentityFile (ssh_config) and that `ssh` itself can log in; "
+                                f"{user_decided_by(target)}.")
     return TransportError(f"ssh {name}: cannot connect: {tail or 'ssh exited 255 and printed nothing'}",
-                          hint="Check that `ssh` itself reaches the host (address, ProxyJump, network).")
+                          hint="Check that `ssh` itself reaches the host (address, ProxyJump, network); "
+                               f"{port_decided_by(target)}.")
 
 
 def _host_key_error(stderr: str, name: str, policy: str, known_as: set[str]) -> HostKeyError:

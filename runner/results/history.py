@@ -48,6 +48,8 @@ MIGRATIONS = (
        DROP TABLE runs;
        ALTER TABLE runs_next RENAME TO runs;
        CREATE INDEX runs_by_host ON runs(host, recorded_at);""",
+    # Runs are listed by when their job was submitted: recording an old job's result again keeps its place.
+    "ALTER TABLE runs ADD COLUMN submitted_at REAL",
 )
 MAX_INDEX = 2**31  # a variant index past it (the host counts from 1) is not the host's: the position stands in
 
@@ -64,6 +66,7 @@ class Run:
     environment: dict
     metrics: dict[str, gate.Metric] = field(default_factory=dict)
     variant_index: int = 0  # a sweep's variant (from 1); 0 for a plain job
+    submitted_at: float | None = None  # the job's submit (the local job index's); None for an imported file
 
 
 def db_path(state_dir: Path) -> Path:
@@ -123,13 +126,14 @@ def _apply(conn: sqlite3.Connection) -> None:
 # -- recording ------------------------------------------------------------------------------------------------
 
 def runs_from_result(job_id: str, result, *, host: str | None = None, spec_path: str | None = None,
-                     now: float | None = None, wire: dict | None = None) -> list[Run]:
+                     now: float | None = None, wire: dict | None = None, submitted_at: float | None = None) -> list[Run]:
     """The rows for one job's result: a plain result is one run; a sweep's combined record one run per variant
     with a result object, its args over the job's (none when no variant left one)."""
     variants = sweep_variants(result)
     if variants is None:
-        return [run_from_result(job_id, result, host=host, spec_path=spec_path, now=now, wire=wire)]
-    job = _job_run(job_id, host, spec_path, now, wire)
+        run = run_from_result(job_id, result, host=host, spec_path=spec_path, now=now, wire=wire)
+        return [replace(run, submitted_at=submitted_at)]
+    job = replace(_job_run(job_id, host, spec_path, now, wire), submitted_at=submitted_at)
     return [_measured(job, outcome, variant_of(outcome, spec_path, wire, args), index)
             for index, args, outcome in variants]
 
@@ -261,9 +265,10 @@ def save(conn: sqlite3.Connection, *runs: Run) -> None:
 def _insert(conn: sqlite3.Connection, run: Run) -> None:
     cursor = conn.execute(
         "INSERT INTO runs (job_id, variant_index, recorded_at, host, spec_hash, variant, git_rev, payload, gpu,"
-        " driver, torch, sglang) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        " driver, torch, sglang, submitted_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         (run.job_id, run.variant_index, run.recorded_at, run.host, run.spec_hash,
-         json.dumps(run.variant, sort_keys=True), run.git_rev, run.payload, *(run.environment.get(k) for k in ENV_KEYS)))
+         json.dumps(run.variant, sort_keys=True), run.git_rev, run.payload, *(run.environment.get(k) for k in ENV_KEYS),
+         run.submitted_at))
     conn.executemany("INSERT INTO metrics (run_id, name, value, spread, direction) VALUES (?, ?, ?, ?, ?)",
                      [(cursor.lastrowid, name, m.value, m.spread, m.direction) for name, m in run.metrics.items()])
 
@@ -292,7 +297,8 @@ def record_job(store: Store, job_id: str, result: dict, window: dict | None = No
         job = store.load(job_id)
     except RunnerError as exc:
         return f"history: {job_id} not recorded: {exc}"
-    runs = runs_from_result(job_id, result, host=job.host.get("address"), spec_path=job.spec_path, wire=job.wire)
+    runs = runs_from_result(job_id, result, host=job.host.get("address"), spec_path=job.spec_path, wire=job.wire,
+                            submitted_at=job.submitted_at)
     for run in runs:
         run.metrics.update(gate.window_metrics(window))
     return record(db_path(store.root), *runs)
@@ -301,7 +307,8 @@ def record_job(store: Store, job_id: str, result: dict, window: dict | None = No
 # -- reading --------------------------------------------------------------------------------------------------
 
 def runs(path: Path, *, host: str | None = None, metric: str | None = None) -> list[Run]:
-    """Recorded runs, oldest first; with `metric`, only runs that have it. Raises RunnerError if unreadable."""
+    """Recorded runs, oldest job first (by its submit; an imported file by its recording); with `metric`,
+    only runs that have it. Raises RunnerError if unreadable."""
     if not path.exists():
         return []
     try:
@@ -345,12 +352,12 @@ def _select(conn: sqlite3.Connection, host: str | None, metric: str | None) -> l
         where.append("id IN (SELECT run_id FROM metrics WHERE name = ?)")
         params.append(metric)
     sql = ("SELECT id, job_id, recorded_at, host, spec_hash, variant, git_rev, payload, gpu, driver, torch, sglang,"
-           " variant_index FROM runs" + (" WHERE " + " AND ".join(where) if where else "")
-           + " ORDER BY recorded_at, id")  # a job's variants are saved in index order
+           " variant_index, submitted_at FROM runs" + (" WHERE " + " AND ".join(where) if where else "")
+           + " ORDER BY COALESCE(submitted_at, recorded_at), id")  # a job's variants are saved in index order
     found = []
     for row in conn.execute(sql, params).fetchall():
         metrics = {name: gate.Metric(value, direction, spread) for name, value, spread, direction in conn.execute(
             "SELECT name, value, spread, direction FROM metrics WHERE run_id = ?", (row[0],))}
         found.append(Run(row[1], row[2], row[3], row[4], json.loads(row[5]), row[6], row[7],
-                         dict(zip(ENV_KEYS, row[8:12])), metrics, variant_index=row[12]))
+                         dict(zip(ENV_KEYS, row[8:12])), metrics, variant_index=row[12], submitted_at=row[13]))
     return found

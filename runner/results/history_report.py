@@ -23,14 +23,16 @@ def default_metric(known: list[str]) -> str:
     return DEFAULT_METRIC if DEFAULT_METRIC in known or not known else known[0]
 
 
-def render(runs: list[Run], metric: str | None) -> str:
+def render(runs: list[Run], metric: str | None, every: list[Run] | None = None) -> str:
+    """The runs as a table; every: all recorded runs, which name the variants (so that a run's label does not
+    depend on which runs a filter shows)."""
     if not runs:
         return "no recorded runs" + (f" with {metric}" if metric else "") + "\n"
     shown = metric or DEFAULT_METRIC
-    header = ["recorded (UTC)", "job", "host", "gpu", "torch", "sglang", "git", "variant", label(shown)]
-    variants = variant_labels(runs)
+    header = ["submitted (UTC)", "job", "host", "gpu", "torch", "sglang", "git", "variant", label(shown)]
+    variants = variant_labels(every or runs)
     rows = [[printable(str(cell), multiline=False) for cell in (
-        time.strftime("%Y-%m-%d %H:%M", time.gmtime(r.recorded_at)), run_name(r), r.host or "-",
+        time.strftime("%Y-%m-%d %H:%M", time.gmtime(r.submitted_at or r.recorded_at)), run_name(r), r.host or "-",
         r.environment.get("gpu") or "-", r.environment.get("torch") or "-", r.environment.get("sglang") or "-",
         r.git_rev or "-", variants[_key(r)], _value(r, shown))] for r in runs]
     widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(header)]
@@ -73,14 +75,16 @@ def _short(value) -> str:
     return text if len(text) <= 24 else text[:21] + "…"
 
 
-def plot(runs: list[Run], metric: str, path: str | Path, title: str = "") -> Path:
-    """The metric over the recorded runs (in recording order), one series per variant, spread as error bars."""
+def plot(runs: list[Run], metric: str, path: str | Path, title: str = "", every: list[Run] | None = None) -> Path:
+    """The metric over the recorded runs (oldest job first), one series per variant (named over `every`, as
+    render does), spread as error bars."""
     points = [(i, r) for i, r in enumerate(runs) if metric in r.metrics]
     if not points:
         raise NoResult(f"nothing to plot: no recorded run has {metric}",
                        hint="`runner history` lists the runs; metric names look like lever_512, median_us_1")
     plt = pyplot()
-    labels = variant_labels([r for _, r in points])
+    named = variant_labels(every or [r for _, r in points])
+    labels = {key: named[key] for key in dict.fromkeys(_key(r) for _, r in points)}
     fig, ax = plt.subplots(figsize=(max(7.5, 0.45 * len(points) + 3), 4.8))
     for key, name in labels.items():
         series = [(i, r.metrics[metric]) for i, r in points if _key(r) == key]

@@ -231,6 +231,8 @@ def _describe_error(path: Path | str, error: dict, root: type[BaseModel], key_li
     if error["type"] == "extra_forbidden":
         allowed = _allowed_keys(root, error["loc"][:-1])
         message = f"unknown key (allowed: {', '.join(allowed)})" if allowed else "unknown key"
+    if where == "(top level)" and error["type"] == "value_error":  # a whole-spec rule: its message names the fields
+        return f"{path}: {_one_line(message)}"
     return f"{path}: {where}: {_one_line(message)}"
 
 

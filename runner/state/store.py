@@ -14,6 +14,7 @@ reading the cursor to saving it, so two tails of one job take turns and each byt
 """
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
@@ -39,10 +40,12 @@ class JobRecord:
     cursor: int = 0
     last_state: str = "QUEUED"
     wire: dict = field(default_factory=dict)  # the spec as submitted (its wire form): what the history reads
+    note: str = ""  # why a job that was never started (last_state NOT_STARTED) was not
 
 
 _FIELD_TYPES = {"job_id": str, "name": str, "host": dict, "spec_path": str, "submitted_at": (int, float),
-                "service": dict, "cursor": int, "last_state": str, "wire": dict}
+                "service": dict, "cursor": int, "last_state": str, "wire": dict, "note": str}
+NOT_STARTED = "NOT_STARTED"  # a controller-side end: the host was never reached, so it has no such job
 
 
 class Store:
@@ -105,7 +108,14 @@ class Store:
         """Change only last_state, on a fresh read: a `tail` running meanwhile may have moved the cursor."""
         with self._record_lock(job_id):
             record = self.load(job_id)
-            record.last_state = state
+            record.last_state, record.note = state, ""
+            self._write(record)
+
+    def end_not_started(self, job_id: str, why: str) -> None:
+        """A job whose submit never reached its host: it cannot have started; the record says so and why."""
+        with self._record_lock(job_id):
+            record = self.load(job_id)
+            record.last_state, record.note = NOT_STARTED, why
             self._write(record)
 
     @contextmanager
@@ -194,10 +204,18 @@ def _local_state(root: Path) -> Iterator[None]:
     try:
         yield
     except OSError as exc:
-        raise LocalStateError(
-            f"the state dir {root} cannot be written: {exc.strerror or exc}",
-            hint="free space there, or point RUNNER_STATE_DIR at a writable directory.",
-        ) from None
+        raise LocalStateError(f"the state dir {root} cannot be written: {exc.strerror or exc}",
+                              hint=_state_dir_hint(exc.errno)) from None
+
+
+def _state_dir_hint(number: int | None) -> str:
+    """What to do about a state dir that refused a write: full, read-only, or something else."""
+    elsewhere = "point RUNNER_STATE_DIR at a writable directory."
+    if number in (errno.ENOSPC, errno.EDQUOT):
+        return "free space there, or " + elsewhere
+    if number in (errno.EROFS, errno.EACCES, errno.EPERM):
+        return "make it writable, or " + elsewhere
+    return elsewhere.capitalize()
 
 
 def default_state_dir() -> Path:
