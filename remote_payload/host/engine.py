@@ -383,11 +383,13 @@ def sglang_idle(base: str, wait_s: float, deadline: float) -> bool:
     asserts), as its /flush_cache answers: 200 once idle within wait_s (it flushes the prefix cache then, as
     the release would), 400 if not (the scheduler logs the counts). The cache flush is its only side effect."""
     began = time.monotonic()
-    status, answer = call("POST", "%s/flush_cache?timeout=%g" % (base, max(0.0, round(wait_s, 1))), deadline)
+    # its answer is plain text either way ("Cache flushed. …"): only the status tells, so no JSON is asked for
+    status, raw = exchange("POST", "%s/flush_cache?timeout=%g" % (base, max(0.0, round(wait_s, 1))), deadline)
     if status == 200:
         return True
     if status != 400:
-        raise EngineError("POST %s/flush_cache answered %d: %s" % (base, status, answer))
+        raise EngineError("POST %s/flush_cache answered %d: %s" % (
+            base, status, raw.decode("utf-8", "replace").strip()[-300:]))
     if time.monotonic() - began < wait_s / 2:  # a server that does not wait (no timeout parameter): poll
         time.sleep(POLL_S)
     return False
