@@ -509,9 +509,12 @@ def restore_service(job_file, overrides, address, user, port, unit, scope, sudo,
 @click.option("--keep-days", type=click.FloatRange(0), default=14.0, show_default=True,
               help="Job dirs younger than this are kept.")
 @click.option("--dry-run", is_flag=True, help="List what would go; delete nothing.")
+@click.option("--max-wait", type=click.FloatRange(0, 3600), default=DEFAULT_MAX_WAIT, show_default=True,
+              help="Seconds this call may take, plus one round trip (then exit 3).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
-def gc(host_or_job, keep_jobs, keep_days, dry_run, as_json) -> None:
-    answer = controller.gc(host_or_job, keep_jobs=keep_jobs, keep_days=keep_days, dry_run=dry_run)
+def gc(host_or_job, keep_jobs, keep_days, dry_run, max_wait, as_json) -> None:
+    answer = controller.gc(host_or_job, keep_jobs=keep_jobs, keep_days=keep_days, dry_run=dry_run,
+                           deadline=Deadline.for_command(max_wait))
     if as_json:
         _emit_json(answer)
         return

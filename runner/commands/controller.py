@@ -580,10 +580,10 @@ def restore_service(host: dict, service: dict, *, max_wait: float) -> dict:
         return client.restore_service(service, max_wait=max_wait)
 
 
-def gc(target: str, *, keep_jobs: int, keep_days: float, dry_run: bool) -> dict:
+def gc(target: str, *, keep_jobs: int, keep_days: float, dry_run: bool, deadline: Deadline) -> dict:
     """The host's retention rule by hand (`gc`): target is JOB.yaml (its host section) or a host address."""
     host = gc_host(target)
-    with connect(host) as client:
+    with connect(host, deadline=deadline) as client:
         return dict(client.gc(keep_jobs=keep_jobs, keep_days=keep_days, dry_run=dry_run), host=host["address"])
 
 
