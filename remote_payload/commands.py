@@ -254,12 +254,24 @@ def payload_progress(paths: JobPaths, status: dict):
 
 def cmd_status(args) -> dict:
     jobs_root = os.path.join(args.root, "jobs")
-    ids = args.job_id or (sorted(os.listdir(jobs_root)) if os.path.isdir(jobs_root) else [])
+    named = args.job_id + (read_job_ids_stdin() if args.ids_on_stdin else [])
+    ids = named or (sorted(os.listdir(jobs_root)) if os.path.isdir(jobs_root) else [])
     jobs = []
     for job_id in ids:
         paths = JobPaths(args.root, check_job_id(job_id))
         jobs.append(status_entry(paths) if os.path.isdir(paths.dir) else {"job_id": job_id, "state": "UNKNOWN"})
     return {"ok": True, "jobs": jobs}
+
+
+def read_job_ids_stdin() -> list:
+    """`status --ids-on-stdin`: a JSON list of job ids (a list of any length never goes through argv)."""
+    try:
+        ids = json.loads(sys.stdin.buffer.read().decode("utf-8"))
+    except ValueError as exc:
+        raise Fail("bad-args", "stdin is not a JSON list of job ids: %s" % exc)
+    if not isinstance(ids, list) or not all(isinstance(job_id, str) for job_id in ids):
+        raise Fail("bad-args", "stdin is not a JSON list of job ids")
+    return ids
 
 
 def read_log_chunk(path: str, offset: int, limit: int) -> tuple:
@@ -486,6 +498,7 @@ def build_parser(sub: str) -> ArgParser:
     parser.add_argument("--root", required=True)
     if sub == "status":
         parser.add_argument("--job-id", action="append", default=[])
+        parser.add_argument("--ids-on-stdin", action="store_true")
     elif sub == "preflight":
         parser.add_argument("--job-id")
     elif sub != "restore-service":

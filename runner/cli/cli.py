@@ -219,15 +219,18 @@ def watch(job_id: str, max_wait: float, plain: bool) -> None:
     sys.exit(exit_code(outcome.state, settled=outcome.terminal))
 
 
-@cli.command(help="State, phase, progress, service and downtime of one job (or every job this controller knows). "
+@cli.command(help="State, phase, progress, service and downtime of one job (or, with no id, of the 50 newest jobs "
+                  "this controller knows and every one not yet ended; --all: every job). "
                   "Exit: like tail for one job; for all, the worst wins (1 > 3 > 75 > 0: a host that cannot be "
                   "asked is its jobs' lines and 3, the others still shown). 2 unknown id · 3.")
 @click.argument("job_id", required=False)
+@click.option("--all", "every", is_flag=True, help="With no id: every job this controller knows, not only the "
+              "50 newest and those not yet ended.")
 @click.option("--max-wait", type=click.FloatRange(0, 3600), default=DEFAULT_MAX_WAIT, show_default=True,
               help="Seconds this call may take, plus one round trip (then exit 3).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
-def status(job_id: str | None, max_wait: float, as_json: bool) -> None:
-    found = targets.status(job_id, store=Store(), deadline=Deadline.for_command(max_wait))
+def status(job_id: str | None, every: bool, max_wait: float, as_json: bool) -> None:
+    found = targets.status(job_id, store=Store(), deadline=Deadline.for_command(max_wait), every=every)
     if found.of_run:
         sys.exit(fleet_cli.status(found, as_json=as_json))
     if as_json:
@@ -356,12 +359,16 @@ def _duration(seconds: float) -> str:
     return f"{seconds:.1f} s" if seconds < 120 else f"{int(seconds // 60)} min {int(seconds % 60)} s"
 
 
-@cli.command(name="list", help="Jobs this controller knows (local index, no network; states as last seen).")
+@cli.command(name="list", help="Jobs this controller knows (local index, no network; states as last seen): the 50 "
+                               "newest and every one not yet ended; --all: every job.")
+@click.option("--all", "every", is_flag=True, help="Every job this controller knows, oldest first.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
-def list_jobs(as_json: bool) -> None:
-    records, skipped = Store().scan()
+def list_jobs(every: bool, as_json: bool) -> None:
+    records, skipped, older = (*Store().scan(), 0) if every else Store().recent()
     for problem in skipped:
         _progress(f"runner: skipped: {problem}")
+    if older:
+        _progress(f"runner: {older} older ended jobs not shown (`runner list --all`)")
     if as_json:
         _emit_json([asdict(r) for r in records])
         return

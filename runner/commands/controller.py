@@ -485,9 +485,14 @@ def _print_log(record: JobRecord, cursor: int, out: BinaryIO, follow: bool, wait
 
 # -- status, list, cancel, results, restore ---------------------------------------------------------------
 
-def status(job_ids: list[str], *, store: Store, deadline: Deadline | None = None) -> list[dict]:
+def status(job_ids: list[str], *, store: Store, deadline: Deadline | None = None, every: bool = False) -> list[dict]:
+    """The jobs named, else the recent ones and those not yet ended (Store.recent), or with `every` all the
+    jobs this controller knows; one host call per host (its ids on stdin, HostClient.status)."""
     deadline = _command_deadline(deadline)
-    records = [store.load(check_job_id(j)) for j in job_ids] if job_ids else store.all()
+    if job_ids:
+        records = [store.load(check_job_id(j)) for j in job_ids]
+    else:
+        records = store.all() if every else store.recent()[0]
     by_host: dict[tuple, list[JobRecord]] = {}
     for record in records:
         by_host.setdefault(_host_key(record.host), []).append(record)

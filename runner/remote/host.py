@@ -158,6 +158,8 @@ def payload_dir() -> Path:
     return Path(remote_payload.__file__).parent
 
 
+STATUS_BATCH = 1000  # job ids per `status` call: its answer (about 1 KB a job) stays far below answers' bound
+
 PAYLOAD_PACKAGES = "payloads"  # remote_payload/payloads/: each payload is bundled apart, per job
 
 
@@ -235,8 +237,15 @@ class HostClient:
         return OpenCall(self, "submit", submit_args(job_id, queue))
 
     def status(self, job_ids: Sequence[str] = ()) -> list[dict]:
-        args = [a for job_id in job_ids for a in ("--job-id", job_id)]
-        return answers.status(self.call("status", args), job_ids)
+        """The jobs named (every job on the host when none is): their ids go on stdin, never in argv (whose
+        strings the kernel bounds), STATUS_BATCH to a call, so that no answer grows past its bound either."""
+        if not job_ids:
+            return answers.status(self.call("status", []), job_ids)
+        found = []
+        for start in range(0, len(job_ids), STATUS_BATCH):
+            batch = list(job_ids[start:start + STATUS_BATCH])
+            found += answers.status(self.call("status", ["--ids-on-stdin"], stdin=_json_bytes(batch)), batch)
+        return found
 
     def logs(self, job_id: str, offset: int, *, max_bytes: int, wait: float) -> dict:
         args = ["--job-id", job_id, "--offset", str(offset), "--max", str(max_bytes), "--wait", f"{wait:.2f}"]
