@@ -155,7 +155,7 @@ class Store:
         wanted = set(order[-count:]) if count > 0 else set()
         with suppress(FileNotFoundError):
             wanted.update(os.listdir(self.root / "active"))
-        records, skipped = [], []
+        records, skipped = self._strays(set(order))
         for job_id in (j for j in order if j in wanted):
             try:
                 records.append(self.load(job_id))
@@ -164,6 +164,24 @@ class Store:
             except RunnerError as exc:
                 skipped.append(str(exc))
         return sorted(records, key=lambda r: r.submitted_at), skipped, len(order) - len(wanted & set(order))
+
+    def _strays(self, indexed: set[str]) -> tuple[list[JobRecord], list[str]]:
+        """Records the index does not hold (put there by something other than this store): the readable ones,
+        indexed now, and a line for each unreadable one. A listing of the jobs dir, no record read otherwise."""
+        try:
+            names = {name[:-5] for name in os.listdir(self.jobs_dir) if name.endswith(".json")}
+        except FileNotFoundError:
+            names = set()
+        records, skipped = [], []
+        for job_id in sorted(names - indexed):
+            try:
+                records.append(self.load(job_id))
+            except RunnerError as exc:
+                skipped.append(str(exc))
+        if records:
+            with _local_state(self.root), self._index_lock(), open(self.root / "index", "a") as fh:
+                fh.write("".join(f"{r.job_id} {r.submitted_at!r}\n" for r in records))
+        return records, sorted(skipped)
 
     def all(self) -> list[JobRecord]:
         """Every readable record, oldest first (an unreadable one is skipped: `scan` says which)."""
