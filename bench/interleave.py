@@ -34,10 +34,16 @@ def cli(checkout: Path, env: dict, *args: str) -> tuple:
     return [sys.executable, "-m", "runner", *args], {**os.environ, **env, "PYTHONPATH": str(checkout)}, checkout
 
 
+FAILURES: list[dict] = []  # the stderr of each run that exited other than 0 or 75, for the report
+
+
 def timed(argv: list[str], env: dict, cwd: Path, stdout=subprocess.DEVNULL) -> tuple[float, int]:
     t0 = time.monotonic()
-    code = subprocess.run(argv, env=env, cwd=cwd, stdout=stdout, stderr=subprocess.DEVNULL).returncode
-    return time.monotonic() - t0, code
+    done = subprocess.run(argv, env=env, cwd=cwd, stdout=stdout, stderr=subprocess.PIPE)
+    wall = time.monotonic() - t0
+    if done.returncode not in (0, 75):
+        FAILURES.append({"argv": argv[-6:], "exit": done.returncode, "stderr": done.stderr.decode()[-1500:]})
+    return wall, done.returncode
 
 
 def pairs(a: tuple, b: tuple, runs: int, warmup: int = 1) -> dict:

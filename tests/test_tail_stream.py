@@ -100,7 +100,7 @@ def test_one_host_call_per_tail_call_follows_a_10_mb_s_writer_to_its_end(user_ta
 
 
 def test_streamed_calls_that_end_by_themselves_join_to_the_log_whatever_is_killed(user_target):
-    job_id = start_writer(user_target, 120, 256)  # 30 MiB over 12 s
+    job_id = start_writer(user_target, 240, 128)  # 30 MiB over 24 s
     rng = random.Random(37)
     log_so_far, ended, killed = 0, [], []
     for _ in range(100):

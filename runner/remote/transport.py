@@ -95,7 +95,7 @@ class Stream:
             if self.proc.poll() is None:
                 self.proc.kill()
             self.proc.wait()
-            stderr = self.proc.stderr.read()
+            stderr = _read_ready(self.proc.stderr.fileno())
             for pipe in (self.proc.stdout, self.proc.stderr):
                 pipe.close()
             self._closed = (self.proc.returncode, bytes(self._buffer), stderr)
@@ -120,6 +120,19 @@ class Stream:
         self._eof = not chunk
         self._buffer += chunk
         return bool(chunk)
+
+
+def _read_ready(fd: int) -> bytes:
+    """What a pipe holds now, without waiting for its end: an ssh ControlMaster may hold the write end for as
+    long as the remote session lasts."""
+    os.set_blocking(fd, False)
+    chunks = []
+    try:
+        while chunk := os.read(fd, 1 << 16):
+            chunks.append(chunk)
+    except BlockingIOError:
+        pass
+    return b"".join(chunks)
 
 
 class LocalTransport:
