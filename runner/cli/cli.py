@@ -14,15 +14,15 @@ import click
 from remote_payload.contract import is_terminal
 from remote_payload.sweep import label as variant_label
 
-from ..commands import controller
 from ..deadline import DEFAULT_MAX_WAIT_S, ROUND_TRIP_ALLOWANCE_S, Deadline
 from ..errors import (CODE_ABORTED, CODE_USAGE, EXIT_ABORTED, EXIT_FAILED, EXIT_OK, EXIT_USAGE, RunnerError,
                       SpecError, exit_code)
-from ..fleet import targets
 from ..printable import printable
 from ..state.store import Store
-from . import fleet_cli  # neither imports pydantic: a one-host tail stays light
 from .cli_echo import emit_json as _emit_json, progress as _progress, say as _say
+
+# Each command imports what it runs (the controller, fleets, the host protocol) when it runs: `runner list`
+# reads the local index and needs none of them.
 
 DEFAULT_MAX_WAIT = DEFAULT_MAX_WAIT_S
 
@@ -73,6 +73,9 @@ def cli() -> None:
               help="A fleet: at most N host calls at once (default: the spec's rollout.forks, 16).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 def submit(job_file, overrides, queue, queue_timeout, job_id, dry_run, follow, max_wait, forks, as_json) -> None:
+    from ..commands import controller
+    from . import fleet_cli
+
     if queue_timeout is not None:
         overrides, queue = (*overrides, "limits.queue_timeout=" + queue_timeout), True
     deadline, store = Deadline.for_command(max_wait), Store()
@@ -154,6 +157,8 @@ call prints the log from its first byte (repeats, never a gap).
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document (output decoded as UTF-8, lossy).")
 def tail(job_id: str, follow: bool, max_wait: float, from_start: bool, as_json: bool) -> None:
     if _is_run(job_id):
+        from . import fleet_cli
+
         if as_json:
             raise SpecError("tail --json takes one job id; for a run, tail one of its jobs (RUN.N) or drop --json")
         sys.exit(fleet_cli.tail(job_id, follow=follow, max_wait=max_wait, from_start=from_start))
@@ -161,6 +166,8 @@ def tail(job_id: str, follow: bool, max_wait: float, from_start: bool, as_json: 
 
 
 def _tail_and_exit(job_id: str, *, follow: bool, max_wait: float, from_start: bool, as_json: bool) -> None:
+    from ..commands import controller
+
     sink = _Capture() if as_json else sys.stdout.buffer
 
     def delivered(outcome: controller.TailOutcome) -> None:
@@ -201,6 +208,7 @@ class _Capture:
               help="Seconds to watch before returning 75.")
 @click.option("--plain", is_flag=True, help="Plain lines even on a terminal.")
 def watch(job_id: str, max_wait: float, plain: bool) -> None:
+    from ..commands import controller
     from .watch import LivePanel, plain_sink
 
     def follow(sink):
@@ -230,6 +238,9 @@ def watch(job_id: str, max_wait: float, plain: bool) -> None:
               help="Seconds this call may take, plus one round trip (then exit 3).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 def status(job_id: str | None, every: bool, max_wait: float, as_json: bool) -> None:
+    from ..fleet import targets
+    from . import fleet_cli
+
     found = targets.status(job_id, store=Store(), deadline=Deadline.for_command(max_wait), every=every)
     if found.of_run:
         sys.exit(fleet_cli.status(found, as_json=as_json))
@@ -388,6 +399,9 @@ def list_jobs(every: bool, as_json: bool) -> None:
               help="Seconds this call may take, plus one round trip (then exit 3).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 def cancel(job_id: str, max_wait: float, as_json: bool) -> None:
+    from ..fleet import targets
+    from . import fleet_cli
+
     found = targets.cancel(job_id, store=Store(), deadline=Deadline.for_command(max_wait))
     if found.of_run:
         sys.exit(fleet_cli.cancel(found, as_json=as_json))
@@ -428,6 +442,8 @@ def schema() -> None:
               help="Seconds to wait for healthy before returning 75 (the start goes on).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 def restore_service(job_file, address, user, port, unit, scope, sudo, health_url, host_key_policy, max_wait, as_json) -> None:
+    from ..commands import controller
+
     host, service = _restore_target(job_file, address, user, port, unit, scope, sudo, health_url, host_key_policy)
     answer = controller.restore_service(host, service, max_wait=max_wait)
     if as_json:
@@ -440,6 +456,8 @@ def restore_service(job_file, address, user, port, unit, scope, sudo, health_url
 
 
 def _restore_target(job_file, address, user, port, unit, scope, sudo, health_url, host_key_policy):
+    from ..commands import controller
+
     return controller.restore_target(job_file, address=address, user=user, port=port, unit=unit, scope=scope,
                                      sudo=sudo, health_url=health_url, host_key_policy=host_key_policy)
 
@@ -514,6 +532,7 @@ def _tolerance(_ctx, _param, value: str) -> float:
 def results(job_id, as_json, plot_path, baseline_path, save_path, other, tolerance, fmt, max_wait) -> None:
     from ..commands import ci
     from ..results import gate, gate_report
+    from . import fleet_cli
 
     if _is_run(job_id) and not (baseline_path or save_path or other):
         sys.exit(fleet_cli.results(job_id, as_json=as_json, plot_path=plot_path))
@@ -611,6 +630,7 @@ def history(host, metric, plot_path, imports, as_json) -> None:
 def wait(job_id: str, timeout: str, as_json: bool) -> None:
     from ..commands import ci
     from ..spec.spec_fields import parse_duration
+    from . import fleet_cli
 
     try:
         seconds = parse_duration(timeout)
