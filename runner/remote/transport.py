@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import base64
 import errno
+import fcntl
 import hashlib
 import os
 import select
@@ -74,6 +75,7 @@ class Stream:
         self._eof = False
         self._closed: tuple[int, bytes, bytes] | None = None
         proc.stdin.close()
+        _widen_pipe(proc.stdout.fileno())
 
     def readline(self, limit: int) -> bytes:
         """The next line with its newline, or what is left at the end of the output; more than `limit` bytes
@@ -120,6 +122,14 @@ class Stream:
         self._eof = not chunk
         self._buffer += chunk
         return bool(chunk)
+
+
+def _widen_pipe(fd: int) -> None:
+    """A pipe of a megabyte where Linux allows it (64 KiB by default): a log streams in fewer, larger reads."""
+    try:
+        fcntl.fcntl(fd, getattr(fcntl, "F_SETPIPE_SZ", 1031), 1 << 20)
+    except OSError:
+        pass
 
 
 def _read_ready(fd: int) -> bytes:
