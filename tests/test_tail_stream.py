@@ -17,7 +17,7 @@ from remote_payload.contract import is_terminal
 from runner.commands import controller
 from runner.remote.host import HostClient
 from runner.state.store import Store
-from tests.cli_helpers import REPO, Target, job_dir, python_payload, run_cli, submit, write_job
+from tests.cli_helpers import REPO, Target, job_dir, python_payload, run_cli, submit, wait_for, write_job
 from tests.hosts._proc import shared_tmpdir
 
 # BLOCKS blocks of KIB KiB of bytes of every value (not UTF-8), one each 0.1 s: 1024 KiB is about 10 MB/s.
@@ -138,3 +138,15 @@ def test_two_streaming_tails_share_a_fast_log_each_byte_once(user_target):
     log = output_log(user_target, job_id)
     assert sum(len(out) for _c, out in calls) == len(log) == 30 << 20
     assert tile_the_log(log, [out for _c, out in calls])
+
+
+def test_a_streaming_tail_uploads_the_supervisor_the_host_lacks(user_target):
+    """The host answers `payload-missing` (exit 42) to the stream's first line: the bundle is uploaded and the
+    stream opened again, whatever the moment ssh's exit status arrives."""
+    work = shared_tmpdir("runner-work-stream-")
+    job_id = submit(user_target, write_job(work / "job.yaml", user_target, command=["echo", "hello"]))
+    wait_for(lambda: job_ended(user_target, job_id), what="the job's end")
+    for _ in range(3):
+        subprocess.run(["rm", "-rf", str(user_target.root / "payload")], check=True)
+        done = run_cli(user_target, "tail", job_id, "--from-start")
+        assert (done.returncode, done.stdout) == (0, b"hello\n"), done.stderr.decode()

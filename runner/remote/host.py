@@ -271,7 +271,7 @@ class HostClient:
                 line = stream.readline(MAX_FRAME_HEADER)
                 answer = answers.parse_line(line, "logs")
                 if answer is None or not answer.get("ok"):
-                    done = stream.close()
+                    done = stream.finish()  # its exit code: 42 when a bundle is missing
                     if done.exit_code == EXIT_PAYLOAD_MISSING and not uploaded:
                         self.upload()
                         stream, uploaded = self._open_stream("logs", args), True

@@ -91,8 +91,16 @@ class Stream:
             pass
         return self._take(min(size, len(self._buffer)))
 
+    def finish(self) -> Completed:
+        """The command's end once it exits by itself (its exit code, its stderr), never past the deadline."""
+        try:
+            self.proc.wait(timeout=time_left(self.deadline, self.name))
+        except (subprocess.TimeoutExpired, TransportError):
+            self._timed_out()
+        return self.close()
+
     def close(self) -> Completed:
-        """The command's end (the same answer when called again)."""
+        """The command's end, killed when still running (the same answer when called again)."""
         if self._closed is None:
             if self.proc.poll() is None:
                 self.proc.kill()
