@@ -437,7 +437,8 @@ def tail(job_id: str, *, store: Store, out: BinaryIO, follow: bool, max_wait: fl
                 raise
             raise log_shrank(record, exc.answer.get("size"), store) from None
         delivered(outcome)
-        store.advance_cursor(job_id, outcome.offset, outcome.state)
+        if (outcome.offset, outcome.state) != (record.cursor, record.last_state):  # else there is nothing to save
+            store.advance_cursor(job_id, outcome.offset, outcome.state)
         return outcome
 
 
