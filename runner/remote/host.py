@@ -252,7 +252,8 @@ class HostClient:
         args = ["--job-id", job_id, "--offset", str(offset), "--max", str(max_bytes), "--wait", f"{wait:.2f}"]
         return answers.logs(self.call("logs", args), offset, max_bytes)
 
-    def log_stream(self, job_id: str, offset: int, *, frame_bytes: int, wait: float, follow: bool) -> Iterator[dict]:
+    def log_stream(self, job_id: str, offset: int, *, frame_bytes: int, wait: float,
+                   follow: bool) -> Iterator[dict] | None:
         """Wire `logs --stream`, on a transport that streams (else None): one call that sends the log from
         `offset` as it grows, for up to `wait` seconds (with `follow`, until the job ended and every byte went;
         else until caught up), in frames of at most `frame_bytes`. Yields each frame checked, its bytes in
