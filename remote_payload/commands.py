@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import fcntl
 import json
 import os
 import select
@@ -255,12 +256,24 @@ def payload_progress(paths: JobPaths, status: dict):
 
 def cmd_status(args) -> dict:
     jobs_root = os.path.join(args.root, "jobs")
-    ids = args.job_id or (sorted(os.listdir(jobs_root)) if os.path.isdir(jobs_root) else [])
+    named = args.job_id + (read_job_ids_stdin() if args.ids_on_stdin else [])
+    ids = named or (sorted(os.listdir(jobs_root)) if os.path.isdir(jobs_root) else [])
     jobs = []
     for job_id in ids:
         paths = JobPaths(args.root, check_job_id(job_id))
         jobs.append(status_entry(paths) if os.path.isdir(paths.dir) else {"job_id": job_id, "state": "UNKNOWN"})
     return {"ok": True, "jobs": jobs}
+
+
+def read_job_ids_stdin() -> list:
+    """`status --ids-on-stdin`: a JSON list of job ids (a list of any length never goes through argv)."""
+    try:
+        ids = json.loads(sys.stdin.buffer.read().decode("utf-8"))
+    except ValueError as exc:
+        raise Fail("bad-args", "stdin is not a JSON list of job ids: %s" % exc)
+    if not isinstance(ids, list) or not all(isinstance(job_id, str) for job_id in ids):
+        raise Fail("bad-args", "stdin is not a JSON list of job ids")
+    return ids
 
 
 def read_log_chunk(path: str, offset: int, limit: int) -> tuple:
@@ -277,15 +290,12 @@ def cmd_logs(args) -> dict:
     paths = job_paths(args)
     if args.offset < 0 or args.max <= 0:
         raise Fail("bad-args", "--offset must be >= 0 and --max > 0")
+    if args.stream:
+        return stream_log(paths, args)
     deadline = time.monotonic() + max(0.0, args.wait)
     while True:
         status = reap_if_dead(paths)  # read the state first: a terminal state then covers every byte read below
-        limit = min(args.max, LOG_MAX_BYTES)  # a Slurm job array's log: its variants' logs in turn (slurm/array.py)
-        data, size = (is_slurm_job(paths) and slurm_launch().log_chunk(paths, args.offset, limit)) or \
-            read_log_chunk(paths.output, args.offset, limit)
-        if args.offset > size:
-            raise Fail("bad-offset", "offset %d is past the end of the log (%d bytes)" % (args.offset, size),
-                       size=size)
+        data, size = log_chunk(paths, args.offset, min(args.max, LOG_MAX_BYTES))
         terminal = status["state"] in TERMINAL
         if data or terminal or time.monotonic() >= deadline:
             return {"ok": True, "offset": args.offset, "next_offset": args.offset + len(data), "size": size,
@@ -293,6 +303,51 @@ def cmd_logs(args) -> dict:
                     "terminal": terminal, "exit_code": status.get("exit_code"),
                     "message": status.get("message") if terminal else None}
         time.sleep(POLL_S)
+
+
+def log_chunk(paths: JobPaths, offset: int, limit: int) -> tuple:
+    """Up to `limit` bytes of the job's log from `offset`, and the log's size; an offset past it is bad-offset.
+    A Slurm job array's log is its variants' logs in turn (slurm/array.py)."""
+    data, size = (is_slurm_job(paths) and slurm_launch().log_chunk(paths, offset, limit)) or \
+        read_log_chunk(paths.output, offset, limit)
+    if offset > size:
+        raise Fail("bad-offset", "offset %d is past the end of the log (%d bytes)" % (offset, size), size=size)
+    return data, size
+
+
+def widen_pipe(fd: int) -> None:
+    """Our stdout a pipe of a megabyte where it is a pipe and Linux allows it: fewer, larger writes to sshd."""
+    try:
+        fcntl.fcntl(fd, getattr(fcntl, "F_SETPIPE_SZ", 1031), 1 << 20)
+    except OSError:
+        pass
+
+
+def stream_log(paths: JobPaths, args) -> dict:
+    """`logs --stream`: the log from --offset as it grows, on this one call, for up to --wait seconds (with
+    --follow until the job ended and every byte went, else until caught up). Each chunk is a frame: a JSON
+    header line (`data_len`, `next_offset`, the state read before the bytes), then its raw bytes. The answer
+    line is the last frame, with no bytes."""
+    deadline, offset = time.monotonic() + max(0.0, args.wait), args.offset
+    out = sys.stdout.buffer
+    widen_pipe(out.fileno())
+    while True:
+        status = reap_if_dead(paths)  # read the state first: a terminal state then covers every byte read below
+        data, size = log_chunk(paths, offset, min(args.max, LOG_MAX_BYTES))
+        frame = {"ok": True, "offset": offset, "next_offset": offset + len(data), "size": size,
+                 "state": status["state"], "terminal": status["state"] in TERMINAL,
+                 "exit_code": status.get("exit_code"), "data_len": len(data), "last": False}
+        if data:
+            out.write(json.dumps(frame).encode() + b"\n")
+            out.write(data)
+            out.flush()
+            offset += len(data)
+        caught_up = offset >= size
+        if (caught_up and (frame["terminal"] or not args.follow)) or time.monotonic() >= deadline:
+            return dict(frame, offset=offset, next_offset=offset, data_len=0, last=True,
+                        message=status.get("message") if frame["terminal"] else None)
+        if caught_up:
+            time.sleep(POLL_S)
 
 
 def cmd_cancel(args) -> dict:
@@ -521,6 +576,7 @@ def build_parser(sub: str) -> ArgParser:
     parser.add_argument("--root", required=True)
     if sub == "status":
         parser.add_argument("--job-id", action="append", default=[])
+        parser.add_argument("--ids-on-stdin", action="store_true")
     elif sub == "preflight":
         parser.add_argument("--job-id")
     elif sub not in ("restore-service", "gc"):
@@ -531,7 +587,8 @@ def build_parser(sub: str) -> ArgParser:
         "_run": [("--queue", dict(action="store_true")), ("--ready-fd", dict(type=int)), ("--ready-fifo", dict())],
         "_guard": [("--life-fd", dict(type=int, required=True))],
         "logs": [("--offset", dict(type=int, required=True)), ("--max", dict(type=int, default=1 << 20)),
-                 ("--wait", dict(type=float, default=0.0))],
+                 ("--wait", dict(type=float, default=0.0)), ("--stream", dict(action="store_true")),
+                 ("--follow", dict(action="store_true"))],
         "restore-service": [("--unit", dict(required=True)), ("--scope", dict(choices=SERVICE_SCOPES,
                             default=DEFAULTS["service.scope"])), ("--sudo", dict(action="store_true")),
                             ("--health-url", dict(default=None)), ("--max-wait", dict(type=float, default=50.0))],

@@ -385,8 +385,8 @@ def test_controller_sigkill_mid_tail_gives_that_calls_bytes_again(netns_host, wo
         follower = cli_process(target, "tail", job_id, "-f", "--max-wait", "30", stdout=sink)
     try:
         wait_for(lambda: printed.read_bytes() == b"working\n", timeout=30, what="first part printed")
-        polling = "logs --job-id %s --offset %d --max" % (job_id, len(b"working\n"))  # the call after it
-        wait_for(lambda: host_process(netns_host, polling), timeout=30, what="its next long poll on the host")
+        polling = "logs --job-id %s --offset 0 --max" % job_id  # the streaming call: still on the host after it
+        wait_for(lambda: host_process(netns_host, polling), timeout=30, what="its call still waiting on the host")
     finally:
         follower.kill()
         follower.communicate()

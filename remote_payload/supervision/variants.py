@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import time
 
@@ -110,6 +111,25 @@ class Run:
         self.ended = None  # when it exited or was told to stop
         self.reason = None  # why it was stopped: its bound, a cancel or a signal
         self.term_at = self.kill_at = None
+        self.exit_fd = exit_fd(proc.pid)
+
+
+def exit_fd(pid: int):
+    """A pidfd of the process, readable once it exits, so its end is seen when it happens (not at the next
+    poll); None where the kernel or Python has none (then the poll's clock sees it)."""
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return None
+
+
+def wait_for_an_exit(running: dict, seconds: float) -> None:
+    """Up to `seconds`, less when a running variant's process exits first."""
+    fds = [run.exit_fd for run in running.values() if run.ended is None and run.exit_fd is not None]
+    if fds:
+        select.select(fds, [], [], seconds)
+    else:
+        time.sleep(seconds)
 
 
 def start_variant(job: Job, index: int, of: int, variant: dict, slot: int, devices: list, window: tuple,
@@ -173,7 +193,7 @@ def wait_for_ends(job: Job, flags: Flags, running: dict, more: bool = False) -> 
         gone = [run for run in running.values() if run.ended is not None and stop_step(job, run, now)]
         if gone:
             return gone, interrupt
-        time.sleep(POLL_S)
+        wait_for_an_exit(running, POLL_S)  # the clock still serves the bounds, the stops and a cancel
 
 
 def stop_step(job: Job, run: Run, now: float) -> bool:
@@ -207,6 +227,8 @@ def signal_group(pgid: int, sig) -> bool:
 def end_variant(job: Job, of: int, run: Run) -> dict:
     """A stopped run's exit recorded and announced; its record."""
     returncode = run.proc.poll()
+    if run.exit_fd is not None:
+        os.close(run.exit_fd)
     where = {} if plain(job) else {"variant": run.index}
     if returncode is None:  # SIGKILLed and still there (stuck in the driver): abandoned, not awaited
         job.event("payload-exit", abandoned=True, pid=run.proc.pid, **where)

@@ -14,16 +14,15 @@ import click
 from remote_payload.contract import is_terminal
 from remote_payload.sweep import label as variant_label
 
-from ..commands import controller
 from ..deadline import DEFAULT_MAX_WAIT_S, ROUND_TRIP_ALLOWANCE_S, Deadline
 from ..errors import (CODE_ABORTED, CODE_USAGE, EXIT_ABORTED, EXIT_FAILED, EXIT_OK, EXIT_USAGE, RunnerError,
                       SpecError, exit_code)
-from ..fleet import targets
-from ..fleet.fleet_view import service_states
 from ..printable import printable
 from ..state.store import Store
-from . import fleet_cli  # neither imports pydantic: a one-host tail stays light
 from .cli_echo import emit_json as _emit_json, progress as _progress, say as _say
+
+# Each command imports what it runs (the controller, fleets, the host protocol) when it runs: `runner list`
+# reads the local index and needs none of them.
 
 DEFAULT_MAX_WAIT = DEFAULT_MAX_WAIT_S
 WATCH_UNTIL_END = 86400.0  # `runner watch` on a terminal: until the job ends (a day at most)
@@ -75,6 +74,9 @@ def cli() -> None:
               help="A fleet: at most N host calls at once (default: the spec's rollout.forks, 16).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 def submit(job_file, overrides, queue, queue_timeout, job_id, dry_run, follow, max_wait, forks, as_json) -> None:
+    from ..commands import controller
+    from . import fleet_cli
+
     if queue_timeout is not None:
         overrides, queue = (*overrides, "limits.queue_timeout=" + queue_timeout), True
     deadline, store = Deadline.for_command(max_wait), Store()
@@ -158,6 +160,8 @@ call prints the log from its first byte (repeats, never a gap).
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document (output decoded as UTF-8, lossy).")
 def tail(job_id: str, follow: bool, max_wait: float, from_start: bool, as_json: bool) -> None:
     if _is_run(job_id):
+        from . import fleet_cli
+
         if as_json:
             raise SpecError("tail --json takes one job id; for a run, tail one of its jobs (RUN.N) or drop --json")
         sys.exit(fleet_cli.tail(job_id, follow=follow, max_wait=max_wait, from_start=from_start))
@@ -165,6 +169,8 @@ def tail(job_id: str, follow: bool, max_wait: float, from_start: bool, as_json: 
 
 
 def _tail_and_exit(job_id: str, *, follow: bool, max_wait: float, from_start: bool, as_json: bool) -> None:
+    from ..commands import controller
+
     sink = _Capture() if as_json else sys.stdout.buffer
 
     def delivered(outcome: controller.TailOutcome) -> None:
@@ -206,6 +212,7 @@ class _Capture:
                    f"{DEFAULT_MAX_WAIT:g}].")
 @click.option("--plain", is_flag=True, help="Plain lines even on a terminal.")
 def watch(job_id: str, max_wait: float | None, plain: bool) -> None:
+    from ..commands import controller
     from .watch import LivePanel, plain_sink
 
     max_wait = watch_bound(max_wait, on_terminal=sys.stdout.isatty())
@@ -237,15 +244,21 @@ def watch_bound(max_wait: float | None, *, on_terminal: bool) -> float:
     return WATCH_UNTIL_END if on_terminal else DEFAULT_MAX_WAIT
 
 
-@cli.command(help="State, phase, progress, service and downtime of one job (or every job this controller knows). "
+@cli.command(help="State, phase, progress, service and downtime of one job (or, with no id, of the 50 newest jobs "
+                  "this controller knows and every one not yet ended; --all: every job). "
                   "Exit: like tail for one job; for all, the worst wins (1 > 3 > 75 > 0: a host that cannot be "
                   "asked is its jobs' lines and 3, the others still shown). 2 unknown id · 3.")
 @click.argument("job_id", required=False)
+@click.option("--all", "every", is_flag=True, help="With no id: every job this controller knows, not only the "
+              "50 newest and those not yet ended.")
 @click.option("--max-wait", type=click.FloatRange(0, 3600), default=DEFAULT_MAX_WAIT, show_default=True,
               help="Seconds this call may take, plus one round trip (then exit 3).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
-def status(job_id: str | None, max_wait: float, as_json: bool) -> None:
-    found = targets.status(job_id, store=Store(), deadline=Deadline.for_command(max_wait))
+def status(job_id: str | None, every: bool, max_wait: float, as_json: bool) -> None:
+    from ..fleet import targets
+    from . import fleet_cli
+
+    found = targets.status(job_id, store=Store(), deadline=Deadline.for_command(max_wait), every=every)
     if found.of_run:
         sys.exit(fleet_cli.status(found, as_json=as_json))
     if as_json:
@@ -266,6 +279,8 @@ def _is_run(ref: str) -> bool:
 
 
 def _status_text(job: dict) -> str:
+    from ..fleet.fleet_view import service_states
+
     if job.get("error"):  # its host was not asked: unreachable, a refused key or login
         return f"{job.get('job_id')}: last known {job.get('state')} ({job.get('message')})"
     head = f"{job.get('job_id')}: {job.get('state')}" + (f" ({job['phase']})" if job.get("phase") else "")
@@ -418,12 +433,16 @@ def _duration(seconds: float) -> str:
     return f"{seconds:.1f} s" if seconds < 120 else f"{int(seconds // 60)} min {int(seconds % 60)} s"
 
 
-@cli.command(name="list", help="Jobs this controller knows (local index, no network; states as last seen).")
+@cli.command(name="list", help="Jobs this controller knows (local index, no network; states as last seen): the 50 "
+                               "newest and every one not yet ended; --all: every job.")
+@click.option("--all", "every", is_flag=True, help="Every job this controller knows, oldest first.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
-def list_jobs(as_json: bool) -> None:
-    records, skipped = Store().scan()
+def list_jobs(every: bool, as_json: bool) -> None:
+    records, skipped, older = (*Store().scan(), 0) if every else Store().recent()
     for problem in skipped:
         _progress(f"runner: skipped: {problem}")
+    if older:
+        _progress(f"runner: {older} older ended jobs not shown (`runner list --all`)")
     if as_json:
         _emit_json([asdict(r) for r in records])
         return
@@ -443,6 +462,9 @@ def list_jobs(as_json: bool) -> None:
               help="Seconds this call may take, plus one round trip (then exit 3).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 def cancel(job_id: str, max_wait: float, as_json: bool) -> None:
+    from ..fleet import targets
+    from . import fleet_cli
+
     found = targets.cancel(job_id, store=Store(), deadline=Deadline.for_command(max_wait))
     if found.of_run:
         sys.exit(fleet_cli.cancel(found, as_json=as_json))
@@ -486,6 +508,8 @@ def schema() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 def restore_service(job_file, overrides, address, user, port, unit, scope, sudo, health_url, host_key_policy,
                     max_wait, as_json) -> None:
+    from ..commands import controller
+
     host, service = controller.restore_target(job_file, address=address, unit=unit, overrides=overrides, user=user,
                                               port=port, scope=scope, sudo=sudo, health_url=health_url,
                                               host_key_policy=host_key_policy)
@@ -513,6 +537,8 @@ def restore_service(job_file, overrides, address, user, port, unit, scope, sudo,
               help="Seconds this call may take, plus one round trip (then exit 3).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 def gc(host_or_job, keep_jobs, keep_days, dry_run, max_wait, as_json) -> None:
+    from ..commands import controller
+
     answer = controller.gc(host_or_job, keep_jobs=keep_jobs, keep_days=keep_days, dry_run=dry_run,
                            deadline=Deadline.for_command(max_wait))
     if as_json:
@@ -603,6 +629,7 @@ def _tolerance(_ctx, _param, value: str) -> float:
 def results(job_id, as_json, plot_path, baseline_path, save_path, other, tolerance, fmt, max_wait) -> None:
     from ..commands import ci
     from ..results import gate, gate_report
+    from . import fleet_cli
 
     if _is_run(job_id) and not (baseline_path or save_path or other):
         sys.exit(fleet_cli.results(job_id, as_json=as_json, plot_path=plot_path,
@@ -704,6 +731,7 @@ def history(host, metric, plot_path, imports, as_json) -> None:
 def wait(job_id: str, timeout: str, as_json: bool) -> None:
     from ..commands import ci
     from ..spec.spec_fields import parse_duration
+    from . import fleet_cli
 
     try:
         seconds = parse_duration(timeout)

@@ -12,9 +12,11 @@ from ..state.store import Store
 from . import controller
 
 
-def job_statuses(job_id: str | None, *, store: Store, deadline: Deadline) -> list[dict]:
-    """One job's status, or every known job's; a job its host does not know is an unknown job (exit 2)."""
-    jobs = controller.status([job_id] if job_id else [], store=store, deadline=deadline)
+def job_statuses(job_id: str | None, *, store: Store, deadline: Deadline,
+                 every: bool = False) -> list[dict]:
+    """One job's status, or the recent and unfinished jobs' (every known job's with `every`); a job its host
+    does not know is an unknown job (exit 2)."""
+    jobs = controller.status([job_id] if job_id else [], store=store, deadline=deadline, every=every)
     if job_id and jobs and jobs[0].get("state") == "UNKNOWN":
         raise UnknownJob(f"job {job_id} is not on its host (it was never started there, or its directory was removed)")
     return jobs

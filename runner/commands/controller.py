@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import shlex
 import time
-from contextlib import contextmanager, suppress
+from contextlib import closing, contextmanager, suppress
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -477,7 +477,8 @@ def tail(job_id: str, *, store: Store, out: BinaryIO, follow: bool, max_wait: fl
                 raise
             raise log_shrank(record, exc.answer.get("size"), store) from None
         delivered(outcome)
-        store.advance_cursor(job_id, outcome.offset, outcome.state)
+        if (outcome.offset, outcome.state) != (record.cursor, record.last_state):  # else there is nothing to save
+            store.advance_cursor(job_id, outcome.offset, outcome.state)
         return outcome
 
 
@@ -493,40 +494,59 @@ def log_shrank(record: JobRecord, size: int | None, store: Store) -> LogShrank:
 
 
 def _print_log(record: JobRecord, cursor: int, out: BinaryIO, follow: bool, waiting: Deadline) -> TailOutcome:
-    """Chunks from `cursor`, each written and flushed to `out` as it comes; the outcome's offset is past the
-    last byte flushed."""
+    """The log from `cursor`, each chunk written and flushed to `out` as it comes; the outcome's offset is past
+    the last byte flushed."""
     job_id, printed = record.job_id, 0
-    state, code = record.last_state, None
-    with connect(record.host, deadline=Deadline.for_command(waiting.left())) as client:
-        while True:
-            wait = max(0.0, min(LONG_POLL_S, waiting.left() - 0.2)) if follow else 0.0
-            try:
-                answer = client.logs(job_id, cursor, max_bytes=LOG_CHUNK, wait=wait)
-            except RunnerError:
-                if not printed:
-                    raise
-                # What this call printed is delivered: report "call again" so the caller (a --json caller
-                # too) gets those bytes now and the cursor moves past them; the next call meets the error.
-                return TailOutcome(job_id, state, None, False, cursor, printed)
-            data = answer["data"]
-            if data:
-                out.write(data)
-                out.flush()
-                printed += len(data)
-            cursor = answer["next_offset"]
-            state, code = answer["state"], answer.get("exit_code")
-            caught_up = cursor >= answer["size"]
-            if answer["terminal"] and caught_up:
-                return TailOutcome(job_id, state, code, True, cursor, printed)
-            # A backlog is drained chunk by chunk, but never past max_wait: the rest comes with the next call.
-            if (caught_up and not follow) or waiting.left() <= 0.25:
-                return TailOutcome(job_id, state, code, False, cursor, printed)
+    state, code, terminal = record.last_state, None, False
+    with connect(record.host, deadline=Deadline.for_command(waiting.left())) as client, \
+            closing(_log_chunks(client, job_id, cursor, follow, waiting)) as chunks:
+        try:
+            for answer in chunks:
+                data = answer["data"]
+                if data:
+                    out.write(data)
+                    out.flush()
+                    printed += len(data)
+                cursor, state, code = answer["next_offset"], answer["state"], answer.get("exit_code")
+                terminal = answer["terminal"] and cursor >= answer["size"]
+        except RunnerError:
+            if not printed:
+                raise
+            # What this call printed is delivered: report "call again" so the caller (a --json caller
+            # too) gets those bytes now and the cursor moves past them; the next call meets the error.
+            return TailOutcome(job_id, state, None, False, cursor, printed)
+    return TailOutcome(job_id, state, code, terminal, cursor, printed)
+
+
+def _log_chunks(client: HostClient, job_id: str, cursor: int, follow: bool, waiting: Deadline) -> Iterator[dict]:
+    """The log's chunks from `cursor` until the call may end: streamed on one host call for as long as
+    max_wait allows, where the transport streams; else a `logs` call per chunk. Either way a backlog is drained
+    never past max_wait: the rest comes with the next call."""
+    stream = getattr(client, "log_stream", None)  # a test's scripted host answers `logs` only
+    streamed = stream(job_id, cursor, frame_bytes=LOG_CHUNK, wait=max(0.0, waiting.left() - 0.2),
+                      follow=follow) if stream is not None else None
+    if streamed is not None:
+        yield from streamed
+        return
+    while True:
+        wait = max(0.0, min(LONG_POLL_S, waiting.left() - 0.2)) if follow else 0.0
+        answer = client.logs(job_id, cursor, max_bytes=LOG_CHUNK, wait=wait)
+        yield answer
+        cursor = answer["next_offset"]
+        caught_up = cursor >= answer["size"]
+        if (answer["terminal"] and caught_up) or (caught_up and not follow) or waiting.left() <= 0.25:
+            return
 
 
 # -- status, list, cancel, results, restore ---------------------------------------------------------------
 
-def status(job_ids: list[str], *, store: Store, deadline: Deadline) -> list[dict]:
-    records = [store.load(check_job_id(j)) for j in job_ids] if job_ids else store.all()
+def status(job_ids: list[str], *, store: Store, deadline: Deadline, every: bool = False) -> list[dict]:
+    """The jobs named, else the recent ones and those not yet ended (Store.recent), or with `every` all the
+    jobs this controller knows; one host call per host (its ids on stdin, HostClient.status)."""
+    if job_ids:
+        records = [store.load(check_job_id(j)) for j in job_ids]
+    else:
+        records = store.all() if every else store.recent()[0]
     by_host: dict[tuple, list[JobRecord]] = {}
     answers = []
     for record in records:

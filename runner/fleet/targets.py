@@ -41,14 +41,14 @@ def submit_fleet(plan: Plan, *, run_id: str | None, queue: bool, store: Store, m
                                     max_wait=max_wait, progress=progress, forks=forks, planned=plan))
 
 
-def status(ref: str | None, *, store: Store, deadline: Deadline) -> Outcome:
+def status(ref: str | None, *, store: Store, deadline: Deadline, every: bool = False) -> Outcome:
     """A run's hosts (each its phase and its job's live status; the worst exit wins), or one job's status, or
-    every known job's."""
+    the recent and unfinished jobs' (every known job's with `every`)."""
     if ref and is_run(ref, store):
         run, rows = fleet_view.status(ref, store=store, deadline=deadline)
         return Outcome({"run_id": run.run_id, "state": run.state, "max_unavailable": run.max_unavailable,
                         "hosts": rows}, worst(row["exit"] for row in rows), True, run, rows)
-    jobs = app.job_statuses(ref, store=store, deadline=deadline)
+    jobs = app.job_statuses(ref, store=store, deadline=deadline, every=every)
     return Outcome(jobs[0] if ref else jobs, worst(app.job_exit(job) for job in jobs), detail=jobs)
 
 

@@ -216,6 +216,9 @@ STATUS = _record({"jobs": _list_of(STATUS_ENTRY)}, required=("jobs",))
 LOGS = _record({"offset": COUNT, "next_offset": COUNT, "size": COUNT, "data_b64": TEXT, "state": STATE,
                 "terminal": BOOL, "exit_code": OPT_INT},
                required=("offset", "next_offset", "size", "data_b64", "state", "terminal"))
+LOG_FRAME = _record({"offset": COUNT, "next_offset": COUNT, "size": COUNT, "data_len": COUNT, "state": STATE,
+                     "terminal": BOOL, "exit_code": OPT_INT, "last": BOOL},
+                    required=("offset", "next_offset", "size", "data_len", "state", "terminal", "last"))
 CANCEL = _record({"job_id": OPT_TEXT, "state": STATE, "already": OPT_BOOL}, required=("state",))
 RESTORE = _record({"job_id": OPT_TEXT, "state": STATE, "service": _optional(OBJECT), "already": OPT_BOOL,
                    "deferred": OPT_BOOL, "in_progress": OPT_BOOL, "message": OPT_TEXT}, required=("state",))
@@ -298,6 +301,23 @@ def logs(answer: dict, offset: int, max_bytes: int) -> dict:
         raise _bad("logs", "terminal", "disagrees with state")
     chunk = {key: value for key, value in answer.items() if key != "data_b64"}
     return dict(chunk, data=data)
+
+
+def log_frame(answer: dict, offset: int, max_bytes: int) -> dict:
+    """One frame of `logs --stream`: its header, from `offset`, announcing at most `max_bytes` bytes (none in
+    the last frame) with a `next_offset` that is `offset` plus them and within `size`."""
+    _checked("logs", answer, LOG_FRAME)
+    if answer["offset"] != offset:
+        raise _bad("logs", "offset", f"{offset} asked for, {answer['offset']} answered")
+    if answer["data_len"] > (0 if answer["last"] else max_bytes):
+        raise _bad("logs", "data_len", f"more than the {max_bytes} bytes a frame may hold")
+    if answer["next_offset"] != offset + answer["data_len"]:
+        raise _bad("logs", "next_offset", "not offset plus the bytes sent")
+    if answer["next_offset"] > answer["size"]:
+        raise _bad("logs", "next_offset", "past the log's size")
+    if answer["terminal"] != (answer["state"] in TERMINAL):
+        raise _bad("logs", "terminal", "disagrees with state")
+    return answer
 
 
 def cancel(answer: dict) -> dict:

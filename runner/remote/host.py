@@ -18,7 +18,7 @@ import io
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
 from remote_payload.admission import BUSY_HINT
 from remote_payload.contract import EXIT_PAYLOAD_MISSING
@@ -162,6 +162,9 @@ def payload_dir() -> Path:
     return Path(remote_payload.__file__).parent
 
 
+MAX_FRAME_HEADER = 64 << 10  # a `logs --stream` frame's header line: a few hundred bytes
+STATUS_BATCH = 1000  # job ids per `status` call: its answer (about 1 KB a job) stays far below answers' bound
+
 PAYLOAD_PACKAGES = "payloads"  # remote_payload/payloads/: each payload is bundled apart, per job
 
 
@@ -239,12 +242,62 @@ class HostClient:
         return OpenCall(self, "submit", submit_args(job_id, queue))
 
     def status(self, job_ids: Sequence[str] = ()) -> list[dict]:
-        args = [a for job_id in job_ids for a in ("--job-id", job_id)]
-        return answers.status(self.call("status", args), job_ids)
+        """The jobs named (every job on the host when none is): their ids go on stdin, never in argv (whose
+        strings the kernel bounds), STATUS_BATCH to a call, so that no answer grows past its bound either."""
+        if not job_ids:
+            return answers.status(self.call("status", []), job_ids)
+        found = []
+        for start in range(0, len(job_ids), STATUS_BATCH):
+            batch = list(job_ids[start:start + STATUS_BATCH])
+            found += answers.status(self.call("status", ["--ids-on-stdin"], stdin=_json_bytes(batch)), batch)
+        return found
 
     def logs(self, job_id: str, offset: int, *, max_bytes: int, wait: float) -> dict:
         args = ["--job-id", job_id, "--offset", str(offset), "--max", str(max_bytes), "--wait", f"{wait:.2f}"]
         return answers.logs(self.call("logs", args), offset, max_bytes)
+
+    def log_stream(self, job_id: str, offset: int, *, frame_bytes: int, wait: float,
+                   follow: bool) -> Iterator[dict] | None:
+        """Wire `logs --stream`, on a transport that streams (else None): one call that sends the log from
+        `offset` as it grows, for up to `wait` seconds (with `follow`, until the job ended and every byte went;
+        else until caught up), in frames of at most `frame_bytes`. Yields each frame checked, its bytes in
+        `data`; the last one (`last`: no bytes) carries the state as it was when the call ended. A call that
+        ends without its last frame raises."""
+        if not hasattr(self.transport, "stream"):
+            return None
+        args = ["--job-id", job_id, "--offset", str(offset), "--max", str(frame_bytes), "--wait", f"{wait:.2f}",
+                "--stream"] + (["--follow"] if follow else [])
+        return self._frames(args, offset, frame_bytes)
+
+    def _frames(self, args: list[str], offset: int, frame_bytes: int) -> Iterator[dict]:
+        stream, uploaded = self._open_stream("logs", args), False
+        try:
+            while True:
+                line = stream.readline(MAX_FRAME_HEADER)
+                answer = answers.parse_line(line, "logs")
+                if answer is None or not answer.get("ok"):
+                    done = stream.finish()  # its exit code: 42 when a bundle is missing
+                    if done.exit_code == EXIT_PAYLOAD_MISSING and not uploaded:
+                        self.upload()
+                        stream, uploaded = self._open_stream("logs", args), True
+                        continue
+                    _answer(Completed(done.argv, done.exit_code, line + done.stdout, done.stderr), "logs")
+                frame = answers.log_frame(answer, offset, frame_bytes)
+                frame["data"] = stream.read(frame["data_len"])
+                if len(frame["data"]) < frame["data_len"]:
+                    stream.close()  # ssh's own failure raises here
+                    raise RemoteError("logs: the call ended inside a frame", code="internal")
+                offset = frame["next_offset"]
+                uploaded = True  # the bundle is there: a later payload-missing is the host's answer, not ours
+                yield frame
+                if frame["last"]:
+                    return
+        finally:
+            stream.close()
+
+    def _open_stream(self, sub: str, args: list[str]):
+        self.round_trips += 1
+        return self.transport.stream(self.boot_argv(sub, args), deadline=self.deadline)
 
     def cancel(self, job_id: str) -> dict:
         return answers.cancel(self.call("cancel", ["--job-id", job_id]))

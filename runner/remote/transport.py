@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import base64
 import errno
+import fcntl
 import hashlib
 import os
 import select
@@ -25,7 +26,7 @@ import shlex
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, Sequence
+from typing import Callable, Protocol, Sequence
 
 from ..deadline import Deadline
 from ..errors import AuthFailed, HostKeyError, TransportError
@@ -63,9 +64,111 @@ class Transport(Protocol):
     def close(self) -> None: ...
 
 
+class Stream:
+    """One command's stdout read as it comes (`readline`, `read`), each read bounded by the command's deadline;
+    `close` ends the command (killed when still running) and gives its Completed (stdout: what was left
+    unread). What the transports that can (local, OpenSSH) return from `stream(argv, deadline=)`."""
+
+    READ_BYTES = 1 << 20
+
+    def __init__(self, proc: subprocess.Popen, argv: Sequence[str], deadline: Deadline, name: str,
+                 completed: Callable[[int, bytes, bytes], Completed] | None = None,
+                 timed_out: Callable[[], None] = lambda: None) -> None:
+        self.proc, self.argv, self.deadline, self.name = proc, tuple(argv), deadline, name
+        self._completed = completed or (lambda code, out, err: Completed(self.argv, code, out, err))
+        self._timed_out = timed_out
+        self._buffer = bytearray()
+        self._eof = False
+        self._closed: tuple[int, bytes, bytes] | None = None
+        proc.stdin.close()
+        _widen_pipe(proc.stdout.fileno())
+
+    def readline(self, limit: int) -> bytes:
+        """The next line with its newline, or what is left at the end of the output; more than `limit` bytes
+        without a newline is returned as it is (the caller's checker refuses it)."""
+        while b"\n" not in self._buffer and len(self._buffer) <= limit and self._fill():
+            pass
+        end = self._buffer.find(b"\n")
+        return self._take(end + 1 if 0 <= end < limit else min(limit, len(self._buffer)))
+
+    def read(self, size: int) -> bytes:
+        """`size` bytes, or fewer at the end of the output."""
+        while len(self._buffer) < size and self._fill():
+            pass
+        return self._take(min(size, len(self._buffer)))
+
+    def finish(self) -> Completed:
+        """The command's end once it exits by itself (its exit code, its stderr), never past the deadline."""
+        try:
+            self.proc.wait(timeout=time_left(self.deadline, self.name))
+        except (subprocess.TimeoutExpired, TransportError):
+            self._timed_out()
+        return self.close()
+
+    def close(self) -> Completed:
+        """The command's end, killed when still running (the same answer when called again)."""
+        if self._closed is None:
+            if self.proc.poll() is None:
+                self.proc.kill()
+            self.proc.wait()
+            stderr = _read_ready(self.proc.stderr.fileno())
+            for pipe in (self.proc.stdout, self.proc.stderr):
+                pipe.close()
+            self._closed = (self.proc.returncode, bytes(self._buffer), stderr)
+        return self._completed(*self._closed)
+
+    def _take(self, size: int) -> bytes:
+        taken = bytes(self._buffer[:size])
+        del self._buffer[:size]
+        return taken
+
+    def _fill(self) -> bool:
+        if self._eof:
+            return False
+        fd = self.proc.stdout.fileno()
+        try:
+            while not select.select([fd], [], [], time_left(self.deadline, self.name))[0]:
+                pass
+        except TransportError:
+            self._timed_out()
+            raise
+        chunk = os.read(fd, self.READ_BYTES)
+        self._eof = not chunk
+        self._buffer += chunk
+        return bool(chunk)
+
+
+def _widen_pipe(fd: int) -> None:
+    """A pipe of a megabyte where Linux allows it (64 KiB by default): a log streams in fewer, larger reads."""
+    try:
+        fcntl.fcntl(fd, getattr(fcntl, "F_SETPIPE_SZ", 1031), 1 << 20)
+    except OSError:
+        pass
+
+
+def _read_ready(fd: int) -> bytes:
+    """What a pipe holds now, without waiting for its end: an ssh ControlMaster may hold the write end for as
+    long as the remote session lasts."""
+    os.set_blocking(fd, False)
+    chunks = []
+    try:
+        while chunk := os.read(fd, 1 << 16):
+            chunks.append(chunk)
+    except BlockingIOError:
+        pass
+    return b"".join(chunks)
+
+
 class LocalTransport:
     name = "local"
     reached = True
+
+    def stream(self, argv: Sequence[str], *, deadline: Deadline) -> Stream:
+        try:
+            proc = subprocess.Popen(list(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        except OSError as exc:
+            raise TransportError(f"local: cannot run {argv[0]}: {exc.strerror}") from exc
+        return Stream(proc, argv, deadline, self.name)
 
     def run(self, argv: Sequence[str], *, stdin: bytes = b"", deadline: Deadline) -> Completed:
         timeout = deadline.left()

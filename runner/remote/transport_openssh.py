@@ -31,8 +31,8 @@ from typing import Sequence
 from ..deadline import Deadline
 from ..errors import AuthFailed, HostKeyError, SpecError, TransportError
 from .answers import oversized
-from .transport import (MAX_OUTPUT_BYTES, Completed, ConnectBudget, LocalTransport, SshTarget, SshTransport, keep_tail,
-                        port_decided_by, time_left, user_decided_by)
+from .transport import (MAX_OUTPUT_BYTES, Completed, ConnectBudget, LocalTransport, SshTarget, SshTransport, Stream,
+                        keep_tail, port_decided_by, time_left, user_decided_by)
 
 EXIT_SSH_FAILED = 255
 SERVER_ALIVE_S = 15  # the keepalive interval when the command has time; less when it has less
@@ -70,6 +70,13 @@ class OpenSshTransport:
         except OSError as exc:
             raise TransportError(f"ssh {self.name}: cannot run {self.ssh}: {exc.strerror}") from exc
         return Running(self, tuple(argv), command, proc, deadline)
+
+    def stream(self, argv: Sequence[str], *, deadline: Deadline) -> Stream:
+        """The command started with no input, its stdout read as it comes (transport.Stream); ssh's own
+        failure (exit 255) is raised by `close`, as `run` raises it."""
+        running = self.start(argv, deadline=deadline)
+        return Stream(running.proc, argv, deadline, self.name,
+                      lambda code, out, err: self._completed(running, code, out, err), self._drop_master)
 
     def _completed(self, running: Running, returncode: int, stdout: bytes, stderr_bytes: bytes) -> Completed:
         stderr = stderr_bytes.decode("utf-8", "replace") if returncode == EXIT_SSH_FAILED else ""

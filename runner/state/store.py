@@ -11,6 +11,11 @@ locks/<id>.record), and a write never moves the cursor back (`save` keeps the la
 move back is `rewind_cursor`, after the host's log was found shorter than the cursor. A `tail` call holds
 the job's cursor turn (a flock on locks/<id>.cursor, released by the kernel if the call is killed) from
 reading the cursor to saving it, so two tails of one job take turns and each byte goes to one of them.
+
+The index: `list` and `status` read the recent jobs and the ones not yet ended, never every record. `index`
+holds one line per record made (`JOB_ID SUBMITTED_AT`, appended in creation order), `active/` an empty file
+per record whose last state is not terminal; both follow every write of a record, and a state dir written
+before them is indexed once, from a scan, by the first reader.
 """
 from __future__ import annotations
 
@@ -24,9 +29,12 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Iterator
 
+from remote_payload.contract import is_terminal
+
 from ..errors import LocalStateError, RunnerError, UnknownJob
 
 TURN_POLL_S = 0.05
+RECENT_JOBS = 50  # `list`/`status` without --all: this many of the newest jobs, and every job not yet ended
 
 
 @dataclass
@@ -75,6 +83,7 @@ class Store:
         """Remove a job's record (one the host refused, so never started): best effort, never raises."""
         with suppress(OSError):
             (self.jobs_dir / f"{job_id}.json").unlink(missing_ok=True)
+            (self.root / "active" / job_id).unlink(missing_ok=True)
 
     def load(self, job_id: str) -> JobRecord:
         path = self.jobs_dir / f"{job_id}.json"
@@ -151,6 +160,41 @@ class Store:
                 skipped.append(str(exc))
         return sorted(records, key=lambda r: r.submitted_at), skipped
 
+    def recent(self, count: int = RECENT_JOBS) -> tuple[list[JobRecord], list[str], int]:
+        """The newest `count` records and every one not yet ended (as last seen), oldest first; a line for
+        each one skipped as unreadable; how many older ended ones were left out."""
+        order = self._indexed()
+        wanted = set(order[-count:]) if count > 0 else set()
+        with suppress(FileNotFoundError):
+            wanted.update(os.listdir(self.root / "active"))
+        records, skipped = self._strays(set(order))
+        for job_id in (j for j in order if j in wanted):
+            try:
+                records.append(self.load(job_id))
+            except UnknownJob:
+                pass  # forgotten (a refused submit) after its index line was written
+            except RunnerError as exc:
+                skipped.append(str(exc))
+        return sorted(records, key=lambda r: r.submitted_at), skipped, len(order) - len(wanted & set(order))
+
+    def _strays(self, indexed: set[str]) -> tuple[list[JobRecord], list[str]]:
+        """Records the index does not hold (put there by something other than this store): the readable ones,
+        indexed now, and a line for each unreadable one. A listing of the jobs dir, no record read otherwise."""
+        try:
+            names = {name[:-5] for name in os.listdir(self.jobs_dir) if name.endswith(".json")}
+        except FileNotFoundError:
+            names = set()
+        records, skipped = [], []
+        for job_id in sorted(names - indexed):
+            try:
+                records.append(self.load(job_id))
+            except RunnerError as exc:
+                skipped.append(str(exc))
+        if records:
+            with _local_state(self.root), self._index_lock(), open(self.root / "index", "a") as fh:
+                fh.write("".join(f"{r.job_id} {r.submitted_at!r}\n" for r in records))
+        return records, sorted(skipped)
+
     def all(self) -> list[JobRecord]:
         """Every readable record, oldest first (an unreadable one is skipped: `scan` says which)."""
         return self.scan()[0]
@@ -162,9 +206,51 @@ class Store:
             return 0
 
     def _write(self, record: JobRecord) -> None:
+        """Under the job's record lock: the record, its index line when it is new, its `active/` mark."""
         with _local_state(self.root):
             private_dir(self.jobs_dir)
-            _write_atomic(self.jobs_dir / f"{record.job_id}.json", json.dumps(asdict(record), indent=1))
+            path = self.jobs_dir / f"{record.job_id}.json"
+            new = not path.exists()
+            _write_atomic(path, json.dumps(asdict(record), indent=1))
+            self._mark_active(record)
+            if new:
+                with self._index_lock():
+                    self._build_index_if_missing()
+                    with open(private_file(self.root / "index"), "a") as fh:
+                        fh.write(f"{record.job_id} {record.submitted_at!r}\n")
+
+    def _mark_active(self, record: JobRecord) -> None:
+        mark = self.root / "active" / record.job_id
+        if is_terminal(record.last_state):
+            mark.unlink(missing_ok=True)
+        elif not mark.exists():
+            private_dir(mark.parent)
+            private_file(mark)
+
+    def _indexed(self) -> list[str]:
+        """Every job id the index holds, in creation order, each once."""
+        with _local_state(self.root), self._index_lock():
+            self._build_index_if_missing()
+            with open(self.root / "index", "rb") as fh:
+                lines = fh.read().decode("utf-8", "replace").splitlines()
+        return list(dict.fromkeys(line.split(" ", 1)[0] for line in lines if line))
+
+    def _build_index_if_missing(self) -> None:
+        """A state dir from before the index (or none yet): index its records once, from a full scan. The
+        caller holds the index lock."""
+        if (self.root / "index").exists():
+            return
+        records, _skipped = self.scan()
+        for record in records:
+            self._mark_active(record)
+        private_dir(self.root)
+        _write_atomic(self.root / "index", "".join(f"{r.job_id} {r.submitted_at!r}\n" for r in records))
+
+    @contextmanager
+    def _index_lock(self) -> Iterator[None]:
+        with self._lock_file("index", "lock") as fd:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
 
     @contextmanager
     def _record_lock(self, job_id: str) -> Iterator[None]:

@@ -1,0 +1,69 @@
+"""Shared by the cost benches: a loopback sshd with a non-root login, and commands timed against a baseline in
+turn (A B A B …), the ratio taken pair by pair, so that a machine whose speed drifts (it is shared) moves both.
+
+The baseline is another checkout of runner (`--base DIR`, e.g. `git worktree add /tmp/base e70e18f`): its CLI
+runs as `python -m runner` with that checkout first on PYTHONPATH, the code under test likewise with this one.
+"""
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from tests.hosts._proc import shared_tmpdir  # noqa: E402
+from tests.hosts.sshd import start_sshd  # noqa: E402
+
+
+def user_host():
+    """(the sshd, its non-root login as an SshHost, a ROOT dir that login owns)."""
+    host = start_sshd()
+    login = host.as_user(host.non_root_user)
+    root = shared_tmpdir("runner-bench-root-")
+    subprocess.run(["chown", login.user, str(root)], check=True)
+    return host, login, root
+
+
+def cli(checkout: Path, env: dict, *args: str) -> tuple:
+    """(argv, env, cwd) of `runner ARGS…` from `checkout`, for `timed` and `pairs`."""
+    return [sys.executable, "-m", "runner", *args], {**os.environ, **env, "PYTHONPATH": str(checkout)}, checkout
+
+
+FAILURES: list[dict] = []  # the stderr of each run that exited other than 0 or 75, for the report
+
+
+def timed(argv: list[str], env: dict, cwd: Path, stdout=subprocess.DEVNULL) -> tuple[float, int]:
+    t0 = time.monotonic()
+    done = subprocess.run(argv, env=env, cwd=cwd, stdout=stdout, stderr=subprocess.PIPE)
+    wall = time.monotonic() - t0
+    if done.returncode not in (0, 75):
+        FAILURES.append({"argv": argv[-6:], "exit": done.returncode, "stderr": done.stderr.decode()[-1500:]})
+    return wall, done.returncode
+
+
+def pairs(a: tuple, b: tuple, runs: int, warmup: int = 1) -> dict:
+    """Time A and B in turn, `runs` pairs after `warmup`: each is (argv, env, cwd). Medians, min, max, and
+    the median of the per-pair ratios A/B; each side's exit codes."""
+    for _ in range(warmup):
+        timed(*a)
+        timed(*b)
+    wall_a, wall_b, codes_a, codes_b = [], [], set(), set()
+    for _ in range(runs):
+        s, code = timed(*a)
+        wall_a.append(s)
+        codes_a.add(code)
+        s, code = timed(*b)
+        wall_b.append(s)
+        codes_b.add(code)
+    return {"a_s": summary(wall_a), "b_s": summary(wall_b),
+            "ratio_a_over_b": round(statistics.median(x / y for x, y in zip(wall_a, wall_b)), 3),
+            "a_exits": sorted(codes_a), "b_exits": sorted(codes_b), "load": os.getloadavg()}
+
+
+def summary(values: list[float]) -> dict:
+    return {"median": round(statistics.median(values), 4), "min": round(min(values), 4), "max": round(max(values), 4)}
