@@ -61,8 +61,8 @@ def status(run_id: str, *, store: Store, deadline: Deadline) -> tuple[RunRecord,
     rows = []
     for entry in run.hosts:
         answer, error = answers.get(entry.address), errors.get(entry.address)
-        row: dict[str, object] = {"address": entry.address, "job_id": entry.job_id, "phase": entry.phase, "note": entry.note,
-               "stops_service": entry.stops}
+        row: dict[str, object] = {"address": entry.address, "job_id": entry.job_id, "phase": entry.phase,
+                                  "note": entry.note, "stops_service": entry.stops}
         if error is not None:
             row.update(error=_first_line(error), exit=_error_exit(error))
         elif answer is None:

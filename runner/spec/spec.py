@@ -52,10 +52,10 @@ class ServiceSpec(_Section):
     health_timeout: Duration = DEFAULTS["service.health_timeout"]
     sudo: bool = DEFAULTS["service.sudo"]
     # How the GPU is freed: `stop` the unit, or ask the engine's own API (the unit keeps running; restarted
-    # only when the API does not bring it back).
-    free: Literal[FREE_METHODS] = "stop"  # type: ignore[valid-type]  # pydantic takes the tuple's values; engine.py keeps them as a plain tuple
+    # only when the API does not bring it back). mypy reads a Literal only written out; pydantic takes the tuple.
+    free: Literal[FREE_METHODS] = "stop"  # type: ignore[valid-type]
     api_url: HealthUrl = None
-    pause_mode: Literal[PAUSE_MODES] | None = None  # type: ignore[valid-type]  # pydantic takes the tuple's values; engine.py keeps them as a plain tuple
+    pause_mode: Literal[PAUSE_MODES] | None = None  # type: ignore[valid-type]  # as `free`
     # free: sglang: how long the default drain may wait for SGLang's requests in flight to finish (None: the
     # host's default); past it nothing is released and the job ends.
     drain_timeout: Annotated[Duration, Field(le=MAX_DRAIN_TIMEOUT_S)] | None = None
