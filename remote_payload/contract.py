@@ -12,6 +12,7 @@ Runs on Python >= 3.8 (the host's interpreter may be old).
 from __future__ import annotations
 
 import re
+from typing import Any, Literal, get_args
 
 PROTOCOL = 1  # bump when an answer's shape changes incompatibly
 
@@ -28,7 +29,7 @@ def is_terminal(state: str) -> bool:
 
 
 # ── defaults (the spec's and the host's are the same numbers) ──────────────────────────────────────────
-DEFAULTS = {
+DEFAULTS: dict[str, Any] = {  # values of several types: read by literal key and by computed key
     "limits.max_runtime": 3600.0,
     "limits.grace": 30.0,
     "limits.queue_timeout": 7200.0,    # --queue: the longest wait for the locks (a default holder: 1 h run + stop/drain/restore)
@@ -56,12 +57,17 @@ REFUSED_PAUSE_MODES = {
                 "release_memory_occupation asserts that nothing runs: with requests in flight the server aborts "
                 "itself (and the requests are lost)",
 }
-SERVICE_MANAGERS = ("systemd", "none")
-LAUNCHERS = ("ssh", "slurm")  # ssh: the supervisor runs the payload on the host; slurm: sbatch places it
-SERVICE_SCOPES = ("system", "user")
+# Each set of choices is a Literal (the pydantic spec models take it as a field type) and its tuple of values.
+ServiceManager = Literal["systemd", "none"]
+SERVICE_MANAGERS = get_args(ServiceManager)
+Launcher = Literal["ssh", "slurm"]  # ssh: the supervisor runs the payload on the host; slurm: sbatch places it
+LAUNCHERS = get_args(Launcher)
+ServiceScope = Literal["system", "user"]
+SERVICE_SCOPES = get_args(ServiceScope)
 USER_SCOPE_SUDO = ("scope: user with sudo: true would manage root's user manager, not the login's: "
                    "use scope: user without sudo, or scope: system with sudo")
-STOP_POLICIES = ("always", "if-needed", "never")
+StopPolicy = Literal["always", "if-needed", "never"]
+STOP_POLICIES = get_args(StopPolicy)
 
 # ── the wire: exit status of BOOT and the `error` codes of `{"ok": false, …}` answers ───────────────────
 MAX_RESULT_BYTES = 32 << 20  # the largest result.json `result` answers with (and the controller renders)

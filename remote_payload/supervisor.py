@@ -24,6 +24,7 @@ def bind_package() -> None:
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("remote_payload", os.path.join(HERE, "__init__.py"))
+    assert spec is not None and spec.loader is not None  # a file location always has both
     package = importlib.util.module_from_spec(spec)
     sys.modules["remote_payload"] = package
     spec.loader.exec_module(package)

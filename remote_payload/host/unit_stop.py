@@ -34,9 +34,10 @@ def slow_stop_hint(unit: str, settings: dict):
     """A warning line when stopping UNIT will take seconds and leave it failed: KillMode=control-group with an
     ExecStart that runs SGLang or vLLM; else None."""
     command = exec_command(settings.get("ExecStart", ""))
-    if settings.get("KillMode", "").strip() != "control-group" or not ENGINE_COMMAND.search(command):
+    found = ENGINE_COMMAND.search(command)
+    if settings.get("KillMode", "").strip() != "control-group" or not found:
         return None
-    engine = ENGINE_COMMAND.search(command).group(0)
+    engine = found.group(0)
     timeout = settings.get("TimeoutStopUSec", "").strip() or "its TimeoutStopSec"
     return ("%s runs %s with KillMode=control-group: the stop SIGTERMs its children before the engine asks them "
             "to, so it takes seconds (up to %s) and leaves the unit failed until the restore starts it; "

@@ -48,10 +48,15 @@ TASK_FILES = ("status", "events", "output", "supervisor_log", "restore_log", "re
 
 # ── the layout ────────────────────────────────────────────────────────────────────────────────────────
 
-def task_paths(paths: JobPaths, index: int) -> JobPaths:
+class TaskPaths(JobPaths):
+    """A variant's files (task_paths), with `done`: created once the variant's log is final."""
+    done: str
+
+
+def task_paths(paths: JobPaths, index: int) -> TaskPaths:
     """Variant `index`'s own files (variant-K/); the spec and the cancel file stay the job's, so one cancel
     reaches every task."""
-    task = JobPaths(paths.root, paths.job_id)
+    task = TaskPaths(paths.root, paths.job_id)
     task.dir = os.path.join(paths.dir, "variant-%d" % index)
     for name in TASK_FILES:
         setattr(task, name, os.path.join(task.dir, os.path.basename(getattr(paths, name))))
@@ -83,6 +88,7 @@ def close(job: Job, line: dict) -> bool:
         return False
     job.event("variant", **line)
     job.persist(lambda: append_line(job.paths.output, dict(line, event="variant")))
+    assert isinstance(job.paths, TaskPaths)  # a variant's job (run_task)
     with open(job.paths.done, "w"):
         pass
     return True
@@ -288,7 +294,7 @@ def array_progress(tasks: list) -> dict:
     pending = [t for t in tasks if not t["closed"] and t["state"] == "QUEUED"]
     succeeded = sum(1 for t in done if t["state"] == "SUCCEEDED")
     skipped = sum(1 for t in done if t.get("skipped"))
-    reasons = {}
+    reasons: dict[str, int] = {}
     for t in pending:
         if t.get("reason"):
             reasons[t["reason"]] = reasons.get(t["reason"], 0) + 1

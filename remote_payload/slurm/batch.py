@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 import re
 import shlex
+from typing import Mapping
 
 SLACK_S = 60.0  # supervisor start, the final status write, the GPU check in the allocation
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")              # partition, account, qos
@@ -139,7 +140,7 @@ def array_option(variants: int, max_parallel: int) -> str:
     return "--array=0-%d%%%d" % (variants - 1, min(max_parallel, variants))
 
 
-def array_task_index(environ: dict, variants: int) -> int:
+def array_task_index(environ: Mapping[str, str], variants: int) -> int:
     """The variant this array task runs: Slurm's SLURM_ARRAY_TASK_ID, checked against 0..N-1 (ValueError
     when it is missing or out of range: a task must never run another task's variant or none)."""
     text = environ.get("SLURM_ARRAY_TASK_ID", "")

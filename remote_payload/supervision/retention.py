@@ -37,7 +37,8 @@ def plan(root: str, keep_jobs: int = KEEP_JOBS, keep_days: float = KEEP_DAYS, mo
     now = time.time()
     dirs = sorted(entries(os.path.join(root, "jobs")), key=lambda e: e[1])  # oldest first
     held, owing = lock_holders(root), ledger_jobs(root)
-    doomed, kept = [], {}
+    doomed: list[str] = []
+    kept: dict[str, str] = {}
     for position, (job_id, mtime) in enumerate(dirs):
         if most is not None and len(doomed) >= most:
             return {"jobs": doomed, "payloads": [], "supervisors": [], "kept": kept, "complete": False}
@@ -169,7 +170,7 @@ def collect(root: str, keep_jobs: int = KEEP_JOBS, keep_days: float = KEEP_DAYS,
     found = plan(root, keep_jobs, keep_days, most)
     todo = [(kind, folder, name) for kind, folder in (("jobs", "jobs"), ("payloads", "payloads"),
                                                       ("supervisors", "payload")) for name in found[kind]]
-    deleted = {"jobs": [], "payloads": [], "supervisors": []}
+    deleted: dict[str, list[str]] = {"jobs": [], "payloads": [], "supervisors": []}
     for kind, folder, name in todo[:most]:
         if dry_run or remove(root, folder, name):
             deleted[kind].append(name)

@@ -340,14 +340,15 @@ def check_launcher(raw: dict, spec: dict) -> dict:
         _need(raw.get("slurm") is None, "a slurm section needs launcher slurm")
         return {}
     slurm = raw.get("slurm")
-    _need(isinstance(slurm, dict), "launcher slurm needs a slurm object")
+    if not isinstance(slurm, dict):
+        raise Fail("bad-spec", "launcher slurm needs a slurm object")
     _need(spec["service"]["manager"] == "none", "launcher slurm needs service.manager none (Slurm owns the GPUs)")
     _need(not spec["gpu"]["devices"], "launcher slurm takes no gpu.devices (Slurm hands them out)")
     _need(spec["limits"]["max_downtime"] is None, MAX_DOWNTIME_ON_SLURM)
     _rule(slurm_problem(slurm))
     minutes = slurm.get("time_min")
-    _need(isinstance(minutes, int) and not isinstance(minutes, bool) and minutes >= 1,
-          "slurm.time_min must be a whole number of minutes >= 1")
+    if not (isinstance(minutes, int) and not isinstance(minutes, bool) and minutes >= 1):
+        raise Fail("bad-spec", "slurm.time_min must be a whole number of minutes >= 1")
     _rule(time_problem(minutes, spec["limits"]["max_runtime"], spec["limits"]["grace"],
                        setup_seconds(spec["limits"], spec["payload"])))
     return {"launcher": "slurm", "slurm": dict(slurm)}

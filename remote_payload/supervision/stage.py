@@ -100,6 +100,7 @@ class LogLines:
 
 def hand_over(job, proc: subprocess.Popen) -> subprocess.Popen:
     """The GPU is free: `go` to the staged payload; its run starts now (state RUNNING, payload.started_at)."""
+    assert proc.stdin is not None  # staged with stdin=PIPE (payload.py): `go` is written to it
     try:
         proc.stdin.write(GO)
         proc.stdin.close()

@@ -19,6 +19,7 @@ import select
 import shutil
 import sys
 import time
+from typing import Sequence
 
 from .files import RESERVE_BYTES, JobPaths, fsync_dir, read_json, write_json_atomic
 from ..host.primitives import Fail, is_alive
@@ -29,7 +30,7 @@ READY_TIMEOUT_S = 30.0       # how long `start` waits for the detached superviso
 COMM = "runner-job"          # the forked supervisor's process name (ps -e, top; its cmdline is the host call's)
 
 
-def close_fds_except(keep: list) -> None:
+def close_fds_except(keep: Sequence[int]) -> None:
     """Close every fd above 2 but `keep`, so nothing the caller (e.g. sshd) opened stays open."""
     for name in os.listdir("/proc/self/fd"):
         if int(name) > 2 and int(name) not in keep:
@@ -39,7 +40,7 @@ def close_fds_except(keep: list) -> None:
                 pass  # the fd listdir itself used, already closed
 
 
-def detach(log_path: str, keep: list = ()) -> bool:
+def detach(log_path: str, keep: Sequence[int] = ()) -> bool:
     """fork, setsid, fork: True in the detached grandchild (stdin /dev/null, stdout+stderr appended to
     log_path, every fd above 2 but `keep` closed), False in the caller once the first child is reaped."""
     sys.stdout.flush()  # nothing buffered before the fork may be written twice
@@ -63,7 +64,7 @@ def detach(log_path: str, keep: list = ()) -> bool:
         os._exit(127)
 
 
-def daemonize_exec(argv: list, log_path: str, keep: list = ()) -> None:
+def daemonize_exec(argv: list, log_path: str, keep: Sequence[int] = ()) -> None:
     """Run argv (a fresh interpreter) detached: see detach."""
     if not detach(log_path, keep):
         return
@@ -75,7 +76,7 @@ def daemonize_exec(argv: list, log_path: str, keep: list = ()) -> None:
         os._exit(127)
 
 
-def daemonize_call(main, argv: list, log_path: str, keep: list = ()) -> None:
+def daemonize_call(main, argv: list, log_path: str, keep: Sequence[int] = ()) -> None:
     """Run main(argv) detached in a fork of this interpreter, then end the fork with its exit code: no
     second interpreter start and import on the way to the ready answer (it was ~55 ms of a ~250 ms submit).
     The fork never returns into the caller's frames; /proc/self/comm names it for ps -e and top."""

@@ -15,7 +15,7 @@ from ..host.primitives import Fail
 
 # A retried submit of a job this id already names: its own locks and memory are no refusal; start answers
 # `exists` and the controller adopts the job (or refuses a different spec).
-RETRY = {"start": True, "stop_service": False, "notes": []}
+RETRY: dict = {"start": True, "stop_service": False, "notes": []}
 
 
 def submit(args, spec: dict, preflight_report, start_job) -> dict:

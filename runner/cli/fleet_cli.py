@@ -44,6 +44,7 @@ def wait(run_id: str, *, max_wait: float, as_json: bool) -> int:
 
 def _report(outcome: targets.Outcome, as_json: bool) -> int:
     run = outcome.run
+    assert run is not None  # submit and wait report a fleet run (targets.run_outcome)
     if as_json:
         _emit_json(outcome.document)
     else:
@@ -64,13 +65,13 @@ def _dry_run(plan: Plan, *, queue: bool, deadline: Deadline) -> int:
         deadline=deadline))
     _say(f"dry run of a fleet of {len(entries)}: nothing was started or changed")
     for entry in entries:
-        plan = plans.get(entry.address)
-        if plan is None:
+        would = plans.get(entry.address)
+        if would is None:
             _say(f"  {entry.address}: WOULD BE SKIPPED: {str(errors[entry.address]).splitlines()[0]}")
         else:
-            service = (plan.service or {}).get("unit")
-            _say(f"  {entry.address}: {plan.required_mib} MiB needed; "
-                 + (f"{service} WOULD BE STOPPED (counts against max_unavailable)" if plan.stop_service
+            service = (would.service or {}).get("unit")
+            _say(f"  {entry.address}: {would.required_mib} MiB needed; "
+                 + (f"{service} WOULD BE STOPPED (counts against max_unavailable)" if would.stop_service
                     else "the service is left running"))
     return EXIT_OK
 
@@ -80,6 +81,7 @@ def status(found: targets.Outcome, *, as_json: bool) -> int:
     if as_json:
         _emit_json(found.document)
     else:
+        assert found.run is not None  # the outcome of a fleet run's id (of_run)
         _say(fleet_view.status_text(found.run, found.detail))
     return found.exit
 

@@ -29,7 +29,7 @@ class EventSink:
         self.partial = b""  # the line being read: at most MAX_LINE_BYTES of it
         self.cut = 0  # bytes of that line beyond the cap, left out
         self.summary = new_summary()
-        self.last_heartbeat_t = None
+        self.last_heartbeat_t: float | None = None
 
     def write(self, data: bytes) -> None:
         start = 0

@@ -88,6 +88,7 @@ def new_run(plan: Plan, *, run_id: str | None, queue: bool, progress: Progress, 
     run_id = check_job_id(run_id) if run_id is not None else \
         job_id_for(plan.name, datetime.now(timezone.utc), secrets.token_hex(3))
     rollout = plan.rollout
+    assert rollout is not None  # a fleet's plan always has its rollout section
     return RunRecord(run_id=run_id, name=plan.name, spec_path=plan.spec_path,
                      spec_sha256=spec_digest(plan.spec_path), overrides=list(plan.overrides),
                      max_unavailable=rollout["max_unavailable"], stop_on_failure=rollout["stop_on_failure"],

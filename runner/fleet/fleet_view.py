@@ -61,8 +61,8 @@ def status(run_id: str, *, store: Store, deadline: Deadline) -> tuple[RunRecord,
     rows = []
     for entry in run.hosts:
         answer, error = answers.get(entry.address), errors.get(entry.address)
-        row = {"address": entry.address, "job_id": entry.job_id, "phase": entry.phase, "note": entry.note,
-               "stops_service": entry.stops}
+        row: dict[str, object] = {"address": entry.address, "job_id": entry.job_id, "phase": entry.phase,
+                                  "note": entry.note, "stops_service": entry.stops}
         if error is not None:
             row.update(error=_first_line(error), exit=_error_exit(error))
         elif answer is None:
@@ -166,8 +166,9 @@ def tail(run_id: str, *, store: Store, out: BinaryIO, follow: bool, max_wait: fl
         def delivered(_outcome) -> None:  # the open line is printed before this host's cursor moves past it
             still_open[entry.address] = sinks[entry.address].close()
 
-        outcome = controller.tail(entry.job_id, store=store, out=sinks[entry.address], follow=follow,
-                                  max_wait=max_wait, from_start=from_start, delivered=delivered)
+        outcome = controller.tail(entry.job_id, store=store,
+                                  out=sinks[entry.address],  # type: ignore[arg-type]  # tail only writes and flushes
+                                  follow=follow, max_wait=max_wait, from_start=from_start, delivered=delivered)
         return {"exit": state_exit(outcome.state) if outcome.terminal else EXIT_STILL_RUNNING}
 
     answers, errors = for_each_host([e for e in run.hosts if _has_job(e, store)], one)

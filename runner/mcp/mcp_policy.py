@@ -14,11 +14,14 @@ import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Iterable, Iterator, Sequence
 
 from remote_payload.contract import normalize_unit, unit_problem
 
 from ..errors import NotAllowed, SpecError
+
+if TYPE_CHECKING:
+    from ..spec.spec import JobSpec
 
 # Keys a call may --set without --allow-overrides (a key and everything under it).
 PARAMETER_KEYS = ("name", "payload.args", "sweep", "limits", "gpu")
@@ -108,14 +111,14 @@ class Policy:
         wanted = normalize_unit(unit)
         for path, spec in self._job_specs():
             addresses = spec.host.address if isinstance(spec.host.address, list) else [spec.host.address]
-            if address in addresses and wanted in (normalize_unit(s.unit) for s in spec.all_services()):
+            if address in addresses and wanted in (normalize_unit(s.unit) for s in spec.all_services() if s.unit):
                 return str(path)
         raise NotAllowed(f"{wanted} on {_short(address)} is not the service of any job file in "
                          f"{_names(self.jobs_dirs)}",
                          hint="Give job_file, or start the server with --jobs-dir DIR where a job file names that "
                               "host and unit.")
 
-    def _job_specs(self) -> Iterator[tuple[Path, object]]:
+    def _job_specs(self) -> Iterator[tuple[Path, JobSpec]]:
         from ..spec.spec_load import load_spec
 
         for directory in self.jobs_dirs:

@@ -26,6 +26,7 @@ from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import CallToolResult, TextContent
 from pydantic import Field, ValidationError
+from pydantic_core import ErrorDetails
 
 from ..commands import ci, controller
 from ..deadline import Deadline
@@ -74,6 +75,7 @@ class Tools:
         if plan.is_fleet:  # like `runner submit`: the run's id, its rollout driven for up to max_wait
             run = targets.submit_fleet(plan, run_id=job_id, queue=queue, store=Store(), max_wait=max_wait,
                                        progress=notes.append)
+            assert run.run is not None  # a fleet's outcome carries its run record (targets.run_outcome)
             return {**run.document, "cli_exit_code": run.exit, "progress": notes,
                     "next": f"call tail or status with job_id {run.run.run_id!r}"
                             + ("" if run.run.finished else "; submit again with this job_id drives the rollout on")}
@@ -131,7 +133,11 @@ class Tools:
             raise SpecError("restore_service needs job_file, or both host and unit")
         if host:
             self.policy.host({"address": host})
-        path = self.policy.job_file(job_file) if job_file else self.policy.known_service(host, unit)
+        if job_file:
+            path = self.policy.job_file(job_file)
+        else:
+            assert host and unit  # checked above: without job_file both are given
+            path = self.policy.known_service(host, unit)
         overrides = [f"host.address={host}"] if host else []  # one host of a fleet's job file
         host_spec, service = controller.restore_target(path, unit=unit, overrides=overrides)  # unit: one of `services`
         self.policy.host(host_spec)
@@ -141,7 +147,8 @@ class Tools:
 
 def _run_tail(run_id: str, store: Store, max_wait: float) -> dict:
     """A run's new log, as `runner tail RUN -f --max-wait` prints it (each line `[HOST] `, every byte once)."""
-    out, notes = io.BytesIO(), []
+    out = io.BytesIO()
+    notes: list[str] = []
     found = targets.run_tail(run_id, store=store, out=out, follow=True, max_wait=max_wait, from_start=False,
                              progress=notes.append)
     return {"job_id": run_id, "text": out.getvalue().decode("utf-8", "replace"), **found.document,
@@ -191,7 +198,7 @@ class _Server(MCPServer):
     async def call_tool(self, name: str, arguments: dict[str, Any], context: Any = None) -> Any:
         known = self.arguments.get(name)
         unknown = sorted(set(arguments) - set(known)) if known is not None else []
-        if unknown:
+        if known is not None and unknown:
             return _error(BAD_ARGS, f"{name}: unknown argument{'s' if len(unknown) > 1 else ''} "
                           f"{', '.join(map(repr, unknown))} ({name} takes {', '.join(known) or 'none'})", "",
                           EXIT_USAGE)
@@ -216,7 +223,7 @@ def _printable_text(result: Any) -> Any:
     return result
 
 
-def _argument_problem(error: dict) -> str:
+def _argument_problem(error: ErrorDetails) -> str:
     where = ".".join(str(part) for part in error["loc"]) or "arguments"
     return f"{where}: {error['msg']}"
 

@@ -38,8 +38,8 @@ def wire_errors_table() -> str:
     return "\n".join(rows)
 
 
-def _classes(base: type) -> list[type]:
-    found = []
+def _classes(base: type[errors.RunnerError]) -> list[type[errors.RunnerError]]:
+    found: list[type[errors.RunnerError]] = []
     for cls in base.__subclasses__():
         found.append(cls)
         found.extend(_classes(cls))
@@ -48,8 +48,9 @@ def _classes(base: type) -> list[type]:
 
 def controller_codes_table() -> str:
     rows = ["| code | exit | class | what |", "|---|---|---|---|"]
-    seen = set()
-    for cls in [errors.RunnerError, *_classes(errors.RunnerError)]:
+    seen: set[str] = set()
+    classes: list[type[errors.RunnerError]] = [errors.RunnerError, *_classes(errors.RunnerError)]
+    for cls in classes:
         if cls.code in seen:
             continue
         seen.add(cls.code)

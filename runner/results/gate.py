@@ -18,6 +18,7 @@ import math
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TypeGuard
 
 from ..errors import BadBaseline, NoResult
 from . import clocks
@@ -62,7 +63,7 @@ def label(name: str) -> str:
 WINDOW_PARTS = ("not_serving_s", "release_s", "drain_s", "payload_s", "resume_s", "health_s")
 
 
-def finite_number(value) -> bool:
+def finite_number(value: object) -> TypeGuard[float]:
     """A JSON number that is a number (not a boolean, not NaN or infinite)."""
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
@@ -119,7 +120,7 @@ def _half_range(values, center: float) -> float:
     return (max(values) - min(values)) / 2 / center if len(values) >= 2 and center else 0.0
 
 
-def _is_number(value) -> bool:
+def _is_number(value: object) -> TypeGuard[float]:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 

@@ -6,6 +6,7 @@ Pure: verdicts in, a string out. JUnit has one testcase per metric; a regression
 from __future__ import annotations
 
 import xml.etree.ElementTree as ET
+from collections.abc import Sequence
 
 from .clocks import clock_lines
 from .gate import FAILING, Metric, Verdict, label
@@ -15,7 +16,7 @@ HEADER = ["metric", "baseline", "current", "worse by", "allowed", "verdict"]
 
 
 def render(verdicts: list[Verdict], fmt: str, *, baseline: str, current: str, tolerance: float,
-           notes: list[str] = ()) -> str:
+           notes: Sequence[str] = ()) -> str:
     """notes: lines under the summary (the clocks each side was measured at, clocks.clock_lines)."""
     if fmt == "junit":
         return junit(verdicts, baseline=baseline, current=current, notes=notes)
@@ -70,7 +71,7 @@ def _markdown(rows: list[list[str]], summary: str) -> str:
     return "\n".join([f"### Benchmark gate\n\n{summary}\n", *table]) + "\n"
 
 
-def junit(verdicts: list[Verdict], *, baseline: str, current: str, notes: list[str] = ()) -> str:
+def junit(verdicts: list[Verdict], *, baseline: str, current: str, notes: Sequence[str] = ()) -> str:
     failures = sum(v.failed for v in verdicts)
     suites = ET.Element("testsuites", name="runner gate", tests=str(len(verdicts)), failures=str(failures))
     suite = ET.SubElement(suites, "testsuite", name=f"gate {current} vs {baseline}", tests=str(len(verdicts)),

@@ -155,7 +155,9 @@ def _job_run(job_id: str, host: str | None, spec_path: str | None, now: float | 
 
 def _measured(job: Run, result: dict, variant: dict, index: int = 0) -> Run:
     """The job's run with one payload result's name, environment and metrics."""
-    env = result.get("environment") if isinstance(result.get("environment"), dict) else {}
+    env = result.get("environment")
+    if not isinstance(env, dict):
+        env = {}
     return replace(job, variant=variant, variant_index=index, payload=_text(result.get("payload")),
                    environment={k: _text(env.get(k)) for k in ENV_KEYS}, metrics=gate.extract_metrics(result))
 
@@ -165,14 +167,15 @@ def sweep_variants(result) -> list[tuple[int, dict, dict]] | None:
     (a later duplicate index wins); None for anything that is not a sweep's record."""
     if not isinstance(result, dict) or result.get("payload") != "sweep" or not isinstance(result.get("variants"), list):
         return None
-    found = {}
+    found: dict[int, tuple[dict, dict]] = {}
     for position, variant in enumerate(result["variants"], start=1):
         if not isinstance(variant, dict) or not isinstance(variant.get("result"), dict):
             continue
         index = variant.get("index")
         if not isinstance(index, int) or isinstance(index, bool) or not 0 < index < MAX_INDEX:
             index = position
-        found[index] = (variant.get("args") if isinstance(variant.get("args"), dict) else {}, variant["result"])
+        args = variant.get("args")
+        found[index] = (args if isinstance(args, dict) else {}, variant["result"])
     return [(index, *found[index]) for index in sorted(found)]
 
 
@@ -198,7 +201,8 @@ def _wire_payload_args(wire: dict) -> dict:
     argv = (wire.get("payload") or {}).get("args") if isinstance(wire.get("payload"), dict) else None
     if not isinstance(argv, list):
         return {}
-    args, key = {}, None
+    args: dict[str, str | bool] = {}
+    key: str | None = None
     for word in map(str, argv):
         if word.startswith("--"):
             key = word[2:].replace("-", "_")

@@ -206,7 +206,7 @@ def render_sweep(result: dict) -> str:
     marlin = any(o.get("payload") == "bench_marlin_moe" for o in outcomes)
     tables = [o.get("rows") if marlin else next((t for t in o.values() if _is_rows(t)), None) for o in outcomes]
     if marlin:
-        columns = [(h, key, fmt) for h, key, fmt in COLUMNS]
+        columns: list[tuple[str, str, str | None]] = [(h, key, fmt) for h, key, fmt in COLUMNS]
     else:
         keys = list(dict.fromkeys(k for t in tables if t for row in t for k in row))
         columns = [(k, k, None) for k in keys]

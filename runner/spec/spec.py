@@ -8,13 +8,14 @@ YAML, `--set` and error rendering in spec_load.py; job ids in job_id.py.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
-from remote_payload.contract import DEFAULTS, LAUNCHERS, SERVICE_MANAGERS, SERVICE_SCOPES, STOP_POLICIES, \
-    USER_SCOPE_SUDO, normalize_unit
+from remote_payload.contract import DEFAULTS, USER_SCOPE_SUDO, Launcher, ServiceManager, ServiceScope, StopPolicy, \
+    normalize_unit
 from remote_payload import sweep as sweeps
 from remote_payload.host.engine import FREE_METHODS, MAX_DRAIN_TIMEOUT_S, PAUSE_MODES, origin
 
@@ -43,18 +44,18 @@ class HostSpec(_Section):
 
 
 class ServiceSpec(_Section):
-    manager: Literal[SERVICE_MANAGERS] = DEFAULTS["service.manager"]
+    manager: ServiceManager = DEFAULTS["service.manager"]
     unit: Unit = None
-    scope: Literal[SERVICE_SCOPES] = DEFAULTS["service.scope"]
-    stop: Literal[STOP_POLICIES] = DEFAULTS["service.stop"]
+    scope: ServiceScope = DEFAULTS["service.scope"]
+    stop: StopPolicy = DEFAULTS["service.stop"]
     health_url: HealthUrl = None
     health_timeout: Duration = DEFAULTS["service.health_timeout"]
     sudo: bool = DEFAULTS["service.sudo"]
     # How the GPU is freed: `stop` the unit, or ask the engine's own API (the unit keeps running; restarted
-    # only when the API does not bring it back).
-    free: Literal[FREE_METHODS] = "stop"
+    # only when the API does not bring it back). mypy reads a Literal only written out; pydantic takes the tuple.
+    free: Literal[FREE_METHODS] = "stop"  # type: ignore[valid-type]
     api_url: HealthUrl = None
-    pause_mode: Literal[PAUSE_MODES] | None = None
+    pause_mode: Literal[PAUSE_MODES] | None = None  # type: ignore[valid-type]  # as `free`
     # free: sglang: how long the default drain may wait for SGLang's requests in flight to finish (None: the
     # host's default); past it nothing is released and the job ends.
     drain_timeout: Annotated[Duration, Field(le=MAX_DRAIN_TIMEOUT_S)] | None = None
@@ -99,8 +100,11 @@ class ServiceSpec(_Section):
         if self.free == "stop":
             return dict(self.model_dump(exclude={"free", "api_url", "pause_mode", "drain_timeout", "gpus"}), **gpus)
         unset = {"drain_timeout"} if self.drain_timeout is None else set()  # the wire as it was without one
-        return dict(self.model_dump(exclude={"gpus"} | unset),
-                    api_url=(self.api_url or origin(self.health_url)).rstrip("/"), **gpus)
+        api_url = self.api_url
+        if not api_url:
+            assert self.health_url is not None  # _free_through_an_api: an engine service has one of the two
+            api_url = origin(self.health_url)
+        return dict(self.model_dump(exclude={"gpus"} | unset), api_url=api_url.rstrip("/"), **gpus)
 
 
 class GpuSpec(_Section):
@@ -192,7 +196,7 @@ class JobSpec(_Section):
     gpu: GpuSpec = Field(default_factory=GpuSpec)
     payload: PayloadSpec
     limits: LimitsSpec = Field(default_factory=LimitsSpec)
-    launcher: Literal[LAUNCHERS] = "ssh"
+    launcher: Launcher = "ssh"
     slurm: SlurmSpec | None = None
     sweep: SweepSpec | None = None
     rollout: RolloutSpec | None = None
@@ -227,7 +231,7 @@ class JobSpec(_Section):
         for index, service in enumerate(self.services):
             if service.manager != "systemd":
                 raise ValueError(f"services.{index}: each listed service needs `manager: systemd`")
-        units = Counter(normalize_unit(s.unit) for s in self.services)
+        units = Counter(normalize_unit(s.unit) for s in self.services if s.unit is not None)  # systemd: all have one
         twice = sorted(u for u, n in units.items() if n > 1)
         if twice:
             raise ValueError(f"services: {', '.join(twice)} listed twice")
@@ -243,7 +247,8 @@ class JobSpec(_Section):
     def _sweep_keys_used(self) -> JobSpec:
         if self.sweep is None or self.payload.command is None:
             return self
-        keys = dict.fromkeys(k for v in [self.sweep.matrix, *self.sweep.include] for k in v)
+        sections: list[Mapping[str, object]] = [self.sweep.matrix, *self.sweep.include]
+        keys = dict.fromkeys(k for v in sections for k in v)
         unused = sweeps.unused_keys(self.payload.command, keys)
         if unused:
             where = "sweep.matrix" if unused[0] in self.sweep.matrix else "sweep.include"

@@ -35,7 +35,11 @@ def _check_addresses(value: Any) -> Any:
         except ValueError as exc:
             raise ValueError(f"host {index + 1}: {exc}") from None
     seen: set[str] = set()
-    twice = [a for a in checked if a.lower() in seen or seen.add(a.lower())]
+    twice = []
+    for address in checked:
+        if address.lower() in seen:
+            twice.append(address)
+        seen.add(address.lower())
     if twice:
         raise ValueError(f"hosts listed twice: {', '.join(short(a) for a in dict.fromkeys(twice))}")
     return checked

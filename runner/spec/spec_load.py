@@ -17,6 +17,7 @@ from typing import Any, Sequence, TypeVar
 
 import yaml
 from pydantic import BaseModel, ValidationError
+from pydantic_core import ErrorDetails
 
 from ..errors import SpecError
 from .spec import JobSpec
@@ -212,7 +213,7 @@ def _load_value(raw: str) -> Any:
         loader.dispose()
 
 
-def _describe_errors(path: Path | str, errors: list[dict], root: type[BaseModel] | None = None, limit: int = 20,
+def _describe_errors(path: Path | str, errors: list[ErrorDetails], root: type[BaseModel] | None = None, limit: int = 20,
                      key_lines: dict | None = None) -> str:
     lines = [_describe_error(path, error, root or JobSpec, key_lines or {}) for error in errors[:limit]]
     if len(errors) > limit:
@@ -220,7 +221,7 @@ def _describe_errors(path: Path | str, errors: list[dict], root: type[BaseModel]
     return "\n".join(lines)
 
 
-def _describe_error(path: Path | str, error: dict, root: type[BaseModel], key_lines: dict) -> str:
+def _describe_error(path: Path | str, error: ErrorDetails, root: type[BaseModel], key_lines: dict) -> str:
     loc = error["loc"]
     if len(loc) == 1 and error["type"] == "extra_forbidden" and _key_text(loc[0]) is None:
         line = key_lines.get(loc[0])

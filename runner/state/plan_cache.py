@@ -85,10 +85,12 @@ def _package_file(name: str) -> Path | None:
 
 
 def _file_stamp(path: Path | None) -> list:
+    if path is None:
+        return [str(path), None]
     try:
         st = path.stat()
         return [str(path), st.st_size, st.st_mtime_ns]
-    except (AttributeError, OSError):
+    except OSError:
         return [str(path), None]
 
 

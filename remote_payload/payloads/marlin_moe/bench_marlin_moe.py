@@ -396,7 +396,8 @@ class Bench:
         one batch size's buffers at a time, as before, and an interleaved order holds all of them."""
         a = self.args
         last = {m: i for i, (_, m) in enumerate(windows)}
-        live, timed = {}, {m: [] for m in a.batch_sizes}
+        live = {}
+        timed: dict[int, list[dict]] = {m: [] for m in a.batch_sizes}
         for index, (rep, m) in enumerate(windows):
             if m not in live:
                 live[m] = self.prepare_window(m, mode)

@@ -73,8 +73,8 @@ class TorchReference:
 
 @dataclass
 class KernelModules:
-    sgl_kernel: object
-    gemm: object
+    sgl_kernel: types.ModuleType
+    gemm: Callable
     uint4b8: object
     repack: object
     version: str

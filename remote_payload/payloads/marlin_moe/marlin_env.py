@@ -57,7 +57,7 @@ def parse_gpu_clocks(text: str) -> dict | None:
         cells = [c.strip() for c in line.split(",")]
         if len(cells) == len(CLOCK_KEYS) and cells[0].isdigit():
             values = [_number(c) for c in cells]
-            return dict(zip(CLOCK_KEYS, [int(values[0])] + values[1:]))
+            return dict(zip(CLOCK_KEYS, [int(cells[0])] + values[1:]))  # the index: digits only
     return None
 
 
