@@ -26,7 +26,7 @@ from remote_payload.contract import EXIT_PAYLOAD_MISSING
 from ..deadline import Deadline
 from ..errors import HostBusy, PreflightError, RemoteError, SchedulerUnavailable, UnknownJob
 from . import answers
-from .transport import Completed, Transport
+from .transport import Completed, Stream, Streaming, Transport
 
 # BOOT and UNPACK first add go-w to the login's umask: nothing they or the supervisor write under ROOT is
 # writable by others, whatever the umask (BOOT refuses a bundle file that is).
@@ -263,7 +263,7 @@ class HostClient:
         else until caught up), in frames of at most `frame_bytes`. Yields each frame checked, its bytes in
         `data`; the last one (`last`: no bytes) carries the state as it was when the call ended. A call that
         ends without its last frame raises."""
-        if not hasattr(self.transport, "stream"):
+        if not isinstance(self.transport, Streaming):
             return None
         args = ["--job-id", job_id, "--offset", str(offset), "--max", str(frame_bytes), "--wait", f"{wait:.2f}",
                 "--stream"] + (["--follow"] if follow else [])
@@ -281,7 +281,8 @@ class HostClient:
                         self.upload()
                         stream, uploaded = self._open_stream("logs", args), True
                         continue
-                    _answer(Completed(done.argv, done.exit_code, line + done.stdout, done.stderr), "logs")
+                    # raises: the host's error, or its bad answer (a line that is ok was not this branch)
+                    answer = _answer(Completed(done.argv, done.exit_code, line + done.stdout, done.stderr), "logs")
                 frame = answers.log_frame(answer, offset, frame_bytes)
                 frame["data"] = stream.read(frame["data_len"])
                 if len(frame["data"]) < frame["data_len"]:
@@ -295,7 +296,8 @@ class HostClient:
         finally:
             stream.close()
 
-    def _open_stream(self, sub: str, args: list[str]):
+    def _open_stream(self, sub: str, args: list[str]) -> Stream:
+        assert isinstance(self.transport, Streaming)  # log_stream streams only on such a transport
         self.round_trips += 1
         return self.transport.stream(self.boot_argv(sub, args), deadline=self.deadline)
 
@@ -382,7 +384,7 @@ def submit_args(job_id: str, queue: bool) -> list[str]:
     return ["--job-id", job_id] + (["--queue"] if queue else [])
 
 
-def _json_bytes(obj: dict) -> bytes:
+def _json_bytes(obj: dict | list) -> bytes:
     return json.dumps(obj).encode("utf-8")
 
 

@@ -26,7 +26,7 @@ import shlex
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Protocol, Sequence
+from typing import Callable, Protocol, Sequence, runtime_checkable
 
 from ..deadline import Deadline
 from ..errors import AuthFailed, HostKeyError, TransportError
@@ -62,6 +62,13 @@ class Transport(Protocol):
     def run(self, argv: Sequence[str], *, stdin: bytes = b"", deadline: Deadline) -> Completed: ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class Streaming(Protocol):
+    """A transport that can also stream one call's output as it comes (local and OpenSSH; not paramiko)."""
+
+    def stream(self, argv: Sequence[str], *, deadline: Deadline) -> "Stream": ...
 
 
 class Stream:
