@@ -1,0 +1,107 @@
+"""A security review of the restorers' trust, attacked as a hostile host would: the service's health answer (the
+engine's own route, read by every restorer's health wait) and a payload that leaves its process group.
+
+The health check is the one engine route not behind engine.call: any answer it cannot read is "not healthy"
+within its bound, never a crash, a hang or a followed redirect. First against the SGLang stand-in as a plain
+process (fast), then `runner restore-service` on the confined systemd test host.
+"""
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+
+import pytest
+
+from remote_payload.host.primitives import health_ok
+from tests.cli_helpers import run_cli
+from tests.harness.systemd_jobs import target_for
+from tests.test_engine_answers import Standin
+
+UNREADABLE = ("bad-status-line", "header-flood", "long-header-line")
+BOUND_S = 1.0  # the health check's timeout here
+
+
+@pytest.fixture(scope="module")
+def bad(tmp_path_factory):
+    """A stand-in whose /h-KIND routes answer KIND, and /h-redirect a 302 to a healthy stand-in's /health."""
+    good = Standin(tmp_path_factory.mktemp("good"))
+    rules = [f"/h-{kind}={kind}" for kind in UNREADABLE] + [f"/h-redirect=redirect:{good.url}/health"]
+    server = Standin(tmp_path_factory.mktemp("health"), *rules)
+    yield server
+    server.stop()
+    good.stop()
+
+
+def checked(url: str) -> tuple[object, float]:
+    """health_ok's answer (or the exception it raised) and its seconds, run in a thread so a hang shows."""
+    outcome = {}
+
+    def run():
+        began = time.monotonic()
+        try:
+            outcome["answer"] = health_ok(url, BOUND_S)
+        except Exception as exc:  # the finding: the restorer's health wait ends in this exception
+            outcome["answer"] = exc
+        outcome["seconds"] = time.monotonic() - began
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(BOUND_S + 15.0)  # generous: a bounded check ends within its timeout
+    assert not thread.is_alive(), f"health_ok({url}) still runs after {BOUND_S + 15.0:.0f} s: unbounded"
+    return outcome["answer"], outcome["seconds"]
+
+
+@pytest.mark.parametrize("kind", UNREADABLE)
+def test_a_health_answer_that_cannot_be_read_is_unhealthy_not_a_crash(bad, kind):
+    answer, _ = checked(f"{bad.url}/h-{kind}")
+    assert answer is False, f"{kind}: {answer!r}"
+
+
+def test_a_health_redirect_is_not_followed(bad):
+    """The engine's route answers the question, not whatever its Location names (engine.call's rule too)."""
+    answer, _ = checked(f"{bad.url}/h-redirect")
+    assert answer is False, answer
+
+
+def test_a_health_answer_trickled_in_its_headers_ends_within_the_bound():
+    """One header byte every 0.2 s: each read is within the socket timeout, the whole answer never ends."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    stop = threading.Event()
+
+    def serve():
+        conn, _ = listener.accept()
+        try:
+            conn.recv(4096)
+            conn.sendall(b"HTTP/1.1 200 OK\r\nX-Trickle: ")
+            while not stop.is_set():
+                conn.sendall(b"x")
+                time.sleep(0.2)
+        except OSError:
+            pass
+        finally:
+            conn.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        answer, seconds = checked(f"http://127.0.0.1:{listener.getsockname()[1]}/health")
+        assert answer is False and seconds < BOUND_S + 2.0, (answer, seconds)
+    finally:
+        stop.set()
+        listener.close()
+
+
+@pytest.mark.systemd
+def test_restore_service_answers_a_bad_health_route_without_an_internal_error(service_host):
+    """The manual lever on a unit whose health route answers a bad status line: it answers (not healthy),
+    it does not end `internal`."""
+    service_host.install_engine_unit("sglang", "--memory-saver", "--misbehave=/h-bad=bad-status-line")
+    url = service_host.health_url.rsplit("/", 1)[0] + "/h-bad"
+    done = run_cli(target_for(service_host), "restore-service", "--host", service_host.alias, "--unit",
+                   service_host.unit, "--health-url", url, "--max-wait", "3", "--json")
+    out = (done.stdout + done.stderr).decode()
+    assert "internal" not in out and "BadStatusLine" not in out, out
+    assert json.loads(done.stdout)["state"] != "healthy", out
