@@ -45,7 +45,7 @@ from .contract import DEFAULTS, MAX_RESULT_BYTES, RUNNING_SERVICE_STATES, SERVIC
 from .supervision.files import JobPaths, Locks, UnsafeResult, append_line, is_slurm_job, lock_keys, open_result, \
     probe_lock, read_result, read_status, restore_keys
 from .host.primitives import GPU_QUERY, HERE, KILL_CONFIRM_S, POLL_S, RUN_SUPERVISOR, Fail, Systemd, identity, \
-    is_alive, nvidia_smi, parse_gpu_csv, query_apps, start_unit, wait_healthy
+    is_alive, nvidia_smi, parse_gpu_csv, query_apps, start_unit
 from .supervision.job import supervise
 from .supervision.record import Flags, Job
 from .supervision.start import answer_start, claim_job_dir, daemonize_exec, launch_detached, ready_lock, send_ready
@@ -434,7 +434,7 @@ def cmd_restore_service(args) -> dict:
     started = was not in RUNNING_SERVICE_STATES
     if started:
         start_unit(ctl, unit, deadline - time.monotonic())
-    healthy, active = wait_healthy(ctl, unit, args.health_url, deadline - time.monotonic())
+    healthy, active = supervisor_engine.wait_healthy(ctl, unit, args.health_url, deadline - time.monotonic())
     shown = ctl.show(unit)
     state = "healthy" if healthy else ("starting" if shown["active_state"] in RUNNING_SERVICE_STATES else "failed")
     if released and released.get("deferred"):  # it runs and answers, but its memory is still released

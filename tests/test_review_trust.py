@@ -9,18 +9,49 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
+import sys
 import threading
 import time
+import urllib.request
+from pathlib import Path
 
 import pytest
 
-from remote_payload.host.primitives import health_ok
+from remote_payload.host.engine import health_ok
 from tests.cli_helpers import run_cli
 from tests.harness.systemd_jobs import target_for
-from tests.test_engine_answers import Standin
+from tests.hosts import gpu_state
+from tests.hosts._proc import free_port, wait_until
+
+STANDIN = Path(__file__).parent / "hosts" / "engine_standin.py"
 
 UNREADABLE = ("bad-status-line", "header-flood", "long-header-line")
 BOUND_S = 1.0  # the health check's timeout here
+
+
+class Standin:
+    """The SGLang stand-in as a plain process; `misbehave`: ROUTE=KIND[:ARG] rules."""
+
+    def __init__(self, tmp: Path, *misbehave: str) -> None:
+        port = free_port()
+        argv = [sys.executable, str(STANDIN), "--engine", "sglang", "--port", str(port), "--gpu-dir",
+                str(gpu_state.make_state_dir(tmp / "gpu")), "--ready-delay", "0"]
+        self.proc = subprocess.Popen(argv + [f"--misbehave={rule}" for rule in misbehave],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.url = f"http://127.0.0.1:{port}"
+        wait_until(self.serves, timeout=20, what="the stand-in to serve")
+
+    def serves(self) -> bool:
+        try:
+            with urllib.request.urlopen(self.url + "/health", timeout=2) as answer:
+                return answer.status == 200
+        except OSError:
+            return False
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=10)
 
 
 @pytest.fixture(scope="module")

@@ -28,8 +28,9 @@ said it is idle. SGLang without --enable-memory-saver answers every release with
 memory saver is a no-op then): only /get_server_info tells, so `probe` reads it. Weights released without
 --enable-weights-cpu-backup come back as uninitialised memory; they are never released then. Every HTTP call
 is bounded as a whole by the caller's deadline (time.monotonic()), its body capped, no redirect followed; any
-failure of it is an EngineError (the caller restarts the unit). Stdlib only; imports contract.py and
-host/primitives.py (`Fail`, the unit's health wait for the restart that backs a failed resume).
+failure of it is an EngineError (the caller restarts the unit). The unit's health wait (`wait_healthy`, every
+restorer's) asks its health URL through the same client: an answer it cannot read is "not healthy". Stdlib
+only; imports contract.py and host/primitives.py (`Fail`).
 """
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ import json
 import time
 
 from ..contract import REFUSED_PAUSE_MODES
-from .primitives import Fail, wait_healthy
+from .primitives import Fail
 
 FREE_METHODS = ("stop", "sglang", "vllm")  # service.free; stop: systemctl stop / start
 PAUSE_MODES = ("drain", "abort", "retract", "in_place")  # service.pause_mode; None = drain
@@ -52,6 +53,7 @@ CALL_TIMEOUT_S = 30.0     # the probe before a release (its deadline; each call'
 MAX_BODY_BYTES = 1 << 20  # the routes answer a few KB
 READ_CHUNK = 1 << 16
 PROBE_S = 5.0             # the preflight's question to the engine
+STAY_ACTIVE_S = 2.0       # without a health URL, how long a unit must stay active to count as healthy
 SETTLE_S = 2.0            # after a release, how long nvidia-smi may lag before the memory counts as still held
 POLL_S = 0.2
 
@@ -202,6 +204,38 @@ def wait_for(check, deadline: float, what: str):
         if time.monotonic() + POLL_S >= deadline:
             raise EngineError("%s: not within the deadline" % what)
         time.sleep(POLL_S)
+
+
+# ── the unit's health ──────────────────────────────────────────────────────────────────────────────────
+# Its health URL is one more of the engine's routes: asked through the same client, so every restorer's wait
+# for the unit is bounded and none ends in a crash on what the engine answers.
+
+def health_ok(url: str, timeout: float) -> bool:
+    """True when url answers 2xx. The health route is the engine's, as hostile as its other routes: asked
+    through the engine's client (the whole call bounded, the body capped, no redirect, no proxy), and any
+    answer it cannot read (malformed, trickled, cut short) is not healthy, never a crash or a hang."""
+    try:
+        status, _ = exchange("GET", url, time.monotonic() + min(5.0, max(0.2, timeout)))
+    except EngineError:
+        return False
+    return 200 <= status < 300
+
+
+def wait_healthy(ctl: Systemd, unit: str, url, timeout: float):
+    """Poll until healthy, failed or timeout; returns (healthy, active_state). Healthy: active and the
+    health URL answers 2xx; with no URL, active for STAY_ACTIVE_S in a row (a Type=simple unit is "active" the
+    moment its process is forked, even one that dies a second later)."""
+    deadline = time.monotonic() + timeout
+    active_since = None
+    while True:
+        state = ctl.is_active(unit)
+        now = time.monotonic()
+        active_since = (active_since or now) if state == "active" else None
+        if active_since is not None and (health_ok(url, deadline - now) if url else now - active_since >= STAY_ACTIVE_S):
+            return True, state
+        if state == "failed" or now >= deadline:
+            return False, state
+        time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
 
 
 def api_url(service: dict) -> str:

@@ -1,7 +1,7 @@
 """Host primitives of the supervisor: what it asks the machine, never what a job means.
 
 Owns: the `Fail` answer, external commands run without a shell and bounded (`run_command`), systemd
-(`Systemd`: systemctl/systemd-run/journalctl argv for one scope; start, health), nvidia-smi and the pure
+(`Systemd`: systemctl/systemd-run/journalctl argv for one scope; start), nvidia-smi and the pure
 parsers of its output, and process identity from /proc (a pid is trusted only with its start time) with
 process-group kills. HERE is the bundle's root (the package remote_payload), where supervisor.py and the
 payload scripts are. Imports only the stdlib and contract.py; every other room of the supervisor imports it.
@@ -28,7 +28,6 @@ KILL_CONFIRM_S = 10.0        # after SIGKILL, how long to wait for the group to 
 CMD_TIMEOUT_S = 120.0
 SMI_TIMEOUT_S = 60.0         # one nvidia-smi call
 ABANDON_S = 5.0              # after killing a command that ran past its timeout: wait this long, then abandon it
-STAY_ACTIVE_S = 2.0          # without a health URL, how long a unit must stay active to count as healthy
 SUDO_HINT = ("sudo asks for a password; add a NOPASSWD sudoers rule for systemctl (and systemd-run), e.g. "
              "'USER ALL=(root) NOPASSWD: /usr/bin/systemctl, /usr/bin/systemd-run' via visudo -f "
              "/etc/sudoers.d/runner")
@@ -305,36 +304,6 @@ def start_unit(ctl: Systemd, unit: str, timeout: float) -> str:
         if exc.code == "sudo-password":
             raise
         return str(exc)
-
-
-def health_ok(url: str, timeout: float) -> bool:
-    """True when url answers 2xx. Proxies from the environment are ignored: health URLs are local."""
-    import urllib.error  # here, not at the top: it is most of the script's import time, paid on every call
-    import urllib.request
-
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    try:
-        with opener.open(url, timeout=min(5.0, max(0.2, timeout))) as answer:
-            return 200 <= answer.status < 300
-    except (urllib.error.URLError, OSError, ValueError):
-        return False
-
-
-def wait_healthy(ctl: Systemd, unit: str, url, timeout: float):
-    """Poll until healthy, failed or timeout; returns (healthy, active_state). Healthy: active and the
-    health URL answers 2xx; with no URL, active for STAY_ACTIVE_S in a row (a Type=simple unit is "active" the
-    moment its process is forked, even one that dies a second later)."""
-    deadline = time.monotonic() + timeout
-    active_since = None
-    while True:
-        state = ctl.is_active(unit)
-        now = time.monotonic()
-        active_since = (active_since or now) if state == "active" else None
-        if active_since is not None and (health_ok(url, deadline - now) if url else now - active_since >= STAY_ACTIVE_S):
-            return True, state
-        if state == "failed" or now >= deadline:
-            return False, state
-        time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
 
 
 # ── gpu ───────────────────────────────────────────────────────────────────────────────────────────────

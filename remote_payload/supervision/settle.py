@@ -23,8 +23,8 @@ import time
 from ..contract import RUNNING_SERVICE_STATES, TERMINAL
 from .budget import recorded
 from .files import JobPaths, Locks
-from ..host.primitives import KILL_CONFIRM_S, RUN_SUPERVISOR, Fail, group_is_ours, group_members, health_ok, \
-    identity, is_alive, kill_group, query_apps, run_command, start_unit, wait_healthy
+from ..host.primitives import KILL_CONFIRM_S, RUN_SUPERVISOR, Fail, group_is_ours, group_members, \
+    identity, is_alive, kill_group, query_apps, run_command, start_unit
 from .record import Job
 from ..host import engine, unit_stop
 from . import ledger, services
@@ -149,7 +149,7 @@ def start_and_wait(job: Job, unit: str, deadline: float) -> tuple:
         if why:
             job.note_restore(why)
         started = time.monotonic()
-        healthy, now = wait_healthy(job.ctl, unit, spec_service["health_url"], deadline - time.monotonic())
+        healthy, now = engine.wait_healthy(job.ctl, unit, spec_service["health_url"], deadline - time.monotonic())
         job.save(service=dict(job.status["service"], resumed={
             "how": "start", "resume_s": round(started - began, 3), "health_s": round(time.monotonic() - started, 3)}))
         return healthy, now
@@ -180,7 +180,7 @@ def observe(job: Job) -> None:
         job.event("service", error=str(exc))
         return
     running = service.get("was") in RUNNING_SERVICE_STATES
-    healthy = now == "active" and (not url or health_ok(url, 5.0)) if running else None
+    healthy = now == "active" and (not url or engine.health_ok(url, 5.0)) if running else None
     job.save(service=dict(service, now=now, healthy=healthy))
 
 
