@@ -17,12 +17,13 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+import yaml
 
 from remote_payload.host.engine import health_ok
-from tests.cli_helpers import run_cli
-from tests.harness.systemd_jobs import target_for
+from tests.cli_helpers import Target, run_cli, submit, wait_for, wait_terminal
+from tests.harness.systemd_jobs import gpu_job, target_for
 from tests.hosts import gpu_state
-from tests.hosts._proc import free_port, wait_until
+from tests.hosts._proc import free_port, shared_tmpdir, wait_until
 
 STANDIN = Path(__file__).parent / "hosts" / "engine_standin.py"
 
@@ -136,3 +137,70 @@ def test_restore_service_answers_a_bad_health_route_without_an_internal_error(se
     out = (done.stdout + done.stderr).decode()
     assert "internal" not in out and "BadStatusLine" not in out, out
     assert json.loads(done.stdout)["state"] != "healthy", out
+
+
+# ── a payload (running as payload.user) that leaves its process group ────────────────────────────────────
+
+# argv[1]: the service's port. A child in a session of its own (setsid: a new process group, so the kill of
+# the payload's group misses it) answers 200 to everything on the stopped service's port; the payload then
+# writes its result and exits 0.
+ESCAPER = """
+import json, os, subprocess, sys, time
+child = '''
+import http.server, sys
+class Ok(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.send_header("Content-Length", "2"); self.end_headers(); self.wfile.write(b"{}")
+    def log_message(self, *args):
+        pass
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Ok).serve_forever()
+'''
+proc = subprocess.Popen([sys.executable, "-c", child, sys.argv[1]], start_new_session=True,
+                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+print("escaped", proc.pid, flush=True)
+time.sleep(2)
+with open(os.environ["RUNNER_RESULT"], "w") as fh:
+    json.dump({"escaped": proc.pid}, fh)
+print("ended", time.time(), flush=True)
+"""
+
+
+@pytest.fixture
+def work():
+    return shared_tmpdir("runner-review-")
+
+
+@pytest.mark.systemd
+def test_a_payload_users_process_in_its_own_session_does_not_outlive_the_job(service_host, work):
+    """payload.user's guarantee: whatever the payload does as its user, the restore brings the unit back. A child
+    that left the payload's process group (setsid) must still be ended with the job: alive, it holds the
+    stopped service's port, answers the restorer's health check itself, and the restarted unit cannot bind."""
+    root = work / "root"
+    target = Target("ssh", {"address": service_host.alias, "root": str(root)}, root,
+                    {"RUNNER_SSH_CONFIG": str(service_host.ssh_config)}, service_host)
+    script = work / "escaper.py"
+    script.write_text(ESCAPER)
+    path = gpu_job(work, service_host, stop="always", command=["python3", str(script), str(service_host.service_port)],
+                   target=target)
+    spec = yaml.safe_load(path.read_text())
+    spec["payload"]["user"] = service_host.nosudo_user
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    job_id = submit(target, path)
+    log = f"{root}/jobs/{job_id}/output.log"
+    escaped = None
+    try:
+        wait_for(lambda: "ended" in service_host.ssh(["cat", log]).stdout, timeout=60, what="payload ended")
+        escaped = service_host.ssh(["cat", log]).stdout.split("escaped")[1].split()[0]
+        job = wait_terminal(target, job_id, timeout=120)
+        time.sleep(3)  # the restarted unit tries its port
+        alive = service_host.ssh(["kill", "-0", escaped]).returncode == 0
+        print("\nREVIEW escaper: job %s restored=%s healthy=%s; escapee alive=%s; unit now %s"
+              % (job["state"], job.get("restored"), job["service"].get("healthy"), alive,
+                 service_host.service_state()))
+        assert service_host.service_state() == "active", "the job says %s, restored %s; the unit is %s" % (
+            job["state"], job.get("restored"), service_host.service_state())
+        assert not alive, "the payload's setsid child outlived the job (pid %s)" % escaped
+        assert service_host.health_status() == 200
+    finally:
+        if escaped:
+            service_host.ssh(["kill", "-KILL", escaped])
