@@ -85,6 +85,32 @@ def group_members(pgid: int) -> list:
     return members
 
 
+def user_processes_in_own_cgroup(uid: int) -> list:
+    """The live processes of this process's cgroup (v2: /proc/self/cgroup's "0::" line) whose real uid is
+    `uid`; [] where the cgroup cannot be read (cgroup v1, no /sys/fs/cgroup)."""
+    try:
+        with open("/proc/self/cgroup") as fh:
+            path = next((line[3:].strip() for line in fh if line.startswith("0::")), None)
+        if path is None:
+            return []
+        with open(os.path.join("/sys/fs/cgroup", path.lstrip("/"), "cgroup.procs")) as fh:
+            pids = [int(word) for word in fh.read().split()]
+    except (OSError, ValueError):
+        return []
+    return [pid for pid in pids if real_uid(pid) == uid and (proc_stat(pid) or ["Z"])[0] != "Z"]
+
+
+def real_uid(pid: int):
+    """The real uid of pid (a setuid program it runs keeps it), or None when it is gone."""
+    try:
+        with open("/proc/%d/status" % pid) as fh:
+            line = next((line for line in fh if line.startswith("Uid:")), "")
+    except OSError:
+        return None
+    fields = line.split()
+    return int(fields[1]) if len(fields) > 1 else None
+
+
 def group_is_ours(payload: dict) -> bool:
     """The group id is the leader's pid; if a process with that pid lives, it must be our leader."""
     fields = proc_stat(int(payload["pgid"]))

@@ -15,6 +15,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import pwd
 import re
 import signal
 import sys
@@ -24,7 +25,7 @@ from ..contract import RUNNING_SERVICE_STATES, TERMINAL
 from .budget import recorded
 from .files import JobPaths, Locks
 from ..host.primitives import KILL_CONFIRM_S, RUN_SUPERVISOR, Fail, group_is_ours, group_members, \
-    identity, is_alive, kill_group, query_apps, run_command, start_unit
+    identity, is_alive, kill_group, query_apps, run_command, start_unit, user_processes_in_own_cgroup
 from .record import Job
 from ..host import engine, unit_stop
 from . import ledger, services
@@ -195,6 +196,32 @@ def kill_leftovers(job: Job) -> None:
             if since:  # the payload got its TERM then: a restorer gives only what is left of the grace
                 grace = min(grace, max(0.0, since + grace - time.time()))
             kill_group(int(payload["pgid"]), grace)
+    kill_user_leftovers(job)
+
+
+def kill_user_leftovers(job: Job) -> None:
+    """With payload.user: every process of that user still in the job's cgroup (the supervisor's unit), such as
+    a child that left the payload's process group (setsid). Alive, it could hold the stopped service's port and
+    answer the restorer's health check itself while the restarted unit cannot bind. KILLed (its group had its
+    grace), again while the user forks."""
+    try:
+        uid = pwd.getpwnam(job.spec["payload"].get("user") or "").pw_uid
+    except KeyError:
+        return
+    if uid == 0 or uid == os.getuid():
+        return  # not another user: its processes are the supervisor's own
+    deadline = time.monotonic() + KILL_CONFIRM_S
+    while time.monotonic() < deadline:
+        left = user_processes_in_own_cgroup(uid)
+        if not left:
+            return
+        job.payload_pids.update(left)  # they may hold GPU memory: the release waits for them too
+        for pid in left:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.05)
 
 
 def settle(job: Job, decide, ended_at=None) -> None:
