@@ -204,3 +204,78 @@ def test_a_payload_users_process_in_its_own_session_does_not_outlive_the_job(ser
     finally:
         if escaped:
             service_host.ssh(["kill", "-KILL", escaped])
+
+
+# ── payload.user where host.root lies in a dir that user owns ─────────────────────────────────────────────
+
+# argv[1]: host.root, argv[2]: a file to mark. host.root's parent is the user's: it renames ROOT aside and puts
+# its own in its place, the job dirs and locks linked back, and at the supervisor bundle's path (read from its
+# command line; root runs it by path: ExecStopPost=, the guard timer) a supervisor.py that first writes its uid
+# to the mark, then runs the original.
+SWAPPER = """
+import os, sys
+root, mark = sys.argv[1], sys.argv[2]
+aside = root + ".orig"
+def bundle():  # the supervisor's own path, from its command line (any user may read /proc/PID/cmdline)
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            argv = open("/proc/%s/cmdline" % pid, "rb").read().decode().split("\\0")
+        except OSError:
+            continue
+        for arg in argv:
+            if arg.startswith(root + "/payload/") and arg.endswith("/supervisor.py"):
+                return os.path.dirname(arg)
+try:
+    here = bundle()
+    os.rename(root, aside)
+    os.mkdir(root, 0o755)
+    for name in os.listdir(aside):
+        if name != "payload":
+            os.symlink(os.path.join(aside, name), os.path.join(root, name))
+    os.makedirs(here)
+    orig = os.path.join(aside, os.path.relpath(here, root), "supervisor.py")
+    with open(os.path.join(here, "supervisor.py"), "w") as fh:
+        fh.write("import os, runpy, sys\\nopen(%r, 'w').write(str(os.getuid()))\\n"
+                 "sys.path[0] = %r\\nrunpy.run_path(%r, run_name='__main__')\\n"
+                 % (mark, os.path.dirname(orig), orig))
+    print("swapped", here, flush=True)
+except (OSError, TypeError) as exc:
+    print("refused", exc, flush=True)
+with open(os.environ["RUNNER_RESULT"], "w") as fh:
+    fh.write("{}")
+"""
+
+
+@pytest.mark.systemd
+def test_payload_user_cannot_swap_the_code_root_runs_when_host_roots_parent_is_its_own(service_host, work):
+    """host.root under a dir payload.user owns (its home, say: root's own is 0700, so ROOT goes elsewhere): the
+    user may rename ROOT, root's as it is, and put its own, whose supervisor.py root runs by path. Refused at
+    submit, or nothing of the user's runs as root."""
+    user = service_host.nosudo_user
+    root, mark = work / "bench" / "runner", work / "pwned"
+    service_host.ssh(["install", "-d", "-o", user, "-m", "0755", str(root.parent)], check=True)
+    target = Target("ssh", {"address": service_host.alias, "root": str(root)}, root,
+                    {"RUNNER_SSH_CONFIG": str(service_host.ssh_config)}, service_host)
+    script = work / "swapper.py"
+    script.write_text(SWAPPER)
+    path = gpu_job(work, service_host, stop="always", command=["python3", str(script), str(root), str(mark)],
+                   target=target)
+    spec = yaml.safe_load(path.read_text())
+    spec["payload"]["user"] = user
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    done = run_cli(target, "submit", str(path), "--json")
+    if done.returncode == 0:
+        job_id = json.loads(done.stdout)["job_id"]
+        wait_for(lambda: "swapped" in service_host.ssh(["sh", "-c", f"cat {root}*/jobs/{job_id}/output.log"]).stdout
+                 or "refused" in service_host.ssh(["sh", "-c", f"cat {root}*/jobs/{job_id}/output.log"]).stdout,
+                 timeout=60, what="payload's swap")
+        wait_for(lambda: service_host.ssh(["cat", str(mark)]).returncode == 0 or service_host.ssh(
+            ["sh", "-c", f"grep -l '\"restored\": true' {root}.orig/jobs/{job_id}/status.json"]).returncode == 0,
+            timeout=90, what="the job's end")
+        time.sleep(3)
+        ran = service_host.ssh(["cat", str(mark)]).stdout.strip()
+        print("\nREVIEW swapper: %s; the user's supervisor.py ran as uid %r" % (
+            service_host.ssh(["sh", "-c", f"cat {root}*/jobs/{job_id}/output.log"]).stdout.strip(), ran))
+        assert ran == "", "payload.user's code ran as uid %s" % ran
+    else:
+        assert done.returncode == 4 and b"payload.user" in done.stdout + done.stderr, (done.stdout, done.stderr)
