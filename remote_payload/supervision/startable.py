@@ -16,6 +16,7 @@ import json
 import os
 import pwd
 import shutil
+import stat
 import subprocess
 
 from ..contract import START_PROBE_TIMEOUT_S, cache_dir_keys
@@ -91,6 +92,11 @@ def check_payload_user(spec: dict, root: str) -> None:
     if blocked:
         raise cannot_start("payload.user", "%r cannot reach %s (%s is not searchable by it); give host.root a "
                            "path it can reach" % (name, os.path.join(root, "jobs"), blocked))
+    blocked = changeable(root, user)
+    if blocked:
+        raise cannot_start("payload.user", "%r can change %s, on the way to host.root or in it: it could put its "
+                           "own code where root runs the supervisor; give host.root a path only root can "
+                           "write" % (name, blocked))
 
 
 def unsearchable(path: str, user) -> str:
@@ -106,6 +112,36 @@ def unsearchable(path: str, user) -> str:
         bit = 0o100 if info.st_uid == user.pw_uid else 0o010 if info.st_gid in groups else 0o001
         if not info.st_mode & bit:
             return here
+    return ""
+
+
+def changeable(root: str, user) -> str:
+    """The first path `user` could change (mode bits, or it owns it) that the supervisor's code and records
+    hang on, or '': each dir on the way to ROOT (one it may write is safe only when sticky and the next step
+    exists and is not its), ROOT itself, the dirs root keeps there and the bundle this code runs from."""
+    groups = set(os.getgrouplist(user.pw_name, user.pw_gid))
+
+    def writable(info) -> bool:
+        bit = 0o200 if info.st_uid == user.pw_uid else 0o020 if info.st_gid in groups else 0o002
+        return info.st_uid == user.pw_uid or bool(info.st_mode & bit)
+
+    parts = os.path.abspath(root).split(os.sep)[1:]
+    for depth in range(len(parts)):
+        here, step = os.sep + os.sep.join(parts[:depth]), os.sep + os.sep.join(parts[:depth + 1])
+        info = os.stat(here)
+        if writable(info):
+            try:
+                kept = info.st_mode & stat.S_ISVTX and os.lstat(step).st_uid != user.pw_uid
+            except FileNotFoundError:
+                kept = False  # it could make the next step its own before the supervisor does
+            if not kept:
+                return here
+    for path in [root] + [os.path.join(root, d) for d in ("payload", "payloads", "locks", "jobs", "tmp")] + [HERE]:
+        try:
+            if writable(os.lstat(path)):
+                return path
+        except FileNotFoundError:
+            continue
     return ""
 
 
