@@ -279,3 +279,68 @@ def test_payload_user_cannot_swap_the_code_root_runs_when_host_roots_parent_is_i
         assert ran == "", "payload.user's code ran as uid %s" % ran
     else:
         assert done.returncode == 4 and b"payload.user" in done.stdout + done.stderr, (done.stdout, done.stderr)
+
+
+# ── payload.user's process outside the job holds the job's service lock ──────────────────────────────────
+
+# argv[1]: the lock file, argv[2], argv[3]: the user's uid and gid. Run by root, it becomes the user first (a
+# process of that user outside the job: its login, its cron), opens the lock read-only and flocks it: it
+# waits while the supervisor holds it, and holds it once the supervisor and its guard are gone.
+HOLDER = """
+import fcntl, os, sys, time
+os.setgroups([]); os.setgid(int(sys.argv[3])); os.setuid(int(sys.argv[2]))
+print("pid", os.getpid(), flush=True)
+try:
+    fd = os.open(sys.argv[1], os.O_RDONLY)
+except OSError as exc:
+    print("refused", exc.errno, flush=True)
+    sys.exit(0)
+fcntl.flock(fd, fcntl.LOCK_EX)
+print("held", flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.systemd
+def test_a_process_of_payload_user_cannot_hold_the_service_lock_that_restorers_defer_to(service_host, work):
+    """Every restorer defers while the job's service lock is held ('its supervisor or guard lives'): a process
+    of payload.user may not take that lock. The supervisor and the guard die (SIGKILL); ExecStopPost= or the
+    guard timer must bring the unit back."""
+    user = service_host.nosudo_user
+    root = work / "root"
+    target = Target("ssh", {"address": service_host.alias, "root": str(root)}, root,
+                    {"RUNNER_SSH_CONFIG": str(service_host.ssh_config)}, service_host)
+    path = gpu_job(work, service_host, stop="always", command=["sleep", "600"], target=target, max_runtime="5m")
+    spec = yaml.safe_load(path.read_text())
+    spec["payload"]["user"] = user
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    job_id = submit(target, path)
+    status_file = f"{root}/jobs/{job_id}/status.json"
+
+    def host_job() -> dict:
+        done = service_host.ssh(["cat", status_file])
+        return json.loads(done.stdout) if done.returncode == 0 and done.stdout.strip() else {}
+
+    wait_for(lambda: host_job().get("state") == "RUNNING" and service_host.service_state() != "active", timeout=60,
+             what="payload running, unit stopped")
+    script = work / "holder.py"
+    script.write_text(HOLDER)
+    ids = service_host.ssh(["sh", "-c", f"id -u {user}; id -g {user}"], check=True).stdout.split()
+    lock = f"{root}/locks/service-{service_host.unit}.lock"
+    holder = subprocess.Popen(["ssh", "-F", str(service_host.ssh_config), service_host.alias, "--",
+                               f"python3 {script} {lock} {ids[0]} {ids[1]}"], stdout=subprocess.PIPE, text=True)
+    pid = holder.stdout.readline().split()[-1]
+    try:
+        time.sleep(1)
+        job = host_job()
+        service_host.ssh(["kill", "-KILL", str(job["guard"]["pid"]), str(job["supervisor"]["pid"])], check=True)
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and service_host.service_state() != "active":
+            time.sleep(1)
+        print("\nREVIEW lock holder: unit %s; the user's process %s; job %s" % (
+            service_host.service_state(), holder.stdout.readline().strip() if holder.poll() is None else "gone",
+            run_cli(target, "status", job_id).stdout.decode().splitlines()[:3]))
+        assert service_host.service_state() == "active", "a process of payload.user held the service lock"
+    finally:
+        service_host.ssh(["kill", "-KILL", pid])
+        holder.kill()
