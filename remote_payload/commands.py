@@ -42,8 +42,8 @@ import sys
 import time
 
 from .contract import DEFAULTS, MAX_RESULT_BYTES, RUNNING_SERVICE_STATES, SERVICE_SCOPES, TERMINAL, services_of
-from .supervision.files import JobPaths, Locks, UnsafeResult, append_line, is_slurm_job, lock_keys, open_result, \
-    probe_lock, read_result, read_status, restore_keys
+from .supervision.files import JobPaths, Locks, UnsafeResult, append_line, held_by_another_user, is_slurm_job, \
+    lock_keys, open_result, probe_lock, read_result, read_status, restore_keys
 from .host.primitives import GPU_QUERY, HERE, KILL_CONFIRM_S, POLL_S, RUN_SUPERVISOR, Fail, Systemd, identity, \
     is_alive, nvidia_smi, parse_gpu_csv, query_apps, start_unit
 from .supervision.job import supervise
@@ -399,8 +399,13 @@ def cmd_restore(args) -> dict:
 def restore_held(paths: JobPaths, job: Job, keys: list, answer: dict, act) -> dict:
     """`act` (a restore, True when finished) under the locks `keys` and the job's restore lock. A restorer acts
     only while holding them: a job that holds one now runs on this service and settles our stop through the
-    host ledger (it adopts it); starting the service here would be under its run."""
-    locks = Locks(paths.root, keys, paths.job_id)
+    host ledger (it adopts it); starting the service here would be under its run. A lock that a process of
+    another user holds (payload.user's, outside the job: no job runs under it) is passed over, noted."""
+    foreign = [key for key in keys if held_by_another_user(paths.root, key)]
+    if foreign:
+        job.note_restore("%s held by a process of another user (not a job's): restoring without it"
+                         % ", ".join(foreign))
+    locks = Locks(paths.root, [key for key in keys if key not in foreign], paths.job_id)
     locks.open()
     holder = locks.try_acquire()
     if holder is not None:

@@ -18,7 +18,7 @@ import stat
 import time
 
 from ..contract import MAX_RESULT_BYTES, MAX_RESULT_DEPTH, services_of
-from ..host.primitives import GPU_QUERY, Fail, nvidia_smi, parse_gpu_csv, pid_exists, query_gpus
+from ..host.primitives import GPU_QUERY, Fail, nvidia_smi, parse_gpu_csv, pid_exists, query_gpus, real_uid
 
 RESERVE_BYTES = 256 << 10   # given back when the disk fills, so the final status and restore log still fit
 LOCK_RETRY_S = 5.0          # how long a busy lock with no live holder recorded is retried before "busy"
@@ -237,6 +237,34 @@ def probe_lock(root: str, key: str) -> dict:
 def lock_held(root: str, key: str) -> bool:
     """One probe, no waiting: whether some process holds the lock now (a job's supervisor or its guard)."""
     return _probe_once(root, key)["held"]
+
+
+def held_by_another_user(root: str, key: str) -> bool:
+    """The lock is held by a process of a user none of the job's processes runs as (root, ROOT's owner, the
+    lock file's owner, us): payload.user's processes outside the job can open the lock file read-only and
+    flock it, and must not pass for a live supervisor or guard. A holder /proc/locks cannot name (gone, or in
+    another pid namespace) counts as the job's."""
+    path = os.path.join(locks_dir(root), key + ".lock")
+    try:
+        ours = {0, os.geteuid(), os.stat(path).st_uid, os.stat(root).st_uid}
+        inode = os.stat(path).st_ino
+    except OSError:
+        return False
+    uids = {real_uid(pid) for pid in flock_holders(inode) if pid > 0} - {None}
+    return bool(uids) and not uids & ours
+
+
+def flock_holders(inode: int) -> set:
+    """The pids /proc/locks shows holding (not waiting for) a flock on the file with this inode."""
+    pids = set()
+    try:
+        with open("/proc/locks") as fh:
+            for fields in (line.split() for line in fh):
+                if len(fields) > 5 and fields[1] == "FLOCK" and fields[5].rsplit(":", 1)[-1] == str(inode):
+                    pids.add(int(fields[4]))
+    except (OSError, ValueError):
+        pass
+    return pids
 
 
 def _probe_once(root: str, key: str) -> dict:

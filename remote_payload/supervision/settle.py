@@ -23,7 +23,7 @@ import time
 
 from ..contract import RUNNING_SERVICE_STATES, TERMINAL
 from .budget import recorded
-from .files import JobPaths, Locks
+from .files import JobPaths, Locks, flock_holders
 from ..host.primitives import KILL_CONFIRM_S, RUN_SUPERVISOR, Fail, group_is_ours, group_members, \
     identity, is_alive, kill_group, query_apps, run_command, start_unit, user_processes_in_own_cgroup
 from .record import Job
@@ -502,16 +502,3 @@ def take_over_hung_restorer(job: Job) -> bool:
     while is_alive(holder) and time.monotonic() < deadline:
         time.sleep(GPU_POLL_S)
     return not is_alive(holder)
-
-
-def flock_holders(inode: int) -> set:
-    """The pids /proc/locks shows holding (not waiting for) a flock on the file with this inode."""
-    pids = set()
-    try:
-        with open("/proc/locks") as fh:
-            for fields in (line.split() for line in fh):
-                if len(fields) > 5 and fields[1] == "FLOCK" and fields[5].rsplit(":", 1)[-1] == str(inode):
-                    pids.add(int(fields[4]))
-    except (OSError, ValueError):
-        pass
-    return pids

@@ -24,7 +24,7 @@ from __future__ import annotations
 import time
 
 from ..contract import DEFAULTS, RUNNING_SERVICE_STATES, SERVICE_SCOPES, TERMINAL, normalize_unit, unit_problem
-from .files import JobPaths, lock_held, read_holder, read_json, read_status, write_json_atomic
+from .files import JobPaths, held_by_another_user, lock_held, read_holder, read_json, read_status, write_json_atomic
 from ..host.primitives import Fail, is_alive
 from .record import Job, initial_status
 from . import ledger, services
@@ -53,10 +53,12 @@ def contradiction(status: dict, entries: list):
 
 def holds_locks(root: str, job_id: str, entries: list) -> bool:
     """The job's supervisor or guard is alive: one of them holds the service lock (flock, released by the
-    kernel when both are gone), and its holder record names the job."""
+    kernel when both are gone; not a process of another user, which can flock a file it can read), and its
+    holder record names the job."""
     for entry in entries:
         key = "service-" + entry["unit"]
-        if lock_held(root, key) and (read_holder(root, key) or {}).get("job_id") in (job_id, None):
+        if lock_held(root, key) and not held_by_another_user(root, key) and \
+                (read_holder(root, key) or {}).get("job_id") in (job_id, None):
             return True
     return False
 
