@@ -341,6 +341,14 @@ def test_a_process_of_payload_user_cannot_hold_the_service_lock_that_restorers_d
             service_host.service_state(), holder.stdout.readline().strip() if holder.poll() is None else "gone",
             run_cli(target, "status", job_id).stdout.decode().splitlines()[:3]))
         assert service_host.service_state() == "active", "a process of payload.user held the service lock"
+        restore_lock = f"{root}/jobs/{job_id}/restore.lock"  # the restorers' own lock: not the user's to hold
+        wait_for(lambda: service_host.ssh(["test", "-e", restore_lock]).returncode == 0, timeout=30,
+                 what="a restorer's restore.lock")
+        opened = service_host.ssh(["python3", "-c", "import os, sys; os.setgroups([]); os.setgid(%s); os.setuid(%s)\n"
+                                   "try:\n    os.open(sys.argv[1], os.O_RDONLY); print('opened')\n"
+                                   "except OSError as exc:\n    print('refused', exc.errno)" % (ids[1], ids[0]),
+                                   restore_lock]).stdout.strip()
+        assert opened == "refused 13", "payload.user can open (and so flock) the job's restore.lock: " + opened
     finally:
         service_host.ssh(["kill", "-KILL", pid])
         holder.kill()
