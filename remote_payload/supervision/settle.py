@@ -463,7 +463,10 @@ def with_restore_lock(job: Job, action) -> bool:
     """Run action under the job's restore lock; False when another restorer holds it. The holder writes who it
     is and until when its restore may run (timeout_stop_s, ExecStopPost='s bound), so a later restorer can take
     over from one that hangs past it (take_over_hung_restorer)."""
-    fd = os.open(job.paths.restore_lock, os.O_RDWR | os.O_CREAT, 0o644)
+    # payload.user can reach the job dir by name: a lock file it could open, it could flock against every
+    # restorer (they all run as root then, so 0600 keeps nobody out)
+    mode = 0o600 if job.spec["payload"].get("user") else 0o644
+    fd = os.open(job.paths.restore_lock, os.O_RDWR | os.O_CREAT, mode)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
