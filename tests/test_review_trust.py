@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from remote_payload.host.engine import health_ok
-from tests.cli_helpers import Target, run_cli, submit, wait_for, wait_terminal
+from tests.cli_helpers import Target, run_cli, status, submit, wait_for, wait_terminal
 from tests.harness.systemd_jobs import gpu_job, target_for
 from tests.hosts import gpu_state
 from tests.hosts._proc import free_port, shared_tmpdir, wait_until
@@ -352,3 +352,32 @@ def test_a_process_of_payload_user_cannot_hold_the_service_lock_that_restorers_d
     finally:
         service_host.ssh(["kill", "-KILL", pid])
         holder.kill()
+
+
+# ── `runner status` after a failed restore, the record rewritten ─────────────────────────────────────────
+
+@pytest.mark.systemd
+def test_status_does_not_say_restored_while_the_ledger_says_the_restore_failed(service_host, work):
+    """A restore that failed leaves the ledger entry marked `restore_failed_at` and the unit down; a payload
+    process still alive (same user, no payload.user) then rewrites status.json as SUCCEEDED and restored.
+    `restored` is the ledger's word: not restored. Set up as those two writers would leave the host: the unit
+    stopped and the entry marked by the supervisor's failed restore, status.json saying restored."""
+    target = target_for(service_host)
+    job_id = submit(target, gpu_job(work, service_host, stop="always", command=["true"]))
+    job = wait_terminal(target, job_id, timeout=120)
+    assert job["state"] == "SUCCEEDED" and job["restored"] is True, job
+    unit = service_host.unit
+    entry = {"unit": unit, "job_id": job_id, "was": "active", "scope": "system", "sudo": False,
+             "health_url": service_host.health_url, "health_timeout": 30, "gpus": ["0"],
+             "stopped_at": time.time() - 60, "restore_failed_at": time.time()}
+    ledger = f"/root/.runner/locks/ledger-service-{unit}.json"
+    try:
+        service_host.systemctl("stop", unit).check_returncode()
+        service_host.ssh(["sh", "-c", f"cat > {ledger}"], input=json.dumps(entry), check=True)
+        shown = status(target, job_id)
+        print("\nREVIEW failed restore, forged record: state %s restored %s; unit %s"
+              % (shown["state"], shown.get("restored"), service_host.service_state()))
+        assert shown.get("restored") is not True, shown
+    finally:
+        service_host.ssh(["rm", "-f", ledger])
+        service_host.systemctl("start", unit)
