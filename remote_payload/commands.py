@@ -231,7 +231,7 @@ def status_entry(paths: JobPaths) -> dict:
     """The job's status; `restored` is the host ledger's word (no stop of the job owed), never status.json's
     alone, which the payload can write."""
     status = reap_if_dead(paths)
-    owed = [e for e in trust.owed(paths.root, paths.job_id) if not e.get("restore_failed_at")]
+    owed = trust.owed(paths.root, paths.job_id)  # one whose restore failed too: the unit is not back
     return dict(status, supervisor_pid=(status.get("supervisor") or {}).get("pid"),
                 progress=payload_progress(paths, status), now=time.time(),
                 restored=bool(status.get("restored")) and not owed)
