@@ -39,7 +39,7 @@ import json
 import time
 
 from ..contract import REFUSED_PAUSE_MODES
-from .primitives import Fail
+from .primitives import Fail, Systemd
 
 FREE_METHODS = ("stop", "sglang", "vllm")  # service.free; stop: systemctl stop / start
 PAUSE_MODES = ("drain", "abort", "retract", "in_place")  # service.pause_mode; None = drain
