@@ -270,7 +270,7 @@ def read_job_ids_stdin() -> list:
     try:
         ids = json.loads(sys.stdin.buffer.read().decode("utf-8"))
     except ValueError as exc:
-        raise Fail("bad-args", "stdin is not a JSON list of job ids: %s" % exc)
+        raise Fail("bad-args", "stdin is not a JSON list of job ids: %s" % exc) from exc
     if not isinstance(ids, list) or not all(isinstance(job_id, str) for job_id in ids):
         raise Fail("bad-args", "stdin is not a JSON list of job ids")
     return ids
@@ -505,7 +505,7 @@ def cmd_result(args) -> dict:
         prepared = os.path.lexists(paths.prepare_result)
         if prepared:  # said, so nobody takes the prepare step's file for the payload's
             text += " (the payload wrote none; the prepare step's own is %s)" % paths.prepare_result
-        raise Fail("no-result", text, job_id=paths.job_id, state=state, prepare_result=prepared)
+        raise Fail("no-result", text, job_id=paths.job_id, state=state, prepare_result=prepared) from exc
 
 
 def preflight_gpus(spec: dict) -> dict:

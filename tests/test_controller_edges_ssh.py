@@ -17,7 +17,7 @@ import pytest
 
 from runner.state.fleet_store import STARTED, HostEntry, RunRecord, RunStore
 from runner.state.store import JobRecord, Store
-from tests.cli_helpers import REPO, Target, local_target, run_cli, submit, write_job
+from tests.cli_helpers import REPO, Target, local_target, run_cli, write_job
 from tests.hosts._proc import shared_tmpdir
 from tests.hosts.sshd import generate_key
 

@@ -13,7 +13,6 @@ import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-import pytest
 
 from runner.results import clocks, gate, gate_report
 from runner.results.results import render_any

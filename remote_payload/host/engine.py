@@ -186,7 +186,7 @@ def parse_body(raw: bytes, what: str):
     try:
         return json.loads(text)
     except (ValueError, RecursionError) as exc:
-        raise EngineError("%s answered what is not JSON (%s): %r" % (what, type(exc).__name__, text[:80]))
+        raise EngineError("%s answered what is not JSON (%s): %r" % (what, type(exc).__name__, text[:80])) from exc
 
 
 def expect_ok(method: str, url: str, deadline: float, body=None):

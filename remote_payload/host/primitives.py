@@ -250,7 +250,7 @@ def run_command(argv: list, timeout: float = CMD_TIMEOUT_S) -> subprocess.Comple
     try:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     except FileNotFoundError:
-        raise Fail("internal", "%s is not installed on this host" % argv[0])
+        raise Fail("internal", "%s is not installed on this host" % argv[0]) from None
     output = communicate_within(proc, timeout)
     if output is None:
         raise Fail("timeout", "%s did not finish within %.0f s" % (" ".join(argv[:4]), timeout))

@@ -103,7 +103,7 @@ def run_task(paths: JobPaths) -> dict:
     try:
         index = array_task_index(os.environ, len(variants)) + 1
     except ValueError as exc:
-        raise Fail("bad-args", str(exc))
+        raise Fail("bad-args", str(exc)) from exc
     task = task_paths(paths, index)
     for path in (task.dir, os.path.dirname(task.result)):
         os.makedirs(path, exist_ok=True)

@@ -27,7 +27,7 @@ def slurm_call(argv: list, stdin: str = "", timeout: float = QUERY_TIMEOUT_S, en
     try:
         return subprocess.run(argv, input=stdin, capture_output=True, text=True, timeout=timeout, env=env)
     except FileNotFoundError:
-        raise Fail("slurm-unavailable", "%s is not installed on the login node" % argv[0])
+        raise Fail("slurm-unavailable", "%s is not installed on the login node" % argv[0]) from None
     except subprocess.TimeoutExpired:
         return subprocess.CompletedProcess(argv, 124, "", "%s did not answer within %.0f s" % (argv[0], timeout))
 

@@ -64,7 +64,7 @@ def submit(paths: JobPaths, spec: dict) -> dict:
         argv = submit_argv(paths, spec)
     except ValueError as exc:
         shutil.rmtree(paths.dir, ignore_errors=True)
-        raise Fail("bad-spec", str(exc))
+        raise Fail("bad-spec", str(exc)) from exc
     except Fail:  # its status.json unreadable just after the claim: nothing was submitted
         shutil.rmtree(paths.dir, ignore_errors=True)
         raise

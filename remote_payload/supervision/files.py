@@ -357,6 +357,6 @@ def read_status(paths: JobPaths) -> dict:
             raise ValueError("not a status object")
         return status
     except (OSError, ValueError) as exc:
-        raise Fail("bad-status", "cannot read %s: %s" % (paths.status, exc), job_id=paths.job_id)
+        raise Fail("bad-status", "cannot read %s: %s" % (paths.status, exc), job_id=paths.job_id) from exc
 
 

@@ -85,13 +85,13 @@ def launch_payload(job: Job, argv=None, state: str = "RUNNING", phase: str = "pa
                                     stdin=stdin, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                                     **as_user(user))
         except (OSError, subprocess.SubprocessError) as exc:
-            raise Fail("start-failed", "cannot start the payload %r: %s" % (argv[0], exc))
+            raise Fail("start-failed", "cannot start the payload %r: %s" % (argv[0], exc)) from exc
     ident = identity(proc.pid)
     job.payload_pids.add(proc.pid)
     for service in services.records(job.status):  # first: the ledger is what a restorer trusts (trust.py)
         if service.get("stopped"):
-            job.persist(lambda: ledger.note_payload(job.paths.root, service["unit"], job.paths.job_id,
-                                                    dict(ident, pgid=proc.pid)))
+            job.persist(lambda unit=service["unit"]: ledger.note_payload(job.paths.root, unit, job.paths.job_id,
+                                                                         dict(ident, pgid=proc.pid)))
     now = time.time()  # payload.started_at: this process's (a sweep's variant's); started_at: the job's first
     job.set_state(state, phase, payload=dict(ident, pgid=proc.pid, exit_code=None, signal=None, started_at=now),
                   **({"started_at": now} if state == "RUNNING" and not job.status.get("started_at") else {}))

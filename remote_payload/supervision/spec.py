@@ -359,5 +359,5 @@ def read_spec_stdin(root: str, job_id=None) -> dict:
     try:
         raw = json.loads(sys.stdin.buffer.read().decode("utf-8"))
     except ValueError as exc:
-        raise Fail("bad-spec", "stdin is not a JSON spec: %s" % exc)
+        raise Fail("bad-spec", "stdin is not a JSON spec: %s" % exc) from exc
     return locate_payload(check_spec(raw, job_id), root)

@@ -176,7 +176,7 @@ def claim_job_dir(paths: JobPaths, spec: dict, queue: bool) -> None:
         for path in (os.path.dirname(paths.dir), staging):
             os.makedirs(path, exist_ok=True)
     except OSError as exc:
-        raise no_room(paths, staging, exc)
+        raise no_room(paths, staging, exc) from exc
     if os.path.exists(paths.dir):
         raise job_exists(paths, spec)
     import tempfile  # only `start` needs it: not at the top, where every call would pay for it
@@ -191,12 +191,12 @@ def claim_job_dir(paths: JobPaths, spec: dict, queue: bool) -> None:
     except OSError as exc:  # a full or read-only disk: nothing was started, and nothing is left behind
         if tmp:
             shutil.rmtree(tmp, ignore_errors=True)
-        raise no_room(paths, staging, exc)
+        raise no_room(paths, staging, exc) from exc
     try:
         os.rename(tmp, paths.dir)  # fails when the target exists and is not empty: every job dir has files
     except OSError:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise job_exists(paths, spec)
+        raise job_exists(paths, spec) from None
     fsync_dir(os.path.dirname(paths.dir))
 
 

@@ -82,7 +82,7 @@ def check_payload_user(spec: dict, root: str) -> None:
     try:
         user = pwd.getpwnam(name)
     except KeyError:
-        raise cannot_start("payload.user", "no user %r on this host" % name)
+        raise cannot_start("payload.user", "no user %r on this host" % name) from None
     if user.pw_uid == 0:
         raise cannot_start("payload.user", "%r is root: the payload would be as free as the supervisor" % name)
     if os.geteuid() != 0:
@@ -210,7 +210,7 @@ def probe(python: str, script: str, env: dict) -> dict:
         proc = subprocess.Popen([python, "-c", PROBE, script], env=env, cwd=HERE, stdin=subprocess.DEVNULL,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     except OSError as exc:
-        raise cannot_start(field, "%s cannot be run: %s" % (python, exc.strerror or exc))
+        raise cannot_start(field, "%s cannot be run: %s" % (python, exc.strerror or exc)) from exc
     output = communicate_within(proc, START_PROBE_TIMEOUT_S)
     if output is None:
         raise cannot_start(field, "%s did not answer `python -c` within %.0f s" % (python, START_PROBE_TIMEOUT_S))

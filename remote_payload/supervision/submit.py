@@ -25,7 +25,7 @@ def submit(args, spec: dict, preflight_report, start_job) -> dict:
     try:
         report = preflight_report(args, spec)
     except Fail as exc:
-        raise Fail(exc.code, str(exc), stage="preflight", **exc.extra)
+        raise Fail(exc.code, str(exc), stage="preflight", **exc.extra) from exc
     claimed = os.path.isdir(JobPaths(args.root, args.job_id).dir)
     verdict = RETRY if claimed else admit(dict(spec, job_id=args.job_id), report, args.queue)
     refusal = verdict.get("refuse")
@@ -35,6 +35,6 @@ def submit(args, spec: dict, preflight_report, start_job) -> dict:
     try:
         answer = start_job(args, spec)
     except Fail as exc:  # e.g. `exists`: the controller adopts the job its retry finds
-        raise Fail(exc.code, str(exc), report=report, **exc.extra)
+        raise Fail(exc.code, str(exc), report=report, **exc.extra) from exc
     return dict(answer, started=answer.get("ok", False), report=report, stop_service=verdict["stop_service"],
                 notes=verdict["notes"])

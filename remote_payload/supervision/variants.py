@@ -386,7 +386,8 @@ def note_slots(job: Job, slots: list, running: dict) -> None:
     busy = [s for s in table if s["variant"]]
     for service in services.records(job.status):  # the ledger too: what a restorer trusts (trust.py)
         if service.get("stopped"):
-            job.persist(lambda: ledger.note_slots(job.paths.root, service["unit"], job.paths.job_id, busy))
+            job.persist(lambda unit=service["unit"]: ledger.note_slots(job.paths.root, unit, job.paths.job_id,
+                                                                       busy))
 
 
 def finish(job: Job, records: list, slots: list) -> None:

@@ -46,7 +46,7 @@ def batch_size_list(text: str) -> list[int]:
     try:
         sizes = [int(v) for v in text.split(",") if v.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"batch sizes must be comma-separated integers, got {text!r}")
+        raise argparse.ArgumentTypeError(f"batch sizes must be comma-separated integers, got {text!r}") from None
     if not sizes or any(m <= 0 for m in sizes) or len(set(sizes)) != len(sizes):
         raise argparse.ArgumentTypeError(f"batch sizes must be distinct positive integers, got {text!r}")
     return sorted(sizes)
@@ -523,14 +523,14 @@ class Bench:
                 statics = static_views(m, self.statics)
                 buffers = self.backend.buffers(m)
 
-                def call():
+                def call(statics=statics, buffers=buffers):  # this batch size's, bound now
                     return self.backend(statics.x, statics.topk_w, statics.topk_ids, buffers)
 
                 row = {"m": m, "eager": self.compare(call, reference, sets, 0, statics, buffers)}
                 if a.timing == "graph":
                     graph, output = capture_graph(call)
-                    row["graph"] = self.compare(lambda: (graph.replay(), output)[1], reference, sets, 1,
-                                                statics, buffers)
+                    row["graph"] = self.compare(lambda graph=graph, output=output: (graph.replay(), output)[1],
+                                                reference, sets, 1, statics, buffers)
                     del graph, output
                 row["ok"] = all(row[k]["ok"] for k in ("eager", "graph") if k in row)
             rows.append(row)

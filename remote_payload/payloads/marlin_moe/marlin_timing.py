@@ -164,7 +164,7 @@ def nvml_sampler(torch_module) -> Callable[[], dict] | None:
     except Exception:  # NVML is optional: no sampler, no gpu_state in the rows
         return None
     reasons = getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
-        getattr(pynvml, "nvmlDeviceGetCurrentClocksThrottleReasons")
+        pynvml.nvmlDeviceGetCurrentClocksThrottleReasons
 
     def sample() -> dict:
         bits = reasons(handle)
