@@ -108,9 +108,11 @@ VERBS = {
                   "the interpreter, whether the payload may start"),
     "submit": ("--job-id ID [--queue]", "spec JSON", "preflight, the admission verdict and the start in one call"),
     "start": ("--job-id ID [--queue]", "spec JSON", "claim the job dir and start the detached supervisor"),
-    "status": ("[--job-id ID …]", "-", "the jobs' status.json (all jobs without ids), LOST marked and restored"),
-    "logs": ("--job-id ID --offset N [--max B] [--wait S]", "-", "output.log's bytes from N, waiting up to S "
-             "seconds for more"),
+    "status": ("[--job-id ID …] [--ids-on-stdin]", "a JSON list of ids (--ids-on-stdin)", "the jobs' status.json "
+               "(all jobs without ids), LOST marked and restored"),
+    "logs": ("--job-id ID --offset N [--max B] [--wait S] [--stream [--follow]]", "-", "output.log's bytes from N, "
+             "waiting up to S seconds for more; --stream: in frames for the whole wait (--follow: until the job "
+             "ended)"),
     "cancel": ("--job-id ID", "-", "ask the supervisor to stop the payload; it then restores"),
     "restore": ("--job-id ID", "-", "settle a job whose supervisor and guard are gone: the service back"),
     "restore-service": ("--unit U [--scope system/user] [--sudo] [--health-url URL] [--max-wait S]", "-",
