@@ -252,7 +252,7 @@ def test_a_staged_payload_with_free_sglang_is_staged_before_the_engine_is_paused
     job = wait_terminal(target, job_id)
     assert_service_back(service_host, job, "staged payload, free: sglang", "SUCCEEDED")
     assert main_pid(service_host) == pid
-    assert "POST /pause_generation {}" in calls(log)
+    assert 'POST /pause_generation {"mode": "in_place"}' in calls(log)  # the default drain's pause
     paused = next(json.loads(line)["t"] for line in log.read_text().splitlines()
                   if json.loads(line)["path"] == "/pause_generation")
     events = host_events(service_host, job_id)

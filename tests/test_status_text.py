@@ -20,3 +20,18 @@ def test_a_running_phase_is_shown_as_it_is():
 def test_a_failed_phase_says_so():
     text = _status_text(_job({"phase": "jit", "phase_status": "error"}))
     assert "phase jit failed" in text
+
+
+def test_the_window_says_what_became_of_sglangs_requests_in_status_and_results():
+    from runner.cli.cli import _window_lines
+    window = {"method": "sglang", "not_serving_s": 10.0, "release_s": 0.4, "payload_s": 8.5, "pause_mode": "drain",
+              "clients": {"in_flight": 4, "completed": 4, "aborted": 0, "drained_s": 2.0}}
+    job = dict(_job({}), state="SUCCEEDED", service={"unit": "sglang.service", "was": "active", "now": "active",
+                                                     "downtime_s": 10.0, "downtime": window})
+    drained = "clients (drain): 4 in flight at the pause, 4 completed, 0 aborted (drained in 2.0 s)"
+    assert drained in _status_text(job)
+    assert _window_lines(window) == ["service window (sglang): not serving 10.0 s (release 0.4, payload 8.5 s); "
+                                     + drained]
+    aborted = dict(window, pause_mode="abort", clients={"in_flight": 4, "completed": 0, "aborted": 4})
+    assert _window_lines(aborted)[0].endswith("clients (abort): 4 in flight at the pause, 0 completed, 4 aborted")
+    assert "clients" not in _window_lines({"method": "stop", "not_serving_s": 70.0})[0]

@@ -1,7 +1,8 @@
 """Client load on an SGLang server, and what it saw during runner's windows (stdlib only).
 
-    python3 load.py run LOG URL [CLIENTS] [TOKENS]    until SIGTERM: CLIENTS (4) clients each looping POST /generate
-        of TOKENS (1500) new tokens (input_ids, ignore_eos: every complete answer has exactly TOKENS), and a prober
+    python3 load.py run LOG URL [CLIENTS] [TOKENS] [THINK_S]    until SIGTERM: CLIENTS (4) clients each looping
+        POST /generate of TOKENS (1500) new tokens (input_ids, ignore_eos: every complete answer has exactly TOKENS)
+        with THINK_S (0: none, a saturating load) between an answer and the next request, and a prober
         sending a 1-token /generate every 0.25 s (each in its own thread, so a held probe does not stop the next);
         one JSON line per request: kind (load|probe), client, start, end, http, finish (SGLang's finish_reason type),
         tokens (meta_info.completion_tokens), error
@@ -46,7 +47,7 @@ def post(url: str, body: dict, timeout: float) -> dict:
     return row
 
 
-def run(log_path: str, base: str, clients: int, tokens: int) -> None:
+def run(log_path: str, base: str, clients: int, tokens: int, think_s: float) -> None:
     out, lock, stop = open(log_path, "a"), threading.Lock(), threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
 
@@ -61,8 +62,8 @@ def run(log_path: str, base: str, clients: int, tokens: int) -> None:
         while not stop.is_set():
             row = post(base + "/generate", body, 600)
             emit(dict(row, kind="load", client=n))
-            if row["http"] != 200:
-                stop.wait(0.1)  # a refusing server: do not spin
+            if row["http"] != 200 or think_s:
+                stop.wait(max(think_s, 0.1))  # the client's think time; a refusing server: do not spin
 
     def probe() -> None:
         body = {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 1, "temperature": 0.0}}
@@ -116,7 +117,7 @@ def window_report(rows: list, status: dict, tokens: int) -> dict:
 def main(argv: list) -> int:
     if argv[:1] == ["run"]:
         run(argv[1], argv[2].rstrip("/"), int(argv[3]) if len(argv) > 3 else 4,
-            int(argv[4]) if len(argv) > 4 else 1500)
+            int(argv[4]) if len(argv) > 4 else 1500, float(argv[5]) if len(argv) > 5 else 0.0)
         return 0
     if argv[:1] == ["report"]:
         rows = [json.loads(line) for line in open(argv[1]) if line.strip()]

@@ -10,7 +10,7 @@
 # /health_generate), and each job's window is reported from the clients' log (load.py report). More entries:
 # abort (free: sglang, pause_mode abort), killdrain / killwindow (the default, with the job's supervisor and
 # guard SIGKILLed while it drains / while its payload runs). PREPARE=0 leaves the prepare step out (the JIT
-# cache is carried warm); DRAIN_TIMEOUT sets service.drain_timeout.
+# cache is carried warm); DRAIN_TIMEOUT sets service.drain_timeout; THINK_S each client's pause between requests.
 set -u
 D=${D:-/tmp/sgr}; cd $D/repo
 SEQUENCE=${SEQUENCE:-"sglang stop sglang+staged"}
@@ -42,8 +42,8 @@ probe_url=$API/health_generate; [ "${LOAD:-0}" = 1 ] && probe_url=$API/get_model
 python3 results/h200/engine/sampler.py $O/samples.jsonl $probe_url sglang.service &
 sampler=$!
 if [ "${LOAD:-0}" = 1 ]; then
-  python3 results/h200/sglang/load.py run $O/load.jsonl $API 4 1500 & loader=$!
-  say "load: 4 clients x /generate 1500 tokens, prober every 0.25 s (pid $loader)"
+  python3 results/h200/sglang/load.py run $O/load.jsonl $API 4 1500 ${THINK_S:-0} & loader=$!
+  say "load: 4 clients x /generate 1500 tokens, think ${THINK_S:-0} s, prober every 0.25 s (pid $loader)"
 fi
 sleep 3
 kill_when() {  # SIGKILL the job's supervisor and guard once its host status.json satisfies the python test $2
