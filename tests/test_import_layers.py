@@ -38,6 +38,7 @@ HOST_LAYERS = [
     ("host primitives", {"host", "host.*"}),
     ("supervision", {"supervision", "supervision.*"}),
     ("slurm launcher", {"slurm", "slurm.*"}),
+    ("verbs", {"verbs", "verbs.*"}),
     ("entry", {"commands", "supervisor"}),
 ]
 # Cycles the host side still has (each hidden by a function-local import): none; listed here if one must be

@@ -18,6 +18,7 @@ from ..slurm.batch import MAX_DOWNTIME_ON_SLURM, setup_seconds, slurm_problem, t
 from ..host.engine import FREE_METHODS, MAX_DRAIN_TIMEOUT_S, PAUSE_MODES, api_url
 from ..host.primitives import Fail, query_gpus
 from ..sweep import MAX_VARIANTS, rounds, slot_problem, slots
+from .files import JobPaths
 
 DEFAULTS = contract.DEFAULTS
 
@@ -361,3 +362,10 @@ def read_spec_stdin(root: str, job_id=None) -> dict:
     except ValueError as exc:
         raise Fail("bad-spec", "stdin is not a JSON spec: %s" % exc) from exc
     return locate_payload(check_spec(raw, job_id), root)
+
+
+def job_paths(args) -> JobPaths:
+    paths = JobPaths(args.root, check_job_id(args.job_id))
+    if not os.path.isdir(paths.dir):
+        raise Fail("unknown-job", "no job %s on this host" % args.job_id, job_id=args.job_id)
+    return paths

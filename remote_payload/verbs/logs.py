@@ -1,0 +1,93 @@
+"""`logs`: output.log bytes from an offset, waiting (bounded) for new ones."""
+from __future__ import annotations
+
+import base64
+import fcntl
+import json
+import os
+import sys
+import time
+
+from ..contract import TERMINAL
+from ..host.primitives import Fail, POLL_S
+from ..supervision.files import JobPaths, is_slurm_job
+from ..supervision.spec import job_paths
+from .launcher import slurm_launch
+from .reap import reap_if_dead
+
+
+LOG_MAX_BYTES = 4 << 20
+
+
+def read_log_chunk(path: str, offset: int, limit: int) -> tuple:
+    try:
+        with open(path, "rb") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            fh.seek(offset)
+            return fh.read(min(limit, max(0, size - offset))), size
+    except FileNotFoundError:
+        return b"", 0
+
+
+def cmd_logs(args) -> dict:
+    paths = job_paths(args)
+    if args.offset < 0 or args.max <= 0:
+        raise Fail("bad-args", "--offset must be >= 0 and --max > 0")
+    if args.stream:
+        return stream_log(paths, args)
+    deadline = time.monotonic() + max(0.0, args.wait)
+    while True:
+        status = reap_if_dead(paths)  # read the state first: a terminal state then covers every byte read below
+        data, size = log_chunk(paths, args.offset, min(args.max, LOG_MAX_BYTES))
+        terminal = status["state"] in TERMINAL
+        if data or terminal or time.monotonic() >= deadline:
+            return {"ok": True, "offset": args.offset, "next_offset": args.offset + len(data), "size": size,
+                    "data_b64": base64.b64encode(data).decode("ascii"), "state": status["state"],
+                    "terminal": terminal, "exit_code": status.get("exit_code"),
+                    "message": status.get("message") if terminal else None}
+        time.sleep(POLL_S)
+
+
+def log_chunk(paths: JobPaths, offset: int, limit: int) -> tuple:
+    """Up to `limit` bytes of the job's log from `offset`, and the log's size; an offset past it is bad-offset.
+    A Slurm job array's log is its variants' logs in turn (slurm/array.py)."""
+    data, size = (is_slurm_job(paths) and slurm_launch().log_chunk(paths, offset, limit)) or \
+        read_log_chunk(paths.output, offset, limit)
+    if offset > size:
+        raise Fail("bad-offset", "offset %d is past the end of the log (%d bytes)" % (offset, size), size=size)
+    return data, size
+
+
+def widen_pipe(fd: int) -> None:
+    """Our stdout a pipe of a megabyte where it is a pipe and Linux allows it: fewer, larger writes to sshd."""
+    try:
+        fcntl.fcntl(fd, getattr(fcntl, "F_SETPIPE_SZ", 1031), 1 << 20)
+    except OSError:
+        pass
+
+
+def stream_log(paths: JobPaths, args) -> dict:
+    """`logs --stream`: the log from --offset as it grows, on this one call, for up to --wait seconds (with
+    --follow until the job ended and every byte went, else until caught up). Each chunk is a frame: a JSON
+    header line (`data_len`, `next_offset`, the state read before the bytes), then its raw bytes. The answer
+    line is the last frame, with no bytes."""
+    deadline, offset = time.monotonic() + max(0.0, args.wait), args.offset
+    out = sys.stdout.buffer
+    widen_pipe(out.fileno())
+    while True:
+        status = reap_if_dead(paths)  # read the state first: a terminal state then covers every byte read below
+        data, size = log_chunk(paths, offset, min(args.max, LOG_MAX_BYTES))
+        frame = {"ok": True, "offset": offset, "next_offset": offset + len(data), "size": size,
+                 "state": status["state"], "terminal": status["state"] in TERMINAL,
+                 "exit_code": status.get("exit_code"), "data_len": len(data), "last": False}
+        if data:
+            out.write(json.dumps(frame).encode() + b"\n")
+            out.write(data)
+            out.flush()
+            offset += len(data)
+        caught_up = offset >= size
+        if (caught_up and (frame["terminal"] or not args.follow)) or time.monotonic() >= deadline:
+            return dict(frame, offset=offset, next_offset=offset, data_len=0, last=True,
+                        message=status.get("message") if frame["terminal"] else None)
+        if caught_up:
+            time.sleep(POLL_S)

@@ -1,0 +1,57 @@
+"""`preflight`: the host as a job would find it (its services, locks, GPUs, Python), touching nothing."""
+from __future__ import annotations
+
+import shutil
+import sys
+
+from ..contract import services_of
+from ..host import engine as supervisor_engine, unit_stop
+from ..host.primitives import GPU_QUERY, Systemd, nvidia_smi, parse_gpu_csv, query_apps
+from ..supervision import ledger
+from ..supervision.files import lock_keys, probe_lock
+from ..supervision.spec import check_job_id, read_spec_stdin
+from ..supervision.startable import check_payload_user, check_startable
+from .launcher import slurm_launch
+
+
+def cmd_preflight(args) -> dict:
+    return preflight_report(args, read_spec_stdin(args.root, check_job_id(args.job_id) if args.job_id else None))
+
+
+def preflight_report(args, spec: dict) -> dict:
+    if spec.get("launcher") == "slurm":
+        return slurm_launch().preflight("%d.%d.%d" % sys.version_info[:3])
+    check_startable(spec)  # before anything else: a job whose payload cannot start is refused, nothing touched
+    check_payload_user(spec, args.root)
+    found = [preflight_service(args.root, s) for s in services_of(spec)]
+    several = {"services": found, "services_kept": spec.get("services_kept", [])} if "services" in spec else {}
+    locks = [probe_lock(args.root, key) for key in lock_keys(spec)]
+    return dict({"ok": True, "service": found[0] if found else None, "locks": locks,
+                 "python": "%d.%d.%d" % sys.version_info[:3]}, **several, **preflight_gpus(spec))
+
+
+def preflight_gpus(spec: dict) -> dict:
+    devices = spec["gpu"]["devices"]
+    if not devices:
+        return {"gpus": [], "apps": [], "nvidia_smi": shutil.which("nvidia-smi") is not None}
+    if shutil.which("nvidia-smi") is None:
+        return {"gpus": [], "apps": [], "nvidia_smi": False}
+    found = parse_gpu_csv(nvidia_smi(GPU_QUERY))
+    wanted = set(devices)
+    # host_gpus: every GPU nvidia-smi lists, so a refusal of a device it lacks can say which ones it has.
+    return {"gpus": [g for g in found if g["index"] in wanted or g["uuid"] in wanted], "apps": query_apps(),
+            "nvidia_smi": True, "host_gpus": [{"index": g["index"], "uuid": g["uuid"]} for g in found]}
+
+
+def preflight_service(root: str, spec_service: dict) -> dict:
+    """One service the job frees, as it is now: its state, the ledger's entry, what its engine offers."""
+    unit = spec_service["unit"]
+    ctl = Systemd(spec_service["scope"], spec_service["sudo"])
+    service = dict(ctl.show(unit), manager="systemd", unit=unit, ledger=ledger.read_entry(root, unit))
+    if spec_service.get("free", "stop") != "stop":  # asked before anything is touched
+        service["engine"] = supervisor_engine.offers(spec_service)
+    elif spec_service.get("stop", "never") != "never":  # admission says it when the job will stop the unit
+        hint = unit_stop.slow_stop_hint(unit, unit_stop.stop_settings(ctl, unit))
+        if hint:
+            service["stop_hint"] = hint
+    return service

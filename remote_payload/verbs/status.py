@@ -1,0 +1,64 @@
+"""`status`: each job's state, its payload's progress and the ledger's `restored`."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+from ..contract import TERMINAL
+from ..host.primitives import Fail
+from ..progress import SCAN_BYTES, summarize
+from ..supervision import trust
+from ..supervision.files import JobPaths
+from ..supervision.spec import check_job_id
+from .reap import reap_if_dead
+
+
+def status_entry(paths: JobPaths) -> dict:
+    """The job's status; `restored` is the host ledger's word (no stop of the job owed), never status.json's
+    alone, which the payload can write."""
+    status = reap_if_dead(paths)
+    owed = trust.owed(paths.root, paths.job_id)  # one whose restore failed too: the unit is not back
+    return dict(status, supervisor_pid=(status.get("supervisor") or {}).get("pid"),
+                progress=payload_progress(paths, status), now=time.time(),
+                restored=bool(status.get("restored")) and not owed)
+
+
+def payload_progress(paths: JobPaths, status: dict):
+    """For a job not yet ended: its phase, rows done of expected, and how long its output has been silent
+    (read from the event lines in the last MiB of output.log; progress.py has the convention)."""
+    if status["state"] in TERMINAL:
+        return None
+    try:
+        with open(paths.output, "rb") as fh:
+            info = os.fstat(fh.fileno())
+            fh.seek(max(0, info.st_size - SCAN_BYTES))
+            text = fh.read(SCAN_BYTES)
+    except FileNotFoundError:
+        return None
+    if info.st_size > SCAN_BYTES:
+        text = text.split(b"\n", 1)[-1]  # the first line may be cut
+    return dict(summarize(text), output_bytes=info.st_size, silent_s=round(max(0.0, time.time() - info.st_mtime), 1))
+
+
+def read_job_ids_stdin() -> list:
+    """`status --ids-on-stdin`: a JSON list of job ids (a list of any length never goes through argv)."""
+    try:
+        ids = json.loads(sys.stdin.buffer.read().decode("utf-8"))
+    except ValueError as exc:
+        raise Fail("bad-args", "stdin is not a JSON list of job ids: %s" % exc) from exc
+    if not isinstance(ids, list) or not all(isinstance(job_id, str) for job_id in ids):
+        raise Fail("bad-args", "stdin is not a JSON list of job ids")
+    return ids
+
+
+def cmd_status(args) -> dict:
+    jobs_root = os.path.join(args.root, "jobs")
+    named = args.job_id + (read_job_ids_stdin() if args.ids_on_stdin else [])
+    ids = named or (sorted(os.listdir(jobs_root)) if os.path.isdir(jobs_root) else [])
+    jobs = []
+    for job_id in ids:
+        paths = JobPaths(args.root, check_job_id(job_id))
+        jobs.append(status_entry(paths) if os.path.isdir(paths.dir) else {"job_id": job_id, "state": "UNKNOWN"})
+    return {"ok": True, "jobs": jobs}
