@@ -8,7 +8,7 @@ import time
 import pytest
 
 from remote_payload import contract
-from remote_payload import commands as supervisor
+from remote_payload.verbs import reap as supervisor
 from remote_payload.supervision import files as supervisor_files, job as supervisor_job, record as supervisor_record, \
     settle as supervisor_settle, spec as supervisor_spec
 from remote_payload.host import primitives as supervisor_host

@@ -14,8 +14,8 @@ supervisor died (node failure); then nobody else writes it any more.
 
 Slurm is asked at most every SLURM_POLL_S per job (slurm.json caches its answer), so `logs --wait`
 polling every 0.1 s and many `status` callers do not load slurmctld. Imports the stdlib and the rooms
-below it (the client calls: slurm/calls.py; a job array: slurm/array.py); commands.py calls in from its
-commands.
+below it (the client calls: slurm/calls.py; a job array: slurm/array.py); verbs/ calls in from its
+verbs.
 """
 from __future__ import annotations
 

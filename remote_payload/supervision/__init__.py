@@ -2,8 +2,8 @@
 
 The spec checked again, the job's files and records, the host ledger and what the restorers trust, may the
 payload start, the payload's process (staged; every job's variants, a plain job's one), settle and the guard,
-the transient unit, the start handshake, `submit`, and the job's choreography that ties them together
-(job.py). May import the standard library, the shared rules (contract, admission, progress, sweep,
-slurm/batch.py) and host/; slurm/ and commands.py import it. No imports here: every host call pays for what
-it loads.
+the transient unit, the start handshake, the job's choreography that ties them together (job.py); the
+supervisor's process (run.py), the guard's (guard.py) and restore (restore.py). May import the standard
+library, the shared rules (contract, admission, progress, sweep, slurm/batch.py) and host/; slurm/, verbs/ and
+commands.py import it. No imports here: every host call pays for what it loads.
 """

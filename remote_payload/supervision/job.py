@@ -9,7 +9,7 @@
 The record (`Job`, `Flags`, `Interrupted`) is supervision/record.py; the payload's process (launch, watch,
 exit record) supervision/payload.py; settle, restore, the ledger's adoption and the guard are
 supervision/settle.py. Imports only the stdlib, the shared rules (contract.py, admission.py), host/ and
-those rooms; commands.py and slurm/launch.py import it.
+those rooms; run.py and slurm/ import it.
 """
 from __future__ import annotations
 

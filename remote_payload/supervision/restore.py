@@ -2,7 +2,6 @@
 `restore-service` (the manual lever; it first lets a job that released the unit's engine resume it)."""
 from __future__ import annotations
 
-import argparse
 import time
 
 from . import ledger, unit as supervisor_unit, trust
@@ -12,13 +11,17 @@ from ..host.primitives import Fail, Systemd, start_unit
 from .files import JobPaths, Locks, held_by_another_user, is_slurm_job, restore_keys
 from .record import Job
 from .settle import restore_unit, settle_as_restorer, take_over_hung_restorer, with_restore_lock
-from .spec import check_health_url, check_unit, job_paths
+from .spec import check_health_url, check_unit, existing_job, job_paths
 
 
 def cmd_restore(args) -> dict:
+    return restore_job(job_paths(args))
+
+
+def restore_job(paths: JobPaths, only: str | None = None) -> dict:
     """`restore` of a job: settle it as a restorer when its supervisor and guard are both gone. Idempotent:
-    a settled job is reported as is (`already`); a live supervisor or guard is left to do it (`deferred`)."""
-    paths = job_paths(args)
+    a settled job is reported as is (`already`); a live supervisor or guard is left to do it (`deferred`).
+    With `only` (a unit), resume that unit alone when the job owes others too."""
     job = trust.load_for_restore(paths)  # the ledger over status.json, which the payload can write
     answer = {"ok": True, "job_id": paths.job_id}
     if job.status.get("restored"):
@@ -36,7 +39,6 @@ def cmd_restore(args) -> dict:
         message = "; ".join(m for m in (message, unit_message) if m)
     else:
         message = unit_message or message
-    only = getattr(args, "unit", None)
     if only and [e for e in trust.owed(paths.root, paths.job_id) if e["unit"] != only]:
         # U alone, under U's lock; the job's other stops stay owed to its restorers
         return restore_held(paths, job, ["service-" + only], answer,
@@ -108,7 +110,7 @@ def restore_released_by_job(root: str, unit: str):
     if not entry or not entry.get("released") or not entry.get("job_id"):
         return None
     try:
-        done = cmd_restore(argparse.Namespace(root=root, job_id=entry["job_id"], unit=unit))
+        done = restore_job(existing_job(root, entry["job_id"]), only=unit)
     except Fail as exc:
         return {"job_id": entry["job_id"], "deferred": False, "error": str(exc)}
     # another restorer at work (within its bound) has not resumed it yet either

@@ -365,7 +365,12 @@ def read_spec_stdin(root: str, job_id=None) -> dict:
 
 
 def job_paths(args) -> JobPaths:
-    paths = JobPaths(args.root, check_job_id(args.job_id))
+    return existing_job(args.root, args.job_id)
+
+
+def existing_job(root: str, job_id: str) -> JobPaths:
+    """The paths of a job this host has; `unknown-job` otherwise."""
+    paths = JobPaths(root, check_job_id(job_id))
     if not os.path.isdir(paths.dir):
-        raise Fail("unknown-job", "no job %s on this host" % args.job_id, job_id=args.job_id)
+        raise Fail("unknown-job", "no job %s on this host" % job_id, job_id=job_id)
     return paths

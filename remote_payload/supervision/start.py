@@ -1,13 +1,13 @@
 """Starting a job, both sides of it: the atomic claim of its directory, the detached launch of its supervisor
-(a transient systemd unit where the host has one, else fork/setsid/fork of this very process) and the one-line
-ready handshake.
+(a transient systemd unit where the host has one, else fork/setsid/fork of this very process: run.py) and the
+one-line ready handshake.
 
     start ──claim_job_dir──▶ ROOT/jobs/<id>/ ──launch_detached──▶ _run ──answer_start──▶ one JSON line
       ◀── read_ready (at most READY_TIMEOUT_S; past it give_up_start marks the job abandoned) ──┘
 
 `start` giving up and the supervisor answering exclude each other under ready.lock, so they never disagree
-on whether the job exists. Imports only the stdlib, host/primitives.py and the files, record and unit rooms;
-commands.py dispatches `start` (and the Slurm launcher) and runs `_run`.
+on whether the job exists. Imports only the stdlib, host/primitives.py and the files and record rooms;
+run.py launches the supervisor (launch_detached) with these parts.
 """
 from __future__ import annotations
 
@@ -24,7 +24,6 @@ from typing import Sequence
 from .files import RESERVE_BYTES, JobPaths, fsync_dir, read_json, write_json_atomic
 from ..host.primitives import Fail, is_alive
 from .record import Job, initial_status
-from . import unit as supervisor_unit
 
 READY_TIMEOUT_S = 30.0       # how long `start` waits for the detached supervisor's handshake
 COMM = "runner-job"          # the forked supervisor's process name (ps -e, top; its cmdline is the host call's)
@@ -121,26 +120,6 @@ def tail_file(path: str, limit: int = 2000) -> str:
             return fh.read()[-limit:].decode("utf-8", "replace")
     except OSError:
         return ""
-
-
-def launch_detached(paths: JobPaths, spec: dict, queue: bool, main) -> dict:
-    """Start the job's supervisor away from this call and return its answer: started, queued or busy;
-    `start-failed` when it did not answer in time. Where the host has systemd (and the job a systemd
-    service) it is `_run` in a transient unit; else main(["_run", …]) in a detached fork of this process."""
-    ready_r = supervisor_unit.launch(paths, spec, queue)
-    if ready_r is None:
-        ready_r, ready_w = os.pipe()
-        argv = ["_run", "--job-id", paths.job_id, "--root", paths.root, "--ready-fd", str(ready_w)] + \
-            (["--queue"] if queue else [])
-        daemonize_call(main, argv, paths.supervisor_log, keep=[ready_w])
-        os.close(ready_w)
-    answer = read_ready(ready_r, READY_TIMEOUT_S)
-    if answer is None:
-        answer = give_up_start(paths, ready_r)
-    os.close(ready_r)
-    if answer is None:
-        return start_failed(paths)
-    return answer
 
 
 @contextlib.contextmanager

@@ -3,25 +3,37 @@
 A refusal is answered as an error (`busy` with the holder, or `preflight-refused`; both with the report and
 the verdict's hint); otherwise the job starts in the same call, a stop of the service included (the
 supervisor decides that stop again when it holds the locks). So every submit is one round trip.
-Imports only the stdlib, admission.py, host/primitives.py and files.py; never imports the controller.
+Calls the `preflight` and `start` rooms beside it directly; never imports the controller.
 """
 from __future__ import annotations
 
 import os
 
 from ..admission import admit
-from .files import JobPaths
 from ..host.primitives import Fail
+from ..supervision import retention
+from ..supervision.files import JobPaths
+from ..supervision.spec import check_job_id, read_spec_stdin
+from .preflight import preflight_report
+from .start import start_job
 
 # A retried submit of a job this id already names: its own locks and memory are no refusal; start answers
 # `exists` and the controller adopts the job (or refuses a different spec).
 RETRY: dict = {"start": True, "stop_service": False, "notes": []}
 
 
-def submit(args, spec: dict, preflight_report, start_job) -> dict:
+def cmd_submit(args) -> dict:
+    """Preflight, the admission verdict and the start in one call (one round trip); then the host's retention
+    rule, bounded (supervision/retention.py)."""
+    spec = read_spec_stdin(args.root, check_job_id(args.job_id))
+    answer = submit(args, spec)
+    retention.at_submit(args.root, spec)
+    return answer
+
+
+def submit(args, spec: dict) -> dict:
     """Start's answer plus `report`, `started`: true and the verdict's `stop_service` and `notes`; or the
-    refusal as a Fail. preflight_report and start_job are supervisor.py's own (`preflight` and `start`
-    without reading stdin)."""
+    refusal as a Fail (`preflight` and `start` without reading stdin)."""
     try:
         report = preflight_report(args, spec)
     except Fail as exc:

@@ -1,0 +1,26 @@
+"""The one JSON answer line of a host call, on stdout: what the verb returned, or its error as an answer (a Fail
+as itself, any other exception as `internal` with its traceback). The entry writes it; so does the supervisor run
+in a fork of `start` (its stdout is supervisor.log).
+"""
+from __future__ import annotations
+
+import json
+import sys
+
+from .primitives import Fail
+
+
+def error_answer(exc: Exception) -> dict:
+    if isinstance(exc, Fail):
+        return exc.answer()
+    import traceback
+
+    return {"ok": False, "error": "internal", "message": "%s: %s" % (type(exc).__name__, exc),
+            "traceback": traceback.format_exc()[-2000:]}
+
+
+def write_answer(answer: dict) -> int:
+    """Write the answer line; the exit status (`exit_status` when the answer carries one: slurm-run's payload's)."""
+    sys.stdout.write(json.dumps(answer) + "\n")
+    sys.stdout.flush()
+    return answer.pop("exit_status", 0 if answer.get("ok") else 1)
