@@ -376,3 +376,86 @@ def test_the_host_side_never_imports_the_controller_or_third_party_code():
         if names - stdlib and not is_payload(module):  # a payload (bundled apart, per job) imports what it needs
             bad[module] = sorted(names - stdlib)
     assert bad == {}
+
+
+# ── callbacks: a lower module never receives a higher one's function ─────────────────────────────────
+
+def host_sources() -> dict[str, str]:
+    return {m: p.read_text() for m, p in host_files().items() if not is_payload(m)}
+
+
+def upward_callbacks(sources: dict[str, str]) -> list[str]:
+    """Each call that hands a function of a higher layer (a name bound to one of its module's top-level functions,
+    imported or its own) to a function of a lower layer: a callback upward, which the import graph cannot see
+    ("m:line passes h.f (its layer) to l.g (its layer)"). The callee is resolved where it is a module's function
+    (imported by name, or module.function); a method of an object is not. A lambda or a nested function is the
+    caller's data (a value to measure, a record to keep), not a room's function, and is not counted."""
+    trees = {m: ast.parse(text, m) for m, text in sources.items()}
+    functions = {m: {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+                 for m, tree in trees.items()}
+    found = []
+    for module, tree in sorted(trees.items()):
+        package = module.split(".")[:-1]
+        bound = {name: (module, name) for name in functions[module]}  # name -> (module, function or None)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.level:
+                base = package[: len(package) - (node.level - 1)] + (node.module.split(".") if node.module else [])
+                for a in node.names:
+                    sub = ".".join(base + [a.name])
+                    bound[a.asname or a.name] = (sub, None) if sub in trees else (".".join(base), a.name)
+
+        def owner(expr: ast.expr):
+            """(module, function name) of a module function the expression names; None otherwise."""
+            if isinstance(expr, ast.Name) and expr.id in bound:
+                where, name = bound[expr.id]
+                return (where, name) if name is not None else None
+            if isinstance(expr, ast.Attribute) and isinstance(expr.value, ast.Name) and expr.value.id in bound:
+                where, name = bound[expr.value.id]
+                return (where, expr.attr) if name is None else None
+            return None
+
+        for call in ast.walk(tree):
+            if not isinstance(call, ast.Call):
+                continue
+            callee = owner(call.func)
+            if callee is None or callee[0] not in trees or host_layer(callee[0]) is None:
+                continue
+            for arg in call.args + [k.value for k in call.keywords]:
+                given = owner(arg)
+                if given is None or given[0] not in trees or given[1] not in functions[given[0]]:
+                    continue
+                if host_layer(given[0]) > host_layer(callee[0]):
+                    found.append(f"{module}:{call.lineno} passes {given[0]}.{given[1]} "
+                                 f"({HOST_LAYERS[host_layer(given[0])][0]}) to {callee[0]}.{callee[1]} "
+                                 f"({HOST_LAYERS[host_layer(callee[0])][0]})")
+    return found
+
+
+def test_no_host_module_hands_a_lower_one_its_own_function():
+    """A lower room that calls back up (submit handed the entry's preflight and start, the detached launch handed
+    the entry's main) depends on the room above as surely as an import would: it gets what it needs itself."""
+    assert upward_callbacks(host_sources()) == []
+
+
+def test_the_callback_check_sees_a_function_handed_down():
+    sources = {
+        "host.primitives": "def run(call):\n    return call()\n",
+        "supervision.start": "from ..host.primitives import run\ndef launch(main, argv):\n    main(argv)\n"
+                             "def local():\n    pass\ndef same_layer():\n    run(local)\n",
+        "supervision.job": "from . import start\ndef go():\n    pass\ndef f():\n    start.launch(go, [])\n",
+        "commands": "\n".join([
+            "from .supervision.start import launch", "from .supervision import start", "from .host import primitives",
+            "from .supervision import job", "def main(argv):",
+            "    launch(main, argv)",                  # 6: the entry's own function, handed down
+            "    start.launch(lambda: main([]), [])",  # a lambda: the caller's data, not counted
+            "    start.launch(job.go, [])",            # a room's function to a room of its own layer
+            "    primitives.run(main)",                # 9
+            "    primitives.run(job.go)",              # 10: supervision's function to host/
+            "    launch(print, argv)", ""]),
+    }
+    assert upward_callbacks(sources) == [
+        "commands:6 passes commands.main (entry) to supervision.start.launch (supervision)",
+        "commands:9 passes commands.main (entry) to host.primitives.run (host primitives)",
+        "commands:10 passes supervision.job.go (supervision) to host.primitives.run (host primitives)",
+        "supervision.start:7 passes supervision.start.local (supervision) to host.primitives.run (host primitives)",
+    ]
