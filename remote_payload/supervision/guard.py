@@ -47,4 +47,4 @@ def watch_supervisor(life_fd: int) -> str:
             os.kill(int(told.supervisor()["pid"]), signal.SIGKILL)
             select.select([life_fd], [], [], KILL_CONFIRM_S)  # its fds close as it dies; never wait longer
             return ("supervisor alive but past its hard deadline in %s (hung); the guard killed it and restored "
-                    "the service" % told.last.get("state"))
+                    "the service" % (told.last or {}).get("state"))

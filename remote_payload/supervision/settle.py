@@ -421,7 +421,8 @@ class Told:
     its hard deadline: the last whole line."""
 
     def __init__(self, fd: int) -> None:
-        self.fd, self.pending, self.last = fd, b"", None
+        self.fd, self.pending = fd, b""
+        self.last: dict | None = None  # the latest record the supervisor told
 
     def read(self) -> bool:
         """Take what the pipe holds; False at EOF (the supervisor is gone)."""

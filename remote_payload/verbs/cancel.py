@@ -23,7 +23,7 @@ def cmd_cancel(args) -> dict:
     with open(paths.cancel, "w") as fh:
         fh.write("%f\n" % time.time())
     supervisor = status.get("supervisor")
-    if is_alive(supervisor):
+    if supervisor is not None and is_alive(supervisor):
         os.kill(int(supervisor["pid"]), signal.SIGUSR1)
     append_line(paths.events, {"t": time.time(), "event": "cancel-requested"})
     return {"ok": True, "job_id": paths.job_id, "state": status["state"], "already": False}

@@ -8,7 +8,7 @@ from ..supervision.spec import check_job_id
 def slurm_launch():
     """remote_payload/slurm/launch.py, imported on first use: only Slurm jobs need it, and its imports
     (dataclasses, typing) were a third of every call's start-up on the host."""
-    from .slurm import launch as module
+    from ..slurm import launch as module
     return module
 
 
