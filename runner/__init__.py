@@ -1,7 +1,7 @@
 """runner: detached remote benchmark jobs over SSH that stop a GPU service, run, and always bring it back.
 
 The controller in layers, lowest first; a module imports from its own folder, the primitives and the folders
-below it, never from a folder beside it or above it (tests/test_import_layers.py enforces it, cycles too):
+below it, never from a folder beside it or above it (tests/integration/test_import_layers.py enforces it, cycles too):
 
     errors, deadline, printable, local_files   primitives: the error tree, the one deadline, safe text, bounded files
     state/                                     the controller's own records in the state dir
@@ -14,7 +14,7 @@ below it, never from a folder beside it or above it (tests/test_import_layers.py
 
 The host side (remote_payload/) never imports this package; any layer here may import its shared,
 stdlib-only modules (contract, admission, sweep, progress). No `__init__` imports anything: a warm submit
-loads only the modules it uses (tests/test_plan_cache.py, bench/submit_unit_cost.py).
+loads only the modules it uses (tests/integration/test_plan_cache.py, bench/submit_unit_cost.py).
 """
 
 __version__ = "0.1.0"

@@ -78,7 +78,7 @@ def service_host(service_host_session):
 @pytest.fixture
 def fork_path(service_host):
     """These cases are about the fork + guard path (hosts without systemd): pin it on the systemd host, where
-    the supervisor would otherwise run in a unit whose ExecStopPost= restores first (tests/test_pid1.py)."""
+    the supervisor would otherwise run in a unit whose ExecStopPost= restores first (tests/integration/test_pid1.py)."""
     service_host.ssh(["sh", "-c", "mkdir -p /root/.runner && touch /root/.runner/launch-fork"], check=True)
     yield
     service_host.ssh(["rm", "-f", "/root/.runner/launch-fork"], check=True)

@@ -1,8 +1,8 @@
 """docs/reliability.md from one test run: the fault matrix (pass/fail, service downtime), bad input, tests.
 
     rm -f /tmp/cases.jsonl*; RUNNER_CASE_REPORT=/tmp/cases.jsonl python -m pytest -p tests.reliability_report \\
-        tests/test_service.py tests/test_guarantee.py tests/test_pid1.py tests/test_faults.py tests/test_concurrency.py \\
-        tests/test_bad_input.py -q; \\
+        tests/integration/test_service.py tests/integration/test_guarantee.py tests/integration/test_pid1.py tests/integration/test_faults.py tests/integration/test_concurrency.py \\
+        tests/integration/test_bad_input.py -q; \\
     python -m tests.reliability_report /tmp/cases.jsonl > docs/reliability.md
 
 Three things end up in the files next to $RUNNER_CASE_REPORT:
@@ -24,8 +24,8 @@ from pathlib import Path
 HOSTILE_INPUT = Path(__file__).with_name("hostile_input.md")
 
 COMMAND = ("rm -f /tmp/cases.jsonl*; RUNNER_CASE_REPORT=/tmp/cases.jsonl python -m pytest -p tests.reliability_report "
-           "tests/test_service.py tests/test_guarantee.py tests/test_pid1.py tests/test_faults.py tests/test_concurrency.py "
-           "tests/test_bad_input.py -q; "
+           "tests/integration/test_service.py tests/integration/test_guarantee.py tests/integration/test_pid1.py tests/integration/test_faults.py tests/integration/test_concurrency.py "
+           "tests/integration/test_bad_input.py -q; "
            "python -m tests.reliability_report /tmp/cases.jsonl > docs/reliability.md")
 
 
@@ -124,7 +124,7 @@ def unrecorded_failures(rows: list[dict], tests: dict[str, dict]) -> list[str]:
 def bad_input_section(rows: list[dict]) -> list[str]:
     good = [r for r in rows if r["healthy"]]
     lines = [f"{len(good)} of {len(rows)} bad-input cases (spec files and command-line arguments, "
-             "tests/test_bad_input.py) exit 2 with a message naming the field, and the host saw 0 connections "
+             "tests/integration/test_bad_input.py) exit 2 with a message naming the field, and the host saw 0 connections "
              "(a recording ProxyCommand logs every attempt; the positive control's valid submit is logged)."]
     for row in rows:
         if not row["healthy"]:
@@ -153,10 +153,10 @@ def render(path: Path) -> str:
              "on the host, not from status.json), health of its URL, and the service's downtime as status.json "
              "measured it (`-`: the job did not stop the service). ✅/❌ is the test's verdict: it asserts the "
              "expected state and, except where the case is a service that cannot come back (reported, "
-             "`healthy` NO by design), an active and healthy service. Cases are in tests/test_service.py "
+             "`healthy` NO by design), an active and healthy service. Cases are in tests/integration/test_service.py "
              "(loopback sshd), "
-             "tests/test_faults.py (a host in its own network namespace, link cuts by iptables DROP) and "
-             "tests/test_concurrency.py.", "",
+             "tests/integration/test_faults.py (a host in its own network namespace, link cuts by iptables DROP) and "
+             "tests/integration/test_concurrency.py.", "",
              *fault_table(faults, tests), ""]
     missing = unrecorded_failures(rows, tests)
     if missing:

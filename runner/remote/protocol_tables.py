@@ -1,7 +1,7 @@
 """docs/protocol.md's tables of verbs and error codes, made from the contract itself.
 
 The host's verbs and wire error codes are data in remote_payload/contract.py (VERBS, ERRORS); the controller's
-own codes and exit statuses are the classes of runner/errors.py (what `--json` errors and MCP carry). tests/test_protocol_tables.py
+own codes and exit statuses are the classes of runner/errors.py (what `--json` errors and MCP carry). tests/unit/test_protocol_tables.py
 checks that the committed document holds exactly these tables, so the document cannot fall behind the code.
 
     python -m runner.remote.protocol_tables            # print the tables

@@ -1,7 +1,7 @@
 """The job spec's reference: the JSON Schema (`runner schema`, for editors) and docs/spec-reference.md, both
 generated from the pydantic models. Types, defaults and allowed values come from the models; the one thing
 written here is what each key is for (DESCRIPTIONS), injected into both. A key without a description fails
-tests/test_spec_reference.py, so the reference cannot fall behind the schema.
+tests/unit/test_spec_reference.py, so the reference cannot fall behind the schema.
 """
 from __future__ import annotations
 
@@ -182,7 +182,7 @@ def markdown() -> str:
     schema = json_schema()
     lines = ["# Job spec reference", "",
              "Generated from the schema by `python -m runner.spec.spec_reference > docs/spec-reference.md` "
-             "(tests/test_spec_reference.py checks it is current). `runner schema` prints the JSON Schema "
+             "(tests/unit/test_spec_reference.py checks it is current). `runner schema` prints the JSON Schema "
              "for editors: put `# yaml-language-server: $schema=./job-spec.schema.json` at the top of a "
              "job file after `runner schema > job-spec.schema.json`.", "",
              "Durations are seconds or text like `30s`, `5m`, `1h30m`, `2d`. Every key, nested ones included, is "

@@ -1,5 +1,5 @@
 """One table of values and the contract's verdict on each, walked by both sides: the host's own checks
-(tests/test_contract_host.py) and the controller's (tests/test_contract_controller.py). A row is
+(tests/integration/test_contract_host.py) and the controller's (tests/unit/test_contract_controller.py). A row is
 (kind, value, ok): `ok` is what the contract says, written out so that a change of rule shows up here as a diff."""
 from __future__ import annotations
 

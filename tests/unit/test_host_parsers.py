@@ -1,0 +1,270 @@
+"""Pure parts of the supervisor (remote_payload/supervisor_*.py): parsers on captured output, validation, command construction."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from remote_payload.supervision import files
+from remote_payload.host import primitives as host
+from remote_payload.supervision import job
+from remote_payload.supervision import payload
+from remote_payload.supervision import settle
+from remote_payload.supervision import spec as checks
+from remote_payload.supervision.budget import budget
+
+DATA = Path(__file__).parents[1] / "data"
+
+
+def data(name: str) -> str:
+    return (DATA / name).read_text()
+
+
+# ── nvidia-smi ───────────────────────────────────────────────────────────────────────────────────────
+
+def test_real_h200_line_parses():
+    assert host.parse_gpu_csv(data("nvidia-smi/h200-gpus.csv")) == [
+        {"index": "0", "uuid": "GPU-aaaa8a08-769e-fec6-004a-c6a67ee83402", "name": "NVIDIA H200",
+         "total_mib": 143771, "used_mib": 0, "free_mib": 143156}]
+
+
+def test_empty_apps_output_means_no_apps():
+    assert host.parse_apps_csv(data("nvidia-smi/apps-empty.csv")) == []
+
+
+def test_multi_gpu_output_parses_every_card_in_order():
+    gpus = host.parse_gpu_csv(data("nvidia-smi/h200x8-busy-gpus.csv"))
+    assert [g["index"] for g in gpus] == [str(i) for i in range(8)]
+    assert [g["free_mib"] for g in gpus[:3]] == [12084, 12084, 143156]
+    apps = host.parse_apps_csv(data("nvidia-smi/h200x8-busy-apps.csv"))
+    assert apps == [{"pid": 41230, "used_mib": 130456}, {"pid": 41231, "used_mib": 130456}]
+
+
+def test_na_and_not_supported_cells_become_none():
+    gpus = host.parse_gpu_csv(data("nvidia-smi/na-values-gpus.csv"))
+    assert (gpus[0]["total_mib"], gpus[0]["used_mib"], gpus[0]["free_mib"]) == (97871, None, None)
+    assert (gpus[1]["total_mib"], gpus[1]["free_mib"]) == (None, None)
+    assert gpus[2]["free_mib"] == 81920 - 1024  # free derived when total and used are known
+    apps = host.parse_apps_csv(data("nvidia-smi/na-values-apps.csv"))
+    assert [a["used_mib"] for a in apps] == [None, None, 1024]
+
+
+def test_unknown_free_memory_counts_as_short():
+    gpus = host.parse_gpu_csv(data("nvidia-smi/na-values-gpus.csv"))
+    assert [g["index"] for g in host.short_gpus(gpus, 1000)] == ["0", "1"]
+
+
+def test_gpu_name_with_a_comma_keeps_the_numbers_right():
+    gpus = host.parse_gpu_csv("3, GPU-x, Some Board, Rev 2, 1000, 10, 990\n")
+    assert gpus[0]["name"] == "Some Board, Rev 2" and gpus[0]["free_mib"] == 990
+
+
+def test_short_line_is_an_error():
+    with pytest.raises(ValueError):
+        host.parse_gpu_csv("0, GPU-x, 1000\n")
+
+
+def test_select_by_index_and_uuid_in_spec_order():
+    gpus = host.parse_gpu_csv(data("nvidia-smi/h200x8-busy-gpus.csv"))
+    chosen = host.select_gpus(gpus, ["GPU-cccc2d3e-2222-4f30-8b4c-1d2e3f4a5b6c", "0"])
+    assert [g["index"] for g in chosen] == ["2", "0"]
+
+
+def test_missing_device_is_a_clear_error_listing_what_exists():
+    gpus = host.parse_gpu_csv(data("nvidia-smi/h200-gpus.csv"))
+    with pytest.raises(host.Fail) as err:
+        host.select_gpus(gpus, ["0", "5"])
+    assert "GPU 5 not found" in str(err.value) and "GPU-aaaa8a08" in str(err.value)
+
+
+def test_drain_message_names_the_holders():
+    short = [{"index": "0", "free_mib": 12084}]
+    apps = host.parse_apps_csv(data("nvidia-smi/h200x8-busy-apps.csv"))
+    text = job.drain_message(short, 9100 * 2, 120, apps)
+    assert "GPU 0: 12084 MiB free < 18200 MiB needed" in text and "pid 41230" in text and "pid 41231" in text
+    assert "no compute process" in job.drain_message(short, 20000, 1, [])
+
+
+# ── systemctl / sudo ─────────────────────────────────────────────────────────────────────────────────
+
+@pytest.mark.parametrize("name, active, sub, pid", [
+    ("show-active.txt", "active", "running", 2481),
+    ("show-inactive.txt", "inactive", "dead", 0),
+    ("show-failed.txt", "failed", "failed", 0),
+    ("show-activating.txt", "activating", "auto-restart", 90211),
+])
+def test_systemctl_show_parses_in_any_order(name, active, sub, pid):
+    text = data("systemctl/" + name)
+    expected = {"active_state": active, "sub_state": sub, "main_pid": pid}
+    assert host.parse_systemctl_show(text) == expected
+    assert host.parse_systemctl_show("\n".join(reversed(text.splitlines()))) == expected
+
+
+def test_systemctl_show_of_an_unknown_unit_is_not_active():
+    assert host.parse_systemctl_show("")["active_state"] == "unknown"
+
+
+def test_sudo_password_prompt_is_recognised():
+    assert host.sudo_wants_password(1, data("systemctl/sudo-password-stderr.txt"))
+    assert host.sudo_wants_password(1, "sudo: a terminal is required to read the password\n")
+    assert not host.sudo_wants_password(5, "Failed to stop x.service: Unit x.service not loaded.\n")
+
+
+def test_systemctl_argv_for_scope_and_sudo():
+    user = host.Systemd("user", sudo=False)
+    assert user.argv("systemctl", "show", "u.service") == ["systemctl", "--user", "show", "u.service"]
+    sudo = host.Systemd("system", sudo=True)
+    assert sudo.argv("systemctl", "stop", "u.service") == ["sudo", "-n", "systemctl", "stop", "u.service"]
+
+
+def test_guard_timer_argv():
+    argv = host.Systemd("user").timer_argv("runner-guard-j1", 1990.5, ["/py", "/s.py", "restore"], 302.0)
+    assert argv == ["systemd-run", "--user", "--on-active=1990s", "--timer-property=AccuracySec=1s",
+                    "--property=RuntimeMaxSec=302", "--unit=runner-guard-j1", "/py", "/s.py", "restore"]
+    assert settle.timer_unit("a.b_c-1") == "runner-guard-a.b_c-1"
+
+
+def test_sudo_password_becomes_its_own_error(tmp_path, monkeypatch):
+    fake = tmp_path / "sudo"
+    fake.write_text("#!/bin/sh\necho 'sudo: a password is required' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    with pytest.raises(host.Fail) as err:
+        host.run_command(["sudo", "-n", "systemctl", "stop", "x.service"])
+    assert err.value.code == "sudo-password" and "NOPASSWD" in str(err.value)
+
+
+# ── validation ───────────────────────────────────────────────────────────────────────────────────────
+
+@pytest.mark.parametrize("job_id", ["", ".", "..", "a/b", "a b", "x;y", "$(id)", "a\nb", "x" * 129])
+def test_bad_job_ids_are_refused(job_id):
+    with pytest.raises(host.Fail) as err:
+        checks.check_job_id(job_id)
+    assert err.value.code == "bad-args"
+
+
+@pytest.mark.parametrize("unit, expected", [
+    ("sglang", "sglang.service"), ("sglang-k26.service", "sglang-k26.service"),
+    ("getty@tty1.service", "getty@tty1.service"), ("x.socket", "x.socket"), ("a\\x2d.service", "a\\x2d.service"),
+])
+def test_unit_names_get_a_suffix(unit, expected):
+    assert checks.check_unit(unit) == expected
+
+
+@pytest.mark.parametrize("unit", ["", "-H", "--user", "a b", "a;b", "a/b", "$(id)", None, 5])
+def test_bad_unit_names_are_refused(unit):
+    with pytest.raises(host.Fail):
+        checks.check_unit(unit)
+
+
+def spec(**payload):
+    return {"name": "n", "payload": dict({"command": ["/bin/true"]}, **payload)}
+
+
+@pytest.mark.parametrize("key", ["A B", "1X", "X;Y", "X=Y", "", "X-Y"])
+def test_bad_env_keys_are_refused(key):
+    with pytest.raises(host.Fail) as err:
+        checks.check_spec(spec(env={key: "v"}), "j")
+    assert err.value.code == "bad-spec"
+
+
+@pytest.mark.parametrize("script", ["../x.py", "/etc/passwd", "a/../b.py", "./x.py", "a//b.py", ""])
+def test_scripts_outside_the_payload_dir_are_refused(script):
+    with pytest.raises(host.Fail):
+        checks.check_spec({"payload": {"python": "python3", "script": script}}, "j")
+
+
+BUNDLE = "0123456789abcdef"
+
+
+def test_a_script_resolves_in_its_own_payload_bundle_under_root(tmp_path):
+    (tmp_path / "payloads" / BUNDLE).mkdir(parents=True)
+    (tmp_path / "payloads" / BUNDLE / "demo_payload.py").write_text("")
+    raw = {"payload": {"python": "/py", "script": "demo_payload.py", "bundle": BUNDLE, "args": ["--x", "1"]}}
+    checked = checks.locate_payload(checks.check_spec(raw, "j"), str(tmp_path))
+    script = os.path.join(str(tmp_path), "payloads", BUNDLE, "demo_payload.py")
+    assert payload.payload_argv(checked) == ["/py", script, "--x", "1"]
+    assert job.prepare_argv(dict(checked, payload=dict(checked["payload"], prepare=["--p"]))) == ["/py", script, "--p"]
+
+
+def test_a_payload_bundle_not_on_the_host_asks_for_the_upload(tmp_path):
+    checked = checks.check_spec({"payload": {"script": "x.py", "bundle": BUNDLE}}, "j")
+    with pytest.raises(host.Fail) as err:
+        checks.locate_payload(checked, str(tmp_path))
+    assert err.value.code == "payload-missing" and err.value.answer()["exit_status"] == 42
+    (tmp_path / "payloads" / BUNDLE).mkdir(parents=True)
+    with pytest.raises(host.Fail, match="not in the uploaded payload bundle"):
+        checks.locate_payload(checked, str(tmp_path))
+    (tmp_path / "payloads" / BUNDLE).chmod(0o777)
+    with pytest.raises(host.Fail) as err:
+        checks.locate_payload(checked, str(tmp_path))
+    assert err.value.code == "unsafe-root"
+
+
+@pytest.mark.parametrize("bundle", [None, "", "../../etc", "0123456789ABCDEF", "0" * 15, 7])
+def test_a_script_payload_names_its_bundle_by_digest(bundle):
+    with pytest.raises(host.Fail, match="payload.bundle"):
+        checks.check_spec({"payload": {"script": "x.py", "bundle": bundle}}, "j")
+
+
+def test_a_command_payload_needs_no_bundle(tmp_path):
+    checked = checks.check_spec({"payload": {"command": ["/bin/true"]}}, "j")
+    assert checks.locate_payload(checked, str(tmp_path)) == checked
+
+
+def test_exactly_one_of_script_and_command():
+    with pytest.raises(host.Fail):
+        checks.check_spec({"payload": {"script": "demo_payload.py", "bundle": BUNDLE, "command": ["/bin/true"]}}, "j")
+    with pytest.raises(host.Fail):
+        checks.check_spec({"payload": {}}, "j")
+
+
+def test_spec_job_id_must_match_argv():
+    with pytest.raises(host.Fail):
+        checks.check_spec(dict(spec(), job_id="other"), "j")
+
+
+def test_hostile_env_values_and_names_are_kept_verbatim():
+    hostile = "a b 'q' \"d\" ; $(rm -rf /) `x`\nline2"
+    checked = checks.check_spec(dict(spec(env={"X": hostile}), name=hostile), "j")
+    assert checked["payload"]["env"] == {"X": hostile} and checked["name"] == hostile
+
+
+def test_lock_keys():
+    cpu = checks.check_spec(spec(), "j")
+    assert files.lock_keys(cpu) == []
+    gpu = checks.check_spec(dict(spec(), gpu={"devices": [1, "0"]}, service={"manager": "systemd", "unit": "sg"}), "j")
+    assert files.lock_keys(gpu) == ["gpu-0", "gpu-1", "service-sg.service"]
+
+
+def test_service_spec_defaults_and_checks():
+    checked = checks.check_service({"manager": "systemd", "unit": "sg", "scope": "user"})
+    assert checked["unit"] == "sg.service" and checked["stop"] == "if-needed" and checked["sudo"] is False
+    for bad in ({"manager": "upstart"}, {"manager": "systemd", "unit": "sg", "stop": "maybe"},
+                {"manager": "systemd", "unit": "sg", "health_url": "file:///etc/passwd"}):
+        with pytest.raises(host.Fail):
+            checks.check_service(bad)
+
+
+def test_unknown_bracketed_memory_cells_are_unknown_not_a_crash():
+    from_apps = host.parse_apps_csv("1234, [Insufficient Permissions]\n")
+    assert from_apps == [{"pid": 1234, "used_mib": None}]
+
+
+def test_guard_timer_fires_after_the_slowest_legitimate_end():
+    spec = {"limits": {"max_runtime": 1800, "grace": 30}, "gpu": {"drain_timeout": 120},
+            "service": {"health_timeout": 900}}
+    # run + grace + both drains + the stop at its own 600 s bound + the start command + the health wait + a minute
+    assert budget(spec, 0.0)["guard_timer_s"] == 1800 + 30 + 240 + 600 + host.CMD_TIMEOUT_S + 900 + 60
+
+
+def test_the_hard_deadline_counts_a_sweeps_run_from_the_running_variant_and_a_prepare_step_gets_none():
+    spec = {"limits": {"max_runtime": 100.0, "grace": 5.0}, "gpu": {"drain_timeout": 20.0}, "service": {}}
+    first, third = 1000.0, 1250.0  # the job started with variant 1; variant 3 started 250 s later
+    running = {"state": "RUNNING", "started_at": first, "payload": {"started_at": third}}
+    assert settle.hard_deadline(spec, running) == settle.hard_deadline(spec, dict(running, started_at=third)) > third + 100
+    single = {"state": "RUNNING", "started_at": first, "payload": {}}  # a record written before payload.started_at
+    assert settle.hard_deadline(spec, single) > first + 100
+    preparing = {"state": "PREPARING", "started_at": None, "payload": {"started_at": first}}
+    assert settle.hard_deadline(spec, preparing) is None
