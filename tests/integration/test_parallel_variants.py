@@ -173,11 +173,13 @@ def test_a_variant_slow_to_stop_holds_only_its_own_slot(work):
     """Variant 1 exits at once but leaves a child that ignores TERM (killed only after the grace); meanwhile
     variant 2 ends on the other slot, which takes variant 3 at once instead of waiting for that stop."""
     target = local_gpus(2)
-    path = write_job(work / "slow.yaml", target, command=["sh", "-c", "{cmd}"], grace="6s",
+    # a sweep value is data (shell-quoted into the script), so the script chooses what each kind of variant does
+    script = ("case {kind} in leave) (trap '' TERM; exec sleep 30) & exit 0;; slow) sleep 1;; "
+              "quick) sleep 0.2;; esac")
+    path = write_job(work / "slow.yaml", target, command=["sh", "-c", script], grace="6s",
                      gpu={"devices": [0, 1], "min_free_mib": 1000})
     spec = yaml.safe_load(path.read_text())
-    spec["sweep"] = {"include": [{"cmd": "(trap '' TERM; exec sleep 30) & exit 0"}, {"cmd": "sleep 1"},
-                                 {"cmd": "sleep 0.2"}], "gpus_per_variant": 1}
+    spec["sweep"] = {"include": [{"kind": "leave"}, {"kind": "slow"}, {"kind": "quick"}], "gpus_per_variant": 1}
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
     job = wait_terminal(target, submit(target, path))
     assert job["state"] == "SUCCEEDED", job
@@ -188,10 +190,11 @@ def test_a_variant_slow_to_stop_holds_only_its_own_slot(work):
 
 def test_a_variant_past_max_runtime_that_ignores_term_is_killed_after_its_grace(work):
     target = local_gpus(2)
-    path = write_job(work / "stubborn.yaml", target, command=["sh", "-c", "{cmd}"], max_runtime="2s", grace="1s",
+    script = "case {kind} in stubborn) trap '' TERM; sleep 30;; quick) sleep 0.2;; esac"
+    path = write_job(work / "stubborn.yaml", target, command=["sh", "-c", script], max_runtime="2s", grace="1s",
                      gpu={"devices": [0, 1], "min_free_mib": 1000})
     spec = yaml.safe_load(path.read_text())
-    spec["sweep"] = {"include": [{"cmd": "trap '' TERM; sleep 30"}, {"cmd": "sleep 0.2"}], "gpus_per_variant": 1}
+    spec["sweep"] = {"include": [{"kind": "stubborn"}, {"kind": "quick"}], "gpus_per_variant": 1}
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
     job = wait_terminal(target, submit(target, path))
     assert job["state"] == "FAILED" and "1 succeeded, 1 failed, 0 skipped of 2" in job["message"], job
