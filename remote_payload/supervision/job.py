@@ -142,7 +142,8 @@ def release_service(job: Job) -> None:
     try:
         record = engine.release(spec_service, job.spec["gpu"]["required_mib"], lambda: least_free(job),
                                 time.monotonic() + STOP_TIMEOUT_S, keep, offers)
-    except engine.DrainTimeout:  # nothing released, the engine serving: nothing to restore
+    except engine.DrainTimeout:  # nothing released, nothing left paused, the engine serving: nothing to restore
+        ledger.clear(job.paths.root, unit, job.paths.job_id)  # the ledger is what every restorer trusts
         job.save(service=dict(job.status["service"], stopped=False, stopped_at=None))
         raise
     # Its clients were served until the pause that held (a drain waits before it): the window starts there.
