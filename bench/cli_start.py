@@ -12,13 +12,12 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from interleave import FAILURES, REPO, cli, pairs, shared_tmpdir, user_host
+from interleave import FAILURES, REPO, cli, pairs, on_user_host
 
 
 def main() -> int:
@@ -27,18 +26,7 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=15)
     parser.add_argument("--out", default="bench/results/cli_start.json")
     args = parser.parse_args()
-    host, login, root = user_host()
-    work = shared_tmpdir("runner-bench-cli-")
-    env = {"RUNNER_SSH_CONFIG": str(host.ssh_config), "RUNNER_STATE_DIR": str(work / "state")}
-    try:
-        report = measure(args, login, root, work, env)
-    finally:
-        host.stop()
-        shutil.rmtree(work, ignore_errors=True)
-        subprocess.run(["rm", "-rf", str(root)], check=False)
-    Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
-    print(json.dumps(report, indent=1))
-    return 0
+    return on_user_host("runner-bench-cli-", args.out, lambda login, root, work, env: measure(args, login, root, work, env))
 
 
 def import_ms(checkout: Path, env: dict, *words: str) -> float:

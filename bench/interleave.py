@@ -6,7 +6,9 @@ runs as `python -m runner` with that checkout first on PYTHONPATH, the code unde
 """
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -27,6 +29,23 @@ def user_host():
     root = shared_tmpdir("runner-bench-root-")
     subprocess.run(["chown", login.user, str(root)], check=True)
     return host, login, root
+
+
+def on_user_host(prefix: str, out: str, measure) -> int:
+    """Run measure(login, root, work, env) against a fresh user_host (env: its ssh config, a state dir in
+    work), write its report to `out` and print it; the host, work and root are gone afterwards."""
+    host, login, root = user_host()
+    work = shared_tmpdir(prefix)
+    env = {"RUNNER_SSH_CONFIG": str(host.ssh_config), "RUNNER_STATE_DIR": str(work / "state")}
+    try:
+        report = measure(login, root, work, env)
+    finally:
+        host.stop()
+        shutil.rmtree(work, ignore_errors=True)
+        subprocess.run(["rm", "-rf", str(root)], check=False)
+    Path(out).write_text(json.dumps(report, indent=1) + "\n")
+    print(json.dumps(report, indent=1))
+    return 0
 
 
 def cli(checkout: Path, env: dict, *args: str) -> tuple:

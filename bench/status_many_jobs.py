@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from interleave import REPO, cli, pairs, shared_tmpdir, timed, user_host
+from interleave import REPO, cli, pairs, shared_tmpdir, timed, on_user_host
 
 SLEEP_S = 900
 
@@ -32,18 +32,7 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=7)
     parser.add_argument("--out", default="bench/results/status_many_jobs.json")
     args = parser.parse_args()
-    host, login, root = user_host()
-    state = shared_tmpdir("runner-bench-state-")
-    env = {"RUNNER_SSH_CONFIG": str(host.ssh_config), "RUNNER_STATE_DIR": str(state)}
-    try:
-        report = measure(args, login, root, state, env)
-    finally:
-        host.stop()
-        shutil.rmtree(state, ignore_errors=True)
-        subprocess.run(["rm", "-rf", str(root)], check=False)
-    Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
-    print(json.dumps(report, indent=1))
-    return 0
+    return on_user_host("runner-bench-state-", args.out, lambda login, root, work, env: measure(args, login, root, work / "state", env))
 
 
 def submit(env: dict, root: Path, login, work: Path, name: str, command: list[str]) -> str:

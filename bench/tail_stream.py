@@ -16,13 +16,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from interleave import FAILURES, REPO, cli, pairs, shared_tmpdir, user_host
+from interleave import FAILURES, REPO, cli, pairs, on_user_host
 
 WRITER = ("import os, sys, time\nfor _ in range(int(sys.argv[1])):\n    sys.stdout.buffer.write(os.urandom(1 << 20))\n"
           "    sys.stdout.flush()\n    time.sleep(float(sys.argv[2]))\n")
@@ -37,21 +36,13 @@ def main() -> int:
     parser.add_argument("--follow-s", type=int, default=30)
     parser.add_argument("--out", default="bench/results/tail_stream.json")
     args = parser.parse_args()
-    host, login, root = user_host()
-    work = shared_tmpdir("runner-bench-tail-")
-    env = {"RUNNER_SSH_CONFIG": str(host.ssh_config), "RUNNER_STATE_DIR": str(work / "state")}
-    try:
-        report = {"load_start": os.getloadavg(), "drain": drain(args, login, root, work, env),
-                  "follow": {side: follow(checkout, args, login, root, work, env)
-                             for side, checkout in (("a", REPO), ("b", args.base))},
-                  "load_end": os.getloadavg(), "failures": FAILURES}
-    finally:
-        host.stop()
-        shutil.rmtree(work, ignore_errors=True)
-        subprocess.run(["rm", "-rf", str(root)], check=False)
-    Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
-    print(json.dumps(report, indent=1))
-    return 0
+    def measure(login, root, work, env) -> dict:
+        return {"load_start": os.getloadavg(), "drain": drain(args, login, root, work, env),
+                "follow": {side: follow(checkout, args, login, root, work, env)
+                           for side, checkout in (("a", REPO), ("b", args.base))},
+                "load_end": os.getloadavg(), "failures": FAILURES}
+
+    return on_user_host("runner-bench-tail-", args.out, measure)
 
 
 def submit(env: dict, root: Path, login, work: Path, blocks: int, pause: float) -> str:

@@ -13,14 +13,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from interleave import REPO, cli, shared_tmpdir, user_host
+from interleave import REPO, cli, on_user_host
 
 
 def main() -> int:
@@ -30,18 +29,7 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--out", default="bench/results/variant_cost.json")
     args = parser.parse_args()
-    host, login, root = user_host()
-    work = shared_tmpdir("runner-bench-variants-")
-    env = {"RUNNER_SSH_CONFIG": str(host.ssh_config), "RUNNER_STATE_DIR": str(work / "state")}
-    try:
-        report = measure(args, login, root, work, env)
-    finally:
-        host.stop()
-        shutil.rmtree(work, ignore_errors=True)
-        subprocess.run(["rm", "-rf", str(root)], check=False)
-    Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
-    print(json.dumps(report, indent=1))
-    return 0
+    return on_user_host("runner-bench-variants-", args.out, lambda login, root, work, env: measure(args, login, root, work, env))
 
 
 def sweep(checkout: Path, env: dict, spec: Path, root: Path) -> dict:
