@@ -26,7 +26,7 @@ from .settle import GPU_POLL_S, final_state, settle, settle_ledger, start_guard_
 from .payload import check_interrupt, launch_payload, watch_payload
 from .startable import check_payload_user, check_startable
 from ..host import engine, unit_stop
-from . import ledger, services, stage as supervisor_stage, variants
+from . import ledger, services, stage, variants
 
 LOCK_POLL_S = 0.5
 
@@ -244,7 +244,7 @@ def supervise(job: Job, locks: Locks, flags: Flags) -> None:
         check_payload_user(job.spec, job.paths.root)
         run_prepare_step(job, flags)
         measure_gpus(job)
-        staged = supervisor_stage.stage_payload(job, flags) if job.spec["payload"].get("staged") else None
+        staged = stage.stage_payload(job, flags) if job.spec["payload"].get("staged") else None
         prepare_service(job, flags)
         drain(job, flags)
         variants.run_variants(job, flags, staged)  # a plain job's one, or a sweep's every variant, in this window

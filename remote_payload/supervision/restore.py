@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import time
 
-from . import ledger, unit as supervisor_unit, trust
+from . import ledger, trust, unit as job_unit
 from ..contract import RUNNING_SERVICE_STATES
-from ..host import engine as supervisor_engine
+from ..host import engine
 from ..host.primitives import Fail, Systemd, start_unit
 from .files import JobPaths, Locks, held_by_another_user, is_slurm_job, restore_keys
 from .record import Job
@@ -34,7 +34,7 @@ def restore_job(paths: JobPaths, only: str | None = None) -> dict:
         return dict(answer, state=job.status["state"], **service_parts(job.status), deferred=True,
                     message="the job's supervisor (or guard) is alive and restores the service itself")
     message = "supervisor gone; restored by `restore`" if job.status["state"] != "LOST" else job.status["message"]
-    unit_message = supervisor_unit.stop_post_message()
+    unit_message = job_unit.stop_post_message()
     if job.status.get("phase") == trust.LEDGER_PHASE:  # rebuilt from the ledger: keep why, whoever runs us
         message = "; ".join(m for m in (message, unit_message) if m)
     else:
@@ -90,7 +90,7 @@ def cmd_restore_service(args) -> dict:
     started = was not in RUNNING_SERVICE_STATES
     if started:
         start_unit(ctl, unit, deadline - time.monotonic())
-    healthy, active = supervisor_engine.wait_healthy(ctl, unit, args.health_url, deadline - time.monotonic())
+    healthy, active = engine.wait_healthy(ctl, unit, args.health_url, deadline - time.monotonic())
     shown = ctl.show(unit)
     state = "healthy" if healthy else ("starting" if shown["active_state"] in RUNNING_SERVICE_STATES else "failed")
     if released and released.get("deferred"):  # it runs and answers, but its memory is still released

@@ -13,7 +13,7 @@ import os
 import shutil
 import signal
 
-from . import unit as supervisor_unit
+from . import unit as job_unit
 from ..host.answer import error_answer, write_answer
 from ..host.primitives import Fail, identity
 from .files import JobPaths, Locks, lock_keys
@@ -40,8 +40,8 @@ def cmd_run(args) -> dict:
     """`_run` in a transient unit (supervision/unit.py): systemd-run passes no fd, so the ready fifo is named."""
     ready_fd = args.ready_fd
     if args.ready_fifo:
-        ready_fd = supervisor_unit.open_ready(args.ready_fifo)
-        supervisor_unit.start_watchdog()
+        ready_fd = job_unit.open_ready(args.ready_fifo)
+        job_unit.start_watchdog()
     return run_job(args.root, args.job_id, ready_fd, args.queue)
 
 
@@ -52,7 +52,7 @@ def run_job(root: str, job_id: str, ready_fd: int, queue: bool) -> dict:
     job = Job.load(paths)
     flags = Flags()
     install_signal_handlers(flags)
-    job.save(supervisor=identity(os.getpid()), launch=supervisor_unit.launch_record(job_id))
+    job.save(supervisor=identity(os.getpid()), launch=job_unit.launch_record(job_id))
     locks = Locks(root, lock_keys(job.spec), job_id)
     locks.open()
     holder = locks.try_acquire()
@@ -77,7 +77,7 @@ def launch_detached(paths: JobPaths, spec: dict, queue: bool) -> dict:
     """Start the job's supervisor away from this call and return its answer: started, queued or busy;
     `start-failed` when it did not answer in time. Where the host has systemd (and the job a systemd
     service) it is `_run` in a transient unit; else run_job in a detached fork of this process."""
-    ready_r = supervisor_unit.launch(paths, spec, queue)
+    ready_r = job_unit.launch(paths, spec, queue)
     if ready_r is None:
         ready_r, ready_w = os.pipe()
         daemonize_call(run_forked, [paths.root, paths.job_id, ready_w, queue], paths.supervisor_log, keep=[ready_w])

@@ -43,7 +43,7 @@ from ..host.primitives import KILL_CONFIRM_S, POLL_S, group_members
 from .payload import interrupt_of, launch_payload, record_exit
 from .record import Flags, Interrupted, Job
 from ..sweep import job_variants, label
-from . import ledger, services, stage as supervisor_stage
+from . import ledger, services, stage
 
 INLINE_RESULT_BYTES = 4 << 20      # a variant's result larger than this stays in its file, listed by name
 COMBINED_RESULT_BYTES = MAX_RESULT_BYTES // 2  # a sweep's result.json, all inlined results together
@@ -146,7 +146,7 @@ def start_variant(job: Job, index: int, of: int, variant: dict, slot: int, devic
                 ", the service's window" if window[1] else "")
     announce(job, index, of, variant, "start", slot=slot, devices=devices)
     if staged is not None:
-        proc = supervisor_stage.hand_over(job, staged)
+        proc = stage.hand_over(job, staged)
     else:
         argv = list(variant["argv"]) if payload["command"] is not None else \
             [payload["python"], payload["path"]] + variant["argv"]

@@ -5,7 +5,7 @@ import shutil
 import sys
 
 from ..contract import services_of
-from ..host import engine as supervisor_engine, unit_stop
+from ..host import engine, unit_stop
 from ..host.primitives import GPU_QUERY, Systemd, nvidia_smi, parse_gpu_csv, query_apps
 from ..supervision import ledger
 from ..supervision.files import lock_keys, probe_lock
@@ -49,7 +49,7 @@ def preflight_service(root: str, spec_service: dict) -> dict:
     ctl = Systemd(spec_service["scope"], spec_service["sudo"])
     service = dict(ctl.show(unit), manager="systemd", unit=unit, ledger=ledger.read_entry(root, unit))
     if spec_service.get("free", "stop") != "stop":  # asked before anything is touched
-        service["engine"] = supervisor_engine.offers(spec_service)
+        service["engine"] = engine.offers(spec_service)
     elif spec_service.get("stop", "never") != "never":  # admission says it when the job will stop the unit
         hint = unit_stop.slow_stop_hint(unit, unit_stop.stop_settings(ctl, unit))
         if hint:
