@@ -97,6 +97,7 @@ ERRORS = {
     "unsafe-root": "host.root or the payload dir is writable by others or not owned by the login user",
     "slurm-refused": "sbatch refused the job (the message is sbatch's own); nothing was queued",
     "slurm-unavailable": "sbatch/squeue are missing on the login node, or slurmctld does not answer",
+    "newer-protocol": "a record (status.json) was written by a newer runner's supervisor: use that runner",
     "internal": "anything else; the message says what",
 }
 

@@ -17,8 +17,8 @@ import os
 import stat
 import time
 
-from ..contract import MAX_RESULT_BYTES, MAX_RESULT_DEPTH, services_of
-from ..host.primitives import GPU_QUERY, Fail, nvidia_smi, parse_gpu_csv, pid_exists, query_gpus, real_uid
+from ..contract import MAX_RESULT_BYTES, MAX_RESULT_DEPTH, PROTOCOL, services_of
+from ..host.primitives import GPU_QUERY, HERE, Fail, nvidia_smi, parse_gpu_csv, pid_exists, query_gpus, real_uid
 
 RESERVE_BYTES = 256 << 10   # given back when the disk fills, so the final status and restore log still fit
 LOCK_RETRY_S = 5.0          # how long a busy lock with no live holder recorded is retried before "busy"
@@ -350,13 +350,29 @@ def release_reserve(paths: JobPaths) -> bool:
         return False
 
 
+def stamp() -> dict:
+    """What every record this code writes carries: the wire protocol it speaks and the bundle it runs from
+    (ROOT/payload/<digest>: the digest), so a later supervisor can tell which code wrote an old job's files."""
+    return {"protocol": PROTOCOL, "bundle": os.path.basename(HERE)}
+
+
 def read_status(paths: JobPaths) -> dict:
     try:
         status = read_json(paths.status)
         if not isinstance(status, dict) or "state" not in status:
             raise ValueError("not a status object")
-        return status
     except (OSError, ValueError) as exc:
         raise Fail("bad-status", "cannot read %s: %s" % (paths.status, exc), job_id=paths.job_id) from exc
+    check_protocol(status, paths.status)
+    return status
+
+
+def check_protocol(record: dict, path: str) -> None:
+    """A record written by a newer supervisor (a later protocol) is refused, never half understood."""
+    written = record.get("protocol", 1)
+    if not isinstance(written, int) or isinstance(written, bool) or written > PROTOCOL:
+        raise Fail("newer-protocol", "%s was written by a newer runner (protocol %r, bundle %r); this supervisor "
+                   "speaks protocol %d: use that runner's controller for this job" % (
+                       path, written, record.get("bundle"), PROTOCOL))
 
 

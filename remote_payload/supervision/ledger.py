@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import time
 
-from .files import fsync_dir, locks_dir, read_json, try_unlink, write_json_atomic
+from .files import fsync_dir, locks_dir, read_json, stamp, try_unlink, write_json_atomic
 
 
 PREFIX = "ledger-service-"
@@ -40,7 +40,8 @@ def record_stop(root: str, unit: str, job_id: str, service: dict, gpus: list, **
     write_json_atomic(ledger_path(root, unit), dict({
         "unit": unit, "job_id": job_id, "was": service.get("was"), "scope": service.get("scope"),
         "sudo": service.get("sudo"), "health_url": service.get("health_url"),
-        "health_timeout": service.get("health_timeout"), "gpus": list(gpus), "stopped_at": time.time()}, **extra))
+        "health_timeout": service.get("health_timeout"), "gpus": list(gpus), "stopped_at": time.time(), **stamp()},
+        **extra))
 
 
 def note_payload(root: str, unit: str, job_id: str, payload: dict) -> None:

@@ -14,7 +14,8 @@ import time
 
 from ..contract import DEFAULTS, TERMINAL
 from .budget import budget
-from .files import JobPaths, append_line, append_text, read_json, read_status, release_reserve, write_json_atomic
+from .files import JobPaths, append_line, append_text, read_json, read_status, release_reserve, stamp, \
+    write_json_atomic
 from ..host.primitives import Systemd
 
 SCHEMA = 1
@@ -114,7 +115,7 @@ def initial_status(spec: dict, queue: bool = False) -> dict:
               "message": "", "created_at": now, "started_at": None, "ended_at": None, "updated_at": now,
               "supervisor": None, "guard": None, "payload": None, "exit_code": None, "service": service,
               "gpu": dict(spec["gpu"], before=None, drained_after_s=None), "restored": False, "ending": None,
-              "budget": budget(spec, now, queue)}
+              "budget": budget(spec, now, queue), **stamp()}
     if len(spec.get("services", [])) > 1:  # one record per service (services.py); `service` is the first
         status["services"] = [service_record(s) for s in spec["services"]]
     if spec.get("services_kept"):  # the host's services not on the job's GPUs: never touched
