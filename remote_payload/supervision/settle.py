@@ -170,8 +170,13 @@ def clear_failed_stop(job: Job, unit: str) -> None:
                      % (unit, stop_result.get("result")))
 
 
+OBSERVE_HEALTH_S = 5.0  # how long the end of a job may look at a service it did not stop
+
+
 def observe(job: Job) -> None:
-    """Record how a service this job did not stop looks at the end: one probe, no waiting, no change."""
+    """Record how a service this job did not stop looks at the end: its state, and its health within
+    OBSERVE_HEALTH_S (a few probes: one slow or refused answer on a loaded host is not the service's state);
+    nothing changed."""
     service, url = job.status["service"], job.spec["service"].get("health_url")
     if service["manager"] != "systemd" or service.get("was") is None:
         return
@@ -181,8 +186,18 @@ def observe(job: Job) -> None:
         job.event("service", error=str(exc))
         return
     running = service.get("was") in RUNNING_SERVICE_STATES
-    healthy = now == "active" and (not url or engine.health_ok(url, 5.0)) if running else None
+    healthy = now == "active" and (not url or healthy_within(url, OBSERVE_HEALTH_S)) if running else None
     job.save(service=dict(service, now=now, healthy=healthy))
+
+
+def healthy_within(url: str, seconds: float) -> bool:
+    """Whether url answers 2xx within `seconds`, probed every 0.5 s (each probe bounded by what is left)."""
+    end = time.monotonic() + seconds
+    while not engine.health_ok(url, end - time.monotonic()):
+        if time.monotonic() + 0.5 >= end:
+            return False
+        time.sleep(0.5)
+    return True
 
 
 def kill_leftovers(job: Job) -> None:
