@@ -119,6 +119,16 @@ class Host:
                 os.killpg(payload["pgid"], signal.SIGKILL)
 
 
+def sweep_spec(host: Host, tmp_path: Path, writer: str, kinds: list) -> dict:
+    """A sweep whose variant K runs the python source `writer` with kinds[K] as its one argument."""
+    script = tmp_path / "writer.py"
+    script.write_text(writer)
+    spec = host.spec("sleep", "0", "0")
+    spec["payload"]["command"] = [sys.executable, str(script), "{kind}"]
+    spec["sweep"] = {"variants": [{"args": {"kind": k}, "argv": [sys.executable, str(script), k]} for k in kinds]}
+    return spec
+
+
 def alive(ident: dict | None) -> bool:
     from remote_payload.host.primitives import is_alive
 

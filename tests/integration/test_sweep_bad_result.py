@@ -4,11 +4,10 @@ Real supervisor processes (tests/harness/supervisor_calls.Host), no service."""
 from __future__ import annotations
 
 import json
-import sys
 
 import pytest
 
-from tests.harness.supervisor_calls import Host
+from tests.harness.supervisor_calls import Host, sweep_spec
 
 WRITER = r"""
 import json, os, sys
@@ -28,18 +27,9 @@ def host(tmp_path):
     host.cleanup()
 
 
-def sweep_spec(host: Host, tmp_path, kinds: list) -> dict:
-    writer = tmp_path / "writer.py"
-    writer.write_text(WRITER)
-    spec = host.spec("sleep", "0", "0")
-    spec["payload"]["command"] = [sys.executable, str(writer), "{kind}"]
-    spec["sweep"] = {"variants": [{"args": {"kind": k}, "argv": [sys.executable, str(writer), k]} for k in kinds]}
-    return spec
-
-
 @pytest.mark.parametrize("bad", ["list", "string", "garbage"])
 def test_a_bad_variant_result_fails_that_variant_only(host, tmp_path, bad):
-    host.start("sweep-" + bad, sweep_spec(host, tmp_path, ["object", bad, "object"]))
+    host.start("sweep-" + bad, sweep_spec(host, tmp_path, WRITER, ["object", bad, "object"]))
     final = host.wait("sweep-" + bad, "FAILED", "SUCCEEDED")
     assert final["state"] == "FAILED" and "2 succeeded, 1 failed" in final["message"], final
     combined = host.ok("result", "--job-id", "sweep-" + bad)["result"]

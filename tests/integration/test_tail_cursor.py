@@ -17,12 +17,12 @@ import time
 from pathlib import Path
 
 
-from remote_payload.contract import is_terminal
 from runner.commands import ci
 from runner.remote import host as host_module
 from runner.state.store import Store
 from tests.cli_helpers import REPO, Target, job_dir, python_payload, run_cli, submit, wait_for, wait_terminal, \
     write_job
+from tests.harness.tail_calls import kill_loop, output_log, tail_loop, tile_the_log
 
 STREAMER = """
 import sys, time
@@ -41,64 +41,15 @@ def start_streamer(target: Target, work: Path, lines: int, pause: float) -> str:
     return submit(target, job)
 
 
-def tail_proc(target: Target, job_id: str, *args: str) -> subprocess.Popen:
-    import os
-    return subprocess.Popen([sys.executable, "-m", "runner", "tail", job_id, *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, env={**os.environ, **target.env}, cwd=REPO)
-
-
-def output_log(target: Target, job_id: str) -> bytes:
-    return (job_dir(target, job_id) / "output.log").read_bytes()
-
-
-def job_ended(target: Target, job_id: str) -> bool:
-    try:
-        return is_terminal(json.loads((job_dir(target, job_id) / "status.json").read_text())["state"])
-    except (OSError, ValueError, KeyError):
-        return False
-
-
 def stored_cursor(state_dir: Path, job_id: str) -> int:
     return json.loads((state_dir / "jobs" / f"{job_id}.json").read_text())["cursor"]
-
-
-def tail_loop(target: Target, job_id: str, calls: list, stop=lambda: False) -> None:
-    """`tail -f --max-wait 2` calls until one exits 0; each call's (exit code, stdout) appended to `calls`."""
-    while not stop():
-        done = run_cli(target, "tail", job_id, "-f", "--max-wait", "2", timeout=60)
-        assert done.returncode in (0, 75), done.stderr.decode()
-        assert b"Traceback" not in done.stderr
-        calls.append((done.returncode, done.stdout))
-        if done.returncode == 0:
-            return
 
 
 # -- 1. killed calls ---------------------------------------------------------------------------------------
 
 def test_calls_that_end_by_themselves_join_to_the_log_whatever_is_killed(target, work):
     job_id = start_streamer(target, work, lines=4000, pause=0.005)  # 400 KB over ~20 s
-    rng = random.Random(22)
-    log_so_far = 0  # bytes of the log the ended calls delivered
-    ended, killed = [], []
-    for _ in range(200):
-        proc = tail_proc(target, job_id, "-f", "--max-wait", "2")
-        if rng.random() < 0.6:
-            try:
-                proc.wait(timeout=rng.uniform(0.2, 1.5))
-            except subprocess.TimeoutExpired:
-                # Once the job has ended, a call ends by itself within milliseconds; a kill landing between
-                # its cursor save and its exit (the one window this design leaves) would kill a finished call.
-                if not job_ended(target, job_id):
-                    proc.kill()
-        out, err = proc.communicate(timeout=60)
-        if proc.returncode < 0:  # killed: an agent's tool threw this output away
-            killed.append((log_so_far, out))
-            continue
-        assert proc.returncode in (0, 75) and b"Traceback" not in err, err.decode()
-        ended.append(out)
-        log_so_far += len(out)
-        if proc.returncode == 0:
-            break
+    ended, killed = kill_loop(target, job_id, random.Random(22), 200, (0.2, 1.5))
     log = output_log(target, job_id)
     assert len(log) == 400000 and len(killed) >= 3
     assert b"".join(ended) == log, f"ended calls delivered {sum(map(len, ended))} of {len(log)} B"
@@ -154,18 +105,6 @@ def test_two_tail_loops_share_the_log_each_byte_once_and_the_cursor_never_moves_
     # Each call holds the job's cursor for its whole turn: each printed a slice of the log, end to end.
     assert tile_the_log(log, [out for _c, out in calls])
     assert cursors == sorted(cursors) and cursors[-1] == len(log)
-
-
-def tile_the_log(log: bytes, pieces: list[bytes]) -> bool:
-    """Are the non-empty pieces slices of the log that, put end to end, give it exactly once?"""
-    rest, pos = [p for p in pieces if p], 0
-    while rest:
-        piece = next((p for p in rest if log.startswith(p, pos)), None)
-        if piece is None:
-            return False
-        rest.remove(piece)
-        pos += len(piece)
-    return pos == len(log)
 
 
 # -- 4. a state dir that cannot be written --------------------------------------------------------------------

@@ -4,21 +4,18 @@ for byte whatever is killed, two tails share it each byte once, and a 10 MB/s wr
 from __future__ import annotations
 
 import io
-import json
-import os
 import random
 import subprocess
-import sys
 import threading
 
 import pytest
 
-from remote_payload.contract import is_terminal
 from runner.commands import controller
 from runner.remote.host import HostClient
 from runner.state.store import Store
-from tests.cli_helpers import REPO, Target, job_dir, python_payload, run_cli, submit, wait_for, write_job
+from tests.cli_helpers import Target, python_payload, run_cli, submit, wait_for, write_job
 from tests.hosts._proc import shared_tmpdir
+from tests.harness.tail_calls import job_ended, kill_loop, output_log, tail_loop, tile_the_log
 
 # BLOCKS blocks of KIB KiB of bytes of every value (not UTF-8), one each 0.1 s: 1024 KiB is about 10 MB/s.
 WRITER = """
@@ -46,44 +43,6 @@ def start_writer(target: Target, blocks: int, kib: int = 1024) -> str:
                                     + [str(blocks), str(kib)]))
 
 
-def output_log(target: Target, job_id: str) -> bytes:
-    return (job_dir(target, job_id) / "output.log").read_bytes()
-
-
-def job_ended(target: Target, job_id: str) -> bool:
-    try:
-        return is_terminal(json.loads((job_dir(target, job_id) / "status.json").read_text())["state"])
-    except (OSError, ValueError, KeyError):
-        return False
-
-
-def tail_proc(target: Target, job_id: str, *args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "runner", "tail", job_id, *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, env={**os.environ, **target.env}, cwd=REPO)
-
-
-def tail_loop(target: Target, job_id: str, calls: list) -> None:
-    """`tail -f --max-wait 2` calls until one exits 0; each call's (exit code, stdout) appended to `calls`."""
-    while True:
-        done = run_cli(target, "tail", job_id, "-f", "--max-wait", "2", timeout=60)
-        assert done.returncode in (0, 75) and b"Traceback" not in done.stderr, done.stderr.decode()
-        calls.append((done.returncode, done.stdout))
-        if done.returncode == 0:
-            return
-
-
-def tile_the_log(log: bytes, pieces: list[bytes]) -> bool:
-    """Are the non-empty pieces slices of the log that, put end to end, give it exactly once?"""
-    rest, pos = [p for p in pieces if p], 0
-    while rest:
-        piece = next((p for p in rest if log.startswith(p, pos)), None)
-        if piece is None:
-            return False
-        rest.remove(piece)
-        pos += len(piece)
-    return pos == len(log)
-
-
 def test_one_host_call_per_tail_call_follows_a_10_mb_s_writer_to_its_end(user_target, monkeypatch):
     monkeypatch.setenv("RUNNER_SSH_CONFIG", user_target.env["RUNNER_SSH_CONFIG"])
     job_id = start_writer(user_target, 40)
@@ -101,25 +60,7 @@ def test_one_host_call_per_tail_call_follows_a_10_mb_s_writer_to_its_end(user_ta
 
 def test_streamed_calls_that_end_by_themselves_join_to_the_log_whatever_is_killed(user_target):
     job_id = start_writer(user_target, 240, 128)  # 30 MiB over 24 s
-    rng = random.Random(37)
-    log_so_far, ended, killed = 0, [], []
-    for _ in range(100):
-        proc = tail_proc(user_target, job_id, "-f", "--max-wait", "2")
-        if rng.random() < 0.6:
-            try:
-                proc.wait(timeout=rng.uniform(0.3, 1.5))
-            except subprocess.TimeoutExpired:
-                if not job_ended(user_target, job_id):
-                    proc.kill()
-        out, err = proc.communicate(timeout=60)
-        if proc.returncode < 0:
-            killed.append((log_so_far, out))
-            continue
-        assert proc.returncode in (0, 75) and b"Traceback" not in err, err.decode()
-        ended.append(out)
-        log_so_far += len(out)
-        if proc.returncode == 0:
-            break
+    ended, killed = kill_loop(user_target, job_id, random.Random(37), 100, (0.3, 1.5))
     log = output_log(user_target, job_id)
     assert len(log) == 30 << 20 and len(killed) >= 3
     assert b"".join(ended) == log, f"ended calls delivered {sum(map(len, ended))} of {len(log)} B"

@@ -17,7 +17,7 @@ import yaml
 
 from remote_payload.contract import MAX_RESULT_BYTES
 from tests.cli_helpers import local_target, python_payload, run_cli, submit, wait_terminal, write_job
-from tests.harness.supervisor_calls import Host
+from tests.harness.supervisor_calls import Host, sweep_spec
 from tests.hosts._proc import shared_tmpdir
 
 WRITER = r"""
@@ -53,21 +53,12 @@ def host(tmp_path):
     host.cleanup()
 
 
-def sweep_spec(host: Host, tmp_path, kinds: list) -> dict:
-    writer = tmp_path / "writer.py"
-    writer.write_text(WRITER)
-    spec = host.spec("sleep", "0", "0")
-    spec["payload"]["command"] = [sys.executable, str(writer), "{kind}"]
-    spec["sweep"] = {"variants": [{"args": {"kind": k}, "argv": [sys.executable, str(writer), k]} for k in kinds]}
-    return spec
-
-
 @pytest.mark.parametrize("bad, why", [("deep", "nested deeper"), ("deep-closed", "nested deeper"),
                                       ("fifo", "not a regular file"), ("zero", "symlink"),
                                       ("outside", "symlink")])
 def test_a_hostile_variant_result_fails_that_variant_alone(host, tmp_path, bad, why):
     started = time.monotonic()
-    host.start("hostile-" + bad, sweep_spec(host, tmp_path, ["object", bad, "object"]))
+    host.start("hostile-" + bad, sweep_spec(host, tmp_path, WRITER, ["object", bad, "object"]))
     final = host.wait("hostile-" + bad, "FAILED", "SUCCEEDED", "LOST", "TIMED_OUT", timeout=40)
     assert time.monotonic() - started < 40  # a FIFO never blocks the read
     assert final["state"] == "FAILED" and "2 succeeded, 1 failed" in final["message"], final
@@ -81,7 +72,7 @@ def test_a_hostile_variant_result_fails_that_variant_alone(host, tmp_path, bad, 
 
 
 def test_a_36_mb_variant_result_stays_in_its_own_file_and_the_combined_record_under_the_cap(host, tmp_path):
-    host.start("big", sweep_spec(host, tmp_path, ["object", "big", "object"]))
+    host.start("big", sweep_spec(host, tmp_path, WRITER, ["object", "big", "object"]))
     final = host.wait("big", "FAILED", "SUCCEEDED", timeout=60)
     assert final["state"] == "SUCCEEDED", final
     result_json = host.root / "jobs" / "big" / "result.json"
