@@ -23,6 +23,7 @@ from remote_payload.host.primitives import identity
 from remote_payload.supervision import settle
 from tests.cli_helpers import REPO, run_cli, status, submit, wait_for, wait_terminal
 from tests.harness.multi_services import two_services
+from tests.harness.pace import Scale
 from tests.harness.supervisor_calls import RemoteHost
 from tests.harness.systemd_jobs import (HANG, assert_service_back, gpu_job, hold, host_status, main_pid,
                                         restored_within, target_for)
@@ -82,9 +83,10 @@ def timed_failure(method: str, url: str, body=None) -> tuple[str, float]:
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_every_bad_answer_is_an_engine_error_within_the_deadline(bad, kind):
+    slack = min(Scale()(1.0), 10.0)  # past the deadline: the last read's wake-up, at this machine's pace
     message, seconds = timed_failure("POST", f"{bad.url}/{kind}", {"tags": ["kv_cache"]})
     print(f"{kind}: EngineError after {seconds:.2f} s: {message[:120]}")
-    assert seconds < BOUND_S + 1.0, f"{kind} took {seconds:.1f} s"  # a trickle or a 1 GiB body never holds it longer
+    assert seconds < BOUND_S + slack, f"{kind} took {seconds:.1f} s"  # a trickle or a 1 GiB body never holds it longer
 
 
 def test_a_huge_body_is_refused_at_the_cap_not_read_to_its_end(bad):

@@ -17,6 +17,7 @@ import yaml
 
 from remote_payload.contract import MAX_RESULT_BYTES
 from tests.cli_helpers import local_target, python_payload, run_cli, submit, wait_terminal, write_job
+from tests.harness.pace import Scale
 from tests.harness.supervisor_calls import Host, sweep_spec
 from tests.hosts._proc import shared_tmpdir
 
@@ -57,10 +58,11 @@ def host(tmp_path):
                                       ("fifo", "not a regular file"), ("zero", "symlink"),
                                       ("outside", "symlink")])
 def test_a_hostile_variant_result_fails_that_variant_alone(host, tmp_path, bad, why):
+    bound = min(Scale()(40), 180)  # at this machine's pace, and still well under the guard's kill of a hung one
     started = time.monotonic()
     host.start("hostile-" + bad, sweep_spec(host, tmp_path, WRITER, ["object", bad, "object"]))
-    final = host.wait("hostile-" + bad, "FAILED", "SUCCEEDED", "LOST", "TIMED_OUT", timeout=40)
-    assert time.monotonic() - started < 40  # a FIFO never blocks the read
+    final = host.wait("hostile-" + bad, "FAILED", "SUCCEEDED", "LOST", "TIMED_OUT", timeout=bound)
+    assert time.monotonic() - started < bound  # a FIFO never blocks the read
     assert final["state"] == "FAILED" and "2 succeeded, 1 failed" in final["message"], final
     assert "supervisor error" not in final["message"] and "guard" not in final["message"], final
     combined = host.ok("result", "--job-id", "hostile-" + bad)["result"]
@@ -100,9 +102,10 @@ def plain_spec(host: Host, tmp_path, kind: str) -> dict:
 def test_the_result_verb_reads_a_plain_jobs_result_json_only_as_a_bounded_regular_file(host, tmp_path, bad, error):
     host.start("plain-" + bad, plain_spec(host, tmp_path, bad))
     host.wait("plain-" + bad, "SUCCEEDED", "FAILED")
+    bound = min(Scale()(30), 120)  # a read that blocked would hold the call to its timeout
     started = time.monotonic()
-    rc, answer = host.call("result", "--job-id", "plain-" + bad, timeout=30)
-    assert time.monotonic() - started < 30
+    rc, answer = host.call("result", "--job-id", "plain-" + bad, timeout=bound)
+    assert time.monotonic() - started < bound
     assert rc == 1 and not answer["ok"] and answer["error"] == error, answer
     assert ("nested deeper" if bad == "deep-closed" else "result.json") in answer["message"], answer
     assert "secret" not in json.dumps(answer)
