@@ -100,9 +100,11 @@ def exchange(method: str, url: str, deadline: float, body=None) -> tuple:
             raise EngineError("%s: not an http(s) URL" % what)
         kind = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
         connection = kind(parts.hostname, parts.port, timeout=time_left(deadline, what))
+        raw_socket = None
         try:
             connection.connect()
-            connection.sock = DeadlineSocket(connection.sock, deadline, what)
+            raw_socket = connection.sock
+            connection.sock = DeadlineSocket(raw_socket, deadline, what)
             data = None if body is None else json.dumps(body).encode("utf-8")
             headers = {"Content-Type": "application/json"} if data is not None else {}
             connection.request(method, (parts.path or "/") + ("?" + parts.query if parts.query else ""),
@@ -114,6 +116,8 @@ def exchange(method: str, url: str, deadline: float, body=None) -> tuple:
             return answer.status, read_capped(answer, what)
         finally:
             connection.close()
+            if raw_socket is not None:
+                raw_socket.close()
     except EngineError:
         raise
     except Exception as exc:  # the boundary: http.client's errors, OSError, a bad port, a decoder's
@@ -146,7 +150,9 @@ class DeadlineSocket:
         return io.BufferedReader(SocketReader(self))
 
     def close(self) -> None:
-        self.sock.close()
+        """Nothing: http.client closes its connection once it has the headers of a `Connection: close`
+        answer, while the body may still be on the wire (a real socket's makefile keeps its descriptor open
+        until the reader is done; this wrapper's reader cannot). `exchange` closes the socket itself."""
 
 
 class SocketReader(io.RawIOBase):

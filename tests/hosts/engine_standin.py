@@ -26,8 +26,8 @@ nvidia-smi stand-in reads. Every request is appended to --calls (JSON lines) so 
 --hang ROUTE makes that route accept and never answer (an API that does not answer). --misbehave ROUTE=KIND
 makes that route (any path, known or not) answer badly at the HTTP level (MISBEHAVIOURS: a body cut short, a
 trickle, a 1 GiB body, a redirect, too many headers, a bad status line, an endless header line, a reset, a
-200 with a body that is not JSON); the route's own effect is not applied. GET /standin_state tells a test
-the state. SIGTERM frees the memory and exits 0. Stdlib only.
+200 with a body that is not JSON; slow-body answers well, its body a moment after its headers); the
+route's own effect is not applied. GET /standin_state tells a test the state. SIGTERM frees the memory and exits 0. Stdlib only.
 """
 
 import argparse
@@ -296,6 +296,15 @@ def trickle(request, out, arg):
         time.sleep(1.0)
 
 
+def slow_body(request, out, arg):
+    # a good answer whose body comes a moment after its headers, the connection then closed: within any deadline
+    out.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n"
+              b"Content-Length: 12\r\n\r\n")
+    out.flush()
+    time.sleep(0.3)
+    out.write(b'{"ok": true}')
+
+
 def huge(request, out, arg):
     out.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % HUGE_BYTES)
     block = b" " * (1 << 16)
@@ -330,7 +339,7 @@ def not_json(request, out, arg):
     out.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 9\r\n\r\n{not json")
 
 
-MISBEHAVIOURS = {"cut-short": cut_short, "trickle": trickle, "huge": huge, "redirect": redirect,
+MISBEHAVIOURS = {"cut-short": cut_short, "trickle": trickle, "slow-body": slow_body, "huge": huge, "redirect": redirect,
                  "header-flood": header_flood, "bad-status-line": bad_status_line,
                  "long-header-line": long_header_line, "reset": reset, "not-json": not_json}
 

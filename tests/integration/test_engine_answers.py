@@ -149,6 +149,17 @@ def test_json_nested_past_the_parsers_depth_is_an_engine_error_not_a_crash():
     assert engine.parse_body(b" ", "GET /x") is None and engine.parse_body(b'{"a": 1}', "GET /x") == {"a": 1}
 
 
+def test_a_body_that_follows_its_headers_late_is_read_whole(tmp_path):
+    # http.client closes the connection as soon as it has the headers of a `Connection: close` answer; the
+    # body still on the wire must be read, not lost to a closed descriptor (EBADF, seen in CI on 358dedc)
+    slow = Standin(tmp_path, "/slow=slow-body")
+    try:
+        for _ in range(3):
+            assert engine.call("GET", slow.url + "/slow", time.monotonic() + 5) == (200, {"ok": True})
+    finally:
+        slow.stop()
+
+
 def test_a_good_engine_still_answers(tmp_path):
     good = Standin(tmp_path)
     try:
