@@ -7,7 +7,9 @@
     drain:    SGLang serves on while its scheduler still has requests; once it says it is idle, an in-place
               pause closes admission (it aborts nothing), SGLang confirms it is still idle, and only then is
               memory released; a request that slipped in before the pause is let finish and the wait goes on,
-              at most service.drain_timeout: past it nothing is released (the job ends, the service serving)
+              at most service.drain_timeout: past it nothing is released (the job ends, the service serving),
+              unless service.drain_fallback is abort: then the requests still in flight are aborted and the
+              release goes on
     resume:   SGLang: resume what was released, last first → continue generation → /health_generate
               · vLLM: /wake_up → /is_sleeping false → /health
     restore_released: every restorer's way back (resume, else restart the unit); downtime: the window's parts
@@ -43,6 +45,7 @@ from .primitives import Fail, Systemd
 
 FREE_METHODS = ("stop", "sglang", "vllm")  # service.free; stop: systemctl stop / start
 PAUSE_MODES = ("drain", "abort", "retract", "in_place")  # service.pause_mode; None = drain
+DRAIN_FALLBACKS = ("skip", "abort")  # service.drain_fallback, past drain_timeout; None = skip (abort nothing)
 DRAIN_TIMEOUT_S = 60.0    # service.drain_timeout: how long the drain may wait for SGLang to be idle
 MAX_DRAIN_TIMEOUT_S = 300.0  # the release's own bound (supervision/budget.py STOP_TIMEOUT_S) must hold it
 DRAIN_WAIT_S = 10.0       # one /flush_cache?timeout= wait: SGLang answers as soon as its scheduler is idle
@@ -344,7 +347,8 @@ def release(service: dict, need_mib: int, gpu_free_fn, deadline: float, save=lam
     began = time.monotonic()
     if service["free"] == "sglang":
         bound = service.get("drain_timeout") or DRAIN_TIMEOUT_S
-        release_sglang(record, offers, need_mib, gpu_free_fn, deadline, save, bound)
+        release_sglang(record, offers, need_mib, gpu_free_fn, deadline, save, bound,
+                       service.get("drain_fallback") or "skip")
     else:
         sleep_vllm(record, deadline, save)
     record["timings"]["release_s"] = round(time.monotonic() - began, 3)
@@ -353,11 +357,19 @@ def release(service: dict, need_mib: int, gpu_free_fn, deadline: float, save=lam
 
 
 def release_sglang(record: dict, offers: dict, need_mib: int, gpu_free_fn, deadline: float, save,
-                   bound: float = DRAIN_TIMEOUT_S) -> None:
+                   bound: float = DRAIN_TIMEOUT_S, fallback: str = "skip") -> None:
     if record["mode"] in REFUSED_PAUSE_MODES:  # the preflight refuses them; a spec that got here anyway touches nothing
         raise EngineError("service.pause_mode %s: %s" % (record["mode"], REFUSED_PAUSE_MODES[record["mode"]]))
     if record["mode"] == "drain":
-        drain_sglang(record, deadline, bound, save)
+        try:
+            drain_sglang(record, deadline, bound, save)
+        except DrainTimeout:
+            if fallback != "abort":
+                raise
+            abort_all(record, deadline, save, "abort")  # the operator's choice (drain_fallback: abort): the rest aborted
+            record["clients"]["drain_timed_out_s"] = record["drain"]["waited_s"]
+            record["drain"]["fallback"] = "abort"
+            save(record)
     else:
         abort_all(record, deadline, save)
     release_tag(record, KV_CACHE, deadline, save)
@@ -370,12 +382,12 @@ def release_sglang(record: dict, offers: dict, need_mib: int, gpu_free_fn, deadl
     release_tag(record, WEIGHTS, deadline, save)
 
 
-def abort_all(record: dict, deadline: float, save) -> None:
-    """SGLang's abort-mode pause (record["mode"]): every request it holds comes back aborted (HTTP 200,
-    finish_reason abort, the tokens so far); counted from its load just before."""
+def abort_all(record: dict, deadline: float, save, mode: str = "") -> None:
+    """SGLang's abort-mode pause (pause_mode abort, or the drain's fallback): every request it holds comes
+    back aborted (HTTP 200, finish_reason abort, the tokens so far); counted from its load just before."""
     in_flight = requests_in_flight(record["api_url"], deadline)
     record["paused_at"] = time.time()
-    step(record, "pause", "/pause_generation", {"mode": record["mode"]}, deadline, save)
+    step(record, "pause", "/pause_generation", {"mode": mode or record["mode"]}, deadline, save)
     record["clients"] = {"in_flight": in_flight, "completed": 0 if in_flight is not None else None,
                          "aborted": in_flight}
     save(record)
@@ -454,8 +466,9 @@ class DrainTimeout(EngineError):
         left = record["drain"].get("in_flight_at_end")
         super().__init__(
             "SGLang at %s still had %s after service.drain_timeout (%.0f s): nothing was released and it kept "
-            "serving (the drain never aborts a request); raise service.drain_timeout, or set service.pause_mode: "
-            "abort to abort the requests in flight" % (
+            "serving (the drain never aborts a request); raise service.drain_timeout, or set "
+            "service.drain_fallback: abort to abort the requests still in flight past the bound "
+            "(service.pause_mode: abort aborts them at once)" % (
                 record["api_url"], "requests in flight" if left is None else "%d requests in flight" % left, bound))
 
 

@@ -15,7 +15,7 @@ import sys
 
 from .. import contract
 from ..slurm.batch import MAX_DOWNTIME_ON_SLURM, setup_seconds, slurm_problem, time_problem
-from ..host.engine import FREE_METHODS, MAX_DRAIN_TIMEOUT_S, PAUSE_MODES, api_url
+from ..host.engine import DRAIN_FALLBACKS, FREE_METHODS, MAX_DRAIN_TIMEOUT_S, PAUSE_MODES, api_url
 from ..host.primitives import Fail, query_gpus
 from ..sweep import MAX_VARIANTS, rounds, slot_problem, slots
 from .files import JobPaths
@@ -161,20 +161,24 @@ def check_free(raw: dict, health_url) -> dict:
     free = raw.get("free", "stop")
     _need(free in FREE_METHODS, "service.free must be stop, sglang or vllm, got %r" % (free,))
     mode, url = raw.get("pause_mode"), check_health_url(raw.get("api_url"))
-    bound = raw.get("drain_timeout")
+    bound, fallback = raw.get("drain_timeout"), raw.get("drain_fallback")
     if free == "stop":
-        _need(url is None and mode is None and bound is None,
-              "service.api_url, pause_mode and drain_timeout go with free sglang or vllm")
+        _need(url is None and mode is None and bound is None and fallback is None,
+              "service.api_url, pause_mode, drain_timeout and drain_fallback go with free sglang or vllm")
         return {}
     _need(mode is None or (free == "sglang" and mode in PAUSE_MODES),
           "service.pause_mode must be null, %s, and only with free sglang" % ", ".join(PAUSE_MODES))
     _need(bound is None or free == "sglang", "service.drain_timeout goes with free sglang")
+    _need(fallback is None or (free == "sglang" and mode in (None, "drain") and fallback in DRAIN_FALLBACKS),
+          "service.drain_fallback must be null, %s, and only with free sglang's drain" % ", ".join(DRAIN_FALLBACKS))
     _need(url is not None or health_url is not None, "service.free %s needs api_url or health_url" % free)
     checked = {"free": free, "api_url": api_url({"api_url": url, "health_url": health_url}), "pause_mode": mode}
     if bound is not None:
         bound = _number(bound, "service.drain_timeout")
         _need(bound <= MAX_DRAIN_TIMEOUT_S, "service.drain_timeout is at most %.0f s" % MAX_DRAIN_TIMEOUT_S)
         checked["drain_timeout"] = bound
+    if fallback is not None:
+        checked["drain_fallback"] = fallback
     return checked
 
 

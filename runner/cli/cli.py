@@ -402,6 +402,9 @@ def _clients_text(window: dict) -> str:
     drained = clients.get("drained_s")
     after = f" (drained in {drained:.1f} s)" if isinstance(drained, (int, float)) and not isinstance(drained, bool) \
         else ""
+    gave_up = clients.get("drain_timed_out_s")
+    if isinstance(gave_up, (int, float)) and not isinstance(gave_up, bool):
+        after = f" (not idle after a {gave_up:.1f} s drain: drain_fallback abort)"
     mode = window.get("pause_mode")
     return (f"; clients{f' ({printable(mode)})' if isinstance(mode, str) else ''}: {count('in_flight')} in flight "
             f"at the pause, {count('completed')} completed, {count('aborted')} aborted{after}")

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator,
 from remote_payload.contract import DEFAULTS, USER_SCOPE_SUDO, Launcher, ServiceManager, ServiceScope, StopPolicy, \
     normalize_unit
 from remote_payload import sweep as sweeps
-from remote_payload.host.engine import FREE_METHODS, MAX_DRAIN_TIMEOUT_S, PAUSE_MODES, origin
+from remote_payload.host.engine import DRAIN_FALLBACKS, FREE_METHODS, MAX_DRAIN_TIMEOUT_S, PAUSE_MODES, origin
 
 from ..errors import SpecError
 from ..state.job_id import check_job_id
@@ -59,6 +59,9 @@ class ServiceSpec(_Section):
     # free: sglang: how long the default drain may wait for SGLang's requests in flight to finish (None: the
     # host's default); past it nothing is released and the job ends.
     drain_timeout: Annotated[Duration, Field(le=MAX_DRAIN_TIMEOUT_S)] | None = None
+    # free: sglang, the drain past its bound: skip the window (None: the default, nothing aborted) or abort
+    # the requests still in flight and go on.
+    drain_fallback: Literal[DRAIN_FALLBACKS] | None = None  # type: ignore[valid-type]  # as `free`
     # The GPUs this service holds (from the spec, not discovered): a job frees it only when its own GPUs meet
     # these. None listed: every GPU of the host.
     gpus: list[Device] = list(DEFAULTS["service.gpus"])
@@ -81,16 +84,23 @@ class ServiceSpec(_Section):
     @model_validator(mode="after")
     def _free_through_an_api(self) -> ServiceSpec:
         if self.free == "stop":
-            if self.api_url is not None or self.pause_mode is not None or self.drain_timeout is not None:
-                raise ValueError("`api_url`, `pause_mode` and `drain_timeout` go with `free: sglang` or `free: vllm`")
+            if (self.api_url is not None or self.pause_mode is not None or self.drain_timeout is not None
+                    or self.drain_fallback is not None):
+                raise ValueError("`api_url`, `pause_mode`, `drain_timeout` and `drain_fallback` go with `free: sglang` "
+                                 "or `free: vllm`")
             return self
         if self.manager != "systemd":
             raise ValueError(f"`free: {self.free}` needs `manager: systemd` (the unit is restarted when the "
                              "engine's API does not bring it back)")
         if self.api_url is None and self.health_url is None:
             raise ValueError(f"`free: {self.free}` needs `api_url` (or a `health_url` on the engine's port)")
-        if (self.pause_mode is not None or self.drain_timeout is not None) and self.free != "sglang":
-            raise ValueError("`pause_mode` and `drain_timeout` are SGLang's: they go with `free: sglang`")
+        if (self.pause_mode is not None or self.drain_timeout is not None
+                or self.drain_fallback is not None) and self.free != "sglang":
+            raise ValueError("`pause_mode`, `drain_timeout` and `drain_fallback` are SGLang's: they go with "
+                             "`free: sglang`")
+        if self.drain_fallback is not None and self.pause_mode not in (None, "drain"):
+            raise ValueError(f"`drain_fallback` is what the drain does past `drain_timeout`; `pause_mode: "
+                             f"{self.pause_mode}` does not drain")
         return self
 
     def wire(self) -> dict:
@@ -98,8 +108,10 @@ class ServiceSpec(_Section):
         (the wire as it was); api_url resolved; GPUs as text, like gpu.devices."""
         gpus = {"gpus": [str(g) for g in self.gpus]} if self.gpus else {}
         if self.free == "stop":
-            return dict(self.model_dump(exclude={"free", "api_url", "pause_mode", "drain_timeout", "gpus"}), **gpus)
-        unset = {"drain_timeout"} if self.drain_timeout is None else set()  # the wire as it was without one
+            return dict(self.model_dump(exclude={"free", "api_url", "pause_mode", "drain_timeout", "drain_fallback",
+                                                 "gpus"}), **gpus)
+        # the wire as it was without them
+        unset = {key for key in ("drain_timeout", "drain_fallback") if getattr(self, key) is None}
         api_url = self.api_url
         if not api_url:
             assert self.health_url is not None  # _free_through_an_api: an engine service has one of the two

@@ -48,13 +48,18 @@ DESCRIPTIONS = {
                           "nothing is aborted; SGLang serves on until its scheduler is idle (the requests in flight "
                           "have finished), then an in-place pause holds new requests until the resume (they wait "
                           "and complete); past `drain_timeout` nothing is released and the job ends FAILED, the "
-                          "service untouched. `abort`: SGLang's abort pause at once: the requests in flight come "
+                          "service untouched (unless `drain_fallback: abort`). `abort`: SGLang's abort pause at once: the requests in flight come "
                           "back aborted (HTTP 200, finish_reason abort, the tokens so far). `retract` and `in_place` "
                           "are refused in preflight (exit 4): SGLang's release asserts that nothing runs or waits, "
                           "so with requests in flight it would kill the server.",
     "service.drain_timeout": "`free: sglang` with the default drain: how long to wait for SGLang's requests in "
                              "flight to finish before the release (at most 300 s; null: 60 s). Past it nothing is "
                              "released: the job ends FAILED, the service serving as before.",
+    "service.drain_fallback": "`free: sglang` with the default drain: what to do when SGLang is still not idle after "
+                              "`drain_timeout` (a load that never lets it idle). `skip` (null: the default): nothing "
+                              "is released or aborted, the job ends FAILED, the service serving as before. `abort`: "
+                              "SGLang's abort pause then: the requests still in flight come back aborted (counted in "
+                              "the window's `clients`), and the job runs.",
     "service.gpus": "The GPUs this service holds (indexes or UUIDs), as the spec declares them (runner does not "
                     "discover them); a job frees the service only when its `gpu.devices` meet these. None listed: "
                     "every GPU of the host.",

@@ -192,6 +192,25 @@ def test_past_the_drain_bound_nothing_is_released_and_nothing_aborted(servers, g
     assert gpu() == FREE_BEFORE
 
 
+def test_past_the_drain_bound_drain_fallback_abort_aborts_the_rest_and_releases(servers, gpu):
+    server = servers("--memory-saver", "--clients", "2", "--request-s", "0.3", "--loop")  # never idle
+    record = engine.release(service(server, drain_timeout=2.0, drain_fallback="abort"), 30000, gpu, soon(30))
+    calls = server.calls()
+    assert calls[-2:] == ['POST /pause_generation {"mode": "abort"}',
+                          'POST /release_memory_occupation {"tags": ["kv_cache"]}'], calls
+    assert 'POST /pause_generation {"mode": "in_place"}' not in calls  # never idle: the drain never paused
+    assert record["mode"] == "drain" and record["drain"]["outcome"] == "timeout"
+    assert record["drain"]["fallback"] == "abort" and [s["step"] for s in record["steps"]] == ["pause", "kv_cache"]
+    clients = record["clients"]
+    assert clients["in_flight"] == 2 and clients["aborted"] == 2 and clients["completed"] == 0
+    assert clients["drain_timed_out_s"] >= 2.0
+    state = server.state()
+    assert state["paused"] and not state["on_gpu"]["kv_cache"] and state["load"]["aborted"] == 2
+    assert state["load"]["completed"] > 0  # served through the drain until the bound
+    engine.resume(record, soon())
+    assert not server.state()["paused"]
+
+
 def test_abort_counts_the_requests_it_aborted(servers, gpu):
     server = servers("--memory-saver", "--clients", "2", "--request-s", "30")
     record = engine.release(service(server, pause_mode="abort"), 30000, gpu, soon())

@@ -88,13 +88,36 @@ def test_past_service_drain_timeout_the_job_ends_with_nothing_released(service_h
     job = wait_terminal(target, submit(target, gpu_job(work, service_host, need=30000, command=hold(30000),
                                                        free="sglang", drain_timeout="3s")))
     assert job["state"] == "FAILED" and "nothing was released and it kept serving" in job["message"], job
-    assert "service.pause_mode: abort" in job["message"]
+    assert "service.drain_fallback: abort" in job["message"] and "service.pause_mode: abort" in job["message"]
     assert not any("release_memory_occupation" in c for c in calls(log))
     state = standin_state(service_host)
     assert not state["paused"] and state["load"]["aborted"] == 0 and state["load"]["completed"] > 0
     assert job["service"]["stopped"] is False and job["service"]["released"]["drain"]["outcome"] == "timeout"
     assert main_pid(service_host) == pid and service_host.service_state() == "active"
     assert service_host.ssh(["ls", "/root/.runner/locks"]).stdout.count("ledger-") == 0
+
+
+def test_past_drain_timeout_drain_fallback_abort_aborts_the_rest_and_the_job_runs(service_host, work):
+    log = service_host.install_engine_unit("sglang", "--memory-saver", "--clients", "2", "--request-s", "0.5",
+                                           "--loop")  # a saturating load: SGLang is never idle
+    pid = main_pid(service_host)
+    target = target_for(service_host)
+    job = wait_terminal(target, submit(target, gpu_job(work, service_host, need=30000, command=hold(30000),
+                                                       free="sglang", drain_timeout="3s", drain_fallback="abort")))
+    assert_service_back(service_host, job, "free: sglang, drain past its bound, fallback abort", "SUCCEEDED")
+    assert 'POST /pause_generation {"mode": "in_place"}' not in calls(log)
+    assert calls(log)[-5:] == ['POST /pause_generation {"mode": "abort"}',
+                               'POST /release_memory_occupation {"tags": ["kv_cache"]}',
+                               'POST /resume_memory_occupation {"tags": ["kv_cache"]}',
+                               "POST /continue_generation {}", "GET /health_generate"]
+    released, parts = job["service"]["released"], job["service"]["downtime"]
+    assert released["drain"]["outcome"] == "timeout" and released["drain"]["fallback"] == "abort"
+    assert parts["clients"]["aborted"] == parts["clients"]["in_flight"] == 2
+    assert parts["clients"]["drain_timed_out_s"] >= 3.0
+    assert main_pid(service_host) == pid
+    shown = run_cli(target, "status", job["job_id"]).stdout.decode()
+    assert "2 in flight at the pause, 0 completed, 2 aborted (not idle after a 3." in shown, shown
+    assert "drain_fallback abort" in shown
 
 
 @pytest.mark.parametrize("mode", ["retract", "in_place"])

@@ -41,6 +41,10 @@ def test_an_explicit_api_url_and_pause_mode_travel():
     ({"api_url": "http://127.0.0.1:1"}, "api_url"),                  # with free: stop
     ({"free": "sglang", "health_url": None}, "api_url"),
     ({"free": "kill"}, "free"),
+    ({"drain_fallback": "abort"}, "drain_fallback"),                 # with free: stop
+    ({"free": "vllm", "drain_fallback": "abort"}, "drain_fallback"),
+    ({"free": "sglang", "drain_fallback": "retry"}, "drain_fallback"),
+    ({"free": "sglang", "pause_mode": "abort", "drain_fallback": "abort"}, "drain_fallback"),
     ({"free": "sglang", "api_url": "ftp://x"}, "URL"),
 ])
 def test_bad_engine_fields_are_refused_by_both_sides(fields, message):
@@ -56,6 +60,14 @@ def test_drain_timeout_travels_only_when_set():
     assert "drain_timeout" not in ServiceSpec(**BASE, free="sglang").wire()
     wire = ServiceSpec(**BASE, free="sglang", drain_timeout="45s").wire()
     assert wire["drain_timeout"] == 45.0 and check_service(wire)["drain_timeout"] == 45.0
+
+
+def test_drain_fallback_travels_only_when_set_and_only_with_the_drain():
+    assert "drain_fallback" not in ServiceSpec(**BASE, free="sglang").wire()
+    for mode in (None, "drain"):
+        wire = ServiceSpec(**BASE, free="sglang", pause_mode=mode, drain_fallback="abort").wire()
+        assert wire["drain_fallback"] == "abort" and check_service(wire)["drain_fallback"] == "abort"
+    assert check_service(ServiceSpec(**BASE, free="sglang", drain_fallback="skip").wire())["drain_fallback"] == "skip"
 
 
 @pytest.mark.parametrize("mode", ["retract", "in_place"])
