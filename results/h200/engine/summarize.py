@@ -123,5 +123,36 @@ lines += ["", "Mean over the warm jobs (a cold job's prepare step compiled the M
 for method, s in summary.items():
     lines.append("| %s | %d | %s |" % (method, s["warm_jobs"], " | ".join(
         f(s[k]) for k in ("stage_s",) + PARTS + ("first_generate_after_payload_s", "observed_outage_s", "lever512"))))
+
+
+def clients_and_clocks(j):
+    """What the clients saw (load.py report: in flight at the pause / arrived in the window, complete-truncated-
+    failed) and the GPU's SM clock at the start → end of the timed part (the result's gpu_clocks)."""
+    base = os.path.join(out, "jobs", j["job"])
+    try:
+        report = json.loads(open(base + ".clients.json").readline())
+    except (OSError, ValueError):
+        report = {}
+
+    def fate(key):
+        x = report.get(key) or {}
+        return "%s/%s/%s of %s" % (x.get("complete"), x.get("truncated"), x.get("failed"), x.get("n")) if x else "—"
+    clocks = (load(base + ".result.json") or {}).get("gpu_clocks") or {}
+    ends = [clocks.get(k) or {} for k in ("start", "end")]
+    sm = "→".join(f(e.get("sm_mhz"), "{:.0f}") for e in ends) if clocks else "—"
+    mem = "→".join(f(e.get("mem_mhz"), "{:.0f}") for e in ends) if clocks else "—"
+    temp = "→".join(f(e.get("temp_c"), "{:.0f}") for e in ends) if clocks else "—"
+    shown = "SM %s MHz, mem %s MHz, %s °C" % (sm, mem, temp) if clocks else "—"
+    return "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
+        j["job"], j["state"], f(j["not_serving_s"]), fate("in_flight_at_drain_start"), fate("in_flight_at_pause"),
+        fate("arrived_in_window"),
+        f(report.get("prober_outage_s")), "%s → %s" % (j["main_pid_before"], j["main_pid_after"]),
+        f(j["lever512"]), shown)
+
+
+lines += ["", "The clients (load.py report: complete/truncated/failed of n) and the GPU clocks of the timed part "
+          "(start→end):", "", "| job | state | not serving s | in flight at the drain's start | in flight at the pause | "
+          "arrived in the window | prober outage s | MainPID | lever(512) | clocks |", "|" + "---|" * 10]
+lines += [clients_and_clocks(j) for j in jobs]
 open(os.path.join(out, "results.md"), "w").write("\n".join(lines) + "\n")
 print("\n".join(lines))

@@ -8,7 +8,7 @@
 # With LOAD=1, load.py's 4 clients (/generate of 1,500 tokens, looping) and its 0.25 s prober run from the
 # server's start to the end (the sampler then polls /get_model_info, which generates nothing, instead of
 # /health_generate), and each job's window is reported from the clients' log (load.py report). More entries:
-# abort (free: sglang, pause_mode abort), killdrain / killwindow (the default, with the job's supervisor and
+# abort (free: sglang, pause_mode abort), fallback (the default drain with drain_fallback abort), killdrain / killwindow (the default, with the job's supervisor and
 # guard SIGKILLed while it drains / while its payload runs). PREPARE=0 leaves the prepare step out (the JIT
 # cache is carried warm); DRAIN_TIMEOUT sets service.drain_timeout; THINK_S each client's pause between requests.
 set -u
@@ -66,7 +66,8 @@ for free in $SEQUENCE; do
   kill=""; case $free in killdrain|killwindow) kill=$free; free=sglang ;; esac
   extra=(); [ $free = stop ] || extra=(--set service.api_url=$API)
   [ $free = abort ] && { free=sglang; extra+=(--set service.pause_mode=abort); }
-  [ $free = sglang ] && [ -n "${DRAIN_TIMEOUT:-}" ] && [ "${extra[*]}" = "--set service.api_url=$API" ] \
+  [ $free = fallback ] && { free=sglang; extra+=(--set service.drain_fallback=abort); }
+  [ $free = sglang ] && [ -n "${DRAIN_TIMEOUT:-}" ] && [ "${extra[*]}" != "--set service.api_url=$API --set service.pause_mode=abort" ] \
     && extra+=(--set service.drain_timeout=$DRAIN_TIMEOUT)
   [ "${PREPARE:-1}" = 0 ] && extra+=(--set payload.prepare_args=null)
   pid_before=$(systemctl show -p MainPID --value sglang.service)
