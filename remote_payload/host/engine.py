@@ -32,7 +32,7 @@ memory saver is a no-op then): only /get_server_info tells, so `probe` reads it.
 is bounded as a whole by the caller's deadline (time.monotonic()), its body capped, no redirect followed; any
 failure of it is an EngineError (the caller restarts the unit). The unit's health wait (`wait_healthy`, every
 restorer's) asks its health URL through the same client: an answer it cannot read is "not healthy". Stdlib
-only; imports contract.py and host/primitives.py (`Fail`).
+only; imports contract.py, host/primitives.py (`Fail`) and host/listener.py.
 """
 from __future__ import annotations
 
@@ -41,6 +41,7 @@ import json
 import time
 
 from ..contract import REFUSED_PAUSE_MODES
+from .listener import foreign_holder
 from .primitives import Fail, Systemd
 
 FREE_METHODS = ("stop", "sglang", "vllm")  # service.free; stop: systemctl stop / start
@@ -230,18 +231,24 @@ def health_ok(url: str, timeout: float) -> bool:
     return 200 <= status < 300
 
 
-def wait_healthy(ctl: Systemd, unit: str, url, timeout: float):
+def wait_healthy(ctl: Systemd, unit: str, url, timeout: float, note=None):
     """Poll until healthy, failed or timeout; returns (healthy, active_state). Healthy: active and the
-    health URL answers 2xx; with no URL, active for STAY_ACTIVE_S in a row (a Type=simple unit is "active" the
-    moment its process is forked, even one that dies a second later)."""
+    health URL answers 2xx from the unit itself (an answer from a process outside the unit that holds its port
+    is not the unit's: host/listener.py; `note` hears who, once); with no URL, active for STAY_ACTIVE_S in a row
+    (a Type=simple unit is "active" the moment its process is forked, even one that dies a second later)."""
     deadline = time.monotonic() + timeout
-    active_since = None
+    active_since, squatter = None, None
     while True:
         state = ctl.is_active(unit)
         now = time.monotonic()
         active_since = (active_since or now) if state == "active" else None
         if active_since is not None and (health_ok(url, deadline - now) if url else now - active_since >= STAY_ACTIVE_S):
-            return True, state
+            held = foreign_holder(ctl.control_group(unit), url) if url else None
+            if held is None:
+                return True, state
+            if held != squatter and note is not None:
+                note("%s answered, but not from %s: %s" % (url, unit, held))
+            squatter = held
         if state == "failed" or now >= deadline:
             return False, state
         time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
@@ -589,7 +596,8 @@ def restart_unit(job, unit: str, deadline: float, began: float) -> tuple:
     try:
         job.ctl.change("restart", unit, timeout=max(0.5, deadline - time.monotonic()))
         restarted = time.monotonic()
-        healthy, now = wait_healthy(job.ctl, unit, job.spec["service"].get("health_url"), deadline - restarted)
+        healthy, now = wait_healthy(job.ctl, unit, job.spec["service"].get("health_url"), deadline - restarted,
+                                    job.note_restore)
     except Fail as exc:
         job.note_restore("restarting %s failed: %s" % (unit, exc))
         return False, "unknown"

@@ -90,7 +90,8 @@ def cmd_restore_service(args) -> dict:
     started = was not in RUNNING_SERVICE_STATES
     if started:
         start_unit(ctl, unit, deadline - time.monotonic())
-    healthy, active = engine.wait_healthy(ctl, unit, args.health_url, deadline - time.monotonic())
+    heard = []  # type: list
+    healthy, active = engine.wait_healthy(ctl, unit, args.health_url, deadline - time.monotonic(), heard.append)
     shown = ctl.show(unit)
     state = "healthy" if healthy else ("starting" if shown["active_state"] in RUNNING_SERVICE_STATES else "failed")
     if released and released.get("deferred"):  # it runs and answers, but its memory is still released
@@ -98,6 +99,8 @@ def cmd_restore_service(args) -> dict:
     answer = {"ok": True, "unit": unit, "state": state, "active_state": shown["active_state"],
               "sub_state": shown["sub_state"], "log_tail": None, "released": released, "started": started,
               "was": was}
+    if heard:
+        answer["health_note"] = heard[-1]
     if state == "failed":
         answer["log_tail"] = ctl.log_tail(unit)
     return answer

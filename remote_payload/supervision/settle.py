@@ -150,7 +150,8 @@ def start_and_wait(job: Job, unit: str, deadline: float) -> tuple:
         if why:
             job.note_restore(why)
         started = time.monotonic()
-        healthy, now = engine.wait_healthy(job.ctl, unit, spec_service["health_url"], deadline - time.monotonic())
+        healthy, now = engine.wait_healthy(job.ctl, unit, spec_service["health_url"], deadline - time.monotonic(),
+                                           job.note_restore)
         job.save(service=dict(job.status["service"], resumed={
             "how": "start", "resume_s": round(started - began, 3), "health_s": round(time.monotonic() - started, 3)}))
         return healthy, now

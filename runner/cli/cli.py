@@ -522,6 +522,8 @@ def restore_service(job_file, overrides, address, user, port, unit, scope, sudo,
     else:
         _say(f"{service['unit']}: {answer.get('state')} ({answer.get('active_state')}/{answer.get('sub_state')})"
              + _restore_action(answer))
+        if answer.get("health_note"):
+            _say(answer["health_note"])
         if answer.get("state") == "failed" and answer.get("log_tail"):
             _say(answer["log_tail"])
     sys.exit(exit_code(answer.get("state")))

@@ -224,7 +224,8 @@ RESTORE = _record({"job_id": OPT_TEXT, "state": STATE, "service": _optional(OBJE
                    "deferred": OPT_BOOL, "in_progress": OPT_BOOL, "message": OPT_TEXT}, required=("state",))
 RESTORE_SERVICE = _record({"unit": OPT_TEXT, "state": _one_of("healthy, starting or failed",
                                                               ("healthy", "starting", "failed")),
-                           "active_state": OPT_TEXT, "sub_state": OPT_TEXT, "log_tail": OPT_TEXT}, required=("state",))
+                           "active_state": OPT_TEXT, "sub_state": OPT_TEXT, "log_tail": OPT_TEXT,
+                           "health_note": OPT_TEXT}, required=("state",))
 RESULT = _record({}, required=("result",))
 GC = _record({"jobs": _list_of(TEXT), "payloads": _list_of(TEXT), "supervisors": _list_of(TEXT), "dry_run": BOOL,
               "kept": COUNT, "complete": BOOL, "keep_jobs": COUNT, "keep_days": NUMBER},

@@ -8,6 +8,7 @@ process (fast), then `runner restore-service` on the confined systemd test host.
 from __future__ import annotations
 
 import json
+import shlex
 import socket
 import subprocess
 import sys
@@ -199,6 +200,44 @@ def test_a_payload_users_process_in_its_own_session_does_not_outlive_the_job(ser
     finally:
         if escaped:
             service_host.ssh(["kill", "-KILL", escaped])
+
+
+# ── a process outside the unit that holds its health port ────────────────────────────────────────────────
+
+# argv[1]: the port. Answers 200 to everything: a health route, as far as any client can tell.
+ANSWERS_OK = """
+import http.server, sys
+class Ok(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.send_header("Content-Length", "2"); self.end_headers(); self.wfile.write(b"{}")
+    def log_message(self, *args):
+        pass
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Ok).serve_forever()
+"""
+
+
+@pytest.mark.systemd
+def test_a_health_answer_from_a_process_outside_the_unit_is_not_the_units(service_host):
+    """A process started outside the job and the unit (a payload.user's cron job, a stray server) holds the
+    unit's health port and answers 200, while the unit itself serves elsewhere: a restorer must not call the
+    unit healthy on that answer, and says who answered (the listener's owner is outside the unit's cgroup)."""
+    service_host.install_unit(port=free_port())  # the unit runs, active, but not on its health URL's port
+    service_host.systemctl("restart", service_host.unit).check_returncode()
+    started = service_host.ssh(["sh", "-c", "setsid python3 -c %s %d </dev/null >/dev/null 2>&1 & echo $!" % (
+        shlex.quote(ANSWERS_OK), service_host.service_port)], check=True)
+    squatter = started.stdout.strip()
+    try:
+        wait_until(lambda: service_host.health_status() == 200, timeout=20, what="the squatter answering")
+        done = run_cli(target_for(service_host), "restore-service", "--host", service_host.alias, "--unit",
+                       service_host.unit, "--health-url", service_host.health_url, "--max-wait", "4", "--json")
+        answer = json.loads(done.stdout)
+        assert answer["state"] != "healthy", answer
+        assert f"pid {squatter} (python3" in answer["health_note"] and "outside the unit" in answer["health_note"]
+        shown = run_cli(target_for(service_host), "restore-service", "--host", service_host.alias, "--unit",
+                        service_host.unit, "--health-url", service_host.health_url, "--max-wait", "2")
+        assert f"held by pid {squatter}" in shown.stdout.decode(), shown.stdout.decode()
+    finally:
+        service_host.ssh(["kill", "-KILL", squatter])
 
 
 # ── payload.user where host.root lies in a dir that user owns ─────────────────────────────────────────────

@@ -1,0 +1,37 @@
+"""host/listener.py's pure parts on captured /proc output: which sockets listen on which port, a cgroup line,
+whether a health URL is this machine's."""
+from pathlib import Path
+
+from remote_payload.host.listener import local_port, parse_cgroup, parse_listeners
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "proc"
+
+
+def test_listeners_of_the_ipv4_table_and_no_time_wait_row():
+    found = parse_listeners((DATA / "net-tcp.txt").read_text())
+    assert found == {0x8C01: {389681}, 0x8CAB: {382014}, 0x82EF: {433533}}
+    assert 0xA0DF not in found  # the TIME_WAIT rows (state 06, inode 0) are no listener
+
+
+def test_listeners_of_the_ipv6_table():
+    assert parse_listeners((DATA / "net-tcp6.txt").read_text()) == {0xA0E9: {442452}, 0xB031: {442453}}
+
+
+def test_a_table_cut_short_or_garbled_gives_what_it_can():
+    text = (DATA / "net-tcp.txt").read_text().splitlines()
+    assert parse_listeners("\n".join(text[:2] + ["   9: garbage 0A", "   3: 0100007F:ZZZZ 00000000:0000 0A 0 0 0 0 0 1"]))\
+        == {0x8C01: {389681}}
+    assert parse_listeners("") == {}
+
+
+def test_the_cgroup_v2_line():
+    assert parse_cgroup("12:pids:/x\n0::/system.slice/sglang.service\n") == "/system.slice/sglang.service"
+    assert parse_cgroup("1:name=systemd:/\n") is None
+
+
+def test_only_a_health_url_on_this_machines_loopback_or_wildcard_is_checked():
+    assert local_port("http://127.0.0.1:30000/health") == 30000
+    assert local_port("http://localhost/health") == 80
+    assert local_port("http://[::1]:8000/health") == 8000
+    assert local_port("http://10.231.0.2:30000/health") is None  # another host: its listener is not ours to see
+    assert local_port("http://127.0.0.1:99999/health") is None   # not a port
