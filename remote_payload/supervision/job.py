@@ -93,7 +93,12 @@ def should_stop(job: Job) -> bool:
 
 
 def record_stop(job: Job, **extra) -> None:
-    """The ledger entry of this service's stop: what, by which job, the job's GPUs and the service's own."""
+    """The ledger entry of this service's stop: what, by which job, the job's GPUs and the service's own, and
+    the staged payload already waiting for the GPU (started before the stop: its process group is noted here,
+    from this supervisor's memory, not left to status.json, which that payload can write)."""
+    staged = job.status.get("payload") or {}
+    if staged.get("pid") in job.payload_pids and staged.get("exit_code") is None and staged.get("signal") is None:
+        extra.setdefault("payload", ledger.ident(staged))
     ledger.record_stop(job.paths.root, job.spec["service"]["unit"], job.paths.job_id, job.status["service"],
                        job.spec["gpu"]["devices"], service_gpus=job.spec["service"].get("gpus", []), **extra)
 

@@ -47,12 +47,12 @@ def record_stop(root: str, unit: str, job_id: str, service: dict, gpus: list, **
 def note_payload(root: str, unit: str, job_id: str, payload: dict) -> None:
     """The payload process now running under job_id's stop (pid, pgid, start time): a restorer that cannot
     trust the job's status.json still kills what is left of it."""
-    _note(root, unit, job_id, payload=_ident(payload))
+    _note(root, unit, job_id, payload=ident(payload))
 
 
 def note_slots(root: str, unit: str, job_id: str, running: list) -> None:
     """The processes of a sweep's busy slots (variants side by side), for the same restorer."""
-    _note(root, unit, job_id, slots=[_ident(p) for p in running])
+    _note(root, unit, job_id, slots=[ident(p) for p in running])
 
 
 def note_restore_failed(root: str, unit: str, job_id: str) -> None:
@@ -60,7 +60,7 @@ def note_restore_failed(root: str, unit: str, job_id: str) -> None:
     _note(root, unit, job_id, restore_failed_at=time.time())
 
 
-def _ident(payload: dict) -> dict:
+def ident(payload: dict) -> dict:
     return {k: payload.get(k) for k in ("pid", "pgid", "start_time")}
 
 

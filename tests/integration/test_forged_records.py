@@ -11,8 +11,10 @@ from __future__ import annotations
 import time
 
 import pytest
+import yaml
 
 from tests.cli_helpers import run_cli, status, submit, wait_for, wait_terminal
+from tests.harness.pace import Scale
 from tests.harness.systemd_jobs import gpu_job, host_events, host_status, target_for
 
 pytestmark = pytest.mark.systemd
@@ -67,10 +69,10 @@ def ledger_entries(host) -> str:
     return host.ssh(["sh", "-c", "ls /root/.runner/locks/ledger-* 2>/dev/null; true"]).stdout.strip()
 
 
-def serves_again_after(host, job_id: str, case: str, timeout: float) -> float:
+def serves_again_after(host, job_id: str, case: str, timeout: float, ended_within: float = 60) -> float:
     """Seconds from the payload's end (its exit, or its kills) until the unit is active and healthy, printed
     for docs/reliability.md."""
-    wait_for(lambda: forged_at(host, job_id, "ended") is not None, timeout=60, what="payload ended")
+    wait_for(lambda: forged_at(host, job_id, "ended") is not None, timeout=ended_within, what="payload ended")
     wait_for(lambda: serving(host), timeout=timeout, what="service active and healthy")
     seconds = time.time() - forged_at(host, job_id, "ended")
     print("\nHOSTILE-INPUT %s: the service serves again %.1f s after the payload's end" % (case, seconds))
@@ -139,3 +141,66 @@ def test_restore_service_brings_back_a_unit_whose_job_forged_its_record(service_
           "after the call" % (time.monotonic() - began))
     wait_for(lambda: status(target, job_id).get("restored") is True, timeout=60, what="settled")
     assert ledger_entries(service_host) == "" and serving(service_host)
+
+
+# argv[1]: a decoy's pid (the leader of a process group of its own, outside the job). Staged: the payload
+# prints its staged line and waits for `go`; once the supervisor has recorded it running, it rewrites its
+# status.json to name the decoy's group as its own (pid, pgid and start time: what a restorer checks), then
+# SIGKILLs the guard and the supervisor.
+STAGED_FORGER = """
+import json, os, signal, sys, time
+path = os.path.join(os.environ["RUNNER_JOB_DIR"], "status.json")
+decoy = int(sys.argv[1])
+text = open("/proc/%d/stat" % decoy).read()
+start_time = int(text[text.rindex(")") + 2:].split()[19])
+print(json.dumps({"event": "staged"}), flush=True)
+sys.stdin.readline()  # go: the service is stopped
+def forge():
+    status = json.load(open(path))
+    if status.get("state") != "RUNNING" or (status.get("payload") or {}).get("pid") not in (os.getpid(), decoy):
+        return None
+    with open(path, "w") as fh:
+        json.dump(dict(status, payload=dict(status["payload"], pid=decoy, pgid=decoy, start_time=start_time)), fh)
+    return status
+deadline, status = time.time() + 30, None
+while time.time() < deadline:
+    status = forge() or status
+    time.sleep(0.2)
+    if status and (json.load(open(path)).get("payload") or {}).get("pid") == decoy:
+        break
+print("forging", time.time(), flush=True)
+for who in ("guard", "supervisor"):
+    os.kill(status[who]["pid"], signal.SIGKILL)
+print("ended", time.time(), flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_staged_payload_cannot_point_the_restorer_at_another_process_group(service_host, work):
+    """A staged payload starts before the stop, so its process group used to reach the restorers only through
+    status.json: forged there to name an innocent group (pid, pgid and start time all matching it), the restorer
+    killed that group. The supervisor now notes the staged payload in the ledger entry it writes before the
+    stop; the restorer kills what the ledger names, and the decoy lives."""
+    started = service_host.ssh(["sh", "-c", "setsid sleep 600 </dev/null >/dev/null 2>&1 & echo $!"], check=True)
+    decoy = started.stdout.strip()
+    try:
+        stat = service_host.ssh(["cat", f"/proc/{decoy}/stat"], check=True).stdout
+        assert stat.rsplit(")", 1)[1].split()[2] == decoy  # the decoy leads a group of its own
+        script = work / "staged_forger.py"
+        script.write_text(STAGED_FORGER)
+        path = gpu_job(work, service_host, stop="always", command=["python3", str(script), decoy],
+                       max_runtime="60s")
+        spec = yaml.safe_load(path.read_text())
+        spec["payload"]["staged"] = True
+        path.write_text(yaml.safe_dump(spec, sort_keys=False))
+        target = target_for(service_host)
+        job_id = submit(target, path)
+        bound = Scale()  # the staging, the stop and the forging loop before the kills: a loaded machine's pace
+        serves_again_after(service_host, job_id, "staged payload forged another group, supervisor+guard SIGKILLed",
+                           bound(90), ended_within=bound(90))
+        wait_for(lambda: status(target, job_id).get("restored") is True, timeout=bound(60), what="settled")
+        assert forged_at(service_host, job_id) is not None
+        assert service_host.ssh(["kill", "-0", decoy]).returncode == 0, "the restorer killed the decoy's group"
+        assert ledger_entries(service_host) == "" and serving(service_host)
+    finally:
+        service_host.ssh(["kill", "-KILL", decoy])
