@@ -69,8 +69,9 @@ def results(job_id, as_json, plot_path, baseline_path, save_path, other, toleran
         _progress(f"wrote {save_path}: {len(document['metrics'])} metrics from {current.source}")
     if baseline_path:
         verdicts = ci.gate_against(baseline_path, current, tolerance)
+        notes = ci.gate_clock_lines(baseline_path, current)
         _say(gate_report.render(verdicts, fmt, baseline=baseline_path, current=current.source,
-                                tolerance=tolerance, notes=ci.gate_clock_lines(baseline_path, current)), nl=False)
+                                tolerance=tolerance, notes=notes), nl=False)
         sys.exit(gate.exit_code(verdicts))
     if other:
         second = ci.collect(other, store=store, deadline=deadline)
