@@ -118,7 +118,7 @@ VERBS = {
     "restore": ("--job-id ID", "-", "settle a job whose supervisor and guard are gone: the service back"),
     "restore-service": ("--unit U [--scope system/user] [--sudo] [--health-url URL] [--max-wait S]", "-",
                         "start the unit if inactive, wait for healthy"),
-    "result": ("--job-id ID", "-", "the job's result.json, bounded"),
+    "result": ("--job-id ID", "-", "the job's result.json, bounded, and the windows of the services it freed"),
     "gc": ("[--keep-jobs N] [--keep-days D] [--dry-run]", "-", "the retention rule: old ended job dirs and unused "
            "bundles deleted"),
     "slurm-run": ("--job-id ID", "-", "what a Slurm batch script execs in its allocation"),

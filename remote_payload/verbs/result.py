@@ -1,11 +1,12 @@
-"""`result`: the job's result.json, refused when the answer cannot carry it."""
+"""`result`: the job's result.json, refused when the answer cannot carry it, and beside it the service windows
+of the job (status.json's `downtime` of each service it freed), so that a result and its window are one call."""
 from __future__ import annotations
 
 import os
 
 from ..contract import MAX_RESULT_BYTES, TERMINAL
 from ..host.primitives import Fail
-from ..supervision.files import JobPaths, UnsafeResult, is_slurm_job, open_result, read_result
+from ..supervision.files import JobPaths, UnsafeResult, is_slurm_job, open_result, read_result, read_status
 from ..supervision.spec import job_paths
 from .reap import reap_if_dead
 
@@ -36,7 +37,8 @@ def cmd_result(args) -> dict:
     try:
         if os.path.getsize(paths.result) == 0:  # payload.user's file, made for it, left unwritten
             raise FileNotFoundError(paths.result)
-        return {"ok": True, "job_id": paths.job_id, "result": read_result(paths.result, paths.dir)}
+        result = read_result(paths.result, paths.dir)
+        return {"ok": True, "job_id": paths.job_id, "result": result, "windows": service_windows(paths)}
     except (OSError, ValueError, RecursionError) as exc:
         unreadable = "" if isinstance(exc, FileNotFoundError) else " (result.json unreadable: %s)" % exc
         status = reap_if_dead(paths)
@@ -49,3 +51,26 @@ def cmd_result(args) -> dict:
         if prepared:  # said, so nobody takes the prepare step's file for the payload's
             text += " (the payload wrote none; the prepare step's own is %s)" % paths.prepare_result
         raise Fail("no-result", text, job_id=paths.job_id, state=state, prepare_result=prepared) from exc
+
+
+def service_windows(paths: JobPaths) -> list:
+    """`[{unit, window}]`: each service record of status.json that holds a window (`downtime`, written once the
+    service is back), in the spec's order; none when status.json cannot be read (the result is what was asked
+    for). status.json is the payload's to overwrite: a record of another shape is skipped, and a window keeps
+    only its scalars and its objects of scalars (`clients`), so that it never deepens the answer."""
+    try:
+        status = read_status(paths)
+    except Fail:
+        return []
+    listed = status.get("services")
+    records = listed if isinstance(listed, list) else [status.get("service")]
+    return [{"unit": r.get("unit") if isinstance(r.get("unit"), str) else None, "window": _flat(r["downtime"])}
+            for r in records if isinstance(r, dict) and isinstance(r.get("downtime"), dict)]
+
+
+def _flat(window: dict) -> dict:
+    def scalar(value) -> bool:
+        return value is None or isinstance(value, (str, int, float, bool))
+
+    return {key: value for key, value in window.items() if scalar(value) or (
+        isinstance(value, dict) and all(scalar(v) for v in value.values()))}

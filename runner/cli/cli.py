@@ -5,20 +5,25 @@ Human output goes to stdout, progress and messages to stderr; `--json` prints on
 """
 from __future__ import annotations
 
+import io
 import sys
 import time
 from dataclasses import asdict
+from typing import BinaryIO
 
 import click
 
-from remote_payload.contract import is_terminal
 from remote_payload.sweep import label as variant_label
 
+from ..commands import render
+from ..commands.render import window_lines as _window_lines  # noqa: F401  (tests read a window's lines by this name)
 from ..deadline import DEFAULT_MAX_WAIT_S, ROUND_TRIP_ALLOWANCE_S, Deadline
 from ..errors import (CODE_ABORTED, CODE_USAGE, EXIT_ABORTED, EXIT_FAILED, EXIT_OK, EXIT_USAGE, RunnerError,
                       SpecError, exit_code)
 from ..printable import printable
+from ..remote.answers import JobStatus
 from ..state.store import Store
+from . import results_commands
 from .cli_echo import emit_json as _emit_json, progress as _progress, say as _say
 
 # Each command imports what it runs (the controller, fleets, the host protocol) when it runs: `runner list`
@@ -97,6 +102,7 @@ def submit(job_file, overrides, queue, queue_timeout, job_id, dry_run, follow, m
                                      deadline=deadline)
         _emit_json(asdict(decided)) if as_json else _say(_dry_run_text(decided))
         return
+    assert done is not None  # one job on one host: submitted above
     if as_json and not follow:
         _emit_json(asdict(done))
         return
@@ -171,37 +177,24 @@ def tail(job_id: str, follow: bool, max_wait: float, from_start: bool, as_json: 
 def _tail_and_exit(job_id: str, *, follow: bool, max_wait: float, from_start: bool, as_json: bool) -> None:
     from ..commands import controller
 
-    sink = _Capture() if as_json else sys.stdout.buffer
+    captured = io.BytesIO()  # --json: the output goes into the document
+    sink: BinaryIO = captured if as_json else sys.stdout.buffer
 
     def delivered(outcome: controller.TailOutcome) -> None:
         """Everything this call says, written before the cursor moves (the move is its last step)."""
         if as_json:
-            _emit_json({**asdict(outcome), "output": sink.text()})
+            _emit_json({**asdict(outcome), "output": captured.getvalue().decode("utf-8", "replace")})
             sys.stdout.flush()
         elif outcome.busy:
             _progress(f"[runner] another `runner tail {job_id}` held the cursor for --max-wait; call again")
         elif not outcome.terminal:
             _progress(f"[runner] {job_id} still {outcome.state}; call again")
         else:
-            _progress(f"[runner] {job_id} ended {outcome.state}{_exit_note(outcome.exit_code)}")
+            _progress(f"[runner] {job_id} ended {outcome.state}{render.exit_note(outcome.exit_code)}")
 
     outcome = controller.tail(job_id, store=Store(), out=sink, follow=follow, max_wait=max_wait,
                               from_start=from_start, delivered=delivered)
     sys.exit(exit_code(outcome.state, settled=outcome.terminal))
-
-
-class _Capture:
-    def __init__(self) -> None:
-        self.buf = bytearray()
-
-    def write(self, data: bytes) -> None:
-        self.buf += data
-
-    def flush(self) -> None:
-        pass
-
-    def text(self) -> str:
-        return self.buf.decode("utf-8", "replace")
 
 
 @cli.command(help="Follow the job for a person: a live panel (phase, rows done, recent events) on a terminal, "
@@ -229,7 +222,7 @@ def watch(job_id: str, max_wait: float | None, plain: bool) -> None:
         with LivePanel(f"runner watch {job_id}") as sink:
             outcome = follow(sink)
     if outcome.terminal:
-        _progress(f"[runner] {job_id} ended {outcome.state}{_exit_note(outcome.exit_code)}")
+        _progress(f"[runner] {job_id} ended {outcome.state}{render.exit_note(outcome.exit_code)}")
     else:
         _progress(f"[runner] {job_id} still running; `runner watch {job_id}` again to go on "
                   f"(this watch ended after --max-wait {max_wait:g} s)")
@@ -267,7 +260,7 @@ def status(job_id: str | None, every: bool, max_wait: float, as_json: bool) -> N
         if not job_id and not found.detail:
             _progress("no jobs yet (`runner submit JOB.yaml`)")
         for job in found.detail:
-            _say(_status_text(job))
+            _say(render.job_text(job))
     sys.exit(found.exit)
 
 
@@ -279,161 +272,8 @@ def _is_run(ref: str) -> bool:
 
 
 def _status_text(job: dict) -> str:
-    from ..fleet.fleet_view import service_states
-
-    if job.get("error"):  # its host was not asked: unreachable, a refused key or login
-        return f"{job.get('job_id')}: last known {job.get('state')} ({job.get('message')})"
-    head = f"{job.get('job_id')}: {job.get('state')}" + (f" ({job['phase']})" if job.get("phase") else "")
-    lines = [head]
-    now = job.get("now") or time.time()
-    started = job.get("started_at") or job.get("created_at")
-    if started:
-        end = job.get("ended_at") or now
-        lines.append(f"  elapsed     {_duration(end - started)}")
-    progress = job.get("progress")
-    if progress:
-        sweep = progress.get("sweep") if isinstance(progress.get("sweep"), dict) else {}
-        rows = progress["rows_done"]
-        rows_text = f"{rows} of {progress['rows_expected']}" if progress.get("rows_expected") else str(rows)
-        whose = " (the sweep's: its variants run side by side)" if sweep.get("side_by_side") is True else ""
-        lines.append(f"  payload     phase {_phase_text(progress)}, rows {rows_text}{whose}, "
-                     f"last output {progress.get('silent_s', 0):.0f} s ago")
-        variant = progress.get("variant")
-        if sweep.get("side_by_side") is True:
-            lines.append(f"  sweep       {_sweep_text(sweep)}")
-        elif variant:
-            lines.append(f"  sweep       variant {variant['index']} of {variant['of']}: {variant_label(variant['args'] or {})}"
-                         + (" (skipped)" if variant.get("status") == "skipped" else "")
-                         + (f"; the sweep: {_sweep_text(sweep)}" if sweep else ""))
-    slots = job.get("slots")
-    if isinstance(slots, list) and len(slots) > 1 and not is_terminal(job.get("state", "")):  # side by side
-        lines.append("  slots       " + " · ".join(_slot_text(slot) for slot in slots if isinstance(slot, dict)))
-    service = job.get("service") or {}
-    slurm, array = job.get("slurm") or {}, job.get("array")
-    if array:  # a sweep on Slurm: one job array
-        reasons = ", ".join(array.get("reasons") or {})
-        lines.append(f"  array       slurm {slurm.get('job_id')}: {array['done']} of {array['of']} done "
-                     f"({array['succeeded']} succeeded, {array['failed']} failed, {array['skipped']} skipped), "
-                     f"{array['running']} running, {array['pending']} pending" + (f" ({reasons})" if reasons else ""))
-    elif slurm.get("job_id"):
-        lines.append(f"  scheduler   slurm {slurm['job_id']} {slurm.get('state') or '?'}"
-                     + (f" ({slurm['reason']})" if slurm.get("reason") else "")
-                     + (f" on {slurm['node']}" if slurm.get("node") else ""))
-    several = [s for s in job.get("services") or [] if isinstance(s, dict) and s.get("unit")]
-    for one in several or ([service] if service.get("unit") else []):
-        freed = (" (freed)" if one.get("stopped") else " (not freed)") if several else ""
-        lines.append(f"  service     {one['unit']} {service_states(one)}{freed}" + _stop_result(one)
-                     + _downtime(one, now))
-    kept = [u for u in job.get("services_kept") or [] if isinstance(u, str)]
-    if kept:
-        lines.append(f"  kept        {', '.join(kept)} serving (not on the job's GPUs: never touched)")
-    if job.get("exit_code") is not None:
-        lines.append(f"  payload exit code {job['exit_code']}")
-    if job.get("message"):
-        lines.append(f"  why         {job['message']}")
-    return "\n".join(lines)
-
-
-def _sweep_text(sweep: dict) -> str:
-    """`1 of 4 variants done, running 2, 3, rows 11 of 32 in all`: the host's tally of a sweep (progress.py)."""
-    def count(key: str):  # the host's numbers: anything else is shown as unknown
-        return sweep[key] if isinstance(sweep.get(key), int) else "?"
-
-    running = [k for k in sweep["running"] if isinstance(k, int)] if isinstance(sweep.get("running"), list) else []
-    expected = f" of {sweep['rows_expected']}" if isinstance(sweep.get("rows_expected"), int) else ""
-    return (f"{count('done')} of {count('of')} variants done"
-            + (f", running {', '.join(map(str, running))}" if running else "")
-            + f", rows {count('rows')}{expected} in all")
-
-
-def _slot_text(slot: dict) -> str:
-    """`GPU 0,1: variant 3` (or `idle`): one slot of a sweep's side-by-side variants, from status.json."""
-    devices = slot.get("devices")
-    gpus = ",".join(map(str, devices)) if isinstance(devices, list) else "?"
-    return f"GPU {gpus}: " + (f"variant {slot['variant']}" if slot.get("variant") else "idle")
-
-
-def _exit_note(code: int | None) -> str:
-    """The payload's exit code when it has one (a job cancelled before its payload started has none)."""
-    return "" if code is None else f" (payload exit code {code})"
-
-
-def _phase_text(progress: dict) -> str:
-    """The payload's phase as of its last event: one that ended (rows may already be coming) says so."""
-    phase = progress.get("phase")
-    if not phase:
-        return "-"
-    return phase + {"end": " ended", "error": " failed"}.get(progress.get("phase_status"), "")
-
-
-def _stop_result(service: dict) -> str:
-    """A unit our stop left failed (its engine's own shutdown under the SIGTERM) is said to be that, not a fault."""
-    stop_result = service.get("stop_result")
-    if not isinstance(stop_result, dict) or service.get("now") != "failed":
-        return ""
-    result = printable(str(stop_result.get("result")), multiline=False)[:40]  # the host's text
-    return f" (left failed by this job's stop, Result={result}; reset and started at the restore)"
-
-
-def _downtime(service: dict, now: float) -> str:
-    if service.get("downtime_s") is not None:
-        return f", downtime {service['downtime_s']:.1f} s" + _downtime_parts(service.get("downtime"))
-    if service.get("stopped_at") and not service.get("restored_at"):
-        return f", down for {_duration(now - service['stopped_at'])} so far"
-    return ""
-
-
-def _downtime_parts(parts: dict | None) -> str:
-    """" (stop: release 0.8, drain 0.0, payload 22.2, resume 3.5, health 5.8 s)": the window's parts."""
-    known = _window_parts(parts or {})
-    return (f" ({parts['method']}: {known} s)" if known else "") + _clients_text(parts or {})
-
-
-def _clients_text(window: dict) -> str:
-    """"; clients: 4 in flight at the pause, 4 completed, 0 aborted (drained in 2.1 s)": what SGLang said became
-    of the requests it held when the window began (its load before the pause), under the pause mode."""
-    clients = window.get("clients")
-    if not isinstance(clients, dict):
-        return ""
-
-    def count(key: str) -> str:
-        value = clients.get(key)
-        return str(value) if isinstance(value, int) and not isinstance(value, bool) else "?"
-    drained = clients.get("drained_s")
-    after = f" (drained in {drained:.1f} s)" if isinstance(drained, (int, float)) and not isinstance(drained, bool) \
-        else ""
-    gave_up = clients.get("drain_timed_out_s")
-    if isinstance(gave_up, (int, float)) and not isinstance(gave_up, bool):
-        after = f" (not idle after a {gave_up:.1f} s drain: drain_fallback abort)"
-    mode = window.get("pause_mode")
-    return (f"; clients{f' ({printable(mode)})' if isinstance(mode, str) else ''}: {count('in_flight')} in flight "
-            f"at the pause, {count('completed')} completed, {count('aborted')} aborted{after}")
-
-
-def _window_parts(parts: dict) -> str:
-    """"release 0.8, drain 0.0, payload 22.2, resume 3.5, health 5.8": the parts that are numbers."""
-    return ", ".join(f"{name} {parts[name + '_s']:.1f}" for name in ("release", "drain", "payload", "resume", "health")
-                     if isinstance(parts.get(name + "_s"), (int, float)) and not isinstance(parts[name + "_s"], bool))
-
-
-def _window_lines(window: dict) -> list[str]:
-    """`results`' lines on the services: one window, or one per freed service (`services`), each unit named."""
-    several = [w for w in window.get("services") or [] if isinstance(w, dict)]
-    return [_window_text(w, w.get("unit")) for w in several] if several else [_window_text(window)]
-
-
-def _window_text(window: dict, unit: str | None = None) -> str:
-    """One window: "service window (stop): not serving 26.2 s (release 0.5, … s)", "service window of U (stop)…"."""
-    total = window.get("not_serving_s")
-    shown = f"{total:.1f} s" if isinstance(total, (int, float)) and not isinstance(total, bool) else "?"
-    parts = _window_parts(window)
-    return (f"service window{f' of {unit}' if unit else ''} ({window.get('method')}): not serving {shown}"
-            + (f" ({parts} s)" if parts else "") + _clients_text(window))
-
-
-def _duration(seconds: float) -> str:
-    seconds = max(0.0, seconds)
-    return f"{seconds:.1f} s" if seconds < 120 else f"{int(seconds // 60)} min {int(seconds % 60)} s"
+    """One job's status block from its answer as `--json` prints it."""
+    return render.job_text(JobStatus.from_json(job))
 
 
 @cli.command(name="list", help="Jobs this controller knows (local index, no network; states as last seen): the 50 "
@@ -600,130 +440,8 @@ def _fail(argv, error: str, message: str, hint: str, code: int) -> None:
     sys.exit(code)
 
 
-# -- results, the regression gate, history, wait, mcp (logic in ci.py, gate.py, history.py, mcp_server.py) --
-
-def _tolerance(_ctx, _param, value: str) -> float:
-    from ..results.gate import parse_tolerance
-
-    try:
-        return parse_tolerance(value)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc)) from None
-
-
-@cli.command(name="results", help="Fetch the job's result.json: a table, a lever plot, a regression gate "
-                                  "against a baseline, or two runs side by side. ID is a job id, or a result.json "
-                                  "path: one with a `/`, or an existing file that is no known job id (so "
-                                  "`./run-7.json` for a file named like a job).\n\n"
-                                  "Exit: 0 · 1 no result (the message says the job's state and why) · 75 still "
-                                  "running, call again · 2 · 3; "
-                                  "with --baseline: 0 within, 1 regression or missing metric, 2 bad baseline.")
-@click.argument("job_id", metavar="ID")
-@click.option("--json", "as_json", is_flag=True, help="Print result.json as one JSON document, whatever its shape "
-              "(strict JSON: NaN and Infinity as null; result.json files over 32 MB are refused).")
-@click.option("--plot", "plot_path", default=None, metavar="FILE.png", help="Plot the rows (the lever figure for the Marlin benchmark).")
-@click.option("--baseline", "baseline_path", default=None, metavar="FILE", help="Gate against this baseline file.")
-@click.option("--save-baseline", "save_path", default=None, metavar="FILE", help="Write this result's metrics as a baseline.")
-@click.option("--compare", "other", default=None, metavar="ID2", help="Show ID and ID2 (id or result.json) side by side.")
-@click.option("--tolerance", default="5%", callback=_tolerance, show_default=True,
-              help="Allowed worsening on top of each metric's measured spread (5% or 0.05).")
-@click.option("--format", "fmt", type=click.Choice(["text", "markdown", "junit"]), default="text", show_default=True,
-              help="Gate output: a text table, GitHub markdown ($GITHUB_STEP_SUMMARY) or JUnit XML.")
-@click.option("--max-wait", type=click.FloatRange(0, 3600), default=DEFAULT_MAX_WAIT, show_default=True,
-              help="Seconds this call may take, plus one round trip (then exit 3).")
-def results(job_id, as_json, plot_path, baseline_path, save_path, other, tolerance, fmt, max_wait) -> None:
-    from ..commands import ci
-    from ..results import gate, gate_report
-    from . import fleet_cli
-
-    if _is_run(job_id) and not (baseline_path or save_path or other):
-        sys.exit(fleet_cli.results(job_id, as_json=as_json, plot_path=plot_path,
-                                   deadline=Deadline.for_command(max_wait)))
-    store = Store()
-    deadline = Deadline.for_command(max_wait)
-    current = ci.collect(job_id, store=store, deadline=deadline)
-    if current.window and not as_json:
-        for line in _window_lines(current.window):
-            _progress(line)
-    if current.warning:
-        _progress(current.warning)
-    if save_path:
-        document = gate.write_baseline(save_path, current.result, current.source)
-        _progress(f"wrote {save_path}: {len(document['metrics'])} metrics from {current.source}")
-    if baseline_path:
-        verdicts = ci.gate_against(baseline_path, current, tolerance)
-        _say(gate_report.render(verdicts, fmt, baseline=baseline_path, current=current.source,
-                                tolerance=tolerance, notes=ci.gate_clock_lines(baseline_path, current)), nl=False)
-        sys.exit(gate.exit_code(verdicts))
-    if other:
-        second = ci.collect(other, store=store, deadline=deadline)
-        verdicts = ci.compare_runs(current, second, tolerance)
-        _say(gate_report.side_by_side(current.result, second.result, verdicts,
-                                      name_a=current.source, name_b=second.source), nl=False)
-    elif as_json:
-        _emit_result_json(current.result)
-    elif not save_path:
-        from ..results.results import render_checked
-
-        text, notes = render_checked(current.result)
-        for note in notes:
-            _progress(f"runner: {note}")
-        _say(text)
-    if plot_path:
-        from ..results.results import plot
-
-        plot(current.result, plot_path)
-        _progress(f"wrote {plot_path}")
-
-
-def _emit_result_json(result) -> None:
-    """result.json as strict JSON: NaN and ±Infinity (which Python writes, most parsers refuse) become null."""
-    from ..results.results import json_text
-
-    text, replaced = json_text(result)
-    if replaced:
-        _progress(f"runner: the result holds {replaced} NaN/Infinity values; --json prints them as null")
-    click.echo(text)
-
-
-@cli.command(help="Recorded results (every `runner results ID` records one): list, or plot a metric over runs.")
-@click.option("--host", default=None, help="Only runs on this host (the spec's host.address).")
-@click.option("--metric", default=None, metavar="NAME", help="Only runs with this metric, shown in the table "
-              "(e.g. lever_512, median_us_1, peak_over_weights; default column lever_512).")
-@click.option("--plot", "plot_path", default=None, metavar="FILE.png", help="Plot the metric (default lever_512).")
-@click.option("--import", "imports", multiple=True, metavar="RESULT.json",
-              help="Record result files first (job id = the path as given); repeatable.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
-def history(host, metric, plot_path, imports, as_json) -> None:
-    from ..commands.ci import collect
-    from ..results import history as hist
-    from ..results import history_report
-
-    store = Store()
-    path = hist.db_path(store.root)
-    deadline = Deadline.for_command(DEFAULT_MAX_WAIT_S)  # an import of a job id asks its host
-    for ref in imports:
-        warning = hist.record(path, *hist.runs_from_result(ref, collect(ref, store=store, record=False,
-                                                                        deadline=deadline).result))
-        if warning:
-            raise RunnerError(warning)
-    known = hist.metric_names(path)
-    if metric and known and metric not in known:
-        raise SpecError(f"--metric {metric}: no recorded run has it; known metrics: {', '.join(known)}")
-    shown = metric or history_report.default_metric(known)
-    runs = hist.runs(path, host=host, metric=metric or (shown if plot_path else None))
-    every = hist.runs(path) if runs else []  # the variants are named over all of them, whatever is shown
-    if as_json:
-        from ..results.results import strict_json
-
-        _emit_json(strict_json([asdict(r) for r in runs]))
-    else:
-        _say(history_report.render(runs, shown if runs else metric, every), nl=False)
-    if plot_path:
-        if not metric and shown != history_report.DEFAULT_METRIC:
-            _progress(f"plotting {shown}: no recorded run has {history_report.DEFAULT_METRIC} (--metric picks another)")
-        history_report.plot(runs, shown, plot_path, every=every)
-        _progress(f"wrote {plot_path}")
+cli.add_command(results_commands.results)
+cli.add_command(results_commands.history)
 
 
 @cli.command(help="Block until the job ends, printing its log as it comes (for CI; agents use `tail`). For a "
@@ -751,7 +469,7 @@ def wait(job_id: str, timeout: str, as_json: bool) -> None:
         _progress(f"[runner] {job_id} still {outcome.state} after {timeout}; it keeps running on the host: "
                   f"`runner wait {job_id}` again goes on from here (`runner cancel {job_id}` stops it)")
     else:
-        _progress(f"[runner] {job_id} ended {outcome.state}{_exit_note(outcome.exit_code)}")
+        _progress(f"[runner] {job_id} ended {outcome.state}{render.exit_note(outcome.exit_code)}")
     sys.exit(exit_code(outcome.state, settled=outcome.terminal))
 
 

@@ -8,21 +8,23 @@ from __future__ import annotations
 
 from ..deadline import Deadline
 from ..errors import UnknownJob, exit_code, exit_for
+from ..remote.answers import JobStatus
 from ..state.store import Store
 from . import controller
 
 
 def job_statuses(job_id: str | None, *, store: Store, deadline: Deadline,
-                 every: bool = False) -> list[dict]:
+                 every: bool = False) -> list[JobStatus]:
     """One job's status, or the recent and unfinished jobs' (every known job's with `every`); a job its host
     does not know is an unknown job (exit 2)."""
-    jobs = controller.status([job_id] if job_id else [], store=store, deadline=deadline, every=every)
-    if job_id and jobs and jobs[0].get("state") == "UNKNOWN":
+    jobs = [JobStatus.from_json(job) for job in controller.status([job_id] if job_id else [], store=store,
+                                                                   deadline=deadline, every=every)]
+    if job_id and jobs and jobs[0].state == "UNKNOWN":
         raise UnknownJob(f"job {job_id} is not on its host (it was never started there, or its directory was removed)")
     return jobs
 
 
-def job_exit(job: dict) -> int:
+def job_exit(job: JobStatus) -> int:
     """A job's exit status in `status`: its state's, or its host's error's (3: unreachable, a refused host key or
     login, a bad answer) when its host could not be asked: never "call again" for a host that refuses."""
-    return exit_for(job["error"]) if job.get("error") else exit_code(job.get("state"))
+    return exit_for(job.error) if job.error else exit_code(job.state)

@@ -18,8 +18,9 @@ from ..deadline import Deadline
 from ..errors import (LogShrank, NoResult, RemoteError, ResultNotYet, RunnerError, SpecError,
                       TransportError, UnknownJob)
 from ..local_files import read_regular
+from ..remote.answers import LogChunk, Result
 from ..results import clocks, gate, history
-from ..results.window import job_window
+from ..results.window import window_of
 from ..state.job_id import check_job_id
 from ..state.store import Store
 from . import controller
@@ -55,23 +56,14 @@ def collect(ref: str, *, store: Store, deadline: Deadline, record: bool = True) 
 
 
 def collect_job(job_id: str, *, store: Store, deadline: Deadline, record: bool = True) -> Collected:
-    """A known job's result by its id (never a path) and its service window, recorded in the history."""
+    """A known job's result by its id (never a path) and its service window (window_of: not serving and its
+    parts; with several freed services, each one's and the longest; None when it freed none), both from the one
+    `result` call, recorded in the history."""
     store.load(check_job_id(job_id))  # an id this controller does not know is an unknown job
-    result = fetch_result(job_id, store, deadline)
-    window = service_window(job_id, store, deadline)
-    warning = history.record_job(store, job_id, result, window) if record else None
-    return Collected(result, job_id, job_id, warning, window)
-
-
-def service_window(job_id: str, store: Store, deadline: Deadline) -> dict | None:
-    """The job's service window (job_window: not serving and its parts; with several freed services, each
-    one's and the longest), or None when it stopped nothing or its status cannot be read now: the result is
-    what was asked for, this only adds to it."""
-    try:
-        jobs = controller.status([job_id], store=store, deadline=deadline)
-    except RunnerError:
-        return None
-    return job_window(jobs[0]) if jobs else None
+    fetched = fetch_result(job_id, store, deadline)
+    window = window_of(list(fetched.windows))
+    warning = history.record_job(store, job_id, fetched.value, window) if record else None
+    return Collected(fetched.value, job_id, job_id, warning, window)
 
 
 def is_result_path(ref: str, store: Store) -> bool:
@@ -88,8 +80,8 @@ def is_result_path(ref: str, store: Store) -> bool:
     return False
 
 
-def fetch_result(job_id: str, store: Store, deadline: Deadline):
-    """The job's result from its host; a job still running is 75 (call again), one that ended without a
+def fetch_result(job_id: str, store: Store, deadline: Deadline) -> Result:
+    """The job's result (and its windows) from its host; a job still running is 75 (call again), one that ended without a
     result is NoResult."""
     try:
         return controller.result(job_id, store=store, deadline=deadline)
@@ -228,12 +220,12 @@ def _text_after(record, store: Store, max_bytes: int, deadline: float) -> tuple[
                 if exc.code != "bad-offset":
                     raise
                 raise controller.log_shrank(record, exc.answer.get("size"), store) from None
-            data = held + answer["data"]
-            at_end = answer["next_offset"] >= answer["size"]
-            text, used = _decode_prefix(data, final=answer["terminal"] and at_end)
-            done = answer["terminal"] and record.cursor + used >= answer["size"]
+            chunk = LogChunk.from_json(answer)
+            data = held + chunk.data
+            text, used = _decode_prefix(data, final=chunk.terminal and chunk.at_end)
+            done = chunk.terminal and record.cursor + used >= chunk.size
             if text or done or time.monotonic() >= deadline - 0.25:
-                return text, answer["state"], answer.get("exit_code"), done, record.cursor + used
+                return text, chunk.state, chunk.exit_code, done, record.cursor + used
             held = data
 
 

@@ -11,7 +11,7 @@ from contextlib import closing, contextmanager, suppress
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, BinaryIO, Callable, Generator, Iterator, Sequence
 
 from remote_payload.contract import DEFAULTS, normalize_unit
 from remote_payload import sweep as sweeps
@@ -20,6 +20,7 @@ from ..deadline import Deadline
 from ..errors import (AuthFailed, HostKeyError, LocalStateError, LogShrank, PreflightError, RemoteError, RunnerError,
                       SpecError, TransportError, UnknownJob)
 from ..remote import preflight
+from ..remote.answers import Result
 from ..remote.host import Bundle, HostClient, OpenCall, packaged_payload, payload_bundle, payload_dir, \
     supervisor_bundle
 from ..remote.transport_openssh import for_host
@@ -99,10 +100,10 @@ def _retrying(deadline: Deadline) -> Retrying:
     inside the command's deadline: no retry starts once it passed, no back-off sleeps past it."""
     from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
 
-    backoff = wait_exponential(multiplier=0.2, max=2.0)
+    backoff, attempts = wait_exponential(multiplier=0.2, max=2.0), stop_after_attempt(3)
     return Retrying(
         retry=retry_if_exception(lambda e: isinstance(e, TransportError) and e.retry),
-        stop=stop_after_attempt(3) | (lambda _state: deadline.passed()),
+        stop=lambda state: attempts(state) or deadline.passed(),
         wait=lambda state: min(backoff(state), deadline.left()),
         reraise=True,
     )
@@ -123,7 +124,7 @@ def required_mib(spec: JobSpec, check: ArgsCheck | None) -> int:
         raise SpecError(f"{spec.spec_path}: gpu.min_free_mib: `auto` needs a payload script whose parse_args and "
                         f"estimate_peak_bytes(args) answer on the controller ({script or 'a command'} does not"
                         f"{why}); give a number of MiB")
-    return -(-max(estimates) // (1 << 20))
+    return -(-max(e for e in estimates if e is not None) // (1 << 20))
 
 
 def _check_payload_args(spec: JobSpec, source: Path | None) -> ArgsCheck | None:
@@ -518,7 +519,8 @@ def _print_log(record: JobRecord, cursor: int, out: BinaryIO, follow: bool, wait
     return TailOutcome(job_id, state, code, terminal, cursor, printed)
 
 
-def _log_chunks(client: HostClient, job_id: str, cursor: int, follow: bool, waiting: Deadline) -> Iterator[dict]:
+def _log_chunks(client: HostClient, job_id: str, cursor: int, follow: bool,
+                waiting: Deadline) -> Generator[dict, None, None]:
     """The log's chunks from `cursor` until the call may end: streamed on one host call for as long as
     max_wait allows, where the transport streams; else a `logs` call per chunk. Either way a backlog is drained
     never past max_wait: the rest comes with the next call."""
@@ -586,7 +588,7 @@ def cancel(job_id: str, *, store: Store, deadline: Deadline) -> dict:
         return client.cancel(job_id)
 
 
-def result(job_id: str, *, store: Store, deadline: Deadline) -> dict:
+def result(job_id: str, *, store: Store, deadline: Deadline) -> Result:
     record = store.load(check_job_id(job_id))
     with connect(record.host, deadline=deadline) as client:
         return _retrying(client.deadline)(client.result, job_id)
@@ -654,8 +656,8 @@ def restore_target(spec_path: str | None, *, address: str | None = None, unit: s
         raise SpecError("--set changes a job file: give JOB.yaml (or set the service with --unit and its options)")
     if not (address and unit):
         raise SpecError("restore-service needs JOB.yaml, or both --host and --unit")
-    host = section_from_options(HostSpec, "--host", address=address,
-                                **{k: v for k, v in options.items() if k in host_keys and v is not None})
+    given_host = section_from_options(HostSpec, "--host", address=address,
+                                      **{k: v for k, v in options.items() if k in host_keys and v is not None})
     service = section_from_options(ServiceSpec, "--unit", manager="systemd", unit=unit,
                                    **{k: v for k, v in options.items() if k not in host_keys and v is not None})
-    return host.model_dump(), service.model_dump()
+    return given_host.model_dump(), service.model_dump()

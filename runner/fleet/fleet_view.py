@@ -6,15 +6,15 @@ is a line saying so, never an error that hides the others. Exit codes are per ho
 from __future__ import annotations
 
 import threading
-import time
 from dataclasses import dataclass
 from typing import BinaryIO, Callable
 
 from remote_payload.contract import is_terminal
 
-from ..commands import controller
+from ..commands import controller, render
 from ..deadline import Deadline
 from ..errors import EXIT_FAILED, EXIT_STILL_RUNNING, EXIT_UNREACHABLE, RunnerError, exit_code
+from ..remote.answers import JobStatus
 from ..state.fleet_store import DONE, HELD, PENDING, SKIPPED, STARTED, STARTING, HostEntry, RunRecord, RunStore
 from ..state.job_id import check_job_id
 from ..state.store import Store
@@ -83,31 +83,13 @@ def status_text(run: RunRecord, rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def service_states(service: dict) -> str:
-    """`was active now inactive`; a job still queued has looked at nothing yet (the host fills both in)."""
-    was, now = service.get("was"), service.get("now")
-    if was is None and now is None:
-        return "not touched yet"
-    return f"was {was or '?'} now {now or '?'}"
-
-
 def _host_line(row: dict) -> str:
     if row.get("error"):
         return f"{row['job_id']}  UNREACHABLE: {row['error']}"
     job = row.get("job")
     if job is None:
         return f"{row['phase'].upper()}: {row['note']}" if row["note"] else row["phase"].upper()
-    text = f"{job.get('job_id')}  {job.get('state')}" + (f" ({job['phase']})" if job.get("phase") else "")
-    service = job.get("service") or {}
-    if service.get("unit"):
-        text += f"  service {service_states(service)}"
-        if service.get("downtime_s") is not None:
-            text += f", downtime {service['downtime_s']:.1f} s"
-        elif service.get("stopped_at") and not service.get("restored_at"):
-            text += f", down for {(job.get('now') or time.time()) - service['stopped_at']:.1f} s so far"
-    if job.get("exit_code") is not None:
-        text += f"  exit code {job['exit_code']}"
-    return text
+    return render.job_line(JobStatus.from_json(job))
 
 
 # -- tail -----------------------------------------------------------------------------------------------------
@@ -196,7 +178,7 @@ class HostResults:
 def results(run_id: str, *, store: Store, deadline: Deadline) -> HostResults:
     run = RunStore(store).load(check_job_id(run_id))
     live = [e for e in run.hosts if _has_job(e, store)]
-    found, errors = for_each_host(live, lambda e: controller.result(e.job_id, store=store, deadline=deadline))
+    found, errors = for_each_host(live, lambda e: controller.result(e.job_id, store=store, deadline=deadline).value)
     missing = {a: _first_line(exc) for a, exc in errors.items()}
     for entry in run.hosts:
         if entry.address not in found and entry.address not in missing:

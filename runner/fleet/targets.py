@@ -49,7 +49,8 @@ def status(ref: str | None, *, store: Store, deadline: Deadline, every: bool = F
         return Outcome({"run_id": run.run_id, "state": run.state, "max_unavailable": run.max_unavailable,
                         "hosts": rows}, worst(row["exit"] for row in rows), True, run, rows)
     jobs = app.job_statuses(ref, store=store, deadline=deadline, every=every)
-    return Outcome(jobs[0] if ref else jobs, worst(app.job_exit(job) for job in jobs), detail=jobs)
+    return Outcome(jobs[0].raw if ref else [job.raw for job in jobs],
+                   worst(app.job_exit(job) for job in jobs), detail=jobs)
 
 
 def cancel(ref: str, *, store: Store, deadline: Deadline) -> Outcome:

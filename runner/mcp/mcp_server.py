@@ -28,7 +28,7 @@ from mcp.types import CallToolResult, TextContent
 from pydantic import Field, ValidationError
 from pydantic_core import ErrorDetails
 
-from ..commands import ci, controller
+from ..commands import ci, controller, render
 from ..deadline import Deadline
 from ..errors import EXIT_OK, EXIT_STILL_RUNNING, EXIT_USAGE, RunnerError, SpecError, exit_code
 from ..fleet import targets
@@ -92,7 +92,8 @@ class Tools:
 
     def status(self, job_id: str | None = None) -> dict:
         found = targets.status(job_id, store=Store(), deadline=_deadline())
-        return {**(found.document if found.of_run else {"jobs": found.detail}), "cli_exit_code": found.exit}
+        return {**(found.document if found.of_run else {"jobs": [job.raw for job in found.detail]}),
+                "cli_exit_code": found.exit}
 
     def list_jobs(self) -> dict:
         return {"jobs": [asdict(r) for r in Store().all()]}
@@ -116,6 +117,7 @@ class Tools:
         collected = ci.collect_job(job_id, store=Store(), deadline=_deadline())  # by id only: never a path
         answer = {"table": render_any(collected.result), "result": strict_json(collected.result),
                   "service_window": strict_json(collected.window),
+                  "service_window_text": "\n".join(render.window_lines(collected.window)) if collected.window else None,
                   "history_warning": collected.warning, "cli_exit_code": EXIT_OK}
         if baseline:
             verdicts = ci.gate_against(baseline, collected, fraction)

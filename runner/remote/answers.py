@@ -8,13 +8,18 @@ does not understand (VERB: field: why)". The message names the field and what wa
 host sent.
 
 Pure, no I/O: runner/remote/host.py calls `parse_line` where it reads an answer line, `failure` for `ok: false`,
-and one checker per HostClient method (each returns what that method returns).
+and one checker per HostClient method (each returns what that method returns). A checked answer that a front end
+reads field by field becomes a typed one (`JobStatus`, `LogChunk`, `Result`), each built by its `from_json`
+from the checked dict, as Ray's `JobInfo.from_json`: the renderers (runner/commands/render.py) read fields, never
+keys.
 """
 from __future__ import annotations
 
 import base64
 import json
 import math
+import dataclasses
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from remote_payload.contract import STATES, TERMINAL
@@ -226,7 +231,8 @@ RESTORE_SERVICE = _record({"unit": OPT_TEXT, "state": _one_of("healthy, starting
                                                               ("healthy", "starting", "failed")),
                            "active_state": OPT_TEXT, "sub_state": OPT_TEXT, "log_tail": OPT_TEXT,
                            "health_note": OPT_TEXT}, required=("state",))
-RESULT = _record({}, required=("result",))
+WINDOW = _record({"unit": OPT_TEXT, "window": OBJECT}, required=("window",))
+RESULT = _record({"windows": _list_of(WINDOW)}, required=("result",))
 GC = _record({"jobs": _list_of(TEXT), "payloads": _list_of(TEXT), "supervisors": _list_of(TEXT), "dry_run": BOOL,
               "kept": COUNT, "complete": BOOL, "keep_jobs": COUNT, "keep_days": NUMBER},
              required=("jobs", "payloads", "supervisors", "dry_run", "kept", "complete"))
@@ -339,4 +345,141 @@ def gc(answer: dict) -> dict:
 
 def result(answer: dict) -> Any:
     """The job's result.json as parsed on the host: any JSON value (the renderers judge its shape)."""
-    return _checked("result", answer, RESULT)["result"]
+    return result_answer(answer).value
+
+
+def result_answer(answer: dict) -> Result:
+    """`result`'s whole answer: the result.json and the windows of the services the job freed."""
+    return Result.from_json(_checked("result", answer, RESULT))
+
+
+# -- the typed answers ------------------------------------------------------------------------------------
+# Each is built from a checked answer (or a record the controller made in the same shape: a job not yet
+# started, a host not reached). status.json is the payload's to overwrite: the parts the checks above leave
+# open (a window, a sweep's tally, slots) are kept as the host sent them, and the renderer checks each value.
+
+def _dict(value: Any) -> dict:
+    return value if isinstance(value, dict) else {}
+
+
+def _opt_dict(value: Any) -> dict | None:
+    return value if isinstance(value, dict) else None
+
+
+@dataclass(frozen=True)
+class ServiceRecord:
+    """One service as a job's status holds it (status.json `service`, or one of `services`)."""
+
+    unit: str | None = None
+    was: str | None = None
+    now: str | None = None
+    stopped: bool | None = None
+    stopped_at: float | None = None
+    restored_at: float | None = None
+    downtime_s: float | None = None
+    window: dict | None = None       # `downtime`: not serving and its parts, once the service is back
+    stop_result: dict | None = None  # the unit our stop left failed: systemd's Result
+
+    @classmethod
+    def from_json(cls, record: dict) -> ServiceRecord:
+        return cls(unit=record.get("unit"), was=record.get("was"), now=record.get("now"),
+                   stopped=record.get("stopped"), stopped_at=record.get("stopped_at"),
+                   restored_at=record.get("restored_at"), downtime_s=record.get("downtime_s"),
+                   window=_opt_dict(record.get("downtime")), stop_result=_opt_dict(record.get("stop_result")))
+
+
+@dataclass(frozen=True)
+class Progress:
+    """The payload's progress as the host tallied it from its events (remote_payload/progress.py)."""
+
+    rows_done: int
+    rows_expected: int | None = None
+    silent_s: float | None = None
+    phase: Any = None                # the payload's own word for it
+    phase_status: Any = None
+    variant: dict | None = None      # a sweep's variant running now: index, of, args, status
+    sweep: dict = dataclasses.field(default_factory=dict)  # a sweep's tally: done, of, running, rows, side_by_side
+
+    @classmethod
+    def from_json(cls, progress: dict) -> Progress:
+        return cls(rows_done=progress["rows_done"], rows_expected=progress.get("rows_expected"),
+                   silent_s=progress.get("silent_s"), phase=progress.get("phase"),
+                   phase_status=progress.get("phase_status"), variant=_opt_dict(progress.get("variant")),
+                   sweep=_dict(progress.get("sweep")))
+
+
+@dataclass(frozen=True)
+class JobStatus:
+    """One job's status: status.json as the host read it plus what `status` adds; `error` when its host was not
+    asked (the controller's record: the last known state). `raw` is the answer as it came, what `--json` prints."""
+
+    job_id: str
+    state: str
+    raw: dict = dataclasses.field(repr=False, compare=False)
+    phase: str | None = None
+    message: str | None = None
+    error: str | None = None
+    now: float | None = None
+    created_at: float | None = None
+    started_at: float | None = None
+    ended_at: float | None = None
+    exit_code: int | None = None
+    service: ServiceRecord = dataclasses.field(default_factory=ServiceRecord)
+    services: tuple[ServiceRecord, ...] = ()      # several freed services, each its own record
+    services_kept: tuple[str, ...] = ()           # services left serving (not on the job's GPUs)
+    progress: Progress | None = None
+    slurm: dict = dataclasses.field(default_factory=dict)     # job_id, state, reason, node
+    array: dict | None = None                     # a sweep on Slurm: its job array's tally
+    slots: list | None = None                     # a sweep's side-by-side slots: devices, variant
+
+    @classmethod
+    def from_json(cls, job: dict) -> JobStatus:
+        listed = job.get("services")
+        progress = job.get("progress")
+        return cls(job_id=job.get("job_id", ""), state=job.get("state", ""), raw=job, phase=job.get("phase"),
+                   message=job.get("message"), error=job.get("error"), now=job.get("now"),
+                   created_at=job.get("created_at"), started_at=job.get("started_at"), ended_at=job.get("ended_at"),
+                   exit_code=job.get("exit_code"), service=ServiceRecord.from_json(_dict(job.get("service"))),
+                   services=tuple(ServiceRecord.from_json(s) for s in listed if isinstance(s, dict))
+                   if isinstance(listed, list) else (),
+                   services_kept=tuple(u for u in job.get("services_kept") or [] if isinstance(u, str)),
+                   progress=Progress.from_json(progress) if isinstance(progress, dict) else None,
+                   slurm=_dict(job.get("slurm")), array=_opt_dict(job.get("array")),
+                   slots=job.get("slots") if isinstance(job.get("slots"), list) else None)
+
+
+@dataclass(frozen=True)
+class LogChunk:
+    """A piece of a job's log (`logs`): `data` from `offset` to `next_offset`, of a log `size` bytes long now."""
+
+    offset: int
+    next_offset: int
+    size: int
+    data: bytes
+    state: str
+    terminal: bool
+    exit_code: int | None = None
+
+    @classmethod
+    def from_json(cls, chunk: dict) -> LogChunk:
+        return cls(offset=chunk.get("offset", chunk["next_offset"] - len(chunk["data"])),
+                   next_offset=chunk["next_offset"], size=chunk["size"], data=chunk["data"], state=chunk["state"],
+                   terminal=chunk["terminal"], exit_code=chunk.get("exit_code"))
+
+    @property
+    def at_end(self) -> bool:
+        """Every byte the log has now was sent."""
+        return self.next_offset >= self.size
+
+
+@dataclass(frozen=True)
+class Result:
+    """`result`'s answer: the job's result.json (`value`, any JSON value: its readers check its shape) and
+    `windows`, (unit, window) of each service the job freed, in the spec's order (results/window.py)."""
+
+    value: Any
+    windows: tuple[tuple[str | None, dict], ...] = ()
+
+    @classmethod
+    def from_json(cls, answer: dict) -> Result:
+        return cls(answer["result"], tuple((w.get("unit"), w["window"]) for w in answer.get("windows") or []))

@@ -317,8 +317,8 @@ class HostClient:
             args += ["--health-url", service["health_url"]]
         return answers.restore_service(self.call("restore-service", args))
 
-    def result(self, job_id: str) -> dict:
-        return answers.result(self.call("result", ["--job-id", job_id]))
+    def result(self, job_id: str) -> answers.Result:
+        return answers.result_answer(self.call("result", ["--job-id", job_id]))
 
     def gc(self, *, keep_jobs: int, keep_days: float, dry_run: bool) -> dict:
         """Wire `gc`: the host's retention rule (old job dirs and unused bundles deleted, or listed)."""

@@ -18,7 +18,12 @@ def job_window(job) -> dict | None:
     """The job's window: None when it freed nothing; the one freed service's `downtime` as it is; with several,
     the combined parts plus `units` (the freed services, in order) and `services` (each one's window, with its
     `unit`)."""
-    freed = freed_windows(job)
+    return window_of(freed_windows(job))
+
+
+def window_of(freed: list[tuple[str | None, dict]]) -> dict | None:
+    """The window of a job that freed these services ((unit, window) each, freed_windows or the `result`
+    answer's `windows`): None for none, the one's as it is, or the combined one of several."""
     if not freed:
         return None
     if len(freed) == 1:
