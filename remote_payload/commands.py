@@ -65,7 +65,7 @@ def build_parser(sub: str) -> ArgParser:
         parser.add_argument("--job-id")
     elif sub not in ("restore-service", "gc"):
         parser.add_argument("--job-id", required=True)
-    options = {
+    options: dict[str, list[tuple[str, dict]]] = {  # the subcommand's own flags: (flag, add_argument's keywords)
         "start": [("--queue", dict(action="store_true"))],
         "submit": [("--queue", dict(action="store_true"))],
         "_run": [("--queue", dict(action="store_true")), ("--ready-fd", dict(type=int)), ("--ready-fifo", dict())],

@@ -175,7 +175,8 @@ class SocketReader(io.RawIOBase):
 
 def read_capped(answer, what: str) -> bytes:
     """The whole body (by its Content-Length, chunks or the close), at most MAX_BODY_BYTES."""
-    chunks, size = [], 0
+    chunks: list[bytes] = []
+    size = 0
     while True:
         chunk = answer.read(READ_CHUNK)
         if not chunk and answer.length:  # http.client returns what came before the close; it was cut short

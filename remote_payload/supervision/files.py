@@ -286,7 +286,7 @@ class Locks:
 
     def __init__(self, root: str, keys: list, job_id: str) -> None:
         self.root, self.keys, self.job_id = root, keys, job_id
-        self.fds = {}
+        self.fds: dict[str, int] = {}  # lock key -> its open descriptor
         self.held = False
 
     def open(self) -> None:

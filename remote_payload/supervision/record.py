@@ -45,8 +45,8 @@ class Job:
         self.paths, self.spec, self.status = paths, spec, status
         self.ctl = Systemd(spec["service"].get("scope", DEFAULTS["service.scope"]),
                            spec["service"].get("sudo", DEFAULTS["service.sudo"]))
-        self.payload_pids = set()
-        self.guard_pipe = None  # the supervisor's end of its guard's pipe (settle.start_guard), else None
+        self.payload_pids: set[int] = set()
+        self.guard_pipe: int | None = None  # the supervisor's end of its guard's pipe (settle.start_guard), else None
 
     @classmethod
     def load(cls, paths: JobPaths) -> "Job":

@@ -88,7 +88,7 @@ def load_for_restore(paths: JobPaths) -> Job:
         status, why = None, "status.json cannot be read (%s)" % exc
     if why is None and entries and not {e["unit"] for e in entries} <= set(services.units(spec or {"service": {}})):
         why = "spec.json does not name the units the host ledger says this job stopped"
-    if why is None and spec is not None:
+    if why is None and spec is not None and status is not None:  # status is None only with a why
         return Job(paths, spec, with_noted_processes(status, entries))
     if not entries:
         raise Fail("bad-status", "cannot read %s" % paths.spec, job_id=paths.job_id)
@@ -163,7 +163,9 @@ def with_noted_processes(status: dict, entries: list) -> dict:
     payload, slots = noted_processes(entries)
     if payload is None:
         return status
-    recorded = status.get("payload") if isinstance(status.get("payload"), dict) else payload
+    recorded = status.get("payload")
+    if not isinstance(recorded, dict):
+        recorded = payload
     ident = {k: payload[k] for k in ("pid", "pgid", "start_time")}
     return dict(status, payload=dict(recorded, **ident), slots=slots)
 

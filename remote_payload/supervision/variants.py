@@ -108,9 +108,10 @@ class Run:
         self.seconds, self.bound, self.result = seconds, bound, result
         self.began = time.monotonic()
         self.deadline = self.began + seconds
-        self.ended = None  # when it exited or was told to stop
-        self.reason = None  # why it was stopped: its bound, a cancel or a signal
-        self.term_at = self.kill_at = None
+        self.ended: float | None = None  # when it exited or was told to stop
+        self.reason: str | None = None  # why it was stopped: its bound, a cancel or a signal
+        self.term_at: float | None = None
+        self.kill_at: float | None = None
         self.exit_fd = exit_fd(proc.pid)
 
 
@@ -235,6 +236,7 @@ def end_variant(job: Job, of: int, run: Run) -> dict:
         code = None
     else:
         code = record_exit(job, returncode, pid=run.proc.pid, **where)
+    assert run.ended is not None  # wait_for_ends hands over only runs that ended
     seconds = round(run.ended - run.began, 3)  # to its end, not to the end of its stop
     if plain(job):  # its result.json is the payload's own: not read here
         return {"index": run.index, "args": {}, "status": "ended", "exit_code": code, "seconds": seconds,
@@ -316,7 +318,7 @@ def fit_combined(job_dir: str, records: list) -> list:
     until the combined record fits COMBINED_RESULT_BYTES, well under the controller's MAX_RESULT_BYTES."""
     sizes = {r["index"]: len(json.dumps(r["result"])) for r in records if r.get("result") is not None}
     total = len(json.dumps(records))
-    for index in sorted(sizes, key=sizes.get, reverse=True):
+    for index in sorted(sizes, key=lambda i: sizes[i], reverse=True):
         if total <= COMBINED_RESULT_BYTES:
             break
         record = next(r for r in records if r["index"] == index)
@@ -335,7 +337,9 @@ def run_variants(job: Job, flags: Flags, staged=None) -> None:
     window = window_start(job)
     if not plain(job):
         os.makedirs(os.path.join(job.paths.dir, "results"), exist_ok=True)
-    records, pending, running = {}, list(enumerate(variants, 1)), {}
+    records: dict[int, dict] = {}  # variant index -> its record
+    running: dict[int, Run] = {}  # slot -> the variant running on it
+    pending = list(enumerate(variants, 1))
     longest, halt, interrupted = None, None, None
     while pending or running:
         if interrupted is None and pending:
@@ -403,7 +407,7 @@ def finish(job: Job, records: list, slots: list) -> None:
     n = len(records)
     ok = sum(1 for r in records if r["status"] == "ended" and r["exit_code"] == 0 and not r.get("error"))
     skipped = sum(1 for r in records if r["status"] == "skipped")
-    summary = {"variants": n, "succeeded": ok, "failed": n - ok - skipped, "skipped": skipped}
+    summary: dict = {"variants": n, "succeeded": ok, "failed": n - ok - skipped, "skipped": skipped}
     if job.spec["sweep"].get("gpus_per_variant") is not None:  # side by side: the slots they ran on
         summary["slots"] = slots
     combined = {"payload": "sweep", "sweep": summary, "variants": fit_combined(job.paths.dir, records)}

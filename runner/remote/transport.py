@@ -26,11 +26,14 @@ import shlex
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Protocol, Sequence, runtime_checkable
+from typing import IO, TYPE_CHECKING, Callable, Protocol, Sequence, runtime_checkable
 
 from ..deadline import Deadline
 from ..errors import AuthFailed, HostKeyError, TransportError
 from .answers import MAX_ANSWER_BYTES, oversized
+
+if TYPE_CHECKING:
+    from fabric import Connection
 
 KEEPALIVE_S = 15
 # What one call reads of a host: stdout up to an answer's cap (answers.MAX_ANSWER_BYTES) and then no further
@@ -87,8 +90,9 @@ class Stream:
         self._buffer = bytearray()
         self._eof = False
         self._closed: tuple[int, bytes, bytes] | None = None
-        proc.stdin.close()
-        _widen_pipe(proc.stdout.fileno())
+        stdin, self._stdout, self._stderr = piped(proc)
+        stdin.close()
+        _widen_pipe(self._stdout.fileno())
 
     def readline(self, limit: int) -> bytes:
         """The next line with its newline, or what is left at the end of the output; more than `limit` bytes
@@ -118,8 +122,8 @@ class Stream:
             if self.proc.poll() is None:
                 self.proc.kill()
             self.proc.wait()
-            stderr = _read_ready(self.proc.stderr.fileno())
-            for pipe in (self.proc.stdout, self.proc.stderr):
+            stderr = _read_ready(self._stderr.fileno())
+            for pipe in (self._stdout, self._stderr):
                 pipe.close()
             self._closed = (self.proc.returncode, bytes(self._buffer), stderr)
         return self._completed(*self._closed)
@@ -132,7 +136,7 @@ class Stream:
     def _fill(self) -> bool:
         if self._eof:
             return False
-        fd = self.proc.stdout.fileno()
+        fd = self._stdout.fileno()
         try:
             while not select.select([fd], [], [], time_left(self.deadline, self.name))[0]:
                 pass
@@ -143,6 +147,13 @@ class Stream:
         self._eof = not chunk
         self._buffer += chunk
         return bool(chunk)
+
+
+def piped(proc: subprocess.Popen) -> tuple[IO[bytes], IO[bytes], IO[bytes]]:
+    """The stdin, stdout and stderr of a process started with all three piped (as every process here is)."""
+    if proc.stdin is None or proc.stdout is None or proc.stderr is None:
+        raise ValueError(f"{proc.args!r} was started without its stdin, stdout and stderr piped")
+    return proc.stdin, proc.stdout, proc.stderr
 
 
 def _widen_pipe(fd: int) -> None:
@@ -211,18 +222,19 @@ class SshTransport:
     def __init__(self, target: SshTarget) -> None:
         self.target = target
         self.name = target.address
-        self._conn = None
+        self._conn: Connection | None = None
         self._connecting = ConnectBudget(target)
         self.reached = False
 
     def run(self, argv: Sequence[str], *, stdin: bytes = b"", deadline: Deadline) -> Completed:
-        connecting = self._conn is None
+        conn = self._conn
+        connecting = conn is None
         try:
-            if connecting:
-                self._conn = _connect(self.target, self._connecting.take(deadline).left())
+            if conn is None:
+                conn = self._conn = _connect(self.target, self._connecting.take(deadline).left())
                 self._connecting.reset()  # connected: a reconnect after a lost link has a connect_timeout of its own
             self.reached = True
-            return _exec(self._conn.transport, tuple(argv), stdin, deadline, self.name)  # paramiko's connection
+            return _exec(conn.transport, tuple(argv), stdin, deadline, self.name)  # paramiko's connection
         except TransportError:
             self.close()
             raise
@@ -407,7 +419,9 @@ def load_known_hosts(keys, path: Path) -> int:
             entry = HostKeyEntry.from_line(line, number)
         except _paramiko().SSHException:
             continue  # a key type paramiko does not know, as HostKeys.load does
-        for hostname in entry.hostnames if entry is not None else ():
+        if entry is None:
+            continue
+        for hostname in entry.hostnames:
             keys.add(hostname, entry.key.get_name(), entry.key)
     return ca_lines
 

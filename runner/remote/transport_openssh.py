@@ -26,13 +26,13 @@ import shlex
 import shutil
 import subprocess
 from pathlib import Path
-from typing import Sequence
+from typing import AbstractSet, Sequence
 
 from ..deadline import Deadline
 from ..errors import AuthFailed, HostKeyError, SpecError, TransportError
 from .answers import oversized
 from .transport import (MAX_OUTPUT_BYTES, Completed, ConnectBudget, LocalTransport, SshTarget, SshTransport, Stream,
-                        keep_tail, port_decided_by, time_left, user_decided_by)
+                        keep_tail, piped, port_decided_by, time_left, user_decided_by)
 
 EXIT_SSH_FAILED = 255
 SERVER_ALIVE_S = 15  # the keepalive interval when the command has time; less when it has less
@@ -249,7 +249,7 @@ class Running:
     def _kill(self) -> None:
         """Close our ends (stdin's EOF reaches the remote side) and kill the client, without waiting for its
         output: a ControlMaster holds the pipes it was handed for as long as the remote session lasts."""
-        for pipe in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
+        for pipe in piped(self.proc):
             pipe.close()
         self.proc.kill()
         self.proc.wait()
@@ -261,25 +261,26 @@ def exchange(proc: subprocess.Popen, stdin: bytes, deadline: Deadline, name: str
     subprocess.TimeoutExpired when the deadline passes."""
     out, err = bytearray(), bytearray()
     pending = memoryview(stdin)
+    to_stdin, stdout, stderr = piped(proc)
     with selectors.DefaultSelector() as selector:
         if pending:
-            selector.register(proc.stdin, selectors.EVENT_WRITE)
+            selector.register(to_stdin, selectors.EVENT_WRITE)
         else:
-            proc.stdin.close()
-        selector.register(proc.stdout, selectors.EVENT_READ)
-        selector.register(proc.stderr, selectors.EVENT_READ)
+            to_stdin.close()
+        selector.register(stdout, selectors.EVENT_READ)
+        selector.register(stderr, selectors.EVENT_READ)
         while selector.get_map():
             left = deadline.left()
             if left <= 0:
                 raise subprocess.TimeoutExpired(proc.args, 0)
             for key, _ in selector.select(left):
-                if key.fileobj is proc.stdin:
-                    pending = _write_some(proc.stdin, pending, selector)
+                if key.fileobj is to_stdin:
+                    pending = _write_some(to_stdin, pending, selector)
                     continue
                 chunk = os.read(key.fd, 1 << 16)
                 if not chunk:
                     selector.unregister(key.fileobj)
-                elif key.fileobj is proc.stdout:
+                elif key.fileobj is stdout:
                     out += chunk
                     if len(out) > MAX_OUTPUT_BYTES:
                         raise oversized(name)
@@ -321,7 +322,7 @@ def is_host_key_failure(stderr: str) -> bool:
     return any(mark in stderr for mark in _HOST_KEY_MARKS)
 
 
-def translated(stderr: str, target: SshTarget, known_as: set[str] = frozenset()) -> TransportError:
+def translated(stderr: str, target: SshTarget, known_as: AbstractSet[str] = frozenset()) -> TransportError:
     """ssh's exit 255 and its stderr as our error (all exit 3), naming what to check next."""
     name = target.address
     tail = "\n".join(line for line in stderr.strip().splitlines()[-6:] if line.strip())
@@ -336,7 +337,7 @@ def translated(stderr: str, target: SshTarget, known_as: set[str] = frozenset())
                                f"{port_decided_by(target)}.")
 
 
-def _host_key_error(stderr: str, name: str, policy: str, known_as: set[str]) -> HostKeyError:
+def _host_key_error(stderr: str, name: str, policy: str, known_as: AbstractSet[str]) -> HostKeyError:
     found = _KEY_HOST.search(stderr)
     key_host = found.group(1) if found else name
     fingerprint = _FINGERPRINT.search(stderr)

@@ -51,8 +51,9 @@ class JobRecord:
     note: str = ""  # why a job that was never started (last_state NOT_STARTED) was not
 
 
-_FIELD_TYPES = {"job_id": str, "name": str, "host": dict, "spec_path": str, "submitted_at": (int, float),
-                "service": dict, "cursor": int, "last_state": str, "wire": dict, "note": str}
+_FIELD_TYPES: dict[str, type | tuple[type, ...]] = {
+    "job_id": str, "name": str, "host": dict, "spec_path": str, "submitted_at": (int, float), "service": dict,
+    "cursor": int, "last_state": str, "wire": dict, "note": str}
 NOT_STARTED = "NOT_STARTED"  # a controller-side end: the host was never reached, so it has no such job
 
 
