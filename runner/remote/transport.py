@@ -1,6 +1,6 @@
 """How the controller reaches a host: run one argv there, get its exit code and output bytes back.
 
-Two implementations of one small interface (the shape of httpx's transports):
+Three implementations of one small interface (the shape of httpx's transports):
 
     Transport.run(argv, stdin=b"", deadline=Deadline(S)) -> Completed
     Transport.close()
@@ -8,6 +8,8 @@ Two implementations of one small interface (the shape of httpx's transports):
 - `LocalTransport` (`host.address: local`): the same host protocol on this machine, through subprocess.
 - `SshTransport`: one SSH connection (fabric for ssh_config aliases, IdentityFile, ProxyJump; paramiko
   underneath), host keys verified against known_hosts, keepalive, and a deadline on every call.
+- `OpenSshTransport` (transport_openssh.py; `host.transport: openssh`, or `auto` where a system `ssh` is
+  there): the system `ssh` client over one ControlMaster, each call one exec through it.
 
 argv is quoted exactly once, here (`shlex.join`), so nothing a user wrote reaches a shell unquoted.
 Every paramiko, socket and OS error of an SSH call (connecting included: config, known_hosts, handshake,

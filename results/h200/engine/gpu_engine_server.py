@@ -5,7 +5,7 @@ like SGLang's static pool, does real GPU work per probe, is healthy ~3 s after s
 out as SGLang lays it out with --enable-memory-saver, through torch_memory_saver (hook_mode "torch"):
   weights   WEIGHTS_GIB of bf16 in region(tag="weights", enable_cpu_backup=--enable-weights-cpu-backup)
   kv_cache  all but LEAVE_MIB of what is left, in region(tag="kv_cache") (the static KV pool)
-and the routes that runner's `service.free: sglang` calls (remote_payload/supervisor_engine.py) answer with
+and the routes that runner's `service.free: sglang` calls (remote_payload/host/engine.py) answer with
 SGLang's request bodies and status codes (tests/hosts/engine_standin.py is the CPU stand-in of the same):
   GET  /get_server_info          {"enable_memory_saver", "enable_weights_cpu_backup", "version", ...}
   POST /pause_generation         {"mode": "abort"|"retract"|"in_place"} (400 for another mode)
