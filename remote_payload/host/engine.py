@@ -41,7 +41,7 @@ import json
 import time
 
 from ..contract import REFUSED_PAUSE_MODES
-from .listener import foreign_holder
+from .listener import foreign_holder, unit_cgroup
 from .primitives import Fail, Systemd
 
 FREE_METHODS = ("stop", "sglang", "vllm")  # service.free; stop: systemctl stop / start
@@ -244,7 +244,7 @@ def wait_healthy(ctl: Systemd, unit: str, url, timeout: float, note=None):
         now = time.monotonic()
         active_since = (active_since or now) if state == "active" else None
         if active_since is not None and (health_ok(url, deadline - now) if url else now - active_since >= STAY_ACTIVE_S):
-            held = foreign_holder(ctl.control_group(unit), url) if url else None
+            held = held_outside(ctl, unit, url) if url else None
             if held is None:
                 return True, state
             if held != squatter and note is not None:
@@ -253,6 +253,18 @@ def wait_healthy(ctl: Systemd, unit: str, url, timeout: float, note=None):
         if state == "failed" or now >= deadline:
             return False, state
         time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
+
+
+def held_outside(ctl: Systemd, unit: str, url: str):
+    """Who holds url's port outside the unit (host/listener.py), or None. The unit's cgroup comes from its
+    MainPID's /proc/PID/cgroup (world-readable), not from another systemctl property: under `sudo: true` the
+    README's sudoers rule allows only the calls runner makes, and it already reads MainPID."""
+    try:
+        main_pid = ctl.show(unit)["main_pid"]
+    except Fail:
+        return None
+    group = unit_cgroup(main_pid, unit) if main_pid else None
+    return foreign_holder(group, url) if group else None
 
 
 def api_url(service: dict) -> str:

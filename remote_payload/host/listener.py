@@ -4,7 +4,8 @@ A process outside the unit that holds the port (a `payload.user` process started
 unit, a stray server) answers /health for a unit that is down or cannot bind; a restorer that believed it
 would say "healthy" with the service gone. So once the health URL answers, the TCP listener of its port is
 looked up in /proc/net/tcp{,6}, and every socket listening there must belong to a process of the unit's
-cgroup (systemctl's ControlGroup, read through /sys/fs/cgroup; the unit's processes and their children).
+cgroup (its MainPID's, up to the unit's own component, read through /sys/fs/cgroup; the unit's processes and
+their children).
 
 `foreign_holder` answers a description of the first process outside the unit that holds such a socket, or
 None when every listener is the unit's — and also None whenever it cannot tell (the URL's host is not this
@@ -101,6 +102,21 @@ def cgroup_pids(control_group: str):
     except (OSError, ValueError):
         return None
     return pids
+
+
+def unit_cgroup(pid: int, unit: str):
+    """The cgroup of `unit`, from its MainPID's /proc/PID/cgroup: the path up to the unit's own component (a
+    unit that delegates puts its processes in sub-cgroups: the whole unit counts), or the process's own; None
+    when it cannot be read."""
+    try:
+        with open("/proc/%d/cgroup" % pid) as fh:
+            path = parse_cgroup(fh.read())
+    except OSError:
+        return None
+    if not path:
+        return None
+    parts = path.split("/")
+    return "/".join(parts[:parts.index(unit) + 1]) if unit in parts else path
 
 
 def describe(pid: int) -> str:

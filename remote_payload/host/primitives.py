@@ -290,11 +290,6 @@ class Systemd:
             raise Fail("internal", "cannot read the state of %s: %s" % (unit, said))
         return parse_systemctl_show(done.stdout.decode("utf-8", "replace"))
 
-    def control_group(self, unit: str) -> str:
-        """The unit's cgroup path (systemctl's ControlGroup; "" when it has none or systemctl cannot say)."""
-        done = run_command(self.argv("systemctl", "show", "-P", "ControlGroup", unit))
-        return done.stdout.decode("utf-8", "replace").strip() if done.returncode == 0 else ""
-
     def is_active(self, unit: str) -> str:
         done = run_command(self.argv("systemctl", "is-active", unit))
         return done.stdout.decode("utf-8", "replace").strip() or "unknown"

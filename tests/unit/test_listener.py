@@ -2,7 +2,7 @@
 whether a health URL is this machine's."""
 from pathlib import Path
 
-from remote_payload.host.listener import local_port, parse_cgroup, parse_listeners
+from remote_payload.host.listener import local_port, parse_cgroup, parse_listeners, unit_cgroup
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "proc"
 
@@ -35,3 +35,23 @@ def test_only_a_health_url_on_this_machines_loopback_or_wildcard_is_checked():
     assert local_port("http://[::1]:8000/health") == 8000
     assert local_port("http://10.231.0.2:30000/health") is None  # another host: its listener is not ours to see
     assert local_port("http://127.0.0.1:99999/health") is None   # not a port
+
+
+def test_the_units_cgroup_is_its_main_pids_up_to_the_units_own_component(monkeypatch, tmp_path):
+    texts = {1: "0::/system.slice/sglang.service\n", 2: "0::/system.slice/sglang.service/payload/sub\n",
+             3: "0::/user.slice/user-1000.slice/session-4.scope\n"}
+    real_open = open
+
+    def fake_open(path, *args, **kwargs):
+        if str(path).startswith("/proc/") and str(path).endswith("/cgroup"):
+            pid = int(str(path).split("/")[2])
+            if pid not in texts:
+                raise FileNotFoundError(path)
+            (tmp_path / str(pid)).write_text(texts[pid])
+            return real_open(tmp_path / str(pid), *args, **kwargs)
+        return real_open(path, *args, **kwargs)
+    monkeypatch.setattr("builtins.open", fake_open)
+    assert unit_cgroup(1, "sglang.service") == "/system.slice/sglang.service"
+    assert unit_cgroup(2, "sglang.service") == "/system.slice/sglang.service"  # a delegated sub-cgroup: the unit
+    assert unit_cgroup(3, "sglang.service") == "/user.slice/user-1000.slice/session-4.scope"  # not the unit's name
+    assert unit_cgroup(4, "sglang.service") is None  # gone
