@@ -107,7 +107,8 @@ ERRORS = {
 VERBS = {
     "preflight": ("[--job-id ID]", "spec JSON", "what the host has for this job: GPUs, their apps, the service, locks, "
                   "the interpreter, whether the payload may start"),
-    "submit": ("--job-id ID [--queue]", "spec JSON", "preflight, the admission verdict and the start in one call"),
+    "submit": ("[--job-id ID] [--queue]", "spec JSON", "preflight, the admission verdict and the start in one call "
+               "(without --job-id, the spec's own job_id: a call opened before the spec was checked)"),
     "start": ("--job-id ID [--queue]", "spec JSON", "claim the job dir and start the detached supervisor"),
     "status": ("[--job-id ID …] [--ids-on-stdin]", "a JSON list of ids (--ids-on-stdin)", "the jobs' status.json "
                "(all jobs without ids), LOST marked and restored"),

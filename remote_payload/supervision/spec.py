@@ -359,12 +359,15 @@ def check_launcher(raw: dict, spec: dict) -> dict:
     return {"launcher": "slurm", "slurm": dict(slurm)}
 
 
-def read_spec_stdin(root: str, job_id=None) -> dict:
-    """The spec on stdin, checked, its payload script located under ROOT."""
+def read_spec_stdin(root: str, job_id=None, need_job_id: bool = False) -> dict:
+    """The spec on stdin, checked, its payload script located under ROOT; need_job_id: the spec must name its
+    job when argv does not."""
     try:
         raw = json.loads(sys.stdin.buffer.read().decode("utf-8"))
     except ValueError as exc:
         raise Fail("bad-spec", "stdin is not a JSON spec: %s" % exc) from exc
+    if need_job_id and job_id is None and not (isinstance(raw, dict) and raw.get("job_id")):
+        raise Fail("bad-args", "no job id: neither --job-id nor the spec's job_id")
     return locate_payload(check_spec(raw, job_id), root)
 
 

@@ -236,10 +236,11 @@ class HostClient:
                                                                          stdin=stdin)
         return answers.submit(answer, wire["job_id"])
 
-    def open_submit(self, job_id: str, *, queue: bool = False) -> OpenCall:
+    def open_submit(self, *, queue: bool = False) -> OpenCall:
         """A `submit` call started before its wire form is ready (the spec still being checked): the connection
-        and the host's interpreter start meanwhile; the host acts on nothing until `send`."""
-        return OpenCall(self, "submit", submit_args(job_id, queue))
+        and the host's interpreter start meanwhile; the host acts on nothing until `send`. It names no job: the
+        host takes the id from the wire form, so the call fits whatever name the checked spec has."""
+        return OpenCall(self, "submit", submit_args(None, queue))
 
     def status(self, job_ids: Sequence[str] = ()) -> list[dict]:
         """The jobs named (every job on the host when none is): their ids go on stdin, never in argv (whose
@@ -380,8 +381,8 @@ class OpenCall:
             running.abandon()
 
 
-def submit_args(job_id: str, queue: bool) -> list[str]:
-    return ["--job-id", job_id] + (["--queue"] if queue else [])
+def submit_args(job_id: str | None, queue: bool) -> list[str]:
+    return (["--job-id", job_id] if job_id is not None else []) + (["--queue"] if queue else [])
 
 
 def _json_bytes(obj: dict | list) -> bytes:

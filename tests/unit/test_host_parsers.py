@@ -1,7 +1,10 @@
 """Pure parts of the supervisor (remote_payload/supervisor_*.py): parsers on captured output, validation, command construction."""
 from __future__ import annotations
 
+import io
+import json
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -268,3 +271,17 @@ def test_the_hard_deadline_counts_a_sweeps_run_from_the_running_variant_and_a_pr
     assert settle.hard_deadline(spec, single) > first + 100
     preparing = {"state": "PREPARING", "started_at": None, "payload": {"started_at": first}}
     assert settle.hard_deadline(spec, preparing) is None
+
+
+@pytest.mark.parametrize("stdin, code", [
+    (b"", "bad-spec"),  # an early call closed unsent: nothing read, nothing started
+    (json.dumps({"payload": {"command": ["/bin/true"]}}).encode(), "bad-args"),  # no id anywhere
+    (json.dumps({"job_id": "../x", "payload": {"command": ["/bin/true"]}}).encode(), "bad-args"),
+])
+def test_a_submit_without_job_id_takes_the_specs_own_checked(tmp_path, monkeypatch, stdin, code):
+    from remote_payload import commands
+
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin)))
+    with pytest.raises(host.Fail) as err:
+        commands.dispatch(["submit", "--root", str(tmp_path)])
+    assert err.value.code == code and not (tmp_path / "jobs").exists()
