@@ -75,7 +75,6 @@ def cli() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 def submit(job_file, overrides, queue, queue_timeout, job_id, dry_run, follow, max_wait, forks, as_json) -> None:
     from ..commands import controller
-    from . import fleet_cli
 
     if queue_timeout is not None:
         overrides, queue = (*overrides, "limits.queue_timeout=" + queue_timeout), True
@@ -88,6 +87,8 @@ def submit(job_file, overrides, queue, queue_timeout, job_id, dry_run, follow, m
         done = controller.submit(job_file, list(overrides), queue=queue, job_id=job_id, store=store,
                                  progress=_progress, planned=plan, deadline=deadline, early=early) if one_job else None
     if plan.is_fleet:
+        from . import fleet_cli
+
         sys.exit(fleet_cli.submit(plan, run_id=job_id, queue=queue, dry_run=dry_run, max_wait=max_wait,
                                   as_json=as_json, forks=forks))
     if forks is not None:
