@@ -273,8 +273,9 @@ def status(job_id: str | None, every: bool, max_wait: float, as_json: bool) -> N
 
 
 def _is_run(ref: str) -> bool:
-    """A fleet run's id (one job per host) rather than one job's: the fleet_cli commands take it."""
-    from ..fleet.fleet_view import is_run
+    """A fleet run's id (one job per host) rather than one job's: the fleet_cli commands take it. The run
+    store alone, not fleet_view (the rollout's modules): a job's tail or status never needs them."""
+    from ..state.fleet_store import is_run
 
     return is_run(ref, Store())
 

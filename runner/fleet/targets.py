@@ -15,7 +15,7 @@ from ..errors import EXIT_OK, worst
 from ..state.fleet_store import RunRecord
 from ..state.store import Store
 from . import fleet, fleet_view
-from .fleet_view import is_run
+from ..state.fleet_store import is_run
 
 
 @dataclass
