@@ -61,6 +61,7 @@ def build_parser(sub: str) -> ArgParser:
     if sub == "status":
         parser.add_argument("--job-id", action="append", default=[])
         parser.add_argument("--ids-on-stdin", action="store_true")
+        parser.add_argument("--wait", type=float, default=0.0)
     elif sub in ("preflight", "submit"):  # submit without one: the spec's own (a call opened before its spec)
         parser.add_argument("--job-id")
     elif sub not in ("restore-service", "gc"):

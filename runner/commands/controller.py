@@ -539,9 +539,11 @@ def _log_chunks(client: HostClient, job_id: str, cursor: int, follow: bool, wait
 
 # -- status, list, cancel, results, restore ---------------------------------------------------------------
 
-def status(job_ids: list[str], *, store: Store, deadline: Deadline, every: bool = False) -> list[dict]:
+def status(job_ids: list[str], *, store: Store, deadline: Deadline, every: bool = False,
+           wait: float = 0.0) -> list[dict]:
     """The jobs named, else the recent ones and those not yet ended (Store.recent), or with `every` all the
-    jobs this controller knows; one host call per host (its ids on stdin, HostClient.status)."""
+    jobs this controller knows; one host call per host (its ids on stdin, HostClient.status). wait: how long
+    each host may hold its answer until one of its jobs changes state or ends (within `deadline`)."""
     if job_ids:
         records = [store.load(check_job_id(j)) for j in job_ids]
     else:
@@ -556,7 +558,7 @@ def status(job_ids: list[str], *, store: Store, deadline: Deadline, every: bool 
     for group in by_host.values():
         try:
             with connect(group[0].host, deadline=deadline) as client:
-                found = _retrying(deadline)(client.status, [r.job_id for r in group])
+                found = _retrying(deadline)(client.status, [r.job_id for r in group], wait=wait)
         except TransportError as exc:
             if job_ids:
                 raise  # the jobs asked for by id: their host's error is the answer
