@@ -257,10 +257,11 @@ def watch_bound(max_wait: float | None, *, on_terminal: bool) -> float:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 def status(job_id: str | None, every: bool, max_wait: float, as_json: bool) -> None:
     from ..fleet import targets
-    from . import fleet_cli
 
     found = targets.status(job_id, store=Store(), deadline=Deadline.for_command(max_wait), every=every)
     if found.of_run:
+        from . import fleet_cli
+
         sys.exit(fleet_cli.status(found, as_json=as_json))
     if as_json:
         _emit_json(found.document)
