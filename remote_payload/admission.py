@@ -12,7 +12,7 @@ A busy message names the lock and its holder without the "host busy: " the contr
 """
 from __future__ import annotations
 
-from .contract import REFUSED_PAUSE_MODES, memory_verdict, normalize_unit, services_of
+from .contract import DEFAULTS, REFUSED_PAUSE_MODES, memory_verdict, normalize_unit, services_of
 
 BUSY_HINT = "Wait for that job (`runner tail ID -f`), cancel it, or submit with --queue."
 ENGINE_HINT = ("Start the engine with its memory API (SGLang: --enable-memory-saver; vLLM: "
@@ -51,6 +51,15 @@ def _stop_hints(spec: dict, report: dict) -> list:
 def needs_stop(policy: str, short: bool) -> bool:
     """The stop policy applied: `always` stops, `never` never does, `if-needed` stops when memory is short."""
     return policy == "always" or (policy == "if-needed" and short)
+
+
+def never_stops(spec: dict) -> bool:
+    """Whether the job stops no service whatever its host reports: each service it declares is `manager: none`
+    or `stop: never` (defaults applied, so the controller's wire form will do). A fleet gives such a host its
+    start without a preflight of its own: it takes no turn, and its submit is preflighted on the host."""
+    services = spec["services"] if spec.get("services") is not None else [spec.get("service") or {}]
+    return all(s.get("manager", DEFAULTS["service.manager"]) == "none"
+               or s.get("stop", DEFAULTS["service.stop"]) == "never" for s in services)
 
 
 def describe_holder(holder) -> str:

@@ -27,7 +27,6 @@ never taken for the job. Runs on Python >= 3.8 and never imports the controller.
 """
 from __future__ import annotations
 
-import argparse
 import importlib
 import os
 
@@ -48,11 +47,58 @@ COMMANDS = {
 }
 
 
-class ArgParser(argparse.ArgumentParser):
-    """argparse that raises `bad-args` instead of printing usage and exiting 2."""
+class Namespace:
+    """The parsed flags as attributes (argparse's Namespace)."""
 
-    def error(self, message):
-        raise Fail("bad-args", message)
+    def __init__(self, **values) -> None:
+        self.__dict__.update(values)
+
+
+class ArgParser:
+    """The verbs' flags parsed as argparse parses the forms the controller sends (`--flag VALUE`, `--flag=VALUE`,
+    a flag alone; the last of a repeated flag wins, `append` collects), with argparse's messages, each a
+    `bad-args`. Not argparse itself: it and what it loads (shutil, locale, gettext) were a quarter of the
+    imports of a `status` or `logs` call, paid at every poll."""
+
+    def __init__(self, prog: str, add_help: bool = False) -> None:
+        self.prog = prog
+        self.options: dict = {}  # flag: (action, type, default, required, choices)
+
+    def add_argument(self, flag: str, action=None, type=str, default=None, required=False, choices=None) -> None:
+        self.options[flag] = (action, type, False if action == "store_true" else default, required, choices)
+
+    def parse_args(self, argv: list) -> Namespace:
+        given: dict = {}
+        words = list(argv)
+        while words:
+            word = words.pop(0)
+            flag, has_value, value = word.partition("=") if word.startswith("--") else (word, "", "")
+            if flag not in self.options:
+                raise Fail("bad-args", "unrecognized arguments: %s" % " ".join([word] + words))
+            action, kind, _, _, choices = self.options[flag]
+            if action == "store_true":
+                if has_value:
+                    raise Fail("bad-args", "argument %s: ignored explicit argument %r" % (flag, value))
+                given[flag] = True
+                continue
+            if not has_value:
+                if not words or words[0].startswith("--"):
+                    raise Fail("bad-args", "argument %s: expected one argument" % flag)
+                value = words.pop(0)
+            try:
+                converted = kind(value)
+            except ValueError:
+                raise Fail("bad-args", "argument %s: invalid %s value: %r" % (flag, kind.__name__, value)) from None
+            if choices is not None and converted not in choices:
+                raise Fail("bad-args", "argument %s: invalid choice: %r (choose from %s)"
+                           % (flag, converted, ", ".join(repr(c) for c in choices)))
+            given[flag] = given.get(flag, []) + [converted] if action == "append" else converted
+        missing = [flag for flag, (_, _, _, required, _) in self.options.items() if required and flag not in given]
+        if missing:
+            raise Fail("bad-args", "the following arguments are required: %s" % ", ".join(missing))
+        return Namespace(**{flag[2:].replace("-", "_"): given[flag] if flag in given else
+                            (list(default or []) if action == "append" else default)
+                            for flag, (action, _, default, _, _) in self.options.items()})
 
 
 def build_parser(sub: str) -> ArgParser:
@@ -61,7 +107,8 @@ def build_parser(sub: str) -> ArgParser:
     if sub == "status":
         parser.add_argument("--job-id", action="append", default=[])
         parser.add_argument("--ids-on-stdin", action="store_true")
-    elif sub == "preflight":
+        parser.add_argument("--wait", type=float, default=0.0)
+    elif sub in ("preflight", "submit"):  # submit without one: the spec's own (a call opened before its spec)
         parser.add_argument("--job-id")
     elif sub not in ("restore-service", "gc"):
         parser.add_argument("--job-id", required=True)

@@ -107,10 +107,12 @@ ERRORS = {
 VERBS = {
     "preflight": ("[--job-id ID]", "spec JSON", "what the host has for this job: GPUs, their apps, the service, locks, "
                   "the interpreter, whether the payload may start"),
-    "submit": ("--job-id ID [--queue]", "spec JSON", "preflight, the admission verdict and the start in one call"),
+    "submit": ("[--job-id ID] [--queue]", "spec JSON", "preflight, the admission verdict and the start in one call "
+               "(without --job-id, the spec's own job_id: a call opened before the spec was checked)"),
     "start": ("--job-id ID [--queue]", "spec JSON", "claim the job dir and start the detached supervisor"),
-    "status": ("[--job-id ID …] [--ids-on-stdin]", "a JSON list of ids (--ids-on-stdin)", "the jobs' status.json "
-               "(all jobs without ids), LOST marked and restored"),
+    "status": ("[--job-id ID …] [--ids-on-stdin] [--wait S]", "a JSON list of ids (--ids-on-stdin)", "the jobs' "
+               "status.json (all jobs without ids), LOST marked and restored; with --wait, once one of the named "
+               "jobs changed state or ended, or S passed"),
     "logs": ("--job-id ID --offset N [--max B] [--wait S] [--stream [--follow]]", "-", "output.log's bytes from N, "
              "waiting up to S seconds for more; --stream: in frames for the whole wait (--follow: until the job "
              "ended)"),

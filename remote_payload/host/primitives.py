@@ -9,13 +9,15 @@ payload scripts are. Imports only the stdlib and contract.py; every other room o
 from __future__ import annotations
 
 import os
-import shutil
 import signal
-import subprocess
 import sys
 import time
+from typing import TYPE_CHECKING
 
 from ..contract import memory_verdict
+
+if TYPE_CHECKING:  # the functions that run a command import it: the read-only verbs never load it
+    import subprocess
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SUPERVISOR = os.path.join(HERE, "supervisor.py")  # the entry point every detached process re-executes
@@ -234,6 +236,8 @@ def communicate_within(proc: subprocess.Popen, timeout: float):
     """(stdout, stderr) of proc, or None when it ran past timeout: then it is killed, and abandoned if it will not
     die within ABANDON_S. subprocess.run would wait for the killed child without bound; one stuck in the kernel
     (nvidia-smi on a wedged GPU, a hung filesystem) never dies, and nothing may block the way to the restore."""
+    import subprocess
+
     try:
         return proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -246,7 +250,10 @@ def communicate_within(proc: subprocess.Popen, timeout: float):
 
 
 def run_command(argv: list, timeout: float = CMD_TIMEOUT_S) -> subprocess.CompletedProcess:
-    """Run argv (never a shell); sudo wanting a password becomes `sudo-password`."""
+    """Run argv (never a shell); sudo wanting a password becomes `sudo-password`. subprocess is imported here:
+    the read-only verbs (status, logs) run no command and never load it (nor threading, selectors)."""
+    import subprocess
+
     try:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     except FileNotFoundError:
@@ -339,6 +346,8 @@ APPS_QUERY = ["--query-compute-apps=pid,used_memory", "--format=csv,noheader,nou
 
 
 def nvidia_smi(args: list) -> str:
+    import shutil  # only a GPU query needs it: the read-only verbs never load it
+
     exe = shutil.which("nvidia-smi")
     if exe is None:
         raise Fail("internal", "nvidia-smi is not on PATH, but the job asks for GPUs")

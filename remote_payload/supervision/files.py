@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import errno
 import fcntl
-import hashlib
 import json
 import os
 import stat
@@ -152,6 +151,8 @@ def file_digest(fd: int, size: int, most: int) -> str | None:
     """sha256 of an open file read from its start, or None when it is over `most` bytes (not worth the time)."""
     if size > most:
         return None
+    import hashlib  # a result's digest only: the read-only verbs never load it
+
     digest = hashlib.sha256()
     os.lseek(fd, 0, os.SEEK_SET)
     for chunk in iter(lambda: os.read(fd, 1 << 20), b""):

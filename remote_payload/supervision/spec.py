@@ -3,7 +3,8 @@
 The controller validated the spec already; the host never trusts it and checks again, with contract.py's
 rules and defaults, so both sides refuse and default alike. A problem is a `Fail` (`bad-spec` for the spec,
 `bad-args` for argv). Imports only the stdlib, the shared rules (contract.py, sweep.py, slurm/batch.py) and
-host/ (primitives; engine.py for the `service.free` names).
+host/ (primitives; engine.py for the `service.free` names). The rules of a spec's parts (the engine's, a
+sweep's, Slurm's) are imported by the checks that use them: `logs`, `status` and `cancel` check only ids.
 """
 from __future__ import annotations
 
@@ -14,10 +15,7 @@ import stat
 import sys
 
 from .. import contract
-from ..slurm.batch import MAX_DOWNTIME_ON_SLURM, setup_seconds, slurm_problem, time_problem
-from ..host.engine import DRAIN_FALLBACKS, FREE_METHODS, MAX_DRAIN_TIMEOUT_S, PAUSE_MODES, api_url
 from ..host.primitives import Fail, query_gpus
-from ..sweep import MAX_VARIANTS, rounds, slot_problem, slots
 from .files import JobPaths
 
 DEFAULTS = contract.DEFAULTS
@@ -158,6 +156,8 @@ def _indices(names: list) -> list:
 
 def check_free(raw: dict, health_url) -> dict:
     """service.free and its engine keys; nothing for `stop` (the service section as it was)."""
+    from ..host.engine import DRAIN_FALLBACKS, FREE_METHODS, MAX_DRAIN_TIMEOUT_S, PAUSE_MODES, api_url
+
     free = raw.get("free", "stop")
     _need(free in FREE_METHODS, "service.free must be stop, sglang or vllm, got %r" % (free,))
     mode, url = raw.get("pause_mode"), check_health_url(raw.get("api_url"))
@@ -301,6 +301,8 @@ def _optional_number(value, field: str):
 def check_sweep(raw, spec: dict) -> dict:
     """The variants as the controller expanded them (the host never expands): each its label args and argv
     (a script's argument list, or a command payload's whole command)."""
+    from ..sweep import MAX_VARIANTS, slot_problem, slots
+
     _need(isinstance(raw, dict) and isinstance(raw.get("variants"), list) and raw["variants"],
           "sweep.variants must be a non-empty list")
     _need(len(raw["variants"]) <= MAX_VARIANTS, "sweep.variants: at most %d" % MAX_VARIANTS)
@@ -333,12 +335,16 @@ def variant_rounds(spec: dict) -> int:
     """How many variants run one after another at most (1 for a plain job): the factor of every time bound
     that counts the payload's runs. Sequential, that is the variant count; side by side on S slots,
     ceil(n / S)."""
+    from ..sweep import rounds
+
     sweep = spec.get("sweep") or {}
     return rounds(len(sweep.get("variants") or [None]), len(sweep.get("slots") or [None]))
 
 
 def check_launcher(raw: dict, spec: dict) -> dict:
     """`launcher: slurm` with its `slurm` section (slurm/batch.py's rules), or nothing for an ssh job."""
+    from ..slurm.batch import MAX_DOWNTIME_ON_SLURM, setup_seconds, slurm_problem, time_problem
+
     launcher = raw.get("launcher", "ssh")
     _need(launcher in contract.LAUNCHERS, "launcher must be ssh or slurm, got %r" % (launcher,))
     if launcher == "ssh":
@@ -359,12 +365,15 @@ def check_launcher(raw: dict, spec: dict) -> dict:
     return {"launcher": "slurm", "slurm": dict(slurm)}
 
 
-def read_spec_stdin(root: str, job_id=None) -> dict:
-    """The spec on stdin, checked, its payload script located under ROOT."""
+def read_spec_stdin(root: str, job_id=None, need_job_id: bool = False) -> dict:
+    """The spec on stdin, checked, its payload script located under ROOT; need_job_id: the spec must name its
+    job when argv does not."""
     try:
         raw = json.loads(sys.stdin.buffer.read().decode("utf-8"))
     except ValueError as exc:
         raise Fail("bad-spec", "stdin is not a JSON spec: %s" % exc) from exc
+    if need_job_id and job_id is None and not (isinstance(raw, dict) and raw.get("job_id")):
+        raise Fail("bad-args", "no job id: neither --job-id nor the spec's job_id")
     return locate_payload(check_spec(raw, job_id), root)
 
 

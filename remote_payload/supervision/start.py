@@ -16,7 +16,6 @@ import fcntl
 import json
 import os
 import select
-import shutil
 import sys
 import time
 from typing import Sequence
@@ -169,12 +168,12 @@ def claim_job_dir(paths: JobPaths, spec: dict, queue: bool) -> None:
             fh.write(b"\0" * RESERVE_BYTES)
     except OSError as exc:  # a full or read-only disk: nothing was started, and nothing is left behind
         if tmp:
-            shutil.rmtree(tmp, ignore_errors=True)
+            _remove_tree(tmp)
         raise no_room(paths, staging, exc) from exc
     try:
         os.rename(tmp, paths.dir)  # fails when the target exists and is not empty: every job dir has files
     except OSError:
-        shutil.rmtree(tmp, ignore_errors=True)
+        _remove_tree(tmp)
         raise job_exists(paths, spec) from None
     fsync_dir(os.path.dirname(paths.dir))
 
@@ -201,9 +200,9 @@ def start_failed(paths: JobPaths) -> dict:
     log = tail_file(paths.supervisor_log)
     try:
         if not is_alive(Job.load(paths).status.get("supervisor")):
-            shutil.rmtree(paths.dir, ignore_errors=True)
+            _remove_tree(paths.dir)
     except Fail:
-        shutil.rmtree(paths.dir, ignore_errors=True)
+        _remove_tree(paths.dir)
     raise Fail("start-failed", "the supervisor did not report ready within %.0f s, so the job was abandoned "
                "before anything was stopped (submit it again); its log: %s" % (READY_TIMEOUT_S, log),
                job_id=paths.job_id)
@@ -226,3 +225,10 @@ def answer_start(paths: JobPaths, fd: int, answer: dict) -> bool:
             os.close(fd)
             return False
         return send_ready(fd, answer)
+
+
+def _remove_tree(path: str) -> None:
+    """shutil.rmtree, imported on the failure paths only (status and logs import this room for the detach)."""
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=True)

@@ -7,7 +7,7 @@ import sys
 import time
 
 from ..contract import TERMINAL
-from ..host.primitives import Fail
+from ..host.primitives import POLL_S, Fail
 from ..progress import SCAN_BYTES, summarize
 from ..supervision import trust
 from ..supervision.files import JobPaths
@@ -53,12 +53,30 @@ def read_job_ids_stdin() -> list:
     return ids
 
 
+MAX_WAIT_S = 3600.0
+
+
 def cmd_status(args) -> dict:
+    """The jobs' entries; with --wait S (named jobs only), not before one of them changed state or ended, or
+    S passed: a fleet's driver waits for its host's job on one call instead of a call a second."""
     jobs_root = os.path.join(args.root, "jobs")
     named = args.job_id + (read_job_ids_stdin() if args.ids_on_stdin else [])
     ids = named or (sorted(os.listdir(jobs_root)) if os.path.isdir(jobs_root) else [])
+    if not (0.0 <= args.wait <= MAX_WAIT_S):  # NaN too
+        raise Fail("bad-args", "--wait must be from 0 to %.0f seconds" % MAX_WAIT_S)
+    deadline = time.monotonic() + (args.wait if named else 0.0)
+    jobs = entries(args.root, ids)
+    began = [job["state"] for job in jobs]
+    while time.monotonic() < deadline and not any(
+            job["state"] in TERMINAL or job["state"] != state for job, state in zip(jobs, began)):
+        time.sleep(min(POLL_S, max(0.0, deadline - time.monotonic())))
+        jobs = entries(args.root, ids)
+    return {"ok": True, "jobs": jobs}
+
+
+def entries(root: str, ids: list) -> list:
     jobs = []
     for job_id in ids:
-        paths = JobPaths(args.root, check_job_id(job_id))
+        paths = JobPaths(root, check_job_id(job_id))
         jobs.append(status_entry(paths) if os.path.isdir(paths.dir) else {"job_id": job_id, "state": "UNKNOWN"})
-    return {"ok": True, "jobs": jobs}
+    return jobs

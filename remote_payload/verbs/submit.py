@@ -24,8 +24,10 @@ RETRY: dict = {"start": True, "stop_service": False, "notes": []}
 
 def cmd_submit(args) -> dict:
     """Preflight, the admission verdict and the start in one call (one round trip); then the host's retention
-    rule, bounded (supervision/retention.py)."""
-    spec = read_spec_stdin(args.root, check_job_id(args.job_id))
+    rule, bounded (supervision/retention.py). The job id is argv's, else the spec's own: a call opened before
+    the controller had checked its spec (and so before it named the job) carries none."""
+    spec = read_spec_stdin(args.root, check_job_id(args.job_id) if args.job_id is not None else None, need_job_id=True)
+    args.job_id = check_job_id(spec["job_id"])
     answer = submit(args, spec)
     retention.at_submit(args.root, spec)
     return answer

@@ -80,7 +80,6 @@ def cli() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 def submit(job_file, overrides, queue, queue_timeout, job_id, dry_run, follow, max_wait, forks, as_json) -> None:
     from ..commands import controller
-    from . import fleet_cli
 
     if queue_timeout is not None:
         overrides, queue = (*overrides, "limits.queue_timeout=" + queue_timeout), True
@@ -93,6 +92,8 @@ def submit(job_file, overrides, queue, queue_timeout, job_id, dry_run, follow, m
         done = controller.submit(job_file, list(overrides), queue=queue, job_id=job_id, store=store,
                                  progress=_progress, planned=plan, deadline=deadline, early=early) if one_job else None
     if plan.is_fleet:
+        from . import fleet_cli
+
         sys.exit(fleet_cli.submit(plan, run_id=job_id, queue=queue, dry_run=dry_run, max_wait=max_wait,
                                   as_json=as_json, forks=forks))
     if forks is not None:
@@ -249,10 +250,11 @@ def watch_bound(max_wait: float | None, *, on_terminal: bool) -> float:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 def status(job_id: str | None, every: bool, max_wait: float, as_json: bool) -> None:
     from ..fleet import targets
-    from . import fleet_cli
 
     found = targets.status(job_id, store=Store(), deadline=Deadline.for_command(max_wait), every=every)
     if found.of_run:
+        from . import fleet_cli
+
         sys.exit(fleet_cli.status(found, as_json=as_json))
     if as_json:
         _emit_json(found.document)
@@ -265,8 +267,9 @@ def status(job_id: str | None, every: bool, max_wait: float, as_json: bool) -> N
 
 
 def _is_run(ref: str) -> bool:
-    """A fleet run's id (one job per host) rather than one job's: the fleet_cli commands take it."""
-    from ..fleet.fleet_view import is_run
+    """A fleet run's id (one job per host) rather than one job's: the fleet_cli commands take it. The run
+    store alone, not fleet_view (the rollout's modules): a job's tail or status never needs them."""
+    from ..state.fleet_store import is_run
 
     return is_run(ref, Store())
 

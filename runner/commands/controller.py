@@ -196,18 +196,16 @@ def _validated_plan(spec_path: str, overrides: list[str]) -> tuple[plan_cache.Pl
 class Early:
     """A submit's host call opened before its spec is validated, on the last plan made from the same file and
     overrides (an edited spec): the connection and the host's interpreter start while the spec is checked.
-    Nothing is sent until the validated plan is found to go to the same host with the same bundle (`fits`);
-    else, and on any error before, it is closed unsent — the host reads no input and refuses it."""
+    The call names no job (the host takes the id from the wire form), so an edited name still fits. Nothing is
+    sent until the validated plan is found to go to the same host with the same bundle (`fits`); else, and on
+    any error before, it is closed unsent — the host reads no input and refuses it."""
     client: HostClient
     call: OpenCall
-    job_id: str
     host: dict
-    name: str
-    chosen: bool  # the job id was the caller's (--job-id), not made from the guessed name
+    job_id: str | None = None  # the id of the job sent on it, once sent
 
     def fits(self, plan: Plan) -> bool:
-        return (plan.host == self.host and plan.bundle.digest == self.client.bundle.digest
-                and (self.chosen or plan.name == self.name))
+        return plan.host == self.host and plan.bundle.digest == self.client.bundle.digest
 
     def close(self) -> None:
         self.call.close()
@@ -233,25 +231,24 @@ def early_submit(spec_path: str, overrides: Sequence[str], *, store: Store, job_
 
 def _open_early(state: Path, spec_path: str, overrides: Sequence[str], job_id: str | None, queue: bool,
                 deadline: Deadline) -> Early | None:
-    """The submit call opened on the last plan of this file, with the job id it would get (or the one given)."""
+    """The submit call opened on the last plan of this file; the job id travels later, with the wire form."""
     if plan_cache.load(state, plan_cache.key(spec_path, overrides), _bundles) is not None:
         return None
     last = plan_cache.load(state, plan_cache.latest_key(spec_path, overrides), _bundles)
     if last is None or not isinstance(last[0].host.get("address"), str):
         return None
     entry, (bundle, payload) = last
-    name = entry.wire["name"]
-    chosen = check_job_id(job_id) if job_id is not None else None
-    early_id = chosen or job_id_for(name, datetime.now(timezone.utc), os.urandom(3).hex())
+    if job_id is not None:
+        check_job_id(job_id)  # a bad one is refused before any host is contacted, as submit refuses it
     try:
         client = connect(entry.host, bundle, deadline=deadline, payload=payload)
-        call = client.open_submit(early_id, queue=queue)
+        call = client.open_submit(queue=queue)
     except RunnerError:
         return None  # the submit itself, after validation, meets the error and says it
     if not call.started:
         client.close()
         return None
-    return Early(client, call, early_id, entry.host, name, chosen is not None)
+    return Early(client, call, entry.host)
 
 
 def submit(spec_path: str, overrides: list[str], *, queue: bool = False, job_id: str | None = None,
@@ -268,8 +265,10 @@ def submit(spec_path: str, overrides: list[str], *, queue: bool = False, job_id:
         early.close()
         early = None
     host, bundle = plan.host, plan.bundle
-    wire = plan.wire_for(early.job_id) if early is not None else _wire(plan, job_id)
+    wire = _wire(plan, job_id)
     job_id = wire["job_id"]
+    if early is not None:
+        early.job_id = job_id
     progress(plan.args_note)
     record = JobRecord(job_id=job_id, name=wire["name"], host=host, spec_path=plan.spec_path,
                        submitted_at=time.time(), service=wire.get("service") or {"services": wire["services"]}, wire=wire)
@@ -542,9 +541,11 @@ def _log_chunks(client: HostClient, job_id: str, cursor: int, follow: bool,
 
 # -- status, list, cancel, results, restore ---------------------------------------------------------------
 
-def status(job_ids: list[str], *, store: Store, deadline: Deadline, every: bool = False) -> list[dict]:
+def status(job_ids: list[str], *, store: Store, deadline: Deadline, every: bool = False,
+           wait: float = 0.0) -> list[dict]:
     """The jobs named, else the recent ones and those not yet ended (Store.recent), or with `every` all the
-    jobs this controller knows; one host call per host (its ids on stdin, HostClient.status)."""
+    jobs this controller knows; one host call per host (its ids on stdin, HostClient.status). wait: how long
+    each host may hold its answer until one of its jobs changes state or ends (within `deadline`)."""
     if job_ids:
         records = [store.load(check_job_id(j)) for j in job_ids]
     else:
@@ -559,7 +560,7 @@ def status(job_ids: list[str], *, store: Store, deadline: Deadline, every: bool 
     for group in by_host.values():
         try:
             with connect(group[0].host, deadline=deadline) as client:
-                found = _retrying(deadline)(client.status, [r.job_id for r in group])
+                found = _retrying(deadline)(client.status, [r.job_id for r in group], wait=wait)
         except TransportError as exc:
             if job_ids:
                 raise  # the jobs asked for by id: their host's error is the answer

@@ -33,6 +33,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Iterator
 
+from remote_payload.admission import never_stops
 from remote_payload.contract import is_terminal
 
 from ..commands import controller
@@ -40,10 +41,13 @@ from ..commands.plan import Plan
 from ..deadline import ROUND_TRIP_ALLOWANCE_S, Deadline
 from ..errors import RunnerError, SpecError, TransportError
 from ..state.fleet_store import DONE, HELD, PENDING, SKIPPED, STARTED, STARTING, HostEntry, RunRecord, RunStore
+from ..state.store import NOT_STARTED
 from ..state.job_id import check_job_id, job_id_for
 from ..state.store import Store
 
 POLL_S = 1.0
+FOLLOW_WAIT_S = 30.0  # a long poll's wait on the host (forks >= hosts), well inside the keepalives
+FOLLOW_MARGIN_S = 1.0  # a long poll's answer comes this long before the driver's deadline, to be read in time
 START_MARGIN_S = 2.0  # no start begins this close to the deadline (it could not be confirmed in time)
 
 Progress = Callable[[str], None]
@@ -161,6 +165,7 @@ class Rollout:
         # (the first host is the canary that stop_on_failure watches), whichever preflight answers first.
         self.undecided = {i for i, e in enumerate(run.hosts) if e.phase == PENDING}
         self.starting = 0               # starts in flight (the driver waits for them past its deadline)
+        self.unasked: set[str] = set()  # the jobs started without a preflight of their own (_takes_no_turn)
 
     def run(self) -> RunRecord:
         threads = [threading.Thread(target=self._host, args=(i, e), daemon=True, name=f"fleet-{e.address}")
@@ -183,7 +188,9 @@ class Rollout:
 
     def _host(self, index: int, entry: HostEntry) -> None:
         try:
-            if entry.phase == PENDING and not (self._preflight(index, entry) and self._wait_turn(index, entry)):
+            if entry.phase == PENDING and not (self._takes_no_turn(entry) or self._preflight(index, entry)):
+                return
+            if entry.phase == PENDING and not self._wait_turn(index, entry):
                 return
             if entry.phase == STARTING and not self._start(index, entry):
                 return
@@ -202,6 +209,18 @@ class Rollout:
             if self._plan is None:
                 self._plan = controller.local_plan(self.run_record.spec_path, self.run_record.overrides)
         return self._plan.for_address(entry.address)
+
+    def _takes_no_turn(self, entry: HostEntry) -> bool:
+        """A job that stops no service (admission.never_stops) waits for no turn, so its host needs no preflight
+        of its own before the start: the submit is preflighted on the host, in its one call, and refused
+        there as the preflight would have refused it. True: decided (entry.stops False)."""
+        if not never_stops(self._planned(entry).wire):
+            return False
+        with self.cond:
+            entry.stops, entry.note = False, "leaves the service running"
+            self.unasked.add(entry.job_id)
+            self._save()
+        return True
 
     def _preflight(self, index: int, entry: HostEntry) -> bool:
         """True: decided (entry.stops). False: skipped, or still pending for the next driver call."""
@@ -247,7 +266,7 @@ class Rollout:
                                        and index == min(self.waiting | self.undecided)):
                     self.waiting.discard(index)
                     entry.phase, entry.note = STARTING, "starting"
-                    self._save_now()  # on disk before the start: a driver killed meanwhile resumes it by job id
+                    self._saved()  # on disk before the start: a driver killed meanwhile resumes it by job id
                     self.cond.notify_all()  # the next host in the list may take its turn now, not at a timeout
                     return self._start_locked(index, entry)
                 if self._no_slot_can_free():
@@ -281,6 +300,8 @@ class Rollout:
                                          planned=self._planned(entry),
                                          deadline=Deadline.for_command(self.deadline.left()))
         except TransportError as exc:
+            if entry.job_id in self.unasked and self._never_reached(entry):
+                return self._unreached(entry, exc)
             with self.cond:
                 entry.note, entry.exit = f"start not confirmed, retried by the next driver call: {exc}", exc.exit_code
                 self._save()
@@ -300,14 +321,38 @@ class Rollout:
         self.progress(f"{entry.address}: started {entry.job_id} ({done.state})")
         return True
 
+    def _never_reached(self, entry: HostEntry) -> bool:
+        """The submit reached no host (its record ended NOT_STARTED): nothing started there."""
+        try:
+            return self.store.load(entry.job_id).last_state == NOT_STARTED
+        except RunnerError:
+            return False
+
+    def _unreached(self, entry: HostEntry, exc: TransportError) -> bool:
+        """A start that never reached its host, with no preflight before it: what the preflight's unreachable
+        host gets — skipped, or pending for the next driver call when this call's deadline cut it."""
+        if self.deadline.left() > START_MARGIN_S:
+            self._finish(entry, SKIPPED, _why(exc), exit=exc.exit_code)
+        else:
+            with self.cond:
+                entry.phase, entry.stops = PENDING, None
+                self._save()
+            self._note(entry, f"not reached before this call's deadline; the next call asks again: {exc}")
+        return False
+
     def _follow(self, index: int, entry: HostEntry) -> None:
-        """Poll the host's job until it ends (or the deadline): its end frees its slot, if the service is back."""
+        """Poll the host's job until it ends (or the deadline): its end frees its slot, if the service is back.
+        With a fork for every host (forks >= hosts: no host ever waits for one), each poll is a long one: the
+        host answers once the job changed state or ended (at most FOLLOW_WAIT_S), instead of a call a second;
+        otherwise a poll a second, each holding its fork for one round trip only."""
+        long_polls = self.run_record.forks >= len(self.run_record.hosts)
         while self.deadline.left() > 0:
+            wait = max(0.0, min(FOLLOW_WAIT_S, self.deadline.left() - FOLLOW_MARGIN_S)) if long_polls else 0.0
             try:
                 with self.forks.call(index, self.deadline) as granted:
                     if not granted:
                         return
-                    job = controller.status([entry.job_id], store=self.store, deadline=self.deadline)[0]
+                    job = controller.status([entry.job_id], store=self.store, deadline=self.deadline, wait=wait)[0]
             except TransportError as exc:
                 with self.cond:
                     entry.note = f"unreachable since {time.strftime('%H:%M:%S')}: {exc}"
@@ -322,10 +367,12 @@ class Rollout:
                 self._finish(entry, DONE, _ended(job, entry.service_down))
                 return
             with self.cond:
-                if entry.state != job.get("state"):
+                changed = entry.state != job.get("state")
+                if changed:
                     entry.state = job.get("state")
                     self._save()
-            time.sleep(min(POLL_S, self.deadline.left()))
+            if not (long_polls and (changed or wait > 0)):  # a long poll that ended by itself: the next at once
+                time.sleep(min(POLL_S, self.deadline.left()))
 
     # -- the rules, under self.cond ------------------------------------------------------------------------
 
@@ -369,6 +416,19 @@ class Rollout:
         self.version += 1
         self.cond.notify_all()
 
+    def _saved(self) -> None:
+        """(under self.cond) The record changed and must be on disk before going on: the saver thread writes it,
+        once for every host that marked a change meanwhile (each write is an fsync; one per host, under this
+        lock, held every host's start behind the others')."""
+        if not self.saving:
+            self._save_now()
+            return
+        self._save()
+        mine = self.version
+        self.cond.wait_for(lambda: self.written >= mine or not self.saving)
+        if self.written < mine:
+            self._save_now()
+
     def _save_now(self) -> None:
         """(under self.cond) Write the record before going on."""
         self.version += 1
@@ -385,6 +445,7 @@ class Rollout:
                         self._write(version, text)
                     finally:
                         self.cond.acquire()
+                        self.cond.notify_all()  # the hosts waiting for this version on disk (_saved)
 
     def _write(self, version: int, text: str) -> None:
         """An older state never replaces a newer one on disk."""

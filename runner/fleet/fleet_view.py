@@ -25,14 +25,6 @@ def state_exit(state: str | None) -> int:
     return exit_code(state) if state and is_terminal(state) else EXIT_STILL_RUNNING
 
 
-def is_run(ref: str, store: Store) -> bool:
-    """Is this id a fleet run of this controller (rather than one job)?"""
-    try:
-        return RunStore(store).exists(check_job_id(ref))
-    except RunnerError:
-        return False
-
-
 def _has_job(entry: HostEntry, store: Store) -> bool:
     """A job record exists for this host (STARTING: only if its start got that far)."""
     return entry.phase in (STARTED, DONE) or (entry.phase == STARTING and (store.jobs_dir / f"{entry.job_id}.json").is_file())

@@ -12,10 +12,11 @@ from ..commands import app, controller
 from ..commands.plan import Plan
 from ..deadline import Deadline
 from ..errors import EXIT_OK, worst
-from ..state.fleet_store import RunRecord
+from ..state.fleet_store import RunRecord, is_run
 from ..state.store import Store
-from . import fleet, fleet_view
-from .fleet_view import is_run
+
+# The rollout's modules (fleet, fleet_view) are imported by the functions of a run: a job's status or cancel
+# never loads them.
 
 
 @dataclass
@@ -30,6 +31,8 @@ class Outcome:
 def run_outcome(run: RunRecord) -> Outcome:
     """A run as submit and wait report it: 0 every host's job SUCCEEDED · 1 over, some host did not · 75 hosts
     still to go."""
+    from . import fleet_view
+
     return Outcome({**asdict(run), "state": run.state, "finished": run.finished},
                    fleet_view.state_exit(run.state if run.finished else None), True, run)
 
@@ -37,6 +40,8 @@ def run_outcome(run: RunRecord) -> Outcome:
 def submit_fleet(plan: Plan, *, run_id: str | None, queue: bool, store: Store, max_wait: float,
                  progress: Callable[[str], None], forks: int | None = None) -> Outcome:
     """A fleet's run from the command's plan, its rollout driven for up to max_wait."""
+    from . import fleet
+
     return run_outcome(fleet.submit(plan.spec_path, list(plan.overrides), run_id=run_id, queue=queue, store=store,
                                     max_wait=max_wait, progress=progress, forks=forks, planned=plan))
 
@@ -45,6 +50,8 @@ def status(ref: str | None, *, store: Store, deadline: Deadline, every: bool = F
     """A run's hosts (each its phase and its job's live status; the worst exit wins), or one job's status, or
     the recent and unfinished jobs' (every known job's with `every`)."""
     if ref and is_run(ref, store):
+        from . import fleet_view
+
         run, rows = fleet_view.status(ref, store=store, deadline=deadline)
         return Outcome({"run_id": run.run_id, "state": run.state, "max_unavailable": run.max_unavailable,
                         "hosts": rows}, worst(row["exit"] for row in rows), True, run, rows)
@@ -56,6 +63,8 @@ def status(ref: str | None, *, store: Store, deadline: Deadline, every: bool = F
 def cancel(ref: str, *, store: Store, deadline: Deadline) -> Outcome:
     """A run: every host's answer (or its error), the worst exit; one job: its host's answer, 0."""
     if is_run(ref, store):
+        from . import fleet
+
         answers = fleet.cancel(ref, store=store, deadline=deadline)
         return Outcome(answers, max((a.get("exit", EXIT_OK) for a in answers.values()), default=EXIT_OK), True)
     return Outcome(controller.cancel(ref, store=store, deadline=deadline), EXIT_OK)
@@ -63,6 +72,8 @@ def cancel(ref: str, *, store: Store, deadline: Deadline) -> Outcome:
 
 def run_results(run_id: str, *, store: Store, deadline: Deadline) -> Outcome:
     """Every host's result.json, and why a host has none: 0 all there · 1 some missing."""
+    from . import fleet_view
+
     found = fleet_view.results(run_id, store=store, deadline=deadline)
     return Outcome({"results": found.results, "missing": found.missing},
                    EXIT_OK if found.results and not found.missing else 1, True, detail=found)
@@ -72,6 +83,8 @@ def run_tail(run_id: str, *, store: Store, out: BinaryIO, follow: bool, max_wait
              progress: Callable[[str], None]) -> Outcome:
     """Every started host's new log to `out`, each line prefixed `[HOST] ` (fleet_view.tail); per host the
     exit code of what it found, the worst wins."""
+    from . import fleet_view
+
     run, codes = fleet_view.tail(run_id, store=store, out=out, follow=follow, max_wait=max_wait,
                                  from_start=from_start, progress=progress)
     return Outcome({"hosts": codes}, worst(codes.values()), True, run)

@@ -32,7 +32,7 @@ from ..commands import ci, controller, render
 from ..deadline import Deadline
 from ..errors import EXIT_OK, EXIT_STILL_RUNNING, EXIT_USAGE, RunnerError, SpecError, exit_code
 from ..fleet import targets
-from ..fleet.fleet_view import is_run
+from ..state.fleet_store import is_run
 from ..printable import printable, printable_json
 from ..results import gate, gate_report
 from ..state.store import Store

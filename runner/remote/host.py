@@ -16,7 +16,9 @@ import base64
 import hashlib
 import io
 import json
+import threading
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Iterator, Sequence
 
@@ -133,16 +135,32 @@ class Bundle:
 
     files: dict[str, bytes]
 
-    @property
+    @cached_property
     def digest(self) -> str:
+        """Computed once per Bundle (every call's argv names it; a fleet makes hundreds of calls)."""
         h = hashlib.sha256()
         for name in sorted(self.files):  # each entry length-prefixed: no two sets of files hash alike
             h.update(b"%d %d\0" % (len(name.encode()), len(self.files[name])) + name.encode() + self.files[name])
         return h.hexdigest()[:16]
 
 
+_TARBALL_LOCK = threading.Lock()
+_TARBALL: dict[tuple, bytes] = {}  # the last one made: a fleet's hosts all upload the same bundles
+
+
 def tarball(bundles: Sequence[tuple[str, Bundle]]) -> bytes:
-    """One tar.gz of the bundles, each under its host dir (`payload/<digest>/…`, `payloads/<digest>/…`)."""
+    """One tar.gz of the bundles, each under its host dir (`payload/<digest>/…`, `payloads/<digest>/…`); made
+    once for the hosts of a fleet that lack the same bundles (under a lock: the others wait for it, rather than
+    compressing the same bytes side by side)."""
+    key = tuple((kind, bundle.digest) for kind, bundle in bundles)
+    with _TARBALL_LOCK:
+        if key not in _TARBALL:
+            _TARBALL.clear()
+            _TARBALL[key] = _make_tarball(bundles)
+        return _TARBALL[key]
+
+
+def _make_tarball(bundles: Sequence[tuple[str, Bundle]]) -> bytes:
     import tarfile  # only an upload needs it
 
     buf = io.BytesIO()
@@ -168,16 +186,27 @@ STATUS_BATCH = 1000  # job ids per `status` call: its answer (about 1 KB a job) 
 PAYLOAD_PACKAGES = "payloads"  # remote_payload/payloads/: each payload is bundled apart, per job
 
 
+_SUPERVISOR: list = []  # [(the files' names, sizes and mtimes), their Bundle]: read again only when one changed
+
+
 def supervisor_bundle() -> Bundle:
     """Every .py file under remote_payload/ (its sub-packages too) except the payload packages: a benchmark's
-    edit never changes this digest."""
+    edit never changes this digest. Read once while the files stay as they were (each host call of a fleet
+    asks for it)."""
     root = payload_dir()
-    files = {}
+    paths = []
     for path in sorted(root.rglob("*.py")):
         parts = path.relative_to(root).parts
         if parts[0] != PAYLOAD_PACKAGES and "__pycache__" not in parts:
-            files["/".join(parts)] = path.read_bytes()
-    return Bundle(files)
+            paths.append((path, "/".join(parts)))
+    stats = [path.stat() for path, _ in paths]
+    seen = tuple((name, st.st_size, st.st_mtime_ns, st.st_ino) for (_, name), st in zip(paths, stats))
+    cached = _SUPERVISOR[:]  # one read of the list: another thread may replace it meanwhile
+    if cached and cached[0] == seen:
+        return cached[1]
+    bundle = Bundle({name: path.read_bytes() for path, name in paths})
+    _SUPERVISOR[:] = [seen, bundle]
+    return bundle
 
 
 def packaged_payload(script: str) -> Path | None:
@@ -236,20 +265,25 @@ class HostClient:
                                                                          stdin=stdin)
         return answers.submit(answer, wire["job_id"])
 
-    def open_submit(self, job_id: str, *, queue: bool = False) -> OpenCall:
+    def open_submit(self, *, queue: bool = False) -> OpenCall:
         """A `submit` call started before its wire form is ready (the spec still being checked): the connection
-        and the host's interpreter start meanwhile; the host acts on nothing until `send`."""
-        return OpenCall(self, "submit", submit_args(job_id, queue))
+        and the host's interpreter start meanwhile; the host acts on nothing until `send`. It names no job: the
+        host takes the id from the wire form, so the call fits whatever name the checked spec has."""
+        return OpenCall(self, "submit", submit_args(None, queue))
 
-    def status(self, job_ids: Sequence[str] = ()) -> list[dict]:
+    def status(self, job_ids: Sequence[str] = (), *, wait: float = 0.0) -> list[dict]:
         """The jobs named (every job on the host when none is): their ids go on stdin, never in argv (whose
-        strings the kernel bounds), STATUS_BATCH to a call, so that no answer grows past its bound either."""
+        strings the kernel bounds), STATUS_BATCH to a call, so that no answer grows past its bound either.
+        wait: seconds the host may hold the answer until one of the named jobs changes state or ends (the
+        caller's deadline must allow it and a round trip)."""
         if not job_ids:
             return answers.status(self.call("status", []), job_ids)
         found = []
+        waiting = ["--wait", f"{wait:.2f}"] if wait > 0 else []
         for start in range(0, len(job_ids), STATUS_BATCH):
             batch = list(job_ids[start:start + STATUS_BATCH])
-            found += answers.status(self.call("status", ["--ids-on-stdin"], stdin=_json_bytes(batch)), batch)
+            found += answers.status(self.call("status", ["--ids-on-stdin", *waiting], stdin=_json_bytes(batch)),
+                                    batch)
         return found
 
     def logs(self, job_id: str, offset: int, *, max_bytes: int, wait: float) -> dict:
@@ -380,8 +414,8 @@ class OpenCall:
             running.abandon()
 
 
-def submit_args(job_id: str, queue: bool) -> list[str]:
-    return ["--job-id", job_id] + (["--queue"] if queue else [])
+def submit_args(job_id: str | None, queue: bool) -> list[str]:
+    return (["--job-id", job_id] if job_id is not None else []) + (["--queue"] if queue else [])
 
 
 def _json_bytes(obj: dict | list) -> bytes:

@@ -25,6 +25,7 @@ import selectors
 import shlex
 import shutil
 import subprocess
+import time
 from pathlib import Path
 from typing import AbstractSet, Sequence
 
@@ -164,13 +165,36 @@ class OpenSshTransport:
         return options
 
     def _ssh_g(self, options: list[str], deadline: Deadline) -> dict[str, str]:
-        """The user's ssh_config as applied to this host (`ssh -G`, no network): {option: value}."""
+        """The user's ssh_config as applied to this host (`ssh -G`, no network): {option: value}. Asked once
+        per SSH_G_TTL_S in a process while the config files stay as they were (a fleet's driver connects to
+        each host for every poll); the trust tag is still taken from the known_hosts files at each connect."""
+        argv = [self.ssh, *options, "-G", "--", self.target.address]
+        configs = [options[1]] if options[:1] == ["-F"] else ["~/.ssh/config", "/etc/ssh/ssh_config"]
+        key, now = (*argv, *map(_file_stamp, configs)), time.monotonic()
+        known = _SSH_G.get(key)
+        if known is not None and now - known[0] < SSH_G_TTL_S:
+            return dict(known[1])
         try:
-            proc = subprocess.run([self.ssh, *options, "-G", "--", self.target.address], capture_output=True,
-                                  stdin=subprocess.DEVNULL, timeout=time_left(deadline, self.name))
+            proc = subprocess.run(argv, capture_output=True, stdin=subprocess.DEVNULL,
+                                  timeout=time_left(deadline, self.name))
         except (OSError, subprocess.TimeoutExpired, TransportError):
             return {}
-        return parse_ssh_g(proc.stdout.decode("utf-8", "replace"))
+        resolved = parse_ssh_g(proc.stdout.decode("utf-8", "replace"))
+        if proc.returncode == 0 and resolved:
+            _SSH_G[key] = (now, resolved)
+        return dict(resolved)
+
+
+def _file_stamp(path: str) -> tuple:
+    try:
+        st = os.stat(os.path.expanduser(path))
+    except OSError:
+        return (path,)
+    return (path, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+SSH_G_TTL_S = 60.0
+_SSH_G: dict[tuple, tuple[float, dict[str, str]]] = {}  # `ssh -G` argv: (when, its answer)
 
 
 def parse_ssh_g(text: str) -> dict[str, str]:

@@ -151,3 +151,13 @@ class RunStore:
     def save_open_lines(self, run_id: str, open_lines: dict[str, bool]) -> None:
         private_dir(self.dir)
         _write_atomic(self.path(run_id, ".tail.json"), json.dumps(open_lines))
+
+
+def is_run(ref: str, store: Store) -> bool:
+    """Is this id a fleet run of this controller (rather than one job)?"""
+    from .job_id import check_job_id
+
+    try:
+        return RunStore(store).exists(check_job_id(ref))
+    except RunnerError:
+        return False

@@ -126,6 +126,7 @@ def save(root: Path, plan_key: str | None, plan: Plan, latest: str | None = None
 
 
 def _write(directory: Path, name: str, text: str) -> None:
-    """0600 (a plan holds payload.env), replaced atomically; a state dir that cannot be written is no error."""
+    """0600 (a plan holds payload.env), replaced atomically, not fsync'd (a file a crash left torn reads as no
+    plan); a state dir that cannot be written is no error."""
     with suppress(OSError):
-        _write_atomic(private_dir(directory) / f"{name}.json", text)
+        _write_atomic(private_dir(directory) / f"{name}.json", text, durable=False)

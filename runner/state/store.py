@@ -60,18 +60,23 @@ NOT_STARTED = "NOT_STARTED"  # a controller-side end: the host was never reached
 class Store:
     def __init__(self, root: Path | None = None) -> None:
         self.root = root or default_state_dir()
+        self._writable = False  # check_writable passed once: a command asks it before each host it contacts
 
     @property
     def jobs_dir(self) -> Path:
         return self.root / "jobs"
 
     def check_writable(self) -> None:
-        """Refuse before any host is contacted when a job record could not be kept (read-only or full disk)."""
+        """Refuse before any host is contacted when a job record could not be kept (read-only or full disk);
+        once per Store (a command's), whose records are then written as they come."""
+        if self._writable:
+            return
         with _local_state(self.root):
             private_dir(self.jobs_dir)
             probe = self.jobs_dir / f".write-check-{os.urandom(6).hex()}"  # its own name: tails run side by side
-            _write_atomic(probe, "ok")
+            _write_atomic(probe, "ok", durable=False)  # read-only or full fails at open or write; no fsync
             os.unlink(probe)
+        self._writable = True
 
     def save(self, record: JobRecord) -> None:
         """Write the record; its cursor never goes below the one already stored (a reader holding an old
@@ -344,7 +349,9 @@ def private_file(path: Path) -> Path:
     return path
 
 
-def _write_atomic(path: Path, text: str) -> None:
+def _write_atomic(path: Path, text: str, *, durable: bool = True) -> None:
+    """`path` replaced whole by `text`, 0600. durable=False (a cache, whose torn or empty file after a crash
+    reads as a miss): no fsync, which costs a submit a few ms on a busy disk."""
     # What tempfile.mkstemp does (O_EXCL, 0600, a random name), without importing tempfile on every command
     tmp = str(path.parent / f".tmp-{os.urandom(6).hex()}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
@@ -352,7 +359,8 @@ def _write_atomic(path: Path, text: str) -> None:
         with os.fdopen(fd, "w") as fh:
             fh.write(text)
             fh.flush()
-            os.fsync(fh.fileno())
+            if durable:
+                os.fsync(fh.fileno())
         os.replace(tmp, path)
     except BaseException:
         os.unlink(tmp)

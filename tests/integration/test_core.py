@@ -321,3 +321,19 @@ def test_large_backlog_drains_across_calls_never_past_max_wait(target, work):
         assert len(codes) < 50
     assert codes[-1] == 0 and len(codes) > 1  # max-wait 0: one chunk per call, then "call again"
     assert seen == expected
+
+
+def test_tail_max_wait_0_on_a_100_mib_backlog_prints_one_chunk_and_returns(target, work):
+    # Before the streamed tail (e70e18f) this call drained for 1.22 s past --max-wait 0 on such a log.
+    job = write_job(work / "job.yaml", target, command=["head", "-c", str(100 << 20), "/dev/zero"])
+    job_id = submit(target, job)
+    assert wait_terminal(target, job_id)["state"] == "SUCCEEDED"
+    scale = Scale()
+    t0 = time.monotonic()
+    done = run_cli(target, "tail", job_id, "--max-wait", "0")
+    elapsed = time.monotonic() - t0
+    assert done.returncode == 75, done.stderr.decode()  # the rest comes with the next call
+    assert 0 < len(done.stdout) <= 1 << 20 and done.stdout == bytes(len(done.stdout))  # one chunk of the log
+    assert elapsed < scale(3), f"tail --max-wait 0 took {elapsed:.1f}s ({scale})"
+    again = run_cli(target, "tail", job_id, "--max-wait", "0")
+    assert again.returncode == 75 and len(again.stdout) == len(done.stdout)  # from where the first call ended

@@ -92,10 +92,12 @@ def test_an_edit_to_the_host_section_closes_the_call_unsent(tmp_path, target):
     early_then_submit(job)
     other_root = shared_tmpdir("runner-root-early-other-")
     moved = Target(target.kind, dict(target.host, root=str(other_root)), other_root, target.env, target.ssh_host)
+    jobs_before = sorted(p.name for p in (target.root / "jobs").iterdir())
     greeting_job(job, moved, "new root")
     opened, early, done = early_then_submit(job)
-    assert opened and done.job_id != early.job_id  # the guessed call was not used
-    assert not (target.root / "jobs" / early.job_id).exists() and not (other_root / "jobs" / early.job_id).exists()
+    assert opened and early.job_id is None  # the guessed call was not used
+    assert sorted(p.name for p in (target.root / "jobs").iterdir()) == jobs_before  # the old root got nothing
+    assert sorted(p.name for p in (other_root / "jobs").iterdir()) == [done.job_id]
     assert output_of(moved, done.job_id) == b"new root\n"
 
 
@@ -120,6 +122,29 @@ def test_the_cli_submits_an_edited_spec_in_one_ssh_command(tmp_path, target):
     assert done.returncode == 0, done.stderr.decode()
     assert execs(log) - before == 1
     assert output_of(target, done.stdout.decode().strip()) == b"two\n"
+
+
+def test_a_spec_whose_name_changes_at_every_submit_is_one_ssh_command_each(tmp_path, target):
+    env, log = counting_ssh(tmp_path)
+    job = greeting_job(tmp_path / "job.yaml", target, "zero", name="run-0")
+    assert run_cli(target, "submit", str(job), env=env).returncode == 0
+    for i in (1, 2):
+        greeting_job(job, target, f"edit {i}", name=f"run-{i}")
+        before = execs(log)
+        done = run_cli(target, "submit", str(job), env=env)
+        assert done.returncode == 0, done.stderr.decode()
+        job_id = done.stdout.decode().strip()
+        assert execs(log) - before == 1 and job_id.startswith(f"run-{i}-")  # the id made from the new name
+        assert output_of(target, job_id) == f"edit {i}\n".encode()
+
+
+def test_an_early_call_takes_the_job_id_given(tmp_path, target):
+    job = greeting_job(tmp_path / "job.yaml", target, "first", name="first")
+    early_then_submit(job)
+    greeting_job(job, target, "chosen", name="renamed")
+    opened, early, done = early_then_submit(job, job_id="my-chosen-id")
+    assert opened and done.job_id == early.job_id == "my-chosen-id" and done.round_trips == 1
+    assert output_of(target, "my-chosen-id") == b"chosen\n"
 
 
 def test_a_state_dir_that_cannot_be_written_is_refused_before_an_early_call(tmp_path, target, tmpfs_state_dir):

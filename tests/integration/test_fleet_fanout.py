@@ -112,8 +112,13 @@ def test_with_forks_at_least_n_every_hosts_start_overlaps_the_others(hosts):
     target = fanout_target(hosts, work, timed=True)
     run, rc = submit(target, fanout_spec(work, ALIASES, forks=len(ALIASES)))
     assert rc == 0 and run["state"] == "SUCCEEDED", run
-    starts = [c for c in ssh_calls(work / "ssh.log") if c["sub"] == "submit"]
-    assert sorted(c["host"] for c in starts) == sorted(ALIASES), starts
+    calls = ssh_calls(work / "ssh.log")
+    # A job that stops no service goes to its submit with no preflight of its own; on a fresh host that
+    # submit finds no bundle, which is uploaded, and the submit made again (the one that starts the job).
+    for alias in ALIASES:
+        subs = [c["sub"] for c in calls if c["host"] == alias]
+        assert "status" in subs and subs[:subs.index("status")] in (["submit"], ["submit", "upload", "submit"]), subs
+    starts = [[c for c in calls if c["host"] == alias and c["sub"] == "submit"][-1] for alias in ALIASES]
     print("starts (s after the first):", [(c["host"], round(c["begin"] - starts[0]["begin"], 2),
                                            round(c["end"] - starts[0]["begin"], 2)) for c in starts])
     assert max(c["begin"] for c in starts) < min(c["end"] for c in starts), starts  # all in flight at once

@@ -442,3 +442,21 @@ def test_settle_restores_even_when_the_steps_before_it_fail(tmp_path, monkeypatc
     assert restored == [job]
     events = (tmp_path / "jobs" / "j" / "events.jsonl").read_text()
     assert "nvidia-smi said something new" in events
+
+
+def test_status_wait_answers_when_the_job_ends_not_at_the_bound(host):
+    job = host.start("waited", host.spec("sleep", "1", "0"))
+    host.wait("waited", "RUNNING")
+    began = time.monotonic()
+    job = host.ok("status", "--job-id", "waited", "--wait", "60")["jobs"][0]
+    took = time.monotonic() - began
+    assert job["state"] == "SUCCEEDED" and took < 30, (job["state"], took)  # the end, not the 60 s bound
+    began = time.monotonic()
+    assert host.ok("status", "--job-id", "waited", "--wait", "1")["jobs"][0]["state"] == "SUCCEEDED"
+    assert time.monotonic() - began < 30  # ended already: at once
+
+
+@pytest.mark.parametrize("wait", ["-1", "nan", "3601"])
+def test_status_wait_out_of_bounds_is_bad_args(host, wait):
+    rc, answer = host.call("status", "--job-id", "x", "--wait", wait)
+    assert not answer["ok"] and answer["error"] == "bad-args", answer

@@ -1,7 +1,10 @@
 """Pure parts of the supervisor (remote_payload/supervisor_*.py): parsers on captured output, validation, command construction."""
 from __future__ import annotations
 
+import io
+import json
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -268,3 +271,56 @@ def test_the_hard_deadline_counts_a_sweeps_run_from_the_running_variant_and_a_pr
     assert settle.hard_deadline(spec, single) > first + 100
     preparing = {"state": "PREPARING", "started_at": None, "payload": {"started_at": first}}
     assert settle.hard_deadline(spec, preparing) is None
+
+
+@pytest.mark.parametrize("stdin, code", [
+    (b"", "bad-spec"),  # an early call closed unsent: nothing read, nothing started
+    (json.dumps({"payload": {"command": ["/bin/true"]}}).encode(), "bad-args"),  # no id anywhere
+    (json.dumps({"job_id": "../x", "payload": {"command": ["/bin/true"]}}).encode(), "bad-args"),
+])
+def test_a_submit_without_job_id_takes_the_specs_own_checked(tmp_path, monkeypatch, stdin, code):
+    from remote_payload import commands
+
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin)))
+    with pytest.raises(host.Fail) as err:
+        commands.dispatch(["submit", "--root", str(tmp_path)])
+    assert err.value.code == code and not (tmp_path / "jobs").exists()
+
+
+def test_the_verbs_flags_parse_as_argparse_parsed_them():
+    from remote_payload import commands
+
+    args = commands.build_parser("logs").parse_args(
+        ["--root", "/r", "--job-id", "j", "--offset", "5", "--wait=1.5", "--stream", "--offset", "7"])
+    assert (args.root, args.job_id, args.offset, args.max, args.wait, args.stream, args.follow) == \
+        ("/r", "j", 7, 1 << 20, 1.5, True, False)  # the last of a repeated flag wins; defaults filled in
+    status = commands.build_parser("status").parse_args(["--root", "/r", "--job-id", "a", "--job-id", "b"])
+    assert (status.job_id, status.ids_on_stdin, status.wait) == (["a", "b"], False, 0.0)
+    assert commands.build_parser("status").parse_args(["--root", "/r"]).job_id == []
+    service = commands.build_parser("restore-service").parse_args(["--root", "/r", "--unit", "u"])
+    assert (service.scope, service.sudo, service.health_url, service.max_wait) == ("system", False, None, 50.0)
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--root", "/r", "--job-id", "j"], "required: --offset"),
+    (["--root", "/r", "--job-id", "j", "--offset", "x"], "invalid int value: 'x'"),
+    (["--root", "/r", "--job-id", "j", "--offset", "1", "--nope"], "unrecognized arguments: --nope"),
+    (["--root", "/r", "--job-id", "j", "--offset"], "--offset: expected one argument"),
+    (["--root", "/r", "--job-id", "--offset", "1"], "--job-id: expected one argument"),
+    (["--root", "/r", "--job-id", "j", "--offset", "1", "--stream=yes"], "ignored explicit argument"),
+    (["--root", "/r", "--job-id", "j", "--offset", "1", "extra"], "unrecognized arguments: extra"),
+])
+def test_a_bad_flag_is_bad_args_with_argparses_words(argv, words):
+    from remote_payload import commands
+
+    with pytest.raises(host.Fail) as err:
+        commands.build_parser("logs").parse_args(argv)
+    assert err.value.code == "bad-args" and words in str(err.value)
+
+
+def test_a_choice_outside_its_set_is_bad_args():
+    from remote_payload import commands
+
+    with pytest.raises(host.Fail) as err:
+        commands.build_parser("restore-service").parse_args(["--root", "/r", "--unit", "u", "--scope", "all"])
+    assert err.value.code == "bad-args" and "invalid choice: 'all'" in str(err.value)
