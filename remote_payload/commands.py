@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import types
 
 from .contract import DEFAULTS, SERVICE_SCOPES
 from .host.answer import error_answer, write_answer
@@ -47,11 +48,8 @@ COMMANDS = {
 }
 
 
-class Namespace:
-    """The parsed flags as attributes (argparse's Namespace)."""
-
-    def __init__(self, **values) -> None:
-        self.__dict__.update(values)
+class Namespace(types.SimpleNamespace):
+    """The parsed flags as attributes (argparse's Namespace); any flag's name may be read and set."""
 
 
 class ArgParser:

@@ -49,7 +49,7 @@ def _tolerance(_ctx, _param, value: str) -> float:
               help="Seconds this call may take, plus one round trip (then exit 3).")
 def results(job_id, as_json, plot_path, baseline_path, save_path, other, tolerance, fmt, max_wait) -> None:
     from ..commands import ci
-    from ..fleet.fleet_view import is_run
+    from ..state.fleet_store import is_run
     from ..results import gate, gate_report
     from . import fleet_cli
 
