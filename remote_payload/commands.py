@@ -32,8 +32,8 @@ import os
 import types
 
 from .contract import DEFAULTS, SERVICE_SCOPES
-from .host.answer import error_answer, write_answer
-from .host.primitives import Fail, HERE
+from .host.answer import Fail, error_answer, write_answer
+from .host.bundle import HERE
 from .supervision.spec import check_root, check_root_safe
 
 # Each verb's function, by room: a call imports only its own verb's room (and what that room imports).

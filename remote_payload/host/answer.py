@@ -1,13 +1,24 @@
-"""The one JSON answer line of a host call, on stdout: what the verb returned, or its error as an answer (a Fail
-as itself, any other exception as `internal` with its traceback). The entry writes it; so does the supervisor run
-in a fork of `start` (its stdout is supervisor.log).
+"""The answer of a host call: `Fail`, the error any room raises (its code one of contract.ERRORS), and the one JSON
+answer line on stdout: what the verb returned, or its error as an answer (a Fail as itself, any other exception as
+`internal` with its traceback). The entry writes it; so does the supervisor run in a fork of `start` (its stdout is
+supervisor.log).
 """
 from __future__ import annotations
 
 import json
 import sys
 
-from .primitives import Fail
+
+class Fail(Exception):
+    """An answer `{"ok": false, "error": code, "message": …}`; extra fields ride along."""
+
+    def __init__(self, code: str, message: str, **extra) -> None:
+        super().__init__(message)
+        self.code = code
+        self.extra = extra
+
+    def answer(self) -> dict:
+        return dict({"ok": False, "error": self.code, "message": str(self)}, **self.extra)
 
 
 def error_answer(exc: Exception) -> dict:

@@ -32,7 +32,7 @@ memory saver is a no-op then): only /get_server_info tells, so `probe` reads it.
 is bounded as a whole by the caller's deadline (time.monotonic()), its body capped, no redirect followed; any
 failure of it is an EngineError (the caller restarts the unit). The unit's health wait (`wait_healthy`, every
 restorer's) asks its health URL through the same client: an answer it cannot read is "not healthy". Stdlib
-only; imports contract.py, host/primitives.py (`Fail`) and host/listener.py.
+only; imports contract.py, host/ (answer.py, systemd.py) (`Fail`) and host/listener.py.
 """
 from __future__ import annotations
 
@@ -42,7 +42,8 @@ import time
 
 from ..contract import REFUSED_PAUSE_MODES
 from .listener import foreign_holder, unit_cgroup
-from .primitives import Fail, Systemd
+from .answer import Fail
+from .systemd import Systemd
 
 FREE_METHODS = ("stop", "sglang", "vllm")  # service.free; stop: systemctl stop / start
 PAUSE_MODES = ("drain", "abort", "retract", "in_place")  # service.pause_mode; None = drain

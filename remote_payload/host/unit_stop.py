@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import re
 
-from .primitives import Fail, run_command
+from .answer import Fail
+from .processes import run_command
 
 STOP_PROPERTIES = "KillMode,ExecStart,TimeoutStopUSec"
 ENGINE_COMMAND = re.compile(r"sglang|vllm", re.IGNORECASE)

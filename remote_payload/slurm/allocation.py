@@ -13,7 +13,10 @@ import time
 
 from ..contract import memory_verdict
 from ..supervision.files import Locks
-from ..host.primitives import GPU_QUERY, Fail, identity, nvidia_smi, parse_gpu_csv
+from ..host.answer import Fail
+from ..host.gpu import GPU_QUERY, nvidia_smi
+from ..host.parsers import parse_gpu_csv
+from ..host.processes import identity
 from ..supervision.job import Flags, Job, supervise
 
 

@@ -39,7 +39,7 @@ from .calls import CANCEL_SLACK_S, SLURM_POLL_S, slurm_call, slurm_file
 from .states import SACCT_FIELDS, SQUEUE_FORMAT, SlurmJob, SlurmOutputError, forgotten, parse_sacct, parse_squeue, \
     reconcile, sacct_disabled, squeue_forgot
 from ..supervision.files import JobPaths, append_line, read_json, read_status, write_json_atomic
-from ..host.primitives import Fail
+from ..host.answer import Fail
 from ..supervision.record import Job, initial_status
 from ..supervision.variants import fit_combined, variant_record
 

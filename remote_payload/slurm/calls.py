@@ -1,7 +1,7 @@
 """The Slurm client calls a login node makes, for one job and a job array alike: each command bounded, a
 slurmctld that does not answer named as such, and the file that caches Slurm's answer (slurm.json).
 
-Imports only the stdlib, supervision/files.py and host/primitives.py; slurm/launch.py and slurm/array.py import it.
+Imports only the stdlib, supervision/files.py and host/answer.py; slurm/launch.py and slurm/array.py import it.
 """
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import os
 import subprocess
 
 from ..supervision.files import JobPaths
-from ..host.primitives import Fail
+from ..host.answer import Fail
 
 SLURM_POLL_S = 5.0       # ask Slurm about one job at most this often
 QUERY_TIMEOUT_S = 4.0    # squeue/sacct/scancel: short, so `logs --wait` stays within its bound

@@ -33,7 +33,8 @@ from .calls import CANCEL_SLACK_S, SLURM_POLL_S, raise_if_unreachable, slurm_cal
 from .states import SACCT_FIELDS, SQUEUE_FORMAT, SlurmJob, SlurmOutputError, forgotten, parse_sacct, parse_squeue, \
     reconcile, sacct_disabled, squeue_forgot
 from ..supervision.files import JobPaths, append_line, read_json, read_status, write_json_atomic
-from ..host.primitives import SUPERVISOR, Fail
+from ..host.answer import Fail
+from ..host.bundle import SUPERVISOR
 from ..supervision.record import Job
 from . import array as slurm_array
 

@@ -10,7 +10,7 @@ BOUNDS is the table docs/protocol.md shows ("Time budget"): a bound's formula is
 evaluated here, over the spec's terms (`terms`) and the constants below, so the two cannot say different
 things. A formula may use the bounds above it.
 
-Imports only the stdlib, contract.py (the spec's defaults), host/primitives.py and slurm/batch.py (constants),
+Imports only the stdlib, contract.py (the spec's defaults), host/ (gpu.py, processes.py) and slurm/batch.py (constants),
 supervision/spec.py (variant_rounds: a sweep's variants side by side count as rounds).
 """
 from __future__ import annotations
@@ -20,7 +20,8 @@ from collections import namedtuple
 
 from ..contract import DEFAULTS, services_of
 from ..slurm.batch import SLACK_S, setup_seconds, time_limit_minutes
-from ..host.primitives import CMD_TIMEOUT_S, KILL_CONFIRM_S, SMI_TIMEOUT_S
+from ..host.gpu import SMI_TIMEOUT_S
+from ..host.processes import CMD_TIMEOUT_S, KILL_CONFIRM_S
 from .spec import variant_rounds
 
 STOP_TIMEOUT_S = 600.0   # `systemctl stop` of an inference server may wait for long requests to drain

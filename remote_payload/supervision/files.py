@@ -5,7 +5,7 @@ Owns: `JobPaths` (the one place job paths are built; layout in docs/protocol.md)
 "running"), reading a result the payload wrote (a bounded regular file of the job dir), the job's disk
 reserve, and the host-wide flock locks under ROOT/locks with their holder files. Host-level records that
 must outlive every process belong here, beside the locks.
-Imports only the stdlib, contract.py and host/primitives.py.
+Imports only the stdlib, contract.py and host/ (answer.py, bundle.py, gpu.py, parsers.py, processes.py).
 """
 from __future__ import annotations
 
@@ -17,7 +17,11 @@ import stat
 import time
 
 from ..contract import MAX_RESULT_BYTES, MAX_RESULT_DEPTH, PROTOCOL, services_of
-from ..host.primitives import GPU_QUERY, HERE, Fail, nvidia_smi, parse_gpu_csv, pid_exists, query_gpus, real_uid
+from ..host.answer import Fail
+from ..host.bundle import HERE
+from ..host.gpu import GPU_QUERY, nvidia_smi, query_gpus
+from ..host.parsers import parse_gpu_csv
+from ..host.processes import pid_exists, real_uid
 
 RESERVE_BYTES = 256 << 10   # given back when the disk fills, so the final status and restore log still fit
 LOCK_RETRY_S = 5.0          # how long a busy lock with no live holder recorded is retried before "busy"

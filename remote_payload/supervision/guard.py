@@ -8,7 +8,7 @@ import signal
 import time
 
 from . import trust
-from ..host.primitives import KILL_CONFIRM_S, is_alive
+from ..host.processes import KILL_CONFIRM_S, is_alive
 from .files import JobPaths
 from .settle import Told, settle_as_restorer, with_restore_lock
 

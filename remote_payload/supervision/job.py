@@ -19,7 +19,9 @@ import time
 from ..admission import needs_stop
 from ..contract import RUNNING_SERVICE_STATES
 from .files import Locks, try_unlink
-from ..host.primitives import Fail, describe_apps, kill_group, query_apps, query_gpus, refuse_too_small, short_gpus
+from ..host.answer import Fail
+from ..host.gpu import describe_apps, query_apps, query_gpus, refuse_too_small, short_gpus
+from ..host.processes import kill_group
 from .budget import STOP_TIMEOUT_S
 from .record import Flags, Interrupted, Job
 from .settle import GPU_POLL_S, final_state, settle, settle_ledger, start_guard_timer

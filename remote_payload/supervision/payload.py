@@ -3,8 +3,8 @@ sweep's variants): its argv and environment, the launch in its own process group
 watch against its deadline, cancel and signals (the job's variants: supervision/variants.py watches them side by side),
 and the record of how it exited.
 
-Imports only the stdlib, host/primitives.py and the record and ledger rooms; job.py, stage.py and variants.py
-import it.
+Imports only the stdlib, host/ (answer.py, processes.py) and the record and ledger rooms; job.py, stage.py and
+variants.py import it.
 """
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ import subprocess
 import sys
 import time
 
-from ..host.primitives import POLL_S, Fail, group_members, identity
+from ..host.answer import Fail
+from ..host.processes import POLL_S, group_members, identity
 from .record import Flags, Interrupted, Job, signal_name
 from . import ledger, services
 

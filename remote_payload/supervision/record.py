@@ -1,7 +1,7 @@
 """One job's record on the host: status.json and events.jsonl (`Job`, whose `set_state` every state change goes
 through), the flags the signal handlers set, and `Interrupted`, which carries a final state out of a step.
 
-Imports only the stdlib, contract.py host/primitives.py and files.py, budget.py.
+Imports only the stdlib, contract.py host/systemd.py and files.py, budget.py.
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from ..contract import DEFAULTS, TERMINAL
 from .budget import budget
 from .files import JobPaths, append_line, append_text, read_json, read_status, release_reserve, stamp, \
     write_json_atomic
-from ..host.primitives import Systemd
+from ..host.systemd import Systemd
 
 SCHEMA = 1
 

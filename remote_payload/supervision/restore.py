@@ -7,7 +7,8 @@ import time
 from . import ledger, trust, unit as job_unit
 from ..contract import RUNNING_SERVICE_STATES
 from ..host import engine
-from ..host.primitives import Fail, Systemd, start_unit
+from ..host.answer import Fail
+from ..host.systemd import Systemd, start_unit
 from .files import JobPaths, Locks, held_by_another_user, is_slurm_job, restore_keys
 from .record import Job
 from .settle import restore_unit, settle_as_restorer, take_over_hung_restorer, with_restore_lock

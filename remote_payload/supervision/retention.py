@@ -8,7 +8,7 @@ bundle (ROOT/payloads/<hash>) is kept while a kept job's spec names it or it was
 a supervisor bundle (ROOT/payload/<hash>) while it is the one running, was used in the last day, or any job
 is not ended or owes a stop (a guard timer and ExecStopPost= run that job's bundle by path). A deletion is
 a rename into ROOT/tmp, then the removal, so a reader never sees half a job dir; at most `most` per call.
-Imports only the stdlib, contract.py, host/primitives.py, files.py and ledger.py.
+Imports only the stdlib, contract.py, host/ (answer.py, bundle.py, processes.py), files.py and ledger.py.
 """
 from __future__ import annotations
 
@@ -19,7 +19,9 @@ import stat
 import time
 
 from ..contract import TERMINAL
-from ..host.primitives import HERE, Fail, is_alive
+from ..host.answer import Fail
+from ..host.bundle import HERE
+from ..host.processes import is_alive
 from .files import JobPaths, lock_held, locks_dir, read_holder, read_json, read_status
 from . import ledger
 

@@ -14,8 +14,8 @@ import shutil
 import signal
 
 from . import unit as job_unit
-from ..host.answer import error_answer, write_answer
-from ..host.primitives import Fail, identity
+from ..host.answer import Fail, error_answer, write_answer
+from ..host.processes import identity
 from .files import JobPaths, Locks, lock_keys
 from .job import supervise
 from .record import Flags, Job

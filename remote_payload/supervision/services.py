@@ -7,12 +7,12 @@ service still reads it) and, with several, `services`: one record per service, i
 
 The single-service steps (stop, release, restore, observe, the ledger's adoption) read `job.spec["service"]`
 and `job.status["service"]` and save `service=…`. `ServiceView` is the job as one of its services sees it, so
-those steps run unchanged once per service. Imports only the stdlib, contract.py and host/primitives.py.
+those steps run unchanged once per service. Imports only the stdlib, contract.py and host/systemd.py.
 """
 from __future__ import annotations
 
 from ..contract import services_of
-from ..host.primitives import Systemd
+from ..host.systemd import Systemd
 
 
 def service_specs(spec: dict) -> list:

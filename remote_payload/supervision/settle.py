@@ -6,9 +6,9 @@
                alive past `hard_deadline`), it settles as a restorer (so does `supervisor.py restore`, run by
                the guard timer, the last line where the host has systemd)
 
-Its time bounds (the guard timer, the hard deadline) are the job's recorded budget (supervision/budget.py).
-Imports only the stdlib, contract.py, host/ (primitives, engine) and the files, record, ledger, services and
-budget rooms.
+Its time bounds (the guard timer, the hard deadline) are the job's recorded budget (supervision/budget.py). Imports
+only the stdlib, contract.py, host/ (answer, bundle, gpu, processes, systemd, engine) and the files, record, ledger,
+services and budget rooms.
 """
 from __future__ import annotations
 
@@ -24,8 +24,12 @@ import time
 from ..contract import RUNNING_SERVICE_STATES, TERMINAL
 from .budget import recorded
 from .files import JobPaths, Locks, flock_holders
-from ..host.primitives import KILL_CONFIRM_S, RUN_SUPERVISOR, Fail, group_is_ours, group_members, \
-    identity, is_alive, kill_group, query_apps, run_command, start_unit, user_processes_in_own_cgroup
+from ..host.answer import Fail
+from ..host.bundle import RUN_SUPERVISOR
+from ..host.gpu import query_apps
+from ..host.processes import (KILL_CONFIRM_S, group_is_ours, group_members, identity, is_alive, kill_group, run_command,
+                              user_processes_in_own_cgroup)
+from ..host.systemd import start_unit
 from .record import Job
 from ..host import engine, unit_stop
 from . import ledger, services

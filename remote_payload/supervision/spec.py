@@ -3,7 +3,7 @@
 The controller validated the spec already; the host never trusts it and checks again, with contract.py's
 rules and defaults, so both sides refuse and default alike. A problem is a `Fail` (`bad-spec` for the spec,
 `bad-args` for argv). Imports only the stdlib, the shared rules (contract.py, sweep.py, slurm/batch.py) and
-host/ (primitives; engine.py for the `service.free` names). The rules of a spec's parts (the engine's, a
+host/ (answer, gpu; engine.py for the `service.free` names). The rules of a spec's parts (the engine's, a
 sweep's, Slurm's) are imported by the checks that use them: `logs`, `status` and `cancel` check only ids.
 """
 from __future__ import annotations
@@ -15,7 +15,8 @@ import stat
 import sys
 
 from .. import contract
-from ..host.primitives import Fail, query_gpus
+from ..host.answer import Fail
+from ..host.gpu import query_gpus
 from .files import JobPaths
 
 DEFAULTS = contract.DEFAULTS

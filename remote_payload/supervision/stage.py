@@ -18,7 +18,7 @@ import os
 import subprocess
 import time
 
-from ..host.primitives import KILL_CONFIRM_S, POLL_S, kill_group
+from ..host.processes import KILL_CONFIRM_S, POLL_S, kill_group
 from .payload import check_interrupt, interrupt_of, launch_payload, record_exit
 from .record import Interrupted
 

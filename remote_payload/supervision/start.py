@@ -6,7 +6,7 @@ one-line ready handshake.
       ◀── read_ready (at most READY_TIMEOUT_S; past it give_up_start marks the job abandoned) ──┘
 
 `start` giving up and the supervisor answering exclude each other under ready.lock, so they never disagree
-on whether the job exists. Imports only the stdlib, host/primitives.py and the files and record rooms;
+on whether the job exists. Imports only the stdlib, host/ (answer.py, processes.py) and the files and record rooms;
 run.py launches the supervisor (launch_detached) with these parts.
 """
 from __future__ import annotations
@@ -21,7 +21,8 @@ import time
 from typing import Sequence
 
 from .files import RESERVE_BYTES, JobPaths, fsync_dir, read_json, write_json_atomic
-from ..host.primitives import Fail, is_alive
+from ..host.answer import Fail
+from ..host.processes import is_alive
 from .record import Job, initial_status
 
 READY_TIMEOUT_S = 30.0       # how long `start` waits for the detached supervisor's handshake

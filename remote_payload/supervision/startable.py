@@ -8,7 +8,7 @@
 A problem is `Fail("cannot-start", "FIELD: why", field=FIELD)`. The preflight report raises it (so `submit`
 and `submit --dry-run` refuse with exit 4 naming the field), and the supervisor checks again once it holds
 the locks (a queued job may start hours later), before its prepare step and the service stop. Imports only
-the stdlib, contract.py and host/primitives.py.
+the stdlib, contract.py and host/ (answer.py, bundle.py, processes.py).
 """
 from __future__ import annotations
 
@@ -20,7 +20,9 @@ import stat
 import subprocess
 
 from ..contract import START_PROBE_TIMEOUT_S, cache_dir_keys
-from ..host.primitives import HERE, Fail, communicate_within
+from ..host.answer import Fail
+from ..host.bundle import HERE
+from ..host.processes import communicate_within
 
 # Run by payload.python with argv [script]: compile the script as that interpreter would, then look up (with
 # importlib's finders, importing nothing) each module the script imports at its top level, outside any

@@ -17,7 +17,7 @@ What this does not protect: a payload running as the same user can still delete 
 kill the restorers or stop the service itself. It guards against a payload corrupting its own job's records,
 by mistake or on purpose, not against a payload that attacks the host; payload.user (payload.py) runs it as
 another user, who can write none of this. Imports only the stdlib, contract.py,
-host/primitives.py and the files, record, ledger and services rooms.
+host/ (answer.py, processes.py) and the files, record, ledger and services rooms.
 """
 from __future__ import annotations
 
@@ -25,7 +25,8 @@ import time
 
 from ..contract import DEFAULTS, RUNNING_SERVICE_STATES, SERVICE_SCOPES, TERMINAL, normalize_unit, unit_problem
 from .files import JobPaths, held_by_another_user, lock_held, read_holder, read_json, read_status, write_json_atomic
-from ..host.primitives import Fail, is_alive
+from ..host.answer import Fail
+from ..host.processes import is_alive
 from .record import Job, initial_status
 from . import ledger, services
 

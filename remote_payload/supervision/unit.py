@@ -13,7 +13,7 @@ exists), `start` falls back to the fork + guard path (containers, the GPU machin
 says which path ran, events.jsonl why the fork path was taken. RuntimeMaxSec= and TimeoutStopSec= are the job's
 recorded budget (supervision/budget.py: runtime_max_s, timeout_stop_s).
 
-Imports only the stdlib, host/primitives.py and the files and budget rooms.
+Imports only the stdlib, host/ (answer.py, bundle.py, processes.py, systemd.py) and the files and budget rooms.
 """
 from __future__ import annotations
 
@@ -26,7 +26,10 @@ import time
 
 from .budget import recorded
 from .files import JobPaths, append_line, read_status, try_unlink
-from ..host.primitives import RUN_SUPERVISOR, Fail, Systemd, run_command
+from ..host.answer import Fail
+from ..host.bundle import RUN_SUPERVISOR
+from ..host.processes import run_command
+from ..host.systemd import Systemd
 
 UNIT_PREFIX = "runner-job-"
 WATCHDOG_S = 30              # a supervisor that stops pinging this long is hung (frozen): systemd kills the unit

@@ -26,7 +26,7 @@ records that state and gives only what is left of the grace. A cancel or a signa
 variant and starts no other; one that comes after the last variant exited 0, while only its left-over group
 is being stopped, changes nothing (the job ends as its exit says).
 
-Imports only the stdlib, sweep.py (the variants, their labels), host/primitives.py and the files, record,
+Imports only the stdlib, sweep.py (the variants, their labels), host/processes.py and the files, record,
 payload, stage, ledger and services rooms.
 """
 from __future__ import annotations
@@ -39,7 +39,7 @@ import time
 
 from ..contract import MAX_RESULT_BYTES
 from .files import UnsafeResult, append_line, file_digest, open_result, parse_bounded, write_json_atomic
-from ..host.primitives import KILL_CONFIRM_S, POLL_S, group_members
+from ..host.processes import KILL_CONFIRM_S, POLL_S, group_members
 from .payload import interrupt_of, launch_payload, record_exit
 from .record import Flags, Interrupted, Job
 from ..sweep import job_variants, label

@@ -6,7 +6,7 @@ import signal
 import time
 
 from ..contract import TERMINAL
-from ..host.primitives import is_alive
+from ..host.processes import is_alive
 from ..supervision.files import append_line, is_slurm_job
 from ..supervision.spec import job_paths
 from .launcher import slurm_launch

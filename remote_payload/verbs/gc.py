@@ -1,7 +1,7 @@
 """`gc`: the retention rule by hand (supervision/retention.py)."""
 from __future__ import annotations
 
-from ..host.primitives import Fail
+from ..host.answer import Fail
 from ..supervision import retention
 
 

@@ -9,7 +9,8 @@ import sys
 import time
 
 from ..contract import TERMINAL
-from ..host.primitives import Fail, POLL_S
+from ..host.answer import Fail
+from ..host.processes import POLL_S
 from ..supervision.files import JobPaths, is_slurm_job
 from ..supervision.spec import job_paths
 from .launcher import slurm_launch

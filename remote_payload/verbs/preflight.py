@@ -6,7 +6,9 @@ import sys
 
 from ..contract import services_of
 from ..host import engine, unit_stop
-from ..host.primitives import GPU_QUERY, Systemd, nvidia_smi, parse_gpu_csv, query_apps
+from ..host.gpu import GPU_QUERY, nvidia_smi, query_apps
+from ..host.parsers import parse_gpu_csv
+from ..host.systemd import Systemd
 from ..supervision import ledger
 from ..supervision.files import lock_keys, probe_lock
 from ..supervision.spec import check_job_id, read_spec_stdin

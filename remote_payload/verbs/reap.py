@@ -5,7 +5,8 @@ from __future__ import annotations
 import time
 
 from ..contract import TERMINAL
-from ..host.primitives import Fail, RUN_SUPERVISOR
+from ..host.answer import Fail
+from ..host.bundle import RUN_SUPERVISOR
 from ..supervision import trust
 from ..supervision.files import JobPaths, is_slurm_job, read_status
 from ..supervision.record import Job

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 from ..contract import MAX_RESULT_BYTES, TERMINAL
-from ..host.primitives import Fail
+from ..host.answer import Fail
 from ..supervision.files import JobPaths, UnsafeResult, is_slurm_job, open_result, read_result, read_status
 from ..supervision.spec import job_paths
 from .reap import reap_if_dead

@@ -7,7 +7,8 @@ import sys
 import time
 
 from ..contract import TERMINAL
-from ..host.primitives import POLL_S, Fail
+from ..host.answer import Fail
+from ..host.processes import POLL_S
 from ..progress import SCAN_BYTES, summarize
 from ..supervision import trust
 from ..supervision.files import JobPaths

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 
 from ..admission import admit
-from ..host.primitives import Fail
+from ..host.answer import Fail
 from ..supervision import retention
 from ..supervision.files import JobPaths
 from ..supervision.spec import check_job_id, read_spec_stdin

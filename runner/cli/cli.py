@@ -455,7 +455,7 @@ cli.add_command(results_commands.history)
               help="Give up after this long (30s, 5m, 1h).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document at the end (the log still streams).")
 def wait(job_id: str, timeout: str, as_json: bool) -> None:
-    from ..commands import ci
+    from ..commands import unattended
     from ..spec.spec_fields import parse_duration
     from . import fleet_cli
 
@@ -465,7 +465,7 @@ def wait(job_id: str, timeout: str, as_json: bool) -> None:
         raise SpecError(f"--timeout: {exc}") from None
     if _is_run(job_id):
         sys.exit(fleet_cli.wait(job_id, max_wait=seconds, as_json=as_json))
-    outcome = ci.wait(job_id, store=Store(), out=sys.stdout.buffer, timeout=seconds, progress=_progress)
+    outcome = unattended.wait(job_id, store=Store(), out=sys.stdout.buffer, timeout=seconds, progress=_progress)
     if as_json:
         _emit_json(asdict(outcome))
     if not outcome.terminal:

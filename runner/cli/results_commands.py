@@ -1,5 +1,5 @@
 """`runner results` and `runner history`: a job's result (a table, a plot, the regression gate, two runs side by
-side) with its service window, and the results recorded over runs. Logic in commands/ci.py, results/gate.py,
+side) with its service window, and the results recorded over runs. Logic in commands/unattended.py, results/gate.py,
 results/history.py; the text of a window in commands/render.py. cli.py adds these commands to its group.
 """
 from __future__ import annotations
@@ -48,7 +48,7 @@ def _tolerance(_ctx, _param, value: str) -> float:
 @click.option("--max-wait", type=click.FloatRange(0, 3600), default=DEFAULT_MAX_WAIT, show_default=True,
               help="Seconds this call may take, plus one round trip (then exit 3).")
 def results(job_id, as_json, plot_path, baseline_path, save_path, other, tolerance, fmt, max_wait) -> None:
-    from ..commands import ci
+    from ..commands import unattended
     from ..state.fleet_store import is_run
     from ..results import gate, gate_report
     from . import fleet_cli
@@ -58,7 +58,7 @@ def results(job_id, as_json, plot_path, baseline_path, save_path, other, toleran
                                    deadline=Deadline.for_command(max_wait)))
     store = Store()
     deadline = Deadline.for_command(max_wait)
-    current = ci.collect(job_id, store=store, deadline=deadline)
+    current = unattended.collect(job_id, store=store, deadline=deadline)
     if current.window and not as_json:
         for line in render.window_lines(current.window):
             _progress(line)
@@ -68,14 +68,14 @@ def results(job_id, as_json, plot_path, baseline_path, save_path, other, toleran
         document = gate.write_baseline(save_path, current.result, current.source)
         _progress(f"wrote {save_path}: {len(document['metrics'])} metrics from {current.source}")
     if baseline_path:
-        verdicts = ci.gate_against(baseline_path, current, tolerance)
-        notes = ci.gate_clock_lines(baseline_path, current)
+        verdicts = unattended.gate_against(baseline_path, current, tolerance)
+        notes = unattended.gate_clock_lines(baseline_path, current)
         _say(gate_report.render(verdicts, fmt, baseline=baseline_path, current=current.source,
                                 tolerance=tolerance, notes=notes), nl=False)
         sys.exit(gate.exit_code(verdicts))
     if other:
-        second = ci.collect(other, store=store, deadline=deadline)
-        verdicts = ci.compare_runs(current, second, tolerance)
+        second = unattended.collect(other, store=store, deadline=deadline)
+        verdicts = unattended.compare_runs(current, second, tolerance)
         _say(gate_report.side_by_side(current.result, second.result, verdicts,
                                       name_a=current.source, name_b=second.source), nl=False)
     elif as_json:
@@ -113,7 +113,7 @@ def _emit_result_json(result) -> None:
               help="Record result files first (job id = the path as given); repeatable.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 def history(host, metric, plot_path, imports, as_json) -> None:
-    from ..commands.ci import collect
+    from ..commands.unattended import collect
     from ..results import history as hist
     from ..results import history_report
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, BinaryIO, Callable
 
-from ..commands import app, controller
+from ..commands import controller, front_ends
 from ..commands.plan import Plan
 from ..deadline import Deadline
 from ..errors import EXIT_OK, worst
@@ -55,9 +55,9 @@ def status(ref: str | None, *, store: Store, deadline: Deadline, every: bool = F
         run, rows = fleet_view.status(ref, store=store, deadline=deadline)
         return Outcome({"run_id": run.run_id, "state": run.state, "max_unavailable": run.max_unavailable,
                         "hosts": rows}, worst(row["exit"] for row in rows), True, run, rows)
-    jobs = app.job_statuses(ref, store=store, deadline=deadline, every=every)
+    jobs = front_ends.job_statuses(ref, store=store, deadline=deadline, every=every)
     return Outcome(jobs[0].raw if ref else [job.raw for job in jobs],
-                   worst(app.job_exit(job) for job in jobs), detail=jobs)
+                   worst(front_ends.job_exit(job) for job in jobs), detail=jobs)
 
 
 def cancel(ref: str, *, store: Store, deadline: Deadline) -> Outcome:

@@ -28,7 +28,7 @@ from mcp.types import CallToolResult, TextContent
 from pydantic import Field, ValidationError
 from pydantic_core import ErrorDetails
 
-from ..commands import ci, controller, render
+from ..commands import controller, render, unattended
 from ..deadline import Deadline
 from ..errors import EXIT_OK, EXIT_STILL_RUNNING, EXIT_USAGE, RunnerError, SpecError, exit_code
 from ..fleet import targets
@@ -87,7 +87,7 @@ class Tools:
         store = Store()
         if is_run(job_id, store):
             return _run_tail(job_id, store, max_wait)
-        chunk = ci.tail_text(job_id, store=store, max_wait=max_wait, max_bytes=max_bytes)
+        chunk = unattended.tail_text(job_id, store=store, max_wait=max_wait, max_bytes=max_bytes)
         return {**asdict(chunk), "cli_exit_code": exit_code(chunk.state, settled=not chunk.call_again)}
 
     def status(self, job_id: str | None = None) -> dict:
@@ -114,16 +114,16 @@ class Tools:
         baseline = self.policy.baseline(baseline) if baseline else None
         if not baseline and is_run(job_id, Store()):  # like `runner results RUN`: every host's, side by side
             return _run_results(job_id)
-        collected = ci.collect_job(job_id, store=Store(), deadline=_deadline())  # by id only: never a path
+        collected = unattended.collect_job(job_id, store=Store(), deadline=_deadline())  # by id only: never a path
         answer = {"table": render_any(collected.result), "result": strict_json(collected.result),
                   "service_window": strict_json(collected.window),
                   "service_window_text": "\n".join(render.window_lines(collected.window)) if collected.window else None,
                   "history_warning": collected.warning, "cli_exit_code": EXIT_OK}
         if baseline:
-            verdicts = ci.gate_against(baseline, collected, fraction)
+            verdicts = unattended.gate_against(baseline, collected, fraction)
             answer["gate"] = {"exit_code": gate.exit_code(verdicts), "markdown": gate_report.render(
                 verdicts, "markdown", baseline=baseline, current=collected.source, tolerance=fraction,
-                notes=ci.gate_clock_lines(baseline, collected)),
+                notes=unattended.gate_clock_lines(baseline, collected)),
                 "verdicts": {v.name: v.verdict for v in verdicts}}
         return answer
 

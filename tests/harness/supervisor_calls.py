@@ -130,13 +130,13 @@ def sweep_spec(host: Host, tmp_path: Path, writer: str, kinds: list) -> dict:
 
 
 def alive(ident: dict | None) -> bool:
-    from remote_payload.host.primitives import is_alive
+    from remote_payload.host.processes import is_alive
 
     return is_alive(ident)
 
 
 def pid_gone(pid: int, timeout: float = 10) -> bool:
-    from remote_payload.host.primitives import proc_stat
+    from remote_payload.host.processes import proc_stat
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

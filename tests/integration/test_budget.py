@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from remote_payload.supervision import settle
 from remote_payload.slurm.launch import submit_argv
 from remote_payload.supervision.budget import BOUNDS, budget, recorded
-from remote_payload.host.primitives import Fail
+from remote_payload.host.answer import Fail
 from remote_payload.supervision.files import JobPaths, read_status, write_json_atomic
 from remote_payload.supervision.spec import check_spec
 from remote_payload.supervision.start import claim_job_dir

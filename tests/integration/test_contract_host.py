@@ -11,13 +11,17 @@ from remote_payload import contract
 from remote_payload.verbs import reap as supervisor
 from remote_payload.supervision import files as supervisor_files, job as supervisor_job, record as supervisor_record, \
     settle as supervisor_settle, spec as supervisor_spec
-from remote_payload.host import primitives as supervisor_host
-from remote_payload.host import primitives as host
+from remote_payload.host import (answer as supervisor_answer, bundle as supervisor_bundle, gpu as supervisor_gpu,
+                                 parsers as supervisor_parsers, processes as supervisor_processes,
+                                 systemd as supervisor_systemd)
+from remote_payload.host.answer import Fail
+from remote_payload.host.gpu import refuse_too_small, short_gpus
 from remote_payload.supervision import spec as checks
 from tests.harness.contract_table import CONTRACT_RULES, MEMORY_ROWS, ROWS
 from tests.harness.pace import Scale
 
-ROOMS = (supervisor, supervisor_files, supervisor_host, supervisor_job, supervisor_record, supervisor_settle,
+ROOMS = (supervisor, supervisor_files, supervisor_answer, supervisor_bundle, supervisor_gpu, supervisor_parsers,
+         supervisor_processes, supervisor_systemd, supervisor_job, supervisor_record, supervisor_settle,
          supervisor_spec)
 
 
@@ -34,7 +38,7 @@ def host_accepts(kind: str, value) -> bool:
     }
     try:
         rules[kind](value)
-    except host.Fail:
+    except Fail:
         return False
     return True
 
@@ -42,10 +46,10 @@ def host_accepts(kind: str, value) -> bool:
 def host_memory_verdict(gpu: dict, need: int) -> str:
     card = dict(gpu, index="0", uuid="GPU-x", name="t", used_mib=None)
     try:
-        host.refuse_too_small([card], need)
-    except host.Fail:
+        refuse_too_small([card], need)
+    except Fail:
         return "too-small"
-    return "short" if host.short_gpus([card], need) else "ok"
+    return "short" if short_gpus([card], need) else "ok"
 
 
 @pytest.mark.parametrize("kind, value, ok", ROWS)
@@ -67,14 +71,14 @@ def test_memory_rows(gpu, need, verdict):
 # ── the drift issue 8 found, one test each ──────────────────────────────────────────────────────────────
 
 def test_drift_job_id_starting_with_dash_is_refused():
-    with pytest.raises(host.Fail) as err:
+    with pytest.raises(Fail) as err:
         checks.check_job_id("-rf")
     assert err.value.code == "bad-args"
 
 
 def test_drift_unit_names_follow_the_contract():
     for unit in ("a..b.service", ".hidden", "@x", "a@b@c", "x" * 245):
-        with pytest.raises(host.Fail):
+        with pytest.raises(Fail):
             checks.check_unit(unit)
     assert checks.check_unit("sglang") == contract.normalize_unit("sglang") == "sglang.service"
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from remote_payload.host import engine
-from remote_payload.host.primitives import identity
+from remote_payload.host.processes import identity
 from remote_payload.supervision import settle
 from tests.cli_helpers import REPO, run_cli, status, submit, wait_for, wait_terminal
 from tests.harness.multi_services import two_services

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from remote_payload.host import engine
-from remote_payload.host.primitives import query_gpus
+from remote_payload.host.gpu import query_gpus
 from tests.hosts import gpu_state
 from tests.hosts._proc import free_port, wait_until
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from remote_payload.host.primitives import identity
+from remote_payload.host.processes import identity
 from tests.cli_helpers import local_target, python_payload, run_cli, submit, wait_terminal, write_job
 from tests.harness.supervisor_calls import Host
 from tests.hosts._proc import shared_tmpdir

@@ -229,7 +229,7 @@ def test_a_device_count_that_does_not_split_into_slots_exits_2(work, devices, pe
 
 
 def test_the_host_refuses_a_bad_slot_cut_too():
-    from remote_payload.host.primitives import Fail
+    from remote_payload.host.answer import Fail
     from remote_payload.supervision.spec import check_spec
 
     raw = {"job_id": "j1", "gpu": {"devices": ["0", "1", "2"]}, "payload": {"command": ["true"]},
@@ -305,7 +305,7 @@ def test_a_sigkilled_supervisor_leaves_no_variant_running_on_any_slot(tmp_path):
     import sys
     import time
 
-    from remote_payload.host.primitives import is_alive
+    from remote_payload.host.processes import is_alive
     from tests.harness.supervisor_calls import Host, pid_gone
 
     host = Host(tmp_path)

@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from runner.deadline import Deadline
-from runner.commands import ci
+from runner.commands import unattended
 from runner.errors import NoResult, RunnerError, UnknownJob
 from runner.results import gate, gate_report, history, history_report, results
 from runner.results.fleet_results import side_by_side
@@ -312,12 +312,12 @@ def test_collect_rule_in_process(tmp_path, monkeypatch):
     store = Store(tmp_path / "state")
     monkeypatch.chdir(tmp_path)
     (tmp_path / "r.json").write_text('{"a": 1}')
-    assert ci.collect("r.json", store=store, deadline=Deadline.for_command(5)).result == {"a": 1}
-    assert ci.collect(str(tmp_path / "r.json"), store=store, deadline=Deadline.for_command(5)).result == {"a": 1}
+    assert unattended.collect("r.json", store=store, deadline=Deadline.for_command(5)).result == {"a": 1}
+    assert unattended.collect(str(tmp_path / "r.json"), store=store, deadline=Deadline.for_command(5)).result == {"a": 1}
     with pytest.raises(UnknownJob, match="neither a file nor a job id"):
-        ci.collect("gone.json", store=store, deadline=Deadline.for_command(5))
+        unattended.collect("gone.json", store=store, deadline=Deadline.for_command(5))
     with pytest.raises(RunnerError, match="No such file"):
-        ci.collect("./gone.json", store=store, deadline=Deadline.for_command(5))
+        unattended.collect("./gone.json", store=store, deadline=Deadline.for_command(5))
 
 
 # -- history ------------------------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from remote_payload.host.primitives import Fail
+from remote_payload.host.answer import Fail
 from remote_payload.slurm.array import array_progress, combined_chunk, sweep_outcome
 from remote_payload.supervision.spec import check_spec
 from runner.spec.spec import JobSpec

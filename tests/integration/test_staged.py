@@ -103,7 +103,7 @@ def test_staged_with_a_sweep_is_refused_naming_the_field(tmp_path):
 
 
 def test_the_host_refuses_staged_with_a_sweep_and_a_non_boolean():
-    from remote_payload.host.primitives import Fail
+    from remote_payload.host.answer import Fail
     from remote_payload.supervision.spec import check_spec
     base = {"job_id": "j1", "payload": {"command": ["true"], "staged": True}}
     assert check_spec(base)["limits"]["stage_timeout"] == 600.0

@@ -160,7 +160,7 @@ def test_a_probe_that_hangs_is_bounded(tmp_path):
 
     from remote_payload.supervision import startable as supervisor_startable
     from remote_payload.contract import START_PROBE_TIMEOUT_S
-    from remote_payload.host.primitives import Fail
+    from remote_payload.host.answer import Fail
 
     slow = tmp_path / "python"
     slow.write_text("#!/bin/sh\nexec sleep 60\n")

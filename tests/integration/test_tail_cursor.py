@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 
-from runner.commands import ci
+from runner.commands import unattended
 from runner.remote import host as host_module
 from runner.state.store import Store
 from tests.cli_helpers import REPO, Target, job_dir, python_payload, run_cli, submit, wait_for, wait_terminal, \
@@ -192,12 +192,12 @@ def test_mcp_tail_long_polls_on_half_a_character_and_delivers_it_whole(target, w
     real_logs = host_module.HostClient.logs
     monkeypatch.setattr(host_module.HostClient, "logs", lambda self, *a, **kw: calls.append(a) or real_logs(self, *a, **kw))
     store = Store()
-    first = ci.tail_text(job_id, store=store, max_wait=5, max_bytes=1024)
+    first = unattended.tail_text(job_id, store=store, max_wait=5, max_bytes=1024)
     assert first.text == "abc" and first.offset == 3
     threading.Timer(2.0, go.touch).start()
     texts, started = [], time.monotonic()
     while time.monotonic() - started < 20:  # an MCP client calling again while call_again is true
-        answer = ci.tail_text(job_id, store=store, max_wait=5, max_bytes=1024)
+        answer = unattended.tail_text(job_id, store=store, max_wait=5, max_bytes=1024)
         texts.append(answer.text)
         if not answer.call_again:
             break

@@ -8,7 +8,7 @@ import statistics
 
 import yaml
 
-from remote_payload.host.primitives import POLL_S
+from remote_payload.host.processes import POLL_S
 from tests.cli_helpers import local_target, submit, wait_terminal, write_job
 from tests.hosts._proc import shared_tmpdir
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from runner.commands import ci
+from runner.commands import unattended
 from runner.commands.controller import TailOutcome
 from runner.errors import HostKeyError, TransportError
 
@@ -47,7 +47,7 @@ class Clock:
 def test_wait_prints_everything_until_terminal():
     tail = ScriptedTail([("RUNNING", b"a\n"), ("RUNNING", b""), ("SUCCEEDED", b"b\n")])
     out = io.BytesIO()
-    outcome = ci.wait("j", store=None, out=out, timeout=600, chunk=50, tail=tail)
+    outcome = unattended.wait("j", store=None, out=out, timeout=600, chunk=50, tail=tail)
     assert (outcome.state, outcome.terminal, outcome.calls, outcome.printed) == ("SUCCEEDED", True, 3, 4)
     assert out.getvalue() == b"a\nb\n" and all(w <= 50 for w in tail.waits)
 
@@ -55,7 +55,7 @@ def test_wait_prints_everything_until_terminal():
 def test_wait_gives_up_at_the_timeout_and_never_asks_past_it():
     clock = Clock()
     tail = ScriptedTail([("RUNNING", b"")] * 10, clock=clock)
-    outcome = ci.wait("j", store=None, out=io.BytesIO(), timeout=120, chunk=50, tail=tail, clock=clock)
+    outcome = unattended.wait("j", store=None, out=io.BytesIO(), timeout=120, chunk=50, tail=tail, clock=clock)
     assert not outcome.terminal and outcome.state == "RUNNING"
     assert tail.waits == [50, 50, 20] and clock.now == 120
 
@@ -63,14 +63,14 @@ def test_wait_gives_up_at_the_timeout_and_never_asks_past_it():
 def test_a_lost_link_after_the_first_call_is_retried():
     notes = []
     tail = ScriptedTail([("RUNNING", b"x"), TransportError("link lost"), ("FAILED", b"y")])
-    outcome = ci.wait("j", store=None, out=io.BytesIO(), timeout=60, tail=tail, progress=notes.append)
+    outcome = unattended.wait("j", store=None, out=io.BytesIO(), timeout=60, tail=tail, progress=notes.append)
     assert (outcome.state, outcome.printed) == ("FAILED", 2) and "link lost" in notes[0]
 
 
 @pytest.mark.parametrize("answers", [[TransportError("no route")], [("RUNNING", b""), HostKeyError("changed key")]])
 def test_an_unreachable_host_or_a_refused_key_is_raised(answers):
     with pytest.raises(TransportError):
-        ci.wait("j", store=None, out=io.BytesIO(), timeout=60, tail=ScriptedTail(answers))
+        unattended.wait("j", store=None, out=io.BytesIO(), timeout=60, tail=ScriptedTail(answers))
 
 
 def runner(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:

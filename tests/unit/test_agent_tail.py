@@ -1,4 +1,4 @@
-"""ci.tail_text (the MCP `tail`), against a scripted host that serves a log in small chunks (no transport).
+"""unattended.tail_text (the MCP `tail`), against a scripted host that serves a log in small chunks (no transport).
 
 What matters: the texts of successive calls join to the log exactly, whatever the chunk boundaries cut.
 """
@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from runner.commands import ci, controller
+from runner.commands import controller, unattended
 from runner.state.store import JobRecord, Store
 
 LOG = "start é ü € 𝄞 done\n".encode() + b"raw \xff\xfe bytes\n" + "end ✓\n".encode()
@@ -52,7 +52,7 @@ def test_texts_join_to_the_log_exactly_whatever_the_chunk_size(store, monkeypatc
     monkeypatch.setattr(controller, "connect", lambda _h, **_kw: host)
     texts, answer = [], None
     for _ in range(3 * len(LOG)):
-        answer = ci.tail_text("j1", store=store, max_wait=1, max_bytes=1024)
+        answer = unattended.tail_text("j1", store=store, max_wait=1, max_bytes=1024)
         texts.append(answer.text)
         if not answer.call_again:
             break
@@ -66,16 +66,16 @@ def test_a_running_job_with_a_partial_character_holds_it_back(store, monkeypatch
     cut = LOG.index("€".encode()) + 1  # one byte into the three of €
     host = ChunkedHost(cut, ends_after=10)
     monkeypatch.setattr(controller, "connect", lambda _h, **_kw: host)
-    first = ci.tail_text("j1", store=store, max_wait=1, max_bytes=1024)
+    first = unattended.tail_text("j1", store=store, max_wait=1, max_bytes=1024)
     assert first.text == "start é ü " and first.call_again and store.load("j1").cursor == cut - 1
     started = time.monotonic()
-    second = ci.tail_text("j1", store=store, max_wait=5, max_bytes=1024)  # the rest of € has arrived meanwhile
+    second = unattended.tail_text("j1", store=store, max_wait=5, max_bytes=1024)  # the rest of € has arrived meanwhile
     assert second.text.startswith("€ 𝄞") and host.calls == 2 and time.monotonic() - started < 1
 
 
 def test_max_bytes_bounds_one_call(store, monkeypatch):
     monkeypatch.setattr(controller, "connect", lambda _h, **_kw: ChunkedHost(len(LOG), ends_after=10))
-    answer = ci.tail_text("j1", store=store, max_wait=1, max_bytes=6)
+    answer = unattended.tail_text("j1", store=store, max_wait=1, max_bytes=6)
     assert answer.text == "start " and answer.call_again and answer.offset == 6
 
 
@@ -83,7 +83,7 @@ def test_a_max_bytes_smaller_than_a_character_still_moves_on(store, monkeypatch)
     monkeypatch.setattr(controller, "connect", lambda _h, **_kw: ChunkedHost(len(LOG)))
     texts = []
     for _ in range(2 * len(LOG)):
-        answer = ci.tail_text("j1", store=store, max_wait=1, max_bytes=1)
+        answer = unattended.tail_text("j1", store=store, max_wait=1, max_bytes=1)
         texts.append(answer.text)
         if not answer.call_again:
             break

@@ -6,7 +6,7 @@ import pytest
 from pydantic import ValidationError
 
 from remote_payload.admission import admit
-from remote_payload.host.primitives import Fail
+from remote_payload.host.answer import Fail
 from remote_payload.supervision.spec import check_service
 from runner.spec.spec import ServiceSpec
 

@@ -9,7 +9,7 @@ import sys
 import pytest
 from pydantic import ValidationError
 
-from remote_payload.host.primitives import Fail
+from remote_payload.host.answer import Fail
 from remote_payload.supervision.budget import budget
 from remote_payload.supervision.files import JobPaths
 from remote_payload.supervision.payload import check_interrupt

@@ -88,8 +88,9 @@ def test_unpacked_bundle_runs_the_supervisor_and_its_rooms_as_a_script(tmp_path)
     """BOOT runs ROOT/payload/<digest>/supervisor.py as a script: its rooms and contract.py must travel and
     import from there (sys.path[0] is the payload dir), with no remote_payload package on the host."""
     bundle = supervisor_bundle()
-    rooms = {"contract.py", "supervisor.py", "supervision/files.py", "host/primitives.py", "supervision/job.py",
-             "supervision/record.py", "supervision/settle.py", "supervision/spec.py"}
+    rooms = {"contract.py", "supervisor.py", "supervision/files.py", "host/answer.py", "host/bundle.py", "host/gpu.py",
+             "host/parsers.py", "host/processes.py", "host/systemd.py", "supervision/job.py", "supervision/record.py",
+             "supervision/settle.py", "supervision/spec.py"}
     assert rooms <= set(bundle.files)
     assert json.loads(unpack(tmp_path, tarball([("payload", bundle)]), f"payload/{bundle.digest}").stdout) == {"ok": True}
     script = tmp_path / "payload" / bundle.digest / "supervisor.py"

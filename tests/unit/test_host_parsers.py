@@ -10,7 +10,11 @@ from pathlib import Path
 import pytest
 
 from remote_payload.supervision import files
-from remote_payload.host import primitives as host
+from remote_payload.host.answer import Fail
+from remote_payload.host.gpu import select_gpus, short_gpus
+from remote_payload.host.parsers import parse_apps_csv, parse_gpu_csv, parse_systemctl_show, sudo_wants_password
+from remote_payload.host.processes import CMD_TIMEOUT_S, run_command
+from remote_payload.host.systemd import Systemd
 from remote_payload.supervision import job
 from remote_payload.supervision import payload
 from remote_payload.supervision import settle
@@ -27,63 +31,63 @@ def data(name: str) -> str:
 # ── nvidia-smi ───────────────────────────────────────────────────────────────────────────────────────
 
 def test_real_h200_line_parses():
-    assert host.parse_gpu_csv(data("nvidia-smi/h200-gpus.csv")) == [
+    assert parse_gpu_csv(data("nvidia-smi/h200-gpus.csv")) == [
         {"index": "0", "uuid": "GPU-aaaa8a08-769e-fec6-004a-c6a67ee83402", "name": "NVIDIA H200",
          "total_mib": 143771, "used_mib": 0, "free_mib": 143156}]
 
 
 def test_empty_apps_output_means_no_apps():
-    assert host.parse_apps_csv(data("nvidia-smi/apps-empty.csv")) == []
+    assert parse_apps_csv(data("nvidia-smi/apps-empty.csv")) == []
 
 
 def test_multi_gpu_output_parses_every_card_in_order():
-    gpus = host.parse_gpu_csv(data("nvidia-smi/h200x8-busy-gpus.csv"))
+    gpus = parse_gpu_csv(data("nvidia-smi/h200x8-busy-gpus.csv"))
     assert [g["index"] for g in gpus] == [str(i) for i in range(8)]
     assert [g["free_mib"] for g in gpus[:3]] == [12084, 12084, 143156]
-    apps = host.parse_apps_csv(data("nvidia-smi/h200x8-busy-apps.csv"))
+    apps = parse_apps_csv(data("nvidia-smi/h200x8-busy-apps.csv"))
     assert apps == [{"pid": 41230, "used_mib": 130456}, {"pid": 41231, "used_mib": 130456}]
 
 
 def test_na_and_not_supported_cells_become_none():
-    gpus = host.parse_gpu_csv(data("nvidia-smi/na-values-gpus.csv"))
+    gpus = parse_gpu_csv(data("nvidia-smi/na-values-gpus.csv"))
     assert (gpus[0]["total_mib"], gpus[0]["used_mib"], gpus[0]["free_mib"]) == (97871, None, None)
     assert (gpus[1]["total_mib"], gpus[1]["free_mib"]) == (None, None)
     assert gpus[2]["free_mib"] == 81920 - 1024  # free derived when total and used are known
-    apps = host.parse_apps_csv(data("nvidia-smi/na-values-apps.csv"))
+    apps = parse_apps_csv(data("nvidia-smi/na-values-apps.csv"))
     assert [a["used_mib"] for a in apps] == [None, None, 1024]
 
 
 def test_unknown_free_memory_counts_as_short():
-    gpus = host.parse_gpu_csv(data("nvidia-smi/na-values-gpus.csv"))
-    assert [g["index"] for g in host.short_gpus(gpus, 1000)] == ["0", "1"]
+    gpus = parse_gpu_csv(data("nvidia-smi/na-values-gpus.csv"))
+    assert [g["index"] for g in short_gpus(gpus, 1000)] == ["0", "1"]
 
 
 def test_gpu_name_with_a_comma_keeps_the_numbers_right():
-    gpus = host.parse_gpu_csv("3, GPU-x, Some Board, Rev 2, 1000, 10, 990\n")
+    gpus = parse_gpu_csv("3, GPU-x, Some Board, Rev 2, 1000, 10, 990\n")
     assert gpus[0]["name"] == "Some Board, Rev 2" and gpus[0]["free_mib"] == 990
 
 
 def test_short_line_is_an_error():
     with pytest.raises(ValueError):
-        host.parse_gpu_csv("0, GPU-x, 1000\n")
+        parse_gpu_csv("0, GPU-x, 1000\n")
 
 
 def test_select_by_index_and_uuid_in_spec_order():
-    gpus = host.parse_gpu_csv(data("nvidia-smi/h200x8-busy-gpus.csv"))
-    chosen = host.select_gpus(gpus, ["GPU-cccc2d3e-2222-4f30-8b4c-1d2e3f4a5b6c", "0"])
+    gpus = parse_gpu_csv(data("nvidia-smi/h200x8-busy-gpus.csv"))
+    chosen = select_gpus(gpus, ["GPU-cccc2d3e-2222-4f30-8b4c-1d2e3f4a5b6c", "0"])
     assert [g["index"] for g in chosen] == ["2", "0"]
 
 
 def test_missing_device_is_a_clear_error_listing_what_exists():
-    gpus = host.parse_gpu_csv(data("nvidia-smi/h200-gpus.csv"))
-    with pytest.raises(host.Fail) as err:
-        host.select_gpus(gpus, ["0", "5"])
+    gpus = parse_gpu_csv(data("nvidia-smi/h200-gpus.csv"))
+    with pytest.raises(Fail) as err:
+        select_gpus(gpus, ["0", "5"])
     assert "GPU 5 not found" in str(err.value) and "GPU-aaaa8a08" in str(err.value)
 
 
 def test_drain_message_names_the_holders():
     short = [{"index": "0", "free_mib": 12084}]
-    apps = host.parse_apps_csv(data("nvidia-smi/h200x8-busy-apps.csv"))
+    apps = parse_apps_csv(data("nvidia-smi/h200x8-busy-apps.csv"))
     text = job.drain_message(short, 9100 * 2, 120, apps)
     assert "GPU 0: 12084 MiB free < 18200 MiB needed" in text and "pid 41230" in text and "pid 41231" in text
     assert "no compute process" in job.drain_message(short, 20000, 1, [])
@@ -100,29 +104,29 @@ def test_drain_message_names_the_holders():
 def test_systemctl_show_parses_in_any_order(name, active, sub, pid):
     text = data("systemctl/" + name)
     expected = {"active_state": active, "sub_state": sub, "main_pid": pid}
-    assert host.parse_systemctl_show(text) == expected
-    assert host.parse_systemctl_show("\n".join(reversed(text.splitlines()))) == expected
+    assert parse_systemctl_show(text) == expected
+    assert parse_systemctl_show("\n".join(reversed(text.splitlines()))) == expected
 
 
 def test_systemctl_show_of_an_unknown_unit_is_not_active():
-    assert host.parse_systemctl_show("")["active_state"] == "unknown"
+    assert parse_systemctl_show("")["active_state"] == "unknown"
 
 
 def test_sudo_password_prompt_is_recognised():
-    assert host.sudo_wants_password(1, data("systemctl/sudo-password-stderr.txt"))
-    assert host.sudo_wants_password(1, "sudo: a terminal is required to read the password\n")
-    assert not host.sudo_wants_password(5, "Failed to stop x.service: Unit x.service not loaded.\n")
+    assert sudo_wants_password(1, data("systemctl/sudo-password-stderr.txt"))
+    assert sudo_wants_password(1, "sudo: a terminal is required to read the password\n")
+    assert not sudo_wants_password(5, "Failed to stop x.service: Unit x.service not loaded.\n")
 
 
 def test_systemctl_argv_for_scope_and_sudo():
-    user = host.Systemd("user", sudo=False)
+    user = Systemd("user", sudo=False)
     assert user.argv("systemctl", "show", "u.service") == ["systemctl", "--user", "show", "u.service"]
-    sudo = host.Systemd("system", sudo=True)
+    sudo = Systemd("system", sudo=True)
     assert sudo.argv("systemctl", "stop", "u.service") == ["sudo", "-n", "systemctl", "stop", "u.service"]
 
 
 def test_guard_timer_argv():
-    argv = host.Systemd("user").timer_argv("runner-guard-j1", 1990.5, ["/py", "/s.py", "restore"], 302.0)
+    argv = Systemd("user").timer_argv("runner-guard-j1", 1990.5, ["/py", "/s.py", "restore"], 302.0)
     assert argv == ["systemd-run", "--user", "--on-active=1990s", "--timer-property=AccuracySec=1s",
                     "--property=RuntimeMaxSec=302", "--unit=runner-guard-j1", "/py", "/s.py", "restore"]
     assert settle.timer_unit("a.b_c-1") == "runner-guard-a.b_c-1"
@@ -133,8 +137,8 @@ def test_sudo_password_becomes_its_own_error(tmp_path, monkeypatch):
     fake.write_text("#!/bin/sh\necho 'sudo: a password is required' >&2\nexit 1\n")
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
-    with pytest.raises(host.Fail) as err:
-        host.run_command(["sudo", "-n", "systemctl", "stop", "x.service"])
+    with pytest.raises(Fail) as err:
+        run_command(["sudo", "-n", "systemctl", "stop", "x.service"])
     assert err.value.code == "sudo-password" and "NOPASSWD" in str(err.value)
 
 
@@ -142,7 +146,7 @@ def test_sudo_password_becomes_its_own_error(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("job_id", ["", ".", "..", "a/b", "a b", "x;y", "$(id)", "a\nb", "x" * 129])
 def test_bad_job_ids_are_refused(job_id):
-    with pytest.raises(host.Fail) as err:
+    with pytest.raises(Fail) as err:
         checks.check_job_id(job_id)
     assert err.value.code == "bad-args"
 
@@ -157,7 +161,7 @@ def test_unit_names_get_a_suffix(unit, expected):
 
 @pytest.mark.parametrize("unit", ["", "-H", "--user", "a b", "a;b", "a/b", "$(id)", None, 5])
 def test_bad_unit_names_are_refused(unit):
-    with pytest.raises(host.Fail):
+    with pytest.raises(Fail):
         checks.check_unit(unit)
 
 
@@ -167,14 +171,14 @@ def spec(**payload):
 
 @pytest.mark.parametrize("key", ["A B", "1X", "X;Y", "X=Y", "", "X-Y"])
 def test_bad_env_keys_are_refused(key):
-    with pytest.raises(host.Fail) as err:
+    with pytest.raises(Fail) as err:
         checks.check_spec(spec(env={key: "v"}), "j")
     assert err.value.code == "bad-spec"
 
 
 @pytest.mark.parametrize("script", ["../x.py", "/etc/passwd", "a/../b.py", "./x.py", "a//b.py", ""])
 def test_scripts_outside_the_payload_dir_are_refused(script):
-    with pytest.raises(host.Fail):
+    with pytest.raises(Fail):
         checks.check_spec({"payload": {"python": "python3", "script": script}}, "j")
 
 
@@ -193,21 +197,21 @@ def test_a_script_resolves_in_its_own_payload_bundle_under_root(tmp_path):
 
 def test_a_payload_bundle_not_on_the_host_asks_for_the_upload(tmp_path):
     checked = checks.check_spec({"payload": {"script": "x.py", "bundle": BUNDLE}}, "j")
-    with pytest.raises(host.Fail) as err:
+    with pytest.raises(Fail) as err:
         checks.locate_payload(checked, str(tmp_path))
     assert err.value.code == "payload-missing" and err.value.answer()["exit_status"] == 42
     (tmp_path / "payloads" / BUNDLE).mkdir(parents=True)
-    with pytest.raises(host.Fail, match="not in the uploaded payload bundle"):
+    with pytest.raises(Fail, match="not in the uploaded payload bundle"):
         checks.locate_payload(checked, str(tmp_path))
     (tmp_path / "payloads" / BUNDLE).chmod(0o777)
-    with pytest.raises(host.Fail) as err:
+    with pytest.raises(Fail) as err:
         checks.locate_payload(checked, str(tmp_path))
     assert err.value.code == "unsafe-root"
 
 
 @pytest.mark.parametrize("bundle", [None, "", "../../etc", "0123456789ABCDEF", "0" * 15, 7])
 def test_a_script_payload_names_its_bundle_by_digest(bundle):
-    with pytest.raises(host.Fail, match="payload.bundle"):
+    with pytest.raises(Fail, match="payload.bundle"):
         checks.check_spec({"payload": {"script": "x.py", "bundle": bundle}}, "j")
 
 
@@ -217,14 +221,14 @@ def test_a_command_payload_needs_no_bundle(tmp_path):
 
 
 def test_exactly_one_of_script_and_command():
-    with pytest.raises(host.Fail):
+    with pytest.raises(Fail):
         checks.check_spec({"payload": {"script": "demo_payload.py", "bundle": BUNDLE, "command": ["/bin/true"]}}, "j")
-    with pytest.raises(host.Fail):
+    with pytest.raises(Fail):
         checks.check_spec({"payload": {}}, "j")
 
 
 def test_spec_job_id_must_match_argv():
-    with pytest.raises(host.Fail):
+    with pytest.raises(Fail):
         checks.check_spec(dict(spec(), job_id="other"), "j")
 
 
@@ -246,12 +250,12 @@ def test_service_spec_defaults_and_checks():
     assert checked["unit"] == "sg.service" and checked["stop"] == "if-needed" and checked["sudo"] is False
     for bad in ({"manager": "upstart"}, {"manager": "systemd", "unit": "sg", "stop": "maybe"},
                 {"manager": "systemd", "unit": "sg", "health_url": "file:///etc/passwd"}):
-        with pytest.raises(host.Fail):
+        with pytest.raises(Fail):
             checks.check_service(bad)
 
 
 def test_unknown_bracketed_memory_cells_are_unknown_not_a_crash():
-    from_apps = host.parse_apps_csv("1234, [Insufficient Permissions]\n")
+    from_apps = parse_apps_csv("1234, [Insufficient Permissions]\n")
     assert from_apps == [{"pid": 1234, "used_mib": None}]
 
 
@@ -259,7 +263,7 @@ def test_guard_timer_fires_after_the_slowest_legitimate_end():
     spec = {"limits": {"max_runtime": 1800, "grace": 30}, "gpu": {"drain_timeout": 120},
             "service": {"health_timeout": 900}}
     # run + grace + both drains + the stop at its own 600 s bound + the start command + the health wait + a minute
-    assert budget(spec, 0.0)["guard_timer_s"] == 1800 + 30 + 240 + 600 + host.CMD_TIMEOUT_S + 900 + 60
+    assert budget(spec, 0.0)["guard_timer_s"] == 1800 + 30 + 240 + 600 + CMD_TIMEOUT_S + 900 + 60
 
 
 def test_the_hard_deadline_counts_a_sweeps_run_from_the_running_variant_and_a_prepare_step_gets_none():
@@ -282,7 +286,7 @@ def test_a_submit_without_job_id_takes_the_specs_own_checked(tmp_path, monkeypat
     from remote_payload import commands
 
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin)))
-    with pytest.raises(host.Fail) as err:
+    with pytest.raises(Fail) as err:
         commands.dispatch(["submit", "--root", str(tmp_path)])
     assert err.value.code == code and not (tmp_path / "jobs").exists()
 
@@ -313,7 +317,7 @@ def test_the_verbs_flags_parse_as_argparse_parsed_them():
 def test_a_bad_flag_is_bad_args_with_argparses_words(argv, words):
     from remote_payload import commands
 
-    with pytest.raises(host.Fail) as err:
+    with pytest.raises(Fail) as err:
         commands.build_parser("logs").parse_args(argv)
     assert err.value.code == "bad-args" and words in str(err.value)
 
@@ -321,6 +325,6 @@ def test_a_bad_flag_is_bad_args_with_argparses_words(argv, words):
 def test_a_choice_outside_its_set_is_bad_args():
     from remote_payload import commands
 
-    with pytest.raises(host.Fail) as err:
+    with pytest.raises(Fail) as err:
         commands.build_parser("restore-service").parse_args(["--root", "/r", "--unit", "u", "--scope", "all"])
     assert err.value.code == "bad-args" and "invalid choice: 'all'" in str(err.value)

@@ -11,7 +11,7 @@ from pydantic import ValidationError
 from remote_payload import admission
 from remote_payload.supervision import files as supervisor_files, ledger, trust
 from remote_payload.supervision.files import JobPaths
-from remote_payload.host.primitives import Fail
+from remote_payload.host.answer import Fail
 from remote_payload.supervision.record import initial_status
 from remote_payload.supervision.spec import check_spec
 from runner.cli.cli import _status_text

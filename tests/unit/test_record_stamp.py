@@ -7,7 +7,7 @@ import json
 import pytest
 
 from remote_payload.contract import PROTOCOL
-from remote_payload.host.primitives import Fail
+from remote_payload.host.answer import Fail
 from remote_payload.supervision import ledger
 from remote_payload.supervision.files import read_status
 from tests.harness.ledger_records import UNIT, job, stopped_by

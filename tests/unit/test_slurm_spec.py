@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from remote_payload.host.primitives import Fail
+from remote_payload.host.answer import Fail
 from remote_payload.supervision.spec import check_spec
 from runner.spec.spec import JobSpec
 from tests.cli_helpers import submit_refused

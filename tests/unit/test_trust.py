@@ -8,7 +8,7 @@ import pytest
 
 from remote_payload.supervision import ledger
 from remote_payload.supervision import trust
-from remote_payload.host.primitives import Fail
+from remote_payload.host.answer import Fail
 from tests.harness.ledger_records import UNIT, job, stopped_by
 
 
