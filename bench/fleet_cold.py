@@ -27,19 +27,8 @@ from pathlib import Path
 from interleave import REPO, cli, summary
 
 from tests.hosts._proc import shared_tmpdir  # noqa: E402
-from tests.hosts.sshd import alias_for, start_sshd  # noqa: E402
-
-
-def start_hosts(n: int) -> list:
-    hosts = []
-    try:
-        for _ in range(n):
-            hosts.append(start_sshd())
-    except BaseException:
-        for host in hosts:
-            host.stop()
-        raise
-    return hosts
+from fleet_fanout import start_hosts  # noqa: E402
+from tests.hosts.sshd import alias_for  # noqa: E402
 
 
 def write_ssh_config(hosts: list, work: Path) -> Path:

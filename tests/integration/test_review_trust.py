@@ -142,12 +142,8 @@ def test_restore_service_answers_a_bad_health_route_without_an_internal_error(se
 
 # ── a payload (running as payload.user) that leaves its process group ────────────────────────────────────
 
-# argv[1]: the service's port. A child in a session of its own (setsid: a new process group, so the kill of
-# the payload's group misses it) answers 200 to everything on the stopped service's port; the payload then
-# writes its result and exits 0.
-ESCAPER = """
-import json, os, subprocess, sys, time
-child = '''
+# argv[1]: the port. Answers 200 to everything: a health route, as far as any client can tell.
+ANSWERS_OK = """
 import http.server, sys
 class Ok(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
@@ -155,7 +151,15 @@ class Ok(http.server.BaseHTTPRequestHandler):
     def log_message(self, *args):
         pass
 http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Ok).serve_forever()
-'''
+"""
+
+
+# argv[1]: the service's port. A child in a session of its own (setsid: a new process group, so the kill of
+# the payload's group misses it) answers 200 to everything on the stopped service's port; the payload then
+# writes its result and exits 0.
+ESCAPER = """
+import json, os, subprocess, sys, time
+child = CHILD
 proc = subprocess.Popen([sys.executable, "-c", child, sys.argv[1]], start_new_session=True,
                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 print("escaped", proc.pid, flush=True)
@@ -163,7 +167,7 @@ time.sleep(2)
 with open(os.environ["RUNNER_RESULT"], "w") as fh:
     json.dump({"escaped": proc.pid}, fh)
 print("ended", time.time(), flush=True)
-"""
+""".replace("CHILD", repr(ANSWERS_OK))
 
 
 @pytest.mark.systemd
@@ -203,18 +207,6 @@ def test_a_payload_users_process_in_its_own_session_does_not_outlive_the_job(ser
 
 
 # ── a process outside the unit that holds its health port ────────────────────────────────────────────────
-
-# argv[1]: the port. Answers 200 to everything: a health route, as far as any client can tell.
-ANSWERS_OK = """
-import http.server, sys
-class Ok(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        self.send_response(200); self.send_header("Content-Length", "2"); self.end_headers(); self.wfile.write(b"{}")
-    def log_message(self, *args):
-        pass
-http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Ok).serve_forever()
-"""
-
 
 @pytest.mark.systemd
 def test_a_health_answer_from_a_process_outside_the_unit_is_not_the_units(service_host):
