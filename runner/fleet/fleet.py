@@ -31,7 +31,7 @@ import time
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterable, Iterator
 
 from remote_payload.admission import never_stops
 from remote_payload.contract import is_terminal
@@ -119,20 +119,31 @@ def drive(run_id: str, *, store: Store, max_wait: float, progress: Progress, pla
 
 class Forks:
     """At most n host calls in flight at once (like Ansible's forks), granted in list order, so the first
-    host (the canary) is asked first; a caller waits for one no longer than its deadline."""
+    host (the canary) is asked first; a caller waits for one no longer than its deadline. `first`: the hosts
+    whose first call is still to come: a host is not granted before a lower one that has yet to make its
+    first call (whose thread may simply be slower to ask), unless that one is `done` without a call."""
 
-    def __init__(self, n: int) -> None:
+    def __init__(self, n: int, first: Iterable[int] = ()) -> None:
         self.free = n
         self.asking: set[int] = set()  # the hosts (list indexes) waiting for a fork
+        self.first = set(first)
         self.cond = threading.Condition()
+
+    def done(self, index: int) -> None:
+        """This host makes no more calls: none after it waits for its first."""
+        with self.cond:
+            self.first.discard(index)
+            self.cond.notify_all()
 
     @contextmanager
     def call(self, index: int, deadline: Deadline) -> Iterator[bool]:
         """Yield True holding a fork, or False when the deadline passed first (make no call then)."""
         with self.cond:
             self.asking.add(index)
-            granted = self.cond.wait_for(lambda: self.free > 0 and index == min(self.asking), timeout=deadline.left())
+            granted = self.cond.wait_for(lambda: self.free > 0 and index == min(self.asking | self.first),
+                                         timeout=deadline.left())
             self.asking.discard(index)
+            self.first.discard(index)  # asked: granted, or given up at its deadline
             if granted:
                 self.free -= 1
             self.cond.notify_all()  # the next host in the list may ask now
@@ -153,7 +164,7 @@ class Rollout:
                  plan: Plan | None = None) -> None:
         self.run_record, self.runs, self.store, self.deadline = run, runs, store, deadline
         self.progress = progress
-        self.forks = Forks(run.forks)
+        self.forks = Forks(run.forks, (i for i, e in enumerate(run.hosts) if not e.final))
         self.version = self.written = 0  # the record's changes made, and the last one on disk
         self.saving = True
         self.write_lock = threading.Lock()
@@ -198,6 +209,7 @@ class Rollout:
         except Exception as exc:  # a bug in one host's thread must not hide the others' outcome
             self._finish(entry, SKIPPED, f"internal error: {type(exc).__name__}: {exc}", exit=1)
         finally:
+            self.forks.done(index)
             with self.cond:
                 self.waiting.discard(index)
                 self.undecided.discard(index)
