@@ -99,7 +99,8 @@ def test_a_cancel_records_the_jobs_ending_before_the_payload_is_stopped(work, ta
     supervisor dies during the stop: the state to record and how much grace is left), plain or sweep
     (before: a sweep went straight from RUNNING to its final state, with no `ending`)."""
     job_id = submit(target, job_file(work, target, sweep=sweep, seconds=30))
-    wait_for(lambda: b"variant sleeping" in (job_dir(target, job_id) / "output.log").read_bytes(), timeout=30,
+    log = job_dir(target, job_id) / "output.log"  # made by the supervisor, which may not have run yet
+    wait_for(lambda: log.exists() and b"variant sleeping" in log.read_bytes(), timeout=30,
              what="the payload running")
     assert run_cli(target, "cancel", job_id).returncode == 0
     job = wait_terminal(target, job_id, timeout=60)
