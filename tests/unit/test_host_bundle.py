@@ -140,3 +140,4 @@ def test_the_read_only_verbs_load_only_their_rooms(tmp_path):
                  "remote_payload.supervision.record", "remote_payload.supervision.budget",
                  "remote_payload.host.systemd", "remote_payload.supervision.start", "remote_payload.slurm.batch"}
         assert sorted(heavy & loaded) == [], verb
+        assert "base64" not in loaded or "--stream" not in verb  # a stream sends raw bytes
