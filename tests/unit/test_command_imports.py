@@ -22,7 +22,8 @@ def test_a_jobs_tail_and_status_load_none_of_the_modules_they_do_not_need(tmp_pa
             "assert controller._retrying(Deadline(5.0))(lambda x: x, 1) == 1  # status's idempotent call\n"
             "print(json.dumps(sorted(sys.modules)))\n")
     done = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True,
-                          env={"PATH": "/usr/bin:/bin", "RUNNER_STATE_DIR": str(tmp_path), "PYTHONPATH": ":".join(sys.path)})
+                          env={"PATH": "/usr/bin:/bin", "RUNNER_STATE_DIR": str(tmp_path),
+                               "PYTHONPATH": ":".join(sys.path)})
     assert done.returncode == 0, done.stderr
     loaded = set(json.loads(done.stdout))
     assert sorted(name for name in NEVER if name in loaded) == []

@@ -134,7 +134,8 @@ def test_the_read_only_verbs_load_only_their_rooms(tmp_path):
         done = subprocess.run([sys.executable, "-S", "-X", "importtime", str(script), *verb, "--root", str(tmp_path)],
                               input='["j1"]', cwd="/", capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})
         assert json.loads(done.stdout.splitlines()[0])["ok"], (verb, done.stdout, done.stderr)
-        loaded = {line.rsplit("|", 1)[1].strip() for line in done.stderr.splitlines() if line.startswith("import time:")}
+        loaded = {line.rsplit("|", 1)[1].strip() for line in done.stderr.splitlines()
+                  if line.startswith("import time:")}
         assert "remote_payload.supervision.files" in loaded
         heavy = {"typing", "signal", "importlib", "subprocess", "shutil", "hashlib", "argparse",
                  "remote_payload.supervision.record", "remote_payload.supervision.budget",
