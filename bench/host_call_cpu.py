@@ -5,8 +5,10 @@ status` and `runner tail` makes the host run), against a baseline checkout and `
 
 No ssh: two jobs submitted with `host.address: local` into a scratch host.root (one `sleep`, one that ended),
 then each checkout's remote_payload/supervisor.py run by `python3 -S` (--python) as BOOT runs it, A and B in
-turn, the CPU time (user + sys) of each process from wait4; medians. With bytecode (as a host has it beside the bundle).
-Removes what it made.
+turn, the CPU time (user + sys) of each process from wait4; medians. Then the whole of `runner tail ID` (no new
+byte) and `runner status ID` over `address: local` (the CLI and the host call it waits for: no ssh), each
+checkout's CLI, against `python -c pass`. With bytecode (as a host has it beside the bundle). Removes what it
+made. CPU, not wall: on a shared machine it moves far less with the load.
 """
 from __future__ import annotations
 
@@ -25,9 +27,11 @@ from pathlib import Path
 from interleave import REPO, cli
 
 
-def cpu_ms(argv: list[str], stdin: bytes, env: dict) -> float:
+def cpu_ms(argv: list[str], stdin: bytes, env: dict, cwd: str | Path = "/") -> float:
+    """The process's CPU and its waited-for children's (a local call's host process is one)."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    subprocess.run(argv, input=stdin, stdout=subprocess.DEVNULL, env=env, cwd="/", check=False)
+    subprocess.run(argv, input=stdin, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, cwd=cwd,
+                   check=False)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     return 1000 * (after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
 
@@ -47,7 +51,7 @@ def main() -> int:
     try:
         for name, command in (("running", ["sleep", "600"]), ("ended", ["sh", "-c", "echo hello"])):
             spec = work / f"{name}.json"
-            spec.write_text(json.dumps({"name": name, "host": {"address": "local", "root": str(root)},
+            spec.write_text(json.dumps({"name": name, "host": {"address": "local", "root": str(root), "python": args.python},
                                         "payload": {"command": command}}))
             argv, full_env, cwd = cli(REPO, env, "submit", str(spec))
             done = subprocess.run(argv, env=full_env, cwd=cwd, capture_output=True, check=True)
@@ -68,6 +72,11 @@ def main() -> int:
                     script = str(checkout / "remote_payload" / "supervisor.py")
                     sample[f"{verb}_{side}"] = cpu_ms([args.python, "-S", script, *words, "--root", str(root)], stdin,
                                                       host_env)
+            sample["cli_python_pass"] = cpu_ms([sys.executable, "-c", "pass"], b"", host_env)
+            for verb, words in (("cli_tail", ("tail", ids["ended"])), ("cli_status", ("status", ids["running"]))):
+                for side, checkout in sides.items():
+                    argv, full_env, cwd = cli(checkout, env, *words)
+                    sample[f"{verb}_{side}"] = cpu_ms(argv, b"", full_env, cwd)
             if round_:
                 for key, value in sample.items():
                     runs.setdefault(key, []).append(value)
