@@ -27,7 +27,6 @@ never taken for the job. Runs on Python >= 3.8 and never imports the controller.
 """
 from __future__ import annotations
 
-import importlib
 import os
 import types
 
@@ -148,7 +147,8 @@ def dispatch(argv: list) -> dict:
 def verb(name: str):
     """The verb's function, its room imported now."""
     room, function = COMMANDS[name]
-    return getattr(importlib.import_module("." + room, __package__), function)
+    # __import__, not importlib.import_module: importlib (and warnings) are imports of their own on every call
+    return getattr(__import__("%s.%s" % (__package__, room), fromlist=[function]), function)
 
 
 def main(argv: list) -> int:

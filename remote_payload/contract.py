@@ -12,7 +12,10 @@ Runs on Python >= 3.8 (the host's interpreter may be old).
 from __future__ import annotations
 
 import re
-from typing import Any, Literal, get_args
+
+TYPE_CHECKING = False  # typing is not imported at run time: it was ~2 ms of every host call (`status`, `logs`)
+if TYPE_CHECKING:
+    from typing import Any, Literal
 
 PROTOCOL = 1  # bump when an answer's shape changes incompatibly
 
@@ -57,17 +60,32 @@ REFUSED_PAUSE_MODES = {
                 "release_memory_occupation asserts that nothing runs: with requests in flight the server aborts "
                 "itself (and the requests are lost)",
 }
-# Each set of choices is a Literal (the pydantic spec models take it as a field type) and its tuple of values.
-ServiceManager = Literal["systemd", "none"]
-SERVICE_MANAGERS = get_args(ServiceManager)
-Launcher = Literal["ssh", "slurm"]  # ssh: the supervisor runs the payload on the host; slurm: sbatch places it
-LAUNCHERS = get_args(Launcher)
-ServiceScope = Literal["system", "user"]
-SERVICE_SCOPES = get_args(ServiceScope)
+# Each set of choices is a tuple of its values and a Literal of the same values (the pydantic spec models take
+# it as a field type). The Literals are made on first use (`__getattr__` below), so that a host call never
+# imports typing; tests/unit/test_contract_controller.py checks that each names its tuple's values.
+SERVICE_MANAGERS = ("systemd", "none")
+LAUNCHERS = ("ssh", "slurm")  # ssh: the supervisor runs the payload on the host; slurm: sbatch places it
+SERVICE_SCOPES = ("system", "user")
 USER_SCOPE_SUDO = ("scope: user with sudo: true would manage root's user manager, not the login's: "
                    "use scope: user without sudo, or scope: system with sudo")
-StopPolicy = Literal["always", "if-needed", "never"]
-STOP_POLICIES = get_args(StopPolicy)
+STOP_POLICIES = ("always", "if-needed", "never")
+if TYPE_CHECKING:
+    ServiceManager = Literal["systemd", "none"]
+    Launcher = Literal["ssh", "slurm"]
+    ServiceScope = Literal["system", "user"]
+    StopPolicy = Literal["always", "if-needed", "never"]
+else:
+    LITERALS = {"ServiceManager": SERVICE_MANAGERS, "Launcher": LAUNCHERS, "ServiceScope": SERVICE_SCOPES,
+                "StopPolicy": STOP_POLICIES}
+
+    def __getattr__(name: str):
+        """ServiceManager, Launcher, ServiceScope, StopPolicy: the Literal of its tuple, made once."""
+        if name not in LITERALS:
+            raise AttributeError("module %r has no attribute %r" % (__name__, name))
+        from typing import Literal
+
+        made = globals()[name] = Literal[LITERALS[name]]
+        return made
 
 # ── the wire: exit status of BOOT and the `error` codes of `{"ok": false, …}` answers ───────────────────
 MAX_RESULT_BYTES = 32 << 20  # the largest result.json `result` answers with (and the controller renders)

@@ -6,13 +6,12 @@ parsers).
 from __future__ import annotations
 
 import os
-import signal
 import time
-from typing import TYPE_CHECKING
 
 from .answer import Fail
 from .parsers import sudo_wants_password
 
+TYPE_CHECKING = False  # nor typing (mypy reads the name as typing's)
 if TYPE_CHECKING:  # the functions that run a command import it: the read-only verbs never load it
     import subprocess
 
@@ -109,6 +108,8 @@ def pid_exists(pid) -> bool:
 
 def kill_group(pgid: int, grace: float, proc=None) -> None:
     """TERM the whole group, give it `grace`, then KILL what is left and wait for it to vanish."""
+    import signal  # its enums cost every call that loads this room; only a kill needs them
+
     for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, KILL_CONFIRM_S)):
         try:
             os.killpg(pgid, sig)

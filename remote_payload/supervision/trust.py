@@ -17,7 +17,7 @@ What this does not protect: a payload running as the same user can still delete 
 kill the restorers or stop the service itself. It guards against a payload corrupting its own job's records,
 by mistake or on purpose, not against a payload that attacks the host; payload.user (payload.py) runs it as
 another user, who can write none of this. Imports only the stdlib, contract.py,
-host/ (answer.py, processes.py) and the files, record, ledger and services rooms.
+host/ (answer.py, processes.py) and the files and ledger rooms; the record and services rooms when it settles.
 """
 from __future__ import annotations
 
@@ -27,8 +27,11 @@ from ..contract import DEFAULTS, RUNNING_SERVICE_STATES, SERVICE_SCOPES, TERMINA
 from .files import JobPaths, held_by_another_user, lock_held, read_holder, read_json, read_status, write_json_atomic
 from ..host.answer import Fail
 from ..host.processes import is_alive
-from .record import Job, initial_status
-from . import ledger, services
+from . import ledger
+
+TYPE_CHECKING = False  # typing itself is not imported: a `status` call would pay for it
+if TYPE_CHECKING:
+    from .record import Job
 
 
 LEDGER_PHASE = "settling from the host ledger"
@@ -78,6 +81,9 @@ def load_for_restore(paths: JobPaths) -> Job:
     ledger, the job is rebuilt from the ledger entry (settle then writes its status): state LOST, the entry's
     unit stopped by this job and not restored. Raises `bad-status` only when neither the files nor the ledger
     can say."""
+    from . import services
+    from .record import Job  # a restorer's: `status` and `logs` never load the record room (budget, systemd)
+
     entries = owed(paths.root, paths.job_id)
     spec = readable_spec(paths)
     try:
@@ -138,6 +144,9 @@ def service_from_ledger(entry: dict) -> dict:
 
 def status_from_ledger(spec: dict, entries: list, why: str) -> dict:
     """A status that says what the ledger knows: this job stopped the entries' units and owes their restore."""
+    from . import services
+    from .record import initial_status
+
     status = initial_status(spec)
     stopped = [dict(record, was=entry.get("was") if entry.get("was") in RUNNING_SERVICE_STATES else "active",
                     stopped=True, stopped_at=entry.get("stopped_at") if isinstance(entry.get("stopped_at"), (int, float))

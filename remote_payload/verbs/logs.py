@@ -1,7 +1,6 @@
 """`logs`: output.log bytes from an offset, waiting (bounded) for new ones."""
 from __future__ import annotations
 
-import base64
 import fcntl
 import json
 import os
@@ -36,6 +35,8 @@ def cmd_logs(args) -> dict:
         raise Fail("bad-args", "--offset must be >= 0 and --max > 0")
     if args.stream:
         return stream_log(paths, args)
+    import base64  # the one-answer form's: a stream (every tail) sends the bytes raw, after each frame's line
+
     deadline = time.monotonic() + max(0.0, args.wait)
     while True:
         status = reap_if_dead(paths)  # read the state first: a terminal state then covers every byte read below

@@ -9,8 +9,6 @@ from ..host.answer import Fail
 from ..host.bundle import RUN_SUPERVISOR
 from ..supervision import trust
 from ..supervision.files import JobPaths, is_slurm_job, read_status
-from ..supervision.record import Job
-from ..supervision.start import daemonize_exec
 from .launcher import slurm_launch
 
 
@@ -34,12 +32,14 @@ def reap_if_dead(paths: JobPaths) -> dict:
         return status
     if not entries and status.get("supervisor") is None and time.time() - status.get("created_at", 0) < START_GRACE_S:
         return status  # `start` is still bringing the supervisor up (a job the ledger names has stopped a unit)
+    from ..supervision.record import Job  # a reap's alone: a live or ended job's status never loads it
+
     job = Job.load(paths)  # re-read: with both gone nobody writes any more, so this is the last word
     if job.terminal:
         return job.status
     job.set_state("LOST", "supervisor and guard are gone", message="the supervisor and its guard died; "
                   "a restore was started", ending=job.status.get("ending"), ended_at=time.time())
-    daemonize_exec(RUN_SUPERVISOR + ["restore", "--job-id", paths.job_id, "--root", paths.root], paths.restore_log)
+    restore_detached(paths)
     return job.status
 
 
@@ -63,5 +63,11 @@ def believed(paths: JobPaths, status: dict) -> dict:
 def restore_if_owed(paths: JobPaths, entries: list) -> None:
     """Start a detached `restore` when the ledger names a stop of this job and nobody of the job is alive."""
     if entries and not trust.holds_locks(paths.root, paths.job_id, entries):
-        daemonize_exec(RUN_SUPERVISOR + ["restore", "--job-id", paths.job_id, "--root", paths.root],
-                       paths.restore_log)
+        restore_detached(paths)
+
+
+def restore_detached(paths: JobPaths) -> None:
+    """`supervisor.py restore` of the job, detached (its start room imported here: a reap is rare)."""
+    from ..supervision.start import daemonize_exec
+
+    daemonize_exec(RUN_SUPERVISOR + ["restore", "--job-id", paths.job_id, "--root", paths.root], paths.restore_log)

@@ -268,10 +268,8 @@ def status(job_id: str | None, every: bool, max_wait: float, as_json: bool) -> N
 
 def _is_run(ref: str) -> bool:
     """A fleet run's id (one job per host) rather than one job's: the fleet_cli commands take it. The run
-    store alone, not fleet_view (the rollout's modules): a job's tail or status never needs them."""
-    from ..state.fleet_store import is_run
-
-    return is_run(ref, Store())
+    store's file alone (Store.is_run), not fleet_store nor fleet_view: a job's tail or status never needs them."""
+    return Store().is_run(ref)
 
 
 def _status_text(job: dict) -> str:

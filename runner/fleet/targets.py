@@ -6,17 +6,19 @@ status RUN` and MCP `status` of RUN say the same states per host and the same ex
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any, BinaryIO, Callable
+from typing import TYPE_CHECKING, Any, BinaryIO, Callable
 
 from ..commands import controller, front_ends
 from ..commands.plan import Plan
 from ..deadline import Deadline
 from ..errors import EXIT_OK, worst
-from ..state.fleet_store import RunRecord, is_run
 from ..state.store import Store
 
-# The rollout's modules (fleet, fleet_view) are imported by the functions of a run: a job's status or cancel
-# never loads them.
+if TYPE_CHECKING:
+    from ..state.fleet_store import RunRecord
+
+# The rollout's modules (fleet, fleet_view) and the run store (fleet_store) are imported by the functions of a
+# run: a job's status or cancel never loads them (`Store.is_run` tells a run's id from a job's).
 
 
 @dataclass
@@ -49,7 +51,7 @@ def submit_fleet(plan: Plan, *, run_id: str | None, queue: bool, store: Store, m
 def status(ref: str | None, *, store: Store, deadline: Deadline, every: bool = False) -> Outcome:
     """A run's hosts (each its phase and its job's live status; the worst exit wins), or one job's status, or
     the recent and unfinished jobs' (every known job's with `every`)."""
-    if ref and is_run(ref, store):
+    if ref and store.is_run(ref):
         from . import fleet_view
 
         run, rows = fleet_view.status(ref, store=store, deadline=deadline)
@@ -62,7 +64,7 @@ def status(ref: str | None, *, store: Store, deadline: Deadline, every: bool = F
 
 def cancel(ref: str, *, store: Store, deadline: Deadline) -> Outcome:
     """A run: every host's answer (or its error), the worst exit; one job: its host's answer, 0."""
-    if is_run(ref, store):
+    if store.is_run(ref):
         from . import fleet
 
         answers = fleet.cancel(ref, store=store, deadline=deadline)

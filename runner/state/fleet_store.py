@@ -88,7 +88,7 @@ class RunRecord:
 
 class RunStore:
     def __init__(self, store: Store) -> None:
-        self.dir = store.root / "runs"
+        self.dir = store.runs_dir
 
     def path(self, run_id: str, suffix: str = ".json") -> Path:
         return self.dir / f"{run_id}{suffix}"
@@ -154,10 +154,5 @@ class RunStore:
 
 
 def is_run(ref: str, store: Store) -> bool:
-    """Is this id a fleet run of this controller (rather than one job)?"""
-    from .job_id import check_job_id
-
-    try:
-        return RunStore(store).exists(check_job_id(ref))
-    except RunnerError:
-        return False
+    """Is this id a fleet run of this controller (rather than one job)? (Store.is_run: RunStore.path's file.)"""
+    return store.is_run(ref)

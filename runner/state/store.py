@@ -66,6 +66,21 @@ class Store:
     def jobs_dir(self) -> Path:
         return self.root / "jobs"
 
+    @property
+    def runs_dir(self) -> Path:
+        """The fleet runs' records (state/fleet_store.py's RunStore)."""
+        return self.root / "runs"
+
+    def is_run(self, ref: str) -> bool:
+        """Is this id a fleet run of this controller (rather than one job)? Asked here, not by the run store's
+        module: every job's tail and status asks, and none of them needs that module (~1 ms to import)."""
+        from .job_id import check_job_id
+
+        try:
+            return (self.runs_dir / f"{check_job_id(ref)}.json").is_file()
+        except RunnerError:
+            return False
+
     def check_writable(self) -> None:
         """Refuse before any host is contacted when a job record could not be kept (read-only or full disk);
         once per Store (a command's), whose records are then written as they come."""

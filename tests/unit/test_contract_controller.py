@@ -50,3 +50,21 @@ def test_the_controller_agrees_with_the_contract(kind, value, ok):
 @pytest.mark.parametrize("gpu, need, verdict", table.MEMORY_ROWS)
 def test_preflight_memory_agrees_with_the_contract(gpu, need, verdict):
     assert controller_memory_verdict(gpu, need) == verdict
+
+
+def test_each_choice_literal_names_its_tuple_of_values():
+    """contract.py makes its Literals on first use (a host call never imports typing): each must name the same
+    values as the tuple the host checks against, in the same order, and the spec models must take them."""
+    from typing import get_args
+
+    from remote_payload import contract
+
+    for literal, values in (("ServiceManager", "SERVICE_MANAGERS"), ("Launcher", "LAUNCHERS"),
+                            ("ServiceScope", "SERVICE_SCOPES"), ("StopPolicy", "STOP_POLICIES")):
+        assert get_args(getattr(contract, literal)) == getattr(contract, values)
+        assert getattr(contract, literal) is getattr(contract, literal)  # made once
+    assert ServiceSpec(manager="none").manager == "none"
+    with pytest.raises(ValidationError):
+        ServiceSpec(manager="upstart")
+    with pytest.raises(AttributeError):
+        contract.NoSuchChoice  # noqa: B018

@@ -8,7 +8,7 @@ import pytest
 
 from runner.commands.controller import _retrying
 from runner.deadline import ROUND_TRIP_ALLOWANCE_S, Deadline
-from runner.errors import TransportError
+from runner.errors import AuthFailed, BadAnswer, TransportError
 from runner.remote.host import Bundle, HostClient
 from runner.remote.transport import SshTarget, SshTransport
 from runner.remote.transport_openssh import OpenSshTransport
@@ -61,6 +61,29 @@ def test_retries_run_inside_the_commands_deadline_and_add_nothing():
     with pytest.raises(TransportError):
         _retrying(Deadline(0.0))(client.status, ["j"])
     assert transport.calls == 1  # the attempt itself fails at the deadline; no retry starts after it
+
+
+def test_retries_are_three_attempts_a_fifth_then_two_fifths_of_a_second_apart_on_a_lost_link_only(monkeypatch):
+    """What tenacity did here (wait_exponential(0.2, max 2), stop_after_attempt(3), reraise), kept without it:
+    a lost link is tried again, a refused login or a bad answer is raised at once, the last failure is raised."""
+    slept: list[float] = []
+    monkeypatch.setattr(time, "sleep", slept.append)
+    outcomes: list = [TransportError("lost"), TransportError("lost"), "answer"]
+
+    def call(*args, **kwargs):
+        got = outcomes.pop(0)
+        if isinstance(got, Exception):
+            raise got
+        return (got, args, kwargs)
+
+    assert _retrying(Deadline(MAX_WAIT))(call, 1, wait=2) == ("answer", (1,), {"wait": 2})
+    assert slept == pytest.approx([0.2, 0.4])
+    for failures, calls in (([TransportError("a"), TransportError("b"), TransportError("c"), "x"], 3),
+                            ([AuthFailed("refused")], 1), ([BadAnswer("garbled")], 1)):
+        outcomes[:] = list(failures)
+        with pytest.raises(type(failures[calls - 1])) as raised:
+            _retrying(Deadline(MAX_WAIT))(call)
+        assert raised.value is failures[calls - 1] and len(outcomes) == len(failures) - calls
 
 
 def openssh(connect_timeout: float) -> OpenSshTransport:

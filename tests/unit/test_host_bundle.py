@@ -116,3 +116,29 @@ def test_the_script_loads_each_host_module_once_under_the_package(tmp_path):
     assert {"remote_payload.commands", "remote_payload.contract", "remote_payload.supervision.files"} <= ours
     assert sorted(name for name in ours if not name.startswith("remote_payload")) == []
 
+
+
+def test_the_read_only_verbs_load_only_their_rooms(tmp_path):
+    """`status` and `logs` run at every poll and every tail: they load neither typing, nor signal's enums,
+    nor importlib, nor the rooms that settle or start a job (record, budget, systemd, start), which a reap
+    of a dead job and a restorer import when they need them."""
+    bundle = supervisor_bundle()
+    assert json.loads(unpack(tmp_path, tarball([("payload", bundle)]), f"payload/{bundle.digest}").stdout)["ok"]
+    script = tmp_path / "payload" / bundle.digest / "supervisor.py"
+    job = tmp_path / "jobs" / "j1"
+    job.mkdir(parents=True)
+    (job / "status.json").write_text(json.dumps({"job_id": "j1", "state": "SUCCEEDED", "exit_code": 0}))
+    (job / "output.log").write_bytes(b"hello\n")
+    for verb in (["status", "--ids-on-stdin"], ["logs", "--job-id", "j1", "--offset", "0"],
+                 ["logs", "--job-id", "j1", "--offset", "0", "--stream"]):
+        done = subprocess.run([sys.executable, "-S", "-X", "importtime", str(script), *verb, "--root", str(tmp_path)],
+                              input='["j1"]', cwd="/", capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})
+        assert json.loads(done.stdout.splitlines()[0])["ok"], (verb, done.stdout, done.stderr)
+        loaded = {line.rsplit("|", 1)[1].strip() for line in done.stderr.splitlines()
+                  if line.startswith("import time:")}
+        assert "remote_payload.supervision.files" in loaded
+        heavy = {"typing", "signal", "importlib", "subprocess", "shutil", "hashlib", "argparse",
+                 "remote_payload.supervision.record", "remote_payload.supervision.budget",
+                 "remote_payload.host.systemd", "remote_payload.supervision.start", "remote_payload.slurm.batch"}
+        assert sorted(heavy & loaded) == [], verb
+        assert "base64" not in loaded or "--stream" not in verb  # a stream sends raw bytes
