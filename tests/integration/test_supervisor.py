@@ -445,7 +445,7 @@ def test_settle_restores_even_when_the_steps_before_it_fail(tmp_path, monkeypatc
 
 
 def test_status_wait_answers_when_the_job_ends_not_at_the_bound(host):
-    job = host.start("waited", host.spec("sleep", "1", "0"))
+    host.start("waited", host.spec("sleep", "1", "0"))
     host.wait("waited", "RUNNING")
     began, seen = time.monotonic(), []
     while not seen or seen[-1] not in ("SUCCEEDED", "FAILED"):  # each answer: a change of state (RESTORING…)
