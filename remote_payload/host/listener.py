@@ -11,40 +11,20 @@ their children).
 None when every listener is the unit's — and also None whenever it cannot tell (the URL's host is not this
 machine's loopback or wildcard, no listener is visible in this network namespace, the cgroup or a process's
 fds cannot be read: a non-root login under `sudo: true`): then the answer is believed as before. Stdlib only;
-pure parsers first, tested on captured /proc output.
+its parsers of /proc text are host/parsers.py's, tested on captured /proc output.
 """
 from __future__ import annotations
 
 import os
 from urllib.parse import urlsplit
 
-LISTEN = "0A"  # the TCP state column of a listening socket (include/net/tcp_states.h: TCP_LISTEN = 10)
+from .parsers import parse_cgroup, parse_listeners
+
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1", "0.0.0.0", "::")
 
 
-def parse_listeners(text: str) -> dict:
-    """{port: {inode, ...}} of the listening sockets in a /proc/net/tcp or tcp6 table."""
-    found = {}  # type: dict
-    for line in text.splitlines()[1:]:
-        cells = line.split()
-        if len(cells) < 10 or cells[3] != LISTEN:
-            continue
-        try:
-            port = int(cells[1].rsplit(":", 1)[1], 16)
-            inode = int(cells[9])
-        except (IndexError, ValueError):
-            continue
-        if inode:
-            found.setdefault(port, set()).add(inode)
-    return found
 
 
-def parse_cgroup(text: str):
-    """The cgroup v2 path of a /proc/PID/cgroup text ("0::/system.slice/x.service"), None without one."""
-    for line in text.splitlines():
-        if line.startswith("0::"):
-            return line[3:].strip()
-    return None
 
 
 def local_port(url: str):
@@ -110,9 +90,13 @@ def unit_cgroup(pid: int, unit: str):
     when it cannot be read."""
     try:
         with open("/proc/%d/cgroup" % pid) as fh:
-            path = parse_cgroup(fh.read())
+            return unit_part(parse_cgroup(fh.read()), unit)
     except OSError:
         return None
+
+
+def unit_part(path, unit: str):
+    """A cgroup path cut after the unit's own component (the path as it is when the unit is not in it)."""
     if not path:
         return None
     parts = path.split("/")

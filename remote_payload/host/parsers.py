@@ -1,8 +1,10 @@
 """Pure parsers of what external commands print: nvidia-smi's CSV (GPUs, compute apps, its "[N/A]" cells), `systemctl
-show`, sudo's refusal. They run nothing; tests/unit/test_host_parsers.py feeds them captured output. Imports nothing.
+show`, sudo's refusal, and of /proc's text (/proc/net/tcp's listeners, a /proc/PID/cgroup line). They run nothing;
+tests/unit/test_host_parsers.py and test_listener.py feed them captured output. Imports nothing.
 """
 from __future__ import annotations
 
+LISTEN = "0A"  # the TCP state column of a listening socket (include/net/tcp_states.h: TCP_LISTEN = 10)
 NOT_A_NUMBER = ("[N/A]", "N/A", "[Not Supported]", "Not Supported", "[Unknown Error]", "")
 
 
@@ -55,3 +57,28 @@ def parse_systemctl_show(text: str) -> dict:
 
 def sudo_wants_password(returncode: int, stderr: str) -> bool:
     return "password is required" in stderr or (returncode == 1 and stderr.lstrip().startswith("sudo:"))
+
+
+def parse_listeners(text: str) -> dict:
+    """{port: {inode, ...}} of the listening sockets in a /proc/net/tcp or tcp6 table."""
+    found = {}  # type: dict
+    for line in text.splitlines()[1:]:
+        cells = line.split()
+        if len(cells) < 10 or cells[3] != LISTEN:
+            continue
+        try:
+            port = int(cells[1].rsplit(":", 1)[1], 16)
+            inode = int(cells[9])
+        except (IndexError, ValueError):
+            continue
+        if inode:
+            found.setdefault(port, set()).add(inode)
+    return found
+
+
+def parse_cgroup(text: str):
+    """The cgroup v2 path of a /proc/PID/cgroup text ("0::/system.slice/x.service"), None without one."""
+    for line in text.splitlines():
+        if line.startswith("0::"):
+            return line[3:].strip()
+    return None

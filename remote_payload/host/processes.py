@@ -9,7 +9,7 @@ import os
 import time
 
 from .answer import Fail
-from .parsers import sudo_wants_password
+from .parsers import parse_cgroup, sudo_wants_password
 
 TYPE_CHECKING = False  # nor typing (mypy reads the name as typing's)
 if TYPE_CHECKING:  # the functions that run a command import it: the read-only verbs never load it
@@ -67,7 +67,7 @@ def user_processes_in_own_cgroup(uid: int) -> list:
     `uid`; [] where the cgroup cannot be read (cgroup v1, no /sys/fs/cgroup)."""
     try:
         with open("/proc/self/cgroup") as fh:
-            path = next((line[3:].strip() for line in fh if line.startswith("0::")), None)
+            path = parse_cgroup(fh.read())
         if path is None:
             return []
         with open(os.path.join("/sys/fs/cgroup", path.lstrip("/"), "cgroup.procs")) as fh:

@@ -49,11 +49,10 @@ def _tolerance(_ctx, _param, value: str) -> float:
               help="Seconds this call may take, plus one round trip (then exit 3).")
 def results(job_id, as_json, plot_path, baseline_path, save_path, other, tolerance, fmt, max_wait) -> None:
     from ..commands import unattended
-    from ..state.fleet_store import is_run
     from ..results import gate, gate_report
     from . import fleet_cli
 
-    if is_run(job_id, Store()) and not (baseline_path or save_path or other):
+    if Store().is_run(job_id) and not (baseline_path or save_path or other):
         sys.exit(fleet_cli.results(job_id, as_json=as_json, plot_path=plot_path,
                                    deadline=Deadline.for_command(max_wait)))
     store = Store()

@@ -32,7 +32,6 @@ from ..commands import controller, render, unattended
 from ..deadline import Deadline
 from ..errors import EXIT_OK, EXIT_STILL_RUNNING, EXIT_USAGE, RunnerError, SpecError, exit_code
 from ..fleet import targets
-from ..state.fleet_store import is_run
 from ..printable import printable, printable_json
 from ..results import gate, gate_report
 from ..state.store import Store
@@ -85,7 +84,7 @@ class Tools:
 
     def tail(self, job_id: str, max_wait: float = DEFAULT_MAX_WAIT_S, max_bytes: int = DEFAULT_MAX_BYTES) -> dict:
         store = Store()
-        if is_run(job_id, store):
+        if store.is_run(job_id):
             return _run_tail(job_id, store, max_wait)
         chunk = unattended.tail_text(job_id, store=store, max_wait=max_wait, max_bytes=max_bytes)
         return {**asdict(chunk), "cli_exit_code": exit_code(chunk.state, settled=not chunk.call_again)}
@@ -112,7 +111,7 @@ class Tools:
         except ValueError as exc:
             raise SpecError(f"tolerance: {exc}") from None
         baseline = self.policy.baseline(baseline) if baseline else None
-        if not baseline and is_run(job_id, Store()):  # like `runner results RUN`: every host's, side by side
+        if not baseline and Store().is_run(job_id):  # like `runner results RUN`: every host's, side by side
             return _run_results(job_id)
         collected = unattended.collect_job(job_id, store=Store(), deadline=_deadline())  # by id only: never a path
         answer = {"table": render_any(collected.result), "result": strict_json(collected.result),

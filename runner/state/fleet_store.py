@@ -152,7 +152,3 @@ class RunStore:
         private_dir(self.dir)
         _write_atomic(self.path(run_id, ".tail.json"), json.dumps(open_lines))
 
-
-def is_run(ref: str, store: Store) -> bool:
-    """Is this id a fleet run of this controller (rather than one job)? (Store.is_run: RunStore.path's file.)"""
-    return store.is_run(ref)

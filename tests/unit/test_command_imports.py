@@ -30,13 +30,13 @@ def test_a_jobs_tail_and_status_load_none_of_the_modules_they_do_not_need(tmp_pa
 
 
 def test_a_run_is_still_told_from_a_job_by_its_record(tmp_path):
-    from runner.state.fleet_store import RunStore, is_run
+    from runner.state.fleet_store import RunStore
     from runner.state.store import Store
 
     store = Store(tmp_path)
     run_id = "fleet-20261202-000000-abcdef"
-    assert not is_run(run_id, store) and not store.is_run(run_id)
+    assert not RunStore(store).exists(run_id) and not store.is_run(run_id)
     store.runs_dir.mkdir(parents=True, exist_ok=True)
     (store.runs_dir / f"{run_id}.json").write_text("{}")
-    assert RunStore(store).exists(run_id) and is_run(run_id, store) and store.is_run(run_id)
+    assert RunStore(store).exists(run_id) and store.is_run(run_id)
     assert not store.is_run("not a job id/..")

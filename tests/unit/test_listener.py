@@ -2,7 +2,8 @@
 whether a health URL is this machine's."""
 from pathlib import Path
 
-from remote_payload.host.listener import local_port, parse_cgroup, parse_listeners, unit_cgroup
+from remote_payload.host.listener import local_port, unit_cgroup, unit_part
+from remote_payload.host.parsers import parse_cgroup, parse_listeners
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "proc"
 
@@ -37,21 +38,10 @@ def test_only_a_health_url_on_this_machines_loopback_or_wildcard_is_checked():
     assert local_port("http://127.0.0.1:99999/health") is None   # not a port
 
 
-def test_the_units_cgroup_is_its_main_pids_up_to_the_units_own_component(monkeypatch, tmp_path):
-    texts = {1: "0::/system.slice/sglang.service\n", 2: "0::/system.slice/sglang.service/payload/sub\n",
-             3: "0::/user.slice/user-1000.slice/session-4.scope\n"}
-    real_open = open
-
-    def fake_open(path, *args, **kwargs):
-        if str(path).startswith("/proc/") and str(path).endswith("/cgroup"):
-            pid = int(str(path).split("/")[2])
-            if pid not in texts:
-                raise FileNotFoundError(path)
-            (tmp_path / str(pid)).write_text(texts[pid])
-            return real_open(tmp_path / str(pid), *args, **kwargs)
-        return real_open(path, *args, **kwargs)
-    monkeypatch.setattr("builtins.open", fake_open)
-    assert unit_cgroup(1, "sglang.service") == "/system.slice/sglang.service"
-    assert unit_cgroup(2, "sglang.service") == "/system.slice/sglang.service"  # a delegated sub-cgroup: the unit
-    assert unit_cgroup(3, "sglang.service") == "/user.slice/user-1000.slice/session-4.scope"  # not the unit's name
-    assert unit_cgroup(4, "sglang.service") is None  # gone
+def test_the_units_cgroup_is_its_main_pids_up_to_the_units_own_component():
+    assert unit_part("/system.slice/sglang.service", "sglang.service") == "/system.slice/sglang.service"
+    assert unit_part("/system.slice/sglang.service/payload/sub", "sglang.service") == "/system.slice/sglang.service"
+    assert unit_part("/user.slice/user-1000.slice/session-4.scope", "sglang.service") \
+        == "/user.slice/user-1000.slice/session-4.scope"  # not the unit's name: the process's own
+    assert unit_part(None, "sglang.service") is None
+    assert unit_cgroup(2 ** 22 + 1, "sglang.service") is None  # no such process (above pid_max's ceiling)

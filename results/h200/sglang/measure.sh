@@ -65,10 +65,10 @@ for free in $SEQUENCE; do
   id=j$n-$free; [ $staged = true ] && id=$id-staged; n=$((n + 1))
   kill=""; case $free in killdrain|killwindow) kill=$free; free=sglang ;; esac
   extra=(); [ $free = stop ] || extra=(--set service.api_url=$API)
-  [ $free = abort ] && { free=sglang; extra+=(--set service.pause_mode=abort); }
+  drains=1  # every free: sglang job drains but abort's
+  [ $free = abort ] && { free=sglang; drains=0; extra+=(--set service.pause_mode=abort); }
   [ $free = fallback ] && { free=sglang; extra+=(--set service.drain_fallback=abort); }
-  [ $free = sglang ] && [ -n "${DRAIN_TIMEOUT:-}" ] && [ "${extra[*]}" != "--set service.api_url=$API --set service.pause_mode=abort" ] \
-    && extra+=(--set service.drain_timeout=$DRAIN_TIMEOUT)
+  [ $free = sglang ] && [ $drains = 1 ] && [ -n "${DRAIN_TIMEOUT:-}" ] && extra+=(--set service.drain_timeout=$DRAIN_TIMEOUT)
   [ "${PREPARE:-1}" = 0 ] && extra+=(--set payload.prepare_args=null)
   pid_before=$(systemctl show -p MainPID --value sglang.service)
   say "submit $id (MainPID $pid_before)"
