@@ -10,7 +10,7 @@
 # /health_generate), and each job's window is reported from the clients' log (load.py report). More entries:
 # abort (free: sglang, pause_mode abort), fallback (the default drain with drain_fallback abort), killdrain / killwindow (the default, with the job's supervisor and
 # guard SIGKILLed while it drains / while its payload runs). PREPARE=0 leaves the prepare step out (the JIT
-# cache is carried warm); DRAIN_TIMEOUT sets service.drain_timeout; THINK_S each client's pause between requests.
+# cache is carried warm); DRAIN_TIMEOUT sets service.drain_timeout (FALLBACK_DRAIN_TIMEOUT: a fallback entry's); THINK_S each client's pause between requests.
 set -u
 D=${D:-/tmp/sgr}; cd $D/repo
 SEQUENCE=${SEQUENCE:-"sglang stop sglang+staged"}
@@ -67,8 +67,9 @@ for free in $SEQUENCE; do
   extra=(); [ $free = stop ] || extra=(--set service.api_url=$API)
   drains=1  # every free: sglang job drains but abort's
   [ $free = abort ] && { free=sglang; drains=0; extra+=(--set service.pause_mode=abort); }
-  [ $free = fallback ] && { free=sglang; extra+=(--set service.drain_fallback=abort); }
-  [ $free = sglang ] && [ $drains = 1 ] && [ -n "${DRAIN_TIMEOUT:-}" ] && extra+=(--set service.drain_timeout=$DRAIN_TIMEOUT)
+  dt=${DRAIN_TIMEOUT:-}
+  [ $free = fallback ] && { free=sglang; dt=${FALLBACK_DRAIN_TIMEOUT:-$dt}; extra+=(--set service.drain_fallback=abort); }
+  [ $free = sglang ] && [ $drains = 1 ] && [ -n "$dt" ] && extra+=(--set service.drain_timeout=$dt)
   [ "${PREPARE:-1}" = 0 ] && extra+=(--set payload.prepare_args=null)
   pid_before=$(systemctl show -p MainPID --value sglang.service)
   say "submit $id (MainPID $pid_before)"

@@ -6,7 +6,7 @@
 # DETACHED inside the confined systemd (gpu-systemd/host.sh); poll until it is done or POLL_S passed; copy
 # what is there to $OUT.   bash build/sglang-real/dev/run_on_device.sh start|poll
 # DEV=FOLDER: the carried folder (prepare_carry.sh's DEST) when this script runs from a repo of its own (then that
-# repo's measure.sh and load.py run, not the carried copies). LOAD, PREPARE, DRAIN_TIMEOUT, THINK_S: measure.sh's.
+# repo's measure.sh and load.py run, not the carried copies). LOAD, PREPARE, DRAIN_TIMEOUT, FALLBACK_DRAIN_TIMEOUT, THINK_S: measure.sh's.
 set -u
 mode=${1:-start}
 here=${DEV:-$(cd "$(dirname "$0")" && pwd)}; repo=$(pwd)
@@ -38,7 +38,7 @@ if [ $mode = start ]; then
   cat $D/units/sglang.service
   measure=$D/dev/measure.sh; [ -n "${DEV:-}" ] && measure=$D/repo/results/h200/sglang/measure.sh
   HOSTDIR=$D/host setsid nohup bash $D/dev/gpu-systemd/host.sh $D/dev/systemd $D/units \
-    "D=$D SEQUENCE='${SEQUENCE:-}' START_BUDGET_S=${START_BUDGET_S:-300} BATCH_SIZES='${BATCH_SIZES:-}' LOAD=${LOAD:-0} PREPARE=${PREPARE:-1} DRAIN_TIMEOUT=${DRAIN_TIMEOUT:-} THINK_S=${THINK_S:-0} bash $measure" \
+    "D=$D SEQUENCE='${SEQUENCE:-}' START_BUDGET_S=${START_BUDGET_S:-300} BATCH_SIZES='${BATCH_SIZES:-}' LOAD=${LOAD:-0} PREPARE=${PREPARE:-1} DRAIN_TIMEOUT=${DRAIN_TIMEOUT:-} FALLBACK_DRAIN_TIMEOUT=${FALLBACK_DRAIN_TIMEOUT:-} THINK_S=${THINK_S:-0} bash $measure" \
     > $D/host.out 2>&1 < /dev/null &
   echo $! > $D/host.pid
 fi
