@@ -9,7 +9,7 @@
     python3 load.py report LOG STATUS.json...          per job (the host's status.json): the window from its
         stopped_at (the pause that held) to restored_at, the load requests in flight at its start and those that
         arrived in it, each by outcome (complete = HTTP 200 with TOKENS tokens; truncated = 200 with fewer;
-        failed = any other answer), and the prober's outage (first probe held > 1 s to the last held one's answer);
+        failed = any other answer), and the prober's outage (first probe held > 1 s or not answered 200, to the last such one's answer);
         then one line over the whole log: every load request that did not complete, and the probes not answered 200
 """
 import json
@@ -103,8 +103,8 @@ def window_report(rows: list, status: dict, tokens: int) -> dict:
         return dict(counts, n=len(group), tokens=sorted(r.get("tokens") or 0 for r in group
                                                         if outcome(r, tokens) != "complete"),
                     http=sorted(set(r["http"] for r in group)))
-    held = [r for r in rows if r["kind"] == "probe" and r["end"] - r["start"] > HELD_S
-            and r["end"] >= begin - 1 and r["start"] <= end + 1]
+    held = [r for r in rows if r["kind"] == "probe" and (r["end"] - r["start"] > HELD_S or r["http"] != 200)
+            and r["end"] >= begin - 1 and r["start"] <= end + 1]  # held, or refused (`free: stop`)
     report.update(in_flight_at_pause=by_outcome(in_flight), arrived_in_window=by_outcome(arrived),
                   in_flight_at_drain_start=by_outcome(at_drain),
                   prober_outage_s=round(max(r["end"] for r in held) - min(r["start"] for r in held), 2)
