@@ -433,6 +433,21 @@ class Progress:
 
 
 @dataclass(frozen=True)
+class Slurm:
+    """A job on Slurm as its status holds it (`slurm`): the scheduler's job id, its state, why it waits, its node."""
+
+    job_id: str | None = None
+    state: str | None = None
+    reason: str | None = None
+    node: str | None = None
+
+    @classmethod
+    def from_json(cls, slurm: dict) -> Slurm:
+        return cls(job_id=slurm.get("job_id"), state=slurm.get("state"), reason=slurm.get("reason"),
+                   node=slurm.get("node"))
+
+
+@dataclass(frozen=True)
 class JobStatus:
     """One job's status: status.json as the host read it plus what `status` adds; `error` when its host was not
     asked (the controller's record: the last known state). `raw` is the answer as it came, what `--json` prints."""
@@ -452,7 +467,7 @@ class JobStatus:
     services: tuple[ServiceRecord, ...] = ()      # several freed services, each its own record
     services_kept: tuple[str, ...] = ()           # services left serving (not on the job's GPUs)
     progress: Progress | None = None
-    slurm: dict = dataclasses.field(default_factory=dict)     # job_id, state, reason, node
+    slurm: Slurm = dataclasses.field(default_factory=Slurm)   # a job on Slurm: its scheduler's view
     array: dict | None = None                     # a sweep on Slurm: its job array's tally
     slots: list | None = None                     # a sweep's side-by-side slots: devices, variant
 
@@ -468,7 +483,7 @@ class JobStatus:
                    if isinstance(listed, list) else (),
                    services_kept=tuple(u for u in job.get("services_kept") or [] if isinstance(u, str)),
                    progress=Progress.from_json(progress) if isinstance(progress, dict) else None,
-                   slurm=_dict(job.get("slurm")), array=_opt_dict(job.get("array")),
+                   slurm=Slurm.from_json(_dict(job.get("slurm"))), array=_opt_dict(job.get("array")),
                    slots=job.get("slots") if isinstance(job.get("slots"), list) else None)
 
     @classmethod

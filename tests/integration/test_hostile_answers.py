@@ -286,7 +286,7 @@ def test_the_host_s_own_forms_pass():
     unknown = {"job_id": "b", "state": "UNKNOWN"}
     typed = answers.status({"ok": True, "jobs": [array_job, unknown]}, ["a", "b"])
     assert [job.raw for job in typed] == [array_job, unknown]
-    assert (typed[0].state, typed[0].slurm["node"], typed[0].array["pending"], typed[1].state) == \
+    assert (typed[0].state, typed[0].slurm.node, typed[0].array["pending"], typed[1].state) == \
         ("RUNNING", "n1", 1, "UNKNOWN")
     busy = {"ok": False, "error": "busy", "message": "gpu-0 is held by job x (supervisor pid 7)",
             "holder": {"job_id": "x", "pid": 7, "since": 1.0, "key": "gpu-0"}}
