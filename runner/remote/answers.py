@@ -354,9 +354,10 @@ def result_answer(answer: dict) -> Result:
 
 
 # -- the typed answers ------------------------------------------------------------------------------------
-# Each is built from a checked answer (or a record the controller made in the same shape: a job not yet
-# started, a host not reached). status.json is the payload's to overwrite: the parts the checks above leave
-# open (a window, a sweep's tally, slots) are kept as the host sent them, and the renderer checks each value.
+# Each is built from a checked answer by the checker above (or, for a job its host was not asked about, from
+# the controller's record: JobStatus.last_known). status.json is the payload's to overwrite: the parts the checks
+# above leave open (a window, a sweep's tally, slots) are kept as the host sent them, and the renderer checks
+# each value.
 
 def _dict(value: Any) -> dict:
     return value if isinstance(value, dict) else {}
