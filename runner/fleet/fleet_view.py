@@ -45,7 +45,7 @@ def _phase_exit(entry: HostEntry) -> int:
 
 # -- status -------------------------------------------------------------------------------------------------
 
-@dataclass
+@dataclass(frozen=True)
 class HostRow:
     """One host of `runner status RUN`: the run's view of it (phase, note), its job's live status from its host
     or why there is none (`error`), and the exit status of what was found."""
@@ -79,14 +79,18 @@ def status(run_id: str, *, store: Store, deadline: Deadline) -> tuple[RunRecord,
     rows = []
     for entry in run.hosts:
         job, error = answers.get(entry.address), errors.get(entry.address)
-        if error is not None:
-            rows.append(HostRow(entry.address, entry.job_id, entry.phase, entry.note, entry.stops,
-                                _error_exit(error), error=_first_line(error)))
-        else:
-            found = state_exit(job.state) if job is not None else \
-                _phase_exit(entry) if entry.phase != DONE else state_exit(entry.state)
-            rows.append(HostRow(entry.address, entry.job_id, entry.phase, entry.note, entry.stops, found, job))
+        rows.append(HostRow(entry.address, entry.job_id, entry.phase, entry.note, entry.stops,
+                            _row_exit(entry, job, error), job, _first_line(error) if error is not None else None))
     return run, rows
+
+
+def _row_exit(entry: HostEntry, job: JobStatus | None, error: RunnerError | None) -> int:
+    """Its host's error's exit, else its job's state's; a host not asked: its phase's (a DONE one's last state)."""
+    if error is not None:
+        return _error_exit(error)
+    if job is not None:
+        return state_exit(job.state)
+    return _phase_exit(entry) if entry.phase != DONE else state_exit(entry.state)
 
 
 def status_text(run: RunRecord, rows: list[HostRow]) -> str:
