@@ -21,7 +21,6 @@ from ..deadline import DEFAULT_MAX_WAIT_S, ROUND_TRIP_ALLOWANCE_S, Deadline
 from ..errors import (CODE_ABORTED, CODE_USAGE, EXIT_ABORTED, EXIT_FAILED, EXIT_OK, EXIT_USAGE, RunnerError,
                       SpecError, exit_code)
 from ..printable import printable
-from ..remote.answers import JobStatus
 from ..state.store import Store
 from . import results_commands
 from .cli_echo import emit_json as _emit_json, progress as _progress, say as _say
@@ -270,11 +269,6 @@ def _is_run(ref: str) -> bool:
     """A fleet run's id (one job per host) rather than one job's: the fleet_cli commands take it. The run
     store's file alone (Store.is_run), not fleet_store nor fleet_view: a job's tail or status never needs them."""
     return Store().is_run(ref)
-
-
-def _status_text(job: dict) -> str:
-    """One job's status block from its answer as `--json` prints it."""
-    return render.job_text(JobStatus.from_json(job))
 
 
 @cli.command(name="list", help="Jobs this controller knows (local index, no network; states as last seen): the 50 "

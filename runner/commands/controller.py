@@ -19,7 +19,7 @@ from remote_payload import sweep as sweeps
 from ..deadline import Deadline
 from ..errors import (AuthFailed, HostKeyError, LocalStateError, LogShrank, PreflightError, RemoteError, RunnerError,
                       SpecError, TransportError, UnknownJob)
-from ..remote.answers import Result
+from ..remote.answers import JobStatus, LogChunk, Result, Started
 from ..remote.host import Bundle, HostClient, OpenCall, packaged_payload, payload_bundle, payload_dir, \
     supervisor_bundle
 from ..remote.transport_openssh import for_host
@@ -309,8 +309,7 @@ def submit(spec_path: str, overrides: list[str], *, queue: bool = False, job_id:
         with client:
             progress(f"preflight on {host['address']} …")
             answer, already = _submit_once(client, wire, queue, early.call if early is not None else None)
-            notes = answer.get("notes", [])
-            for note in notes:
+            for note in answer.notes:
                 progress(note)
     except TransportError as exc:
         if unstarted and (client is None or not getattr(client.transport, "reached", True)):
@@ -324,11 +323,10 @@ def submit(spec_path: str, overrides: list[str], *, queue: bool = False, job_id:
         if made_record:
             store.forget(job_id)  # the host refused it: never started
         raise
-    state = answer.get("state", "QUEUED")
-    if not (made_record and state == record.last_state):
-        _note_state(store, job_id, state, progress)
-    return Submitted(job_id, state, host["address"], bool(answer.get("stop_service")), notes,
-                     client.round_trips, already, answer.get("slurm_job_id"))
+    if not (made_record and answer.state == record.last_state):
+        _note_state(store, job_id, answer.state, progress)
+    return Submitted(job_id, answer.state, host["address"], answer.stop_service, list(answer.notes),
+                     client.round_trips, already, answer.slurm_job_id)
 
 
 def _not_started(store: Store, job_id: str, exc: TransportError) -> TransportError:
@@ -415,7 +413,8 @@ def _slots(wire: dict) -> list[list[str]] | None:
     return None if per_variant is None else sweeps.slots(wire["gpu"]["devices"], per_variant)
 
 
-def _submit_once(client: HostClient, wire: dict, queue: bool, opened: OpenCall | None = None) -> tuple[dict, bool]:
+def _submit_once(client: HostClient, wire: dict, queue: bool,
+                 opened: OpenCall | None = None) -> tuple[Started, bool]:
     """One `submit` call (`opened` already, or now): the host decides (remote_payload/admission.py) and starts
     the job or refuses it. The answer (start's, with the verdict's notes and stop_service) and whether it
     adopted a job this id started before. A lost call asks whether the job exists before submitting again
@@ -427,12 +426,13 @@ def _submit_once(client: HostClient, wire: dict, queue: bool, opened: OpenCall |
             raise
         client.close()
         found = _retrying(client.deadline)(client.status, [wire["job_id"]])
-        if found and found[0].get("state") not in (None, "UNKNOWN"):
-            return found[0], False
+        if found and found[0].state != "UNKNOWN":
+            return Started.found(found[0]), False
         return _submit_call(client, wire, queue)
 
 
-def _submit_call(client: HostClient, wire: dict, queue: bool, opened: OpenCall | None = None) -> tuple[dict, bool]:
+def _submit_call(client: HostClient, wire: dict, queue: bool,
+                 opened: OpenCall | None = None) -> tuple[Started, bool]:
     """The host's verdict as the controller's outcome: started, adopted (`exists`), or the refusal raised."""
     try:
         return client.submit(wire, queue=queue, opened=opened), False
@@ -460,12 +460,12 @@ def _refusal(exc: RemoteError) -> SpecError | PreflightError:
     return PreflightError(f"{exc}", hint=exc.hint)
 
 
-def _adopt(client: HostClient, wire: dict, exc: RemoteError) -> dict:
+def _adopt(client: HostClient, wire: dict, exc: RemoteError) -> Started:
     """The job this id already names on the host: its status when it is the same spec (a retried submit)."""
     if exc.answer.get("same_spec") is False:
         raise SpecError(f"job id {wire['job_id']} is already used on this host by a different spec",
                         hint="Resubmit the same spec to adopt that job, or choose another --job-id.") from None
-    return client.status([wire["job_id"]])[0]
+    return Started.found(client.status([wire["job_id"]])[0])
 
 
 # -- tail -------------------------------------------------------------------------------------------------
@@ -529,14 +529,13 @@ def _print_log(record: JobRecord, cursor: int, out: BinaryIO, follow: bool, wait
     with connect(record.host, deadline=Deadline.for_command(waiting.left())) as client, \
             closing(_log_chunks(client, job_id, cursor, follow, waiting)) as chunks:
         try:
-            for answer in chunks:
-                data = answer["data"]
-                if data:
-                    out.write(data)
+            for chunk in chunks:
+                if chunk.data:
+                    out.write(chunk.data)
                     out.flush()
-                    printed += len(data)
-                cursor, state, code = answer["next_offset"], answer["state"], answer.get("exit_code")
-                terminal = answer["terminal"] and cursor >= answer["size"]
+                    printed += len(chunk.data)
+                cursor, state, code = chunk.next_offset, chunk.state, chunk.exit_code
+                terminal = chunk.terminal and chunk.at_end
         except RunnerError:
             if not printed:
                 raise
@@ -547,7 +546,7 @@ def _print_log(record: JobRecord, cursor: int, out: BinaryIO, follow: bool, wait
 
 
 def _log_chunks(client: HostClient, job_id: str, cursor: int, follow: bool,
-                waiting: Deadline) -> Generator[dict, None, None]:
+                waiting: Deadline) -> Generator[LogChunk, None, None]:
     """The log's chunks from `cursor` until the call may end: streamed on one host call for as long as
     max_wait allows, where the transport streams; else a `logs` call per chunk. Either way a backlog is drained
     never past max_wait: the rest comes with the next call."""
@@ -559,30 +558,30 @@ def _log_chunks(client: HostClient, job_id: str, cursor: int, follow: bool,
         return
     while True:
         wait = max(0.0, min(LONG_POLL_S, waiting.left() - 0.2)) if follow else 0.0
-        answer = client.logs(job_id, cursor, max_bytes=LOG_CHUNK, wait=wait)
-        yield answer
-        cursor = answer["next_offset"]
-        caught_up = cursor >= answer["size"]
-        if (answer["terminal"] and caught_up) or (caught_up and not follow) or waiting.left() <= 0.25:
+        chunk = client.logs(job_id, cursor, max_bytes=LOG_CHUNK, wait=wait)
+        yield chunk
+        cursor = chunk.next_offset
+        if (chunk.at_end and (chunk.terminal or not follow)) or waiting.left() <= 0.25:
             return
 
 
 # -- status, list, cancel, results, restore ---------------------------------------------------------------
 
 def status(job_ids: list[str], *, store: Store, deadline: Deadline, every: bool = False,
-           wait: float = 0.0) -> list[dict]:
+           wait: float = 0.0) -> list[JobStatus]:
     """The jobs named, else the recent ones and those not yet ended (Store.recent), or with `every` all the
     jobs this controller knows; one host call per host (its ids on stdin, HostClient.status). wait: how long
-    each host may hold its answer until one of its jobs changes state or ends (within `deadline`)."""
+    each host may hold its answer until one of its jobs changes state or ends (within `deadline`). A job whose
+    host was not asked (never started there; its host not reached) is its record's last known state."""
     if job_ids:
         records = [store.load(check_job_id(j)) for j in job_ids]
     else:
         records = store.all() if every else store.recent()[0]
     by_host: dict[tuple, list[JobRecord]] = {}
-    answers = []
+    answers: list[JobStatus] = []
     for record in records:
         if record.last_state == NOT_STARTED:  # its host never heard of it: nothing to ask
-            answers.append({"job_id": record.job_id, "state": NOT_STARTED, "message": record.note})
+            answers.append(JobStatus.last_known(record.job_id, NOT_STARTED, record.note))
         else:
             by_host.setdefault(_host_key(record.host), []).append(record)
     for group in by_host.values():
@@ -595,16 +594,16 @@ def status(job_ids: list[str], *, store: Store, deadline: Deadline, every: bool 
             answers.extend(_unreached(record, exc) for record in group)  # one host's error, not every job's
             continue
         for record, job in zip(group, found):
-            if job.get("state", record.last_state) != record.last_state:
-                _note_state(store, record.job_id, job["state"], lambda _note: None)
+            if job.state != record.last_state:
+                _note_state(store, record.job_id, job.state, lambda _note: None)
             answers.append(job)
     return answers
 
 
-def _unreached(record: JobRecord, exc: TransportError) -> dict:
+def _unreached(record: JobRecord, exc: TransportError) -> JobStatus:
     """A job whose host did not answer: its last known state, and why there is no newer one."""
-    return {"job_id": record.job_id, "state": record.last_state, "error": exc.code,
-            "message": f"host {record.host.get('address')} unreachable: {str(exc).splitlines()[0]}"}
+    return JobStatus.last_known(record.job_id, record.last_state, error=exc.code,
+                                message=f"host {record.host.get('address')} unreachable: {str(exc).splitlines()[0]}")
 
 
 def _host_key(host: dict) -> tuple:

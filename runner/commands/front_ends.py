@@ -17,8 +17,7 @@ def job_statuses(job_id: str | None, *, store: Store, deadline: Deadline,
                  every: bool = False) -> list[JobStatus]:
     """One job's status, or the recent and unfinished jobs' (every known job's with `every`); a job its host
     does not know is an unknown job (exit 2)."""
-    jobs = [JobStatus.from_json(job) for job in controller.status([job_id] if job_id else [], store=store,
-                                                                   deadline=deadline, every=every)]
+    jobs = controller.status([job_id] if job_id else [], store=store, deadline=deadline, every=every)
     if job_id and jobs and jobs[0].state == "UNKNOWN":
         raise UnknownJob(f"job {job_id} is not on its host (it was never started there, or its directory was removed)")
     return jobs

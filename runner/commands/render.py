@@ -98,13 +98,12 @@ def _scheduler_lines(job: JobStatus) -> list[str]:
     slurm, array = job.slurm, job.array
     if array:  # a sweep on Slurm: one job array
         reasons = ", ".join(array.get("reasons") or {})
-        return [f"  array       slurm {slurm.get('job_id')}: {array['done']} of {array['of']} done "
+        return [f"  array       slurm {slurm.job_id}: {array['done']} of {array['of']} done "
                 f"({array['succeeded']} succeeded, {array['failed']} failed, {array['skipped']} skipped), "
                 f"{array['running']} running, {array['pending']} pending" + (f" ({reasons})" if reasons else "")]
-    if slurm.get("job_id"):
-        return [f"  scheduler   slurm {slurm['job_id']} {slurm.get('state') or '?'}"
-                + (f" ({slurm['reason']})" if slurm.get("reason") else "")
-                + (f" on {slurm['node']}" if slurm.get("node") else "")]
+    if slurm.job_id:
+        return [f"  scheduler   slurm {slurm.job_id} {slurm.state or '?'}"
+                + (f" ({slurm.reason})" if slurm.reason else "") + (f" on {slurm.node}" if slurm.node else "")]
     return []
 
 

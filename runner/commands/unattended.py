@@ -18,7 +18,7 @@ from ..deadline import Deadline
 from ..errors import (LogShrank, NoResult, RemoteError, ResultNotYet, RunnerError, SpecError,
                       TransportError, UnknownJob)
 from ..local_files import read_regular
-from ..remote.answers import LogChunk, Result
+from ..remote.answers import Result
 from ..results import clocks, gate, history
 from ..results.window import window_of
 from ..state.job_id import check_job_id
@@ -214,13 +214,12 @@ def _text_after(record, store: Store, max_bytes: int, deadline: float) -> tuple[
             left = deadline - time.monotonic()
             wait = max(0.0, min(controller.LONG_POLL_S, left - 0.2))
             try:
-                answer = client.logs(record.job_id, record.cursor + len(held),
-                                     max_bytes=max(1, max_bytes - len(held)), wait=wait)
+                chunk = client.logs(record.job_id, record.cursor + len(held),
+                                    max_bytes=max(1, max_bytes - len(held)), wait=wait)
             except RemoteError as exc:
                 if exc.code != "bad-offset":
                     raise
                 raise controller.log_shrank(record, exc.answer.get("size"), store) from None
-            chunk = LogChunk.from_json(answer)
             data = held + chunk.data
             text, used = _decode_prefix(data, final=chunk.terminal and chunk.at_end)
             done = chunk.terminal and record.cursor + used >= chunk.size

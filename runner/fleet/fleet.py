@@ -31,15 +31,16 @@ import time
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Iterable, Iterator, TypeVar
 
 from remote_payload.admission import never_stops
 from remote_payload.contract import is_terminal
 
-from ..commands import controller
+from ..commands import controller, render
 from ..commands.plan import Plan
 from ..deadline import ROUND_TRIP_ALLOWANCE_S, Deadline
 from ..errors import RunnerError, SpecError, TransportError
+from ..remote.answers import JobStatus
 from ..state.fleet_store import DONE, HELD, PENDING, SKIPPED, STARTED, STARTING, HostEntry, RunRecord, RunStore
 from ..state.store import NOT_STARTED
 from ..state.job_id import check_job_id, job_id_for
@@ -49,6 +50,7 @@ POLL_S = 1.0
 FOLLOW_WAIT_S = 30.0  # a long poll's wait on the host (forks >= hosts), well inside the keepalives
 FOLLOW_MARGIN_S = 1.0  # a long poll's answer comes this long before the driver's deadline, to be read in time
 START_MARGIN_S = 2.0  # no start begins this close to the deadline (it could not be confirmed in time)
+T = TypeVar("T")  # what for_each_host's call answers per host
 
 Progress = Callable[[str], None]
 
@@ -371,17 +373,16 @@ class Rollout:
                     self._save()
                 time.sleep(min(POLL_S, self.deadline.left()))
                 continue
-            if is_terminal(job.get("state", "")):
-                service = job.get("service") or {}
+            if is_terminal(job.state):
                 with self.cond:
-                    entry.service_down = bool(service.get("stopped")) and service.get("healthy") is not True
-                    entry.state = job["state"]
+                    entry.service_down = bool(job.service.stopped) and job.service.healthy is not True
+                    entry.state = job.state
                 self._finish(entry, DONE, _ended(job, entry.service_down))
                 return
             with self.cond:
-                changed = entry.state != job.get("state")
+                changed = entry.state != job.state
                 if changed:
-                    entry.state = job.get("state")
+                    entry.state = job.state
                     self._save()
             if not (long_polls and (changed or wait > 0)):  # a long poll that ended by itself: the next at once
                 time.sleep(min(POLL_S, self.deadline.left()))
@@ -476,10 +477,8 @@ def _why(exc: RunnerError) -> str:
     return f"{kind}: {exc}".splitlines()[0]
 
 
-def _ended(job: dict, service_down: bool) -> str:
-    text = f"job {job.get('job_id')} ended {job.get('state')}"
-    if job.get("exit_code") is not None:
-        text += f" (payload exit code {job['exit_code']})"
+def _ended(job: JobStatus, service_down: bool) -> str:
+    text = f"job {job.job_id} ended {job.state}{render.exit_note(job.exit_code)}"
     if service_down:
         text += "; the service it stopped did NOT come back"
     return text
@@ -506,11 +505,11 @@ def cancel(run_id: str, *, store: Store, deadline: Deadline) -> dict[str, dict]:
     return {e.address: answers.get(e.address, {"state": e.phase, "already": True, "note": e.note}) for e in run.hosts}
 
 
-def for_each_host(entries: list[HostEntry], call: Callable[[HostEntry], object],
-                  forks: int | None = None) -> tuple[dict, dict[str, RunnerError]]:
+def for_each_host(entries: list[HostEntry], call: Callable[[HostEntry], T],
+                  forks: int | None = None) -> tuple[dict[str, T], dict[str, RunnerError]]:
     """call(entry) for each host, at most `forks` at once in list order (None: every host at once, as a
     `tail -f` of each needs): (answers, errors) by address; one host's error is its own."""
-    answers: dict[str, object] = {}
+    answers: dict[str, T] = {}
     errors: dict[str, RunnerError] = {}
     todo = iter(entries)
     lock = threading.Lock()

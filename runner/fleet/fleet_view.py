@@ -45,43 +45,70 @@ def _phase_exit(entry: HostEntry) -> int:
 
 # -- status -------------------------------------------------------------------------------------------------
 
-def status(run_id: str, *, store: Store, deadline: Deadline) -> tuple[RunRecord, list[dict]]:
+@dataclass(frozen=True)
+class HostRow:
+    """One host of `runner status RUN`: the run's view of it (phase, note), its job's live status from its host
+    or why there is none (`error`), and the exit status of what was found."""
+
+    address: str
+    job_id: str
+    phase: str
+    note: str
+    stops_service: bool | None
+    exit: int
+    job: JobStatus | None = None
+    error: str | None = None
+
+    def to_json(self) -> dict:
+        """The row as `--json` prints it: the job's status as its host answered it."""
+        row: dict[str, object] = {"address": self.address, "job_id": self.job_id, "phase": self.phase,
+                                  "note": self.note, "stops_service": self.stops_service}
+        if self.error is not None:
+            row["error"] = self.error
+        if self.job is not None:
+            row["job"] = self.job.raw
+        row["exit"] = self.exit
+        return row
+
+
+def status(run_id: str, *, store: Store, deadline: Deadline) -> tuple[RunRecord, list[HostRow]]:
     """Per host: the run's view (phase, note) and the job's live status from its host, or the error."""
     run = RunStore(store).load(check_job_id(run_id))
     live = [e for e in run.hosts if _has_job(e, store)]
     answers, errors = for_each_host(live, lambda e: controller.status([e.job_id], store=store, deadline=deadline)[0])
     rows = []
     for entry in run.hosts:
-        answer, error = answers.get(entry.address), errors.get(entry.address)
-        row: dict[str, object] = {"address": entry.address, "job_id": entry.job_id, "phase": entry.phase,
-                                  "note": entry.note, "stops_service": entry.stops}
-        if error is not None:
-            row.update(error=_first_line(error), exit=_error_exit(error))
-        elif answer is None:
-            row["exit"] = _phase_exit(entry) if entry.phase != DONE else state_exit(entry.state)
-        else:
-            row.update(job=answer, exit=state_exit(answer.get("state")))
-        rows.append(row)
+        job, error = answers.get(entry.address), errors.get(entry.address)
+        rows.append(HostRow(entry.address, entry.job_id, entry.phase, entry.note, entry.stops,
+                            _row_exit(entry, job, error), job, _first_line(error) if error is not None else None))
     return run, rows
 
 
-def status_text(run: RunRecord, rows: list[dict]) -> str:
-    done = sum(1 for r in rows if r["phase"] in (DONE, SKIPPED, HELD))
+def _row_exit(entry: HostEntry, job: JobStatus | None, error: RunnerError | None) -> int:
+    """Its host's error's exit, else its job's state's; a host not asked: its phase's (a DONE one's last state)."""
+    if error is not None:
+        return _error_exit(error)
+    if job is not None:
+        return state_exit(job.state)
+    return _phase_exit(entry) if entry.phase != DONE else state_exit(entry.state)
+
+
+def status_text(run: RunRecord, rows: list[HostRow]) -> str:
+    done = sum(1 for r in rows if r.phase in (DONE, SKIPPED, HELD))
     lines = [f"{run.run_id}: fleet of {len(rows)}, max_unavailable {run.max_unavailable}, "
              f"{done} of {len(rows)} hosts final ({run.state})"]
-    width = max(len(r["address"]) for r in rows)
+    width = max(len(r.address) for r in rows)
     for row in rows:
-        lines.append(f"  {row['address']:<{width}}  {_host_line(row)}")
+        lines.append(f"  {row.address:<{width}}  {_host_line(row)}")
     return "\n".join(lines)
 
 
-def _host_line(row: dict) -> str:
-    if row.get("error"):
-        return f"{row['job_id']}  UNREACHABLE: {row['error']}"
-    job = row.get("job")
-    if job is None:
-        return f"{row['phase'].upper()}: {row['note']}" if row["note"] else row["phase"].upper()
-    return render.job_line(JobStatus.from_json(job))
+def _host_line(row: HostRow) -> str:
+    if row.error:
+        return f"{row.job_id}  UNREACHABLE: {row.error}"
+    if row.job is None:
+        return f"{row.phase.upper()}: {row.note}" if row.note else row.phase.upper()
+    return render.job_line(row.job)
 
 
 # -- tail -----------------------------------------------------------------------------------------------------
@@ -136,14 +163,14 @@ def tail(run_id: str, *, store: Store, out: BinaryIO, follow: bool, max_wait: fl
 
     still_open = dict(open_lines)
 
-    def one(entry: HostEntry) -> dict:
+    def one(entry: HostEntry) -> int:
         def delivered(_outcome) -> None:  # the open line is printed before this host's cursor moves past it
             still_open[entry.address] = sinks[entry.address].close()
 
         outcome = controller.tail(entry.job_id, store=store,
                                   out=sinks[entry.address],  # type: ignore[arg-type]  # tail only writes and flushes
                                   follow=follow, max_wait=max_wait, from_start=from_start, delivered=delivered)
-        return {"exit": state_exit(outcome.state) if outcome.terminal else EXIT_STILL_RUNNING}
+        return state_exit(outcome.state) if outcome.terminal else EXIT_STILL_RUNNING
 
     answers, errors = for_each_host([e for e in run.hosts if _has_job(e, store)], one)
     runs.save_open_lines(run_id, still_open)
@@ -153,7 +180,7 @@ def tail(run_id: str, *, store: Store, out: BinaryIO, follow: bool, max_wait: fl
             progress(f"[runner] {entry.address}: {_first_line(errors[entry.address])}")
             codes[entry.address] = _error_exit(errors[entry.address])
         else:
-            codes[entry.address] = answers.get(entry.address, {}).get("exit", _phase_exit(entry))
+            codes[entry.address] = answers.get(entry.address, _phase_exit(entry))
     if any(e.phase == PENDING for e in run.hosts):
         progress(f"[runner] {run_id}: hosts still pending; the rollout goes on under `runner wait {run_id}`")
     return run, codes

@@ -56,7 +56,7 @@ def status(ref: str | None, *, store: Store, deadline: Deadline, every: bool = F
 
         run, rows = fleet_view.status(ref, store=store, deadline=deadline)
         return Outcome({"run_id": run.run_id, "state": run.state, "max_unavailable": run.max_unavailable,
-                        "hosts": rows}, worst(row["exit"] for row in rows), True, run, rows)
+                        "hosts": [row.to_json() for row in rows]}, worst(row.exit for row in rows), True, run, rows)
     jobs = front_ends.job_statuses(ref, store=store, deadline=deadline, every=every)
     return Outcome(jobs[0].raw if ref else [job.raw for job in jobs],
                    worst(front_ends.job_exit(job) for job in jobs), detail=jobs)

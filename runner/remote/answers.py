@@ -8,10 +8,10 @@ does not understand (VERB: field: why)". The message names the field and what wa
 host sent.
 
 Pure, no I/O: runner/remote/host.py calls `parse_line` where it reads an answer line, `failure` for `ok: false`,
-and one checker per HostClient method (each returns what that method returns). A checked answer that a front end
-reads field by field becomes a typed one (`JobStatus`, `LogChunk`, `Result`), each built by its `from_json`
-from the checked dict, as Ray's `JobInfo.from_json`: the renderers (runner/commands/render.py) read fields, never
-keys.
+and one checker per HostClient method (each returns what that method returns). The answers the controller and
+the front ends read field by field are typed here, once, where they are checked (`Started`, `JobStatus`,
+`LogChunk`, `Result`), each built by its `from_json` from the checked dict, as Ray's `JobInfo.from_json`: every
+layer above takes the dataclass, and the renderers (runner/commands/render.py) read fields, never keys.
 """
 from __future__ import annotations
 
@@ -267,14 +267,14 @@ def start(answer: dict, job_id: str) -> dict:
     return _same_job("start", _checked("start", answer, START), job_id)
 
 
-def submit(answer: dict, job_id: str) -> dict:
+def submit(answer: dict, job_id: str) -> Started:
     """`report` and start's answer: the host either started the job or answered its refusal as an error."""
     if not _checked("submit", answer, SUBMIT)["started"]:
         raise _bad("submit", "started", "expected true (a host that does not start the job answers an error)")
-    return _same_job("submit", _checked("submit", answer, START), job_id)
+    return Started.from_json(_same_job("submit", _checked("submit", answer, START), job_id))
 
 
-def status(answer: dict, job_ids: Sequence[str]) -> list[dict]:
+def status(answer: dict, job_ids: Sequence[str]) -> list[JobStatus]:
     """The jobs asked for, one entry each in the order asked (every job when none was named)."""
     jobs = _checked("status", answer, STATUS)["jobs"]
     if job_ids and len(jobs) != len(job_ids):
@@ -282,12 +282,12 @@ def status(answer: dict, job_ids: Sequence[str]) -> list[dict]:
     for index, (job, job_id) in enumerate(zip(jobs, job_ids)):
         if job["job_id"] != job_id:
             raise _bad("status", f"jobs.{index}.job_id", "not the job asked for")
-    return jobs
+    return [JobStatus.from_json(job) for job in jobs]
 
 
-def logs(answer: dict, offset: int, max_bytes: int) -> dict:
-    """The chunk asked for, its bytes decoded into `data`: from `offset`, at most `max_bytes`, with a
-    `next_offset` that is `offset` plus its length and within `size`."""
+def logs(answer: dict, offset: int, max_bytes: int) -> LogChunk:
+    """The chunk asked for, its bytes decoded: from `offset`, at most `max_bytes`, with a `next_offset` that is
+    `offset` plus its length and within `size`."""
     _checked("logs", answer, LOGS)
     if answer["offset"] != offset:
         raise _bad("logs", "offset", f"{offset} asked for, {answer['offset']} answered")
@@ -306,13 +306,13 @@ def logs(answer: dict, offset: int, max_bytes: int) -> dict:
         raise _bad("logs", "next_offset", "past the log's size")
     if answer["terminal"] != (answer["state"] in TERMINAL):
         raise _bad("logs", "terminal", "disagrees with state")
-    chunk = {key: value for key, value in answer.items() if key != "data_b64"}
-    return dict(chunk, data=data)
+    return LogChunk.from_json(answer, data)
 
 
 def log_frame(answer: dict, offset: int, max_bytes: int) -> dict:
     """One frame of `logs --stream`: its header, from `offset`, announcing at most `max_bytes` bytes (none in
-    the last frame) with a `next_offset` that is `offset` plus them and within `size`."""
+    the last frame) with a `next_offset` that is `offset` plus them and within `size`; the caller reads the
+    bytes that follow it and makes the LogChunk."""
     _checked("logs", answer, LOG_FRAME)
     if answer["offset"] != offset:
         raise _bad("logs", "offset", f"{offset} asked for, {answer['offset']} answered")
@@ -354,9 +354,10 @@ def result_answer(answer: dict) -> Result:
 
 
 # -- the typed answers ------------------------------------------------------------------------------------
-# Each is built from a checked answer (or a record the controller made in the same shape: a job not yet
-# started, a host not reached). status.json is the payload's to overwrite: the parts the checks above leave
-# open (a window, a sweep's tally, slots) are kept as the host sent them, and the renderer checks each value.
+# Each is built from a checked answer by the checker above (or, for a job its host was not asked about, from
+# the controller's record: JobStatus.last_known). status.json is the payload's to overwrite: the parts the checks
+# above leave open (a window, a sweep's tally, slots) are kept as the host sent them, and the renderer checks
+# each value.
 
 def _dict(value: Any) -> dict:
     return value if isinstance(value, dict) else {}
@@ -364,6 +365,28 @@ def _dict(value: Any) -> dict:
 
 def _opt_dict(value: Any) -> dict | None:
     return value if isinstance(value, dict) else None
+
+
+@dataclass(frozen=True)
+class Started:
+    """`submit`'s answer: the job started (or queued) under the id asked for, with the host's verdict: whether
+    it stops the service, and its notes; on Slurm the scheduler's job id."""
+
+    job_id: str
+    state: str
+    stop_service: bool = False
+    notes: tuple[str, ...] = ()
+    slurm_job_id: str | None = None
+
+    @classmethod
+    def from_json(cls, answer: dict) -> Started:
+        return cls(job_id=answer["job_id"], state=answer["state"], stop_service=bool(answer.get("stop_service")),
+                   notes=tuple(answer.get("notes") or ()), slurm_job_id=answer.get("slurm_job_id"))
+
+    @classmethod
+    def found(cls, job: JobStatus) -> Started:
+        """A job this id started before (a retried submit, found by `status`): its state, no verdict."""
+        return cls(job_id=job.job_id, state=job.state)
 
 
 @dataclass(frozen=True)
@@ -377,6 +400,7 @@ class ServiceRecord:
     stopped_at: float | None = None
     restored_at: float | None = None
     downtime_s: float | None = None
+    healthy: bool | None = None      # back and healthy once restored (None: not known yet)
     window: dict | None = None       # `downtime`: not serving and its parts, once the service is back
     stop_result: dict | None = None  # the unit our stop left failed: systemd's Result
 
@@ -385,7 +409,8 @@ class ServiceRecord:
         return cls(unit=record.get("unit"), was=record.get("was"), now=record.get("now"),
                    stopped=record.get("stopped"), stopped_at=record.get("stopped_at"),
                    restored_at=record.get("restored_at"), downtime_s=record.get("downtime_s"),
-                   window=_opt_dict(record.get("downtime")), stop_result=_opt_dict(record.get("stop_result")))
+                   healthy=record.get("healthy"), window=_opt_dict(record.get("downtime")),
+                   stop_result=_opt_dict(record.get("stop_result")))
 
 
 @dataclass(frozen=True)
@@ -409,6 +434,21 @@ class Progress:
 
 
 @dataclass(frozen=True)
+class Slurm:
+    """A job on Slurm as its status holds it (`slurm`): the scheduler's job id, its state, why it waits, its node."""
+
+    job_id: str | None = None
+    state: str | None = None
+    reason: str | None = None
+    node: str | None = None
+
+    @classmethod
+    def from_json(cls, slurm: dict) -> Slurm:
+        return cls(job_id=slurm.get("job_id"), state=slurm.get("state"), reason=slurm.get("reason"),
+                   node=slurm.get("node"))
+
+
+@dataclass(frozen=True)
 class JobStatus:
     """One job's status: status.json as the host read it plus what `status` adds; `error` when its host was not
     asked (the controller's record: the last known state). `raw` is the answer as it came, what `--json` prints."""
@@ -428,7 +468,7 @@ class JobStatus:
     services: tuple[ServiceRecord, ...] = ()      # several freed services, each its own record
     services_kept: tuple[str, ...] = ()           # services left serving (not on the job's GPUs)
     progress: Progress | None = None
-    slurm: dict = dataclasses.field(default_factory=dict)     # job_id, state, reason, node
+    slurm: Slurm = dataclasses.field(default_factory=Slurm)   # a job on Slurm: its scheduler's view
     array: dict | None = None                     # a sweep on Slurm: its job array's tally
     slots: list | None = None                     # a sweep's side-by-side slots: devices, variant
 
@@ -444,8 +484,15 @@ class JobStatus:
                    if isinstance(listed, list) else (),
                    services_kept=tuple(u for u in job.get("services_kept") or [] if isinstance(u, str)),
                    progress=Progress.from_json(progress) if isinstance(progress, dict) else None,
-                   slurm=_dict(job.get("slurm")), array=_opt_dict(job.get("array")),
+                   slurm=Slurm.from_json(_dict(job.get("slurm"))), array=_opt_dict(job.get("array")),
                    slots=job.get("slots") if isinstance(job.get("slots"), list) else None)
+
+    @classmethod
+    def last_known(cls, job_id: str, state: str, message: str, *, error: str | None = None) -> JobStatus:
+        """A job its host was not asked about, from the controller's record: never started there (no error), or
+        its host not reached (`error`, its code): the state last recorded, and why there is no newer one."""
+        return cls.from_json({"job_id": job_id, "state": state, **({"error": error} if error is not None else {}),
+                              "message": message})
 
 
 @dataclass(frozen=True)
@@ -461,10 +508,10 @@ class LogChunk:
     exit_code: int | None = None
 
     @classmethod
-    def from_json(cls, chunk: dict) -> LogChunk:
-        return cls(offset=chunk.get("offset", chunk["next_offset"] - len(chunk["data"])),
-                   next_offset=chunk["next_offset"], size=chunk["size"], data=chunk["data"], state=chunk["state"],
-                   terminal=chunk["terminal"], exit_code=chunk.get("exit_code"))
+    def from_json(cls, header: dict, data: bytes) -> LogChunk:
+        """From a checked `logs` answer or `logs --stream` frame header, and the bytes it carried."""
+        return cls(offset=header["offset"], next_offset=header["next_offset"], size=header["size"], data=data,
+                   state=header["state"], terminal=header["terminal"], exit_code=header.get("exit_code"))
 
     @property
     def at_end(self) -> bool:

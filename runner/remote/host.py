@@ -225,7 +225,9 @@ def payload_bundle(script: Path) -> Bundle:
 
 
 class HostClient:
-    """Typed calls to the supervisor on one host. Raises RemoteError (or a subclass) for `ok: false`.
+    """Typed calls to the supervisor on one host. Raises RemoteError (or a subclass) for `ok: false`. Each answer
+    is checked (answers.py) and, where the layers above read it field by field, typed there: `submit` answers
+    Started, `status` JobStatus, `logs` and `log_stream` LogChunk, `result` Result; the rest plain dicts.
 
     `deadline` is the calling command's: no call runs past it.
     """
@@ -256,7 +258,7 @@ class HostClient:
         args = ["--job-id", wire["job_id"]] + (["--queue"] if queue else [])
         return answers.start(self.call("start", args, stdin=_json_bytes(wire)), wire["job_id"])
 
-    def submit(self, wire: dict, *, queue: bool = False, opened: OpenCall | None = None) -> dict:
+    def submit(self, wire: dict, *, queue: bool = False, opened: OpenCall | None = None) -> answers.Started:
         """Wire `submit`: the host's own verdict on its preflight report, in one round trip: start's answer
         (plus `report`, `started`: true, `stop_service`, `notes`), or the refusal raised (busy, exit 4).
         opened: this submit's call, opened already (open_submit) and given the wire form now."""
@@ -271,7 +273,7 @@ class HostClient:
         host takes the id from the wire form, so the call fits whatever name the checked spec has."""
         return OpenCall(self, "submit", submit_args(None, queue))
 
-    def status(self, job_ids: Sequence[str] = (), *, wait: float = 0.0) -> list[dict]:
+    def status(self, job_ids: Sequence[str] = (), *, wait: float = 0.0) -> list[answers.JobStatus]:
         """The jobs named (every job on the host when none is): their ids go on stdin, never in argv (whose
         strings the kernel bounds), STATUS_BATCH to a call, so that no answer grows past its bound either.
         wait: seconds the host may hold the answer until one of the named jobs changes state or ends (the
@@ -286,24 +288,24 @@ class HostClient:
                                     batch)
         return found
 
-    def logs(self, job_id: str, offset: int, *, max_bytes: int, wait: float) -> dict:
+    def logs(self, job_id: str, offset: int, *, max_bytes: int, wait: float) -> answers.LogChunk:
         args = ["--job-id", job_id, "--offset", str(offset), "--max", str(max_bytes), "--wait", f"{wait:.2f}"]
         return answers.logs(self.call("logs", args), offset, max_bytes)
 
     def log_stream(self, job_id: str, offset: int, *, frame_bytes: int, wait: float,
-                   follow: bool) -> Iterator[dict] | None:
+                   follow: bool) -> Iterator[answers.LogChunk] | None:
         """Wire `logs --stream`, on a transport that streams (else None): one call that sends the log from
         `offset` as it grows, for up to `wait` seconds (with `follow`, until the job ended and every byte went;
-        else until caught up), in frames of at most `frame_bytes`. Yields each frame checked, its bytes in
-        `data`; the last one (`last`: no bytes) carries the state as it was when the call ended. A call that
-        ends without its last frame raises."""
+        else until caught up), in frames of at most `frame_bytes`. Yields each frame checked, as a LogChunk; the
+        last one (no bytes) carries the state as it was when the call ended. A call that ends without its last
+        frame raises."""
         if not isinstance(self.transport, Streaming):
             return None
         args = ["--job-id", job_id, "--offset", str(offset), "--max", str(frame_bytes), "--wait", f"{wait:.2f}",
                 "--stream"] + (["--follow"] if follow else [])
         return self._frames(args, offset, frame_bytes)
 
-    def _frames(self, args: list[str], offset: int, frame_bytes: int) -> Iterator[dict]:
+    def _frames(self, args: list[str], offset: int, frame_bytes: int) -> Iterator[answers.LogChunk]:
         stream, uploaded = self._open_stream("logs", args), False
         try:
             while True:
@@ -318,13 +320,13 @@ class HostClient:
                     # raises: the host's error, or its bad answer (a line that is ok was not this branch)
                     answer = _answer(Completed(done.argv, done.exit_code, line + done.stdout, done.stderr), "logs")
                 frame = answers.log_frame(answer, offset, frame_bytes)
-                frame["data"] = stream.read(frame["data_len"])
-                if len(frame["data"]) < frame["data_len"]:
+                data = stream.read(frame["data_len"])
+                if len(data) < frame["data_len"]:
                     stream.close()  # ssh's own failure raises here
                     raise RemoteError("logs: the call ended inside a frame", code="internal")
                 offset = frame["next_offset"]
                 uploaded = True  # the bundle is there: a later payload-missing is the host's answer, not ours
-                yield frame
+                yield answers.LogChunk.from_json(frame, data)
                 if frame["last"]:
                     return
         finally:

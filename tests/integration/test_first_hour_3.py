@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from remote_payload.progress import summarize
-from runner.cli.cli import _status_text
+from runner.remote.answers import JobStatus
 from tests.cli_helpers import Target, run_cli, write_job
+from tests.typed_answers import status_text as _status_text
 
 
 def _variant(index: int, status: str, slot: int, of: int = 4) -> str:
@@ -280,8 +281,8 @@ def test_a_read_only_state_dir_is_not_told_to_free_space(work):
 
 
 def test_fleet_status_of_a_queued_host_never_prints_none():
-    from runner.fleet.fleet_view import _host_line
+    from runner.fleet.fleet_view import HostRow, _host_line
 
     job = {"job_id": "r.1", "state": "QUEUED", "service": {"unit": "fake-llm.service", "was": None, "now": None}}
-    line = _host_line({"address": "box-a", "job_id": "r.1", "phase": "started", "note": "", "job": job})
+    line = _host_line(HostRow("box-a", "r.1", "started", "", None, 75, JobStatus.from_json(job)))
     assert "None" not in line and "service not touched yet" in line, line

@@ -284,7 +284,10 @@ def test_the_host_s_own_forms_pass():
                          slurm={"job_id": "4242", "state": "RUNNING", "reason": None, "node": "n1",
                                 "cuda_visible_devices": "0", "error": None})
     unknown = {"job_id": "b", "state": "UNKNOWN"}
-    assert answers.status({"ok": True, "jobs": [array_job, unknown]}, ["a", "b"]) == [array_job, unknown]
+    typed = answers.status({"ok": True, "jobs": [array_job, unknown]}, ["a", "b"])
+    assert [job.raw for job in typed] == [array_job, unknown]
+    assert (typed[0].state, typed[0].slurm.node, typed[0].array["pending"], typed[1].state) == \
+        ("RUNNING", "n1", 1, "UNKNOWN")
     busy = {"ok": False, "error": "busy", "message": "gpu-0 is held by job x (supervisor pid 7)",
             "holder": {"job_id": "x", "pid": 7, "since": 1.0, "key": "gpu-0"}}
     assert answers.failure("start", busy) is busy
@@ -292,4 +295,4 @@ def test_the_host_s_own_forms_pass():
     assert answers.restore_service({"ok": True, "unit": "u.service", "state": "failed", "active_state": "failed",
                                     "sub_state": "failed", "log_tail": "boom"})["state"] == "failed"
     chunk = answers.logs({**good_chunk(b"", offset=0, state="SUCCEEDED"), "size": 0}, 0, 1 << 20)
-    assert chunk["data"] == b"" and "data_b64" not in chunk
+    assert chunk.data == b"" and chunk.at_end and chunk.terminal

@@ -90,7 +90,7 @@ def test_status_ids_never_go_through_argv(tmp_path):
                         deadline=Deadline(120)) as client:
             ids = [f"absent-{n:05d}" for n in range(count)]
             jobs = client.status(ids)
-        assert [job["job_id"] for job in jobs] == ids and {job["state"] for job in jobs} == {"UNKNOWN"}
+        assert [job.job_id for job in jobs] == ids and {job.state for job in jobs} == {"UNKNOWN"}
         lengths[count] = max(transport.argv_bytes)
     assert lengths[JOBS] == lengths[10], lengths
 

@@ -9,6 +9,7 @@ import time
 import pytest
 
 from runner.commands import controller, unattended
+from runner.remote.answers import LogChunk
 from runner.state.store import JobRecord, Store
 
 LOG = "start é ü € 𝄞 done\n".encode() + b"raw \xff\xfe bytes\n" + "end ✓\n".encode()
@@ -32,8 +33,8 @@ class ChunkedHost:
         written = min(len(LOG), self.calls * self.step)
         data = LOG[offset:min(written, offset + max_bytes)]
         terminal = written == len(LOG) and self.calls > self.ends_after
-        return {"data": data, "next_offset": offset + len(data), "size": len(LOG), "terminal": terminal,
-                "state": "SUCCEEDED" if terminal else "RUNNING", "exit_code": 0 if terminal else None}
+        return LogChunk(offset, offset + len(data), len(LOG), data, "SUCCEEDED" if terminal else "RUNNING",
+                        terminal, 0 if terminal else None)
 
     def close(self):
         pass

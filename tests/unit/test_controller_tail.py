@@ -8,6 +8,7 @@ import pytest
 
 from runner.commands import controller
 from runner.errors import RemoteError, TransportError
+from runner.remote.answers import LogChunk
 from runner.state.store import JobRecord, Store
 
 
@@ -27,7 +28,7 @@ class ScriptedHost:
         answer = self.answers.pop(0)
         if isinstance(answer, Exception):
             raise answer
-        return dict(answer, offset=offset)
+        return LogChunk.from_json(dict(answer, offset=offset), answer["data"])
 
 
 

@@ -14,7 +14,7 @@ from remote_payload.supervision.files import JobPaths
 from remote_payload.host.answer import Fail
 from remote_payload.supervision.record import initial_status
 from remote_payload.supervision.spec import check_spec
-from runner.cli.cli import _status_text
+from tests.typed_answers import status_text as _status_text
 
 A, B = "infer-a.service", "infer-b.service"
 

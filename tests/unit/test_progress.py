@@ -73,7 +73,7 @@ def test_any_event_shape_folds_and_renders(event):
     `runner status` renders it."""
     import json
 
-    from runner.cli.cli import _status_text
+    from tests.typed_answers import status_text
 
     summary = summarize(json.dumps(event) + "\n")
     variant = summary.get("variant")
@@ -82,6 +82,6 @@ def test_any_event_shape_folds_and_renders(event):
         assert all(variant[k] is None or type(variant[k]) is int for k in ("index", "of"))
     assert summary["phase"] is None or isinstance(summary["phase"], str)
     assert summary["rows_expected"] is None or (type(summary["rows_expected"]) is int and summary["rows_expected"] >= 0)
-    text = _status_text({"job_id": "j", "state": "RUNNING", "progress": dict(summary, silent_s=1.0)})
+    text = status_text({"job_id": "j", "state": "RUNNING", "progress": dict(summary, silent_s=1.0)})
     assert text.startswith("j: RUNNING")
     describe(dict(event, t=event.get("t")))

@@ -1,5 +1,5 @@
 """`runner status`'s text for a person: the payload line says where the payload is, not where it was."""
-from runner.cli.cli import _status_text
+from tests.typed_answers import status_text as _status_text
 
 
 def _job(progress: dict) -> dict:
@@ -35,3 +35,16 @@ def test_the_window_says_what_became_of_sglangs_requests_in_status_and_results()
     aborted = dict(window, pause_mode="abort", clients={"in_flight": 4, "completed": 0, "aborted": 4})
     assert _window_lines(aborted)[0].endswith("clients (abort): 4 in flight at the pause, 0 completed, 4 aborted")
     assert "clients" not in _window_lines({"method": "stop", "not_serving_s": 70.0})[0]
+
+
+def test_a_job_on_slurm_says_where_the_scheduler_has_it():
+    slurm = {"job_id": "4242", "state": "PENDING", "reason": "Priority", "node": None, "cuda_visible_devices": None}
+    text = _status_text(dict(_job({}), state="QUEUED", slurm=slurm))
+    assert "  scheduler   slurm 4242 PENDING (Priority)\n" in text + "\n" and " on " not in text
+    running = _status_text(dict(_job({}), slurm=dict(slurm, state="RUNNING", reason=None, node="n1")))
+    assert "  scheduler   slurm 4242 RUNNING on n1" in running
+    array = {"of": 3, "done": 1, "succeeded": 1, "failed": 0, "skipped": 0, "running": 1, "pending": 1,
+             "reasons": {"Priority": 1}}
+    swept = _status_text(dict(_job({}), slurm=slurm, array=array))
+    assert ("  array       slurm 4242: 1 of 3 done (1 succeeded, 0 failed, 0 skipped), 1 running, 1 pending "
+            "(Priority)") in swept and "scheduler" not in swept
