@@ -84,9 +84,32 @@ def fsync_dir(path: str) -> None:
         os.close(fd)
 
 
+MAX_RECORD_BYTES = 16 << 20  # status.json, spec.json, a ledger entry: ours are kilobytes
+
+
+class NotRegular(OSError):
+    """A job file that is not a regular file (a FIFO, a device, a folder): the payload replaced it."""
+
+
+def open_regular(path: str):
+    """A job's file, open for reading in binary. A job's files are its payload's to replace, so the open never
+    blocks (a FIFO would hold it until a writer came, for good: every `status`, `logs` and restorer with it) and
+    what is not a regular file is refused (NotRegular, an OSError) before a byte is read (a device never ends)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    fh = os.fdopen(fd, "rb")
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        fh.close()
+        raise NotRegular(errno.EINVAL, "not a regular file (a FIFO, a device or a folder)", path)
+    return fh
+
+
 def read_json(path: str):
-    with open(path, "rb") as fh:
-        return json.loads(fh.read().decode("utf-8"))
+    """A record as JSON, read as the payload may have left it (open_regular), at most MAX_RECORD_BYTES of it."""
+    with open_regular(path) as fh:
+        data = fh.read(MAX_RECORD_BYTES + 1)
+    if len(data) > MAX_RECORD_BYTES:
+        raise ValueError("larger than %d bytes" % MAX_RECORD_BYTES)
+    return json.loads(data.decode("utf-8"))
 
 
 # ── result files: written by the payload, so read as hostile ───────────────────────────────────────────
@@ -361,13 +384,24 @@ def stamp() -> dict:
     return {"protocol": PROTOCOL, "bundle": os.path.basename(HERE)}
 
 
+TORN_READ_WAITS = (0.02, 0.05, 0.1)  # s: a payload rewriting status.json in place leaves it empty for a moment
+
+
 def read_status(paths: JobPaths) -> dict:
-    try:
-        status = read_json(paths.status)
-        if not isinstance(status, dict) or "state" not in status:
-            raise ValueError("not a status object")
-    except (OSError, ValueError) as exc:
-        raise Fail("bad-status", "cannot read %s: %s" % (paths.status, exc), job_id=paths.job_id) from exc
+    """The job's status.json. Ours is replaced whole (rename), but a payload may rewrite it in place: what does
+    not parse is read again after each of TORN_READ_WAITS (0.17 s in all) before it is `bad-status`."""
+    for wait in TORN_READ_WAITS + (None,):
+        try:
+            status = read_json(paths.status)
+            if not isinstance(status, dict) or "state" not in status:
+                raise ValueError("not a status object")
+            break
+        except ValueError as exc:
+            if wait is None:
+                raise Fail("bad-status", "cannot read %s: %s" % (paths.status, exc), job_id=paths.job_id) from exc
+            time.sleep(wait)
+        except OSError as exc:
+            raise Fail("bad-status", "cannot read %s: %s" % (paths.status, exc), job_id=paths.job_id) from exc
     check_protocol(status, paths.status)
     return status
 

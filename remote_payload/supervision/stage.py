@@ -19,6 +19,7 @@ import subprocess
 import time
 
 from ..host.processes import KILL_CONFIRM_S, POLL_S, kill_group
+from .files import open_regular
 from .payload import check_interrupt, interrupt_of, launch_payload, record_exit
 from .record import Interrupted
 
@@ -87,7 +88,7 @@ class LogLines:
 
     def new_lines(self) -> list:
         try:
-            with open(self.path, "rb") as fh:
+            with open_regular(self.path) as fh:  # the payload's log: never a blocking open
                 fh.seek(self.offset)
                 chunk = fh.read()
         except OSError:

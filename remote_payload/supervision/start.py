@@ -20,7 +20,7 @@ import sys
 import time
 from typing import Sequence
 
-from .files import RESERVE_BYTES, JobPaths, fsync_dir, read_json, write_json_atomic
+from .files import RESERVE_BYTES, JobPaths, fsync_dir, open_regular, read_json, write_json_atomic
 from ..host.answer import Fail
 from ..host.processes import is_alive
 from .record import Job, initial_status
@@ -116,8 +116,9 @@ def read_ready(fd: int, timeout: float):
 
 def tail_file(path: str, limit: int = 2000) -> str:
     try:
-        with open(path, "rb") as fh:
-            return fh.read()[-limit:].decode("utf-8", "replace")
+        with open_regular(path) as fh:  # the payload's log: never a blocking open, never a device read whole
+            fh.seek(max(0, os.fstat(fh.fileno()).st_size - limit))
+            return fh.read(limit).decode("utf-8", "replace")
     except OSError:
         return ""
 

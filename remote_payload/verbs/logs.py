@@ -10,7 +10,7 @@ import time
 from ..contract import TERMINAL
 from ..host.answer import Fail
 from ..host.processes import POLL_S
-from ..supervision.files import JobPaths, is_slurm_job
+from ..supervision.files import JobPaths, NotRegular, is_slurm_job, open_regular
 from ..supervision.spec import job_paths
 from .launcher import slurm_launch
 from .reap import reap_if_dead
@@ -21,11 +21,11 @@ LOG_MAX_BYTES = 4 << 20
 
 def read_log_chunk(path: str, offset: int, limit: int) -> tuple:
     try:
-        with open(path, "rb") as fh:
+        with open_regular(path) as fh:
             size = os.fstat(fh.fileno()).st_size
             fh.seek(offset)
             return fh.read(min(limit, max(0, size - offset))), size
-    except FileNotFoundError:
+    except (FileNotFoundError, NotRegular):  # a log the payload replaced with a FIFO or a device reads as none
         return b"", 0
 
 

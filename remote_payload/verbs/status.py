@@ -11,7 +11,7 @@ from ..host.answer import Fail
 from ..host.processes import POLL_S
 from ..progress import SCAN_BYTES, summarize
 from ..supervision import trust
-from ..supervision.files import JobPaths
+from ..supervision.files import JobPaths, NotRegular, open_regular
 from ..supervision.spec import check_job_id
 from .reap import reap_if_dead
 
@@ -32,11 +32,11 @@ def payload_progress(paths: JobPaths, status: dict):
     if status["state"] in TERMINAL:
         return None
     try:
-        with open(paths.output, "rb") as fh:
+        with open_regular(paths.output) as fh:
             info = os.fstat(fh.fileno())
             fh.seek(max(0, info.st_size - SCAN_BYTES))
             text = fh.read(SCAN_BYTES)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotRegular):
         return None
     if info.st_size > SCAN_BYTES:
         text = text.split(b"\n", 1)[-1]  # the first line may be cut

@@ -204,3 +204,59 @@ def test_a_staged_payload_cannot_point_the_restorer_at_another_process_group(ser
         assert ledger_entries(service_host) == "" and serving(service_host)
     finally:
         service_host.ssh(["kill", "-KILL", decoy])
+
+
+# The payload replaces its status.json with a FIFO (an open for reading would block until a writer comes, for good)
+# and, with argv[1] "kill", SIGKILLs the supervisor and the guard.
+FIFO_MAKER = """
+import json, os, signal, sys, time
+path = os.path.join(os.environ["RUNNER_JOB_DIR"], "status.json")
+deadline = time.time() + 30
+while (json.load(open(path)).get("payload") or {}).get("pid") != os.getpid() and time.time() < deadline:
+    time.sleep(0.05)
+status = json.load(open(path))
+os.unlink(path)
+os.mkfifo(path)
+print("forging fifo", time.time(), flush=True)
+if sys.argv[1] == "kill":
+    time.sleep(2)
+    for who in ("guard", "supervisor"):
+        os.kill(status[who]["pid"], signal.SIGKILL)
+    print("ended", time.time(), flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize("path", ["unit", "fork"])
+def test_a_status_json_made_a_fifo_blocks_no_reader_and_no_restorer(service_host, work, path):
+    """A FIFO where status.json was: every reader of the job's records opens without blocking and refuses what
+    is not a regular file. `runner status` answers at once (the job's file cannot be read, said as such), and
+    once the payload SIGKILLs the supervisor and the guard, ExecStopPost= (unit) or the reaper's restorer (fork)
+    restores from the ledger. Before: the host's `status` blocked in open() until the controller's deadline
+    ("host unreachable" after 55 s) and so did every restorer."""
+    if path == "fork":
+        service_host.ssh(["sh", "-c", "mkdir -p /root/.runner && touch /root/.runner/launch-fork"], check=True)
+    try:
+        target = target_for(service_host)
+        script = work / "fifo_maker.py"
+        script.write_text(FIFO_MAKER)
+        job_id = submit(target, gpu_job(work, service_host, stop="always", command=["python3", str(script), "kill"],
+                                        max_runtime="60s"))
+        wait_for(lambda: forged_at(service_host, job_id) is not None, timeout=30, what="payload made the FIFO")
+        bound = min(Scale()(15), 45)  # a blocked read lasts the command's whole deadline (55 s)
+        began = time.monotonic()
+        done = run_cli(target, "status", job_id, "--json")
+        took = time.monotonic() - began
+        assert took < bound, (took, done.stdout, done.stderr)
+        assert b"unreachable" not in done.stdout, done.stdout
+        wait_for(lambda: forged_at(service_host, job_id, "ended") is not None, timeout=30, what="payload's kills")
+        deadline = time.monotonic() + 90
+        while not serving(service_host) and time.monotonic() < deadline:
+            run_cli(target, "status", job_id, "--json")  # reaps (fork path): status.json unreadable, the ledger owed
+            time.sleep(0.5)
+        serves_again_after(service_host, job_id, "status.json made a FIFO, supervisor+guard SIGKILLed (%s path)"
+                           % path, 5)
+        wait_for(lambda: status(target, job_id).get("restored") is True, timeout=60, what="settled")
+        assert ledger_entries(service_host) == ""
+    finally:
+        service_host.ssh(["rm", "-f", "/root/.runner/launch-fork"])
