@@ -114,6 +114,7 @@ def intervals(stamps: Path) -> list[tuple[float, float, str]]:
     return sorted((t["start"], t["end"], job_id) for job_id, t in times.items())
 
 
+@pytest.mark.slow(seconds=30)
 def test_ten_simultaneous_submits_with_queue_run_one_after_another(quick_unit, work):
     host, target = quick_unit, target_for(quick_unit)
     results = submit_all_at_once(target, stamped_job(work, host, "-"), "--queue")

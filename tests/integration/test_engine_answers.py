@@ -205,6 +205,7 @@ SUPERVISOR_KINDS = ("cut-short", "trickle", "huge", "header-flood", "bad-status-
 KILLED_KINDS = ("cut-short", "trickle")
 
 
+@pytest.mark.slow(seconds=35)
 @pytest.mark.systemd
 @pytest.mark.parametrize("kind", SUPERVISOR_KINDS)
 def test_the_supervisor_restarts_the_unit_when_the_resume_is_answered_badly(service_host, work, kind):
@@ -217,6 +218,7 @@ def test_the_supervisor_restarts_the_unit_when_the_resume_is_answered_badly(serv
                      (parts.get("resume_s") or 0) + (parts.get("health_s") or 0))
 
 
+@pytest.mark.slow(seconds=35)
 @pytest.mark.systemd
 @pytest.mark.parametrize("kind", KILLED_KINDS)
 def test_the_guard_restarts_the_unit_when_the_supervisor_died(service_host, work, fork_path, kind):
@@ -228,6 +230,7 @@ def test_the_guard_restarts_the_unit_when_the_supervisor_died(service_host, work
     assert_restarted(service_host, target, job_id, pid, f"guard, resume {kind}", "FAILED", seconds)
 
 
+@pytest.mark.slow(seconds=30)
 @pytest.mark.systemd
 @pytest.mark.parametrize("kind", KILLED_KINDS)
 def test_exec_stop_post_restarts_the_unit_when_supervisor_and_guard_died(service_host, work, kind):
@@ -244,6 +247,7 @@ def test_exec_stop_post_restarts_the_unit_when_supervisor_and_guard_died(service
     assert_restarted(service_host, target, job_id, pid, f"ExecStopPost, resume {kind}", None, seconds)
 
 
+@pytest.mark.slow(seconds=30)
 @pytest.mark.systemd
 @pytest.mark.parametrize("kind", KILLED_KINDS)
 def test_the_reapers_restore_restarts_the_unit_of_a_lost_job(service_host, work, fork_path, kind):
@@ -257,6 +261,7 @@ def test_the_reapers_restore_restarts_the_unit_of_a_lost_job(service_host, work,
     assert_restarted(service_host, target, job_id, pid, f"reaper, resume {kind}", "LOST", time.monotonic() - began)
 
 
+@pytest.mark.slow(seconds=30)
 @pytest.mark.systemd
 @pytest.mark.parametrize("kind", KILLED_KINDS)
 def test_restore_service_restarts_the_unit_a_dead_job_released(service_host, work, fork_path, kind):

@@ -170,6 +170,7 @@ def test_supervisor_and_guard_sigkilled_while_released_serving_again_with_no_con
     assert main_pid(service_host) == pid and job["service"]["resumed"]["how"] == "api"
 
 
+@pytest.mark.slow(seconds=30)
 def test_an_api_that_does_not_resume_gets_the_unit_restarted(service_host, work):
     log = service_host.install_engine_unit("sglang", "--memory-saver", "--hang", "/resume_memory_occupation")
     pid = main_pid(service_host)

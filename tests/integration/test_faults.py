@@ -207,6 +207,7 @@ MAX_WAIT = 4.0
 OUTAGE_S = 30.0
 
 
+@pytest.mark.slow(seconds=50)
 def test_link_cut_while_tail_follows_then_resumes_exactly_once(netns_host, work):
     """A 30 s outage while `tail -f --max-wait 4` streams: the tail gives up within its max-wait plus one
     round trip's allowance (exit 3, or 75 if its last answer arrived), never blocking for the outage; after
@@ -308,6 +309,7 @@ def poll_tightly(probe, what: str, timeout: float = 60):
     return found
 
 
+@pytest.mark.slow(seconds=65)
 def test_link_cut_during_start_then_retry_with_same_id_is_safe(netns_host, work):
     """The link goes down while the host's `start` is answering: `start` is frozen (SIGSTOP) right after
     it claimed the job dir (it then waits tens of ms for the new supervisor's ready line), the link cut,

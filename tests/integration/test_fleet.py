@@ -122,6 +122,7 @@ def most_windows_at_once(jobs: list[dict]) -> int:
 
 # forks 1: one host call at a time, and a host waiting for its turn holds none (else the started hosts'
 # polls, which free the slots, could never run)
+@pytest.mark.slow(seconds=45)
 @pytest.mark.parametrize("k, forks", [(1, None), (2, None), (2, 1)])
 def test_max_unavailable_k_never_more_than_k_hosts_down(fleet, k, forks):
     work = shared_tmpdir("runner-fleet-")

@@ -99,6 +99,7 @@ def test_a_link_that_freezes_during_a_cold_submit_returns_within_max_wait(ssh_ho
     assert_started_once_after_thaw(relay, target, job, "frozen-cold", count)
 
 
+@pytest.mark.slow(seconds=30)
 def test_a_link_that_freezes_under_a_warm_master_returns_within_max_wait(ssh_host, relay, tmp_path, host_root):
     target = relayed_target(ssh_host, relay, tmp_path, host_root, "openssh")
     count = host_root / "starts"

@@ -82,6 +82,7 @@ exec "{standin}" "$@"
 """
 
 
+@pytest.mark.slow(seconds=45)
 def test_a_start_that_gave_up_leaves_no_job_behind(tmp_path):
     """Defect 5: nvidia-smi slow before the ready handshake; `start` gives up (start-failed). The supervisor
     must not go on untracked: no job dir, no process, and the same id starts cleanly afterwards."""
@@ -110,6 +111,7 @@ DEAF = ["python3", "-c", "import signal, time; signal.signal(signal.SIGTERM, sig
         "print('deaf to TERM', flush=True); time.sleep(600)"]
 
 
+@pytest.mark.slow(seconds=70)
 def test_term_to_the_whole_session_leaves_the_guard_to_restore(service_host, work):
     """Defect 3: TERM to supervisor and guard at once (a session scope stopped, logind, oomd), the payload
     deaf to TERM so the supervisor is still in its grace when it is SIGKILLed 45 s later: the guard restores."""
@@ -128,6 +130,7 @@ def test_term_to_the_whole_session_leaves_the_guard_to_restore(service_host, wor
     assert job["state"] in ("FAILED", "LOST") and "guard" in job["message"], job
 
 
+@pytest.mark.slow(seconds=125)
 def test_a_hung_supervisor_is_overruled_within_its_hard_deadline(service_host, work, fork_path):
     """Defect 1: the supervisor SIGSTOPped for good while the service is stopped. Something independent of
     it must restore within its hard deadline (run + grace + kill + release + margin), not the timer's."""

@@ -162,6 +162,7 @@ def test_restore_service_of_one_unit_resumes_only_that_one(service_host, two_ser
     assert done.returncode == 2 and b"--unit" in done.stdout + done.stderr, done.stdout + done.stderr
 
 
+@pytest.mark.slow(seconds=30)
 def test_the_guard_restores_both_and_the_next_job_adopts_only_its_own(service_host, two_services, work, fork_path):
     """The fork path: A (GPUs 1 and 2) loses its supervisor; its guard restores both units. Then B (GPUs 1 and 2)
     loses supervisor and guard; C on GPU 0 adopts only the stop of the unit on 0-1 and restores it after its

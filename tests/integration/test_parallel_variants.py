@@ -274,6 +274,7 @@ def test_variant_rounds_count_the_rounds_of_slots():
 
 # -- a real (confined) systemd unit: one stop, one restore for the whole parallel sweep -----------------------
 
+@pytest.mark.slow(seconds=40)
 @pytest.mark.systemd
 def test_a_parallel_sweep_stops_the_unit_once_and_halves_the_window(service_host, work):
     target = target_for(service_host)

@@ -73,6 +73,7 @@ def test_a_double_forked_setsid_payload_is_gone_after_cancel(service_host, work)
         service_host.ssh(["kill", "-KILL", grandchild])
 
 
+@pytest.mark.slow(seconds=40)
 def test_supervisor_and_guard_sigstopped_are_overruled_by_the_unit_watchdog(service_host, work):
     """The whole job hung (supervisor and guard SIGSTOPped for good) with the service stopped: systemd
     (the unit's watchdog, then its ExecStopPost=) restores within the watchdog + the restore budget."""

@@ -181,6 +181,7 @@ def most_at_once(marks: Path, n: int) -> int:
     return peak
 
 
+@pytest.mark.slow(seconds=25)
 def test_four_variants_two_at_a_time_one_table_and_the_log_exactly_once(target, cluster, tmp_path):
     command = stamped_payload(tmp_path, seconds=6)
     submitted = submit_json(target, array_job(tmp_path / "job.yaml", target, command,

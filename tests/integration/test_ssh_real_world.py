@@ -153,6 +153,7 @@ def test_through_a_jump_host_with_good_keys_jobs_run(ssh_host, tmp_path, transpo
 MAX_WAIT = 4.0
 
 
+@pytest.mark.slow(seconds=25)
 @pytest.mark.netns
 @pytest.mark.parametrize("transport", ["openssh", "paramiko"])
 def test_target_unreachable_behind_a_live_jump_host_tail_returns_within_max_wait(netns_host, ssh_host, tmp_path,

@@ -197,6 +197,7 @@ def run_bench_staged(tmp_path: Path, stdin: bytes) -> tuple[subprocess.Completed
     return done, [json.loads(line) for line in done.stdout.decode().splitlines()]
 
 
+@pytest.mark.slow(seconds=30)
 def test_the_staged_bench_loads_its_backend_before_the_staged_line_and_the_rest_after_go(tmp_path):
     done, events = run_bench_staged(tmp_path, b"go\n")
     assert done.returncode == 0, done.stderr

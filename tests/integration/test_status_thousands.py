@@ -56,6 +56,7 @@ def user_target(ssh_host):
     subprocess.run(["rm", "-rf", str(root)], check=False)
 
 
+@pytest.mark.slow(seconds=25)
 def test_status_of_5000_jobs_on_one_host(user_target, runner_state_dir, tmp_path):
     ids = [f"many-{n:05d}" for n in range(JOBS)]
     now = time.time()

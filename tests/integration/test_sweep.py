@@ -139,6 +139,7 @@ def test_a_failing_middle_variant_does_not_stop_the_others(service_host, work):
     assert ends == [(1, 0), (2, 3), (3, 0)]
 
 
+@pytest.mark.slow(seconds=30)
 @pytest.mark.systemd
 def test_a_sweep_downtime_against_three_separate_jobs(service_host, work):
     """The issue's measure: the same three variants as one sweep and as three jobs, one after the other, on

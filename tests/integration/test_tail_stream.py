@@ -58,6 +58,7 @@ def test_one_host_call_per_tail_call_follows_a_10_mb_s_writer_to_its_end(user_ta
     assert out.getvalue() == output_log(user_target, job_id) and len(out.getvalue()) == 40 << 20
 
 
+@pytest.mark.slow(seconds=30)
 def test_streamed_calls_that_end_by_themselves_join_to_the_log_whatever_is_killed(user_target):
     job_id = start_writer(user_target, 240, 128)  # 30 MiB over 24 s
     ended, killed = kill_loop(user_target, job_id, random.Random(37), 100, (0.3, 1.5))

@@ -74,6 +74,7 @@ def test_an_interrupt_after_the_last_payload_exited_0_does_not_undo_its_success(
     assert job["exit_code"] == 0 and not job.get("ending"), job
 
 
+@pytest.mark.slow(seconds=45)
 def test_a_cancel_while_a_variant_is_cleaned_up_with_more_to_run_is_recorded_at_once(work, target):
     """Variant 1 exited 0 and its left-over child has a long grace; variant 2 is still to run. The cancel
     stops the sweep (variant 2 skipped) and is the job's ending from the moment it is seen, not after the
