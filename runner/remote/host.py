@@ -18,7 +18,7 @@ import json
 import threading
 import os
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 from remote_payload.admission import BUSY_HINT
 from remote_payload.contract import EXIT_PAYLOAD_MISSING
@@ -27,6 +27,9 @@ from ..deadline import Deadline
 from ..errors import HostBusy, LocalStateError, PreflightError, RemoteError, SchedulerUnavailable, UnknownJob
 from . import answers
 from .transport import Completed, Stream, Streaming, Transport
+
+if TYPE_CHECKING:
+    from .job_answers import JobStatus, Result, Started
 
 # BOOT and UNPACK first add go-w to the login's umask: nothing they or the supervisor write under ROOT is
 # writable by others, whatever the umask (BOOT refuses a bundle file that is).
@@ -346,7 +349,7 @@ class HostClient:
         args = ["--job-id", wire["job_id"]] + (["--queue"] if queue else [])
         return answers.start(self.call("start", args, stdin=_json_bytes(wire)), wire["job_id"])
 
-    def submit(self, wire: dict, *, queue: bool = False, opened: OpenCall | None = None) -> answers.Started:
+    def submit(self, wire: dict, *, queue: bool = False, opened: OpenCall | None = None) -> Started:
         """Wire `submit`: the host's own verdict on its preflight report, in one round trip: start's answer
         (plus `report`, `started`: true, `stop_service`, `notes`), or the refusal raised (busy, exit 4).
         opened: this submit's call, opened already (open_submit) and given the wire form now."""
@@ -361,7 +364,7 @@ class HostClient:
         host takes the id from the wire form, so the call fits whatever name the checked spec has."""
         return OpenCall(self, "submit", submit_args(None, queue))
 
-    def status(self, job_ids: Sequence[str] = (), *, wait: float = 0.0) -> list[answers.JobStatus]:
+    def status(self, job_ids: Sequence[str] = (), *, wait: float = 0.0) -> list[JobStatus]:
         """The jobs named (every job on the host when none is): their ids go on stdin, never in argv (whose
         strings the kernel bounds), STATUS_BATCH to a call, so that no answer grows past its bound either.
         wait: seconds the host may hold the answer until one of the named jobs changes state or ends (the
@@ -441,7 +444,7 @@ class HostClient:
             args += ["--health-url", service["health_url"]]
         return answers.restore_service(self.call("restore-service", args))
 
-    def result(self, job_id: str) -> answers.Result:
+    def result(self, job_id: str) -> Result:
         return answers.result_answer(self.call("result", ["--job-id", job_id]))
 
     def gc(self, *, keep_jobs: int, keep_days: float, dry_run: bool) -> dict:
