@@ -172,7 +172,7 @@ class Bundle:
 def digest_of(files: dict[str, bytes]) -> str:
     """What names a bundle on the host (UNPACK checks it the same way): each entry length-prefixed, so no two
     sets of files hash alike."""
-    import hashlib  # OpenSSL's start, ~3 ms: only where a bundle is read, not when its digest was recorded
+    import hashlib  # OpenSSL's start: only where a bundle is read, not when its digest was recorded
 
     h = hashlib.sha256()
     for name in sorted(files):

@@ -278,7 +278,7 @@ def trust_tag(resolved: dict[str, str]) -> str:
     """Which known_hosts files, as they are now, a master was verified against. A master connection is not
     checked again when reused, so a known_hosts that changed (a key removed or replaced) gets a new master,
     verified afresh, instead of riding on one made under the old trust."""
-    import hashlib  # OpenSSL's start, ~3 ms: a command whose trust stamp is remembered never loads it
+    import hashlib  # OpenSSL's start: a command whose trust stamp is remembered never loads it
 
     return hashlib.sha256(trust_stamp(resolved).encode()).hexdigest()[:10]
 
