@@ -159,7 +159,7 @@ class OpenSshTransport:
         self._resolved = self._ssh_g(options, deadline)
         if not has_control_path(self._resolved):
             try:
-                socket_dir = control_socket_dir(self.control_dir / self._trust_tag())
+                socket_dir = self._socket_dir()
             except OSError:  # a state dir that cannot be written: each call connects afresh, nothing else changes
                 return options
             options += ["-o", "ControlMaster=auto", "-o", f"ControlPath={socket_dir}/%C",
@@ -190,18 +190,23 @@ class OpenSshTransport:
             self._save_record()
         return dict(resolved)
 
-    def _trust_tag(self) -> str:
-        """trust_tag of the resolved config, remembered beside `ssh -G`'s answer for the known_hosts files as
-        they are (the same stamp makes the same tag: only a changed file needs hashing again)."""
-        stamp = trust_stamp(self._resolved)
+    def _socket_dir(self) -> Path:
+        """The control sockets' dir: control_socket_dir of the trust tag, remembered beside `ssh -G`'s answer
+        with the known_hosts stamp it was made from. The same stamp makes the same dir, neither hashed nor
+        looked up again (a long state dir's is named by a hash in the temp dir); a changed known_hosts is
+        hashed afresh (a new master)."""
+        from ..state.store import private_dir
+
+        stamp, control_dir = trust_stamp(self._resolved), str(self.control_dir)
         remembered = self._record.get("trust")
-        if isinstance(remembered, list) and len(remembered) == 2 and remembered[0] == stamp:
-            return str(remembered[1])
-        tag = trust_tag(self._resolved)
+        if isinstance(remembered, list) and len(remembered) == 3 and remembered[0] == stamp \
+                and remembered[2] == control_dir and isinstance(remembered[1], str):
+            return private_dir(Path(remembered[1]))
+        socket_dir = control_socket_dir(self.control_dir / trust_tag(self._resolved))
         if self._record:
-            self._record["trust"] = [stamp, tag]
+            self._record["trust"] = [stamp, str(socket_dir), control_dir]
             self._save_record()
-        return tag
+        return socket_dir
 
     def _record_path(self, key: str) -> Path | None:
         if self.cache_dir is None:

@@ -11,13 +11,15 @@ import sys
 import tempfile
 from pathlib import Path
 
+import pytest
+
 NEVER = ["tenacity", "concurrent.futures", "logging", "shutil", "runner.state.fleet_store", "runner.remote.preflight",
          "runner.fleet.fleet_view", "runner.fleet.fleet", "pydantic", "yaml", "paramiko",
          "runner.commands.submit_types", "runner.commands.plan", "runner.state.plan_cache"]  # a submit's
 # What a job's tail never needs besides: the typed answers of status, submit and result, and OpenSSL's hashing
 # once the supervisor's digest and the host's ssh config are recorded in the state dir (the first command of a
 # state dir records them).
-TAIL_NEVER = ["runner.remote.job_answers", "hashlib", "_hashlib"]
+TAIL_NEVER = ["runner.remote.job_answers", "hashlib", "_hashlib", "tempfile", "random"]
 # An `ssh` on PATH that answers `ssh -G` (the machine's own would read its real config).
 FAKE_SSH = "#!/bin/sh\nprintf 'hostname 127.0.0.1\\nport 22\\nuserknownhostsfile {known}\\n'\n"
 
@@ -53,8 +55,13 @@ def test_a_run_is_still_told_from_a_job_by_its_record(tmp_path):
     assert not store.is_run("not a job id/..")
 
 
-def test_a_jobs_tail_loads_no_other_commands_types_nor_hashing_once_recorded(tmp_path):
-    short = Path(tempfile.mkdtemp(prefix="rs-", dir="/tmp"))  # its control socket paths fit (else named by a hash)
+@pytest.mark.parametrize("long_state_dir", [False, True])
+def test_a_jobs_tail_loads_no_other_commands_types_nor_hashing_once_recorded(tmp_path, long_state_dir):
+    # A short state dir holds its control sockets; a long one's would not fit a socket path: they go to a dir
+    # of the temp dir named by a hash (remembered too).
+    state = Path(tempfile.mkdtemp(prefix="rs-", dir="/tmp"))
+    if long_state_dir:
+        state = state / ("long-" * 12)
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "ssh").write_text(FAKE_SSH.format(known=tmp_path / "known_hosts"))
@@ -71,7 +78,7 @@ def test_a_jobs_tail_loads_no_other_commands_types_nor_hashing_once_recorded(tmp
 
     def loaded() -> set[str]:
         done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                              env={"PATH": f"{bin_dir}:/usr/bin:/bin", "RUNNER_STATE_DIR": str(short),
+                              env={"PATH": f"{bin_dir}:/usr/bin:/bin", "RUNNER_STATE_DIR": str(state),
                                    "HOME": str(tmp_path), "PYTHONPATH": ":".join(sys.path)})
         assert done.returncode == 0, done.stderr
         return set(json.loads(done.stdout))
@@ -80,5 +87,5 @@ def test_a_jobs_tail_loads_no_other_commands_types_nor_hashing_once_recorded(tmp
         assert "hashlib" in loaded()  # the state dir's first command: it hashes, and records
         again = loaded()
     finally:
-        shutil.rmtree(short)
+        shutil.rmtree(state.parent if long_state_dir else state)
     assert sorted(name for name in NEVER + TAIL_NEVER if name in again) == []
