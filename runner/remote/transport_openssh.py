@@ -55,7 +55,9 @@ class OpenSshTransport:
         self.ssh = ssh
         self._options: list[str] | None = None
         self._resolved: dict[str, str] = {}  # `ssh -G` of the target: hostname, port, controlpath…
-        self._record: dict = {}  # what cache_dir holds for this target: key, at, resolved, trust
+        # What cache_dir holds for this target: key, at, resolved, and trust: [the known_hosts stamp, the sockets'
+        # dir made for it, the control dir it was made under]
+        self._record: dict = {}
         self._connecting = ConnectBudget(target)
         self.reached = False
 
