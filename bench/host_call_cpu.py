@@ -7,8 +7,9 @@ No ssh: two jobs submitted with `host.address: local` into a scratch host.root (
 then each checkout's remote_payload/supervisor.py run by `python3 -S` (--python) as BOOT runs it, A and B in
 turn, the CPU time (user + sys) of each process from wait4; medians. Then the whole of `runner tail ID` (no new
 byte) and `runner status ID` over `address: local` (the CLI and the host call it waits for: no ssh), each
-checkout's CLI, against `python -c pass`. With bytecode (as a host has it beside the bundle). Removes what it
-made. CPU, not wall: on a shared machine it moves far less with the load.
+checkout's CLI, against `python -c pass`; medians, and the median of each round's A minus B. With bytecode (as
+a host has it beside the bundle). Removes what it made. CPU, not wall: on a shared machine it moves far less
+with the load.
 """
 from __future__ import annotations
 
@@ -80,8 +81,12 @@ def main() -> int:
             if round_:
                 for key, value in sample.items():
                     runs.setdefault(key, []).append(value)
+        pairs = {key[:-2]: [a - b for a, b in zip(values, runs[key[:-2] + "_b"])]
+                 for key, values in runs.items() if key.endswith("_a")}
         report = {"load": os.getloadavg(), "runs": args.runs, "python": args.python,
-                  "median_cpu_ms": {key: round(statistics.median(values), 1) for key, values in runs.items()}}
+                  "median_cpu_ms": {key: round(statistics.median(values), 1) for key, values in runs.items()},
+                  # each round's A minus B, the median: the machine's drift (it is shared) moves both sides
+                  "median_a_minus_b_ms": {key: round(statistics.median(d), 1) for key, d in pairs.items()}}
         argv, full_env, cwd = cli(REPO, env, "cancel", ids["running"])
         subprocess.run(argv, env=full_env, cwd=cwd, capture_output=True, check=False)
     finally:

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from runner.commands.render import job_text
-from runner.remote.answers import JobStatus
+from runner.remote.job_answers import JobStatus
 
 
 def status_text(job: dict) -> str:

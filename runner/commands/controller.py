@@ -8,7 +8,7 @@ import os
 import shlex
 import time
 from contextlib import closing, contextmanager, suppress
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, Callable, Generator, Iterator, Sequence, TypeVar
@@ -19,50 +19,23 @@ from remote_payload import sweep as sweeps
 from ..deadline import Deadline
 from ..errors import (AuthFailed, HostKeyError, LocalStateError, LogShrank, PreflightError, RemoteError, RunnerError,
                       SpecError, TransportError, UnknownJob)
-from ..remote.answers import JobStatus, LogChunk, Result, Started
 from ..remote.host import Bundle, HostClient, OpenCall, packaged_payload, payload_bundle, payload_dir, \
     supervisor_bundle
 from ..remote.transport_openssh import for_host
-from ..state import plan_cache
 from ..state.job_id import check_job_id, job_id_for
 from ..state.store import NOT_STARTED, JobRecord, Store, default_state_dir
-from .plan import PLANNED_JOB_ID, Plan
 
 if TYPE_CHECKING:  # pydantic and yaml load only in the commands that use them (`runner tail` starts fast)
+    from ..state import plan_cache
+    from .plan import Plan
+    from .submit_types import DryRun, Early, Submitted
+    from ..remote.answers import LogChunk
+    from ..remote.job_answers import JobStatus, Result, Started
     from ..spec.payload_args import ArgsCheck
     from ..spec.spec import JobSpec
 
 LOG_CHUNK = 1 << 20
 LONG_POLL_S = 5.0
-
-
-@dataclass
-class Submitted:
-    job_id: str
-    state: str
-    host: str
-    stop_service: bool
-    notes: list[str] = field(default_factory=list)
-    round_trips: int = 0
-    already: bool = False
-    slurm_job_id: str | None = None
-
-
-@dataclass
-class DryRun:
-    """What submit would do, decided from a real preflight; nothing was started or changed."""
-    job_id: str
-    host: str
-    stop_service: bool
-    required_mib: int
-    argv: list[str]
-    notes: list[str] = field(default_factory=list)
-    gpus: list[dict] = field(default_factory=list)
-    service: dict | None = None
-    variants: list[dict] = field(default_factory=list)  # a sweep's, as the host will run them
-    array_parallel: int | None = None  # on Slurm a sweep is one job array, at most this many tasks at once
-    slots: list[list[str]] | None = None  # sweep.gpus_per_variant: the devices of each side-by-side slot
-    steps: dict = field(default_factory=dict)  # before_stop, window, freed: dry_run_steps
 
 
 @dataclass
@@ -173,6 +146,9 @@ def _check_payload_args(spec: JobSpec, source: Path | None) -> ArgsCheck | None:
 def local_plan(spec_path: str, overrides: Sequence[str], state: Path | None = None) -> Plan:
     """The command's plan of this spec: validated here, at most once, or — planned before from the same
     bytes, overrides, bundle and code — read from the plan cache without validating (plan_cache)."""
+    from ..state import plan_cache  # a submit's, as are the plan and its outcomes: a tail loads none of them
+    from .plan import Plan
+
     state = default_state_dir() if state is None else state
     key = plan_cache.key(spec_path, overrides)
     cached = plan_cache.load(state, key, _bundles)
@@ -203,6 +179,8 @@ def _wire(plan: Plan, job_id: str | None) -> dict:
 def _validated_plan(spec_path: str, overrides: list[str]) -> tuple[plan_cache.Plan, tuple[Bundle, Bundle | None]]:
     from ..spec.spec_fleet import RolloutSpec
     from ..spec.spec_load import load_spec
+    from ..state import plan_cache
+    from .plan import PLANNED_JOB_ID
 
     spec = load_spec(spec_path, overrides)
     script = spec.payload.script
@@ -216,26 +194,6 @@ def _validated_plan(spec_path: str, overrides: list[str]) -> tuple[plan_cache.Pl
     rollout = (spec.rollout or RolloutSpec()).model_dump() if isinstance(spec.host.address, list) else None
     return plan_cache.Plan(spec.host.model_dump(), wire, str(source.resolve()) if source else None, bundle.digest,
                            payload.digest if payload else None, args_note, rollout), (bundle, payload)
-
-
-@dataclass
-class Early:
-    """A submit's host call opened before its spec is validated, on the last plan made from the same file and
-    overrides (an edited spec): the connection and the host's interpreter start while the spec is checked.
-    The call names no job (the host takes the id from the wire form), so an edited name still fits. Nothing is
-    sent until the validated plan is found to go to the same host with the same bundle (`fits`); else, and on
-    any error before, it is closed unsent — the host reads no input and refuses it."""
-    client: HostClient
-    call: OpenCall
-    host: dict
-    job_id: str | None = None  # the id of the job sent on it, once sent
-
-    def fits(self, plan: Plan) -> bool:
-        return plan.host == self.host and plan.bundle.digest == self.client.bundle.digest
-
-    def close(self) -> None:
-        self.call.close()
-        self.client.close()
 
 
 @contextmanager
@@ -258,6 +216,9 @@ def early_submit(spec_path: str, overrides: Sequence[str], *, store: Store, job_
 def _open_early(state: Path, spec_path: str, overrides: Sequence[str], job_id: str | None, queue: bool,
                 deadline: Deadline) -> Early | None:
     """The submit call opened on the last plan of this file; the job id travels later, with the wire form."""
+    from ..state import plan_cache
+    from .submit_types import Early
+
     if plan_cache.load(state, plan_cache.key(spec_path, overrides), _bundles) is not None:
         return None
     last = plan_cache.load(state, plan_cache.latest_key(spec_path, overrides), _bundles)
@@ -285,6 +246,8 @@ def submit(spec_path: str, overrides: list[str], *, queue: bool = False, job_id:
     a refusal from the host removes the record it made. planned: the command's plan of this spec (the CLI's,
     or a fleet's retargeted to this host), else it is made here; deadline: the command's; early: this
     submit's call opened before the plan was made (early_submit), used when it fits the plan."""
+    from .submit_types import Submitted
+
     store.check_writable()
     plan = _planned(spec_path, overrides, planned, store.root)
     if early is not None and not early.fits(plan):
@@ -362,6 +325,8 @@ def dry_run(spec_path: str, overrides: list[str], *, queue: bool = False, job_id
             planned: Plan | None = None, deadline: Deadline) -> DryRun:
     """Validate, check the args, preflight the host and decide — without starting or changing anything.
     A refusal raises exactly what submit would raise (exit 2/3/4/5). planned, deadline: as for submit."""
+    from .submit_types import DryRun
+
     plan = _planned(spec_path, overrides, planned)
     host, bundle, wire, args_note = plan.host, plan.bundle, _wire(plan, job_id), plan.args_note
     with connect(host, bundle, deadline=deadline, payload=plan.payload_bundle) as client:
@@ -427,6 +392,8 @@ def _submit_once(client: HostClient, wire: dict, queue: bool,
         client.close()
         found = _retrying(client.deadline)(client.status, [wire["job_id"]])
         if found and found[0].state != "UNKNOWN":
+            from ..remote.job_answers import Started
+
             return Started.found(found[0]), False
         return _submit_call(client, wire, queue)
 
@@ -465,6 +432,8 @@ def _adopt(client: HostClient, wire: dict, exc: RemoteError) -> Started:
     if exc.answer.get("same_spec") is False:
         raise SpecError(f"job id {wire['job_id']} is already used on this host by a different spec",
                         hint="Resubmit the same spec to adopt that job, or choose another --job-id.") from None
+    from ..remote.job_answers import Started
+
     return Started.found(client.status([wire["job_id"]])[0])
 
 
@@ -573,6 +542,8 @@ def status(job_ids: list[str], *, store: Store, deadline: Deadline, every: bool 
     jobs this controller knows; one host call per host (its ids on stdin, HostClient.status). wait: how long
     each host may hold its answer until one of its jobs changes state or ends (within `deadline`). A job whose
     host was not asked (never started there; its host not reached) is its record's last known state."""
+    from ..remote.job_answers import JobStatus  # not a tail's: it reads LogChunks only
+
     if job_ids:
         records = [store.load(check_job_id(j)) for j in job_ids]
     else:
@@ -602,6 +573,8 @@ def status(job_ids: list[str], *, store: Store, deadline: Deadline, every: bool 
 
 def _unreached(record: JobRecord, exc: TransportError) -> JobStatus:
     """A job whose host did not answer: its last known state, and why there is no newer one."""
+    from ..remote.job_answers import JobStatus
+
     return JobStatus.last_known(record.job_id, record.last_state, error=exc.code,
                                 message=f"host {record.host.get('address')} unreachable: {str(exc).splitlines()[0]}")
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from ..deadline import Deadline
 from ..errors import UnknownJob, exit_code, exit_for
-from ..remote.answers import JobStatus
+from ..remote.job_answers import JobStatus
 from ..state.store import Store
 from . import controller
 

@@ -2,20 +2,22 @@
 a fleet host's one line (`runner status RUN`), a service's window and what became of its clients (`runner
 status`, `runner results`, MCP `results`).
 
-Pure: typed answers in (runner/remote/answers.py), text out. The parts status.json leaves open (a window, a
+Pure: typed answers in (runner/remote/job_answers.py), text out. The parts status.json leaves open (a window, a
 sweep's tally, slots: the payload may have rewritten them) are checked value by value here; the host's text is
 made printable.
 """
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from remote_payload.contract import is_terminal
 from remote_payload.sweep import label as variant_label
 
 from ..printable import printable
-from ..remote.answers import JobStatus, Progress, ServiceRecord
+
+if TYPE_CHECKING:  # a tail, which renders none of them, does not load them
+    from ..remote.job_answers import JobStatus, Progress, ServiceRecord
 
 WINDOW_PARTS = ("release", "drain", "payload", "resume", "health")
 

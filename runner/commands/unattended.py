@@ -18,7 +18,7 @@ from ..deadline import Deadline
 from ..errors import (LogShrank, NoResult, RemoteError, ResultNotYet, RunnerError, SpecError,
                       TransportError, UnknownJob)
 from ..local_files import read_regular
-from ..remote.answers import Result
+from ..remote.job_answers import Result
 from ..results import clocks, gate, history
 from ..results.window import window_of
 from ..state.job_id import check_job_id

@@ -40,7 +40,7 @@ from ..commands import controller, render
 from ..commands.plan import Plan
 from ..deadline import ROUND_TRIP_ALLOWANCE_S, Deadline
 from ..errors import RunnerError, SpecError, TransportError
-from ..remote.answers import JobStatus
+from ..remote.job_answers import JobStatus
 from ..state.fleet_store import DONE, HELD, PENDING, SKIPPED, STARTED, STARTING, HostEntry, RunRecord, RunStore
 from ..state.store import NOT_STARTED
 from ..state.job_id import check_job_id, job_id_for

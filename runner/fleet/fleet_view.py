@@ -14,7 +14,7 @@ from remote_payload.contract import is_terminal
 from ..commands import controller, render
 from ..deadline import Deadline
 from ..errors import EXIT_FAILED, EXIT_STILL_RUNNING, EXIT_UNREACHABLE, RunnerError, exit_code
-from ..remote.answers import JobStatus
+from ..remote.job_answers import JobStatus
 from ..state.fleet_store import DONE, HELD, PENDING, SKIPPED, STARTED, STARTING, HostEntry, RunRecord, RunStore
 from ..state.job_id import check_job_id
 from ..state.store import Store

@@ -9,12 +9,12 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, BinaryIO, Callable
 
 from ..commands import controller, front_ends
-from ..commands.plan import Plan
 from ..deadline import Deadline
 from ..errors import EXIT_OK, worst
 from ..state.store import Store
 
 if TYPE_CHECKING:
+    from ..commands.plan import Plan
     from ..state.fleet_store import RunRecord
 
 # The rollout's modules (fleet, fleet_view) and the run store (fleet_store) are imported by the functions of a

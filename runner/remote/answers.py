@@ -9,22 +9,25 @@ host sent.
 
 Pure, no I/O: runner/remote/host.py calls `parse_line` where it reads an answer line, `failure` for `ok: false`,
 and one checker per HostClient method (each returns what that method returns). The answers the controller and
-the front ends read field by field are typed here, once, where they are checked (`Started`, `JobStatus`,
-`LogChunk`, `Result`), each built by its `from_json` from the checked dict, as Ray's `JobInfo.from_json`: every
-layer above takes the dataclass, and the renderers (runner/commands/render.py) read fields, never keys.
+the front ends read field by field are typed once, where they are checked: `LogChunk` here, `Started`,
+`JobStatus` and `Result` in job_answers.py (a tail loads none of them), each built by its `from_json` from the
+checked dict, as Ray's `JobInfo.from_json`: every layer above takes the dataclass, and the renderers
+(runner/commands/render.py) read fields, never keys.
 """
 from __future__ import annotations
 
 import base64
 import json
 import math
-import dataclasses
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from remote_payload.contract import STATES, TERMINAL
 
 from ..errors import BadAnswer
+
+if TYPE_CHECKING:
+    from .job_answers import JobStatus, Result, Started
 
 # The longest answer line read: a result.json or a 4 MiB log chunk in base64 fits many times over.
 MAX_ANSWER_BYTES = 32 << 20
@@ -271,6 +274,8 @@ def submit(answer: dict, job_id: str) -> Started:
     """`report` and start's answer: the host either started the job or answered its refusal as an error."""
     if not _checked("submit", answer, SUBMIT)["started"]:
         raise _bad("submit", "started", "expected true (a host that does not start the job answers an error)")
+    from .job_answers import Started
+
     return Started.from_json(_same_job("submit", _checked("submit", answer, START), job_id))
 
 
@@ -282,6 +287,8 @@ def status(answer: dict, job_ids: Sequence[str]) -> list[JobStatus]:
     for index, (job, job_id) in enumerate(zip(jobs, job_ids)):
         if job["job_id"] != job_id:
             raise _bad("status", f"jobs.{index}.job_id", "not the job asked for")
+    from .job_answers import JobStatus
+
     return [JobStatus.from_json(job) for job in jobs]
 
 
@@ -350,150 +357,14 @@ def result(answer: dict) -> Any:
 
 def result_answer(answer: dict) -> Result:
     """`result`'s whole answer: the result.json and the windows of the services the job freed."""
+    from .job_answers import Result
+
     return Result.from_json(_checked("result", answer, RESULT))
 
 
-# -- the typed answers ------------------------------------------------------------------------------------
-# Each is built from a checked answer by the checker above (or, for a job its host was not asked about, from
-# the controller's record: JobStatus.last_known). status.json is the payload's to overwrite: the parts the checks
-# above leave open (a window, a sweep's tally, slots) are kept as the host sent them, and the renderer checks
-# each value.
-
-def _dict(value: Any) -> dict:
-    return value if isinstance(value, dict) else {}
-
-
-def _opt_dict(value: Any) -> dict | None:
-    return value if isinstance(value, dict) else None
-
-
-@dataclass(frozen=True)
-class Started:
-    """`submit`'s answer: the job started (or queued) under the id asked for, with the host's verdict: whether
-    it stops the service, and its notes; on Slurm the scheduler's job id."""
-
-    job_id: str
-    state: str
-    stop_service: bool = False
-    notes: tuple[str, ...] = ()
-    slurm_job_id: str | None = None
-
-    @classmethod
-    def from_json(cls, answer: dict) -> Started:
-        return cls(job_id=answer["job_id"], state=answer["state"], stop_service=bool(answer.get("stop_service")),
-                   notes=tuple(answer.get("notes") or ()), slurm_job_id=answer.get("slurm_job_id"))
-
-    @classmethod
-    def found(cls, job: JobStatus) -> Started:
-        """A job this id started before (a retried submit, found by `status`): its state, no verdict."""
-        return cls(job_id=job.job_id, state=job.state)
-
-
-@dataclass(frozen=True)
-class ServiceRecord:
-    """One service as a job's status holds it (status.json `service`, or one of `services`)."""
-
-    unit: str | None = None
-    was: str | None = None
-    now: str | None = None
-    stopped: bool | None = None
-    stopped_at: float | None = None
-    restored_at: float | None = None
-    downtime_s: float | None = None
-    healthy: bool | None = None      # back and healthy once restored (None: not known yet)
-    window: dict | None = None       # `downtime`: not serving and its parts, once the service is back
-    stop_result: dict | None = None  # the unit our stop left failed: systemd's Result
-
-    @classmethod
-    def from_json(cls, record: dict) -> ServiceRecord:
-        return cls(unit=record.get("unit"), was=record.get("was"), now=record.get("now"),
-                   stopped=record.get("stopped"), stopped_at=record.get("stopped_at"),
-                   restored_at=record.get("restored_at"), downtime_s=record.get("downtime_s"),
-                   healthy=record.get("healthy"), window=_opt_dict(record.get("downtime")),
-                   stop_result=_opt_dict(record.get("stop_result")))
-
-
-@dataclass(frozen=True)
-class Progress:
-    """The payload's progress as the host tallied it from its events (remote_payload/progress.py)."""
-
-    rows_done: int
-    rows_expected: int | None = None
-    silent_s: float | None = None
-    phase: Any = None                # the payload's own word for it
-    phase_status: Any = None
-    variant: dict | None = None      # a sweep's variant running now: index, of, args, status
-    sweep: dict = dataclasses.field(default_factory=dict)  # a sweep's tally: done, of, running, rows, side_by_side
-
-    @classmethod
-    def from_json(cls, progress: dict) -> Progress:
-        return cls(rows_done=progress["rows_done"], rows_expected=progress.get("rows_expected"),
-                   silent_s=progress.get("silent_s"), phase=progress.get("phase"),
-                   phase_status=progress.get("phase_status"), variant=_opt_dict(progress.get("variant")),
-                   sweep=_dict(progress.get("sweep")))
-
-
-@dataclass(frozen=True)
-class Slurm:
-    """A job on Slurm as its status holds it (`slurm`): the scheduler's job id, its state, why it waits, its node."""
-
-    job_id: str | None = None
-    state: str | None = None
-    reason: str | None = None
-    node: str | None = None
-
-    @classmethod
-    def from_json(cls, slurm: dict) -> Slurm:
-        return cls(job_id=slurm.get("job_id"), state=slurm.get("state"), reason=slurm.get("reason"),
-                   node=slurm.get("node"))
-
-
-@dataclass(frozen=True)
-class JobStatus:
-    """One job's status: status.json as the host read it plus what `status` adds; `error` when its host was not
-    asked (the controller's record: the last known state). `raw` is the answer as it came, what `--json` prints."""
-
-    job_id: str
-    state: str
-    raw: dict = dataclasses.field(repr=False, compare=False)
-    phase: str | None = None
-    message: str | None = None
-    error: str | None = None
-    now: float | None = None
-    created_at: float | None = None
-    started_at: float | None = None
-    ended_at: float | None = None
-    exit_code: int | None = None
-    service: ServiceRecord = dataclasses.field(default_factory=ServiceRecord)
-    services: tuple[ServiceRecord, ...] = ()      # several freed services, each its own record
-    services_kept: tuple[str, ...] = ()           # services left serving (not on the job's GPUs)
-    progress: Progress | None = None
-    slurm: Slurm = dataclasses.field(default_factory=Slurm)   # a job on Slurm: its scheduler's view
-    array: dict | None = None                     # a sweep on Slurm: its job array's tally
-    slots: list | None = None                     # a sweep's side-by-side slots: devices, variant
-
-    @classmethod
-    def from_json(cls, job: dict) -> JobStatus:
-        listed = job.get("services")
-        progress = job.get("progress")
-        return cls(job_id=job.get("job_id", ""), state=job.get("state", ""), raw=job, phase=job.get("phase"),
-                   message=job.get("message"), error=job.get("error"), now=job.get("now"),
-                   created_at=job.get("created_at"), started_at=job.get("started_at"), ended_at=job.get("ended_at"),
-                   exit_code=job.get("exit_code"), service=ServiceRecord.from_json(_dict(job.get("service"))),
-                   services=tuple(ServiceRecord.from_json(s) for s in listed if isinstance(s, dict))
-                   if isinstance(listed, list) else (),
-                   services_kept=tuple(u for u in job.get("services_kept") or [] if isinstance(u, str)),
-                   progress=Progress.from_json(progress) if isinstance(progress, dict) else None,
-                   slurm=Slurm.from_json(_dict(job.get("slurm"))), array=_opt_dict(job.get("array")),
-                   slots=job.get("slots") if isinstance(job.get("slots"), list) else None)
-
-    @classmethod
-    def last_known(cls, job_id: str, state: str, message: str, *, error: str | None = None) -> JobStatus:
-        """A job its host was not asked about, from the controller's record: never started there (no error), or
-        its host not reached (`error`, its code): the state last recorded, and why there is no newer one."""
-        return cls.from_json({"job_id": job_id, "state": state, **({"error": error} if error is not None else {}),
-                              "message": message})
-
+# -- the typed answer a tail reads ---------------------------------------------------------------------------
+# The answers of status, submit and result are typed in job_answers.py: a tail, the most frequent call, loads
+# only this one.
 
 @dataclass(frozen=True)
 class LogChunk:
@@ -517,16 +388,3 @@ class LogChunk:
     def at_end(self) -> bool:
         """Every byte the log has now was sent."""
         return self.next_offset >= self.size
-
-
-@dataclass(frozen=True)
-class Result:
-    """`result`'s answer: the job's result.json (`value`, any JSON value: its readers check its shape) and
-    `windows`, (unit, window) of each service the job freed, in the spec's order (results/window.py)."""
-
-    value: Any
-    windows: tuple[tuple[str | None, dict], ...] = ()
-
-    @classmethod
-    def from_json(cls, answer: dict) -> Result:
-        return cls(answer["result"], tuple((w.get("unit"), w["window"]) for w in answer.get("windows") or []))

@@ -13,22 +13,23 @@ Deadline, shared by its boot, upload and repeat; no call has an allowance of its
 from __future__ import annotations
 
 import base64
-import hashlib
 import io
 import json
 import threading
-from dataclasses import dataclass
-from functools import cached_property
+import os
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 from remote_payload.admission import BUSY_HINT
 from remote_payload.contract import EXIT_PAYLOAD_MISSING
 
 from ..deadline import Deadline
-from ..errors import HostBusy, PreflightError, RemoteError, SchedulerUnavailable, UnknownJob
+from ..errors import HostBusy, LocalStateError, PreflightError, RemoteError, SchedulerUnavailable, UnknownJob
 from . import answers
 from .transport import Completed, Stream, Streaming, Transport
+
+if TYPE_CHECKING:
+    from .job_answers import JobStatus, Result, Started
 
 # BOOT and UNPACK first add go-w to the login's umask: nothing they or the supervisor write under ROOT is
 # writable by others, whatever the umask (BOOT refuses a bundle file that is).
@@ -128,20 +129,55 @@ def launch_argv(python: str, program: str, args: Sequence[str]) -> list[str]:
     return [python, "-S", "-c", LAUNCH, base64.b64encode("\0".join(words).encode("utf-8")).decode("ascii")]
 
 
-@dataclass(frozen=True)
 class Bundle:
     """Files uploaded to one content-addressed dir on the host: the supervisor's (ROOT/payload/<digest>/) or a
-    job's payload (ROOT/payloads/<digest>/)."""
+    job's payload (ROOT/payloads/<digest>/). `Bundle.recorded` is one whose digest is known already: its files
+    are read only if it is uploaded."""
 
-    files: dict[str, bytes]
+    def __init__(self, files: dict[str, bytes]) -> None:
+        self._files: dict[str, bytes] | None = files
+        self._read: Callable[[], dict[str, bytes]] | None = None
+        self._digest: str | None = None
 
-    @cached_property
+    @classmethod
+    def recorded(cls, digest: str, read: Callable[[], dict[str, bytes]]) -> Bundle:
+        """The bundle `read()` returns, its digest recorded when the files were last read: when it is read (an
+        upload), files that no longer hash to `digest` are LocalStateError, never sent under that name."""
+        bundle = cls({})
+        bundle._files, bundle._read, bundle._digest = None, read, digest
+        return bundle
+
+    @property
+    def files(self) -> dict[str, bytes]:
+        if self._files is None:
+            assert self._read is not None
+            files = self._read()
+            if digest_of(files) != self._digest:
+                raise LocalStateError("the host-side code (remote_payload/) changed while this command ran",
+                                      hint="Run the command again: it uploads the code as it is now.")
+            self._files = files
+        return self._files
+
+    @property
     def digest(self) -> str:
         """Computed once per Bundle (every call's argv names it; a fleet makes hundreds of calls)."""
-        h = hashlib.sha256()
-        for name in sorted(self.files):  # each entry length-prefixed: no two sets of files hash alike
-            h.update(b"%d %d\0" % (len(name.encode()), len(self.files[name])) + name.encode() + self.files[name])
-        return h.hexdigest()[:16]
+        if self._digest is None:
+            self._digest = digest_of(self.files)
+        return self._digest
+
+    def __repr__(self) -> str:
+        return f"Bundle({self.digest}, {len(self.files) if self._files is not None else '?'} files)"
+
+
+def digest_of(files: dict[str, bytes]) -> str:
+    """What names a bundle on the host (UNPACK checks it the same way): each entry length-prefixed, so no two
+    sets of files hash alike."""
+    import hashlib  # OpenSSL's start: only where a bundle is read, not when its digest was recorded
+
+    h = hashlib.sha256()
+    for name in sorted(files):
+        h.update(b"%d %d\0" % (len(name.encode()), len(files[name])) + name.encode() + files[name])
+    return h.hexdigest()[:16]
 
 
 _TARBALL_LOCK = threading.Lock()
@@ -186,27 +222,82 @@ STATUS_BATCH = 1000  # job ids per `status` call: its answer (about 1 KB a job) 
 PAYLOAD_PACKAGES = "payloads"  # remote_payload/payloads/: each payload is bundled apart, per job
 
 
-_SUPERVISOR: list = []  # [(the files' names, sizes and mtimes), their Bundle]: read again only when one changed
+_SUPERVISOR: list = []  # [the files' stamps, their Bundle]: read again only when one changed
+DIGESTS_FILE = "supervisor-digests.json"  # in the state dir: {payload dir: {"files": stamps, "digest": …}}
+DIGESTS_KEPT = 8  # checkouts or installs whose digest is remembered side by side
 
 
 def supervisor_bundle() -> Bundle:
     """Every .py file under remote_payload/ (its sub-packages too) except the payload packages: a benchmark's
     edit never changes this digest. Read once while the files stay as they were (each host call of a fleet
-    asks for it)."""
+    asks for it); a command's first call takes the digest recorded in the state dir against the files' sizes,
+    times and inodes when none changed since, and reads the files only if the host lacks them (an upload)."""
     root = payload_dir()
-    paths = []
-    for path in sorted(root.rglob("*.py")):
-        parts = path.relative_to(root).parts
-        if parts[0] != PAYLOAD_PACKAGES and "__pycache__" not in parts:
-            paths.append((path, "/".join(parts)))
-    stats = [path.stat() for path, _ in paths]
-    seen = tuple((name, st.st_size, st.st_mtime_ns, st.st_ino) for (_, name), st in zip(paths, stats))
+    files = _supervisor_files(root)
+    seen = [[name, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino] for name, _, st in files]
     cached = _SUPERVISOR[:]  # one read of the list: another thread may replace it meanwhile
     if cached and cached[0] == seen:
         return cached[1]
-    bundle = Bundle({name: path.read_bytes() for path, name in paths})
+
+    def read() -> dict[str, bytes]:
+        with_bytes = {}
+        for name, path, _ in files:
+            with open(path, "rb") as fh:
+                with_bytes[name] = fh.read()
+        return with_bytes
+
+    recorded = _recorded_digests().get(str(root), {})
+    if recorded.get("files") == seen and isinstance(recorded.get("digest"), str):
+        bundle = Bundle.recorded(recorded["digest"], read)
+    else:
+        bundle = Bundle(read())
+        _record_digest(str(root), seen, bundle.digest)
     _SUPERVISOR[:] = [seen, bundle]
     return bundle
+
+
+def _supervisor_files(root: Path) -> list[tuple[str, str, os.stat_result]]:
+    """(name in the bundle, path, stat) of each .py file of the supervisor's, sorted by name."""
+    found = []
+    for folder, dirs, names in os.walk(root):
+        relative = os.path.relpath(folder, root)
+        prefix = "" if relative == "." else relative.replace(os.sep, "/") + "/"
+        dirs[:] = [d for d in dirs if d != "__pycache__" and not (prefix == "" and d == PAYLOAD_PACKAGES)]
+        for name in names:
+            if name.endswith(".py"):
+                path = os.path.join(folder, name)
+                found.append((prefix + name, path, os.stat(path)))
+    return sorted(found, key=lambda entry: entry[0])
+
+
+def _digests_path() -> Path:
+    from ..state.store import default_state_dir
+
+    return default_state_dir() / DIGESTS_FILE
+
+
+def _recorded_digests() -> dict:
+    """The digests recorded in the state dir; an unreadable or torn file is none (a cache)."""
+    try:
+        with open(_digests_path(), encoding="utf-8") as fh:
+            recorded = json.load(fh)
+    except (OSError, ValueError):
+        return {}
+    return recorded if isinstance(recorded, dict) else {}
+
+
+def _record_digest(root: str, seen: list, digest: str) -> None:
+    """Best effort: a state dir that cannot be written only costs the next command a read of the files."""
+    from ..state.store import _write_atomic, private_dir
+
+    recorded = {k: v for k, v in _recorded_digests().items() if k != root}
+    kept = dict(list(recorded.items())[-(DIGESTS_KEPT - 1):])
+    kept[root] = {"files": seen, "digest": digest}
+    path = _digests_path()
+    try:
+        _write_atomic(private_dir(path.parent) / path.name, json.dumps(kept), durable=False)
+    except OSError:
+        pass
 
 
 def packaged_payload(script: str) -> Path | None:
@@ -258,7 +349,7 @@ class HostClient:
         args = ["--job-id", wire["job_id"]] + (["--queue"] if queue else [])
         return answers.start(self.call("start", args, stdin=_json_bytes(wire)), wire["job_id"])
 
-    def submit(self, wire: dict, *, queue: bool = False, opened: OpenCall | None = None) -> answers.Started:
+    def submit(self, wire: dict, *, queue: bool = False, opened: OpenCall | None = None) -> Started:
         """Wire `submit`: the host's own verdict on its preflight report, in one round trip: start's answer
         (plus `report`, `started`: true, `stop_service`, `notes`), or the refusal raised (busy, exit 4).
         opened: this submit's call, opened already (open_submit) and given the wire form now."""
@@ -273,7 +364,7 @@ class HostClient:
         host takes the id from the wire form, so the call fits whatever name the checked spec has."""
         return OpenCall(self, "submit", submit_args(None, queue))
 
-    def status(self, job_ids: Sequence[str] = (), *, wait: float = 0.0) -> list[answers.JobStatus]:
+    def status(self, job_ids: Sequence[str] = (), *, wait: float = 0.0) -> list[JobStatus]:
         """The jobs named (every job on the host when none is): their ids go on stdin, never in argv (whose
         strings the kernel bounds), STATUS_BATCH to a call, so that no answer grows past its bound either.
         wait: seconds the host may hold the answer until one of the named jobs changes state or ends (the
@@ -353,7 +444,7 @@ class HostClient:
             args += ["--health-url", service["health_url"]]
         return answers.restore_service(self.call("restore-service", args))
 
-    def result(self, job_id: str) -> answers.Result:
+    def result(self, job_id: str) -> Result:
         return answers.result_answer(self.call("result", ["--job-id", job_id]))
 
     def gc(self, *, keep_jobs: int, keep_days: float, dry_run: bool) -> dict:

@@ -21,7 +21,6 @@ from __future__ import annotations
 import base64
 import errno
 import fcntl
-import hashlib
 import os
 import select
 import shlex
@@ -458,6 +457,8 @@ class _MissingKeyPolicy:
 
 
 def fingerprint(key) -> str:
+    import hashlib  # the paramiko transport's: an OpenSSH command never needs it
+
     digest = hashlib.sha256(key.asbytes()).digest()
     return "SHA256:" + base64.b64encode(digest).decode("ascii").rstrip("=")
 

@@ -17,7 +17,8 @@ is killed when it passes.
 """
 from __future__ import annotations
 
-import hashlib
+import binascii
+import json
 import os
 import re
 import select
@@ -46,13 +47,17 @@ CONTROL_NAME_LEN = 40  # %C: a SHA1 of local host, remote host, port, user
 class OpenSshTransport:
     """Runs each command with the system `ssh`; the connection lives in a ControlMaster between commands."""
 
-    def __init__(self, target: SshTarget, *, control_dir: Path, ssh: str = "ssh") -> None:
+    def __init__(self, target: SshTarget, *, control_dir: Path, ssh: str = "ssh", cache_dir: Path | None = None) -> None:
         self.target = target
         self.name = target.address
         self.control_dir = control_dir
+        self.cache_dir = cache_dir  # where `ssh -G`'s answer is kept between commands (None: in this process only)
         self.ssh = ssh
         self._options: list[str] | None = None
         self._resolved: dict[str, str] = {}  # `ssh -G` of the target: hostname, port, controlpath…
+        # What cache_dir holds for this target: key, at, resolved, and trust: [the known_hosts stamp, the sockets'
+        # dir made for it, the control dir it was made under]
+        self._record: dict = {}
         self._connecting = ConnectBudget(target)
         self.reached = False
 
@@ -156,7 +161,7 @@ class OpenSshTransport:
         self._resolved = self._ssh_g(options, deadline)
         if not has_control_path(self._resolved):
             try:
-                socket_dir = control_socket_dir(self.control_dir / trust_tag(self._resolved))
+                socket_dir = self._socket_dir()
             except OSError:  # a state dir that cannot be written: each call connects afresh, nothing else changes
                 return options
             options += ["-o", "ControlMaster=auto", "-o", f"ControlPath={socket_dir}/%C",
@@ -165,14 +170,16 @@ class OpenSshTransport:
 
     def _ssh_g(self, options: list[str], deadline: Deadline) -> dict[str, str]:
         """The user's ssh_config as applied to this host (`ssh -G`, no network): {option: value}. Asked once
-        per SSH_G_TTL_S in a process while the config files stay as they were (a fleet's driver connects to
-        each host for every poll); the trust tag is still taken from the known_hosts files at each connect."""
+        per SSH_G_TTL_S while the config files stay as they were, the answer kept in the process (a fleet's
+        driver connects to each host for every poll) and in cache_dir (each CLI command is a new process);
+        the trust tag is still taken from the known_hosts files at each connect."""
         argv = [self.ssh, *options, "-G", "--", self.target.address]
         configs = [options[1]] if options[:1] == ["-F"] else ["~/.ssh/config", "/etc/ssh/ssh_config"]
-        key, now = (*argv, *map(_file_stamp, configs)), time.monotonic()
-        known = _SSH_G.get(key)
-        if known is not None and now - known[0] < SSH_G_TTL_S:
-            return dict(known[1])
+        key, now = json.dumps([*argv, *map(_file_stamp, configs)]), time.time()
+        known = _SSH_G.get(key) or self._recorded(key)
+        if known is not None and 0 <= now - known["at"] < SSH_G_TTL_S:
+            self._record = known
+            return dict(known["resolved"])
         try:
             proc = subprocess.run(argv, capture_output=True, stdin=subprocess.DEVNULL,
                                   timeout=time_left(deadline, self.name))
@@ -180,8 +187,61 @@ class OpenSshTransport:
             return {}
         resolved = parse_ssh_g(proc.stdout.decode("utf-8", "replace"))
         if proc.returncode == 0 and resolved:
-            _SSH_G[key] = (now, resolved)
+            self._record = {"key": key, "at": now, "resolved": resolved, "trust": (known or {}).get("trust")}
+            _SSH_G[key] = self._record
+            self._save_record()
         return dict(resolved)
+
+    def _socket_dir(self) -> Path:
+        """The control sockets' dir: control_socket_dir of the trust tag, remembered beside `ssh -G`'s answer
+        with the known_hosts stamp it was made from. The same stamp makes the same dir, neither hashed nor
+        looked up again (a long state dir's is named by a hash in the temp dir); a changed known_hosts is
+        hashed afresh (a new master)."""
+        from ..state.store import private_dir
+
+        stamp, control_dir = trust_stamp(self._resolved), str(self.control_dir)
+        remembered = self._record.get("trust")
+        if isinstance(remembered, list) and len(remembered) == 3 and remembered[0] == stamp \
+                and remembered[2] == control_dir and isinstance(remembered[1], str):
+            return private_dir(Path(remembered[1]))
+        socket_dir = control_socket_dir(self.control_dir / trust_tag(self._resolved))
+        if self._record:
+            self._record["trust"] = [stamp, str(socket_dir), control_dir]
+            self._save_record()
+        return socket_dir
+
+    def _record_path(self, key: str) -> Path | None:
+        if self.cache_dir is None:
+            return None
+        return self.cache_dir / f"ssh-G-{binascii.crc32(key.encode()):08x}.json"  # its key is checked on reading
+
+    def _recorded(self, key: str) -> dict | None:
+        """cache_dir's answer for this `ssh -G` argv and config files, or None (none, another key's, unreadable)."""
+        path = self._record_path(key)
+        if path is None:
+            return None
+        try:
+            with open(path, encoding="utf-8") as fh:
+                record = json.load(fh)
+        except (OSError, ValueError):
+            return None
+        if not (isinstance(record, dict) and record.get("key") == key and isinstance(record.get("at"), float)
+                and isinstance(record.get("resolved"), dict)):
+            return None
+        _SSH_G[key] = record
+        return record
+
+    def _save_record(self) -> None:
+        """Best effort: a state dir that cannot be written only costs the next command an `ssh -G`."""
+        path = self._record_path(self._record["key"])
+        if path is None:
+            return
+        from ..state.store import _write_atomic, private_dir
+
+        try:
+            _write_atomic(private_dir(path.parent) / path.name, json.dumps(self._record), durable=False)
+        except OSError:
+            pass
 
 
 def _file_stamp(path: str) -> tuple:
@@ -193,7 +253,7 @@ def _file_stamp(path: str) -> tuple:
 
 
 SSH_G_TTL_S = 60.0
-_SSH_G: dict[tuple, tuple[float, dict[str, str]]] = {}  # `ssh -G` argv: (when, its answer)
+_SSH_G: dict[str, dict] = {}  # `ssh -G` argv and config stamps: {key, at (time.time()), resolved, trust}
 
 
 def parse_ssh_g(text: str) -> dict[str, str]:
@@ -206,25 +266,34 @@ def has_control_path(resolved: dict[str, str]) -> bool:
     return resolved.get("controlpath", "none") not in ("", "none")
 
 
-def trust_tag(resolved: dict[str, str]) -> str:
-    """Which known_hosts files, as they are now, a master was verified against. A master connection is not
-    checked again when reused, so a known_hosts that changed (a key removed or replaced) gets a new master,
-    verified afresh, instead of riding on one made under the old trust."""
-    h = hashlib.sha256()
+def trust_stamp(resolved: dict[str, str]) -> str:
+    """The known_hosts files a master is verified against, as they are now: each path with its inode, size and
+    mtime (or `absent`)."""
+    lines = []
     for option in ("userknownhostsfile", "globalknownhostsfile", "stricthostkeychecking"):
         for word in resolved.get(option, "").split():
             path = os.path.expanduser(word)
             try:
                 st = os.stat(path)
-                h.update(f"{path}|{st.st_ino}|{st.st_size}|{st.st_mtime_ns}\n".encode())
+                lines.append(f"{path}|{st.st_ino}|{st.st_size}|{st.st_mtime_ns}\n")
             except OSError:
-                h.update(f"{path}|absent\n".encode())
-    return h.hexdigest()[:10]
+                lines.append(f"{path}|absent\n")
+    return "".join(lines)
+
+
+def trust_tag(resolved: dict[str, str]) -> str:
+    """Which known_hosts files, as they are now, a master was verified against. A master connection is not
+    checked again when reused, so a known_hosts that changed (a key removed or replaced) gets a new master,
+    verified afresh, instead of riding on one made under the old trust."""
+    import hashlib  # OpenSSL's start: a command whose trust stamp is remembered never loads it
+
+    return hashlib.sha256(trust_stamp(resolved).encode()).hexdigest()[:10]
 
 
 def control_socket_dir(preferred: Path) -> Path:
     """`preferred`, or a short per-user dir under the temp dir when socket paths there would be too long."""
     if len(str(preferred)) + 1 + CONTROL_NAME_LEN > SOCKET_PATH_MAX:
+        import hashlib
         import tempfile
 
         tag = hashlib.sha256(str(preferred).encode()).hexdigest()[:8]
@@ -419,7 +488,8 @@ def for_host(host: dict):
                         hint="Install OpenSSH's client, or set host.transport: paramiko.")
     if ssh is None:
         return SshTransport(target)
-    return OpenSshTransport(target, control_dir=_state_dir() / "cm", ssh=ssh)
+    state = _state_dir()
+    return OpenSshTransport(target, control_dir=state / "cm", ssh=ssh, cache_dir=state / "ssh")
 
 
 def _state_dir() -> Path:

@@ -16,7 +16,6 @@ edited spec's submit may open its host call on while it validates, never used un
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import stat
 import sys
@@ -59,6 +58,8 @@ def key(spec_path: str, overrides: Sequence[str]) -> str | None:
         return None
     if len(data) > MAX_KEYED_BYTES:  # grew since the stat
         return None
+    import hashlib  # a submit's: the commands that make no plan never load OpenSSL
+
     h = hashlib.sha256(json.dumps([FORMAT, str(path), list(overrides), _code_stamp()]).encode())
     h.update(data)
     return h.hexdigest()[:32]
@@ -67,6 +68,8 @@ def key(spec_path: str, overrides: Sequence[str]) -> str | None:
 def latest_key(spec_path: str, overrides: Sequence[str]) -> str:
     """Names the last plan made from this file and these overrides, whatever the file's bytes were then: a
     guess only (a submit of the file as edited since may open its host call on it, and checks it after)."""
+    import hashlib
+
     named = json.dumps([FORMAT, str(Path(spec_path).resolve()), list(overrides)]).encode()
     return "last-" + hashlib.sha256(named).hexdigest()[:32]
 

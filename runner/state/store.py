@@ -15,7 +15,8 @@ reading the cursor to saving it, so two tails of one job take turns and each byt
 The index: `list` and `status` read the recent jobs and the ones not yet ended, never every record. `index`
 holds one line per record made (`JOB_ID SUBMITTED_AT`, appended in creation order), `active/` an empty file
 per record whose last state is not terminal; both follow every write of a record, and a state dir written
-before them is indexed once, from a scan, by the first reader.
+before them is indexed once, from a scan, by the first reader. A record put there by anything else is found by
+a listing of jobs/, made again only once the dir or the index changed (`index.listed`).
 """
 from __future__ import annotations
 
@@ -35,6 +36,9 @@ from ..errors import LocalStateError, RunnerError, UnknownJob
 
 TURN_POLL_S = 0.05
 RECENT_JOBS = 50  # `list`/`status` without --all: this many of the newest jobs, and every job not yet ended
+# A jobs dir changed more recently than this is listed again at the next read: a file system's timestamps are
+# coarse (a few ms), so an entry added in the same tick as the stamp was taken would leave it unchanged.
+LISTED_SETTLE_S = 1.0
 
 
 @dataclass
@@ -200,7 +204,12 @@ class Store:
 
     def _strays(self, indexed: set[str]) -> tuple[list[JobRecord], list[str]]:
         """Records the index does not hold (put there by something other than this store): the readable ones,
-        indexed now, and a line for each unreadable one. A listing of the jobs dir, no record read otherwise."""
+        indexed now, and a line for each unreadable one. A listing of the jobs dir, no record read otherwise;
+        not even that while the dir and the index are as they were when a listing last found every record
+        indexed (`index.listed`): a large history's every name is not listed at each `status` and `list`."""
+        stamp = self._listing_stamp()
+        if stamp is not None and stamp == self._read_listed():
+            return [], []
         try:
             names = {name[:-5] for name in os.listdir(self.jobs_dir) if name.endswith(".json")}
         except FileNotFoundError:
@@ -214,7 +223,27 @@ class Store:
         if records:
             with _local_state(self.root), self._index_lock(), open(self.root / "index", "a") as fh:
                 fh.write("".join(f"{r.job_id} {r.submitted_at!r}\n" for r in records))
+        if stamp is not None and not skipped and time.time() - stamp[1] / 1e9 > LISTED_SETTLE_S:
+            # the stamp from before the listing: a change made while it ran is listed next time (strays just
+            # indexed changed the index's size: one listing more, which finds none)
+            with suppress(OSError):  # a read-only state dir lists again next time: nothing else changes
+                _write_atomic(self.root / "index.listed", " ".join(map(str, stamp)), durable=False)
         return records, sorted(skipped)
+
+    def _listing_stamp(self) -> tuple[int, ...] | None:
+        """The jobs dir's inode and mtime (an entry added, renamed or removed changes it) and the index's
+        inode and size as they are now; None when either is missing."""
+        try:
+            jobs, index = os.stat(self.jobs_dir), os.stat(self.root / "index")
+        except OSError:
+            return None
+        return (jobs.st_ino, jobs.st_mtime_ns, index.st_ino, index.st_size)
+
+    def _read_listed(self) -> tuple[int, ...] | None:
+        try:
+            return tuple(int(word) for word in (self.root / "index.listed").read_text().split())
+        except (OSError, ValueError):
+            return None
 
     def all(self) -> list[JobRecord]:
         """Every readable record, oldest first (an unreadable one is skipped: `scan` says which)."""

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from remote_payload.progress import summarize
-from runner.remote.answers import JobStatus
+from runner.remote.job_answers import JobStatus
 from tests.cli_helpers import Target, run_cli, write_job
 from tests.typed_answers import status_text as _status_text
 

@@ -1,14 +1,27 @@
 """What a job's `tail` and `status` load before they call the host: every agent's poll pays it. Each module
 named here is one a job's tail or status never needs (a run's store, the rollout, preflight's rules, tenacity
-with concurrent.futures and logging, shutil with bz2 and lzma)."""
+with concurrent.futures and logging, shutil with bz2 and lzma, a submit's plan and outcomes), or a tail never
+needs (status's typed answers, OpenSSL)."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
+
+import pytest
 
 NEVER = ["tenacity", "concurrent.futures", "logging", "shutil", "runner.state.fleet_store", "runner.remote.preflight",
-         "runner.fleet.fleet_view", "runner.fleet.fleet", "pydantic", "yaml", "paramiko"]
+         "runner.fleet.fleet_view", "runner.fleet.fleet", "pydantic", "yaml", "paramiko",
+         "runner.commands.submit_types", "runner.commands.plan", "runner.state.plan_cache"]  # a submit's
+# What a job's tail never needs besides: the typed answers of status, submit and result, and OpenSSL's hashing
+# once the supervisor's digest and the host's ssh config are recorded in the state dir (the first command of a
+# state dir records them).
+TAIL_NEVER = ["runner.remote.job_answers", "hashlib", "_hashlib", "tempfile", "random"]
+# An `ssh` on PATH that answers `ssh -G` (the machine's own would read its real config).
+FAKE_SSH = "#!/bin/sh\nprintf 'hostname 127.0.0.1\\nport 22\\nuserknownhostsfile {known}\\n'\n"
 
 
 def test_a_jobs_tail_and_status_load_none_of_the_modules_they_do_not_need(tmp_path):
@@ -40,3 +53,39 @@ def test_a_run_is_still_told_from_a_job_by_its_record(tmp_path):
     (store.runs_dir / f"{run_id}.json").write_text("{}")
     assert RunStore(store).exists(run_id) and store.is_run(run_id)
     assert not store.is_run("not a job id/..")
+
+
+@pytest.mark.parametrize("long_state_dir", [False, True])
+def test_a_jobs_tail_loads_no_other_commands_types_nor_hashing_once_recorded(tmp_path, long_state_dir):
+    # A short state dir holds its control sockets; a long one's would not fit a socket path: they go to a dir
+    # of the temp dir named by a hash (remembered too).
+    state = Path(tempfile.mkdtemp(prefix="rs-", dir="/tmp"))
+    if long_state_dir:
+        state = state / ("long-" * 12)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "ssh").write_text(FAKE_SSH.format(known=tmp_path / "known_hosts"))
+    (bin_dir / "ssh").chmod(0o755)
+    code = ("import json, sys\n"
+            "from runner.cli import cli\n"
+            "from runner.commands import controller\n"
+            "from runner.deadline import Deadline\n"
+            "from runner.remote.host import supervisor_bundle\n"
+            "from runner.remote.transport_openssh import for_host\n"
+            "assert supervisor_bundle().digest\n"
+            "for_host({'address': 'box', 'transport': 'openssh'}).command('true', Deadline(5.0))  # ssh -G, trust\n"
+            "print(json.dumps(sorted(sys.modules)))\n")
+
+    def loaded() -> set[str]:
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              env={"PATH": f"{bin_dir}:/usr/bin:/bin", "RUNNER_STATE_DIR": str(state),
+                                   "HOME": str(tmp_path), "PYTHONPATH": ":".join(sys.path)})
+        assert done.returncode == 0, done.stderr
+        return set(json.loads(done.stdout))
+
+    try:
+        assert "hashlib" in loaded()  # the state dir's first command: it hashes, and records
+        again = loaded()
+    finally:
+        shutil.rmtree(state.parent if long_state_dir else state)
+    assert sorted(name for name in NEVER + TAIL_NEVER if name in again) == []

@@ -1,11 +1,21 @@
 """The bundles: content-addressed, uploaded once, unpacked safely (UNPACK runs here for real)."""
 import io
 import json
+import os
+import shutil
 import subprocess
 import sys
 import tarfile
+import time
+from pathlib import Path
 
+import pytest
+
+from runner.errors import LocalStateError
+from runner.remote import host
 from runner.remote.host import UNPACK, Bundle, payload_bundle, supervisor_bundle, tarball
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def unpack(root, data, *names):
@@ -142,3 +152,61 @@ def test_the_read_only_verbs_load_only_their_rooms(tmp_path):
                  "remote_payload.host.systemd", "remote_payload.supervision.start", "remote_payload.slurm.batch"}
         assert sorted(heavy & loaded) == [], verb
         assert "base64" not in loaded or "--stream" not in verb  # a stream sends raw bytes
+
+
+# -- the supervisor's digest, recorded in the state dir against its files' stamps -----------------------------
+
+def _a_new_command(monkeypatch, copy):
+    """What a new `runner` process starts from: no bundle in memory, the host code at `copy`."""
+    monkeypatch.setattr(host, "payload_dir", lambda: copy)
+    monkeypatch.setattr(host, "_SUPERVISOR", [])
+    return host.supervisor_bundle()
+
+
+def _host_code(tmp_path):
+    copy = tmp_path / "remote_payload"
+    shutil.copytree(REPO / "remote_payload", copy, ignore=shutil.ignore_patterns("__pycache__"))
+    return copy
+
+
+def test_a_recorded_digest_is_used_only_while_no_file_changed(tmp_path, monkeypatch):
+    copy = _host_code(tmp_path)
+    first = _a_new_command(monkeypatch, copy)
+    read_now = Bundle(dict(first.files)).digest
+    assert first.digest == read_now
+    again = _a_new_command(monkeypatch, copy)
+    assert again.digest == first.digest and again.files == first.files  # the recorded digest, the files read on use
+    # An edit of the same size, its mtime put back (`cp -p`, `rsync -t`): its ctime still tells.
+    contract = copy / "contract.py"
+    before, stamp = contract.read_bytes(), contract.stat()
+    time.sleep(0.02)  # past the file system's timestamp granularity
+    contract.write_bytes(before.replace(b"Fail", b"FAIL", 1))
+    os.utime(contract, ns=(stamp.st_atime_ns, stamp.st_mtime_ns))
+    edited = _a_new_command(monkeypatch, copy)
+    assert edited.digest != first.digest
+    assert edited.digest == Bundle({name: data for name, data in edited.files.items()}).digest
+    assert edited.files["contract.py"] == contract.read_bytes()
+    contract.write_bytes(before)  # back as it was: the digest is the first one again, read and hashed afresh
+    assert _a_new_command(monkeypatch, copy).digest == first.digest
+
+
+def test_files_changed_after_their_digest_was_taken_are_never_uploaded_under_it(tmp_path, monkeypatch):
+    copy = _host_code(tmp_path)
+    _a_new_command(monkeypatch, copy)
+    recorded = _a_new_command(monkeypatch, copy)  # its digest from the record, its files not read yet
+    digest = recorded.digest
+    (copy / "supervisor.py").write_text((copy / "supervisor.py").read_text() + "\n# changed meanwhile\n")
+    with pytest.raises(LocalStateError, match="changed while this command ran"):
+        recorded.files
+    assert _a_new_command(monkeypatch, copy).digest != digest
+
+
+def test_an_unreadable_digest_record_is_a_miss(tmp_path, monkeypatch):
+    copy = _host_code(tmp_path)
+    digest = _a_new_command(monkeypatch, copy).digest
+    record = Path(os.environ["RUNNER_STATE_DIR"]) / host.DIGESTS_FILE
+    for text in ("{torn", "[]", json.dumps({str(copy): {"files": "x", "digest": 7}})):
+        record.write_text(text)
+        assert _a_new_command(monkeypatch, copy).digest == digest
+    recorded = json.loads(record.read_text())[str(copy)]
+    assert recorded["digest"] == digest and len(recorded["files"]) == len(_a_new_command(monkeypatch, copy).files)
