@@ -10,14 +10,12 @@ Each pair in turn (A B A B …), medians and the per-pair ratios; `python -X imp
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-from interleave import FAILURES, REPO, cli, pairs, on_user_host
+from interleave import FAILURES, REPO, cli, on_user_host, pairs, submit_one
 
 
 def main() -> int:
@@ -43,12 +41,7 @@ def import_ms(checkout: Path, env: dict, *words: str) -> float:
 
 
 def measure(args, login, root: Path, work: Path, env: dict) -> dict:
-    spec = work / "job.json"
-    spec.write_text(json.dumps({"name": "one", "host": {"address": login.alias, "root": str(root)},
-                                "payload": {"command": ["true"]}}))
-    argv, full_env, cwd = cli(REPO, env, "submit", str(spec))
-    job_id = subprocess.run(argv, env=full_env, cwd=cwd, capture_output=True, check=True).stdout.decode().strip()
-    time.sleep(3)
+    job_id = submit_one(login, root, work, env)
     pass_ = ([sys.executable, "-c", "pass"], None, REPO)
     report = {"job_id": job_id}
     for name, words in (("list", ("list",)), ("tail", ("tail", job_id))):

@@ -59,6 +59,17 @@ def cli(checkout: Path, env: dict, *args: str) -> tuple:
 FAILURES: list[dict] = []  # the stderr of each run that exited other than 0 or 75, for the report
 
 
+def submit_one(login, root: Path, work: Path, env: dict) -> str:
+    """A job of `true` submitted to the login's host (this checkout's CLI), given 3 s to end: its id."""
+    spec = work / "job.json"
+    spec.write_text(json.dumps({"name": "one", "host": {"address": login.alias, "root": str(root)},
+                                "payload": {"command": ["true"]}}))
+    argv, full_env, cwd = cli(REPO, env, "submit", str(spec))
+    job_id = subprocess.run(argv, env=full_env, cwd=cwd, capture_output=True, check=True).stdout.decode().strip()
+    time.sleep(3)
+    return job_id
+
+
 def timed(argv: list[str], env: dict, cwd: Path, stdout=subprocess.DEVNULL) -> tuple[float, int]:
     t0 = time.monotonic()
     done = subprocess.run(argv, env=env, cwd=cwd, stdout=stdout, stderr=subprocess.PIPE)

@@ -10,23 +10,13 @@ minus B. Needs root (the sshd's namespaces); removes what it made.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import resource
 import statistics
-import subprocess
 import sys
-import time
 from pathlib import Path
 
-from interleave import REPO, cli, on_user_host
-
-
-def cpu_ms(argv: list[str], env: dict, cwd: Path) -> float:
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    subprocess.run(argv, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return 1000 * (after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
+from host_call_cpu import cpu_ms
+from interleave import REPO, cli, on_user_host, submit_one
 
 
 def main() -> int:
@@ -40,16 +30,14 @@ def main() -> int:
 
 
 def measure(args, login, root: Path, work: Path, env: dict) -> dict:
-    spec = work / "job.json"
-    spec.write_text(json.dumps({"name": "one", "host": {"address": login.alias, "root": str(root)},
-                                "payload": {"command": ["true"]}}))
-    argv, full_env, cwd = cli(REPO, env, "submit", str(spec))
-    job_id = subprocess.run(argv, env=full_env, cwd=cwd, capture_output=True, check=True).stdout.decode().strip()
-    time.sleep(3)
+    job_id = submit_one(login, root, work, env)
     runs: dict[str, list[float]] = {"a": [], "b": [], "python_pass": []}
     for round_ in range(args.runs + 1):  # round 0 warms the master and each side's records: not counted
-        sample = {side: cpu_ms(*cli(checkout, env, "tail", job_id)) for side, checkout in (("a", REPO), ("b", args.base))}
-        sample["python_pass"] = cpu_ms([sys.executable, "-c", "pass"], full_env, cwd)
+        sample = {}
+        for side, checkout in (("a", REPO), ("b", args.base)):
+            argv, full_env, cwd = cli(checkout, env, "tail", job_id)
+            sample[side] = cpu_ms(argv, b"", full_env, cwd)
+        sample["python_pass"] = cpu_ms([sys.executable, "-c", "pass"], b"", full_env, cwd)
         if round_:
             for key, value in sample.items():
                 runs[key].append(value)
