@@ -396,12 +396,10 @@ def read_status(paths: JobPaths) -> dict:
             if not isinstance(status, dict) or "state" not in status:
                 raise ValueError("not a status object")
             break
-        except ValueError as exc:
-            if wait is None:
+        except (OSError, ValueError) as exc:  # absent or not a regular file: no second read
+            if wait is None or isinstance(exc, OSError):
                 raise Fail("bad-status", "cannot read %s: %s" % (paths.status, exc), job_id=paths.job_id) from exc
             time.sleep(wait)
-        except OSError as exc:
-            raise Fail("bad-status", "cannot read %s: %s" % (paths.status, exc), job_id=paths.job_id) from exc
     check_protocol(status, paths.status)
     return status
 

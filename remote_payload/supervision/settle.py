@@ -23,7 +23,7 @@ import time
 
 from ..contract import RUNNING_SERVICE_STATES, TERMINAL
 from .budget import recorded
-from .files import MAX_RECORD_BYTES, JobPaths, Locks, flock_holders, open_regular
+from .files import JobPaths, Locks, flock_holders, read_json
 from ..host.answer import Fail
 from ..host.bundle import RUN_SUPERVISOR
 from ..host.gpu import query_apps
@@ -507,8 +507,7 @@ def take_over_hung_restorer(job: Job) -> bool:
     """SIGKILL the restorer that holds the job's restore lock past its bound (hung); True once it is gone. Its
     record is believed only for a process the kernel shows holding that very lock (/proc/locks)."""
     try:
-        with open_regular(job.paths.restore_lock) as fh:  # the payload's to replace: never a blocking open
-            holder = json.loads(fh.read(MAX_RECORD_BYTES).decode("utf-8") or "{}")
+        holder = read_json(job.paths.restore_lock)  # the payload's to replace: never a blocking open
         inode = os.stat(job.paths.restore_lock).st_ino
     except (OSError, ValueError):
         return False

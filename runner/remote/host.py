@@ -277,27 +277,19 @@ def _digests_path() -> Path:
 
 
 def _recorded_digests() -> dict:
-    """The digests recorded in the state dir; an unreadable or torn file is none (a cache)."""
-    try:
-        with open(_digests_path(), encoding="utf-8") as fh:
-            recorded = json.load(fh)
-    except (OSError, ValueError):
-        return {}
-    return recorded if isinstance(recorded, dict) else {}
+    """The digests recorded in the state dir (a cache: a miss reads as none)."""
+    from ..state.store import read_cache
+
+    return read_cache(_digests_path()) or {}
 
 
 def _record_digest(root: str, seen: list, digest: str) -> None:
-    """Best effort: a state dir that cannot be written only costs the next command a read of the files."""
-    from ..state.store import _write_atomic, private_dir
+    from ..state.store import write_cache
 
     recorded = {k: v for k, v in _recorded_digests().items() if k != root}
     kept = dict(list(recorded.items())[-(DIGESTS_KEPT - 1):])
     kept[root] = {"files": seen, "digest": digest}
-    path = _digests_path()
-    try:
-        _write_atomic(private_dir(path.parent) / path.name, json.dumps(kept), durable=False)
-    except OSError:
-        pass
+    write_cache(_digests_path(), json.dumps(kept))
 
 
 def packaged_payload(script: str) -> Path | None:

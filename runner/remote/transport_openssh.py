@@ -220,28 +220,23 @@ class OpenSshTransport:
         path = self._record_path(key)
         if path is None:
             return None
-        try:
-            with open(path, encoding="utf-8") as fh:
-                record = json.load(fh)
-        except (OSError, ValueError):
-            return None
-        if not (isinstance(record, dict) and record.get("key") == key and isinstance(record.get("at"), float)
+        from ..state.store import read_cache
+
+        record = read_cache(path)
+        if not (record is not None and record.get("key") == key and isinstance(record.get("at"), float)
                 and isinstance(record.get("resolved"), dict)):
             return None
         _SSH_G[key] = record
         return record
 
     def _save_record(self) -> None:
-        """Best effort: a state dir that cannot be written only costs the next command an `ssh -G`."""
+        """Best effort (write_cache): a state dir that cannot be written only costs the next command an `ssh -G`."""
         path = self._record_path(self._record["key"])
         if path is None:
             return
-        from ..state.store import _write_atomic, private_dir
+        from ..state.store import write_cache
 
-        try:
-            _write_atomic(private_dir(path.parent) / path.name, json.dumps(self._record), durable=False)
-        except OSError:
-            pass
+        write_cache(path, json.dumps(self._record))
 
 
 def _file_stamp(path: str) -> tuple:

@@ -19,13 +19,12 @@ from __future__ import annotations
 import json
 import stat
 import sys
-from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
 from ..errors import RunnerError
-from .store import _write_atomic, private_dir
+from .store import write_cache
 
 FORMAT = 3
 RUNNER_DIR = Path(__file__).resolve().parents[1]  # the whole runner package, every sub-package
@@ -124,12 +123,5 @@ def save(root: Path, plan_key: str | None, plan: Plan, latest: str | None = None
     """Record a plan under its key, and under `latest` (latest_key) when given (best effort: a read-only
     state dir only costs the next submit its validation)."""
     for name in (plan_key, latest):
-        if name is not None:
-            _write(root / "plans", name, json.dumps(plan.__dict__))
-
-
-def _write(directory: Path, name: str, text: str) -> None:
-    """0600 (a plan holds payload.env), replaced atomically, not fsync'd (a file a crash left torn reads as no
-    plan); a state dir that cannot be written is no error."""
-    with suppress(OSError):
-        _write_atomic(private_dir(directory) / f"{name}.json", text, durable=False)
+        if name is not None:  # 0600: a plan holds payload.env
+            write_cache(root / "plans" / f"{name}.json", json.dumps(plan.__dict__))

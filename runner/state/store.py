@@ -393,6 +393,24 @@ def private_file(path: Path) -> Path:
     return path
 
 
+def read_cache(path: Path) -> dict | None:
+    """A cache file of the state dir as a JSON object; None (a miss) when it is absent, unreadable, torn or not
+    an object."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            value = json.load(fh)
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def write_cache(path: Path, text: str) -> None:
+    """A cache file of the state dir replaced whole: 0600 in a private dir, not fsync'd (torn after a crash, it
+    reads as a miss). Best effort: a state dir that cannot be written only costs the next command the work."""
+    with suppress(OSError):
+        _write_atomic(private_dir(path.parent) / path.name, text, durable=False)
+
+
 def _write_atomic(path: Path, text: str, *, durable: bool = True) -> None:
     """`path` replaced whole by `text`, 0600. durable=False (a cache, whose torn or empty file after a crash
     reads as a miss): no fsync, which costs a submit a few ms on a busy disk."""
