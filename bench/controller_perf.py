@@ -40,6 +40,7 @@ from runner.deadline import Deadline  # noqa: E402
 from runner.remote.transport import SshTarget, SshTransport  # noqa: E402
 from runner.spec.spec_load import load_spec  # noqa: E402
 from runner.state.store import JobRecord, Store  # noqa: E402
+os.environ.setdefault("RUNNER_TEST_SSHD_KEX", "default")  # OpenSSH's own key exchanges (tests/hosts/sshd.py)
 from tests.cli_helpers import Target, python_payload, write_job  # noqa: E402
 from tests.hosts import sshd  # noqa: E402
 from tests.hosts._proc import shared_tmpdir, wait_until  # noqa: E402

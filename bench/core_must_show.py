@@ -19,6 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+os.environ.setdefault("RUNNER_TEST_SSHD_KEX", "default")  # OpenSSH's own key exchanges (tests/hosts/sshd.py)
 from tests.hosts._proc import shared_tmpdir  # noqa: E402
 from tests.hosts.sshd import start_sshd  # noqa: E402
 

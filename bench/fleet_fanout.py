@@ -28,6 +28,7 @@ from pathlib import Path
 import yaml
 
 from runner.state.fleet_store import DEFAULT_FORKS
+os.environ.setdefault("RUNNER_TEST_SSHD_KEX", "default")  # OpenSSH's own key exchanges (tests/hosts/sshd.py)
 from tests.hosts._proc import shared_tmpdir
 from tests.hosts.sshd import start_sshd
 

@@ -21,6 +21,7 @@ sys.path.insert(0, str(REPO))
 
 from runner.deadline import Deadline  # noqa: E402
 from runner.remote.transport import SshTarget, SshTransport  # noqa: E402
+os.environ.setdefault("RUNNER_TEST_SSHD_KEX", "default")  # OpenSSH's own key exchanges (tests/hosts/sshd.py)
 from tests.hosts import sshd  # noqa: E402
 
 RUNS = 20

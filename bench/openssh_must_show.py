@@ -37,6 +37,7 @@ from latency_proxy import LatencyProxy  # noqa: E402
 from runner.commands import controller  # noqa: E402
 from runner.deadline import Deadline  # noqa: E402
 from runner.state.store import Store  # noqa: E402
+os.environ.setdefault("RUNNER_TEST_SSHD_KEX", "default")  # OpenSSH's own key exchanges (tests/hosts/sshd.py)
 from tests.cli_helpers import Target, write_job  # noqa: E402
 from tests.hosts import sshd  # noqa: E402
 from tests.hosts._proc import shared_tmpdir  # noqa: E402

@@ -9,10 +9,12 @@ each `runner submit` is timed end to end (controller, ssh, start, handshake). Pr
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import sys
 import time
 
+os.environ.setdefault("RUNNER_TEST_SSHD_KEX", "default")  # OpenSSH's own key exchanges (tests/hosts/sshd.py)
 from tests.cli_helpers import run_cli, status, wait_terminal
 from tests.harness.systemd_jobs import gpu_job, target_for
 from tests.hosts._proc import shared_tmpdir

@@ -86,10 +86,11 @@ def status(target: Target, job_id: str) -> dict:
 def wait_terminal(target: Target, job_id: str, timeout: float = 90) -> dict:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        asked = time.monotonic()
         job = status(target, job_id)
         if is_terminal(job["state"]):
             return job
-        time.sleep(0.3)
+        time.sleep(paced(time.monotonic() - asked, 0.3))
     raise AssertionError(f"{job_id} not terminal after {timeout}s: {job}")
 
 
@@ -99,10 +100,25 @@ def job_dir(target: Target, job_id: str) -> Path:
 
 def wait_for(predicate, timeout: float = 30, what: str = "condition") -> None:
     deadline = time.monotonic() + timeout
-    while not predicate():
+    while True:
+        asked = time.monotonic()
+        if predicate():
+            return
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
+        time.sleep(paced(time.monotonic() - asked, 0.05))
+
+
+POLL_DUTY = 3      # a poll sleeps at least this many times as long as its check took
+POLL_MAX_S = 0.5   # and never longer than this between checks
+
+
+def paced(took: float, least: float) -> float:
+    """Seconds to sleep between two checks of a wait: `least`, or more for a check that costs (an ssh call, a
+    CLI process: 0.1-0.4 s of CPU each). Polled back to back, each waiting test kept most of a core busy and the
+    integration suite was CPU-bound on 2 cores; paced, a check takes at most a quarter of the wait, and a state
+    is seen at most POLL_MAX_S late."""
+    return max(least, min(POLL_MAX_S, POLL_DUTY * took))
 
 
 def pid_alive_on(target: Target, pid: int) -> bool:

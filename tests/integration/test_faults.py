@@ -309,6 +309,20 @@ def poll_tightly(probe, what: str, timeout: float = 60):
     return found
 
 
+def freeze_when(pid: int, needle: str, reached, what: str, timeout: float = 60) -> None:
+    """Leave pid stopped (SIGSTOP) at the first moment `reached()` holds. It is stopped at once and let run
+    in steps of about a millisecond, `reached` checked between steps while it is stopped: polling beside a
+    running process missed a step of tens of ms whenever this test was not scheduled for that long (a loaded
+    2-core CI machine: the host's `start` had answered and exited before it was stopped)."""
+    kill_checked(pid, needle, signal.SIGSTOP)
+    deadline = time.monotonic() + timeout
+    while not reached():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        os.kill(pid, signal.SIGCONT)
+        time.sleep(0.001)
+        os.kill(pid, signal.SIGSTOP)
+
+
 @pytest.mark.slow(seconds=65)
 def test_link_cut_during_start_then_retry_with_same_id_is_safe(netns_host, work):
     """The link goes down while the host's `start` is answering: `start` is frozen (SIGSTOP) right after
@@ -322,8 +336,8 @@ def test_link_cut_during_start_then_retry_with_same_id_is_safe(netns_host, work)
         # `submit` is the host's preflight + start in one call (the start path of a cached submit)
         start = poll_tightly(lambda: host_process(netns_host, "submit --job-id cut-start.1"),
                              what="the host's start call")
-        poll_tightly(job_file_on_host(netns_host, "cut-start.1", "").exists, what="the claimed job dir")
-        kill_checked(start, "cut-start.1", signal.SIGSTOP)
+        freeze_when(start, "cut-start.1", job_file_on_host(netns_host, "cut-start.1", "").exists,
+                    what="the claimed job dir")
         cut_both_ways(netns_host)
         kill_checked(start, "cut-start.1", signal.SIGCONT)
         _out, err = first.communicate(timeout=120)
