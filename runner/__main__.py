@@ -4,15 +4,20 @@ A command lives well under a second, most of it importing (pydantic's models for
 the collector's passes during those imports find almost nothing to free, and the interpreter's last pass at
 exit walks every object the command made. Collections are made rarer (a long `tail -f` still collects) and
 what exists when the command ends is frozen, so the exit skips it: ~25 ms of an edited spec's submit
-(docs/performance.md).
+(docs/performance.md). A `tail` opens its host call before the CLI imports (commands/early_tail.py).
 """
 import gc
+import sys
 
 FIRST_GENERATION_THRESHOLD = 50_000  # allocations between passes (Python's default: 700)
 
 
 def run() -> None:
     gc.set_threshold(FIRST_GENERATION_THRESHOLD)
+    if sys.argv[1:2] == ["tail"]:  # its host call answers while the CLI imports (commands/early_tail.py)
+        from .commands import early_tail
+
+        early_tail.begin(sys.argv[1:])
     from .cli.cli import main
 
     try:

@@ -175,7 +175,7 @@ def tail(job_id: str, follow: bool, max_wait: float, from_start: bool, as_json: 
 
 
 def _tail_and_exit(job_id: str, *, follow: bool, max_wait: float, from_start: bool, as_json: bool) -> None:
-    from ..commands import controller
+    from ..commands import controller, early_tail
 
     captured = io.BytesIO()  # --json: the output goes into the document
     sink: BinaryIO = captured if as_json else sys.stdout.buffer
@@ -192,8 +192,10 @@ def _tail_and_exit(job_id: str, *, follow: bool, max_wait: float, from_start: bo
         else:
             _progress(f"[runner] {job_id} ended {outcome.state}{render.exit_note(outcome.exit_code)}")
 
-    outcome = controller.tail(job_id, store=Store(), out=sink, follow=follow, max_wait=max_wait,
-                              from_start=from_start, delivered=delivered)
+    store = Store()
+    opened = early_tail.take(early_tail.TailArgs(job_id, follow, max_wait, from_start), str(store.root))
+    outcome = controller.tail(job_id, store=store, out=sink, follow=follow, max_wait=max_wait,
+                              from_start=from_start, delivered=delivered, opened=opened)
     sys.exit(exit_code(outcome.state, settled=outcome.terminal))
 
 

@@ -7,11 +7,11 @@ from __future__ import annotations
 import os
 import shlex
 import time
-from contextlib import closing, contextmanager, suppress
+from contextlib import ExitStack, closing, contextmanager, suppress
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO, Callable, Generator, Iterator, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, BinaryIO, Callable, Generator, Iterable, Iterator, Sequence, TypeVar
 
 from remote_payload.contract import DEFAULTS, normalize_unit
 from remote_payload import sweep as sweeps
@@ -440,7 +440,8 @@ def _adopt(client: HostClient, wire: dict, exc: RemoteError) -> Started:
 # -- tail -------------------------------------------------------------------------------------------------
 
 def tail(job_id: str, *, store: Store, out: BinaryIO, follow: bool, max_wait: float, from_start: bool,
-         save_cursor: bool = True, delivered: Callable[[TailOutcome], None] = lambda _o: None) -> TailOutcome:
+         save_cursor: bool = True, delivered: Callable[[TailOutcome], None] = lambda _o: None,
+         opened: OpenedTail | None = None) -> TailOutcome:
     """Print log bytes after the stored cursor; with follow, until terminal or max_wait. Never past max_wait
     plus one round trip's allowance (the client's deadline).
 
@@ -454,21 +455,34 @@ def tail(job_id: str, *, store: Store, out: BinaryIO, follow: bool, max_wait: fl
     log shorter than the cursor resets the cursor to 0 and raises LogShrank (exit 3): the next call prints
     the log again from its first byte, so nothing is skipped, though bytes may repeat.
     save_cursor=False (watch): a reader of its own that neither takes the turn nor writes the record.
+    opened: this very tail's turn and host call, opened ahead (open_tail), its deadline counted from then.
     """
     waiting = Deadline(max_wait)
     job_id = check_job_id(job_id)
     if not save_cursor:
         record = store.load(job_id)
-        outcome = _print_log(record, 0 if from_start else record.cursor, out, follow, waiting)
+        cursor = 0 if from_start else record.cursor
+        with ExitStack() as stack:
+            outcome = _print_log(record, cursor, open_log(record, cursor, follow, waiting, stack), out)
         delivered(outcome)
         return outcome
-    with store.cursor_turn(job_id, waiting.left()) as (record, turn):
+    with ExitStack() as stack:
+        if opened is not None:  # its turn, record and host call, opened before the CLI imported
+            stack.enter_context(opened.stack)
+            waiting, record, turn, chunks = opened.waiting, opened.record, True, opened.chunks
+        else:
+            record, turn = stack.enter_context(store.cursor_turn(job_id, waiting.left()))
+            chunks = None
         if not turn:
             outcome = TailOutcome(job_id, record.last_state, None, False, record.cursor, 0, busy=True)
             delivered(outcome)
             return outcome
+        cursor = 0 if from_start else record.cursor
         try:
-            outcome = _print_log(record, 0 if from_start else record.cursor, out, follow, waiting)
+            with ExitStack() as call:
+                if chunks is None:
+                    chunks = open_log(record, cursor, follow, waiting, call)
+                outcome = _print_log(record, cursor, chunks, out)
         except RemoteError as exc:
             if exc.code != "bad-offset":
                 raise
@@ -477,6 +491,33 @@ def tail(job_id: str, *, store: Store, out: BinaryIO, follow: bool, max_wait: fl
         if (outcome.offset, outcome.state) != (record.cursor, record.last_state):  # else there is nothing to save
             store.advance_cursor(job_id, outcome.offset, outcome.state)
         return outcome
+
+
+@dataclass
+class OpenedTail:
+    """A tail's cursor turn, its record as of the turn and its host call, opened ahead of the tail itself
+    (commands/early_tail.py); `stack` closes all three."""
+
+    waiting: Deadline
+    record: JobRecord
+    chunks: Iterable[LogChunk]
+    stack: ExitStack
+
+
+def open_tail(job_id: str, *, store: Store, follow: bool, max_wait: float, from_start: bool) -> OpenedTail | None:
+    """A tail's turn taken without waiting, its record read and its host call opened (the host starts
+    answering); None when another tail holds the turn. Errors are raised as the tail would raise them."""
+    waiting, stack = Deadline(max_wait), ExitStack()
+    try:
+        record, turn = stack.enter_context(store.cursor_turn(check_job_id(job_id), 0.0))
+        if not turn:
+            stack.close()
+            return None
+        chunks = open_log(record, 0 if from_start else record.cursor, follow, waiting, stack)
+    except BaseException:
+        stack.close()
+        raise
+    return OpenedTail(waiting, record, chunks, stack)
 
 
 def log_shrank(record: JobRecord, size: int | None, store: Store) -> LogShrank:
@@ -490,41 +531,45 @@ def log_shrank(record: JobRecord, size: int | None, store: Store) -> LogShrank:
         hint=f"the next `runner tail {record.job_id}` prints the log from its first byte (bytes may come again).")
 
 
-def _print_log(record: JobRecord, cursor: int, out: BinaryIO, follow: bool, waiting: Deadline) -> TailOutcome:
-    """The log from `cursor`, each chunk written and flushed to `out` as it comes; the outcome's offset is past
-    the last byte flushed."""
+def _print_log(record: JobRecord, cursor: int, chunks: Iterable[LogChunk], out: BinaryIO) -> TailOutcome:
+    """The log's chunks from `cursor` (open_log), each written and flushed to `out` as it comes; the outcome's
+    offset is past the last byte flushed."""
     job_id, printed = record.job_id, 0
     state, code, terminal = record.last_state, None, False
-    with connect(record.host, deadline=Deadline.for_command(waiting.left())) as client, \
-            closing(_log_chunks(client, job_id, cursor, follow, waiting)) as chunks:
-        try:
-            for chunk in chunks:
-                if chunk.data:
-                    out.write(chunk.data)
-                    out.flush()
-                    printed += len(chunk.data)
-                cursor, state, code = chunk.next_offset, chunk.state, chunk.exit_code
-                terminal = chunk.terminal and chunk.at_end
-        except RunnerError:
-            if not printed:
-                raise
-            # What this call printed is delivered: report "call again" so the caller (a --json caller
-            # too) gets those bytes now and the cursor moves past them; the next call meets the error.
-            return TailOutcome(job_id, state, None, False, cursor, printed)
+    try:
+        for chunk in chunks:
+            if chunk.data:
+                out.write(chunk.data)
+                out.flush()
+                printed += len(chunk.data)
+            cursor, state, code = chunk.next_offset, chunk.state, chunk.exit_code
+            terminal = chunk.terminal and chunk.at_end
+    except RunnerError:
+        if not printed:
+            raise
+        # What this call printed is delivered: report "call again" so the caller (a --json caller
+        # too) gets those bytes now and the cursor moves past them; the next call meets the error.
+        return TailOutcome(job_id, state, None, False, cursor, printed)
     return TailOutcome(job_id, state, code, terminal, cursor, printed)
 
 
-def _log_chunks(client: HostClient, job_id: str, cursor: int, follow: bool,
-                waiting: Deadline) -> Generator[LogChunk, None, None]:
-    """The log's chunks from `cursor` until the call may end: streamed on one host call for as long as
-    max_wait allows, where the transport streams; else a `logs` call per chunk. Either way a backlog is drained
-    never past max_wait: the rest comes with the next call."""
+def open_log(record: JobRecord, cursor: int, follow: bool, waiting: Deadline, stack: ExitStack) -> Iterable[LogChunk]:
+    """The job's log from `cursor` until the call may end, as chunks: streamed on one host call for as long as
+    max_wait allows, where the transport streams (the call opened here, before the first chunk is asked
+    for); else a `logs` call per chunk. Either way a backlog is drained never past max_wait: the rest comes
+    with the next call. `stack` closes the call and its connection."""
+    client = stack.enter_context(connect(record.host, deadline=Deadline.for_command(waiting.left())))
     stream = getattr(client, "log_stream", None)  # a test's scripted host answers `logs` only
-    streamed = stream(job_id, cursor, frame_bytes=LOG_CHUNK, wait=max(0.0, waiting.left() - 0.2),
-                      follow=follow) if stream is not None else None
-    if streamed is not None:
-        yield from streamed
-        return
+    frames = stream(record.job_id, cursor, frame_bytes=LOG_CHUNK, wait=max(0.0, waiting.left() - 0.2),
+                    follow=follow) if stream is not None else None
+    if frames is not None:
+        stack.callback(frames.close)
+        return frames
+    return stack.enter_context(closing(_polled_chunks(client, record.job_id, cursor, follow, waiting)))
+
+
+def _polled_chunks(client: HostClient, job_id: str, cursor: int, follow: bool,
+                   waiting: Deadline) -> Generator[LogChunk, None, None]:
     while True:
         wait = max(0.0, min(LONG_POLL_S, waiting.left() - 0.2)) if follow else 0.0
         chunk = client.logs(job_id, cursor, max_bytes=LOG_CHUNK, wait=wait)

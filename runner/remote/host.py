@@ -376,44 +376,18 @@ class HostClient:
         return answers.logs(self.call("logs", args), offset, max_bytes)
 
     def log_stream(self, job_id: str, offset: int, *, frame_bytes: int, wait: float,
-                   follow: bool) -> Iterator[answers.LogChunk] | None:
+                   follow: bool) -> LogFrames | None:
         """Wire `logs --stream`, on a transport that streams (else None): one call that sends the log from
         `offset` as it grows, for up to `wait` seconds (with `follow`, until the job ended and every byte went;
-        else until caught up), in frames of at most `frame_bytes`. Yields each frame checked, as a LogChunk; the
-        last one (no bytes) carries the state as it was when the call ended. A call that ends without its last
-        frame raises."""
+        else until caught up), in frames of at most `frame_bytes`. The call starts here, not at the first
+        frame (a tail opens it before the CLI has imported, runner.commands.early_tail); iterated, it yields
+        each frame checked, as a LogChunk; the last one (no bytes) carries the state as it was when the call
+        ended. A call that ends without its last frame raises."""
         if not isinstance(self.transport, Streaming):
             return None
         args = ["--job-id", job_id, "--offset", str(offset), "--max", str(frame_bytes), "--wait", f"{wait:.2f}",
                 "--stream"] + (["--follow"] if follow else [])
-        return self._frames(args, offset, frame_bytes)
-
-    def _frames(self, args: list[str], offset: int, frame_bytes: int) -> Iterator[answers.LogChunk]:
-        stream, uploaded = self._open_stream("logs", args), False
-        try:
-            while True:
-                line = stream.readline(MAX_FRAME_HEADER)
-                answer = answers.parse_line(line, "logs")
-                if answer is None or not answer.get("ok"):
-                    done = stream.finish()  # its exit code: 42 when a bundle is missing
-                    if done.exit_code == EXIT_PAYLOAD_MISSING and not uploaded:
-                        self.upload()
-                        stream, uploaded = self._open_stream("logs", args), True
-                        continue
-                    # raises: the host's error, or its bad answer (a line that is ok was not this branch)
-                    answer = _answer(Completed(done.argv, done.exit_code, line + done.stdout, done.stderr), "logs")
-                frame = answers.log_frame(answer, offset, frame_bytes)
-                data = stream.read(frame["data_len"])
-                if len(data) < frame["data_len"]:
-                    stream.close()  # ssh's own failure raises here
-                    raise RemoteError("logs: the call ended inside a frame", code="internal")
-                offset = frame["next_offset"]
-                uploaded = True  # the bundle is there: a later payload-missing is the host's answer, not ours
-                yield answers.LogChunk.from_json(frame, data)
-                if frame["last"]:
-                    return
-        finally:
-            stream.close()
+        return LogFrames(self, args, offset, frame_bytes)
 
     def _open_stream(self, sub: str, args: list[str]) -> Stream:
         assert isinstance(self.transport, Streaming)  # log_stream streams only on such a transport
@@ -541,3 +515,42 @@ def _parse_line(done: Completed, sub: str) -> dict:
             hint="Set host.python to a Python 3 interpreter that exists on the host.",
         )
     raise answers.no_json(sub, done.exit_code, done.stderr_tail())
+
+
+class LogFrames:
+    """The frames of one `logs --stream` call (HostClient.log_stream), the call opened when this is made;
+    iterate once; `close` ends the call, killed when still running (also when it was never iterated)."""
+
+    def __init__(self, client: HostClient, args: list[str], offset: int, frame_bytes: int) -> None:
+        self._client, self._args, self._offset, self._frame_bytes = client, args, offset, frame_bytes
+        self._stream = client._open_stream("logs", args)
+
+    def __iter__(self) -> Iterator[answers.LogChunk]:
+        offset, uploaded = self._offset, False
+        try:
+            while True:
+                line = self._stream.readline(MAX_FRAME_HEADER)
+                answer = answers.parse_line(line, "logs")
+                if answer is None or not answer.get("ok"):
+                    done = self._stream.finish()  # its exit code: 42 when a bundle is missing
+                    if done.exit_code == EXIT_PAYLOAD_MISSING and not uploaded:
+                        self._client.upload()
+                        self._stream, uploaded = self._client._open_stream("logs", self._args), True
+                        continue
+                    # raises: the host's error, or its bad answer (a line that is ok was not this branch)
+                    answer = _answer(Completed(done.argv, done.exit_code, line + done.stdout, done.stderr), "logs")
+                frame = answers.log_frame(answer, offset, self._frame_bytes)
+                data = self._stream.read(frame["data_len"])
+                if len(data) < frame["data_len"]:
+                    self._stream.close()  # ssh's own failure raises here
+                    raise RemoteError("logs: the call ended inside a frame", code="internal")
+                offset = frame["next_offset"]
+                uploaded = True  # the bundle is there: a later payload-missing is the host's answer, not ours
+                yield answers.LogChunk.from_json(frame, data)
+                if frame["last"]:
+                    return
+        finally:
+            self._stream.close()
+
+    def close(self) -> None:
+        self._stream.close()

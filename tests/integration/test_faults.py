@@ -21,6 +21,7 @@ import signal
 import subprocess
 import sys
 import time
+from contextlib import suppress
 from pathlib import Path
 
 import pytest
@@ -309,26 +310,83 @@ def poll_tightly(probe, what: str, timeout: float = 60):
     return found
 
 
-def freeze_when(pid: int, needle: str, reached, what: str, timeout: float = 60) -> None:
-    """Leave pid stopped (SIGSTOP) at the first moment `reached()` holds. It is stopped at once and let run
-    in steps of about a millisecond, `reached` checked between steps while it is stopped: polling beside a
-    running process missed a step of tens of ms whenever this test was not scheduled for that long (a loaded
-    2-core CI machine: the host's `start` had answered and exited before it was stopped)."""
-    kill_checked(pid, needle, signal.SIGSTOP)
-    deadline = time.monotonic() + timeout
-    while not reached():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        os.kill(pid, signal.SIGCONT)
-        time.sleep(0.001)
+def stat_fields(pid: int) -> tuple[str, str, int]:
+    """(comm, state, ppid) of pid from /proc/PID/stat."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    rest = stat[stat.rindex(")") + 2:].split()
+    return stat[stat.index("(") + 1:stat.rindex(")")], rest[0], int(rest[1])
+
+
+def stop(pid: int) -> None:
+    """SIGSTOP pid and wait until it is stopped (kill returns before a process running on another CPU is), or
+    has ended."""
+    def halted() -> bool:
+        try:
+            return stat_fields(pid)[1] in "TtZX"
+        except FileNotFoundError:
+            return True
+
+    with suppress(ProcessLookupError):
         os.kill(pid, signal.SIGSTOP)
+    poll_tightly(halted, what=f"pid {pid} stopped", timeout=10)
+
+
+def ended(pid: int) -> bool:
+    try:
+        return stat_fields(pid)[1] in "ZX"
+    except FileNotFoundError:
+        return True
+
+
+def carry_on(pid: int) -> None:
+    with suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGCONT)
+
+
+def session_of(host, pid: int) -> int:
+    """The sshd session process that carries pid's input and output: its nearest sshd ancestor (the host's)."""
+    current = stat_fields(pid)[2]
+    while stat_fields(current)[0] != "sshd":
+        current = stat_fields(current)[2]
+        assert current > 1, f"no sshd above pid {pid}"
+    assert in_cgroup(current, host.cgroup), f"pid {current} is not the test host's"
+    return current
+
+
+def hold_the_answer(host, start: int, needle: str, claimed, what: str, timeout: float = 60) -> int:
+    """Run `start` until `claimed()` holds, its answer kept on the host: `start` and its sshd session are
+    stopped and let run in turn, never both at once, the session only until the claim (it forwards the
+    request's stdin), `start` on to its end (its answer stays in the pipe to the stopped session). Returns
+    the session, stopped: the caller cuts the link, then lets it go, and the answer goes into the void.
+    Not a race against the host: polling beside a running `start` missed its claim-to-answer step (tens of ms)
+    whenever this test was not scheduled for that long (a loaded 2-core CI machine)."""
+    kill_checked(start, needle, signal.SIGSTOP)
+    session = session_of(host, start)
+    stop(session)
+    try:
+        deadline = time.monotonic() + timeout
+        while not claimed():
+            assert time.monotonic() < deadline, f"timed out waiting for {what}"
+            carry_on(session)
+            time.sleep(0.001)
+            stop(session)
+            carry_on(start)
+            time.sleep(0.001)
+            stop(start)
+        carry_on(start)
+        poll_tightly(lambda: ended(start), what="the host's start to answer and exit")
+    except BaseException:
+        os.kill(session, signal.SIGCONT)
+        raise
+    return session
 
 
 @pytest.mark.slow(seconds=65)
 def test_link_cut_during_start_then_retry_with_same_id_is_safe(netns_host, work):
-    """The link goes down while the host's `start` is answering: `start` is frozen (SIGSTOP) right after
-    it claimed the job dir (it then waits tens of ms for the new supervisor's ready line), the link cut,
-    `start` thawed; it answers into the void. The cut lasts until that submit gives up (the call's read
-    deadline fires); then the same submit is retried at once."""
+    """The link goes down while the host's `start` is answering: its answer is held on the host (the sshd
+    session that carries it stopped) until `start` claimed the job dir and answered, then the link is cut
+    and the session let go: the answer goes into the void. The cut lasts until that submit gives up (the
+    call's read deadline fires); then the same submit is retried at once."""
     target, gate, counter = target_for(netns_host), work / "gate", work / "runs"
     spec = job_spec(work, netns_host, python_payload(work, "counted.py", COUNTED) + [str(counter), str(gate)])
     first = cli_process(target, "submit", str(spec), "--job-id", "cut-start.1", "--json")
@@ -336,10 +394,11 @@ def test_link_cut_during_start_then_retry_with_same_id_is_safe(netns_host, work)
         # `submit` is the host's preflight + start in one call (the start path of a cached submit)
         start = poll_tightly(lambda: host_process(netns_host, "submit --job-id cut-start.1"),
                              what="the host's start call")
-        freeze_when(start, "cut-start.1", job_file_on_host(netns_host, "cut-start.1", "").exists,
-                    what="the claimed job dir")
+        session = hold_the_answer(netns_host, start, "cut-start.1",
+                                  job_file_on_host(netns_host, "cut-start.1", "status.json").exists,
+                                  what="the claimed job dir")
         cut_both_ways(netns_host)
-        kill_checked(start, "cut-start.1", signal.SIGCONT)
+        os.kill(session, signal.SIGCONT)
         _out, err = first.communicate(timeout=120)
     finally:
         restore_both_ways(netns_host)
