@@ -6,10 +6,12 @@ it. Each case has its own log; it must stay empty. The positive control sends a 
 its log must show the connection (and the job must run), so an empty log is not an accident of a broken
 proxy. Pydantic-level and property tests of the loader are in test_spec.py; these go through the CLI.
 
-The ~90 CLI processes run a few at a time in one module fixture (each is a Python start-up, ~0.5 s).
+The ~90 CLI processes run a few at a time in one module fixture (each is a Python start-up, ~0.5 s), once per
+test run however many xdist workers draw these tests.
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -178,6 +180,16 @@ class Outcome:
     done: subprocess.CompletedProcess
     connections: list[str]
 
+    def to_json(self) -> dict:
+        return {"args": [str(word) for word in self.done.args], "returncode": self.done.returncode,
+                "stdout": self.done.stdout.hex(), "stderr": self.done.stderr.hex(), "connections": self.connections}
+
+    @classmethod
+    def from_json(cls, value: dict) -> Outcome:
+        done = subprocess.CompletedProcess(value["args"], value["returncode"], bytes.fromhex(value["stdout"]),
+                                           bytes.fromhex(value["stderr"]))
+        return cls(done, value["connections"])
+
 
 def base_spec(alias: str, root: Path) -> dict:
     return {"name": "bad input probe", "host": {"address": alias, "root": str(root)},
@@ -212,8 +224,24 @@ def case_argv(case: Case, casedir: Path, valid_spec: Path, base: dict) -> list[s
 
 
 @pytest.fixture(scope="module")
-def outcomes(ssh_host):
-    """Run every case's CLI once, four at a time; name -> Outcome."""
+def outcomes(request, tmp_path_factory):
+    """Every case's CLI run once per test run, four at a time; name -> Outcome. The first pytest-xdist worker
+    to get here runs them and leaves the outcomes in the run's shared temp dir; the others wait for that file
+    and read it (each worker that drew one of these tests ran all ~90 CLI processes again: six times, ~0.2 s
+    of CPU each, on a CPU-bound suite)."""
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent  # every worker's basetemp is a dir of this run's
+    path = shared / "bad-input-outcomes.json"
+    with open(shared / "bad-input-outcomes.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released by the kernel if its holder dies: the next one runs them
+        if not path.exists():
+            ran = run_every_case(request.getfixturevalue("ssh_host"))
+            path.write_text(json.dumps({name: outcome.to_json() for name, outcome in ran.items()}))
+    return {name: Outcome.from_json(value) for name, value in json.loads(path.read_text()).items()}
+
+
+def run_every_case(ssh_host) -> dict[str, Outcome]:
     work = shared_tmpdir("runner-badinput-")
     base = base_spec(ssh_host.alias, work / "root")
     valid = write_spec(work / "valid.yaml", base)
@@ -224,9 +252,11 @@ def outcomes(ssh_host):
         casedir.mkdir()
         return case.name, run_recorded(case_argv(case, casedir, valid, base), casedir, ssh_host)
 
-    with ThreadPoolExecutor(max_workers=4) as pool:
-        yield dict(pool.map(run, enumerate(CASES)))
-    shutil.rmtree(work, ignore_errors=True)
+    try:
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            return dict(pool.map(run, enumerate(CASES)))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def test_case_names_are_unique():
