@@ -17,7 +17,7 @@ from remote_payload.sweep import label as variant_label
 
 from ..commands import render
 from ..commands.render import window_lines as _window_lines  # noqa: F401  (tests read a window's lines by this name)
-from ..deadline import DEFAULT_MAX_WAIT_S, ROUND_TRIP_ALLOWANCE_S, Deadline
+from ..deadline import DEFAULT_MAX_WAIT_S, MAX_WAIT_LIMIT_S, ROUND_TRIP_ALLOWANCE_S, Deadline
 from ..errors import (CODE_ABORTED, CODE_USAGE, EXIT_ABORTED, EXIT_FAILED, EXIT_OK, EXIT_USAGE, RunnerError,
                       SpecError, exit_code)
 from ..printable import printable
@@ -69,7 +69,7 @@ def cli() -> None:
 @click.option("--dry-run", is_flag=True, help="Validate and preflight, print the decision (stop the service? "
               "memory needed and free, the command), change nothing.")
 @click.option("--follow", is_flag=True, help="After submitting, print the log like `tail -f` for up to --max-wait.")
-@click.option("--max-wait", type=click.FloatRange(0, 3600), default=DEFAULT_MAX_WAIT, show_default=True,
+@click.option("--max-wait", type=click.FloatRange(0, MAX_WAIT_LIMIT_S), default=DEFAULT_MAX_WAIT, show_default=True,
               help="Seconds this call may take, plus one round trip (a link that goes silent: exit 3; submit "
                    "again with the same --job-id). With --follow: the log is followed until then, then 75. A "
                    "fleet (a list of hosts): seconds to drive the rollout before returning 75 (`runner wait RUN` "
@@ -160,7 +160,7 @@ call prints the log from its first byte (repeats, never a gap).
 @cli.command(help=TAIL_HELP)
 @click.argument("job_id")
 @click.option("-f", "--follow", is_flag=True, help="Keep printing until the job ends or --max-wait passes.")
-@click.option("--max-wait", type=click.FloatRange(0, 3600), default=DEFAULT_MAX_WAIT, show_default=True,
+@click.option("--max-wait", type=click.FloatRange(0, MAX_WAIT_LIMIT_S), default=DEFAULT_MAX_WAIT, show_default=True,
               help="Seconds this call may wait for new output (stay under your tool timeout).")
 @click.option("--from-start", is_flag=True, help="Print from the first byte, not from the cursor.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document (output decoded as UTF-8, lossy).")
@@ -246,7 +246,7 @@ def watch_bound(max_wait: float | None, *, on_terminal: bool) -> float:
 @click.argument("job_id", required=False)
 @click.option("--all", "every", is_flag=True, help="With no id: every job this controller knows, not only the "
               "50 newest and those not yet ended.")
-@click.option("--max-wait", type=click.FloatRange(0, 3600), default=DEFAULT_MAX_WAIT, show_default=True,
+@click.option("--max-wait", type=click.FloatRange(0, MAX_WAIT_LIMIT_S), default=DEFAULT_MAX_WAIT, show_default=True,
               help="Seconds this call may take, plus one round trip (then exit 3).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 def status(job_id: str | None, every: bool, max_wait: float, as_json: bool) -> None:
@@ -298,7 +298,7 @@ def list_jobs(every: bool, as_json: bool) -> None:
 @cli.command(help="Stop the job's payload (TERM, grace, KILL of its process group); the host then restores the "
                   "service. Exit: 0 requested or already ended · 2 · 3.")
 @click.argument("job_id")
-@click.option("--max-wait", type=click.FloatRange(0, 3600), default=DEFAULT_MAX_WAIT, show_default=True,
+@click.option("--max-wait", type=click.FloatRange(0, MAX_WAIT_LIMIT_S), default=DEFAULT_MAX_WAIT, show_default=True,
               help="Seconds this call may take, plus one round trip (then exit 3).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 def cancel(job_id: str, max_wait: float, as_json: bool) -> None:
@@ -343,7 +343,7 @@ def schema() -> None:
               "without it the unit must stay active for 2 s.")
 @click.option("--host-key-policy", type=click.Choice(["strict", "accept-new"]), default="strict", show_default=True,
               help="strict: the key must be in known_hosts; accept-new: record an unknown key once.")
-@click.option("--max-wait", type=click.FloatRange(0, 3600), default=DEFAULT_MAX_WAIT, show_default=True,
+@click.option("--max-wait", type=click.FloatRange(0, MAX_WAIT_LIMIT_S), default=DEFAULT_MAX_WAIT, show_default=True,
               help="Seconds to wait for healthy before returning 75 (the start goes on).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 def restore_service(job_file, overrides, address, user, port, unit, scope, sudo, health_url, host_key_policy,
@@ -375,7 +375,7 @@ def restore_service(job_file, overrides, address, user, port, unit, scope, sudo,
 @click.option("--keep-days", type=click.FloatRange(0), default=14.0, show_default=True,
               help="Job dirs younger than this are kept.")
 @click.option("--dry-run", is_flag=True, help="List what would go; delete nothing.")
-@click.option("--max-wait", type=click.FloatRange(0, 3600), default=DEFAULT_MAX_WAIT, show_default=True,
+@click.option("--max-wait", type=click.FloatRange(0, MAX_WAIT_LIMIT_S), default=DEFAULT_MAX_WAIT, show_default=True,
               help="Seconds this call may take, plus one round trip (then exit 3).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 def gc(host_or_job, keep_jobs, keep_days, dry_run, max_wait, as_json) -> None:

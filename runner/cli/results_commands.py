@@ -10,7 +10,7 @@ from dataclasses import asdict
 import click
 
 from ..commands import render
-from ..deadline import DEFAULT_MAX_WAIT_S, Deadline
+from ..deadline import DEFAULT_MAX_WAIT_S, MAX_WAIT_LIMIT_S, Deadline
 from ..errors import RunnerError, SpecError
 from ..state.store import Store
 from .cli_echo import emit_json as _emit_json, progress as _progress, say as _say
@@ -45,7 +45,7 @@ def _tolerance(_ctx, _param, value: str) -> float:
               help="Allowed worsening on top of each metric's measured spread (5% or 0.05).")
 @click.option("--format", "fmt", type=click.Choice(["text", "markdown", "junit"]), default="text", show_default=True,
               help="Gate output: a text table, GitHub markdown ($GITHUB_STEP_SUMMARY) or JUnit XML.")
-@click.option("--max-wait", type=click.FloatRange(0, 3600), default=DEFAULT_MAX_WAIT, show_default=True,
+@click.option("--max-wait", type=click.FloatRange(0, MAX_WAIT_LIMIT_S), default=DEFAULT_MAX_WAIT, show_default=True,
               help="Seconds this call may take, plus one round trip (then exit 3).")
 def results(job_id, as_json, plot_path, baseline_path, save_path, other, tolerance, fmt, max_wait) -> None:
     from ..commands import unattended

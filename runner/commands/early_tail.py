@@ -20,13 +20,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
-from ..deadline import DEFAULT_MAX_WAIT_S
+from ..deadline import DEFAULT_MAX_WAIT_S, MAX_WAIT_LIMIT_S
 
 if TYPE_CHECKING:
     from .controller import OpenedTail
-
-MAX_WAIT_RANGE = (0.0, 3600.0)  # the CLI's FloatRange for --max-wait
-
 
 @dataclass(frozen=True)
 class TailArgs:
@@ -67,7 +64,7 @@ def read_argv(argv: Sequence[str]) -> TailArgs | None:
                 value = float(text)
             except ValueError:
                 return None
-            if not MAX_WAIT_RANGE[0] <= value <= MAX_WAIT_RANGE[1] or "max_wait" in seen:
+            if not 0.0 <= value <= MAX_WAIT_LIMIT_S or "max_wait" in seen:
                 return None
             seen.add("max_wait")
             values["max_wait"] = value

@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 
 from remote_payload.contract import TERMINAL
+from remote_payload.host.processes import proc_stat
 from runner.deadline import ROUND_TRIP_ALLOWANCE_S
 from runner.remote.host import LAUNCH
 from tests.case_report import record
@@ -310,32 +311,18 @@ def poll_tightly(probe, what: str, timeout: float = 60):
     return found
 
 
-def stat_fields(pid: int) -> tuple[str, str, int]:
-    """(comm, state, ppid) of pid from /proc/PID/stat."""
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    rest = stat[stat.rindex(")") + 2:].split()
-    return stat[stat.index("(") + 1:stat.rindex(")")], rest[0], int(rest[1])
+def state_of(pid: int) -> str:
+    """pid's state letter (/proc/PID/stat), "X" once it is gone."""
+    fields = proc_stat(pid)
+    return fields[0] if fields else "X"
 
 
 def stop(pid: int) -> None:
     """SIGSTOP pid and wait until it is stopped (kill returns before a process running on another CPU is), or
     has ended."""
-    def halted() -> bool:
-        try:
-            return stat_fields(pid)[1] in "TtZX"
-        except FileNotFoundError:
-            return True
-
     with suppress(ProcessLookupError):
         os.kill(pid, signal.SIGSTOP)
-    poll_tightly(halted, what=f"pid {pid} stopped", timeout=10)
-
-
-def ended(pid: int) -> bool:
-    try:
-        return stat_fields(pid)[1] in "ZX"
-    except FileNotFoundError:
-        return True
+    poll_tightly(lambda: state_of(pid) in "TtZX", what=f"pid {pid} stopped", timeout=10)
 
 
 def carry_on(pid: int) -> None:
@@ -345,9 +332,9 @@ def carry_on(pid: int) -> None:
 
 def session_of(host, pid: int) -> int:
     """The sshd session process that carries pid's input and output: its nearest sshd ancestor (the host's)."""
-    current = stat_fields(pid)[2]
-    while stat_fields(current)[0] != "sshd":
-        current = stat_fields(current)[2]
+    current = int(proc_stat(pid)[1])
+    while Path(f"/proc/{current}/comm").read_text().strip() != "sshd":
+        current = int(proc_stat(current)[1])
         assert current > 1, f"no sshd above pid {pid}"
     assert in_cgroup(current, host.cgroup), f"pid {current} is not the test host's"
     return current
@@ -374,9 +361,10 @@ def hold_the_answer(host, start: int, needle: str, claimed, what: str, timeout: 
             time.sleep(0.001)
             stop(start)
         carry_on(start)
-        poll_tightly(lambda: ended(start), what="the host's start to answer and exit")
+        poll_tightly(lambda: state_of(start) in "ZX", what="the host's start to answer and exit")
     except BaseException:
-        os.kill(session, signal.SIGCONT)
+        carry_on(start)
+        carry_on(session)
         raise
     return session
 
