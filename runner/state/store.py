@@ -28,7 +28,7 @@ import time
 from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 from remote_payload.contract import is_terminal
 
@@ -39,6 +39,7 @@ RECENT_JOBS = 50  # `list`/`status` without --all: this many of the newest jobs,
 # A jobs dir changed more recently than this is listed again at the next read: a file system's timestamps are
 # coarse (a few ms), so an entry added in the same tick as the stamp was taken would leave it unchanged.
 LISTED_SETTLE_S = 1.0
+INDEX_LINE_BYTES = 64  # an index line's usual length: `recent` reads about this much per job it shows
 
 
 @dataclass
@@ -187,22 +188,50 @@ class Store:
 
     def recent(self, count: int = RECENT_JOBS) -> tuple[list[JobRecord], list[str], int]:
         """The newest `count` records and every one not yet ended (as last seen), oldest first; a line for
-        each one skipped as unreadable; how many older ended ones were left out."""
-        order = self._indexed()
-        wanted = set(order[-count:]) if count > 0 else set()
-        with suppress(FileNotFoundError):
-            wanted.update(os.listdir(self.root / "active"))
-        records, skipped = self._strays(set(order))
-        for job_id in (j for j in order if j in wanted):
+        each one skipped as unreadable; how many older ended ones were left out. Reads the index's last lines
+        only (and counts the rest): a long history costs a `status` or `list` next to nothing."""
+        newest, total = self._newest_indexed(count)
+        wanted = dict.fromkeys(newest)
+        with suppress(FileNotFoundError):  # an active mark is indexed: both are written under the record lock
+            wanted.update(dict.fromkeys(sorted(os.listdir(self.root / "active"))))
+        records, skipped = self._strays(lambda: set(self._indexed()))
+        strays = {record.job_id for record in records}
+        for job_id in wanted:
+            if job_id in strays:
+                continue
             try:
                 records.append(self.load(job_id))
             except UnknownJob:
                 pass  # forgotten (a refused submit) after its index line was written
             except RunnerError as exc:
                 skipped.append(str(exc))
-        return sorted(records, key=lambda r: r.submitted_at), skipped, len(order) - len(wanted & set(order))
+        return sorted(records, key=lambda r: r.submitted_at), skipped, max(0, total - len(wanted))
 
-    def _strays(self, indexed: set[str]) -> tuple[list[JobRecord], list[str]]:
+    def _newest_indexed(self, count: int) -> tuple[list[str], int]:
+        """The newest `count` job ids of the index (each once, in creation order), read from its end, and how
+        many lines it has (counted, not parsed: a job's line is written once, but two readers indexing the same
+        stray at one moment may both write it, and it then counts twice)."""
+        with _local_state(self.root), self._index_lock():
+            self._build_index_if_missing()
+            with open(self.root / "index", "rb") as fh:
+                size = os.fstat(fh.fileno()).st_size
+                span = INDEX_LINE_BYTES * (count + 8)
+                while True:
+                    start = max(0, size - span)
+                    fh.seek(start)
+                    lines = fh.read(size - start).split(b"\n")
+                    if start > 0:
+                        lines = lines[1:]  # the first may be the end of a longer line
+                    ids = list(dict.fromkeys(line.decode("utf-8", "replace").split(" ", 1)[0]
+                                             for line in lines if line))
+                    if len(ids) >= count or start == 0:
+                        break
+                    span *= 4
+                fh.seek(0)
+                total = sum(block.count(b"\n") for block in iter(lambda: fh.read(1 << 20), b""))
+        return (ids[-count:] if count > 0 else []), total
+
+    def _strays(self, indexed: Callable[[], set[str]]) -> tuple[list[JobRecord], list[str]]:
         """Records the index does not hold (put there by something other than this store): the readable ones,
         indexed now, and a line for each unreadable one. A listing of the jobs dir, no record read otherwise;
         not even that while the dir and the index are as they were when a listing last found every record
@@ -215,7 +244,7 @@ class Store:
         except FileNotFoundError:
             names = set()
         records, skipped = [], []
-        for job_id in sorted(names - indexed):
+        for job_id in sorted(names - indexed()):
             try:
                 records.append(self.load(job_id))
             except RunnerError as exc:
@@ -265,7 +294,8 @@ class Store:
             self._mark_active(record)
             if new:
                 with self._index_lock():
-                    self._build_index_if_missing()
+                    if self._build_index_if_missing():
+                        return  # built from a scan that found this record (written above)
                     with open(private_file(self.root / "index"), "a") as fh:
                         fh.write(f"{record.job_id} {record.submitted_at!r}\n")
 
@@ -285,16 +315,17 @@ class Store:
                 lines = fh.read().decode("utf-8", "replace").splitlines()
         return list(dict.fromkeys(line.split(" ", 1)[0] for line in lines if line))
 
-    def _build_index_if_missing(self) -> None:
-        """A state dir from before the index (or none yet): index its records once, from a full scan. The
-        caller holds the index lock."""
+    def _build_index_if_missing(self) -> bool:
+        """A state dir from before the index (or none yet): index its records once, from a full scan (True:
+        built now). The caller holds the index lock."""
         if (self.root / "index").exists():
-            return
+            return False
         records, _skipped = self.scan()
         for record in records:
             self._mark_active(record)
         private_dir(self.root)
         _write_atomic(self.root / "index", "".join(f"{r.job_id} {r.submitted_at!r}\n" for r in records))
+        return True
 
     @contextmanager
     def _index_lock(self) -> Iterator[None]:
