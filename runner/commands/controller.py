@@ -19,7 +19,7 @@ from remote_payload import sweep as sweeps
 from ..deadline import Deadline
 from ..errors import (AuthFailed, HostKeyError, LocalStateError, LogShrank, PreflightError, RemoteError, RunnerError,
                       SpecError, TransportError, UnknownJob)
-from ..remote.host import Bundle, HostClient, OpenCall, packaged_payload, payload_bundle, payload_dir, \
+from ..remote.host import Bundle, HostClient, LogFrames, OpenCall, packaged_payload, payload_bundle, payload_dir, \
     supervisor_bundle
 from ..remote.transport_openssh import for_host
 from ..state.job_id import check_job_id, job_id_for
@@ -537,11 +537,12 @@ def _print_log(record: JobRecord, cursor: int, chunks: Iterable[LogChunk], out: 
     job_id, printed = record.job_id, 0
     state, code, terminal = record.last_state, None, False
     try:
-        for chunk in chunks:
+        for chunk in chunks.delivered_to(out) if isinstance(chunks, LogFrames) else chunks:
             if chunk.data:
                 out.write(chunk.data)
                 out.flush()
                 printed += len(chunk.data)
+            printed += chunk.delivered
             cursor, state, code = chunk.next_offset, chunk.state, chunk.exit_code
             terminal = chunk.terminal and chunk.at_end
     except RunnerError:

@@ -18,7 +18,7 @@ import json
 import threading
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, BinaryIO, Callable, Iterator, Sequence
 
 from remote_payload.admission import BUSY_HINT
 from remote_payload.contract import EXIT_PAYLOAD_MISSING
@@ -519,13 +519,30 @@ def _parse_line(done: Completed, sub: str) -> dict:
 
 class LogFrames:
     """The frames of one `logs --stream` call (HostClient.log_stream), the call opened when this is made;
-    iterate once; `close` ends the call, killed when still running (also when it was never iterated)."""
+    iterate once (`delivered_to` or plainly); `close` ends the call, killed when still running (also when it
+    was never iterated)."""
 
     def __init__(self, client: HostClient, args: list[str], offset: int, frame_bytes: int) -> None:
         self._client, self._args, self._offset, self._frame_bytes = client, args, offset, frame_bytes
         self._stream = client._open_stream("logs", args)
 
     def __iter__(self) -> Iterator[answers.LogChunk]:
+        """Each frame checked, as a LogChunk with its bytes."""
+        return self._frames(None)
+
+    def delivered_to(self, out: BinaryIO) -> Iterator[answers.LogChunk]:
+        """Each frame checked, its bytes already written to `out` (flushed first) straight from the call's pipe
+        (Stream.move_to: no copy through Python where out's file allows a splice): a LogChunk with no data and
+        `delivered` the bytes written. A call that ends inside a frame yields the part it delivered, then raises.
+        An `out` with no file descriptor (a buffer in memory) gets nothing here: its chunks carry their data."""
+        try:
+            sink = out.fileno()
+        except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is both of the last two
+            return self._frames(None)
+        out.flush()
+        return self._frames(sink)
+
+    def _frames(self, sink: int | None) -> Iterator[answers.LogChunk]:
         offset, uploaded = self._offset, False
         try:
             while True:
@@ -540,13 +557,20 @@ class LogFrames:
                     # raises: the host's error, or its bad answer (a line that is ok was not this branch)
                     answer = _answer(Completed(done.argv, done.exit_code, line + done.stdout, done.stderr), "logs")
                 frame = answers.log_frame(answer, offset, self._frame_bytes)
-                data = self._stream.read(frame["data_len"])
-                if len(data) < frame["data_len"]:
+                uploaded = True  # the bundle is there: a later payload-missing is the host's answer, not ours
+                if sink is None:
+                    data = self._stream.read(frame["data_len"])
+                    got, chunk = len(data), answers.LogChunk.from_json(frame, data)
+                else:
+                    got = self._stream.move_to(sink, frame["data_len"])
+                    chunk = answers.LogChunk.from_json(dict(frame, next_offset=offset + got), b"", delivered=got)
+                if got < frame["data_len"]:
+                    if sink is not None and got:
+                        yield chunk  # in `out` already: counted, so that the cursor covers it
                     self._stream.close()  # ssh's own failure raises here
                     raise RemoteError("logs: the call ended inside a frame", code="internal")
                 offset = frame["next_offset"]
-                uploaded = True  # the bundle is there: a later payload-missing is the host's answer, not ours
-                yield answers.LogChunk.from_json(frame, data)
+                yield chunk
                 if frame["last"]:
                     return
         finally:
