@@ -171,7 +171,6 @@ class Stream:
         self._buffer += chunk
         return bool(chunk)
 
-
     def _wait_readable(self) -> None:
         """Until the output has bytes or ended; past the deadline the command is ended and TransportError raised."""
         fd = self._stdout.fileno()
