@@ -28,7 +28,7 @@ import time
 from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Iterator
 
 from remote_payload.contract import is_terminal
 
@@ -194,7 +194,7 @@ class Store:
         wanted = dict.fromkeys(newest)
         with suppress(FileNotFoundError):  # an active mark is indexed: both are written under the record lock
             wanted.update(dict.fromkeys(sorted(os.listdir(self.root / "active"))))
-        records, skipped = self._strays(lambda: set(self._indexed()))
+        records, skipped = self._strays()
         strays = {record.job_id for record in records}
         for job_id in wanted:
             if job_id in strays:
@@ -231,7 +231,7 @@ class Store:
                 total = sum(block.count(b"\n") for block in iter(lambda: fh.read(1 << 20), b""))
         return (ids[-count:] if count > 0 else []), total
 
-    def _strays(self, indexed: Callable[[], set[str]]) -> tuple[list[JobRecord], list[str]]:
+    def _strays(self) -> tuple[list[JobRecord], list[str]]:
         """Records the index does not hold (put there by something other than this store): the readable ones,
         indexed now, and a line for each unreadable one. A listing of the jobs dir, no record read otherwise;
         not even that while the dir and the index are as they were when a listing last found every record
@@ -244,7 +244,7 @@ class Store:
         except FileNotFoundError:
             names = set()
         records, skipped = [], []
-        for job_id in sorted(names - indexed()):
+        for job_id in sorted(names - set(self._indexed())):
             try:
                 records.append(self.load(job_id))
             except RunnerError as exc:
