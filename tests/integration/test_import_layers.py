@@ -26,7 +26,7 @@ CONTROLLER_LAYERS = [
     ("mcp", {"runner.mcp"}),
     ("front end", {"runner.cli"}),
 ]
-ENTRY_MODULES = {"runner.__main__"}  # `python -m runner`: above every layer
+ENTRY_MODULES = {"runner.__main__", "runner.resident"}  # `python -m runner` and its warm server: above every layer
 # Folders whose modules import only the standard library, the host side's shared modules and LIGHT_THIRD_PARTY:
 # what every command loads first stays light (no pydantic, yaml, paramiko, tenacity).
 STDLIB_ONLY = {"runner", "runner.state"}

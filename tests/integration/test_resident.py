@@ -1,0 +1,236 @@
+"""The resident controller (runner/resident.py), through real processes: a warm server forks
+the caller's command, which runs with the caller's argv, directory, environment and standard streams and
+exits with the caller's status; signals sent to the caller reach it, a killed caller takes it along; a server
+ends when idle; edited code gets a server of its own; a folder others could enter is never used.
+
+Each test has its own XDG_RUNTIME_DIR (short: a socket's path has 108 bytes), so its server is its own; the
+fixture ends it. `probe` runs a command as `runner` would and says on its last stderr line whether a server
+ran it (SERVED) or it would have run in its own process (HERE; exit 99).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.cli_helpers import REPO, local_target, write_job
+from tests.hosts._proc import shared_tmpdir
+
+PROBE = ("import sys\nfrom runner import resident\nsys.argv = ['runner', *sys.argv[1:]]\n"
+         "code = resident.handed_over()\nprint('SERVED' if code is not None else 'HERE', file=sys.stderr)\n"
+         "resident.after_here()\n"
+         "sys.exit(99 if code is None else code)\n")
+
+
+@pytest.fixture
+def place():
+    """(env with the switch on and a private XDG_RUNTIME_DIR, that dir); its servers are ended afterwards."""
+    top = shared_tmpdir("rr-")
+    xdg = top / "x"
+    xdg.mkdir(mode=0o700)
+    env = {**os.environ, "RUNNER_RESIDENT": "1", "XDG_RUNTIME_DIR": str(xdg), "RUNNER_STATE_DIR": str(top / "s")}
+    try:
+        yield env, xdg
+    finally:
+        for sock in (xdg / "runner").glob("*.sock") if (xdg / "runner").exists() else []:
+            pid = server_pid(sock)
+            if pid:
+                os.kill(pid, signal.SIGTERM)
+        shutil.rmtree(top, ignore_errors=True)
+
+
+def probe(env: dict, *argv: str, cwd: Path = REPO, timeout: float = 120, **popen) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", PROBE, *argv], env={**env, "PYTHONPATH": str(REPO)}, cwd=cwd,
+                          capture_output=True, text=True, timeout=timeout, **popen)
+
+
+def served(done: subprocess.CompletedProcess) -> bool:
+    return done.stderr.rstrip().splitlines()[-1] == "SERVED"
+
+
+def socket_of(env: dict) -> Path:
+    done = subprocess.run([sys.executable, "-c", "from runner import resident; print(resident.socket_path())"],
+                          env={**env, "PYTHONPATH": str(REPO)}, cwd=REPO, capture_output=True, text=True, check=True)
+    return Path(done.stdout.strip())
+
+
+def server_pid(sock: Path) -> int | None:
+    """The pid of the server listening on `sock` (its peer credentials); None when none answers."""
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        conn.connect(str(sock))
+        pid, _uid, _gid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+        return pid
+    except OSError:
+        return None
+    finally:
+        conn.close()  # the child it forked for this connection hears nothing and ends
+
+
+def warm_server(env: dict, **popen) -> int:
+    """Start this env's server with a command of its own (run here), and wait until it answers: its pid."""
+    first = probe(env, "--version", **popen)
+    assert first.returncode == 99 and first.stderr.rstrip().endswith("HERE"), first.stderr
+    sock = socket_of(env)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        pid = server_pid(sock)
+        if pid:
+            return pid
+        time.sleep(0.1)
+    raise AssertionError(f"no server answered on {sock} within 60 s")
+
+
+def children(pid: int) -> set[int]:
+    try:
+        return {int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()}
+    except FileNotFoundError:
+        return set()
+
+
+def alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
+    except (FileNotFoundError, IndexError):
+        return False
+
+
+def until(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
+
+
+def test_a_served_command_runs_with_the_callers_directory_environment_streams_and_status(place, tmp_path):
+    env, _ = place
+    warm_server(env)
+    version = probe(env, "--version")
+    assert served(version) and version.returncode == 0 and "runner, version" in version.stdout
+
+    missing = probe(env, "submit", "missing.yaml", cwd=tmp_path)
+    assert served(missing) and missing.returncode == 2
+    assert "missing.yaml" in missing.stderr and "no such file" in missing.stderr
+
+    target = local_target()
+    write_job(tmp_path / "job.yaml", target, command=["true"], name="resident")
+    submitted = probe(env, "submit", "job.yaml", "--json", cwd=tmp_path)  # relative: the caller's directory
+    assert served(submitted) and submitted.returncode == 0, submitted.stderr
+    job_id = json.loads(submitted.stdout)["job_id"]
+    mine = probe(env, "list", "--json")
+    other = probe({**env, "RUNNER_STATE_DIR": str(tmp_path / "other-state")}, "list", "--json")
+    assert served(mine) and served(other)
+    assert job_id in mine.stdout and job_id not in other.stdout  # each command's own RUNNER_STATE_DIR
+
+
+def test_a_killed_caller_takes_its_command_and_sigint_reaches_it(place, tmp_path):
+    """The server is started by a command that ignores SIGINT (as one under some CI runners does): the child
+    takes its own caller's dispositions, not the server's."""
+    env, _ = place
+    server = warm_server(env, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    target = local_target()
+    spec = write_job(tmp_path / "job.yaml", target, command=["sleep", "300"], name="long")
+    job_id = json.loads(probe(env, "submit", str(spec), "--json").stdout)["job_id"]
+    try:
+        for sig in (signal.SIGKILL, signal.SIGINT):
+            before = children(server)
+            caller = subprocess.Popen([sys.executable, "-c", PROBE, "tail", job_id, "-f", "--max-wait", "300"],
+                                      env={**env, "PYTHONPATH": str(REPO)}, cwd=REPO, stdout=subprocess.DEVNULL,
+                                      stderr=subprocess.PIPE)
+            until(lambda: children(server) - before, 60, "the server forked no child for the tail")
+            (child,) = children(server) - before
+            time.sleep(0.5)  # the tail is following
+            assert caller.poll() is None and alive(child)
+            caller.send_signal(sig)
+            caller.wait(timeout=60)
+            until(lambda: not alive(child), 60, f"the command outlived its caller's {sig.name}")
+            if sig == signal.SIGINT:
+                assert caller.returncode != 0 and caller.returncode != 99, caller.stderr.read()
+            caller.stderr.close()
+    finally:
+        probe(env, "cancel", job_id)
+
+
+def test_an_idle_server_ends_and_removes_its_socket(place):
+    env, _ = place
+    env = {**env, "RUNNER_RESIDENT_IDLE": "1"}
+    pid = warm_server(env)
+    sock = socket_of(env)
+    until(lambda: not alive(pid), 60, "the idle server did not end")
+    assert not sock.exists()
+    assert probe(env, "--version").stderr.rstrip().endswith("HERE")  # and the next command starts another
+
+
+def test_a_dead_servers_socket_is_replaced(place):
+    env, _ = place
+    sock = socket_of(env)
+    stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    stale.bind(str(sock))
+    stale.close()  # the file stays, nobody listens
+    warm_server(env)
+    assert served(probe(env, "--version"))
+
+
+def test_a_folder_others_can_enter_is_never_used(place):
+    env, xdg = place
+    (xdg / "runner").mkdir(mode=0o755)
+    (xdg / "runner").chmod(0o755)
+    done = probe(env, "--version")
+    assert done.returncode == 99 and done.stderr.rstrip().endswith("HERE")
+    time.sleep(1)
+    assert list((xdg / "runner").iterdir()) == []  # no server was started on it
+
+
+def test_edited_code_names_another_server(tmp_path):
+    copy = tmp_path / "c"
+    for package in ("runner", "remote_payload"):
+        shutil.copytree(REPO / package, copy / package, ignore=shutil.ignore_patterns("__pycache__"))
+
+    def key() -> str:
+        return subprocess.run([sys.executable, "-c", "from runner import resident; print(resident.code_key())"],
+                              cwd=copy, env={**os.environ, "PYTHONPATH": str(copy)}, capture_output=True, text=True,
+                              check=True).stdout.strip()
+
+    first = key()
+    assert key() == first
+    with open(copy / "remote_payload" / "contract.py", "a") as edited:  # the host side counts too
+        edited.write("\n# edited\n")
+    assert key() != first
+
+
+def test_a_caller_in_another_context_is_not_served_from_outside_it(place, tmp_path):
+    """A command under `unshare --mount` sees its own mounts: a server of the caller's outside context would
+    write through the tmpfs laid over the state dir. Under `nice`, likewise a server of its own."""
+    env, _ = place
+    outside = warm_server(env)
+    state = tmp_path / "state"
+    state.mkdir()
+    inside = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                             f'mount -t tmpfs tmpfs "{state}" && exec "$0" -c "$1" list --json', sys.executable, PROBE],
+                            env={**env, "PYTHONPATH": str(REPO), "RUNNER_STATE_DIR": str(state)}, cwd=REPO,
+                            capture_output=True, text=True, timeout=120)
+    assert inside.returncode == 99 and inside.stderr.rstrip().endswith("HERE"), inside.stderr
+    niced = subprocess.run(["nice", "-n", "3", sys.executable, "-c", PROBE, "--version"],
+                           env={**env, "PYTHONPATH": str(REPO)}, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert niced.returncode == 99 and niced.stderr.rstrip().endswith("HERE"), niced.stderr
+    assert list(state.iterdir()) == []  # what the command inside wrote went to its tmpfs
+    assert served(probe(env, "--version")) and server_pid(socket_of(env)) == outside
+
+
+def test_runner_resident_0_runs_every_command_in_its_own_process(place):
+    env, xdg = place
+    env = {**env, "RUNNER_RESIDENT": "0"}
+    for _ in range(2):
+        done = probe(env, "--version")
+        assert done.returncode == 99 and done.stderr.rstrip().endswith("HERE")
+    time.sleep(1)
+    assert not (xdg / "runner").exists()  # no server, no socket folder
