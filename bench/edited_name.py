@@ -4,8 +4,9 @@ against a baseline checkout (B) and the hand-written line.
     python bench/edited_name.py --base /tmp/base [--runs 9] [--mib 100] [--out bench/results/edited_name.json]
 
 A loopback sshd, a non-root login (OpenSSH transport). 1. `runner submit JOB.json` with the job's name (and so
-its bytes: no cached plan) changed before every run, master warm, A, B and `ssh HOST 'nohup … & echo $!'`
-(a fresh connection, as a user would type it) in turn; medians and the per-trio ratios; then, untimed, the ssh
+its bytes: no cached plan) changed before every run, master warm, A in its own process (RUNNER_RESIDENT=0), B,
+A as it runs by default (its resident server warm: runner/resident.py) and `ssh HOST 'nohup … & echo $!'`
+(a fresh connection, as a user would type it) in turn; medians and the per-run ratios; then, untimed, the ssh
 commands one such submit runs on the host (an `ssh` on PATH that counts them, as
 tests/integration/test_early_submit.py does). 2. A job that wrote --mib MiB and ended, its cursor at 0:
 `runner tail ID --max-wait 0 > /dev/null` (each call moves the cursor by what it printed, so the backlog stays
@@ -39,12 +40,14 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=9)
     parser.add_argument("--mib", type=int, default=100)
     parser.add_argument("--out", default="bench/results/edited_name.json")
+
+    parser.add_argument("--no-tail", action="store_true", help="only the renamed submit")
     args = parser.parse_args()
 
     def measure(login, root, work, env) -> dict:
         return {"load_start": os.getloadavg(), "renamed_submit": renamed(args, login, root, work, env),
-                "tail_max_wait_0": tail_zero(args, login, root, work, env), "load_end": os.getloadavg(),
-                "failures": FAILURES}
+                "tail_max_wait_0": None if args.no_tail else tail_zero(args, login, root, work, env),
+                "load_end": os.getloadavg(), "failures": FAILURES}
 
     return on_user_host("runner-bench-edited-", args.out, measure)
 
@@ -57,25 +60,30 @@ def write_spec(path: Path, login, root: Path, name: str, command: list[str]) -> 
 
 
 def renamed(args, login, root: Path, work: Path, env: dict) -> dict:
-    specs = {side: work / f"renamed-{side}.json" for side in ("a", "b")}
-    checkouts = {"a": REPO, "b": args.base}
+    sides = ("a", "b", "a_resident")
+    specs = {side: work / f"renamed-{side}.json" for side in sides}
+    checkouts = {"a": REPO, "b": args.base, "a_resident": REPO}
+    envs = {"a": dict(env, RUNNER_RESIDENT="0"), "b": env, "a_resident": dict(env, XDG_RUNTIME_DIR=str(work / "xdg"))}
+    (work / "xdg").mkdir(mode=0o700)
     nohup = (["ssh", "-F", str(login.ssh_config), login.alias, NOHUP], None, REPO)
-    walls: dict[str, list[float]] = {"a": [], "b": [], "nohup": []}
-    for i in range(-1, args.runs):  # -1: the first plan of each spec and the masters, untimed
-        for side in ("a", "b"):
+    walls: dict[str, list[float]] = {side: [] for side in (*sides, "nohup")}
+    for i in range(-2, args.runs):  # < 0: the first plan of each spec, the masters and the resident server, untimed
+        for side in sides:
             write_spec(specs[side], login, root, f"renamed-{side}-{i}", ["true"])
-            wall, _ = timed(*cli(checkouts[side], env, "submit", str(specs[side])))
+            wall, _ = timed(*cli(checkouts[side], envs[side], "submit", str(specs[side])))
             if i >= 0:
                 walls[side].append(wall)
         wall, _ = timed(*nohup)
         if i >= 0:
             walls["nohup"].append(wall)
-    return {"s": {k: summary(v) for k, v in walls.items()},
-            "ratio_a_over_nohup": round(statistics.median(a / n for a, n in zip(walls["a"], walls["nohup"])), 3),
-            "ratio_b_over_nohup": round(statistics.median(b / n for b, n in zip(walls["b"], walls["nohup"])), 3),
+        if i == -2:
+            time.sleep(2)  # the resident server's imports, started by its first submit
+    ratio = {f"ratio_{side}_over_nohup": round(statistics.median(x / n for x, n in zip(walls[side], walls["nohup"])), 3)
+             for side in sides}
+    return {"s": {k: summary(v) for k, v in walls.items()}, **ratio,
             "ratio_a_over_b": round(statistics.median(a / b for a, b in zip(walls["a"], walls["b"])), 3),
-            "execs_per_submit": {side: execs_of_renamed(checkouts[side], specs[side], login, root, work, env)
-                                 for side in ("a", "b")},
+            "execs_per_submit": {side: execs_of_renamed(checkouts[side], specs[side], login, root, work, envs[side])
+                                 for side in sides},
             "load": os.getloadavg()}
 
 
