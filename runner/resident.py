@@ -18,8 +18,9 @@ would, and sends back its exit status, which the caller exits with.
   own). A server ends after RUNNER_RESIDENT_IDLE seconds without a command (default 120, as the ssh masters'
   ControlPersist), and at once when its socket is removed or replaced.
 - The caller stays the command's process for whoever runs it: SIGTERM and SIGHUP sent to it go to the child,
-  SIGINT and SIGQUIT (a terminal's, which reach a whole foreground group) to the child's process group; if the
-  caller dies (SIGKILL, a tool's timeout) while its command runs, the child gets SIGTERM.
+  SIGINT and SIGQUIT (a terminal's, which reach a whole foreground group) to the child's process group, from the
+  moment the caller knows the child (one that comes before the child took the caller's dispositions waits for
+  them); if the caller dies (SIGKILL, a tool's timeout) while its command runs, the child gets SIGTERM.
 - The caller sends its command only once the child has said its pid: a server that does not fork within 10 s
   (still importing on a loaded machine), or ends first, ran nothing, and the caller runs the command itself.
 
@@ -67,11 +68,18 @@ def handed_over() -> int | None:
             conn.settimeout(PID_WAIT_S)
             pid = _read_int(conn, PID)  # the child's first word, before it has anything to run
             conn.settimeout(None)
-            if pid is not None:
-                _send_request(conn)
         except OSError:
+            pid = None
+        if pid is None:
             return None  # nothing was sent, so nothing runs there: run it here
-        return None if pid is None else _wait_exit(conn, pid)
+        forwarded: list[int] = []
+        previous = _forward_signals(pid, forwarded)  # from here on a signal to this process is the command's
+        try:
+            _send_request(conn)
+        except OSError:  # not all of it went: the child runs nothing
+            _restore(previous)
+            return None
+        return _wait_exit(conn, forwarded)
 
 
 def after_here() -> None:
@@ -210,11 +218,12 @@ def _recv_exact(conn, size: int) -> bytes | None:
     return data
 
 
-def _wait_exit(conn, pid: int) -> int:
-    """The child's exit status; the signals the caller gets meanwhile go to the child's process group."""
+def _forward_signals(pid: int, forwarded: list[int]) -> dict:
+    """Signals this process gets go on to the child `pid` (SIGINT and SIGQUIT to its group), each appended to
+    `forwarded`; the handlers they replaced."""
     import signal
 
-    forwarded: list[int] = []
+    previous = {}
     to_group = (signal.SIGINT, signal.SIGQUIT)  # a terminal's: they reach a command's whole foreground group
 
     def forward(signum, _frame) -> None:
@@ -226,7 +235,19 @@ def _wait_exit(conn, pid: int) -> int:
 
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
         if signal.getsignal(signum) != signal.SIG_IGN:  # one the caller ignores, its command ignores too
-            signal.signal(signum, forward)
+            previous[signum] = signal.signal(signum, forward)
+    return previous
+
+
+def _restore(handlers: dict) -> None:
+    import signal
+
+    for signum, handler in handlers.items():
+        signal.signal(signum, handler)
+
+
+def _wait_exit(conn, forwarded: list[int]) -> int:
+    """The child's exit status (128 + the last signal forwarded when it ended without one)."""
     try:
         code = _read_int(conn, EXIT)
     except OSError:
@@ -356,6 +377,7 @@ def _child(conn, run_here) -> None:
     code, running = 1, None
     try:
         os.setpgid(0, 0)  # the caller forwards its signals to this group
+        _hold_signals()
         conn.sendall(PID + struct.pack("!i", os.getpid()))
         request = _receive(conn)
         if request is None:
@@ -363,6 +385,8 @@ def _child(conn, run_here) -> None:
         _adopt(request)
         running = _watch_caller(conn)
         code = _run_command(run_here)
+    except KeyboardInterrupt:  # forwarded before the command began
+        code = 130
     except BaseException:  # noqa: BLE001 - said on the caller's stderr, as an uncaught error would be
         import traceback
 
@@ -406,6 +430,16 @@ def _handed_signals():
             signal.SIGUSR1, signal.SIGUSR2, signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU, signal.SIGALRM)
 
 
+def _hold_signals() -> None:
+    """Until the caller's dispositions are taken, what it forwards waits: blocked, and not ignored (an ignored
+    signal is dropped, and the server may have been started by a process that ignored SIGINT)."""
+    import signal
+
+    signal.pthread_sigmask(signal.SIG_BLOCK, _handed_signals())
+    for signum in _handed_signals():
+        signal.signal(signum, signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL)
+
+
 def _adopt(request: dict) -> None:
     """The caller's argv, directory, umask, environment, ignored and blocked signals; standard streams on its
     descriptors."""
@@ -413,10 +447,9 @@ def _adopt(request: dict) -> None:
     import signal
 
     ignored = set(request["ignored"])
-    for signum in _handed_signals():
-        default = signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL
-        signal.signal(signum, signal.SIG_IGN if signum in ignored else default)
-    signal.pthread_sigmask(signal.SIG_SETMASK, request["blocked"])
+    for signum in ignored & set(_handed_signals()):
+        signal.signal(signum, signal.SIG_IGN)  # a pending one is dropped, as the caller would have
+    signal.pthread_sigmask(signal.SIG_SETMASK, request["blocked"])  # one held meanwhile is delivered now
     os.chdir(request["cwd"])
     os.umask(request["umask"])
     os.environ.clear()
