@@ -132,28 +132,35 @@ def test_a_served_command_runs_with_the_callers_directory_environment_streams_an
     assert job_id in mine.stdout and job_id not in other.stdout  # each command's own RUNNER_STATE_DIR
 
 
-def test_a_killed_caller_takes_its_command_and_sigint_reaches_it(place, tmp_path):
-    """The server is started by a command that ignores SIGINT (as one under some CI runners does): the child
-    takes its own caller's dispositions, not the server's."""
+def test_a_killed_caller_takes_its_command_and_signals_reach_it_as_the_caller_takes_them(place, tmp_path):
+    """The server is started by a command that ignores SIGINT, as a background job of a script does (CI's
+    pytest runs so): each child takes its own caller's dispositions instead. A caller killed, or sent SIGINT
+    while it takes SIGINT, ends its command; one that ignores SIGINT (in its own process it would go on) goes
+    on until SIGTERM. Each signal is sent as soon as the child exists: it may not have its command yet."""
     env, _ = place
     server = warm_server(env, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     target = local_target()
     spec = write_job(tmp_path / "job.yaml", target, command=["sleep", "300"], name="long")
     job_id = json.loads(probe(env, "submit", str(spec), "--json").stdout)["job_id"]
     try:
-        for sig in (signal.SIGKILL, signal.SIGINT):
+        for sig, sigint in ((signal.SIGKILL, signal.SIG_DFL), (signal.SIGINT, signal.SIG_DFL),
+                            (signal.SIGINT, signal.SIG_IGN)):
             before = children(server)
             caller = subprocess.Popen([sys.executable, "-c", PROBE, "tail", job_id, "-f", "--max-wait", "300"],
                                       env={**env, "PYTHONPATH": str(REPO)}, cwd=REPO, stdout=subprocess.DEVNULL,
-                                      stderr=subprocess.PIPE)
+                                      stderr=subprocess.PIPE, preexec_fn=lambda: signal.signal(signal.SIGINT, sigint))
             until(lambda: children(server) - before, 60, "the server forked no child for the tail")
             (child,) = children(server) - before
-            assert caller.poll() is None and alive(child)  # at once: the child may not have its command yet
+            assert caller.poll() is None and alive(child)
             caller.send_signal(sig)
+            if sigint == signal.SIG_IGN:
+                time.sleep(2)
+                assert caller.poll() is None and alive(child), "a SIGINT the caller ignores ended its command"
+                caller.send_signal(signal.SIGTERM)
             caller.wait(timeout=60)
             until(lambda: not alive(child), 60, f"the command outlived its caller's {sig.name}")
-            if sig == signal.SIGINT:
-                assert caller.returncode != 0 and caller.returncode != 99, caller.stderr.read()
+            if sig == signal.SIGINT and sigint == signal.SIG_DFL:
+                assert caller.returncode not in (0, 99), caller.stderr.read()
             caller.stderr.close()
     finally:
         probe(env, "cancel", job_id)
