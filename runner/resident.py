@@ -4,23 +4,29 @@ Linux; RUNNER_RESIDENT=0 turns it off).
 A command is mostly imports: an edited spec's submit spends ~130 of its ~150 ms of CPU importing click and
 pydantic and building the spec's models before it does anything (docs/performance.md). On a loaded machine
 each of those milliseconds is a share of a core. So `runner` hands its command to a server that imported all of
-that once: the server forks, and the child takes the caller's argv, working directory, environment, umask and
-standard input, output and error (the descriptors themselves, over the socket), runs the command as `runner`
-would, and sends back its exit status, which the caller exits with.
+that once: the server forks, and the child takes the caller's argv, working directory, environment, umask,
+signal dispositions and mask, and standard input, output and error (the descriptors themselves, over the
+socket), runs the command as `runner` would, and sends back its exit status, which the caller exits with (or
+the signal it died of, which the caller dies of).
 
 - Where: $XDG_RUNTIME_DIR/runner, else $TMPDIR/runner-UID (0700 and the user's, else not used); one socket per
-  code and context, named by the interpreter, the search path, every file of runner/ and remote_payload/ (name,
-  size, mtime) and what else a process inherits (namespaces, root, cgroup, credentials, capabilities, limits,
-  niceness): an edited or reinstalled runner gets a server of its own, the old one idles out, and a command
-  run inside a sandbox runs there.
+  code and context, named by the interpreter (its flags, warnings options and streams' encodings too), its
+  search path (site-packages' mtime: an install changes it), every file of runner/ and remote_payload/ (name,
+  size, mtime) and what else a process inherits (namespaces, root, cgroup, credentials, capabilities, LSM
+  label, seccomp, limits, niceness): an edited or upgraded runner gets a server of its own, the old one idles
+  out, and a command run inside a sandbox runs there. The server checks each caller's context against its own
+  (by the caller's pid, from the socket's credentials), so a caller that names another context's socket is
+  not served by it.
 - When none answers, the command runs in its own process, as with RUNNER_RESIDENT=0, then starts a server for
-  the next one (`python -m runner` with RUNNER_RESIDENT_SERVE naming its socket; detached, in a session of its
-  own). A server ends after RUNNER_RESIDENT_IDLE seconds without a command (default 120, as the ssh masters'
-  ControlPersist), and at once when its socket is removed or replaced.
-- The caller stays the command's process for whoever runs it: SIGTERM and SIGHUP sent to it go to the child,
-  SIGINT and SIGQUIT (a terminal's, which reach a whole foreground group) to the child's process group, from the
-  moment the caller knows the child (one that comes before the child took the caller's dispositions waits for
-  them); if the caller dies (SIGKILL, a tool's timeout) while its command runs, the child gets SIGTERM.
+  the next one (`python -c` told so by RUNNER_RESIDENT_SERVE; detached, in a session of its own, with the
+  caller's search path). A server ends after RUNNER_RESIDENT_IDLE seconds without a command (default 120, as
+  the ssh masters' ControlPersist), and at once when its socket is removed or replaced.
+- The caller stays the command's process for whoever runs it: SIGTERM and SIGHUP sent to it go to the child;
+  SIGINT, SIGQUIT, SIGWINCH, SIGTSTP and SIGCONT (a terminal's, which reach a whole foreground group) to the
+  child's process group, a SIGTSTP stopping the caller after it; one that comes before the child took the
+  caller's dispositions waits for them. If the caller dies (SIGKILL, a tool's timeout) while its command runs,
+  the child gets SIGTERM. The child has no controlling terminal (nothing in runner opens /dev/tty: ssh runs
+  with BatchMode=yes).
 - The caller sends its command only once the child has said its pid: a server that does not fork within 10 s
   (still importing on a loaded machine), or ends first, ran nothing, and the caller runs the command itself.
 
@@ -33,19 +39,21 @@ import sys
 
 SWITCH = "RUNNER_RESIDENT"
 IDLE_ENV = "RUNNER_RESIDENT_IDLE"
-SERVE_ENV = "RUNNER_RESIDENT_SERVE"  # set by start_server: this `python -m runner` is the server of that socket
+SERVE_ENV = "RUNNER_RESIDENT_SERVE"  # set by start_server: this interpreter is the server of that socket
 DEFAULT_IDLE_S = 120.0
 PACKAGE = os.path.dirname(os.path.abspath(__file__))
 STAMPED = ("runner", "remote_payload")  # the packages whose files name the code a server runs
 PID_WAIT_S = 10.0  # a server still importing (it listens first) is waited for this long, then the command runs here
 SUN_PATH_MAX = 108  # a socket's path, NUL included (sockaddr_un on Linux)
-PID, EXIT = b"P", b"X"  # the child's two messages, each with a 4-byte signed integer
+PID, EXIT = b"P", b"X"  # the child's two messages, each with a 4-byte signed integer (EXIT -N: died of signal N)
 NO_STATUS = ("runner: the resident controller's child ended without an exit status (RUNNER_RESIDENT=0 runs each "
              "command in its own process)\n")
-
+STATUS_LINES = ("Uid:", "Gid:", "Groups:", "Cap", "NoNewPrivs:", "Seccomp")  # of /proc/PID/status, in a context
 
 _missed: list[str] = []  # the socket no server answered on, for after_here
 
+
+# The caller: the `runner` process.
 
 def handed_over() -> int | None:
     """This command's exit status as the resident server's child ran it; None: run it here (the switch is off,
@@ -65,6 +73,8 @@ def handed_over() -> int | None:
             _missed.append(path)
             return None
         try:
+            if _peer(conn)[1] != os.getuid():
+                return None  # not ours (the folder is 0700 and ours: cannot happen; never hand it our env)
             conn.settimeout(PID_WAIT_S)
             pid = _read_int(conn, PID)  # the child's first word, before it has anything to run
             conn.settimeout(None)
@@ -79,7 +89,7 @@ def handed_over() -> int | None:
         except OSError:  # not all of it went: the child runs nothing
             _restore(previous)
             return None
-        return _wait_exit(conn, forwarded)
+        return _wait_exit(conn, forwarded, previous)
 
 
 def after_here() -> None:
@@ -114,16 +124,20 @@ def socket_path() -> str | None:
 
 
 def code_key() -> str | None:
-    """A digest of the code a command would run and of the process it would run in: the interpreter, its
-    search path past the script's folder, the name, size and mtime of every file of runner/ and
-    remote_payload/ (what a server imported), and the caller's context (_context); None without /proc."""
+    """A digest of the code a command would run and of the process it would run in: the interpreter, its flags,
+    warnings options and streams' encodings, its search path (_search_path), the name, size and mtime of
+    every file of runner/ and remote_payload/ (what a server imported), and the caller's context (_context);
+    None without /proc."""
     import hashlib
 
-    context = _context()
+    context = _context("self")
     if context is None:
         return None
+    streams = [f"{s.encoding}:{s.errors}:{s.write_through}" for s in (sys.stdin, sys.stdout, sys.stderr)
+               if hasattr(s, "write_through")]
     digest = hashlib.blake2b(digest_size=10)
-    digest.update("\0".join([sys.executable, sys.version, PACKAGE, *sys.path[1:], *context])
+    digest.update("\0".join([sys.executable, sys.version, repr(sys.flags), repr(sys.warnoptions),
+                             repr(sys._xoptions), *streams, PACKAGE, *_search_path(), *context])
                   .encode("utf-8", "surrogateescape"))
     top = os.path.dirname(PACKAGE)
     for package in STAMPED:
@@ -132,28 +146,42 @@ def code_key() -> str | None:
     return digest.hexdigest()
 
 
-def _context() -> list[str] | None:
-    """What a process inherits besides its argv, directory, environment, umask and descriptors (those travel
-    with each command): its namespaces, root, cgroup, credentials, capabilities, seccomp, niceness and
-    limits. A server serves only callers whose context is its own, so a command run under `unshare`, `ip netns
-    exec`, a cgroup, `nice`, `ulimit` or `setpriv` gets a server started there, never one from outside."""
-    import resource
-
+def _search_path() -> list[str]:
+    """sys.path past the script's folder (the folder `python -m` runs from: a key per folder would be a server
+    per folder), each site-packages with its mtime (an install or an upgrade changes it)."""
     words = []
+    for entry in sys.path[1:]:
+        try:
+            installed = os.path.basename(entry) in ("site-packages", "dist-packages")
+            words.append(f"{entry}@{os.stat(entry).st_mtime_ns}" if installed else entry)
+        except OSError:
+            words.append(entry)
+    return words
+
+
+def _context(pid: str) -> list[str] | None:
+    """What process `pid` ("self" or a number) has inherited besides its argv, directory, environment, umask,
+    signals and descriptors (those travel with each command): its namespaces, root, cgroup, credentials,
+    capabilities, seccomp, LSM label, limits and niceness. None where /proc does not say (never served)."""
+    proc = f"/proc/{pid}"
     try:
-        for name in sorted(os.listdir("/proc/self/ns")):
-            words.append(f"{name}={os.readlink(f'/proc/self/ns/{name}')}")
-        with open("/proc/self/cgroup") as cgroup:
-            words.append(cgroup.read())
-        with open("/proc/self/status") as status:
-            words += [line for line in status if line.startswith(("Cap", "NoNewPrivs", "Seccomp"))]
+        words = [f"{name}={os.readlink(f'{proc}/ns/{name}')}" for name in sorted(os.listdir(f"{proc}/ns"))]
+        root = os.stat(f"{proc}/root")
+        words.append(f"root={root.st_dev}:{root.st_ino}")
+        for name in ("cgroup", "limits"):
+            with open(f"{proc}/{name}") as text:
+                words.append(text.read())
+        with open(f"{proc}/status") as status:
+            words += [line for line in status if line.startswith(STATUS_LINES)]
+        with open(f"{proc}/stat") as stat:
+            words.append("nice=" + stat.read().rsplit(")", 1)[1].split()[16])
+    except (OSError, IndexError):
+        return None
+    try:
+        with open(f"{proc}/attr/current") as label:
+            words.append(label.read())
     except OSError:
-        return None  # nothing to compare: never served
-    root = os.stat("/")
-    words.append(f"root={root.st_dev}:{root.st_ino} ids={os.getresuid()}{os.getresgid()}{sorted(os.getgroups())}"
-                 f" nice={os.getpriority(os.PRIO_PROCESS, 0)}")
-    words += [f"{name}={resource.getrlimit(getattr(resource, name))}" for name in sorted(dir(resource))
-              if name.startswith("RLIMIT_")]
+        pass  # no LSM that says
     return words
 
 
@@ -172,13 +200,20 @@ def _files(folder: str):
 
 
 def start_server(path: str) -> None:
-    """A server for this code (`python -m runner` told so by SERVE_ENV), detached, in its own session, its
-    output nowhere; from the package's parent folder, so that `-m` imports this very package."""
+    """A server for this code: this interpreter with its flags and this process's search path, told so by
+    SERVE_ENV; detached, in its own session, in /, its output nowhere."""
+    import json
     import subprocess
 
+    boot = ("import json, os, sys\n"
+            f"sys.path[:] = json.loads(os.environ[{SERVE_ENV!r}])['path']\n"
+            "from runner.__main__ import run\nrun()\n")
+    told = json.dumps({"socket": path, "package": PACKAGE, "path": [os.path.abspath(sys.path[0] or os.curdir),
+                                                                   *sys.path[1:]]})
     try:
-        subprocess.Popen([sys.executable, "-m", "runner"], cwd=os.path.dirname(PACKAGE),
-                         env={**os.environ, SERVE_ENV: path}, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+        flags: list[str] = getattr(subprocess, "_args_from_interpreter_flags", list)()  # -W, -X, -O…: as multiprocessing does
+        subprocess.Popen([sys.executable, *flags, "-c", boot], cwd="/",
+                         env={**os.environ, SERVE_ENV: told}, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                          stderr=subprocess.DEVNULL, start_new_session=True)
     except OSError:
         pass  # the next command tries again; this one runs here
@@ -187,10 +222,9 @@ def start_server(path: str) -> None:
 def _send_request(conn) -> None:
     import array
     import json
+    import signal
     import socket
     import struct
-
-    import signal
 
     mask = os.umask(0o077)
     os.umask(mask)
@@ -218,22 +252,34 @@ def _recv_exact(conn, size: int) -> bytes | None:
     return data
 
 
+def _peer(conn) -> tuple[int, int]:
+    """(pid, uid) of the process at the other end, as the kernel saw it connect or listen."""
+    import socket
+    import struct
+
+    pid, uid, _gid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+    return pid, uid
+
+
 def _forward_signals(pid: int, forwarded: list[int]) -> dict:
-    """Signals this process gets go on to the child `pid` (SIGINT and SIGQUIT to its group), each appended to
-    `forwarded`; the handlers they replaced."""
+    """Signals this process gets go on to the child `pid` (a terminal's to its group), each appended to
+    `forwarded`; a SIGTSTP stops this process too, after the child's group. The handlers they replaced."""
     import signal
 
-    previous = {}
-    to_group = (signal.SIGINT, signal.SIGQUIT)  # a terminal's: they reach a command's whole foreground group
+    to_group = {signal.SIGINT, signal.SIGQUIT, signal.SIGWINCH, signal.SIGTSTP, signal.SIGCONT}
 
     def forward(signum, _frame) -> None:
-        forwarded.append(signum)
+        if signum not in (signal.SIGWINCH, signal.SIGCONT, signal.SIGTSTP):
+            forwarded.append(signum)
         try:
             os.killpg(pid, signum) if signum in to_group else os.kill(pid, signum)
         except ProcessLookupError:
             pass
+        if signum == signal.SIGTSTP:
+            os.kill(os.getpid(), signal.SIGSTOP)  # as a stopped job; `fg` sends SIGCONT, which goes on too
 
-    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
+    previous = {}
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, *to_group):
         if signal.getsignal(signum) != signal.SIG_IGN:  # one the caller ignores, its command ignores too
             previous[signum] = signal.signal(signum, forward)
     return previous
@@ -246,33 +292,55 @@ def _restore(handlers: dict) -> None:
         signal.signal(signum, handler)
 
 
-def _wait_exit(conn, forwarded: list[int]) -> int:
-    """The child's exit status (128 + the last signal forwarded when it ended without one)."""
+def _wait_exit(conn, forwarded: list[int], previous: dict) -> int:
+    """The child's exit status. A child that died of a signal (it said so, or ended without a word after one
+    was forwarded) makes this process die of it too, as the command's own process would have."""
     try:
         code = _read_int(conn, EXIT)
     except OSError:
         code = None
-    if code is not None:
+    _restore(previous)
+    if code is not None and code >= 0:
         return code
-    if forwarded:
-        return 128 + forwarded[-1]
+    if code is not None or forwarded:
+        return _die_of(-code if code is not None else forwarded[-1])
     sys.stderr.write(NO_STATUS)
     return 1
 
 
+def _die_of(signum: int) -> int:
+    import signal
+
+    for out in (sys.stdout, sys.stderr):
+        try:
+            out.flush()
+        except (OSError, ValueError):
+            pass
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+    return 128 + signum  # a signal whose default is not to end the process
+
+
 # The server: its own process, started by start_server.
 
-def serve(path: str, run_here) -> None:
-    """Import every command's modules, own `path`, and fork a child for each caller until idle or displaced;
-    a child runs its caller's command with run_here (the entry's: the command in sys.argv, in this process)."""
+def serve(told: str, run_here) -> None:
+    """Own the socket `told` names, import every command's modules, and fork a child for each caller of this
+    context until idle or displaced; a child runs its caller's command with run_here (the entry's: the
+    command in sys.argv, in this process)."""
     import gc
+    import json
     import socket
     import time
 
+    told_ = json.loads(told)
+    path = told_["socket"]
+    if told_["package"] != PACKAGE:
+        return  # the search path found another runner than the caller's: serve nothing
+    own_context = _context("self")
     idle_s = _idle_s()
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     own = _claim(listener, path)  # first: a command meanwhile waits for this server, never starts another
-    if own is None:
+    if own is None or own_context is None:
         return
     _warm()
     gc.freeze()  # what the children share stays shared: the collector does not walk or write it
@@ -286,12 +354,17 @@ def serve(path: str, run_here) -> None:
             except socket.timeout:
                 continue
             last = time.monotonic()
-            if _peer_uid(conn) != os.getuid():
+            peer_pid, peer_uid = _peer(conn)
+            if peer_uid != os.getuid():
                 conn.close()
                 continue
             if os.fork() == 0:
-                listener.close()
-                _child(conn, run_here)  # never returns
+                try:  # whatever happens in the child, it never returns into this loop
+                    listener.close()
+                    if _context(str(peer_pid)) == own_context:  # a caller of another context: nothing runs
+                        _child(conn, run_here)
+                finally:
+                    os._exit(0)
             conn.close()
     finally:
         if _still(path, own):
@@ -322,12 +395,14 @@ def _idle_s() -> float:
 
 
 def _claim(listener, path: str) -> int | None:
-    """Bind under a private name, then link it to `path` unless a live server has it: the socket's inode."""
+    """Bind under a private name, then link it to `path` unless a live server has it: the socket's inode
+    (None: another server has the path, or took it meanwhile)."""
     import socket
 
     private = f"{path}.{os.getpid()}"
     listener.bind(private)
     listener.listen(64)
+    inode = os.lstat(private).st_ino
     try:
         os.link(private, path)
     except FileExistsError:
@@ -342,12 +417,12 @@ def _claim(listener, path: str) -> int | None:
             return None
     else:
         os.unlink(private)
-    return os.stat(path).st_ino
+    return inode if _still(path, inode) else None
 
 
 def _still(path: str, inode: int) -> bool:
     try:
-        return os.stat(path).st_ino == inode
+        return os.lstat(path).st_ino == inode
     except OSError:
         return False
 
@@ -362,44 +437,62 @@ def _reap() -> None:
             return
 
 
-def _peer_uid(conn) -> int:
-    import socket
-    import struct
-
-    _pid, uid, _gid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
-    return uid
-
-
 def _child(conn, run_here) -> None:
-    """Take the caller's process state, run its command as `runner` would, send its exit status, exit."""
+    """Take the caller's process state, run its command as `runner` would, and send its exit status (-N: it
+    died of signal N). The caller's signals are held until its dispositions are taken."""
+    import signal
     import struct
 
     code, running = 1, None
     try:
-        os.setpgid(0, 0)  # the caller forwards its signals to this group
-        _hold_signals()
-        conn.sendall(PID + struct.pack("!i", os.getpid()))
-        request = _receive(conn)
-        if request is None:
-            os._exit(0)  # the caller went before saying what to run: nothing ran
-        _adopt(request)
-        running = _watch_caller(conn)
-        code = _run_command(run_here)
-    except KeyboardInterrupt:  # forwarded before the command began
-        code = 130
-    except BaseException:  # noqa: BLE001 - said on the caller's stderr, as an uncaught error would be
-        import traceback
-
-        traceback.print_exc()
-    finally:
-        _finish()
-        if running is not None:
-            running.clear()
         try:
-            conn.sendall(EXIT + struct.pack("!i", code))
-        except OSError:
-            pass
-        os._exit(code)
+            os.setpgid(0, 0)  # the caller forwards its signals to this group
+            _hold_signals()
+            conn.sendall(PID + struct.pack("!i", os.getpid()))
+            request = _receive(conn)
+            if request is None:
+                return  # the caller went before saying what to run: nothing ran
+            _adopt(request)
+            running = _watch_caller(conn)
+            code = _run_command(run_here)
+        except KeyboardInterrupt:  # before the command began, or past it
+            code = -signal.SIGINT
+        except BaseException:  # noqa: BLE001 - said on the caller's stderr, as an uncaught error would be
+            import traceback
+
+            traceback.print_exc()
+        try:
+            _finish()
+        except KeyboardInterrupt:
+            code = -signal.SIGINT
+    except BaseException:  # noqa: BLE001 - a signal's exception while a handler printed: the status still goes
+        pass
+    signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())  # nothing interrupts the status
+    if running is not None:
+        running.clear()
+    try:
+        conn.sendall(EXIT + struct.pack("!i", code))
+    except OSError:
+        pass
+
+
+def _handed_signals():
+    """The signals whose disposition a caller hands on: those it may ignore or Python sets at its start."""
+    import signal
+
+    return (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGPIPE, signal.SIGXFSZ,
+            signal.SIGUSR1, signal.SIGUSR2, signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU, signal.SIGALRM,
+            signal.SIGWINCH, signal.SIGCONT)
+
+
+def _hold_signals() -> None:
+    """Until the caller's dispositions are taken, what it forwards waits: blocked, and not ignored (an ignored
+    signal is dropped, and the server may have been started by a process that ignored SIGINT)."""
+    import signal
+
+    signal.pthread_sigmask(signal.SIG_BLOCK, _handed_signals())
+    for signum in _handed_signals():
+        signal.signal(signum, signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL)
 
 
 def _receive(conn) -> dict | None:
@@ -422,51 +515,38 @@ def _receive(conn) -> dict | None:
     return json.loads(body)
 
 
-def _handed_signals():
-    """The signals whose disposition a caller hands on: those it may ignore or Python sets at its start."""
-    import signal
-
-    return (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGPIPE, signal.SIGXFSZ,
-            signal.SIGUSR1, signal.SIGUSR2, signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU, signal.SIGALRM)
-
-
-def _hold_signals() -> None:
-    """Until the caller's dispositions are taken, what it forwards waits: blocked, and not ignored (an ignored
-    signal is dropped, and the server may have been started by a process that ignored SIGINT)."""
-    import signal
-
-    signal.pthread_sigmask(signal.SIG_BLOCK, _handed_signals())
-    for signum in _handed_signals():
-        signal.signal(signum, signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL)
-
-
 def _adopt(request: dict) -> None:
-    """The caller's argv, directory, umask, environment, ignored and blocked signals; standard streams on its
-    descriptors."""
+    """The caller's argv, directory, umask, environment (its time zone too), ignored and blocked signals;
+    standard streams on its descriptors, made as the interpreter makes them (its encodings: the server's,
+    the same by the socket's name)."""
     import io
     import signal
+    import time
 
     ignored = set(request["ignored"])
     for signum in ignored & set(_handed_signals()):
         signal.signal(signum, signal.SIG_IGN)  # a pending one is dropped, as the caller would have
-    signal.pthread_sigmask(signal.SIG_SETMASK, request["blocked"])  # one held meanwhile is delivered now
     os.chdir(request["cwd"])
     os.umask(request["umask"])
     os.environ.clear()
     os.environ.update(request["env"])
+    time.tzset()
     sys.argv = request["argv"]
-    write_through = bool(os.environ.get("PYTHONUNBUFFERED"))
 
-    def stream(fd: int, mode: str, errors: str, line_buffering: bool):
+    def stream(fd: int, like, line_buffering: bool):
+        mode = "r" if fd == 0 else "w"
         raw = io.FileIO(fd, mode, closefd=False)
-        buffered = io.BufferedReader(raw) if mode == "r" else io.BufferedWriter(raw)
-        return io.TextIOWrapper(buffered, encoding=encoding, errors=errors, line_buffering=line_buffering,
-                                write_through=write_through and mode == "w")
+        unbuffered = like.write_through and fd != 0  # -u / PYTHONUNBUFFERED: the text layer writes to the file
+        buffered = raw if unbuffered else io.BufferedReader(raw) if fd == 0 else io.BufferedWriter(raw)
+        return io.TextIOWrapper(buffered, encoding=like.encoding, errors=like.errors, newline="\n",
+                                line_buffering=line_buffering and not unbuffered, write_through=unbuffered)
 
-    encoding = getattr(sys.stdout, "encoding", None) or "utf-8"  # the server's: the interpreter's choice
-    sys.stdin = stream(0, "r", "strict", False)
-    sys.stdout = stream(1, "w", "strict", os.isatty(1))
-    sys.stderr = stream(2, "w", "backslashreplace", True)
+    streams = (stream(0, sys.__stdin__, False), stream(1, sys.__stdout__, os.isatty(1)),
+               stream(2, sys.__stderr__, True))
+    sys.stdin, sys.stdout, sys.stderr = streams
+    for name, made in zip(("__stdin__", "__stdout__", "__stderr__"), streams):
+        setattr(sys, name, made)
+    signal.pthread_sigmask(signal.SIG_SETMASK, request["blocked"])  # one held meanwhile is delivered now
 
 
 def _watch_caller(conn):
@@ -493,17 +573,23 @@ def _watch_caller(conn):
 
 
 def _run_command(run_here) -> int:
+    """The command's status: SystemExit's code as the interpreter turns it into one (a message goes to
+    stderr, then 1); a KeyboardInterrupt that escapes it ends it as it ends an interpreter (-SIGINT)."""
+    import signal
+
     try:
         run_here()
     except SystemExit as done:
         return _status(done.code)
     except KeyboardInterrupt:
-        return 130
+        import traceback
+
+        traceback.print_exc()
+        return -signal.SIGINT
     return 0
 
 
 def _status(code) -> int:
-    """SystemExit's code as the interpreter turns it into a status (a message goes to stderr, then 1)."""
     if code is None:
         return 0
     if isinstance(code, int):
@@ -527,4 +613,3 @@ def _finish() -> None:
             out.flush()
         except (OSError, ValueError):
             pass
-

@@ -143,8 +143,8 @@ def test_a_killed_caller_takes_its_command_and_signals_reach_it_as_the_caller_ta
     spec = write_job(tmp_path / "job.yaml", target, command=["sleep", "300"], name="long")
     job_id = json.loads(probe(env, "submit", str(spec), "--json").stdout)["job_id"]
     try:
-        for sig, sigint in ((signal.SIGKILL, signal.SIG_DFL), (signal.SIGINT, signal.SIG_DFL),
-                            (signal.SIGINT, signal.SIG_IGN)):
+        for sig, sigint in ((signal.SIGKILL, signal.SIG_DFL), (signal.SIGTERM, signal.SIG_DFL),
+                            (signal.SIGINT, signal.SIG_DFL), (signal.SIGINT, signal.SIG_IGN)):
             before = children(server)
             caller = subprocess.Popen([sys.executable, "-c", PROBE, "tail", job_id, "-f", "--max-wait", "300"],
                                       env={**env, "PYTHONPATH": str(REPO)}, cwd=REPO, stdout=subprocess.DEVNULL,
@@ -161,6 +161,8 @@ def test_a_killed_caller_takes_its_command_and_signals_reach_it_as_the_caller_ta
             until(lambda: not alive(child), 60, f"the command outlived its caller's {sig.name}")
             if sig == signal.SIGINT and sigint == signal.SIG_DFL:
                 assert caller.returncode not in (0, 99), caller.stderr.read()
+            if sig == signal.SIGTERM:  # the command died of it: so does its caller, as its own process would
+                assert caller.returncode == -signal.SIGTERM, caller.stderr.read()
             caller.stderr.close()
     finally:
         probe(env, "cancel", job_id)
@@ -196,21 +198,26 @@ def test_a_folder_others_can_enter_is_never_used(place):
     assert list((xdg / "runner").iterdir()) == []  # no server was started on it
 
 
-def test_edited_code_names_another_server(tmp_path):
-    copy = tmp_path / "c"
+def test_edited_code_upgraded_packages_and_interpreter_flags_name_another_server(tmp_path):
+    copy, site = tmp_path / "c", tmp_path / "site-packages"
     for package in ("runner", "remote_payload"):
         shutil.copytree(REPO / package, copy / package, ignore=shutil.ignore_patterns("__pycache__"))
+    site.mkdir()
 
-    def key() -> str:
-        return subprocess.run([sys.executable, "-c", "from runner import resident; print(resident.code_key())"],
-                              cwd=copy, env={**os.environ, "PYTHONPATH": str(copy)}, capture_output=True, text=True,
-                              check=True).stdout.strip()
+    def key(*flags: str) -> str:
+        return subprocess.run([sys.executable, *flags, "-c", "from runner import resident; print(resident.code_key())"],
+                              cwd=copy, env={**os.environ, "PYTHONPATH": f"{copy}:{site}"}, capture_output=True,
+                              text=True, check=True).stdout.strip()
 
     first = key()
     assert key() == first
+    assert key("-W", "error") != first  # warnings as errors: a server of its own
     with open(copy / "remote_payload" / "contract.py", "a") as edited:  # the host side counts too
         edited.write("\n# edited\n")
-    assert key() != first
+    second = key()
+    assert second != first
+    (site / "newer-1.0.dist-info").mkdir()  # what pip does to site-packages on an install or upgrade
+    assert key() != second
 
 
 def test_a_caller_in_another_context_is_not_served_from_outside_it(place, tmp_path):
@@ -230,6 +237,13 @@ def test_a_caller_in_another_context_is_not_served_from_outside_it(place, tmp_pa
     assert niced.returncode == 99 and niced.stderr.rstrip().endswith("HERE"), niced.stderr
     assert list(state.iterdir()) == []  # what the command inside wrote went to its tmpfs
     assert served(probe(env, "--version")) and server_pid(socket_of(env)) == outside
+    # A caller that names the outside server's socket itself is refused by it (its context is checked).
+    naming = PROBE.replace("from runner import resident\n",
+                           "from runner import resident\nresident.socket_path = lambda: sys.argv.pop(1)\n")
+    escape = subprocess.run(["nice", "-n", "3", sys.executable, "-c", naming, str(socket_of(env)), "--version"],
+                            env={**env, "PYTHONPATH": str(REPO)}, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert escape.returncode == 99 and escape.stderr.rstrip().endswith("HERE"), escape.stderr
+    assert server_pid(socket_of(env)) == outside
 
 
 def test_runner_resident_0_runs_every_command_in_its_own_process(place):
@@ -240,3 +254,47 @@ def test_runner_resident_0_runs_every_command_in_its_own_process(place):
         assert done.returncode == 99 and done.stderr.rstrip().endswith("HERE")
     time.sleep(1)
     assert not (xdg / "runner").exists()  # no server, no socket folder
+
+
+FAKE_SERVER = """
+import json, os, sys, threading, time
+from runner import resident
+
+def run_here():  # a command that prints what it was given, then leaves a thread that exit must wait for
+    print(time.tzname[0], repr(sys.stdin.read()), os.environ.get("MARK"), sys.argv[1:], flush=True)
+    threading.Thread(target=time.sleep, args=(float(os.environ.get("LINGER", "0")),)).start()
+
+resident.serve(json.dumps({"socket": sys.argv[1], "package": resident.PACKAGE}), run_here)
+"""
+
+
+def test_the_child_takes_time_zone_and_stdin_and_a_sigint_while_it_ends_leaves_the_server_alive(place):
+    """A server whose command is a stand-in (resident.serve with its own run_here), on this context's socket:
+    the child sees the caller's TZ and stdin byte for byte; a SIGINT that reaches it while its exit waits for a
+    thread ends the command (the caller dies of SIGINT, as its own process would), never the server."""
+    env, _ = place
+    sock = socket_of(env)
+    server = subprocess.Popen([sys.executable, "-c", FAKE_SERVER, str(sock)], env={**env, "PYTHONPATH": str(REPO)},
+                              cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              start_new_session=True)
+    try:
+        until(lambda: server_pid(sock) == server.pid, 60, "the stand-in server did not answer")
+        done = subprocess.run([sys.executable, "-c", PROBE, "a"], input=b"x\r\ny\n", capture_output=True,
+                              env={**env, "PYTHONPATH": str(REPO), "TZ": "ABC-9", "MARK": "m1"}, cwd=REPO, timeout=60)
+        assert served(subprocess.CompletedProcess([], done.returncode, "", done.stderr.decode())), done.stderr
+        assert done.returncode == 0 and done.stdout == b"ABC 'x\\r\\ny\\n' m1 ['a']\n"
+
+        caller = subprocess.Popen([sys.executable, "-c", PROBE, "b"], stdin=subprocess.DEVNULL,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO,
+                                  env={**env, "PYTHONPATH": str(REPO), "LINGER": "30"},
+                                  preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        assert caller.stdout.readline().endswith(b"['b']\n")  # printed: the command is ending, its thread waited for
+        time.sleep(0.5)
+        caller.send_signal(signal.SIGINT)
+        caller.wait(timeout=60)
+        assert caller.returncode == -signal.SIGINT, caller.stderr.read()
+        assert server.poll() is None and sock.exists() and server_pid(sock) == server.pid
+        assert served(probe(env, "c"))
+    finally:
+        server.kill()
+        server.wait()
