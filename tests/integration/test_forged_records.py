@@ -24,8 +24,10 @@ pytestmark = pytest.mark.systemd
 FORGER = """
 import json, os, signal, sys, time
 path = os.path.join(os.environ["RUNNER_JOB_DIR"], "status.json")
-def recorded():  # the supervisor notes a payload it started just after the fork
-    return (json.load(open(path)).get("payload") or {}).get("pid") == os.getpid()
+def recorded():  # the supervisor notes a payload it started just after the fork; its guard's pid is there too
+    status = json.load(open(path))
+    return (status.get("payload") or {}).get("pid") == os.getpid() and all(
+        (status.get(who) or {}).get("pid") for who in ("guard", "supervisor"))
 deadline = time.time() + 30
 while not recorded() and time.time() < deadline:
     time.sleep(0.05)
@@ -39,9 +41,9 @@ for _ in range(12):  # kept forged for a while: the guard looks every 2 s
         json.dump(forged, fh)
     time.sleep(0.5)
 if sys.argv[2] == "kill":
+    print("ended", time.time(), flush=True)  # first: the unit's stop may end this process as soon as they die
     for who in ("guard", "supervisor"):
         os.kill(status[who]["pid"], signal.SIGKILL)
-    print("ended", time.time(), flush=True)
     time.sleep(600)
 print("ended", time.time(), flush=True)
 """
