@@ -19,8 +19,9 @@ the signal it died of, which the caller dies of).
   not served by it.
 - When none answers, the command runs in its own process, as with RUNNER_RESIDENT=0, then starts a server for
   the next one (`python -c` told so by RUNNER_RESIDENT_SERVE; detached, in a session of its own, with the
-  caller's search path). A server ends after RUNNER_RESIDENT_IDLE seconds without a command (default 120, as
-  the ssh masters' ControlPersist), and at once when its socket is removed or replaced.
+  caller's search path). A server ends RUNNER_RESIDENT_IDLE seconds after its last command ended (default 120,
+  as the ssh masters' ControlPersist), and at once when its socket is removed or replaced.
+- A caller with descriptor 0, 1 or 2 closed runs its command itself (its socket would take the number).
 - The caller stays the command's process for whoever runs it: SIGTERM and SIGHUP sent to it go to the child;
   SIGINT, SIGQUIT, SIGWINCH, SIGTSTP and SIGCONT (a terminal's, which reach a whole foreground group) to the
   child's process group, a SIGTSTP stopping the caller after it; one that comes before the child took the
@@ -63,7 +64,7 @@ def handed_over() -> int | None:
     import socket
 
     path = socket_path()
-    if path is None:
+    if path is None or not _streams_open():
         return None
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     with conn:
@@ -90,6 +91,17 @@ def handed_over() -> int | None:
             _restore(previous)
             return None
         return _wait_exit(conn, forwarded, previous)
+
+
+def _streams_open() -> bool:
+    """Descriptors 0, 1 and 2 all open: a closed one would be this process's own socket by the time it is
+    sent (the lowest free number), and the command would read or write its own connection."""
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            return False
+    return True
 
 
 def after_here() -> None:
@@ -271,8 +283,9 @@ def _forward_signals(pid: int, forwarded: list[int]) -> dict:
     def forward(signum, _frame) -> None:
         if signum not in (signal.SIGWINCH, signal.SIGCONT, signal.SIGTSTP):
             forwarded.append(signum)
-        try:
-            os.killpg(pid, signum) if signum in to_group else os.kill(pid, signum)
+        try:  # SIGSTOP for SIGTSTP: the child's group may be orphaned, and an orphaned group drops SIGTSTP
+            sent = signal.SIGSTOP if signum == signal.SIGTSTP else signum
+            os.killpg(pid, sent) if signum in to_group else os.kill(pid, sent)
         except ProcessLookupError:
             pass
         if signum == signal.SIGTSTP:
@@ -345,10 +358,14 @@ def serve(told: str, run_here) -> None:
     _warm()
     gc.freeze()  # what the children share stays shared: the collector does not walk or write it
     listener.settimeout(1.0)
-    last = time.monotonic()
+    last, children = time.monotonic(), set[int]()
     try:
-        while time.monotonic() - last < idle_s and _still(path, own):
-            _reap()
+        while _still(path, own):
+            _reap(children)
+            if children:  # idle counts from the last command's end: a command outlives no server of its own
+                last = time.monotonic()
+            elif time.monotonic() - last >= idle_s:
+                break
             try:
                 conn, _ = listener.accept()
             except socket.timeout:
@@ -358,13 +375,15 @@ def serve(told: str, run_here) -> None:
             if peer_uid != os.getuid():
                 conn.close()
                 continue
-            if os.fork() == 0:
+            child = os.fork()
+            if child == 0:
                 try:  # whatever happens in the child, it never returns into this loop
                     listener.close()
                     if _context(str(peer_pid)) == own_context:  # a caller of another context: nothing runs
                         _child(conn, run_here)
                 finally:
                     os._exit(0)
+            children.add(child)
             conn.close()
     finally:
         if _still(path, own):
@@ -409,12 +428,16 @@ def _claim(listener, path: str) -> int | None:
         probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             probe.connect(path)
-        except OSError:
+        except (ConnectionRefusedError, FileNotFoundError):
             os.replace(private, path)  # a dead server's socket
-        else:
-            probe.close()
+        except OSError:  # alive, its backlog full (EAGAIN): it stays the server
             os.unlink(private)
             return None
+        else:
+            os.unlink(private)
+            return None
+        finally:
+            probe.close()
     else:
         os.unlink(private)
     return inode if _still(path, inode) else None
@@ -427,14 +450,17 @@ def _still(path: str, inode: int) -> bool:
         return False
 
 
-def _reap() -> None:
+def _reap(children: set[int]) -> None:
+    """The children that ended, reaped and taken out of `children`."""
     while True:
         try:
             pid, _ = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
+            children.clear()
             return
         if pid == 0:
             return
+        children.discard(pid)
 
 
 def _child(conn, run_here) -> None:

@@ -298,3 +298,38 @@ def test_the_child_takes_time_zone_and_stdin_and_a_sigint_while_it_ends_leaves_t
     finally:
         server.kill()
         server.wait()
+
+
+def test_a_caller_with_a_standard_stream_closed_runs_its_command_itself(place):
+    """Its socket would take the closed number and the command would read or write its own connection (a
+    `runner mcp <&-` waited for good)."""
+    env, _ = place
+    warm_server(env)
+    for closing in ("<&-", ">&-", "2>&-"):
+        done = subprocess.run(["sh", "-c", f'exec "$0" -c "$1" --version {closing}', sys.executable, PROBE],
+                              env={**env, "PYTHONPATH": str(REPO)}, cwd=REPO, capture_output=True, text=True,
+                              timeout=60)
+        assert done.returncode == 99, (closing, done.returncode, done.stderr)  # HERE: run in its own process
+
+
+def test_a_server_outlives_its_idle_time_while_a_command_runs(place):
+    """A command longer than RUNNER_RESIDENT_IDLE keeps its server (its process group stays one a terminal
+    can stop); the idle time counts from its end."""
+    env, _ = place
+    sock = socket_of(env)
+    server = subprocess.Popen([sys.executable, "-c", FAKE_SERVER, str(sock)], cwd=REPO,
+                              env={**env, "PYTHONPATH": str(REPO), "RUNNER_RESIDENT_IDLE": "1"},
+                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              start_new_session=True)
+    try:
+        until(lambda: server_pid(sock) == server.pid, 60, "the stand-in server did not answer")
+        done = subprocess.run([sys.executable, "-c", PROBE, "long"], stdin=subprocess.DEVNULL, capture_output=True,
+                              env={**env, "PYTHONPATH": str(REPO), "LINGER": "4"}, cwd=REPO, timeout=60)
+        assert done.returncode == 0 and done.stdout.endswith(b"['long']\n"), done.stderr
+        assert server.poll() is None  # 4 s of command, 1 s of idle time: still here
+        server.wait(timeout=60)  # and gone once idle after it
+        assert not sock.exists()
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
