@@ -223,7 +223,7 @@ def start_server(path: str) -> None:
     told = json.dumps({"socket": path, "package": PACKAGE, "path": [os.path.abspath(sys.path[0] or os.curdir),
                                                                    *sys.path[1:]]})
     try:
-        flags: list[str] = getattr(subprocess, "_args_from_interpreter_flags", list)()  # -W, -X, -O…: as multiprocessing does
+        flags: list[str] = getattr(subprocess, "_args_from_interpreter_flags", list)()  # -W, -X, -O…
         subprocess.Popen([sys.executable, *flags, "-c", boot], cwd="/",
                          env={**os.environ, SERVE_ENV: told}, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                          stderr=subprocess.DEVNULL, start_new_session=True)
@@ -324,11 +324,7 @@ def _wait_exit(conn, forwarded: list[int], previous: dict) -> int:
 def _die_of(signum: int) -> int:
     import signal
 
-    for out in (sys.stdout, sys.stderr):
-        try:
-            out.flush()
-        except (OSError, ValueError):
-            pass
+    _flush_std()
     signal.signal(signum, signal.SIG_DFL)
     os.kill(os.getpid(), signum)
     return 128 + signum  # a signal whose default is not to end the process
@@ -345,9 +341,9 @@ def serve(told: str, run_here) -> None:
     import socket
     import time
 
-    told_ = json.loads(told)
-    path = told_["socket"]
-    if told_["package"] != PACKAGE:
+    orders = json.loads(told)
+    path = orders["socket"]
+    if orders["package"] != PACKAGE:
         return  # the search path found another runner than the caller's: serve nothing
     own_context = _context("self")
     idle_s = _idle_s()
@@ -361,8 +357,9 @@ def serve(told: str, run_here) -> None:
     last, children = time.monotonic(), set[int]()
     try:
         while _still(path, own):
+            running = len(children)
             _reap(children)
-            if children:  # idle counts from the last command's end: a command outlives no server of its own
+            if children or len(children) < running:  # idle counts from the last command's end
                 last = time.monotonic()
             elif time.monotonic() - last >= idle_s:
                 break
@@ -634,8 +631,12 @@ def _finish() -> None:
         if thread is not threading.current_thread() and not thread.daemon:
             thread.join()
     atexit._run_exitfuncs()
+    _flush_std()
+
+
+def _flush_std() -> None:
     for out in (sys.stdout, sys.stderr):
         try:
             out.flush()
-        except (OSError, ValueError):
+        except (OSError, ValueError):  # closed, or a reader gone
             pass

@@ -22,8 +22,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli_helpers import REPO, local_target, write_job
+from tests.cli_helpers import REPO, local_target, pid_alive, wait_for, write_job
+from tests.harness.pace import Scale
 from tests.hosts._proc import shared_tmpdir
+
+WAIT_S = 60  # "does not hang": every wait's bound, scaled by the machine's pace (tests/harness/pace.py)
 
 PROBE = ("import sys\nfrom runner import resident\nsys.argv = ['runner', *sys.argv[1:]]\n"
          "code = resident.handed_over()\nprint('SERVED' if code is not None else 'HERE', file=sys.stderr)\n"
@@ -46,6 +49,11 @@ def place():
             if pid:
                 os.kill(pid, signal.SIGTERM)
         shutil.rmtree(top, ignore_errors=True)
+
+
+@pytest.fixture
+def scaled() -> Scale:
+    return Scale()
 
 
 def probe(env: dict, *argv: str, cwd: Path = REPO, timeout: float = 120, **popen) -> subprocess.CompletedProcess:
@@ -76,18 +84,15 @@ def server_pid(sock: Path) -> int | None:
         conn.close()  # the child it forked for this connection hears nothing and ends
 
 
-def warm_server(env: dict, **popen) -> int:
+def warm_server(env: dict, wait_s: float, **popen) -> int:
     """Start this env's server with a command of its own (run here), and wait until it answers: its pid."""
     first = probe(env, "--version", **popen)
     assert first.returncode == 99 and first.stderr.rstrip().endswith("HERE"), first.stderr
     sock = socket_of(env)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        pid = server_pid(sock)
-        if pid:
-            return pid
-        time.sleep(0.1)
-    raise AssertionError(f"no server answered on {sock} within 60 s")
+    wait_for(lambda: server_pid(sock) is not None, timeout=wait_s, what=f"a server on {sock}")
+    pid = server_pid(sock)
+    assert pid is not None
+    return pid
 
 
 def children(pid: int) -> set[int]:
@@ -97,23 +102,9 @@ def children(pid: int) -> set[int]:
         return set()
 
 
-def alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
-    except (FileNotFoundError, IndexError):
-        return False
-
-
-def until(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.05)
-
-
-def test_a_served_command_runs_with_the_callers_directory_environment_streams_and_status(place, tmp_path):
+def test_a_served_command_runs_with_the_callers_directory_environment_streams_and_status(place, tmp_path, scaled):
     env, _ = place
-    warm_server(env)
+    warm_server(env, scaled(WAIT_S))
     version = probe(env, "--version")
     assert served(version) and version.returncode == 0 and "runner, version" in version.stdout
 
@@ -132,13 +123,13 @@ def test_a_served_command_runs_with_the_callers_directory_environment_streams_an
     assert job_id in mine.stdout and job_id not in other.stdout  # each command's own RUNNER_STATE_DIR
 
 
-def test_a_killed_caller_takes_its_command_and_signals_reach_it_as_the_caller_takes_them(place, tmp_path):
+def test_a_killed_caller_takes_its_command_and_signals_reach_it_as_the_caller_takes_them(place, tmp_path, scaled):
     """The server is started by a command that ignores SIGINT, as a background job of a script does (CI's
     pytest runs so): each child takes its own caller's dispositions instead. A caller killed, or sent SIGINT
     while it takes SIGINT, ends its command; one that ignores SIGINT (in its own process it would go on) goes
     on until SIGTERM. Each signal is sent as soon as the child exists: it may not have its command yet."""
     env, _ = place
-    server = warm_server(env, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    server = warm_server(env, scaled(WAIT_S), preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     target = local_target()
     spec = write_job(tmp_path / "job.yaml", target, command=["sleep", "300"], name="long")
     job_id = json.loads(probe(env, "submit", str(spec), "--json").stdout)["job_id"]
@@ -149,16 +140,16 @@ def test_a_killed_caller_takes_its_command_and_signals_reach_it_as_the_caller_ta
             caller = subprocess.Popen([sys.executable, "-c", PROBE, "tail", job_id, "-f", "--max-wait", "300"],
                                       env={**env, "PYTHONPATH": str(REPO)}, cwd=REPO, stdout=subprocess.DEVNULL,
                                       stderr=subprocess.PIPE, preexec_fn=lambda: signal.signal(signal.SIGINT, sigint))
-            until(lambda: children(server) - before, 60, "the server forked no child for the tail")
+            wait_for(lambda: children(server) - before, timeout=scaled(WAIT_S), what="the tail's child")
             (child,) = children(server) - before
-            assert caller.poll() is None and alive(child)
+            assert caller.poll() is None and pid_alive(child)
             caller.send_signal(sig)
             if sigint == signal.SIG_IGN:
                 time.sleep(2)
-                assert caller.poll() is None and alive(child), "a SIGINT the caller ignores ended its command"
+                assert caller.poll() is None and pid_alive(child), "a SIGINT the caller ignores ended its command"
                 caller.send_signal(signal.SIGTERM)
-            caller.wait(timeout=60)
-            until(lambda: not alive(child), 60, f"the command outlived its caller's {sig.name}")
+            caller.wait(timeout=scaled(WAIT_S))
+            wait_for(lambda: not pid_alive(child), timeout=scaled(WAIT_S), what=f"the command's end after {sig.name}")
             if sig == signal.SIGINT and sigint == signal.SIG_DFL:
                 assert caller.returncode not in (0, 99), caller.stderr.read()
             if sig == signal.SIGTERM:  # the command died of it: so does its caller, as its own process would
@@ -168,23 +159,23 @@ def test_a_killed_caller_takes_its_command_and_signals_reach_it_as_the_caller_ta
         probe(env, "cancel", job_id)
 
 
-def test_an_idle_server_ends_and_removes_its_socket(place):
+def test_an_idle_server_ends_and_removes_its_socket(place, scaled):
     env, _ = place
     env = {**env, "RUNNER_RESIDENT_IDLE": "1"}
-    pid = warm_server(env)
+    pid = warm_server(env, scaled(WAIT_S))
     sock = socket_of(env)
-    until(lambda: not alive(pid), 60, "the idle server did not end")
+    wait_for(lambda: not pid_alive(pid), timeout=scaled(WAIT_S), what="the idle server's end")
     assert not sock.exists()
     assert probe(env, "--version").stderr.rstrip().endswith("HERE")  # and the next command starts another
 
 
-def test_a_dead_servers_socket_is_replaced(place):
+def test_a_dead_servers_socket_is_replaced(place, scaled):
     env, _ = place
     sock = socket_of(env)
     stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     stale.bind(str(sock))
     stale.close()  # the file stays, nobody listens
-    warm_server(env)
+    warm_server(env, scaled(WAIT_S))
     assert served(probe(env, "--version"))
 
 
@@ -220,20 +211,21 @@ def test_edited_code_upgraded_packages_and_interpreter_flags_name_another_server
     assert key() != second
 
 
-def test_a_caller_in_another_context_is_not_served_from_outside_it(place, tmp_path):
+def test_a_caller_in_another_context_is_not_served_from_outside_it(place, tmp_path, scaled):
     """A command under `unshare --mount` sees its own mounts: a server of the caller's outside context would
     write through the tmpfs laid over the state dir. Under `nice`, likewise a server of its own."""
     env, _ = place
-    outside = warm_server(env)
+    outside = warm_server(env, scaled(WAIT_S))
     state = tmp_path / "state"
     state.mkdir()
     inside = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c",
                              f'mount -t tmpfs tmpfs "{state}" && exec "$0" -c "$1" list --json', sys.executable, PROBE],
                             env={**env, "PYTHONPATH": str(REPO), "RUNNER_STATE_DIR": str(state)}, cwd=REPO,
-                            capture_output=True, text=True, timeout=120)
+                            capture_output=True, text=True, timeout=scaled(WAIT_S))
     assert inside.returncode == 99 and inside.stderr.rstrip().endswith("HERE"), inside.stderr
     niced = subprocess.run(["nice", "-n", "3", sys.executable, "-c", PROBE, "--version"],
-                           env={**env, "PYTHONPATH": str(REPO)}, cwd=REPO, capture_output=True, text=True, timeout=120)
+                           env={**env, "PYTHONPATH": str(REPO)}, cwd=REPO, capture_output=True, text=True,
+                           timeout=scaled(WAIT_S))
     assert niced.returncode == 99 and niced.stderr.rstrip().endswith("HERE"), niced.stderr
     assert list(state.iterdir()) == []  # what the command inside wrote went to its tmpfs
     assert served(probe(env, "--version")) and server_pid(socket_of(env)) == outside
@@ -241,7 +233,8 @@ def test_a_caller_in_another_context_is_not_served_from_outside_it(place, tmp_pa
     naming = PROBE.replace("from runner import resident\n",
                            "from runner import resident\nresident.socket_path = lambda: sys.argv.pop(1)\n")
     escape = subprocess.run(["nice", "-n", "3", sys.executable, "-c", naming, str(socket_of(env)), "--version"],
-                            env={**env, "PYTHONPATH": str(REPO)}, cwd=REPO, capture_output=True, text=True, timeout=120)
+                            env={**env, "PYTHONPATH": str(REPO)}, cwd=REPO, capture_output=True, text=True,
+                           timeout=scaled(WAIT_S))
     assert escape.returncode == 99 and escape.stderr.rstrip().endswith("HERE"), escape.stderr
     assert server_pid(socket_of(env)) == outside
 
@@ -268,7 +261,7 @@ resident.serve(json.dumps({"socket": sys.argv[1], "package": resident.PACKAGE}),
 """
 
 
-def test_the_child_takes_time_zone_and_stdin_and_a_sigint_while_it_ends_leaves_the_server_alive(place):
+def test_the_child_takes_time_zone_and_stdin_and_a_sigint_while_it_ends_leaves_the_server_alive(place, scaled):
     """A server whose command is a stand-in (resident.serve with its own run_here), on this context's socket:
     the child sees the caller's TZ and stdin byte for byte; a SIGINT that reaches it while its exit waits for a
     thread ends the command (the caller dies of SIGINT, as its own process would), never the server."""
@@ -278,9 +271,10 @@ def test_the_child_takes_time_zone_and_stdin_and_a_sigint_while_it_ends_leaves_t
                               cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                               start_new_session=True)
     try:
-        until(lambda: server_pid(sock) == server.pid, 60, "the stand-in server did not answer")
+        wait_for(lambda: server_pid(sock) == server.pid, timeout=scaled(WAIT_S), what="the stand-in server")
         done = subprocess.run([sys.executable, "-c", PROBE, "a"], input=b"x\r\ny\n", capture_output=True,
-                              env={**env, "PYTHONPATH": str(REPO), "TZ": "ABC-9", "MARK": "m1"}, cwd=REPO, timeout=60)
+                              env={**env, "PYTHONPATH": str(REPO), "TZ": "ABC-9", "MARK": "m1"}, cwd=REPO,
+                              timeout=scaled(WAIT_S))
         assert served(subprocess.CompletedProcess([], done.returncode, "", done.stderr.decode())), done.stderr
         assert done.returncode == 0 and done.stdout == b"ABC 'x\\r\\ny\\n' m1 ['a']\n"
 
@@ -291,7 +285,7 @@ def test_the_child_takes_time_zone_and_stdin_and_a_sigint_while_it_ends_leaves_t
         assert caller.stdout.readline().endswith(b"['b']\n")  # printed: the command is ending, its thread waited for
         time.sleep(0.5)
         caller.send_signal(signal.SIGINT)
-        caller.wait(timeout=60)
+        caller.wait(timeout=scaled(WAIT_S))
         assert caller.returncode == -signal.SIGINT, caller.stderr.read()
         assert server.poll() is None and sock.exists() and server_pid(sock) == server.pid
         assert served(probe(env, "c"))
@@ -300,34 +294,35 @@ def test_the_child_takes_time_zone_and_stdin_and_a_sigint_while_it_ends_leaves_t
         server.wait()
 
 
-def test_a_caller_with_a_standard_stream_closed_runs_its_command_itself(place):
+def test_a_caller_with_a_standard_stream_closed_runs_its_command_itself(place, scaled):
     """Its socket would take the closed number and the command would read or write its own connection (a
     `runner mcp <&-` waited for good)."""
     env, _ = place
-    warm_server(env)
+    warm_server(env, scaled(WAIT_S))
     for closing in ("<&-", ">&-", "2>&-"):
         done = subprocess.run(["sh", "-c", f'exec "$0" -c "$1" --version {closing}', sys.executable, PROBE],
                               env={**env, "PYTHONPATH": str(REPO)}, cwd=REPO, capture_output=True, text=True,
-                              timeout=60)
+                              timeout=scaled(WAIT_S))
         assert done.returncode == 99, (closing, done.returncode, done.stderr)  # HERE: run in its own process
 
 
-def test_a_server_outlives_its_idle_time_while_a_command_runs(place):
+def test_a_server_outlives_its_idle_time_while_a_command_runs(place, scaled):
     """A command longer than RUNNER_RESIDENT_IDLE keeps its server (its process group stays one a terminal
     can stop); the idle time counts from its end."""
     env, _ = place
-    sock = socket_of(env)
+    sock, idle_s = socket_of(env), scaled(2)
     server = subprocess.Popen([sys.executable, "-c", FAKE_SERVER, str(sock)], cwd=REPO,
-                              env={**env, "PYTHONPATH": str(REPO), "RUNNER_RESIDENT_IDLE": "1"},
+                              env={**env, "PYTHONPATH": str(REPO), "RUNNER_RESIDENT_IDLE": str(idle_s)},
                               stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                               start_new_session=True)
     try:
-        until(lambda: server_pid(sock) == server.pid, 60, "the stand-in server did not answer")
+        wait_for(lambda: server_pid(sock) == server.pid, timeout=scaled(WAIT_S), what="the stand-in server")
         done = subprocess.run([sys.executable, "-c", PROBE, "long"], stdin=subprocess.DEVNULL, capture_output=True,
-                              env={**env, "PYTHONPATH": str(REPO), "LINGER": "4"}, cwd=REPO, timeout=60)
+                              env={**env, "PYTHONPATH": str(REPO), "LINGER": str(2 * idle_s + 1)}, cwd=REPO,
+                              timeout=scaled(WAIT_S))
         assert done.returncode == 0 and done.stdout.endswith(b"['long']\n"), done.stderr
-        assert server.poll() is None  # 4 s of command, 1 s of idle time: still here
-        server.wait(timeout=60)  # and gone once idle after it
+        assert server.poll() is None  # twice its idle time of command: still here, idle from the command's end
+        server.wait(timeout=scaled(WAIT_S))  # and gone once idle after it
         assert not sock.exists()
     finally:
         if server.poll() is None:
