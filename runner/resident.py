@@ -28,7 +28,7 @@ the signal it died of, which the caller dies of).
   caller's dispositions waits for them. If the caller dies (SIGKILL, a tool's timeout) while its command runs,
   the child gets SIGTERM. The child has no controlling terminal (nothing in runner opens /dev/tty: ssh runs
   with BatchMode=yes).
-- The caller sends its command only once the child has said its pid: a server that does not fork within 10 s
+- The caller sends its command only once the child has said its pid: a server that does not fork within 2 s
   (still importing on a loaded machine), or ends first, ran nothing, and the caller runs the command itself.
 
 Only os and sys are imported until the switch is read: with RUNNER_RESIDENT=0 a command pays one lookup.
@@ -44,7 +44,8 @@ SERVE_ENV = "RUNNER_RESIDENT_SERVE"  # set by start_server: this interpreter is 
 DEFAULT_IDLE_S = 120.0
 PACKAGE = os.path.dirname(os.path.abspath(__file__))
 STAMPED = ("runner", "remote_payload")  # the packages whose files name the code a server runs
-PID_WAIT_S = 10.0  # a server still importing (it listens first) is waited for this long, then the command runs here
+PID_WAIT_S = 2.0  # a server still importing (it listens first) is waited for this long, then the command runs here:
+# well inside the round trip a command may take past its --max-wait (deadline.ROUND_TRIP_ALLOWANCE_S)
 SUN_PATH_MAX = 108  # a socket's path, NUL included (sockaddr_un on Linux)
 PID, EXIT = b"P", b"X"  # the child's two messages, each with a 4-byte signed integer (EXIT -N: died of signal N)
 NO_STATUS = ("runner: the resident controller's child ended without an exit status (RUNNER_RESIDENT=0 runs each "

@@ -328,3 +328,21 @@ def test_a_server_outlives_its_idle_time_while_a_command_runs(place, scaled):
         if server.poll() is None:
             server.kill()
             server.wait()
+
+
+def test_a_server_that_never_forks_costs_a_command_two_seconds_not_its_bound(place, scaled):
+    """A socket that takes the connection and never answers (a server stopped, or still importing on a loaded
+    machine): the command runs in its own process after resident.PID_WAIT_S, well inside the round trip a
+    command may take past its --max-wait."""
+    env, _ = place
+    sock = socket_of(env)
+    mute = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    mute.bind(str(sock))
+    mute.listen(8)  # never accepted
+    try:
+        began = time.monotonic()
+        done = probe(env, "--version", timeout=scaled(WAIT_S))
+        assert done.returncode == 99 and done.stderr.rstrip().endswith("HERE"), done.stderr
+        assert time.monotonic() - began < scaled(4)  # PID_WAIT_S (2) and an interpreter's start: not a hang
+    finally:
+        mute.close()
