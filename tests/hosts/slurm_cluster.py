@@ -327,12 +327,21 @@ def _start_accounting(cluster: SlurmCluster, install_db: subprocess.Popen, deadl
             raise RuntimeError(f"mariadb-install-db failed twice; the first run said:\n{first[:3000]}\n"
                                f"the second:\n{cluster.log_tail('mariadb-install')}")
     sock = base / "mysql" / "mysql.sock"
-    _spawn(cluster, "mariadbd", [
-        "mariadbd", "--no-defaults", "--user=root", f"--datadir={base}/mysql/data", f"--socket={sock}",
-        f"--port={ports.mysql}", "--bind-address=127.0.0.1", "--skip-name-resolve",
-        f"--pid-file={base}/run/mariadbd.pid", "--innodb-buffer-pool-size=64M",
-        "--innodb-lock-wait-timeout=900"])
-    _wait(cluster, "mariadbd", lambda: _sql(sock, "select 1").returncode == 0, deadline)
+    for attempt in range(3):  # a port free when picked may be another's since (a listener, an outgoing connection)
+        _spawn(cluster, "mariadbd", [
+            "mariadbd", "--no-defaults", "--user=root", f"--datadir={base}/mysql/data", f"--socket={sock}",
+            f"--port={ports.mysql}", "--bind-address=127.0.0.1", "--skip-name-resolve",
+            f"--pid-file={base}/run/mariadbd.pid", "--innodb-buffer-pool-size=64M",
+            "--innodb-lock-wait-timeout=900"])
+        try:
+            _wait(cluster, "mariadbd", lambda: _sql(sock, "select 1").returncode == 0, deadline)
+            break
+        except RuntimeError:
+            if attempt == 2 or "Address already in use" not in cluster.log_tail("mariadbd", 200):
+                raise
+            cluster.daemons.pop("mariadbd")
+            ports.mysql = free_port()
+            (base / "etc" / "slurmdbd.conf").write_text(slurmdbd_conf_text(base, ports))  # its mode stays 0600
     grant = (f"CREATE USER IF NOT EXISTS '{DB_USER}'@'127.0.0.1' IDENTIFIED BY '{DB_PASSWORD}'; "
              f"GRANT ALL ON slurm_acct_db.* TO '{DB_USER}'@'127.0.0.1';")
     done = _sql(sock, grant)
