@@ -157,9 +157,10 @@ text = open("/proc/%d/stat" % decoy).read()
 start_time = int(text[text.rindex(")") + 2:].split()[19])
 print(json.dumps({"event": "staged"}), flush=True)
 sys.stdin.readline()  # go: the service is stopped
-def forge():
+def forge():  # once the supervisor has recorded it running, with its guard's pid and its own
     status = json.load(open(path))
-    if status.get("state") != "RUNNING" or (status.get("payload") or {}).get("pid") not in (os.getpid(), decoy):
+    if status.get("state") != "RUNNING" or (status.get("payload") or {}).get("pid") not in (os.getpid(), decoy) or \
+            not all((status.get(who) or {}).get("pid") for who in ("guard", "supervisor")):
         return None
     with open(path, "w") as fh:
         json.dump(dict(status, payload=dict(status["payload"], pid=decoy, pgid=decoy, start_time=start_time)), fh)
@@ -171,9 +172,9 @@ while time.time() < deadline:
     if status and (json.load(open(path)).get("payload") or {}).get("pid") == decoy:
         break
 print("forging", time.time(), flush=True)
+print("ended", time.time(), flush=True)  # first: the unit's stop may end this process as soon as they die
 for who in ("guard", "supervisor"):
     os.kill(status[who]["pid"], signal.SIGKILL)
-print("ended", time.time(), flush=True)
 time.sleep(600)
 """
 
