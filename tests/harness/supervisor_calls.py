@@ -87,7 +87,7 @@ class Host:
     def status(self, job_id: str) -> dict:
         return self.ok("status", "--job-id", job_id)["jobs"][0]
 
-    def wait(self, job_id: str, *states: str, timeout: float = 30) -> dict:
+    def wait(self, job_id: str, *states: str, timeout: float = 60) -> dict:
         deadline = time.monotonic() + timeout
         while True:
             status = self.status(job_id)
@@ -96,7 +96,7 @@ class Host:
             assert time.monotonic() < deadline, f"{job_id} still {status['state']}, wanted {states}: {status}"
             time.sleep(0.1)
 
-    def mark(self, name: str, timeout: float = 10) -> int:
+    def mark(self, name: str, timeout: float = 30) -> int:
         path = self.marks / name
         deadline = time.monotonic() + timeout
         while not (path.exists() and path.read_text()):

@@ -115,7 +115,7 @@ class ServiceHost(sshd.SshHost):
             f"ExecStart={shlex.join(argv)}" if line.startswith("ExecStart=") else line for line in lines) + "\n")
         self.systemctl("daemon-reload").check_returncode()
         self.systemctl("restart", self.unit).check_returncode()
-        wait_until(lambda: self.health_status() == 200, timeout=20, what=f"{self.unit} (engine stand-in) healthy")
+        wait_until(lambda: self.health_status() == 200, timeout=60, what=f"{self.unit} (engine stand-in) healthy")
         calls.unlink(missing_ok=True)
         return calls
 
@@ -135,7 +135,7 @@ class ServiceHost(sshd.SshHost):
         if changed or self.service_state() != "active" or self.health_status() != 200:
             self.systemctl("reset-failed")
             self.systemctl("restart", self.unit).check_returncode()
-            wait_until(lambda: self.health_status() == 200, timeout=20, what=f"{self.unit} healthy")
+            wait_until(lambda: self.health_status() == 200, timeout=60, what=f"{self.unit} healthy")
         self.release_foreign_gpu_memory()
         homes = [sshd.ROOT_HOME, *(str(self.workdir / "home" / user) for user in self.logins)]
         self.ssh(["rm", "-rf", *(f"{home}/.runner/locks" for home in homes)], check=True)

@@ -13,7 +13,7 @@ import time
 import pytest
 import yaml
 
-from tests.cli_helpers import run_cli, status, submit, wait_for, wait_terminal
+from tests.cli_helpers import pid_alive_on, run_cli, status, submit, wait_for, wait_terminal
 from tests.harness.pace import Scale
 from tests.harness.systemd_jobs import gpu_job, host_events, host_status, target_for
 
@@ -63,6 +63,12 @@ def forged_at(host, job_id: str, word: str = "forging"):
     return float(line.split()[-1]) if line else None
 
 
+def supervisor_and_guard_alive(host, job_id: str) -> list[bool]:
+    """Whether the job's supervisor and guard are alive (their pids: the real ones, which the forgers keep)."""
+    recorded = host_status(host, job_id)
+    return [pid_alive_on(target_for(host), recorded[who]["pid"]) for who in ("supervisor", "guard")]
+
+
 def serving(host) -> bool:
     return host.service_state() == "active" and host.health_status() == 200
 
@@ -87,7 +93,8 @@ def test_a_forged_live_record_neither_kills_the_supervisor_nor_skips_the_restore
     service restored by the supervisor itself, and the ledger entry is gone only then."""
     target = target_for(service_host)
     job_id = submit(target, forging_job(work, service_host, what, "exit"))
-    wait_for(lambda: forged_at(service_host, job_id) is not None, timeout=30, what="payload forged status.json")
+    wait_for(lambda: forged_at(service_host, job_id) is not None, timeout=Scale()(30),
+             what="payload forged status.json")
     serves_again_after(service_host, job_id, "forged live record (%s), payload exits 0" % what, 90)
     job = wait_terminal(target, job_id, timeout=120)
     assert job["state"] == "SUCCEEDED" and "hard deadline" not in job["message"], job
@@ -106,7 +113,8 @@ def test_a_forged_record_then_both_killed_still_restores_from_the_ledger(service
     try:
         target = target_for(service_host)
         job_id = submit(target, forging_job(work, service_host, "all", "kill"))
-        wait_for(lambda: forged_at(service_host, job_id) is not None, timeout=30, what="payload forged status.json")
+        wait_for(lambda: forged_at(service_host, job_id) is not None, timeout=Scale()(30),
+                 what="payload forged status.json")
         wait_for(lambda: not host_status(service_host, job_id).get("guard") or "ledger" in str(
             host_status(service_host, job_id).get("message")) or status(target, job_id)["state"] != "RUNNING",
             timeout=60, what="supervisor and guard gone")
@@ -132,8 +140,11 @@ def test_restore_service_brings_back_a_unit_whose_job_forged_its_record(service_
     unit; the job's restorer, started by the next `status`, then settles it from the ledger."""
     target = target_for(service_host)
     job_id = submit(target, forging_job(work, service_host, "all", "kill"))
-    wait_for(lambda: forged_at(service_host, job_id) is not None, timeout=30, what="payload forged status.json")
-    wait_for(lambda: forged_at(service_host, job_id, "ended") is not None, timeout=30, what="payload's kills")
+    wait_for(lambda: forged_at(service_host, job_id) is not None, timeout=Scale()(30),
+             what="payload forged status.json")
+    wait_for(lambda: forged_at(service_host, job_id, "ended") is not None, timeout=Scale()(30), what="payload's kills")
+    wait_for(lambda: not any(supervisor_and_guard_alive(service_host, job_id)), timeout=Scale()(30),
+             what="supervisor and guard dead")
     began = time.monotonic()
     done = run_cli(target, "restore-service", "--host", service_host.alias, "--unit", service_host.unit, "--health-url",
                    service_host.health_url, "--json")
@@ -214,8 +225,12 @@ def test_a_staged_payload_cannot_point_the_restorer_at_another_process_group(ser
 FIFO_MAKER = """
 import json, os, signal, sys, time
 path = os.path.join(os.environ["RUNNER_JOB_DIR"], "status.json")
+def recorded():  # its own pid, its guard's and its supervisor's, all recorded
+    status = json.load(open(path))
+    return (status.get("payload") or {}).get("pid") == os.getpid() and all(
+        (status.get(who) or {}).get("pid") for who in ("guard", "supervisor"))
 deadline = time.time() + 30
-while (json.load(open(path)).get("payload") or {}).get("pid") != os.getpid() and time.time() < deadline:
+while not recorded() and time.time() < deadline:
     time.sleep(0.05)
 status = json.load(open(path))
 os.unlink(path)
@@ -223,9 +238,9 @@ os.mkfifo(path)
 print("forging fifo", time.time(), flush=True)
 if sys.argv[1] == "kill":
     time.sleep(2)
+    print("ended", time.time(), flush=True)  # first: the unit's stop may end this process as soon as they die
     for who in ("guard", "supervisor"):
         os.kill(status[who]["pid"], signal.SIGKILL)
-    print("ended", time.time(), flush=True)
 time.sleep(600)
 """
 
@@ -245,14 +260,15 @@ def test_a_status_json_made_a_fifo_blocks_no_reader_and_no_restorer(service_host
         script.write_text(FIFO_MAKER)
         job_id = submit(target, gpu_job(work, service_host, stop="always", command=["python3", str(script), "kill"],
                                         max_runtime="60s"))
-        wait_for(lambda: forged_at(service_host, job_id) is not None, timeout=30, what="payload made the FIFO")
+        wait_for(lambda: forged_at(service_host, job_id) is not None, timeout=Scale()(30), what="payload made the FIFO")
         bound = min(Scale()(15), 45)  # a blocked read lasts the command's whole deadline (55 s)
         began = time.monotonic()
         done = run_cli(target, "status", job_id, "--json")
         took = time.monotonic() - began
         assert took < bound, (took, done.stdout, done.stderr)
         assert b"unreachable" not in done.stdout, done.stdout
-        wait_for(lambda: forged_at(service_host, job_id, "ended") is not None, timeout=30, what="payload's kills")
+        wait_for(lambda: forged_at(service_host, job_id, "ended") is not None, timeout=Scale()(30),
+                 what="payload's kills")
         deadline = time.monotonic() + 90
         while not serving(service_host) and time.monotonic() < deadline:
             run_cli(target, "status", job_id, "--json")  # reaps (fork path): status.json unreadable, the ledger owed

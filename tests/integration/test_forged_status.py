@@ -7,11 +7,13 @@ itself: these cases are the corruption a payload can do by writing the files of 
 """
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from tests.cli_helpers import pid_alive_on, run_cli, status, submit, wait_for
+from tests.harness.pace import Scale
 from tests.harness.systemd_jobs import gpu_job, host_status, target_for
-
 
 pytestmark = pytest.mark.systemd
 
@@ -20,7 +22,9 @@ FORGER = """
 import json, os, signal, sys, time
 path = os.path.join(os.environ["RUNNER_JOB_DIR"], "status.json")
 def recorded():  # the supervisor notes a payload it started (ledger, then status.json) just after the fork
-    return (json.load(open(path)).get("payload") or {}).get("pid") == os.getpid()
+    status = json.load(open(path))
+    return (status.get("payload") or {}).get("pid") == os.getpid() and all(
+        (status.get(who) or {}).get("pid") for who in ("guard", "supervisor"))
 deadline = time.time() + 30
 while not recorded() and time.time() < deadline:  # corrupt the records only once they name this payload
     time.sleep(0.05)
@@ -54,9 +58,12 @@ def settled_status(host, job_id: str) -> dict:
         return {}
 
 
+def serving(host) -> bool:
+    return host.service_state() == "active" and host.health_status() == 200
+
+
 def service_back(host, timeout: float = 60) -> None:
-    wait_for(lambda: host.service_state() == "active" and host.health_status() == 200, timeout=timeout,
-             what="service active and healthy")
+    wait_for(lambda: serving(host), timeout=timeout, what="service active and healthy")
 
 
 def forged(host, job_id: str) -> bool:
@@ -68,7 +75,7 @@ def test_unit_path_restores_after_status_is_overwritten_and_both_processes_are_k
     """ExecStopPost= runs `restore` without any controller call: it must settle from the ledger."""
     target = target_for(service_host)
     job_id = submit(target, forging_job(work, service_host, how, "kill"))
-    wait_for(lambda: forged(service_host, job_id), timeout=30, what="payload forged status.json")
+    wait_for(lambda: forged(service_host, job_id), timeout=Scale()(30), what="payload forged status.json")
     service_back(service_host)
     wait_for(lambda: settled_status(service_host, job_id).get("restored") is True, timeout=30, what="settled")
     final = host_status(service_host, job_id)
@@ -82,9 +89,12 @@ def test_fork_path_restorer_settles_from_the_ledger(service_host, work, fork_pat
     never reported (tail does not exit 0) while the service is down."""
     target = target_for(service_host)
     job_id = submit(target, forging_job(work, service_host, how, "kill"))
-    wait_for(lambda: forged(service_host, job_id), timeout=30, what="payload forged status.json")
-    done = run_cli(target, "tail", job_id)  # reaps: both processes are gone
-    assert done.returncode != 0, done.stderr.decode()
+    wait_for(lambda: forged(service_host, job_id), timeout=Scale()(30), what="payload forged status.json")
+    deadline = time.monotonic() + Scale()(60)
+    while not serving(service_host) and time.monotonic() < deadline:  # it says "forging" before its kills
+        done = run_cli(target, "tail", job_id)  # reaps once both processes are gone
+        assert done.returncode != 0, done.stderr.decode()
+        time.sleep(0.5)
     service_back(service_host)
     wait_for(lambda: settled_status(service_host, job_id).get("restored") is True, timeout=30, what="settled")
     final = status(target, job_id)
@@ -97,7 +107,7 @@ def test_forged_success_while_the_supervisor_lives_is_not_believed(service_host,
     report it ended, and `tail` must not exit 0."""
     target = target_for(service_host)
     job_id = submit(target, forging_job(work, service_host, "forged", "live"))
-    wait_for(lambda: forged(service_host, job_id), timeout=30, what="payload forged status.json")
+    wait_for(lambda: forged(service_host, job_id), timeout=Scale()(30), what="payload forged status.json")
     assert service_host.service_state() != "active"
     done = run_cli(target, "status", job_id, "--json")
     assert done.returncode == 75, (done.returncode, done.stdout)
