@@ -25,6 +25,10 @@ def pidfile(name):
         fh.write(str(os.getpid()))
 if mode == "sleep":
     print("started", flush=True); time.sleep(float(args[0])); print("finished", flush=True); sys.exit(int(args[1]))
+if mode == "gate":            # runs until the test makes the mark args[0], then exits 0
+    print("started", flush=True)
+    while not os.path.exists(os.path.join(os.environ["MARKS"], args[0])):
+        time.sleep(0.05)
 if mode == "chunks":          # writes a file's bytes in pieces, pausing between them
     data = open(args[0], "rb").read()
     for i in range(0, len(data), 7):

@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -445,8 +446,9 @@ def test_settle_restores_even_when_the_steps_before_it_fail(tmp_path, monkeypatc
 
 
 def test_status_wait_answers_when_the_job_ends_not_at_the_bound(host):
-    host.start("waited", host.spec("sleep", "1", "0"))
+    host.start("waited", host.spec("gate", "go"))  # a sleep of 1 s ended before a loaded machine saw it RUNNING
     host.wait("waited", "RUNNING")
+    threading.Timer(1.0, (host.marks / "go").touch).start()
     began, seen = time.monotonic(), []
     while not seen or seen[-1] not in ("SUCCEEDED", "FAILED"):  # each answer: a change of state (RESTORING…)
         seen.append(host.ok("status", "--job-id", "waited", "--wait", "60")["jobs"][0]["state"])
