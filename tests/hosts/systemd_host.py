@@ -214,7 +214,9 @@ def inner_script(workdir: Path, gpu_dir: Path) -> str:
         f"mount --bind {shlex.quote(str(workdir / 'sudoers.d'))} /etc/sudoers.d",
         f"{manager_env} {SYSTEMD} --user --unit=test.target --log-target=console"
         f" </dev/null >{shlex.quote(str(workdir / 'systemd.log'))} 2>&1 &",
-        f"n=0; while [ ! -S {MANAGER_SOCKET} ]; do n=$((n+1)); [ $n -lt 400 ] || exit 98; sleep 0.025; done",
+        # the manager's socket, within 60 s (10 s was too little for two suites side by side on 2 cores)
+        f"n=0; while [ ! -S {MANAGER_SOCKET} ]; do n=$((n+1)); [ $n -lt 2400 ] ||"
+        " { echo 'systemd --user made no socket in 60 s' >&2; exit 98; }; sleep 0.025; done",
         f"mount --bind {MANAGER_SOCKET} /run/systemd/private",
         f"exec {sshd.SSHD} -D -e -f {config}",
     ])
@@ -271,6 +273,7 @@ class Placement:
 
 def launch(workdir: Path, cgroup: Path, gpu_dir: Path, placement: Placement,
            users: list[str]) -> tuple[subprocess.Popen, int]:
+    why = ""
     for _attempt in range(3):
         port = placement.port or free_port()
         sshd.write_ssh_files(workdir, port, users, placement.address)
@@ -285,10 +288,18 @@ def launch(workdir: Path, cgroup: Path, gpu_dir: Path, placement: Placement,
         try:
             sshd.wait_for_sshd(process, port, log, placement.address)
             return process, port
-        except RuntimeError:
+        except RuntimeError as failed:
+            why = f"{failed}\nsystemd.log: {_tail(workdir / 'systemd.log')}"
             kill_cgroup_tree(cgroup)
             cgroup.mkdir()
-    raise RuntimeError(f"systemd test host did not start; see {workdir}")
+    raise RuntimeError(f"systemd test host did not start (three tries); the last: {why}")
+
+
+def _tail(path: Path, size: int = 2000) -> str:
+    try:
+        return path.read_text(errors="replace")[-size:]
+    except OSError as missing:
+        return str(missing)
 
 
 def start_service_host(placement: Placement = Placement(), host_class: type = ServiceHost, **extra) -> ServiceHost:

@@ -98,17 +98,21 @@ def test_submit_tail_every_byte_once_then_results(tmp_path, host):
     address, root, env = host
     async def go():
         async with session(tmp_path / "state", env) as client:
-            done = await call(client, "submit", job_file="jobs/demo.yaml", overrides=demo_overrides(root, 3, address))
+            # Eight rows: a log past max_bytes, so it takes more than one call even when the first comes after the
+            # job's end (four rows made ~0.9 KB: one call on a loaded machine).
+            sizes = [1, 2, 4, 8, 16, 32, 64, 128]
+            done = await call(client, "submit", job_file="jobs/demo.yaml",
+                              overrides=[*demo_overrides(root, 3, address), f"payload.args.sizes={sizes}"])
             job_id = done["job_id"]
             assert done["host"] == address
             text, last, calls = await tail_until_done(client, job_id, max_wait=5, max_bytes=1024)
             log = (root / "jobs" / job_id / "output.log").read_bytes()
-            assert text.encode() == log and calls > 1
+            assert len(log) > 1024 and text.encode() == log and calls > 1
             assert (last["state"], last["cli_exit_code"], last["call_again"]) == ("SUCCEEDED", 0, False)
             again = await call(client, "tail", job_id=job_id, max_wait=1)
             assert again["text"] == "" and again["call_again"] is False  # nothing twice
             res = await call(client, "results", job_id=job_id)
-            assert "payload: demo" in res["table"] and [r["size"] for r in res["result"]["rows"]] == [1, 4, 16, 64]
+            assert "payload: demo" in res["table"] and [r["size"] for r in res["result"]["rows"]] == sizes
             assert res["history_warning"] is None
             (job,) = (await call(client, "status", job_id=job_id))["jobs"]
             assert job["state"] == "SUCCEEDED"
