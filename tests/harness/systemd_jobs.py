@@ -13,6 +13,23 @@ HOLD = str(Path(__file__).parent.parent / "hosts" / "hold_gpu.py")
 SMALL_GPU = 20000  # MiB; the unit holds 4096 of it while active
 
 
+# The start of a hostile payload (Python, run by python3 on the host): `path` is its status.json, and it waits up to
+# 30 s until the supervisor has recorded it running with its guard's and its own pid (what it then forges, or
+# kills, is there), then loads `status`.
+RECORDED_PRELUDE = """
+import json, os, signal, sys, time
+path = os.path.join(os.environ["RUNNER_JOB_DIR"], "status.json")
+def recorded():
+    status = json.load(open(path))
+    return (status.get("payload") or {}).get("pid") == os.getpid() and all(
+        (status.get(who) or {}).get("pid") for who in ("guard", "supervisor"))
+deadline = time.time() + 30
+while not recorded() and time.time() < deadline:
+    time.sleep(0.05)
+status = json.load(open(path))
+"""
+
+
 def target_for(host, alias: str | None = None) -> Target:
     return Target("ssh", {"address": alias or host.alias}, Path("/root/.runner"),
                   {"RUNNER_SSH_CONFIG": str(host.ssh_config)}, host)

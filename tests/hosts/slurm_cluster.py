@@ -177,26 +177,31 @@ def start_slurm_cluster(nodes: int = 1, accounting: bool = True, timeout: float 
     """Start a fresh cluster of `nodes` nodes; returns once every node is idle, or raises (after cleaning up).
     A small `min_job_age` (seconds, at least 2) makes slurmctld forget ended jobs soon: squeue then says
     "Invalid job id" and only sacct still knows them."""
+    # A daemon that died while starting is not what a test tests (mariadbd: a port taken since it was picked, or its
+    # SIGSEGV with two suites on 2 cores): a fresh cluster, on new ports, up to three times.
     first: DaemonDied | None = None
-    for _attempt in range(2):  # a daemon that crashed while starting (mariadbd's SIGSEGV with two suites on 2 cores)
-        begin = time.monotonic()  # is not what a test tests: a fresh cluster once more, both causes said if it fails
-        cluster = _new_cluster(nodes, accounting)
-        cluster.min_job_age = min_job_age
+    for attempt in range(3):
         try:
-            _write_files(cluster)
-            _start_daemons(cluster, begin + timeout)
+            return _start_once(nodes, accounting, timeout, min_job_age)
         except DaemonDied as died:
-            cluster.stop()
-            if first is not None:
-                raise DaemonDied(f"twice; the first time: {first}\nthe second: {died}") from died
-            first = died
-            continue
-        except BaseException:
-            cluster.stop()
-            raise
-        cluster.startup_s = time.monotonic() - begin
-        return cluster
+            if attempt == 2:
+                raise DaemonDied(f"three times; the first: {first}\nthe last: {died}") from died
+            first = first or died
     raise AssertionError("unreachable")
+
+
+def _start_once(nodes: int, accounting: bool, timeout: float, min_job_age: int) -> SlurmCluster:
+    begin = time.monotonic()
+    cluster = _new_cluster(nodes, accounting)
+    cluster.min_job_age = min_job_age
+    try:
+        _write_files(cluster)
+        _start_daemons(cluster, begin + timeout)
+    except BaseException:
+        cluster.stop()
+        raise
+    cluster.startup_s = time.monotonic() - begin
+    return cluster
 
 
 def _new_cluster(nodes: int, accounting: bool) -> SlurmCluster:
@@ -336,21 +341,12 @@ def _start_accounting(cluster: SlurmCluster, install_db: subprocess.Popen, deadl
             raise RuntimeError(f"mariadb-install-db failed twice; the first run said:\n{first[:3000]}\n"
                                f"the second:\n{cluster.log_tail('mariadb-install')}")
     sock = base / "mysql" / "mysql.sock"
-    for attempt in range(3):  # a port free when picked may be another's since (a listener, an outgoing connection)
-        _spawn(cluster, "mariadbd", [
-            "mariadbd", "--no-defaults", "--user=root", f"--datadir={base}/mysql/data", f"--socket={sock}",
-            f"--port={ports.mysql}", "--bind-address=127.0.0.1", "--skip-name-resolve",
-            f"--pid-file={base}/run/mariadbd.pid", "--innodb-buffer-pool-size=64M",
-            "--innodb-lock-wait-timeout=900"])
-        try:
-            _wait(cluster, "mariadbd", lambda: _sql(sock, "select 1").returncode == 0, deadline)
-            break
-        except DaemonDied:
-            if attempt == 2 or "Address already in use" not in cluster.log_tail("mariadbd", 200):
-                raise
-            cluster.daemons.pop("mariadbd")
-            ports.mysql = free_port()
-            (base / "etc" / "slurmdbd.conf").write_text(slurmdbd_conf_text(base, ports))  # its mode stays 0600
+    _spawn(cluster, "mariadbd", [
+        "mariadbd", "--no-defaults", "--user=root", f"--datadir={base}/mysql/data", f"--socket={sock}",
+        f"--port={ports.mysql}", "--bind-address=127.0.0.1", "--skip-name-resolve",
+        f"--pid-file={base}/run/mariadbd.pid", "--innodb-buffer-pool-size=64M",
+        "--innodb-lock-wait-timeout=900"])
+    _wait(cluster, "mariadbd", lambda: _sql(sock, "select 1").returncode == 0, deadline)
     grant = (f"CREATE USER IF NOT EXISTS '{DB_USER}'@'127.0.0.1' IDENTIFIED BY '{DB_PASSWORD}'; "
              f"GRANT ALL ON slurm_acct_db.* TO '{DB_USER}'@'127.0.0.1';")
     done = _sql(sock, grant)
@@ -383,7 +379,7 @@ def _wait(cluster: SlurmCluster, what: str, ready, deadline: float) -> None:
         dead = [name for name, proc in cluster.daemons.items() if proc.poll() is not None]
         if dead:
             raise DaemonDied(f"{dead[0]} exited with {cluster.daemons[dead[0]].returncode} while waiting for "
-                               f"{what}:\n{cluster.log_tail(dead[0])}")
+                             f"{what}:\n{cluster.log_tail(dead[0])}")
         if time.monotonic() > deadline:
             raise TimeoutError(f"timed out waiting for {what}:\n{cluster.log_tail(what)}")
         time.sleep(0.05)

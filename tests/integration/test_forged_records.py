@@ -15,23 +15,13 @@ import yaml
 
 from tests.cli_helpers import pid_alive_on, run_cli, status, submit, wait_for, wait_terminal
 from tests.harness.pace import Scale
-from tests.harness.systemd_jobs import gpu_job, host_events, host_status, target_for
+from tests.harness.systemd_jobs import RECORDED_PRELUDE, gpu_job, host_events, host_status, target_for
 
 pytestmark = pytest.mark.systemd
 
 # argv[1]: "all" (state, deadlines and the stop forged) or "deadline" (started_at alone); argv[2]: "exit" (the
 # payload then exits 0 after a few seconds) or "kill" (it SIGKILLs the supervisor and its guard, then waits).
-FORGER = """
-import json, os, signal, sys, time
-path = os.path.join(os.environ["RUNNER_JOB_DIR"], "status.json")
-def recorded():  # the supervisor notes a payload it started just after the fork; its guard's pid is there too
-    status = json.load(open(path))
-    return (status.get("payload") or {}).get("pid") == os.getpid() and all(
-        (status.get(who) or {}).get("pid") for who in ("guard", "supervisor"))
-deadline = time.time() + 30
-while not recorded() and time.time() < deadline:
-    time.sleep(0.05)
-status = json.load(open(path))
+FORGER = RECORDED_PRELUDE + """
 forged = dict(status, state="RUNNING", started_at=1, payload=dict(status["payload"], started_at=1))
 if sys.argv[1] == "all":
     forged["service"] = dict(status["service"], stopped=False)
@@ -138,12 +128,11 @@ def test_a_forged_record_then_both_killed_still_restores_from_the_ledger(service
 def test_restore_service_brings_back_a_unit_whose_job_forged_its_record(service_host, work, fork_path):
     """The manual lever against the same forged record (supervisor and guard killed, nobody reaps): it starts the
     unit; the job's restorer, started by the next `status`, then settles it from the ledger."""
-    target = target_for(service_host)
+    target, bound = target_for(service_host), Scale()
     job_id = submit(target, forging_job(work, service_host, "all", "kill"))
-    wait_for(lambda: forged_at(service_host, job_id) is not None, timeout=Scale()(30),
-             what="payload forged status.json")
-    wait_for(lambda: forged_at(service_host, job_id, "ended") is not None, timeout=Scale()(30), what="payload's kills")
-    wait_for(lambda: not any(supervisor_and_guard_alive(service_host, job_id)), timeout=Scale()(30),
+    wait_for(lambda: forged_at(service_host, job_id) is not None, timeout=bound(30), what="payload forged status.json")
+    wait_for(lambda: forged_at(service_host, job_id, "ended") is not None, timeout=bound(30), what="payload's kills")
+    wait_for(lambda: not any(supervisor_and_guard_alive(service_host, job_id)), timeout=bound(30),
              what="supervisor and guard dead")
     began = time.monotonic()
     done = run_cli(target, "restore-service", "--host", service_host.alias, "--unit", service_host.unit, "--health-url",
@@ -222,17 +211,7 @@ def test_a_staged_payload_cannot_point_the_restorer_at_another_process_group(ser
 
 # The payload replaces its status.json with a FIFO (an open for reading would block until a writer comes, for good)
 # and, with argv[1] "kill", SIGKILLs the supervisor and the guard.
-FIFO_MAKER = """
-import json, os, signal, sys, time
-path = os.path.join(os.environ["RUNNER_JOB_DIR"], "status.json")
-def recorded():  # its own pid, its guard's and its supervisor's, all recorded
-    status = json.load(open(path))
-    return (status.get("payload") or {}).get("pid") == os.getpid() and all(
-        (status.get(who) or {}).get("pid") for who in ("guard", "supervisor"))
-deadline = time.time() + 30
-while not recorded() and time.time() < deadline:
-    time.sleep(0.05)
-status = json.load(open(path))
+FIFO_MAKER = RECORDED_PRELUDE + """
 os.unlink(path)
 os.mkfifo(path)
 print("forging fifo", time.time(), flush=True)
@@ -260,15 +239,15 @@ def test_a_status_json_made_a_fifo_blocks_no_reader_and_no_restorer(service_host
         script.write_text(FIFO_MAKER)
         job_id = submit(target, gpu_job(work, service_host, stop="always", command=["python3", str(script), "kill"],
                                         max_runtime="60s"))
-        wait_for(lambda: forged_at(service_host, job_id) is not None, timeout=Scale()(30), what="payload made the FIFO")
-        bound = min(Scale()(15), 45)  # a blocked read lasts the command's whole deadline (55 s)
+        scale = Scale()
+        wait_for(lambda: forged_at(service_host, job_id) is not None, timeout=scale(30), what="payload made the FIFO")
+        bound = min(scale(15), 45)  # a blocked read lasts the command's whole deadline (55 s)
         began = time.monotonic()
         done = run_cli(target, "status", job_id, "--json")
         took = time.monotonic() - began
         assert took < bound, (took, done.stdout, done.stderr)
         assert b"unreachable" not in done.stdout, done.stdout
-        wait_for(lambda: forged_at(service_host, job_id, "ended") is not None, timeout=Scale()(30),
-                 what="payload's kills")
+        wait_for(lambda: forged_at(service_host, job_id, "ended") is not None, timeout=scale(30), what="payload's kills")
         deadline = time.monotonic() + 90
         while not serving(service_host) and time.monotonic() < deadline:
             run_cli(target, "status", job_id, "--json")  # reaps (fork path): status.json unreadable, the ledger owed

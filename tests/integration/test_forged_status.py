@@ -13,22 +13,13 @@ import pytest
 
 from tests.cli_helpers import pid_alive_on, run_cli, status, submit, wait_for
 from tests.harness.pace import Scale
-from tests.harness.systemd_jobs import gpu_job, host_status, target_for
+from tests.harness.systemd_jobs import RECORDED_PRELUDE, gpu_job, host_status, target_for
 
 pytestmark = pytest.mark.systemd
 
 # Overwrite status.json (argv[1]: "garbage" or "forged"), then SIGKILL the supervisor and its guard.
-FORGER = """
-import json, os, signal, sys, time
-path = os.path.join(os.environ["RUNNER_JOB_DIR"], "status.json")
-def recorded():  # the supervisor notes a payload it started (ledger, then status.json) just after the fork
-    status = json.load(open(path))
-    return (status.get("payload") or {}).get("pid") == os.getpid() and all(
-        (status.get(who) or {}).get("pid") for who in ("guard", "supervisor"))
-deadline = time.time() + 30
-while not recorded() and time.time() < deadline:  # corrupt the records only once they name this payload
-    time.sleep(0.05)
-status = json.load(open(path))
+# The records are corrupted only once they name this payload (RECORDED_PRELUDE).
+FORGER = RECORDED_PRELUDE + """
 if sys.argv[1] == "garbage":
     text = "\\x00 not json {{{"
 else:
@@ -89,8 +80,9 @@ def test_fork_path_restorer_settles_from_the_ledger(service_host, work, fork_pat
     never reported (tail does not exit 0) while the service is down."""
     target = target_for(service_host)
     job_id = submit(target, forging_job(work, service_host, how, "kill"))
-    wait_for(lambda: forged(service_host, job_id), timeout=Scale()(30), what="payload forged status.json")
-    deadline = time.monotonic() + Scale()(60)
+    bound = Scale()
+    wait_for(lambda: forged(service_host, job_id), timeout=bound(30), what="payload forged status.json")
+    deadline = time.monotonic() + bound(60)
     while not serving(service_host) and time.monotonic() < deadline:  # it says "forging" before its kills
         done = run_cli(target, "tail", job_id)  # reaps once both processes are gone
         assert done.returncode != 0, done.stderr.decode()
