@@ -29,21 +29,19 @@ refused before anything is touched (contract.REFUSED_PAUSE_MODES); the drain use
 said it is idle. SGLang without --enable-memory-saver answers every release with 200 and frees nothing (its
 memory saver is a no-op then): only /get_server_info tells, so `probe` reads it. Weights released without
 --enable-weights-cpu-backup come back as uninitialised memory; they are never released then. Every HTTP call
-is bounded as a whole by the caller's deadline (time.monotonic()), its body capped, no redirect followed; any
-failure of it is an EngineError (the caller restarts the unit). The unit's health wait (`wait_healthy`, every
-restorer's) asks its health URL through the same client: an answer it cannot read is "not healthy". Stdlib
-only; imports contract.py, host/ (answer.py, systemd.py) (`Fail`) and host/listener.py.
+goes through host/http_client.py (bounded as a whole by the caller's deadline, its body capped, no redirect followed;
+any failure of it is an EngineError: the caller restarts the unit); the unit's health wait is host/health.py's.
+Stdlib only; imports contract.py and host/.
 """
 from __future__ import annotations
 
-import io
 import json
 import time
 
 from ..contract import REFUSED_PAUSE_MODES
-from .listener import foreign_holder, unit_cgroup
 from .answer import Fail
-from .systemd import Systemd
+from .health import wait_healthy
+from .http_client import POLL_S, EngineError, call, exchange, expect_ok, wait_for
 
 FREE_METHODS = ("stop", "sglang", "vllm")  # service.free; stop: systemctl stop / start
 PAUSE_MODES = ("drain", "abort", "retract", "in_place")  # service.pause_mode; None = drain
@@ -55,217 +53,12 @@ DRAIN_SETTLE_S = 0.2      # after the in-place pause: a request that passed SGLa
                           # the scheduler (its tokenization) before the idle check asks
 KV_CACHE, WEIGHTS = "kv_cache", "weights"
 CALL_TIMEOUT_S = 30.0     # the probe before a release (its deadline; each call's is the caller's)
-MAX_BODY_BYTES = 1 << 20  # the routes answer a few KB
-READ_CHUNK = 1 << 16
 PROBE_S = 5.0             # the preflight's question to the engine
-STAY_ACTIVE_S = 2.0       # without a health URL, how long a unit must stay active to count as healthy
 SETTLE_S = 2.0            # after a release, how long nvidia-smi may lag before the memory counts as still held
-POLL_S = 0.2
-
-
-class EngineError(Fail):
-    """The engine's API did not do what was asked (or did not answer): the message says which call."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__("internal", message)
 
 
 class Unsupported(EngineError):
     """The server cannot free memory through its API; found before anything was touched."""
-
-
-# ── HTTP ──────────────────────────────────────────────────────────────────────────────────────────────
-# The engine's answers are input from another process: any way it can fail to answer well (refused, reset,
-# cut short, trickled, oversized, redirected, malformed) is an EngineError, and the caller restarts the unit.
-
-def call(method: str, url: str, deadline: float, body=None):
-    """(status, answer) of one request: a 2xx answer's parsed JSON (None when empty; anything else is an
-    EngineError), another status's body as JSON or text (for messages)."""
-    status, raw = exchange(method, url, deadline, body)
-    if 200 <= status < 300:
-        return status, parse_body(raw, "%s %s" % (method, url))
-    try:
-        return status, parse_body(raw, url)
-    except EngineError:
-        return status, raw.decode("utf-8", "replace").strip()[-300:]
-
-
-def exchange(method: str, url: str, deadline: float, body=None) -> tuple:
-    """(status, raw body) of one request over http.client, which follows no redirect (a 3xx is an
-    EngineError here: a release answered by whatever the Location names is no release). The whole call
-    (connect, send, status line, headers, body) ends by the deadline, however slowly the engine writes;
-    a body over MAX_BODY_BYTES is refused. Proxies from the environment are never used."""
-    import http.client  # here, not at the top: most of the supervisor's runs never call an engine
-    from urllib.parse import urlsplit
-
-    what = "%s %s" % (method, url)
-    try:
-        parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise EngineError("%s: not an http(s) URL" % what)
-        kind = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
-        connection = kind(parts.hostname, parts.port, timeout=time_left(deadline, what))
-        raw_socket = None
-        try:
-            connection.connect()
-            raw_socket = connection.sock
-            connection.sock = DeadlineSocket(raw_socket, deadline, what)
-            data = None if body is None else json.dumps(body).encode("utf-8")
-            headers = {"Content-Type": "application/json"} if data is not None else {}
-            connection.request(method, (parts.path or "/") + ("?" + parts.query if parts.query else ""),
-                               body=data, headers=dict(headers, Connection="close"))
-            answer = connection.getresponse()
-            if 300 <= answer.status < 400:
-                raise EngineError("%s answered %d (a redirect to %r): not followed" % (
-                    what, answer.status, (answer.getheader("Location") or "")[:200]))
-            return answer.status, read_capped(answer, what)
-        finally:
-            connection.close()
-            if raw_socket is not None:
-                raw_socket.close()
-    except EngineError:
-        raise
-    except Exception as exc:  # the boundary: http.client's errors, OSError, a bad port, a decoder's
-        raise EngineError("%s did not answer well: %s: %s" % (what, type(exc).__name__, str(exc)[:200])) from exc
-
-
-def time_left(deadline: float, what: str) -> float:
-    left = deadline - time.monotonic()
-    if left <= 0:
-        raise EngineError("%s: no time left before the deadline" % what)
-    return left
-
-
-class DeadlineSocket:
-    """The connection's socket with every read and write bounded by what is left of the whole call (a
-    socket timeout alone bounds one read: a body trickled a byte at a time would never end)."""
-
-    def __init__(self, sock, deadline: float, what: str) -> None:
-        self.sock, self.deadline, self.what = sock, deadline, what
-
-    def sendall(self, data) -> None:
-        self.sock.settimeout(time_left(self.deadline, self.what))
-        self.sock.sendall(data)
-
-    def recv_into(self, buffer, nbytes: int = 0) -> int:
-        self.sock.settimeout(time_left(self.deadline, self.what))
-        return self.sock.recv_into(buffer, nbytes)
-
-    def makefile(self, mode: str):
-        return io.BufferedReader(SocketReader(self))
-
-    def close(self) -> None:
-        """Nothing: http.client closes its connection once it has the headers of a `Connection: close`
-        answer, while the body may still be on the wire (a real socket's makefile keeps its descriptor open
-        until the reader is done; this wrapper's reader cannot). `exchange` closes the socket itself."""
-
-
-class SocketReader(io.RawIOBase):
-    """A raw binary stream over a DeadlineSocket: what http.client reads the status, headers and body from."""
-
-    def __init__(self, sock: DeadlineSocket) -> None:
-        super().__init__()
-        self.sock = sock
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer) -> int:
-        return self.sock.recv_into(buffer)
-
-
-def read_capped(answer, what: str) -> bytes:
-    """The whole body (by its Content-Length, chunks or the close), at most MAX_BODY_BYTES."""
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        chunk = answer.read(READ_CHUNK)
-        if not chunk and answer.length:  # http.client returns what came before the close; it was cut short
-            raise EngineError("%s: the answer was cut short (%d bytes of it missing)" % (what, answer.length))
-        if not chunk:
-            return b"".join(chunks)
-        size += len(chunk)
-        if size > MAX_BODY_BYTES:
-            raise EngineError("%s: the answer is over %d bytes (the routes answer a few KB)" % (what, MAX_BODY_BYTES))
-        chunks.append(chunk)
-
-
-def parse_body(raw: bytes, what: str):
-    """The answer's JSON, None when empty; what is not JSON (or nests too deep to read) is an EngineError."""
-    text = raw.decode("utf-8", "replace")
-    if not text.strip():
-        return None
-    try:
-        return json.loads(text)
-    except (ValueError, RecursionError) as exc:
-        raise EngineError("%s answered what is not JSON (%s): %r" % (what, type(exc).__name__, text[:80])) from exc
-
-
-def expect_ok(method: str, url: str, deadline: float, body=None):
-    status, answer = call(method, url, deadline, body)
-    if not 200 <= status < 300:
-        raise EngineError("%s %s answered %d: %s" % (method, url, status, answer))
-    return answer
-
-
-def wait_for(check, deadline: float, what: str):
-    """Poll check() (True when done; it may raise EngineError) until the deadline."""
-    while True:
-        if check():
-            return
-        if time.monotonic() + POLL_S >= deadline:
-            raise EngineError("%s: not within the deadline" % what)
-        time.sleep(POLL_S)
-
-
-# ── the unit's health ──────────────────────────────────────────────────────────────────────────────────
-# Its health URL is one more of the engine's routes: asked through the same client, so every restorer's wait
-# for the unit is bounded and none ends in a crash on what the engine answers.
-
-def health_ok(url: str, timeout: float) -> bool:
-    """True when url answers 2xx. The health route is the engine's, as hostile as its other routes: asked
-    through the engine's client (the whole call bounded, the body capped, no redirect, no proxy), and any
-    answer it cannot read (malformed, trickled, cut short) is not healthy, never a crash or a hang."""
-    try:
-        status, _ = exchange("GET", url, time.monotonic() + min(5.0, max(0.2, timeout)))
-    except EngineError:
-        return False
-    return 200 <= status < 300
-
-
-def wait_healthy(ctl: Systemd, unit: str, url, timeout: float, note=None):
-    """Poll until healthy, failed or timeout; returns (healthy, active_state). Healthy: active and the
-    health URL answers 2xx from the unit itself (an answer from a process outside the unit that holds its port
-    is not the unit's: host/listener.py; `note` hears who, once); with no URL, active for STAY_ACTIVE_S in a row
-    (a Type=simple unit is "active" the moment its process is forked, even one that dies a second later)."""
-    deadline = time.monotonic() + timeout
-    active_since, squatter = None, None
-    while True:
-        state = ctl.is_active(unit)
-        now = time.monotonic()
-        active_since = (active_since or now) if state == "active" else None
-        if active_since is not None and (health_ok(url, deadline - now) if url else now - active_since >= STAY_ACTIVE_S):
-            held = held_outside(ctl, unit, url) if url else None
-            if held is None:
-                return True, state
-            if held != squatter and note is not None:
-                note("%s answered, but not from %s: %s" % (url, unit, held))
-            squatter = held
-        if state == "failed" or now >= deadline:
-            return False, state
-        time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
-
-
-def held_outside(ctl: Systemd, unit: str, url: str):
-    """Who holds url's port outside the unit (host/listener.py), or None. The unit's cgroup comes from its
-    MainPID's /proc/PID/cgroup (world-readable), not from another systemctl property: under `sudo: true` the
-    README's sudoers rule allows only the calls runner makes, and it already reads MainPID."""
-    try:
-        main_pid = ctl.show(unit)["main_pid"]
-    except Fail:
-        return None
-    group = unit_cgroup(main_pid, unit) if main_pid else None
-    return foreign_holder(group, url) if group else None
 
 
 def api_url(service: dict) -> str:

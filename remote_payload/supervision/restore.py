@@ -6,7 +6,7 @@ import time
 
 from . import ledger, trust, unit as job_unit
 from ..contract import RUNNING_SERVICE_STATES
-from ..host import engine
+from ..host import health
 from ..host.answer import Fail
 from ..host.systemd import Systemd, start_unit
 from .files import JobPaths, Locks, held_by_another_user, is_slurm_job, restore_keys
@@ -92,7 +92,7 @@ def cmd_restore_service(args) -> dict:
     if started:
         start_unit(ctl, unit, deadline - time.monotonic())
     heard = []  # type: list
-    healthy, active = engine.wait_healthy(ctl, unit, args.health_url, deadline - time.monotonic(), heard.append)
+    healthy, active = health.wait_healthy(ctl, unit, args.health_url, deadline - time.monotonic(), heard.append)
     shown = ctl.show(unit)
     state = "healthy" if healthy else ("starting" if shown["active_state"] in RUNNING_SERVICE_STATES else "failed")
     if released and released.get("deferred"):  # it runs and answers, but its memory is still released

@@ -31,7 +31,7 @@ from ..host.processes import (KILL_CONFIRM_S, group_is_ours, group_members, iden
                               user_processes_in_own_cgroup)
 from ..host.systemd import start_unit
 from .record import Job
-from ..host import engine, unit_stop
+from ..host import engine, health, unit_stop
 from . import ledger, services
 
 GPU_POLL_S = 0.5
@@ -154,7 +154,7 @@ def start_and_wait(job: Job, unit: str, deadline: float) -> tuple:
         if why:
             job.note_restore(why)
         started = time.monotonic()
-        healthy, now = engine.wait_healthy(job.ctl, unit, spec_service["health_url"], deadline - time.monotonic(),
+        healthy, now = health.wait_healthy(job.ctl, unit, spec_service["health_url"], deadline - time.monotonic(),
                                            job.note_restore)
         job.save(service=dict(job.status["service"], resumed={
             "how": "start", "resume_s": round(started - began, 3), "health_s": round(time.monotonic() - started, 3)}))
@@ -198,7 +198,7 @@ def observe(job: Job) -> None:
 def healthy_within(url: str, seconds: float) -> bool:
     """Whether url answers 2xx within `seconds`, probed every 0.5 s (each probe bounded by what is left)."""
     end = time.monotonic() + seconds
-    while not engine.health_ok(url, end - time.monotonic()):
+    while not health.health_ok(url, end - time.monotonic()):
         if time.monotonic() + 0.5 >= end:
             return False
         time.sleep(0.5)

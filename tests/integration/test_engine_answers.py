@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from remote_payload.host import engine
+from remote_payload.host import http_client as http
 from remote_payload.host.processes import identity
 from remote_payload.supervision import settle
 from tests.cli_helpers import REPO, run_cli, status, submit, wait_for, wait_terminal
@@ -76,8 +76,8 @@ def bad(tmp_path_factory):
 
 def timed_failure(method: str, url: str, body=None) -> tuple[str, float]:
     began = time.monotonic()
-    with pytest.raises(engine.EngineError) as caught:
-        engine.call(method, url, began + BOUND_S, body)
+    with pytest.raises(http.EngineError) as caught:
+        http.call(method, url, began + BOUND_S, body)
     return str(caught.value), time.monotonic() - began
 
 
@@ -91,7 +91,7 @@ def test_every_bad_answer_is_an_engine_error_within_the_deadline(bad, kind):
 
 def test_a_huge_body_is_refused_at_the_cap_not_read_to_its_end(bad):
     message, _ = timed_failure("GET", f"{bad.url}/huge")
-    assert f"over {engine.MAX_BODY_BYTES} bytes" in message
+    assert f"over {http.MAX_BODY_BYTES} bytes" in message
 
 
 def test_a_trickled_body_ends_at_the_deadline_not_per_read(bad):
@@ -144,9 +144,9 @@ def test_a_closed_port_and_a_url_that_is_not_http_are_engine_errors():
 
 
 def test_json_nested_past_the_parsers_depth_is_an_engine_error_not_a_crash():
-    with pytest.raises(engine.EngineError):
-        engine.parse_body(b"[" * 200000, "GET /x")
-    assert engine.parse_body(b" ", "GET /x") is None and engine.parse_body(b'{"a": 1}', "GET /x") == {"a": 1}
+    with pytest.raises(http.EngineError):
+        http.parse_body(b"[" * 200000, "GET /x")
+    assert http.parse_body(b" ", "GET /x") is None and http.parse_body(b'{"a": 1}', "GET /x") == {"a": 1}
 
 
 def test_a_body_that_follows_its_headers_late_is_read_whole(tmp_path):
@@ -155,7 +155,7 @@ def test_a_body_that_follows_its_headers_late_is_read_whole(tmp_path):
     slow = Standin(tmp_path, "/slow=slow-body")
     try:
         for _ in range(3):
-            assert engine.call("GET", slow.url + "/slow", time.monotonic() + 5) == (200, {"ok": True})
+            assert http.call("GET", slow.url + "/slow", time.monotonic() + 5) == (200, {"ok": True})
     finally:
         slow.stop()
 
@@ -163,8 +163,8 @@ def test_a_body_that_follows_its_headers_late_is_read_whole(tmp_path):
 def test_a_good_engine_still_answers(tmp_path):
     good = Standin(tmp_path)
     try:
-        assert engine.call("GET", good.url + "/get_server_info", time.monotonic() + 5)[1]["enable_memory_saver"]
-        assert engine.call("GET", good.url + "/nope", time.monotonic() + 5) == (404, {"detail": "Not Found"})
+        assert http.call("GET", good.url + "/get_server_info", time.monotonic() + 5)[1]["enable_memory_saver"]
+        assert http.call("GET", good.url + "/nope", time.monotonic() + 5) == (404, {"detail": "Not Found"})
     finally:
         good.stop()
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from remote_payload.host.engine import health_ok
+from remote_payload.host.health import health_ok
 from tests.cli_helpers import Target, run_cli, status, submit, wait_for, wait_terminal
 from tests.harness.systemd_jobs import gpu_job, target_for
 from tests.hosts import gpu_state
