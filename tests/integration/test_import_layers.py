@@ -26,7 +26,7 @@ CONTROLLER_LAYERS = [
     ("mcp", {"runner.mcp"}),
     ("front end", {"runner.cli"}),
 ]
-ENTRY_MODULES = {"runner.__main__", "runner.resident"}  # `python -m runner` and its warm server: above every layer
+ENTRY_MODULES = {"runner.__main__"}  # `python -m runner`: above every layer
 # Folders whose modules import only the standard library, the host side's shared modules and LIGHT_THIRD_PARTY:
 # what every command loads first stays light (no pydantic, yaml, paramiko, tenacity).
 STDLIB_ONLY = {"runner", "runner.state"}
@@ -250,7 +250,7 @@ def test_controller_modules_import_only_their_folder_or_lower_layers():
 
 
 def test_no_package_init_imports_anything():
-    """A warm submit must not pay for a folder it only passes through (tests/integration/test_plan_cache.py)."""
+    """A warm submit must not pay for a folder it only passes through (tests/unit/test_command_imports.py)."""
     own, other = controller_graph()
     inits = {m for m in own if m.endswith(".__init__")}
     assert {m: sorted(own[m] | other[m] - {"__future__"}) for m in inits if own[m] | other[m] - {"__future__"}} == {}
@@ -364,7 +364,7 @@ def test_the_test_import_check_sees_every_spelling(tmp_path):
     probe = tmp_path / "test_probe.py"
     probe.write_text("from tests.test_a import x\nfrom tests import test_b\nimport tests.test_c\nfrom .test_d import y\n"
                      "def f():\n    pytest.importorskip('tests.test_e')\n"
-                     "from tests.harness import plan_runs\nfrom tests.cli_helpers import run_cli\n")
+                     "from tests.harness import pace\nfrom tests.cli_helpers import run_cli\n")
     assert imported_test_modules(probe) == {"test_a", "test_b", "test_c", "test_d", "test_e"}
 
 
