@@ -14,7 +14,7 @@ below it, never from a folder beside it or above it (tests/integration/test_impo
 
 The host side (remote_payload/) never imports this package; any layer here may import its shared,
 stdlib-only modules (contract, admission, sweep, progress). No `__init__` imports anything: a warm submit
-loads only the modules it uses (tests/integration/test_plan_cache.py, bench/submit_unit_cost.py).
+loads only the modules it uses (tests/unit/test_command_imports.py).
 """
 
 __version__ = "0.1.0"

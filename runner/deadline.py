@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 
 DEFAULT_MAX_WAIT_S = 50.0  # every command's --max-wait unless given: fits an agent's 120 s tool limit
-MAX_WAIT_LIMIT_S = 3600  # the most --max-wait a command takes (the CLI's range; commands/early_tail.py reads it too)
+MAX_WAIT_LIMIT_S = 3600  # the most --max-wait a command takes (the CLI's range)
 # How far past --max-wait one SSH round trip may run before the command gives up (exit 3): the bound on a
 # link that went silent, where nothing but the clock ends the wait.
 ROUND_TRIP_ALLOWANCE_S = 5.0

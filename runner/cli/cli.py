@@ -83,13 +83,7 @@ def submit(job_file, overrides, queue, queue_timeout, job_id, dry_run, follow, m
     if queue_timeout is not None:
         overrides, queue = (*overrides, "limits.queue_timeout=" + queue_timeout), True
     deadline, store = Deadline.for_command(max_wait), Store()
-    # An edited spec's host call opens while the spec is validated; nothing is sent before the checks pass.
-    with controller.early_submit(job_file, overrides, store=store, job_id=job_id, queue=queue, deadline=deadline,
-                                 wanted=not dry_run) as early:
-        plan = controller.local_plan(job_file, overrides)  # the command's one validation (or the cached plan)
-        one_job = not (plan.is_fleet or dry_run or forks is not None)
-        done = controller.submit(job_file, list(overrides), queue=queue, job_id=job_id, store=store,
-                                 progress=_progress, planned=plan, deadline=deadline, early=early) if one_job else None
+    plan = controller.local_plan(job_file, overrides)  # the command's one validation
     if plan.is_fleet:
         from . import fleet_cli
 
@@ -102,7 +96,8 @@ def submit(job_file, overrides, queue, queue_timeout, job_id, dry_run, follow, m
                                      deadline=deadline)
         _emit_json(asdict(decided)) if as_json else _say(_dry_run_text(decided))
         return
-    assert done is not None  # one job on one host: submitted above
+    done = controller.submit(job_file, list(overrides), queue=queue, job_id=job_id, store=store,
+                             progress=_progress, planned=plan, deadline=deadline)
     if as_json and not follow:
         _emit_json(asdict(done))
         return
@@ -175,7 +170,7 @@ def tail(job_id: str, follow: bool, max_wait: float, from_start: bool, as_json: 
 
 
 def _tail_and_exit(job_id: str, *, follow: bool, max_wait: float, from_start: bool, as_json: bool) -> None:
-    from ..commands import controller, early_tail
+    from ..commands import controller
 
     captured = io.BytesIO()  # --json: the output goes into the document
     sink: BinaryIO = captured if as_json else sys.stdout.buffer
@@ -192,10 +187,8 @@ def _tail_and_exit(job_id: str, *, follow: bool, max_wait: float, from_start: bo
         else:
             _progress(f"[runner] {job_id} ended {outcome.state}{render.exit_note(outcome.exit_code)}")
 
-    store = Store()
-    opened = early_tail.take(early_tail.TailArgs(job_id, follow, max_wait, from_start), str(store.root))
-    outcome = controller.tail(job_id, store=store, out=sink, follow=follow, max_wait=max_wait,
-                              from_start=from_start, delivered=delivered, opened=opened)
+    outcome = controller.tail(job_id, store=Store(), out=sink, follow=follow, max_wait=max_wait,
+                              from_start=from_start, delivered=delivered)
     sys.exit(exit_code(outcome.state, settled=outcome.terminal))
 
 

@@ -1,6 +1,5 @@
 """What each command does, as plain functions returning plain data or raising from the one error tree: one
-job's submit, status, tail, cancel, results (controller; a submit's plan and outcomes in plan and submit_types;
-a tail's host call opened before the CLI imports in early_tail),
+job's submit, status, tail, cancel, results (controller; a submit's plan and outcomes in plan and submit_types),
 the targets the front ends share (front_ends), and the CI- and agent-facing commands: results by id, the gate,
 history, wait (unattended).
 

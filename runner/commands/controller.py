@@ -7,11 +7,11 @@ from __future__ import annotations
 import os
 import shlex
 import time
-from contextlib import ExitStack, closing, contextmanager, suppress
+from contextlib import ExitStack, closing, suppress
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO, Callable, Generator, Iterable, Iterator, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, BinaryIO, Callable, Generator, Iterable, Sequence, TypeVar
 
 from remote_payload.contract import DEFAULTS, normalize_unit
 from remote_payload import sweep as sweeps
@@ -19,16 +19,14 @@ from remote_payload import sweep as sweeps
 from ..deadline import Deadline
 from ..errors import (AuthFailed, HostKeyError, LocalStateError, LogShrank, PreflightError, RemoteError, RunnerError,
                       SpecError, TransportError, UnknownJob)
-from ..remote.host import Bundle, HostClient, LogFrames, OpenCall, packaged_payload, payload_bundle, payload_dir, \
-    supervisor_bundle
+from ..remote.host import Bundle, HostClient, packaged_payload, payload_bundle, payload_dir, supervisor_bundle
 from ..remote.transport_openssh import for_host
 from ..state.job_id import check_job_id, job_id_for
-from ..state.store import NOT_STARTED, JobRecord, Store, default_state_dir
+from ..state.store import NOT_STARTED, JobRecord, Store
 
 if TYPE_CHECKING:  # pydantic and yaml load only in the commands that use them (`runner tail` starts fast)
-    from ..state import plan_cache
     from .plan import Plan
-    from .submit_types import DryRun, Early, Submitted
+    from .submit_types import DryRun, Submitted
     from ..remote.answers import LogChunk
     from ..remote.job_answers import JobStatus, Result, Started
     from ..spec.payload_args import ArgsCheck
@@ -143,31 +141,29 @@ def _check_payload_args(spec: JobSpec, source: Path | None) -> ArgsCheck | None:
     return check_many(source, runs, spec.spec_path)
 
 
-def local_plan(spec_path: str, overrides: Sequence[str], state: Path | None = None) -> Plan:
-    """The command's plan of this spec: validated here, at most once, or — planned before from the same
-    bytes, overrides, bundle and code — read from the plan cache without validating (plan_cache)."""
-    from ..state import plan_cache  # a submit's, as are the plan and its outcomes: a tail loads none of them
-    from .plan import Plan
+def local_plan(spec_path: str, overrides: Sequence[str]) -> Plan:
+    """The command's plan of this spec: validated, its payload args checked, both bundles built — once."""
+    from ..spec.spec_fleet import RolloutSpec
+    from ..spec.spec_load import load_spec
+    from .plan import PLANNED_JOB_ID, Plan
 
-    state = default_state_dir() if state is None else state
-    key = plan_cache.key(spec_path, overrides)
-    cached = plan_cache.load(state, key, _bundles)
-    if cached is None:
-        cached = _validated_plan(spec_path, list(overrides))
-        plan_cache.save(state, key, cached[0], latest=plan_cache.latest_key(spec_path, overrides))
-    entry, (bundle, payload) = cached
-    return Plan(str(Path(spec_path).resolve()), tuple(overrides), entry.host, bundle, entry.wire, entry.args_note,
-                entry.rollout, payload)
-
-
-def _bundles(source: Path | None) -> tuple[Bundle, Bundle | None]:
-    """The supervisor's bundle and the payload script's own (None for a command payload)."""
-    return supervisor_bundle(), payload_bundle(source) if source is not None else None
+    spec = load_spec(spec_path, overrides)
+    script = spec.payload.script
+    source = spec.script_source(packaged_payload(script) or payload_dir() / "payloads") if script else None
+    check = _check_payload_args(spec, source)
+    args_note = check.note if check else "payload is a command: its arguments are passed as written"
+    payload = payload_bundle(source) if source is not None else None
+    wire = spec.to_wire(PLANNED_JOB_ID, required_mib(spec, check), source.name if source else None)
+    if payload is not None:  # the host runs the script from ROOT/payloads/<this digest>/
+        wire["payload"]["bundle"] = payload.digest
+    rollout = (spec.rollout or RolloutSpec()).model_dump() if isinstance(spec.host.address, list) else None
+    return Plan(str(Path(spec_path).resolve()), tuple(overrides), spec.host.model_dump(), supervisor_bundle(), wire,
+                args_note, rollout, payload)
 
 
-def _planned(spec_path: str, overrides: Sequence[str], planned: Plan | None, state: Path | None = None) -> Plan:
+def _planned(spec_path: str, overrides: Sequence[str], planned: Plan | None) -> Plan:
     """The plan the caller made (the CLI's; a fleet's, retargeted to one host), else this spec's."""
-    return planned if planned is not None else local_plan(spec_path, overrides, state)
+    return planned if planned is not None else local_plan(spec_path, overrides)
 
 
 def _wire(plan: Plan, job_id: str | None) -> dict:
@@ -176,88 +172,20 @@ def _wire(plan: Plan, job_id: str | None) -> dict:
     return plan.wire_for(job_id)
 
 
-def _validated_plan(spec_path: str, overrides: list[str]) -> tuple[plan_cache.Plan, tuple[Bundle, Bundle | None]]:
-    from ..spec.spec_fleet import RolloutSpec
-    from ..spec.spec_load import load_spec
-    from ..state import plan_cache
-    from .plan import PLANNED_JOB_ID
-
-    spec = load_spec(spec_path, overrides)
-    script = spec.payload.script
-    source = spec.script_source(packaged_payload(script) or payload_dir() / "payloads") if script else None
-    check = _check_payload_args(spec, source)
-    args_note = check.note if check else "payload is a command: its arguments are passed as written"
-    bundle, payload = _bundles(source)
-    wire = spec.to_wire(PLANNED_JOB_ID, required_mib(spec, check), source.name if source else None)
-    if payload is not None:  # the host runs the script from ROOT/payloads/<this digest>/
-        wire["payload"]["bundle"] = payload.digest
-    rollout = (spec.rollout or RolloutSpec()).model_dump() if isinstance(spec.host.address, list) else None
-    return plan_cache.Plan(spec.host.model_dump(), wire, str(source.resolve()) if source else None, bundle.digest,
-                           payload.digest if payload else None, args_note, rollout), (bundle, payload)
-
-
-@contextmanager
-def early_submit(spec_path: str, overrides: Sequence[str], *, store: Store, job_id: str | None, queue: bool,
-                 deadline: Deadline, wanted: bool = True) -> Iterator[Early | None]:
-    """An Early call for this spec's submit, closed at the end unless sent; None when not wanted (a dry run),
-    when there is nothing to overlap (the plan is cached), no guess (never planned, or a fleet's), or the
-    transport cannot open a call. A state dir that cannot be written is refused first (LocalStateError), as
-    submit refuses it: before any host is contacted."""
-    if wanted:
-        store.check_writable()
-    early = _open_early(store.root, spec_path, overrides, job_id, queue, deadline) if wanted else None
-    try:
-        yield early
-    finally:
-        if early is not None:
-            early.close()
-
-
-def _open_early(state: Path, spec_path: str, overrides: Sequence[str], job_id: str | None, queue: bool,
-                deadline: Deadline) -> Early | None:
-    """The submit call opened on the last plan of this file; the job id travels later, with the wire form."""
-    from ..state import plan_cache
-    from .submit_types import Early
-
-    if plan_cache.load(state, plan_cache.key(spec_path, overrides), _bundles) is not None:
-        return None
-    last = plan_cache.load(state, plan_cache.latest_key(spec_path, overrides), _bundles)
-    if last is None or not isinstance(last[0].host.get("address"), str):
-        return None
-    entry, (bundle, payload) = last
-    if job_id is not None:
-        check_job_id(job_id)  # a bad one is refused before any host is contacted, as submit refuses it
-    try:
-        client = connect(entry.host, bundle, deadline=deadline, payload=payload)
-        call = client.open_submit(queue=queue)
-    except RunnerError:
-        return None  # the submit itself, after validation, meets the error and says it
-    if not call.started:
-        client.close()
-        return None
-    return Early(client, call, entry.host)
-
-
 def submit(spec_path: str, overrides: list[str], *, queue: bool = False, job_id: str | None = None,
            store: Store, progress: Callable[[str], None], planned: Plan | None = None,
-           deadline: Deadline, early: Early | None = None) -> Submitted:
+           deadline: Deadline) -> Submitted:
     """Plan, record the job locally (its id chosen here), then preflight and start it on the host. The record
     comes first, so whatever fails later (the link, the state dir) leaves a job `status`/`cancel` can name;
     a refusal from the host removes the record it made. planned: the command's plan of this spec (the CLI's,
-    or a fleet's retargeted to this host), else it is made here; deadline: the command's; early: this
-    submit's call opened before the plan was made (early_submit), used when it fits the plan."""
+    or a fleet's retargeted to this host), else it is made here; deadline: the command's."""
     from .submit_types import Submitted
 
     store.check_writable()
-    plan = _planned(spec_path, overrides, planned, store.root)
-    if early is not None and not early.fits(plan):
-        early.close()
-        early = None
+    plan = _planned(spec_path, overrides, planned)
     host, bundle = plan.host, plan.bundle
     wire = _wire(plan, job_id)
     job_id = wire["job_id"]
-    if early is not None:
-        early.job_id = job_id
     progress(plan.args_note)
     record = JobRecord(job_id=job_id, name=wire["name"], host=host, spec_path=plan.spec_path,
                        submitted_at=time.time(), service=wire.get("service") or {"services": wire["services"]}, wire=wire)
@@ -265,13 +193,10 @@ def submit(spec_path: str, overrides: list[str], *, queue: bool = False, job_id:
     unstarted = made_record or store.load(job_id).last_state == NOT_STARTED  # no host has this job yet
     client = None
     try:
-        if early is not None:  # a payload the host lacks is uploaded with the supervisor's bundle
-            early.client.payload = plan.payload_bundle
-        client = early.client if early is not None else connect(host, bundle, deadline=deadline,
-                                                                 payload=plan.payload_bundle)
+        client = connect(host, bundle, deadline=deadline, payload=plan.payload_bundle)
         with client:
             progress(f"preflight on {host['address']} …")
-            answer, already = _submit_once(client, wire, queue, early.call if early is not None else None)
+            answer, already = _submit_once(client, wire, queue)
             for note in answer.notes:
                 progress(note)
     except TransportError as exc:
@@ -378,14 +303,13 @@ def _slots(wire: dict) -> list[list[str]] | None:
     return None if per_variant is None else sweeps.slots(wire["gpu"]["devices"], per_variant)
 
 
-def _submit_once(client: HostClient, wire: dict, queue: bool,
-                 opened: OpenCall | None = None) -> tuple[Started, bool]:
-    """One `submit` call (`opened` already, or now): the host decides (remote_payload/admission.py) and starts
+def _submit_once(client: HostClient, wire: dict, queue: bool) -> tuple[Started, bool]:
+    """One `submit` call: the host decides (remote_payload/admission.py) and starts
     the job or refuses it. The answer (start's, with the verdict's notes and stop_service) and whether it
     adopted a job this id started before. A lost call asks whether the job exists before submitting again
     (never twice)."""
     try:
-        return _submit_call(client, wire, queue, opened)
+        return _submit_call(client, wire, queue)
     except TransportError as exc:
         if not exc.retry:  # a refused key or login, an answer outside the contract: asking again changes nothing
             raise
@@ -398,11 +322,10 @@ def _submit_once(client: HostClient, wire: dict, queue: bool,
         return _submit_call(client, wire, queue)
 
 
-def _submit_call(client: HostClient, wire: dict, queue: bool,
-                 opened: OpenCall | None = None) -> tuple[Started, bool]:
+def _submit_call(client: HostClient, wire: dict, queue: bool) -> tuple[Started, bool]:
     """The host's verdict as the controller's outcome: started, adopted (`exists`), or the refusal raised."""
     try:
-        return client.submit(wire, queue=queue, opened=opened), False
+        return client.submit(wire, queue=queue), False
     except RemoteError as exc:
         if exc.code == "exists":
             return _adopt(client, wire, exc), True
@@ -440,8 +363,7 @@ def _adopt(client: HostClient, wire: dict, exc: RemoteError) -> Started:
 # -- tail -------------------------------------------------------------------------------------------------
 
 def tail(job_id: str, *, store: Store, out: BinaryIO, follow: bool, max_wait: float, from_start: bool,
-         save_cursor: bool = True, delivered: Callable[[TailOutcome], None] = lambda _o: None,
-         opened: OpenedTail | None = None) -> TailOutcome:
+         save_cursor: bool = True, delivered: Callable[[TailOutcome], None] = lambda _o: None) -> TailOutcome:
     """Print log bytes after the stored cursor; with follow, until terminal or max_wait. Never past max_wait
     plus one round trip's allowance (the client's deadline).
 
@@ -455,7 +377,6 @@ def tail(job_id: str, *, store: Store, out: BinaryIO, follow: bool, max_wait: fl
     log shorter than the cursor resets the cursor to 0 and raises LogShrank (exit 3): the next call prints
     the log again from its first byte, so nothing is skipped, though bytes may repeat.
     save_cursor=False (watch): a reader of its own that neither takes the turn nor writes the record.
-    opened: this very tail's turn and host call, opened ahead (open_tail), its deadline counted from then.
     """
     waiting = Deadline(max_wait)
     job_id = check_job_id(job_id)
@@ -467,12 +388,7 @@ def tail(job_id: str, *, store: Store, out: BinaryIO, follow: bool, max_wait: fl
         delivered(outcome)
         return outcome
     with ExitStack() as stack:
-        if opened is not None:  # its turn, record and host call, opened before the CLI imported
-            stack.enter_context(opened.stack)
-            waiting, record, turn, chunks = opened.waiting, opened.record, True, opened.chunks
-        else:
-            record, turn = stack.enter_context(store.cursor_turn(job_id, waiting.left()))
-            chunks = None
+        record, turn = stack.enter_context(store.cursor_turn(job_id, waiting.left()))
         if not turn:
             outcome = TailOutcome(job_id, record.last_state, None, False, record.cursor, 0, busy=True)
             delivered(outcome)
@@ -480,9 +396,7 @@ def tail(job_id: str, *, store: Store, out: BinaryIO, follow: bool, max_wait: fl
         cursor = 0 if from_start else record.cursor
         try:
             with ExitStack() as call:
-                if chunks is None:
-                    chunks = open_log(record, cursor, follow, waiting, call)
-                outcome = _print_log(record, cursor, chunks, out)
+                outcome = _print_log(record, cursor, open_log(record, cursor, follow, waiting, call), out)
         except RemoteError as exc:
             if exc.code != "bad-offset":
                 raise
@@ -491,33 +405,6 @@ def tail(job_id: str, *, store: Store, out: BinaryIO, follow: bool, max_wait: fl
         if (outcome.offset, outcome.state) != (record.cursor, record.last_state):  # else there is nothing to save
             store.advance_cursor(job_id, outcome.offset, outcome.state)
         return outcome
-
-
-@dataclass
-class OpenedTail:
-    """A tail's cursor turn, its record as of the turn and its host call, opened ahead of the tail itself
-    (commands/early_tail.py); `stack` closes all three."""
-
-    waiting: Deadline
-    record: JobRecord
-    chunks: Iterable[LogChunk]
-    stack: ExitStack
-
-
-def open_tail(job_id: str, *, store: Store, follow: bool, max_wait: float, from_start: bool) -> OpenedTail | None:
-    """A tail's turn taken without waiting, its record read and its host call opened (the host starts
-    answering); None when another tail holds the turn. Errors are raised as the tail would raise them."""
-    waiting, stack = Deadline(max_wait), ExitStack()
-    try:
-        record, turn = stack.enter_context(store.cursor_turn(check_job_id(job_id), 0.0))
-        if not turn:
-            stack.close()
-            return None
-        chunks = open_log(record, 0 if from_start else record.cursor, follow, waiting, stack)
-    except BaseException:
-        stack.close()
-        raise
-    return OpenedTail(waiting, record, chunks, stack)
 
 
 def log_shrank(record: JobRecord, size: int | None, store: Store) -> LogShrank:
@@ -537,12 +424,11 @@ def _print_log(record: JobRecord, cursor: int, chunks: Iterable[LogChunk], out: 
     job_id, printed = record.job_id, 0
     state, code, terminal = record.last_state, None, False
     try:
-        for chunk in chunks.delivered_to(out) if isinstance(chunks, LogFrames) else chunks:
+        for chunk in chunks:
             if chunk.data:
                 out.write(chunk.data)
                 out.flush()
                 printed += len(chunk.data)
-            printed += chunk.delivered
             cursor, state, code = chunk.next_offset, chunk.state, chunk.exit_code
             terminal = chunk.terminal and chunk.at_end
     except RunnerError:

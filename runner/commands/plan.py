@@ -1,5 +1,5 @@
 """A command's plan of a job spec: everything decided from JOB.yaml (and its `--set` overrides) before any
-host is contacted, made once per command (controller.local_plan: validated, or from plan_cache) and passed
+host is contacted, made once per command (controller.local_plan) and passed
 down as this one object — the CLI, the controller and a fleet's rollout never read or validate the file again.
 
 The wire form is the validated spec in the host's terms (docs/protocol.md, its job id left to each submit);

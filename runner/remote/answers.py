@@ -377,15 +377,12 @@ class LogChunk:
     state: str
     terminal: bool
     exit_code: int | None = None
-    delivered: int = 0  # bytes from offset already written to the tail's output (LogFrames.delivered_to), not in data
 
     @classmethod
-    def from_json(cls, header: dict, data: bytes, delivered: int = 0) -> LogChunk:
-        """From a checked `logs` answer or `logs --stream` frame header, and the bytes it carried (or how many
-        of them were delivered)."""
+    def from_json(cls, header: dict, data: bytes) -> LogChunk:
+        """From a checked `logs` answer or `logs --stream` frame header, and the bytes it carried."""
         return cls(offset=header["offset"], next_offset=header["next_offset"], size=header["size"], data=data,
-                   state=header["state"], terminal=header["terminal"], exit_code=header.get("exit_code"),
-                   delivered=delivered)
+                   state=header["state"], terminal=header["terminal"], exit_code=header.get("exit_code"))
 
     @property
     def at_end(self) -> bool:

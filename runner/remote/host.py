@@ -18,7 +18,7 @@ import json
 import threading
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 from remote_payload.admission import BUSY_HINT
 from remote_payload.contract import EXIT_PAYLOAD_MISSING
@@ -341,20 +341,11 @@ class HostClient:
         args = ["--job-id", wire["job_id"]] + (["--queue"] if queue else [])
         return answers.start(self.call("start", args, stdin=_json_bytes(wire)), wire["job_id"])
 
-    def submit(self, wire: dict, *, queue: bool = False, opened: OpenCall | None = None) -> Started:
+    def submit(self, wire: dict, *, queue: bool = False) -> Started:
         """Wire `submit`: the host's own verdict on its preflight report, in one round trip: start's answer
-        (plus `report`, `started`: true, `stop_service`, `notes`), or the refusal raised (busy, exit 4).
-        opened: this submit's call, opened already (open_submit) and given the wire form now."""
-        stdin = _json_bytes(wire)
-        answer = opened.send(stdin) if opened is not None else self.call("submit", submit_args(wire["job_id"], queue),
-                                                                         stdin=stdin)
-        return answers.submit(answer, wire["job_id"])
-
-    def open_submit(self, *, queue: bool = False) -> OpenCall:
-        """A `submit` call started before its wire form is ready (the spec still being checked): the connection
-        and the host's interpreter start meanwhile; the host acts on nothing until `send`. It names no job: the
-        host takes the id from the wire form, so the call fits whatever name the checked spec has."""
-        return OpenCall(self, "submit", submit_args(None, queue))
+        (plus `report`, `started`: true, `stop_service`, `notes`), or the refusal raised (busy, exit 4)."""
+        args = ["--job-id", wire["job_id"]] + (["--queue"] if queue else [])
+        return answers.submit(self.call("submit", args, stdin=_json_bytes(wire)), wire["job_id"])
 
     def status(self, job_ids: Sequence[str] = (), *, wait: float = 0.0) -> list[JobStatus]:
         """The jobs named (every job on the host when none is): their ids go on stdin, never in argv (whose
@@ -379,10 +370,9 @@ class HostClient:
                    follow: bool) -> LogFrames | None:
         """Wire `logs --stream`, on a transport that streams (else None): one call that sends the log from
         `offset` as it grows, for up to `wait` seconds (with `follow`, until the job ended and every byte went;
-        else until caught up), in frames of at most `frame_bytes`. The call starts here, not at the first
-        frame (a tail opens it before the CLI has imported, runner.commands.early_tail); iterated, it yields
-        each frame checked, as a LogChunk; the last one (no bytes) carries the state as it was when the call
-        ended. A call that ends without its last frame raises."""
+        else until caught up), in frames of at most `frame_bytes`. Iterated, it yields each frame checked, as
+        a LogChunk; the last one (no bytes) carries the state as it was when the call ended. A call that ends
+        without its last frame raises."""
         if not isinstance(self.transport, Streaming):
             return None
         args = ["--job-id", job_id, "--offset", str(offset), "--max", str(frame_bytes), "--wait", f"{wait:.2f}",
@@ -445,38 +435,6 @@ class HostClient:
         return self.transport.run(self.boot_argv(sub, args), stdin=stdin, deadline=self.deadline)
 
 
-class OpenCall:
-    """A supervisor call started before its stdin is known (a transport that can: OpenSSH); elsewhere it
-    simply runs at `send`. Either `send` once or `close` (ends it unsent: the host reads no input and refuses)."""
-
-    def __init__(self, client: HostClient, sub: str, args: list[str]) -> None:
-        self.client, self.sub, self.args = client, sub, args
-        start = getattr(client.transport, "start", None)
-        self.running = start(client.boot_argv(sub, args), deadline=client.deadline) if start else None
-        if self.running is not None:
-            client.round_trips += 1
-
-    @property
-    def started(self) -> bool:
-        """Under way on the host already (not merely deferred to `send`)."""
-        return self.running is not None
-
-    def send(self, stdin: bytes) -> dict:
-        running, self.running = self.running, None
-        if running is None:
-            return self.client.call(self.sub, self.args, stdin=stdin)
-        return self.client.answer(running.finish(stdin), self.sub, self.args, stdin)
-
-    def close(self) -> None:
-        running, self.running = self.running, None
-        if running is not None:
-            running.abandon()
-
-
-def submit_args(job_id: str | None, queue: bool) -> list[str]:
-    return (["--job-id", job_id] if job_id is not None else []) + (["--queue"] if queue else [])
-
-
 def _json_bytes(obj: dict | list) -> bytes:
     return json.dumps(obj).encode("utf-8")
 
@@ -519,30 +477,14 @@ def _parse_line(done: Completed, sub: str) -> dict:
 
 class LogFrames:
     """The frames of one `logs --stream` call (HostClient.log_stream), the call opened when this is made;
-    iterate once (`delivered_to` or plainly); `close` ends the call, killed when still running (also when it
-    was never iterated)."""
+    iterate once; `close` ends the call, killed when still running (also when it was never iterated)."""
 
     def __init__(self, client: HostClient, args: list[str], offset: int, frame_bytes: int) -> None:
         self._client, self._args, self._offset, self._frame_bytes = client, args, offset, frame_bytes
         self._stream = client._open_stream("logs", args)
 
     def __iter__(self) -> Iterator[answers.LogChunk]:
-        """Each frame checked, as a LogChunk with its bytes."""
-        return self._frames(None)
-
-    def delivered_to(self, out: BinaryIO) -> Iterator[answers.LogChunk]:
-        """Each frame checked, its bytes already written to `out` (flushed first) straight from the call's pipe
-        (Stream.move_to: no copy through Python where out's file allows a splice): a LogChunk with no data and
-        `delivered` the bytes written. A call that ends inside a frame yields the part it delivered, then raises.
-        An `out` with no file descriptor (a buffer in memory) gets nothing here: its chunks carry their data."""
-        try:
-            sink = out.fileno()
-        except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is both of the last two
-            return self._frames(None)
-        out.flush()
-        return self._frames(sink)
-
-    def _frames(self, sink: int | None) -> Iterator[answers.LogChunk]:
+        """Each frame checked, as a LogChunk with its bytes. A call that ends inside a frame raises."""
         offset, uploaded = self._offset, False
         try:
             while True:
@@ -558,19 +500,12 @@ class LogFrames:
                     answer = _answer(Completed(done.argv, done.exit_code, line + done.stdout, done.stderr), "logs")
                 frame = answers.log_frame(answer, offset, self._frame_bytes)
                 uploaded = True  # the bundle is there: a later payload-missing is the host's answer, not ours
-                if sink is None:
-                    data = self._stream.read(frame["data_len"])
-                    got, chunk = len(data), answers.LogChunk.from_json(frame, data)
-                else:
-                    got = self._stream.move_to(sink, frame["data_len"])
-                    chunk = answers.LogChunk.from_json(dict(frame, next_offset=offset + got), b"", delivered=got)
-                if got < frame["data_len"]:
-                    if sink is not None and got:
-                        yield chunk  # in `out` already: counted, so that the cursor covers it
+                data = self._stream.read(frame["data_len"])
+                if len(data) < frame["data_len"]:
                     self._stream.close()  # ssh's own failure raises here
                     raise RemoteError("logs: the call ended inside a frame", code="internal")
                 offset = frame["next_offset"]
-                yield chunk
+                yield answers.LogChunk.from_json(frame, data)
                 if frame["last"]:
                     return
         finally:

@@ -81,7 +81,6 @@ class Stream:
     unread). What the transports that can (local, OpenSSH) return from `stream(argv, deadline=)`."""
 
     READ_BYTES = 1 << 20
-    LINE_READ_BYTES = 1 << 12  # a line is read in small pieces: the bytes after it stay in the pipe (move_to)
 
     def __init__(self, proc: subprocess.Popen, argv: Sequence[str], deadline: Deadline, name: str,
                  completed: Callable[[int, bytes, bytes], Completed] | None = None,
@@ -91,7 +90,6 @@ class Stream:
         self._timed_out = timed_out
         self._buffer = bytearray()
         self._eof = False
-        self._splice = hasattr(os, "splice")  # Linux, Python 3.10+
         self._closed: tuple[int, bytes, bytes] | None = None
         stdin, self._stdout, self._stderr = piped(proc)
         stdin.close()
@@ -100,7 +98,7 @@ class Stream:
     def readline(self, limit: int) -> bytes:
         """The next line with its newline, or what is left at the end of the output; more than `limit` bytes
         without a newline is returned as it is (the caller's checker refuses it)."""
-        while b"\n" not in self._buffer and len(self._buffer) <= limit and self._fill(self.LINE_READ_BYTES):
+        while b"\n" not in self._buffer and len(self._buffer) <= limit and self._fill():
             pass
         end = self._buffer.find(b"\n")
         return self._take(end + 1 if 0 <= end < limit else min(limit, len(self._buffer)))
@@ -110,32 +108,6 @@ class Stream:
         while len(self._buffer) < size and self._fill():
             pass
         return self._take(min(size, len(self._buffer)))
-
-    def move_to(self, fd: int, size: int) -> int:
-        """The next `size` bytes of the output (fewer at its end) written to `fd`, never held whole: spliced
-        from the pipe by the kernel where `fd` allows it (a pipe, a file), else read and written. The bytes
-        moved; what was moved is in `fd` even when this raises (the deadline, a write error)."""
-        moved = 0
-        if self._buffer:
-            moved = _write_all(fd, self._take(min(size, len(self._buffer))))
-        source = self._stdout.fileno()
-        while moved < size and not self._eof:
-            self._wait_readable()
-            count = min(size - moved, self.READ_BYTES)
-            if self._splice:
-                try:
-                    done = os.splice(source, fd, count)
-                except OSError as exc:
-                    if exc.errno not in (errno.EINVAL, errno.ENOSYS):
-                        raise
-                    self._splice = False  # a terminal, or a file that cannot take a splice: read and write
-                    continue
-            else:
-                chunk = os.read(source, count)
-                done = _write_all(fd, chunk)
-            self._eof = not done
-            moved += done
-        return moved
 
     def finish(self) -> Completed:
         """The command's end once it exits by itself (its exit code, its stderr), never past the deadline."""
@@ -180,13 +152,6 @@ class Stream:
         except TransportError:
             self._timed_out()
             raise
-
-
-def _write_all(fd: int, data: bytes) -> int:
-    view, written = memoryview(data), 0
-    while written < len(view):
-        written += os.write(fd, view[written:])
-    return written
 
 
 def piped(proc: subprocess.Popen) -> tuple[IO[bytes], IO[bytes], IO[bytes]]:

@@ -65,8 +65,7 @@ class OpenSshTransport:
         return self.start(argv, deadline=deadline).finish(stdin)
 
     def start(self, argv: Sequence[str], *, deadline: Deadline) -> Running:
-        """The command started with its stdin still open: `finish(stdin)` gives it its input and waits, so
-        what the caller does meanwhile overlaps the connection and the remote interpreter's start."""
+        """The command started with its stdin still open: `finish(stdin)` gives it its input and waits."""
         connecting = self._connecting.take(deadline)
         command = self.command(shlex.join(argv), deadline, connecting)
         time_left(deadline, self.name)  # none left: a TransportError, before anything starts
@@ -306,7 +305,7 @@ _KEY_HOST = re.compile(r"(?:Host key for|host key is known for) (\S+) (?:has cha
 _FINGERPRINT = re.compile(r"SHA256:[A-Za-z0-9+/]{43}")
 # ssh's words for a connect that used up ConnectTimeout (TCP, or the banner and key exchange after it).
 class Running:
-    """One ssh command under way (OpenSshTransport.start): given its stdin once, or closed unsent."""
+    """One ssh command under way (OpenSshTransport.start), given its stdin once."""
 
     def __init__(self, transport: OpenSshTransport, argv: tuple, command: list[str], proc: subprocess.Popen,
                  deadline: Deadline) -> None:
@@ -327,11 +326,6 @@ class Running:
             self.transport._drop_master()
             raise TransportError(f"ssh {name}: no answer before the deadline (link down or host overloaded?)") from exc
         return self.transport._completed(self, self.proc.returncode, stdout, stderr)
-
-    def abandon(self) -> None:
-        """End the command with nothing sent: the remote side reads an empty input and refuses it (no job, no
-        change)."""
-        self._kill()
 
     def _kill(self) -> None:
         """Close our ends (stdin's EOF reaches the remote side) and kill the client, without waiting for its

@@ -256,17 +256,15 @@ def test_a_warm_sweep_submit_is_one_round_trip_and_carries_every_variant(ssh_hos
         ["variant n=1", "variant n=2", "variant n=3"]
 
 
-def test_an_edited_matrix_is_never_served_the_cached_variants(work, local):
-    from tests.harness.plan_runs import output_of, submit_reporting
+def test_an_edited_matrix_runs_its_own_variants(work, local):
+    def output(job_id: str) -> bytes:
+        assert wait_terminal(local, job_id)["state"] == "SUCCEEDED"
+        return run_cli(local, "tail", job_id, "--from-start").stdout
 
-    path = command_sweep(work / "cached.yaml", local, ["sh", "-c", "echo n={n}"], {"matrix": {"n": [1, 2]}})
-    first, validated_first = submit_reporting(path)
-    again, validated_again = submit_reporting(path)
-    assert validated_first and not validated_again  # the same sweep: the cached plan, variants included
-    assert b"n=1\n" in output_of(local, again) and b"n=2\n" in output_of(local, again)
+    path = command_sweep(work / "edited.yaml", local, ["sh", "-c", "echo n={n}"], {"matrix": {"n": [1, 2]}})
+    first = output(submit(local, path))
+    assert b"n=1\n" in first and b"n=2\n" in first
     command_sweep(path, local, ["sh", "-c", "echo n={n}"], {"matrix": {"n": [7]}, "include": [{"n": 8}]})
-    edited, validated = submit_reporting(path)
-    out = output_of(local, edited)
-    assert validated and b"n=7\n" in out and b"n=8\n" in out and b"n=1\n" not in out
-    overridden, validated = submit_reporting(path, "--set", "sweep.fail_fast=true")
-    assert validated and b"n=7\n" in output_of(local, overridden)
+    out = output(submit(local, path))
+    assert b"n=7\n" in out and b"n=8\n" in out and b"n=1\n" not in out
+    assert b"n=7\n" in output(submit(local, path, "--set", "sweep.fail_fast=true"))

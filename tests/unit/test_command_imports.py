@@ -15,7 +15,7 @@ import pytest
 
 NEVER = ["tenacity", "concurrent.futures", "logging", "shutil", "runner.state.fleet_store", "runner.remote.preflight",
          "runner.fleet.fleet_view", "runner.fleet.fleet", "pydantic", "yaml", "paramiko",
-         "runner.commands.submit_types", "runner.commands.plan", "runner.state.plan_cache"]  # a submit's
+         "runner.commands.submit_types", "runner.commands.plan"]  # a submit's
 # What a job's tail never needs besides: the typed answers of status, submit and result, and OpenSSL's hashing
 # once the supervisor's digest and the host's ssh config are recorded in the state dir (the first command of a
 # state dir records them).

@@ -12,7 +12,7 @@ TESTS = Path(__file__).resolve().parents[1]
 HOST_FIXTURES = {"ssh_host", "service_host", "service_host_session", "netns_host", "netns_host_session", "fork_path",
                  "cluster", "target"}
 HOST_MODULES = ("tests.hosts.sshd", "tests.hosts.systemd_host", "tests.hosts.netns", "tests.hosts.slurm_cluster",
-                "tests.harness.systemd_jobs", "tests.harness.supervisor_calls", "tests.harness.plan_runs",
+                "tests.harness.systemd_jobs", "tests.harness.supervisor_calls",
                 "tests.harness.host_reports", "tests.harness.multi_services", "tests.harness.mcp_stdio",
                 "tests.harness.slurm_jobs")
 JOB_DRIVERS = {"local_target", "submit", "wait_terminal", "run_cli"}  # tests.cli_helpers: a job's whole life
