@@ -50,6 +50,18 @@ DEFAULTS: dict[str, Any] = {  # values of several types: read by literal key and
     "payload.python": "python3",
     "host.root": "~/.runner",
 }
+FREE_METHODS = ("stop", "sglang", "vllm")  # service.free; stop: systemctl stop / start
+PAUSE_MODES = ("drain", "abort", "retract", "in_place")  # service.pause_mode; None = drain
+DRAIN_FALLBACKS = ("skip", "abort")  # service.drain_fallback, past drain_timeout; None = skip (abort nothing)
+MAX_DRAIN_TIMEOUT_S = 300.0  # the release's own bound (supervision/budget.py STOP_TIMEOUT_S) must hold it
+
+
+def origin(url: str) -> str:
+    """scheme://host[:port] of a URL: where an engine's routes are when only its health URL is given."""
+    scheme, _, rest = url.partition("://")
+    return "%s://%s" % (scheme, rest.split("/", 1)[0]) if rest else ""
+
+
 # service.pause_mode values SGLang cannot release memory after (the why, for the preflight's refusal): SGLang
 # 0.5.x's release_memory_occupation asserts that its scheduler is fully idle.
 REFUSED_PAUSE_MODES = {

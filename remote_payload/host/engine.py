@@ -38,16 +38,12 @@ from __future__ import annotations
 import json
 import time
 
-from ..contract import REFUSED_PAUSE_MODES
+from ..contract import REFUSED_PAUSE_MODES, origin
 from .answer import Fail
 from .health import wait_healthy
 from .http_client import POLL_S, EngineError, call, exchange, expect_ok, wait_for
 
-FREE_METHODS = ("stop", "sglang", "vllm")  # service.free; stop: systemctl stop / start
-PAUSE_MODES = ("drain", "abort", "retract", "in_place")  # service.pause_mode; None = drain
-DRAIN_FALLBACKS = ("skip", "abort")  # service.drain_fallback, past drain_timeout; None = skip (abort nothing)
 DRAIN_TIMEOUT_S = 60.0    # service.drain_timeout: how long the drain may wait for SGLang to be idle
-MAX_DRAIN_TIMEOUT_S = 300.0  # the release's own bound (supervision/budget.py STOP_TIMEOUT_S) must hold it
 DRAIN_WAIT_S = 10.0       # one /flush_cache?timeout= wait: SGLang answers as soon as its scheduler is idle
 DRAIN_SETTLE_S = 0.2      # after the in-place pause: a request that passed SGLang's gate just before it reaches
                           # the scheduler (its tokenization) before the idle check asks
@@ -65,11 +61,6 @@ def api_url(service: dict) -> str:
     """service.api_url, else the origin of service.health_url (the host checked one is there)."""
     url = service.get("api_url") or origin(service.get("health_url") or "")
     return url.rstrip("/")
-
-
-def origin(url: str) -> str:
-    scheme, _, rest = url.partition("://")
-    return "%s://%s" % (scheme, rest.split("/", 1)[0]) if rest else ""
 
 
 # ── the released record ───────────────────────────────────────────────────────────────────────────────

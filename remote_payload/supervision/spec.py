@@ -157,26 +157,26 @@ def _indices(names: list) -> list:
 
 def check_free(raw: dict, health_url) -> dict:
     """service.free and its engine keys; nothing for `stop` (the service section as it was)."""
-    from ..host.engine import DRAIN_FALLBACKS, FREE_METHODS, MAX_DRAIN_TIMEOUT_S, PAUSE_MODES, api_url
+    from ..host.engine import api_url
 
     free = raw.get("free", "stop")
-    _need(free in FREE_METHODS, "service.free must be stop, sglang or vllm, got %r" % (free,))
+    _need(free in contract.FREE_METHODS, "service.free must be stop, sglang or vllm, got %r" % (free,))
     mode, url = raw.get("pause_mode"), check_health_url(raw.get("api_url"))
     bound, fallback = raw.get("drain_timeout"), raw.get("drain_fallback")
     if free == "stop":
         _need(url is None and mode is None and bound is None and fallback is None,
               "service.api_url, pause_mode, drain_timeout and drain_fallback go with free sglang or vllm")
         return {}
-    _need(mode is None or (free == "sglang" and mode in PAUSE_MODES),
-          "service.pause_mode must be null, %s, and only with free sglang" % ", ".join(PAUSE_MODES))
+    _need(mode is None or (free == "sglang" and mode in contract.PAUSE_MODES),
+          "service.pause_mode must be null, %s, and only with free sglang" % ", ".join(contract.PAUSE_MODES))
     _need(bound is None or free == "sglang", "service.drain_timeout goes with free sglang")
-    _need(fallback is None or (free == "sglang" and mode in (None, "drain") and fallback in DRAIN_FALLBACKS),
-          "service.drain_fallback must be null, %s, and only with free sglang's drain" % ", ".join(DRAIN_FALLBACKS))
+    _need(fallback is None or (free == "sglang" and mode in (None, "drain") and fallback in contract.DRAIN_FALLBACKS),
+          "service.drain_fallback must be null, %s, and only with free sglang's drain" % ", ".join(contract.DRAIN_FALLBACKS))
     _need(url is not None or health_url is not None, "service.free %s needs api_url or health_url" % free)
     checked = {"free": free, "api_url": api_url({"api_url": url, "health_url": health_url}), "pause_mode": mode}
     if bound is not None:
         bound = _number(bound, "service.drain_timeout")
-        _need(bound <= MAX_DRAIN_TIMEOUT_S, "service.drain_timeout is at most %.0f s" % MAX_DRAIN_TIMEOUT_S)
+        _need(bound <= contract.MAX_DRAIN_TIMEOUT_S, "service.drain_timeout is at most %.0f s" % contract.MAX_DRAIN_TIMEOUT_S)
         checked["drain_timeout"] = bound
     if fallback is not None:
         checked["drain_fallback"] = fallback

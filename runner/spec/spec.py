@@ -14,10 +14,10 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
-from remote_payload.contract import DEFAULTS, USER_SCOPE_SUDO, Launcher, ServiceManager, ServiceScope, StopPolicy, \
-    normalize_unit
+from remote_payload.contract import (DEFAULTS, DRAIN_FALLBACKS, FREE_METHODS, MAX_DRAIN_TIMEOUT_S, PAUSE_MODES,
+                                     USER_SCOPE_SUDO, Launcher, ServiceManager, ServiceScope, StopPolicy,
+                                     normalize_unit, origin)
 from remote_payload import sweep as sweeps
-from remote_payload.host.engine import DRAIN_FALLBACKS, FREE_METHODS, MAX_DRAIN_TIMEOUT_S, PAUSE_MODES, origin
 
 from ..errors import SpecError
 from ..state.job_id import check_job_id

@@ -264,6 +264,26 @@ def test_the_light_folders_import_only_the_standard_library_and_the_host_contrac
     assert bad == {}
 
 
+def host_modules_imported_by_the_controller() -> dict[str, set[str]]:
+    """Each controller module's imports of the host side (`remote_payload.X` as X)."""
+    found: dict[str, set[str]] = {}
+    for name, path in module_names(REPO, "runner").items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").startswith("remote_payload."):
+                found.setdefault(name, set()).add(node.module.split(".", 1)[1])
+            elif isinstance(node, ast.ImportFrom) and node.module == "remote_payload":
+                found.setdefault(name, set()).update(a.name for a in node.names)
+    return found
+
+
+def test_the_controller_imports_only_the_host_sides_shared_rules():
+    """The spec, a tail and a status never load the host's engine client, systemd or supervision code: only the
+    pure rules both sides share."""
+    shared = HOST_LAYERS[0][1]
+    bad = {m: sorted(names - shared) for m, names in host_modules_imported_by_the_controller().items() if names - shared}
+    assert bad == {}
+
+
 def test_the_layer_check_fails_on_an_upward_or_sideways_import():
     edges = {"runner.state.store": {"runner.errors"}, "runner.spec.spec": {"runner.state.store"},
              "runner.errors": {"runner.cli.cli"}, "runner.remote.host": {"runner.spec.spec"},
