@@ -6,6 +6,7 @@ Human output goes to stdout, progress and messages to stderr; `--json` prints on
 from __future__ import annotations
 
 import io
+import os
 import sys
 import time
 from dataclasses import asdict
@@ -15,12 +16,14 @@ import click
 
 from remote_payload.sweep import label as variant_label
 
+from .. import __version__
 from ..commands import render
 from ..commands.render import window_lines as _window_lines  # noqa: F401  (tests read a window's lines by this name)
 from ..deadline import DEFAULT_MAX_WAIT_S, MAX_WAIT_LIMIT_S, ROUND_TRIP_ALLOWANCE_S, Deadline
 from ..errors import (CODE_ABORTED, CODE_USAGE, EXIT_ABORTED, EXIT_FAILED, EXIT_OK, EXIT_USAGE, RunnerError,
                       SpecError, exit_code)
 from ..printable import printable
+from ..verbose import ENV as ENV_DEBUG
 from ..state.store import Store
 from . import results_commands
 from .cli_echo import emit_json as _emit_json, progress as _progress, say as _say
@@ -50,9 +53,12 @@ JOB_EXITS = "Exit: 0 SUCCEEDED · 1 ended otherwise · 75 still running · 2 · 
 
 @click.group(help="Detached remote benchmark jobs over SSH that stop a GPU service, run, and bring it back.\n\n"
                   + EXIT_CODES_HELP)
-@click.version_option(package_name="runner")
-def cli() -> None:
-    pass
+@click.version_option(version=__version__, prog_name="runner")
+@click.option("-v", "--verbose", is_flag=True, help="Say each ssh command, supervisor call and upload on stderr, with its "
+              "time (also RUNNER_DEBUG=1).")
+def cli(verbose: bool) -> None:
+    if verbose:
+        os.environ[ENV_DEBUG] = "1"  # read by runner.verbose, and by the child processes runner starts
 
 
 @cli.command(help="Validate JOB.yaml, check the payload's args, preflight the host, start the job detached; "

@@ -15,14 +15,16 @@ from __future__ import annotations
 import base64
 import io
 import json
-import threading
 import os
+import shlex
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 from remote_payload.admission import BUSY_HINT
 from remote_payload.contract import EXIT_PAYLOAD_MISSING
 
+from .. import verbose
 from ..deadline import Deadline
 from ..errors import HostBusy, LocalStateError, PreflightError, RemoteError, SchedulerUnavailable, UnknownJob
 from . import answers
@@ -382,6 +384,7 @@ class HostClient:
     def _open_stream(self, sub: str, args: list[str]) -> Stream:
         assert isinstance(self.transport, Streaming)  # log_stream streams only on such a transport
         self.round_trips += 1
+        verbose.say(f"{self.transport.name}: supervisor {shlex.join([sub, *args])} (streamed)")
         return self.transport.stream(self.boot_argv(sub, args), deadline=self.deadline)
 
     def cancel(self, job_id: str) -> dict:
@@ -428,11 +431,17 @@ class HostClient:
         bundles = [("payload", self.bundle)] + ([("payloads", self.payload)] if self.payload is not None else [])
         argv = launch_argv(self.python, UNPACK, [self.root, *(f"{kind}/{b.digest}" for kind, b in bundles)])
         self.round_trips += 1
-        _answer(self.transport.run(argv, stdin=tarball(bundles), deadline=self.deadline), "upload")
+        data = tarball(bundles)
+        with verbose.timed(f"{self.transport.name}: upload of {', '.join(k for k, _ in bundles)} ({len(data)} bytes)"):
+            _answer(self.transport.run(argv, stdin=data, deadline=self.deadline), "upload")
 
     def _run_boot(self, sub: str, args: list[str], stdin: bytes) -> Completed:
         self.round_trips += 1
-        return self.transport.run(self.boot_argv(sub, args), stdin=stdin, deadline=self.deadline)
+        with verbose.timed(f"{self.transport.name}: supervisor {shlex.join([sub, *args])}"
+                           + (f" ({len(stdin)} bytes on stdin)" if stdin else "")) as call:
+            done = self.transport.run(self.boot_argv(sub, args), stdin=stdin, deadline=self.deadline)
+            call.outcome = f"exit {done.exit_code}, {len(done.stdout)} bytes"
+        return done
 
 
 def _json_bytes(obj: dict | list) -> bytes:

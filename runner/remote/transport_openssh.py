@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 from typing import AbstractSet, Sequence
 
+from .. import verbose
 from ..deadline import Deadline
 from ..errors import AuthFailed, HostKeyError, SpecError, TransportError
 from .answers import oversized
@@ -69,6 +70,7 @@ class OpenSshTransport:
         connecting = self._connecting.take(deadline)
         command = self.command(shlex.join(argv), deadline, connecting)
         time_left(deadline, self.name)  # none left: a TransportError, before anything starts
+        verbose.say(shlex.join(command))
         try:
             proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         except OSError as exc:
