@@ -111,3 +111,8 @@ def starts_and_stops(host) -> tuple[int, int]:
     """The dummy unit's starts and SIGTERMs so far, from its own log."""
     log = host.service_log.read_text() if host.service_log.exists() else ""
     return log.count(" serving on "), log.count("SIGTERM")
+
+
+def outcome(load: dict) -> dict:
+    """The engine stand-in's clients in short: running and held now, completed and aborted so far."""
+    return {key: load[key] for key in ("running", "held", "completed", "aborted")}

@@ -1,33 +1,23 @@
 #!/usr/bin/env python3
-"""TEST STAND-IN for an SGLang 0.5.x or vLLM server: not the real engines (these machines have no GPU).
+"""TEST STAND-IN for an SGLang or vLLM server of a given release: not the real engines (these machines have no GPU).
 
-A real HTTP server on 127.0.0.1:PORT with the memory routes of the engine it stands in for, their request
-bodies and status codes as the engines' sources have them:
-- sglang: GET /get_server_info (enable_memory_saver, enable_weights_cpu_backup, version); POST
-  /pause_generation {"mode": abort|retract|in_place} (400 for another mode); POST /continue_generation {};
-  GET|POST /release_memory_occupation and /resume_memory_occupation {"tags": [...] | null} (null: all; 200
-  with a JSON null body); GET /health; GET /health_generate (503 while paused or released: the real one
-  waits 20 s for a token first). Without --memory-saver a release answers 200 and frees nothing, as
-  SGLang's no-op memory saver does. A release while generation is not paused ABORTS the process (exit 134),
-  as SGLang's scheduler assertion takes the whole server down.
-- vllm (the dev-mode routes, only with --dev-mode, else 404): POST /sleep?level=1|2, POST
-  /wake_up[?tags=weights&tags=kv_cache], GET /is_sleeping {"is_sleeping": bool}, GET /server_info; without
-  --sleep-mode a sleep answers 500; GET /health.
-Requests in flight (sglang, --clients N --request-s S [--loop]): N clients each send a request of S s of
-scheduler work when the first GET /get_load asks (so a test knows what was in flight when the drain or the
-abort looked); with --loop each client sends its next one as soon as one ends (a saturating load);
---slip-in K adds K at the first in_place pause (they passed SGLang's gate just before it closed). Time runs
-for them only while the scheduler runs (not in an in_place/retract pause, KV cache on the GPU); an abort-mode
-pause aborts them; an arrival while paused is held until /continue_generation. GET /get_load answers their
-count (num_reqs), POST /flush_cache[?timeout=T] answers 200 once none runs (within T s), else 400, and a
-release with any of them running or waiting aborts the process, as SGLang's idle assertion does.
+A real HTTP server on 127.0.0.1:PORT with the routes, request bodies, status codes, pause modes and idle rule of the
+release named by --version (tests/hosts/standin_releases.py has each release's contract, read from its wheel) and
+its clients' requests (tests/hosts/standin_load.py: what each client saw). --engine sglang: --memory-saver
+(--enable-memory-saver; without it a release answers 200 and frees nothing, as SGLang's no-op memory saver does),
+--weights-cpu-backup, --api-key / --admin-api-key (its admin routes then need a Bearer token), --dp-size. --engine
+vllm: --dev-mode (VLLM_SERVER_DEV_MODE=1, else its dev routes answer 404), --sleep-mode (--enable-sleep-mode).
+A release that SGLang's idle rule forbids ABORTS the process (exit 134), as its scheduler assertion takes the whole
+server down. Clients (--clients N --request-s S [--loop]): N requests of S s of scheduler work each, started by the
+first load read (/get_load, /v1/loads) or --start-load; with --loop each client sends its next request as soon as one
+ends (a saturating load); --slip-in K adds K at the first in_place pause (they passed SGLang's gate just before).
 GPU memory is "held" per tag (weights, kv_cache, plus --context-mib) in `<gpu dir>/apps/<pid>`, which the
-nvidia-smi stand-in reads. Every request is appended to --calls (JSON lines) so tests can check the order.
---hang ROUTE makes that route accept and never answer (an API that does not answer). --misbehave ROUTE=KIND
-makes that route (any path, known or not) answer badly at the HTTP level (MISBEHAVIOURS: a body cut short, a
-trickle, a 1 GiB body, a redirect, too many headers, a bad status line, an endless header line, a reset, a
-200 with a body that is not JSON; slow-body answers well, its body a moment after its headers); the
-route's own effect is not applied. GET /standin_state tells a test the state. SIGTERM frees the memory and exits 0. Stdlib only.
+nvidia-smi stand-in reads. Every request is appended to --calls (JSON lines, with its Authorization header's
+scheme only) so tests can check the order. --hang ROUTE makes that route accept and never answer. --misbehave
+ROUTE=KIND makes that route (any path, known or not) answer badly at the HTTP level (MISBEHAVIOURS: a body cut
+short, a trickle, a 1 GiB body, a redirect, too many headers, a bad status line, an endless header line, a reset, a
+200 with a body that is not JSON; slow-body answers well, its body a moment after its headers); the route's own
+effect is not applied. GET /standin_state tells a test the state. SIGTERM frees the memory and exits 0. Stdlib only.
 """
 
 import argparse
@@ -43,19 +33,26 @@ import time
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
-SGLANG_MODES = ("abort", "retract", "in_place")
+from standin_load import Load
+from standin_releases import find, routes_of, sglang_auth, version_tuple
+
 ABORT_EXIT = 134  # SIGABRT's shell status: what an assertion that kills the scheduler leaves
+DEFAULT_VERSION = {"sglang": "0.5.17", "vllm": "0.17.0"}
 
 
 def parse_args(argv):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[1])
     parser.add_argument("--engine", choices=("sglang", "vllm"), required=True)
+    parser.add_argument("--version", default=None, help="the release it stands in for (default: %s)" % DEFAULT_VERSION)
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--weights-mib", type=int, default=60000)
     parser.add_argument("--kv-mib", type=int, default=60000)
     parser.add_argument("--context-mib", type=int, default=500)
     parser.add_argument("--memory-saver", action="store_true", help="sglang --enable-memory-saver")
     parser.add_argument("--weights-cpu-backup", action="store_true", help="sglang --enable-weights-cpu-backup")
+    parser.add_argument("--api-key", default=None, help="sglang --api-key")
+    parser.add_argument("--admin-api-key", default=None, help="sglang --admin-api-key")
+    parser.add_argument("--dp-size", type=int, default=1, help="sglang data-parallel ranks")
     parser.add_argument("--dev-mode", action="store_true", help="vllm VLLM_SERVER_DEV_MODE=1")
     parser.add_argument("--sleep-mode", action="store_true", help="vllm --enable-sleep-mode")
     parser.add_argument("--ready-delay", type=float, default=0.5)
@@ -63,77 +60,35 @@ def parse_args(argv):
     parser.add_argument("--misbehave", action="append", default=[], metavar="ROUTE=KIND[:ARG]",
                         help="answer ROUTE badly: " + ", ".join(MISBEHAVIOURS) + " (redirect:URL)")
     parser.add_argument("--calls", default=None, help="append each request here (JSON lines)")
-    parser.add_argument("--clients", type=int, default=0, help="requests in flight once /get_load is first asked")
+    parser.add_argument("--clients", type=int, default=0, help="requests in flight once the load starts")
     parser.add_argument("--request-s", type=float, default=2.0, help="scheduler seconds one request takes")
     parser.add_argument("--loop", action="store_true", help="each client sends its next request at once")
+    parser.add_argument("--start-load", action="store_true", help="the clients start with the server")
     parser.add_argument("--slip-in", type=int, default=0,
                         help="requests that reach the scheduler just as the first in_place pause does")
     parser.add_argument("--gpu-dir", default=os.environ.get("RUNNER_FAKE_GPU_DIR") or "/run/runner-fake-gpu")
-    return parser.parse_args(argv)
-
-
-class Load:
-    """The clients' requests: seconds of scheduler work left for each running one, arrivals held while paused,
-    and what became of them. Advanced lazily, on each request to the stand-in."""
-
-    def __init__(self, clients: int, request_s: float, loop: bool):
-        self.clients, self.request_s, self.loop = clients, request_s, loop
-        self.started, self.last = False, time.monotonic()
-        self.running, self.held = [], 0
-        self.completed, self.aborted = 0, 0
-
-    def start(self):
-        if not self.started:
-            self.started, self.last = True, time.monotonic()
-            self.running = [self.request_s] * self.clients
-
-    def advance(self, runs: bool, admits: bool):
-        now = time.monotonic()
-        spent, self.last = now - self.last, now
-        while runs and spent > 0 and self.running:
-            step = min(spent, min(self.running))
-            self.running = [left - step for left in self.running]
-            spent -= step
-            done = [left for left in self.running if left <= 1e-9]
-            self.running = [left for left in self.running if left > 1e-9]
-            self.completed += len(done)
-            for _ in done if self.loop else []:
-                self.arrive(admits)
-
-    def arrive(self, admits: bool):
-        if admits:
-            self.running.append(self.request_s)
-        else:
-            self.held += 1
-
-    def abort_all(self):
-        self.aborted += len(self.running)
-        self.running = []
-
-    def admit_held(self):
-        self.running += [self.request_s] * self.held
-        self.held = 0
-
-    def state(self):
-        return {"running": len(self.running), "held": self.held, "completed": self.completed,
-                "aborted": self.aborted}
+    args = parser.parse_args(argv)
+    args.version = args.version or DEFAULT_VERSION[args.engine]
+    return args
 
 
 class Engine:
-    """The stand-in's state: which tags are on the "GPU", paused or asleep, the weights' contents."""
+    """The stand-in's state: what is on the "GPU", whether the engine admits, runs or sleeps, its clients' requests.
+    paused: arrivals are kept out (held, or refused when `refusing`); frozen: what runs does not progress."""
 
     def __init__(self, args):
-        self.args = args
+        self.args, self.version = args, version_tuple(args.version)
         self.lock = threading.Lock()
         self.ready_at = time.monotonic() + args.ready_delay
-        self.paused = False
-        self.pause_mode = None
-        self.sleeping = False
+        self.paused, self.pause_mode, self.frozen, self.refusing, self.sleeping = False, None, False, False, False
         self.on_gpu = {"weights": True, "kv_cache": True}
         self.weights_intact = True
         self.load = Load(args.clients, args.request_s, args.loop)
+        self.snapshot = (0, 0)
         self.apps_file = Path(args.gpu_dir) / "apps" / str(os.getpid())
         self.write_memory()
+        if args.start_load:
+            self.start_load()
 
     def held_mib(self):
         sizes = {"weights": self.args.weights_mib, "kv_cache": self.args.kv_mib}
@@ -149,25 +104,57 @@ class Engine:
 
     def state(self):
         self.tick()
-        return {"pid": os.getpid(), "paused": self.paused, "pause_mode": self.pause_mode, "sleeping": self.sleeping,
-                "on_gpu": dict(self.on_gpu), "held_mib": self.held_mib(), "weights_intact": self.weights_intact,
-                "load": self.load.state()}
+        return {"pid": os.getpid(), "version": self.args.version, "paused": self.paused, "pause_mode": self.pause_mode,
+                "sleeping": self.sleeping, "on_gpu": dict(self.on_gpu), "held_mib": self.held_mib(),
+                "weights_intact": self.weights_intact, "load": self.load.state()}
 
     def tick(self):
-        """Bring the clients' requests up to now: they run unless the scheduler is frozen or its cache is gone."""
-        frozen = self.paused and self.pause_mode in ("in_place", "retract")
-        self.load.advance(runs=not frozen and self.on_gpu["kv_cache"], admits=not self.paused)
+        """Bring the clients' requests up to now; the scheduler publishes its load snapshot while not paused."""
+        runs = not self.frozen and not self.sleeping and self.on_gpu["kv_cache"]
+        self.load.advance(runs=runs, admits=not self.paused)
+        if not (self.args.engine == "sglang" and self.paused):
+            self.snapshot = self.load.counts()
+
+    def start_load(self):
+        with_load = not self.load.started
+        self.load.start()
+        if with_load:
+            self.tick()
 
     def ready(self):
         return time.monotonic() >= self.ready_at
 
+    def die(self, why):
+        print("engine stand-in: %s: aborting like the engine's scheduler" % why, flush=True)
+        self.free_all()
+        os._exit(ABORT_EXIT)
+
     # sglang
-    def release(self, tags):
+    def pause(self, mode):
         self.tick()
-        if not self.paused or self.load.running:
-            print("engine stand-in: release while generating: aborting like SGLang's scheduler", flush=True)
-            self.free_all()
-            os._exit(ABORT_EXIT)
+        now = time.monotonic()
+        self.paused, self.pause_mode, self.frozen = True, mode, mode == "in_place"
+        if mode == "abort":
+            self.load.abort_all(now)
+        elif mode == "retract":
+            self.load.retract(now)
+        else:
+            self.load.hold_running(now)
+        if mode == "in_place" and self.args.slip_in:  # passed the gate before it closed: in the scheduler now
+            self.load.start()
+            for _ in range(self.args.slip_in):
+                self.load.arrive(True, now)
+            self.load.hold_running(now)
+            self.args.slip_in = 0
+
+    def resume_generation(self):
+        self.tick()
+        self.paused, self.pause_mode, self.frozen, self.refusing = False, None, False, False
+        self.load.release_frozen(time.monotonic())
+        self.tick()
+
+    def release(self, tags):
+        self.load.hold_running(time.monotonic())
         if not self.args.memory_saver:
             return  # the real no-op memory saver: 200, nothing freed
         for tag in tags:
@@ -176,13 +163,34 @@ class Engine:
                 self.weights_intact = False  # no host copy: they come back as uninitialised memory
         self.write_memory()
 
-    def resume(self, tags):
+    def resume_memory(self, tags):
+        self.tick()
         for tag in tags:
             self.on_gpu[tag] = True
         self.write_memory()
 
     # vllm
+    def quiesce(self, mode, refuse):
+        """Close the door (arrivals held, or refused); abort: what runs is aborted; keep: frozen; wait: it runs on."""
+        self.tick()
+        now = time.monotonic()
+        self.paused, self.pause_mode, self.refusing, self.frozen = True, mode, refuse, mode == "keep"
+        if mode == "abort":
+            self.load.abort_all(now)
+        elif mode == "keep":
+            self.load.hold_running(now)
+
+    def wait_drained(self):
+        while True:
+            with self.lock:
+                self.tick()
+                if not self.load.running or self.frozen:
+                    return
+            time.sleep(0.02)
+
     def sleep(self, level):
+        self.tick()
+        self.load.hold_running(time.monotonic())
         self.on_gpu = {"weights": False, "kv_cache": False}
         if level == 2:
             self.weights_intact = False  # level 2 discards the weights too
@@ -190,14 +198,18 @@ class Engine:
         self.write_memory()
 
     def wake(self, tags):
+        self.tick()
         for tag in tags:
             self.on_gpu[tag] = True
         self.sleeping = not all(self.on_gpu.values())
         self.write_memory()
+        if not self.sleeping:
+            self.resume_generation()
 
 
 def handler(engine: Engine):
     args = engine.args
+    table = routes_of(args)
 
     class Handler(http.server.BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -215,10 +227,12 @@ def handler(engine: Engine):
             url = urlsplit(self.path)
             length = int(self.headers.get("Content-Length") or 0)
             raw = self.rfile.read(length) if length else b""
+            authorization = self.headers.get("Authorization")
             if args.calls:
                 with open(args.calls, "a") as log:
-                    log.write(json.dumps({"t": time.time(), "method": method, "path": url.path,
-                                          "query": url.query, "body": raw.decode("utf-8", "replace")}) + "\n")
+                    log.write(json.dumps({"t": time.time(), "method": method, "path": url.path, "query": url.query,
+                                          "body": raw.decode("utf-8", "replace"),
+                                          "auth": (authorization or "").split(" ", 1)[0]}) + "\n")
             if url.path in args.hang:
                 time.sleep(3600)
                 return
@@ -227,7 +241,12 @@ def handler(engine: Engine):
                 misbehave(self, *kind)
                 self.close_connection = True
                 return
-            route = (SGLANG if args.engine == "sglang" else VLLM).get((method, url.path))
+            route = find(table, method, url.path, engine.version)
+            refused = sglang_auth(args, route.auth if route else "normal", authorization) \
+                if args.engine == "sglang" else None
+            if refused:
+                self.answer(refused, {"error": "Unauthorized"})
+                return
             if route is None:
                 self.answer(404, {"detail": "Not Found"})
                 return
@@ -236,11 +255,12 @@ def handler(engine: Engine):
             except ValueError:
                 self.answer(400, {"object": "error", "message": "JSON decode error", "code": 400})
                 return
-            if route in UNLOCKED:
-                status, content = route(engine, body, parse_qs(url.query))
+            if route.unlocked:
+                status, content = route.answer(engine, body, parse_qs(url.query))
             else:
                 with engine.lock:
-                    status, content = route(engine, body, parse_qs(url.query))
+                    engine.tick()
+                    status, content = route.answer(engine, body, parse_qs(url.query))
             self.answer(status, content)
 
         def answer(self, status, content):
@@ -344,128 +364,16 @@ MISBEHAVIOURS = {"cut-short": cut_short, "trickle": trickle, "slow-body": slow_b
                  "long-header-line": long_header_line, "reset": reset, "not-json": not_json}
 
 
-# ── the routes: (engine, JSON body, query) → (status, JSON content, or Ellipsis for an empty body) ────────
-
-def health(engine, body, query):
-    return (200, Ellipsis) if engine.ready() else (503, Ellipsis)
-
-
-def sglang_health_generate(engine, body, query):
-    serving = engine.ready() and not engine.paused and all(engine.on_gpu.values())
-    return (200, Ellipsis) if serving else (503, Ellipsis)
-
-
-def sglang_server_info(engine, body, query):
-    return 200, {"enable_memory_saver": engine.args.memory_saver, "version": "0.5.x-standin",
-                 "enable_weights_cpu_backup": engine.args.weights_cpu_backup, "internal_states": []}
-
-
-def sglang_pause(engine, body, query):
-    mode = (body or {}).get("mode", "abort")
-    if mode not in SGLANG_MODES:
-        return 400, {"object": "error", "message": "Invalid mode: %r. Expected one of %s." % (mode, list(SGLANG_MODES)),
-                     "type": "Bad Request", "code": 400}
-    engine.tick()
-    engine.paused, engine.pause_mode = True, mode
-    if mode == "abort":
-        engine.load.abort_all()
-    if mode == "in_place" and engine.args.slip_in:  # passed the gate before it closed: in the scheduler now
-        engine.load.running += [engine.load.request_s] * engine.args.slip_in
-        engine.args.slip_in = 0
-    return 200, {"message": "Generation paused successfully.", "status": "ok"}
-
-
-def sglang_continue(engine, body, query):
-    engine.tick()
-    engine.paused, engine.pause_mode = False, None
-    engine.load.admit_held()
-    return 200, {"message": "Generation continued successfully.", "status": "ok"}
-
-
-def sglang_get_load(engine, body, query):
-    engine.load.start()
-    engine.tick()
-    return 200, [{"dp_rank": 0, "num_reqs": len(engine.load.running), "num_waiting_reqs": 0, "num_tokens": 0,
-                  "num_pending_tokens": 0, "ts_tic": time.perf_counter()}]
-
-
-def sglang_flush_cache(engine, body, query):
-    """Called without the engine's lock: it waits (up to ?timeout=) for the scheduler to be idle."""
-    end = time.monotonic() + float((query.get("timeout") or ["0"])[0])
-    while True:
-        with engine.lock:
-            engine.tick()
-            if not engine.load.running:
-                return 200, "Cache flushed."
-        if time.monotonic() >= end:
-            return 400, "Cache not flushed. Please check for pending requests."
-        time.sleep(0.02)
-
-
-def tags_of(body):
-    tags = (body or {}).get("tags")
-    return tags or ["weights", "kv_cache"]
-
-
-def sglang_release(engine, body, query):
-    engine.release(tags_of(body))
-    return 200, None
-
-
-def sglang_resume(engine, body, query):
-    engine.resume(tags_of(body))
-    return 200, None
-
-
-def vllm_sleep(engine, body, query):
-    if not engine.args.sleep_mode:
-        return 500, {"error": "Sleep mode is not enabled in the model config"}
-    engine.sleep(int((query.get("level") or ["1"])[0]))
-    return 200, Ellipsis
-
-
-def vllm_wake(engine, body, query):
-    engine.wake(query.get("tags") or ["weights", "kv_cache"])
-    return 200, Ellipsis
-
-
-def vllm_is_sleeping(engine, body, query):
-    return 200, {"is_sleeping": engine.sleeping}
-
-
-def vllm_server_info(engine, body, query):
-    return 200, {"vllm_config": "model='standin', enable_sleep_mode=%s" % engine.args.sleep_mode}
-
-
-def standin_state(engine, body, query):
-    return 200, engine.state()
-
-
-SGLANG = {("GET", "/health"): health, ("GET", "/health_generate"): sglang_health_generate,
-          ("GET", "/get_server_info"): sglang_server_info, ("POST", "/pause_generation"): sglang_pause,
-          ("POST", "/continue_generation"): sglang_continue, ("GET", "/standin_state"): standin_state,
-          ("GET", "/get_load"): sglang_get_load}
-UNLOCKED = {sglang_flush_cache}
-for _method in ("GET", "POST"):
-    SGLANG[(_method, "/release_memory_occupation")] = sglang_release
-    SGLANG[(_method, "/resume_memory_occupation")] = sglang_resume
-    SGLANG[(_method, "/flush_cache")] = sglang_flush_cache
-VLLM = {("GET", "/health"): health, ("GET", "/standin_state"): standin_state}
-
-
 def main(argv):
     args = parse_args(argv)
-    if args.dev_mode:
-        VLLM.update({("POST", "/sleep"): vllm_sleep, ("POST", "/wake_up"): vllm_wake,
-                     ("GET", "/is_sleeping"): vllm_is_sleeping, ("GET", "/server_info"): vllm_server_info})
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     engine = Engine(args)
     server = http.server.ThreadingHTTPServer(("127.0.0.1", args.port), handler(engine))
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    print("engine stand-in (%s): pid %d on %d, holding %d MiB" % (args.engine, os.getpid(), args.port,
-                                                                 engine.held_mib()), flush=True)
+    print("engine stand-in (%s %s): pid %d on %d, holding %d MiB" % (args.engine, args.version, os.getpid(), args.port,
+                                                                    engine.held_mib()), flush=True)
     stop.wait()
     engine.free_all()
     print("engine stand-in: stopped", flush=True)

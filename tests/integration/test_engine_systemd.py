@@ -13,7 +13,7 @@ import pytest
 
 from tests.cli_helpers import run_cli, status, submit, wait_for, wait_terminal
 from tests.harness.systemd_jobs import (HANG, assert_service_back, calls, gpu_job, hold, host_events, host_status,
-                                        main_pid, restored_within, standin_state, target_for)
+                                        main_pid, outcome, restored_within, standin_state, target_for)
 
 pytestmark = pytest.mark.systemd
 
@@ -66,7 +66,7 @@ def test_the_default_drain_under_load_aborts_nothing_and_counts_what_the_clients
     job = wait_terminal(target, submit(target, gpu_job(work, service_host, need=30000, command=hold(30000),
                                                        free="sglang")))
     assert_service_back(service_host, job, "free: sglang, default drain under load", "SUCCEEDED")
-    assert standin_state(service_host)["load"] == {"running": 0, "held": 0, "completed": 3, "aborted": 0}
+    assert outcome(standin_state(service_host)["load"]) == {"running": 0, "held": 0, "completed": 3, "aborted": 0}
     released, parts = job["service"]["released"], job["service"]["downtime"]
     assert released["mode"] == "drain" and released["drain"]["outcome"] == "drained"
     assert parts["pause_mode"] == "drain" and parts["clients"] == dict(parts["clients"], in_flight=3, completed=3,
