@@ -12,13 +12,12 @@ A busy message names the lock and its holder without the "host busy: " the contr
 """
 from __future__ import annotations
 
-from .contract import DEFAULTS, REFUSED_PAUSE_MODES, memory_verdict, normalize_unit, services_of
+from .contract import DEFAULTS, memory_verdict, normalize_unit, services_of
 
 BUSY_HINT = "Wait for that job (`runner tail ID -f`), cancel it, or submit with --queue."
-ENGINE_HINT = ("Start the engine with its memory API (SGLang: --enable-memory-saver; vLLM: "
-               "--enable-sleep-mode and VLLM_SERVER_DEV_MODE=1), or use `service.free: stop`.")
-MODE_HINT = ("Leave service.pause_mode out (drain: the requests in flight finish first, none is aborted) or set "
-             "`abort` (they are aborted at the pause).")
+ENGINE_HINT = ("Start the engine with its memory API (SGLang: --enable-memory-saver; vLLM: --enable-sleep-mode and "
+               "VLLM_SERVER_DEV_MODE=1), name where its key lives (service.api_key, service.admin_api_key), or use "
+               "`service.free: stop`.")
 TOO_SMALL_HINT = "Reduce the problem (e.g. fewer experts) or use a larger GPU."
 NEVER_HINT = "Free the GPU, lower gpu.min_free_mib, or allow `service.stop: if-needed`."
 
@@ -135,12 +134,8 @@ def _refuse_if_locked(locks: list, job_id: str) -> None:
 def _refuse_if_engine_cannot(service: dict, found, report: dict) -> None:
     """service.free sglang/vllm: the host asked the engine (without touching it) whether it can free memory.
     A unit that is not running, or that a runner job holds released, is judged by the rules below instead.
-    A pause mode SGLang cannot release after is refused whatever the engine says. found: the host's report
-    on this service."""
-    mode = service.get("pause_mode")
-    if mode in REFUSED_PAUSE_MODES:
-        raise _Refused("preflight-refused", "service.pause_mode %s: %s" % (mode, REFUSED_PAUSE_MODES[mode]),
-                       MODE_HINT)
+    found: the host's report on this service (the engine's release, the pause mode it can release after, whether
+    its key was taken, read by host/engine.py's probe)."""
     engine = (found or {}).get("engine") or {}
     if not engine.get("error") or (found or {}).get("active_state") != "active" \
             or _runner_holds_stopped(dict(report, service=found), service["unit"]):

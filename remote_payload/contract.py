@@ -51,7 +51,7 @@ DEFAULTS: dict[str, Any] = {  # values of several types: read by literal key and
     "host.root": "~/.runner",
 }
 FREE_METHODS = ("stop", "sglang", "vllm")  # service.free; stop: systemctl stop / start
-PAUSE_MODES = ("drain", "abort", "retract", "in_place")  # service.pause_mode; None = drain
+PAUSE_MODES = ("drain", "abort", "retract")  # service.pause_mode; None = the release's own (retract, else drain)
 DRAIN_FALLBACKS = ("skip", "abort")  # service.drain_fallback, past drain_timeout; None = skip (abort nothing)
 MAX_DRAIN_TIMEOUT_S = 300.0  # the release's own bound (supervision/budget.py STOP_TIMEOUT_S) must hold it
 
@@ -62,16 +62,20 @@ def origin(url: str) -> str:
     return "%s://%s" % (scheme, rest.split("/", 1)[0]) if rest else ""
 
 
-# service.pause_mode values SGLang cannot release memory after (the why, for the preflight's refusal): SGLang
-# 0.5.x's release_memory_occupation asserts that its scheduler is fully idle.
-REFUSED_PAUSE_MODES = {
-    "retract": "SGLang's retract puts the running requests back in its waiting queue, and "
-               "release_memory_occupation asserts that the queue is empty: with requests in flight the server "
-               "aborts itself (and the requests are lost)",
-    "in_place": "SGLang's in_place keeps the running requests and their KV cache in the scheduler, and "
-                "release_memory_occupation asserts that nothing runs: with requests in flight the server aborts "
-                "itself (and the requests are lost)",
-}
+# service.api_key / admin_api_key: where the engine's key lives on the host, never the key itself (a refusal never
+# echoes the value: it may be a key put there by mistake).
+KEY_FIELDS = ("api_key", "admin_api_key")
+KEY_REF_RE = re.compile(r"file:/[^\x00-\x1f]+|env:[A-Za-z_][A-Za-z0-9_]*")
+
+
+def key_ref_problem(field: str, value) -> str | None:
+    if value is None or (isinstance(value, str) and KEY_REF_RE.fullmatch(value)):
+        return None
+    return ("service.%s names where the engine's key lives on the host: file:/ABSOLUTE/PATH (readable by the host "
+            "login) or env:NAME (a variable of the unit's Environment= or EnvironmentFile=); never the key itself "
+            "(the value given is not shown)" % field)
+
+
 # Each set of choices is a tuple of its values and a Literal of the same values (the pydantic spec models take
 # it as a field type). The Literals are made on first use (`__getattr__` below), so that a host call never
 # imports typing; tests/unit/test_contract_controller.py checks that each names its tuple's values.

@@ -24,10 +24,10 @@ class EngineError(Fail):
         super().__init__("internal", message)
 
 
-def call(method: str, url: str, deadline: float, body=None):
+def call(method: str, url: str, deadline: float, body=None, headers=None):
     """(status, answer) of one request: a 2xx answer's parsed JSON (None when empty; anything else is an
     EngineError), another status's body as JSON or text (for messages)."""
-    status, raw = exchange(method, url, deadline, body)
+    status, raw = exchange(method, url, deadline, body, headers)
     if 200 <= status < 300:
         return status, parse_body(raw, "%s %s" % (method, url))
     try:
@@ -36,11 +36,12 @@ def call(method: str, url: str, deadline: float, body=None):
         return status, raw.decode("utf-8", "replace").strip()[-300:]
 
 
-def exchange(method: str, url: str, deadline: float, body=None) -> tuple:
+def exchange(method: str, url: str, deadline: float, body=None, headers=None) -> tuple:
     """(status, raw body) of one request over http.client, which follows no redirect (a 3xx is an
     EngineError here: a release answered by whatever the Location names is no release). The whole call
     (connect, send, status line, headers, body) ends by the deadline, however slowly the engine writes;
-    a body over MAX_BODY_BYTES is refused. Proxies from the environment are never used."""
+    a body over MAX_BODY_BYTES is refused. Proxies from the environment are never used. headers: added to
+    the request (an Authorization header: never part of a message)."""
     import http.client  # here, not at the top: most of the supervisor's runs never call an engine
     from urllib.parse import urlsplit
 
@@ -57,9 +58,11 @@ def exchange(method: str, url: str, deadline: float, body=None) -> tuple:
             raw_socket = connection.sock
             connection.sock = DeadlineSocket(raw_socket, deadline, what)
             data = None if body is None else json.dumps(body).encode("utf-8")
-            headers = {"Content-Type": "application/json"} if data is not None else {}
+            sent = dict(headers or {}, Connection="close")
+            if data is not None:
+                sent["Content-Type"] = "application/json"
             connection.request(method, (parts.path or "/") + ("?" + parts.query if parts.query else ""),
-                               body=data, headers=dict(headers, Connection="close"))
+                               body=data, headers=sent)
             answer = connection.getresponse()
             if 300 <= answer.status < 400:
                 raise EngineError("%s answered %d (a redirect to %r): not followed" % (
@@ -147,8 +150,8 @@ def parse_body(raw: bytes, what: str):
         raise EngineError("%s answered what is not JSON (%s): %r" % (what, type(exc).__name__, text[:80])) from exc
 
 
-def expect_ok(method: str, url: str, deadline: float, body=None):
-    status, answer = call(method, url, deadline, body)
+def expect_ok(method: str, url: str, deadline: float, body=None, headers=None):
+    status, answer = call(method, url, deadline, body, headers)
     if not 200 <= status < 300:
         raise EngineError("%s %s answered %d: %s" % (method, url, status, answer))
     return answer

@@ -140,16 +140,15 @@ def release_service(job: Job) -> None:
         record_stop(job, released=record, stopped_at=stopped_at)
         job.save(service=dict(job.status["service"], released=record))
 
-    record = engine.new_record(spec_service)
+    record = engine.new_record(spec_service, offers)
     keep(record)
-    how = " once its requests in flight have finished" if record["mode"] == "drain" else ""
-    job.set_state("STOPPING_SERVICE", "freeing GPU memory through the %s API of %s%s" % (spec_service["free"], unit,
-                                                                                       how),
-                  service=dict(job.status["service"], stopped=True, stopped_at=stopped_at))
+    job.set_state("STOPPING_SERVICE", "freeing GPU memory through the %s %s API of %s (%s)" % (
+        spec_service["free"], offers["version"], unit, how_it_frees(record)),
+        service=dict(job.status["service"], stopped=True, stopped_at=stopped_at))
     try:
         record = engine.release(spec_service, job.spec["gpu"]["required_mib"], lambda: least_free(job),
                                 time.monotonic() + STOP_TIMEOUT_S, keep, offers)
-    except engine.DrainTimeout:  # nothing released, nothing left paused, the engine serving: nothing to restore
+    except engine.NothingReleased:  # nothing released, nothing left paused, the engine serving: nothing to restore
         ledger.clear(job.paths.root, unit, job.paths.job_id)  # the ledger is what every restorer trusts
         job.save(service=dict(job.status["service"], stopped=False, stopped_at=None))
         raise
@@ -158,6 +157,13 @@ def release_service(job: Job) -> None:
                           stopped_at=record.get("paused_at") or stopped_at))
     job.event("service", released=record["steps"], message=engine.describe(record), clients=record.get("clients"),
               drain=record.get("drain"))
+
+
+def how_it_frees(record: dict) -> str:
+    if record["engine"] == "vllm":
+        return "asleep once its requests in flight have finished"
+    return {"retract": "its requests held, none aborted", "drain": "once its requests in flight have finished",
+            "abort": "its requests in flight aborted"}[record["mode"]]
 
 
 def least_free(job: Job):

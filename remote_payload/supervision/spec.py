@@ -163,9 +163,13 @@ def check_free(raw: dict, health_url) -> dict:
     _need(free in contract.FREE_METHODS, "service.free must be stop, sglang or vllm, got %r" % (free,))
     mode, url = raw.get("pause_mode"), check_health_url(raw.get("api_url"))
     bound, fallback = raw.get("drain_timeout"), raw.get("drain_fallback")
+    keys = {name: raw.get(name) for name in contract.KEY_FIELDS if raw.get(name) is not None}
+    for name, value in keys.items():
+        _rule(contract.key_ref_problem(name, value))
     if free == "stop":
-        _need(url is None and mode is None and bound is None and fallback is None,
-              "service.api_url, pause_mode, drain_timeout and drain_fallback go with free sglang or vllm")
+        _need(url is None and mode is None and bound is None and fallback is None and not keys,
+              "service.api_url, pause_mode, drain_timeout, drain_fallback, api_key and admin_api_key go with free "
+              "sglang or vllm")
         return {}
     _need(mode is None or (free == "sglang" and mode in contract.PAUSE_MODES),
           "service.pause_mode must be null, %s, and only with free sglang" % ", ".join(contract.PAUSE_MODES))
@@ -173,7 +177,7 @@ def check_free(raw: dict, health_url) -> dict:
     _need(fallback is None or (free == "sglang" and mode in (None, "drain") and fallback in contract.DRAIN_FALLBACKS),
           "service.drain_fallback must be null, %s, and only with free sglang's drain" % ", ".join(contract.DRAIN_FALLBACKS))
     _need(url is not None or health_url is not None, "service.free %s needs api_url or health_url" % free)
-    checked = {"free": free, "api_url": api_url({"api_url": url, "health_url": health_url}), "pause_mode": mode}
+    checked = dict(keys, free=free, api_url=api_url({"api_url": url, "health_url": health_url}), pause_mode=mode)
     if bound is not None:
         bound = _number(bound, "service.drain_timeout")
         _need(bound <= contract.MAX_DRAIN_TIMEOUT_S, "service.drain_timeout is at most %.0f s" % contract.MAX_DRAIN_TIMEOUT_S)

@@ -12,11 +12,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationInfo, field_validator, model_validator
 
-from remote_payload.contract import (DEFAULTS, DRAIN_FALLBACKS, FREE_METHODS, MAX_DRAIN_TIMEOUT_S, PAUSE_MODES,
-                                     USER_SCOPE_SUDO, Launcher, ServiceManager, ServiceScope, StopPolicy,
-                                     normalize_unit, origin)
+from remote_payload.contract import (DEFAULTS, DRAIN_FALLBACKS, FREE_METHODS, KEY_FIELDS, MAX_DRAIN_TIMEOUT_S,
+                                     PAUSE_MODES, USER_SCOPE_SUDO, Launcher, ServiceManager, ServiceScope, StopPolicy,
+                                     key_ref_problem, normalize_unit, origin)
 from remote_payload import sweep as sweeps
 
 from ..errors import SpecError
@@ -62,6 +62,10 @@ class ServiceSpec(_Section):
     # free: sglang, the drain past its bound: skip the window (None: the default, nothing aborted) or abort
     # the requests still in flight and go on.
     drain_fallback: Literal[DRAIN_FALLBACKS] | None = None  # type: ignore[valid-type]  # as `free`
+    # Where the engine's key lives on the host (file:PATH, env:NAME of the unit's environment), never the key:
+    # api_key for its reads (and its admin routes when no admin key), admin_api_key for SGLang's admin routes.
+    api_key: str | None = None
+    admin_api_key: str | None = None
     # The GPUs this service holds (from the spec, not discovered): a job frees it only when its own GPUs meet
     # these. None listed: every GPU of the host.
     gpus: list[Device] = list(DEFAULTS["service.gpus"])
@@ -81,13 +85,21 @@ class ServiceSpec(_Section):
             raise ValueError(f"gpus listed twice: {', '.join(duplicates)}")
         return self
 
+    @field_validator(*KEY_FIELDS)
+    @classmethod
+    def _names_where_the_key_lives(cls, value: str | None, info: ValidationInfo) -> str | None:
+        problem = key_ref_problem(info.field_name, value)
+        if problem:
+            raise ValueError(problem)
+        return value
+
     @model_validator(mode="after")
     def _free_through_an_api(self) -> ServiceSpec:
         if self.free == "stop":
             if (self.api_url is not None or self.pause_mode is not None or self.drain_timeout is not None
-                    or self.drain_fallback is not None):
-                raise ValueError("`api_url`, `pause_mode`, `drain_timeout` and `drain_fallback` go with `free: sglang` "
-                                 "or `free: vllm`")
+                    or self.drain_fallback is not None or self.api_key is not None or self.admin_api_key is not None):
+                raise ValueError("`api_url`, `pause_mode`, `drain_timeout`, `drain_fallback`, `api_key` and "
+                                 "`admin_api_key` go with `free: sglang` or `free: vllm`")
             return self
         if self.manager != "systemd":
             raise ValueError(f"`free: {self.free}` needs `manager: systemd` (the unit is restarted when the "
@@ -109,9 +121,9 @@ class ServiceSpec(_Section):
         gpus = {"gpus": [str(g) for g in self.gpus]} if self.gpus else {}
         if self.free == "stop":
             return dict(self.model_dump(exclude={"free", "api_url", "pause_mode", "drain_timeout", "drain_fallback",
-                                                 "gpus"}), **gpus)
+                                                 "gpus", *KEY_FIELDS}), **gpus)
         # the wire as it was without them
-        unset = {key for key in ("drain_timeout", "drain_fallback") if getattr(self, key) is None}
+        unset = {key for key in ("drain_timeout", "drain_fallback", *KEY_FIELDS) if getattr(self, key) is None}
         api_url = self.api_url
         if not api_url:
             assert self.health_url is not None  # _free_through_an_api: an engine service has one of the two

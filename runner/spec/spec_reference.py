@@ -38,20 +38,31 @@ DESCRIPTIONS = {
                           "stay active for 2 s.",
     "service.health_timeout": "How long the restore waits for healthy.",
     "service.sudo": "Run systemctl/systemd-run through `sudo -n` (a NOPASSWD rule is needed; see the README).",
-    "service.free": "How the GPU is freed: `stop` the unit (and start it after); `sglang`: pause generation "
-                    "(`pause_mode`), release the KV cache (and the weights only if still short, and only with SGLang's "
-                    "--enable-weights-cpu-backup), resume after (needs --enable-memory-saver); `vllm`: sleep level 1, "
-                    "wake after (needs --enable-sleep-mode and VLLM_SERVER_DEV_MODE=1). The unit keeps running; it "
-                    "is restarted only when the API does not bring the engine back.",
+    "service.free": "How the GPU is freed: `stop` the unit (and start it after); `sglang` (0.5.17-0.5.23): pause "
+                    "generation (`pause_mode`), release the KV cache (and the weights only if still short, and only "
+                    "with SGLang's --enable-weights-cpu-backup), resume after (needs --enable-memory-saver); `vllm` "
+                    "(0.12-0.34): sleep level 1 once the requests in flight have finished, wake after (needs "
+                    "--enable-sleep-mode and VLLM_SERVER_DEV_MODE=1). The release is chosen by the version the "
+                    "engine reports (docs/engines.md); another version is refused in preflight (exit 4). The unit "
+                    "keeps running; it is restarted only when the API does not bring the engine back.",
     "service.api_url": "The engine's HTTP root for `free: sglang`/`vllm` (default: the origin of `health_url`).",
-    "service.pause_mode": "How `free: sglang` holds its clients' requests. `drain` (the default when not given): "
-                          "nothing is aborted; SGLang serves on until its scheduler is idle (the requests in flight "
-                          "have finished), then an in-place pause holds new requests until the resume (they wait "
-                          "and complete); past `drain_timeout` nothing is released and the job ends FAILED, the "
-                          "service untouched (unless `drain_fallback: abort`). `abort`: SGLang's abort pause at once: the requests in flight come "
-                          "back aborted (HTTP 200, finish_reason abort, the tokens so far). `retract` and `in_place` "
-                          "are refused in preflight (exit 4): SGLang's release asserts that nothing runs or waits, "
-                          "so with requests in flight it would kill the server.",
+    "service.api_key": "Where the engine's API key lives ON THE HOST, never the key: `file:/PATH` (a file the host "
+                       "login can read) or `env:NAME` (a variable of the unit's Environment= or EnvironmentFile=). "
+                       "Sent as `Authorization: Bearer` on every engine call (SGLang's --api-key); read by each call, "
+                       "written nowhere. A 401/403 is a preflight refusal (exit 4) naming this field.",
+    "service.admin_api_key": "As `api_key`, for SGLang's --admin-api-key: its admin routes (pause, release, resume, "
+                             "flush) then want this key, its reads still `api_key`'s.",
+    "service.pause_mode": "How `free: sglang` holds its clients' requests (null: the release's default). `retract` "
+                          "(SGLang 0.5.21+, its default): the requests in flight go back to SGLang's queue, their KV "
+                          "cache freed, and with every arrival are held until the resume, then complete: none is "
+                          "aborted, busy or not (runner confirms the running batch is empty before it releases). "
+                          "`drain` (0.5.17-0.5.20's default): nothing is aborted; SGLang serves on until its "
+                          "scheduler is idle, then an in-place pause holds new requests until the resume; past "
+                          "`drain_timeout` nothing is released and the job ends FAILED, the service untouched "
+                          "(unless `drain_fallback: abort`). `abort`: SGLang's abort pause at once: the requests in "
+                          "flight come back aborted (HTTP 200, finish_reason abort, the tokens so far). `retract` on "
+                          "0.5.17-0.5.20 is refused in preflight (exit 4): their release asserts that nothing waits "
+                          "either, so it would kill the server. `limits.max_downtime` bounds how long clients are held.",
     "service.drain_timeout": "`free: sglang` with the default drain: how long to wait for SGLang's requests in "
                              "flight to finish before the release (at most 300 s; null: 60 s). Past it nothing is "
                              "released: the job ends FAILED, the service serving as before.",

@@ -211,6 +211,12 @@ def vllm_is_paused(engine, body, query):
     return 200, {"is_paused": engine.paused}
 
 
+def vllm_metrics(engine, body, query):
+    running, waiting = engine.load.counts()
+    return 200, ('# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{engine="0",model_name="standin"} '
+                 '%.1f\nvllm:num_requests_waiting{engine="0",model_name="standin"} %.1f\n' % (running, waiting))
+
+
 def vllm_server_info(engine, body, query):
     return 200, {"vllm_config": "model='standin', enable_sleep_mode=%s" % engine.args.sleep_mode}
 
@@ -239,6 +245,7 @@ for _method in ("GET", "POST"):
     SGLANG[(_method, "/resume_memory_occupation")] = Route(sglang_resume, auth="admin")
     SGLANG[(_method, "/flush_cache")] = Route(sglang_flush_cache, auth="admin", unlocked=True)
 VLLM = {("GET", "/health"): Route(health, auth="open"), ("GET", "/version"): Route(vllm_version, auth="open"),
+        ("GET", "/metrics"): Route(vllm_metrics, auth="open"),
         ("GET", "/standin_state"): Route(standin_state, auth="open")}
 VLLM_DEV = {("POST", "/sleep"): Route(vllm_sleep, auth="open", unlocked=True),
             ("POST", "/wake_up"): Route(vllm_wake, auth="open"),
