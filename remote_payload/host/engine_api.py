@@ -100,8 +100,8 @@ def unit_environment(service: dict) -> dict:
     ctl = Systemd(service.get("scope", "system"), service.get("sudo", False))
     done = run_command(ctl.argv("systemctl", "show", "--property=Environment,EnvironmentFiles", service["unit"]))
     if done.returncode != 0:
-        raise Fail("internal", "systemctl show %s: %s" % (service["unit"], done.stderr.strip()[-300:]))
-    return parse_unit_environment(done.stdout, read_environment_file)
+        raise Fail("internal", "systemctl show %s: %s" % (service["unit"], done.stderr.decode("utf-8", "replace")[-300:]))
+    return parse_unit_environment(done.stdout.decode("utf-8", "replace"), read_environment_file)
 
 
 def parse_unit_environment(shown: str, read_file) -> dict:

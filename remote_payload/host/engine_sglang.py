@@ -149,7 +149,8 @@ def drain(api: Api, record: dict, deadline: float, bound: float, save) -> None:
         time.sleep(DRAIN_SETTLE_S)
         if idle(api, 0.0, deadline):
             record["drain"].update(outcome="drained", waited_s=round(time.monotonic() - began, 3))
-            record["clients"] = dict(window(0), drained_s=record["drain"]["waited_s"])
+            record["clients"] = dict(window(0), drained_s=record["drain"]["waited_s"],
+                                     gate_pauses=record["drain"]["pauses"])
             save(record)
             return
         unpause(api, record, deadline, save)  # it slipped in: it runs to its end like the others

@@ -175,8 +175,9 @@ def window_parts(window: dict) -> str:
 
 
 def clients_text(window: dict) -> str:
-    """"; clients: 4 in flight at the pause, 4 completed, 0 aborted (drained in 2.1 s)": what SGLang said became
-    of the requests it held when the window began (its load before the pause), under the pause mode."""
+    """"; clients (retract): 4 in flight at the pause: 4 held, 0 aborted, 0 truncated, 0 refused; held 9.9 s": what
+    the engine said became of the requests in flight when the window began (its load just before the pause) and
+    how long clients were held (from the pause to the engine taking requests again)."""
     clients = window.get("clients")
     if not isinstance(clients, dict):
         return ""
@@ -184,14 +185,19 @@ def clients_text(window: dict) -> str:
     def count(key: str) -> str:
         value = clients.get(key)
         return str(value) if isinstance(value, int) and not isinstance(value, bool) else "?"
-    drained = clients.get("drained_s")
-    after = f" (drained in {drained:.1f} s)" if _number(drained) else ""
-    gave_up = clients.get("drain_timed_out_s")
-    if _number(gave_up):
-        after = f" (not idle after a {gave_up:.1f} s drain: drain_fallback abort)"
-    mode = window.get("pause_mode")
-    return (f"; clients{f' ({printable(mode)})' if isinstance(mode, str) else ''}: {count('in_flight')} in flight "
-            f"at the pause, {count('completed')} completed, {count('aborted')} aborted{after}")
+    fates = ", ".join(f"{count(key)} {key}" for key in ("held", "completed", "aborted", "truncated", "refused")
+                      if key in clients)
+    after = ""
+    if _number(clients.get("drained_s")):
+        after = f" (drained in {clients['drained_s']:.1f} s while serving"
+        after += f", {count('gate_pauses')} gate pause(s))" if "gate_pauses" in clients else ")"
+    if _number(clients.get("drain_timed_out_s")):
+        after = f" (not idle after a {clients['drain_timed_out_s']:.1f} s drain: drain_fallback abort)"
+    if _number(clients.get("hold_s")):
+        after += f"; held {clients['hold_s']:.1f} s"
+    mode = window.get("pause_mode") or window.get("method")
+    return (f"; clients{f' ({printable(mode)})' if isinstance(mode, str) else ''}: {count('at_pause')} in flight "
+            f"at the pause: {fates}{after}")
 
 
 def window_lines(window: dict) -> list[str]:

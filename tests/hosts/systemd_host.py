@@ -103,16 +103,18 @@ class ServiceHost(sshd.SshHost):
         return name
 
     def install_engine_unit(self, engine: str = "sglang", *flags: str, weights_mib: int = 60000,
-                            kv_mib: int = 60000) -> Path:
+                            kv_mib: int = 60000, environment: dict | None = None) -> Path:
         """Make `unit` the engine stand-in (tests/hosts/engine_standin.py) on the health port, restart it and
-        wait until healthy; returns the file its requests are logged to (JSON lines, emptied here)."""
+        wait until healthy; returns the file its requests are logged to (JSON lines, emptied here).
+        environment: the unit's own Environment= assignments."""
         calls = self.workdir / "engine-calls.jsonl"
         calls.unlink(missing_ok=True)
         argv = [HOST_PYTHON, str(ENGINE_STANDIN), "--engine", engine, "--port", str(self.service_port),
                 "--weights-mib", str(weights_mib), "--kv-mib", str(kv_mib), "--calls", str(calls), *flags]
         lines = dummy_unit_text(self.service_log, port=self.service_port).splitlines()
+        settings = "".join(f"\nEnvironment={shlex.quote(f'{name}={value}')}" for name, value in (environment or {}).items())
         (self.units_dir / self.unit).write_text("\n".join(
-            f"ExecStart={shlex.join(argv)}" if line.startswith("ExecStart=") else line for line in lines) + "\n")
+            f"ExecStart={shlex.join(argv)}{settings}" if line.startswith("ExecStart=") else line for line in lines) + "\n")
         self.systemctl("daemon-reload").check_returncode()
         self.systemctl("restart", self.unit).check_returncode()
         wait_until(lambda: self.health_status() == 200, timeout=60, what=f"{self.unit} (engine stand-in) healthy")

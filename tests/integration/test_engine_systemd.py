@@ -16,6 +16,7 @@ from tests.harness.systemd_jobs import (HANG, assert_service_back, calls, gpu_jo
                                         main_pid, outcome, restored_within, standin_state, target_for)
 
 pytestmark = pytest.mark.systemd
+PROBE = ["GET /server_info", "GET /hicache/storage-backend"]  # the release's own probe
 
 
 def test_kv_cache_alone_when_enough_and_the_same_process_serves_after(service_host, work):
@@ -25,8 +26,8 @@ def test_kv_cache_alone_when_enough_and_the_same_process_serves_after(service_ho
     job = wait_terminal(target, submit(target, gpu_job(work, service_host, need=30000, command=hold(30000),
                                                        free="sglang")))
     assert_service_back(service_host, job, "free: sglang, kv cache enough", "SUCCEEDED")
-    assert calls(log) == ["GET /get_server_info",  # preflight
-                          "GET /get_server_info", "GET /get_load", "POST /flush_cache",  # the drain: idle already
+    assert calls(log) == [*PROBE,  # preflight
+                          *PROBE, "GET /get_load", "POST /flush_cache",  # the drain: idle already
                           'POST /pause_generation {"mode": "in_place"}', "POST /flush_cache",
                           'POST /release_memory_occupation {"tags": ["kv_cache"]}',
                           'POST /resume_memory_occupation {"tags": ["kv_cache"]}',
@@ -50,7 +51,7 @@ def test_weights_too_when_not_enough_resumed_weights_first(service_host, work):
     job = wait_terminal(target, submit(target, gpu_job(work, service_host, need=100000, command=hold(100000),
                                                        free="sglang", pause_mode="abort")))
     assert_service_back(service_host, job, "free: sglang, weights too", "SUCCEEDED")
-    assert calls(log)[2:] == ["GET /get_load", 'POST /pause_generation {"mode": "abort"}',
+    assert calls(log)[4:] == ["GET /get_load", 'POST /pause_generation {"mode": "abort"}',
                               'POST /release_memory_occupation {"tags": ["kv_cache"]}',
                               'POST /release_memory_occupation {"tags": ["weights"]}',
                               'POST /resume_memory_occupation {"tags": ["weights"]}',
@@ -69,15 +70,17 @@ def test_the_default_drain_under_load_aborts_nothing_and_counts_what_the_clients
     assert outcome(standin_state(service_host)["load"]) == {"running": 0, "held": 0, "completed": 3, "aborted": 0}
     released, parts = job["service"]["released"], job["service"]["downtime"]
     assert released["mode"] == "drain" and released["drain"]["outcome"] == "drained"
-    assert parts["pause_mode"] == "drain" and parts["clients"] == dict(parts["clients"], in_flight=3, completed=3,
-                                                                      aborted=0)
+    # the 3 finished while SGLang served; the pause that held came once it was idle
+    assert released["drain"]["in_flight"] == 3
+    assert parts["pause_mode"] == "drain" and parts["clients"] == dict(parts["clients"], at_pause=0, aborted=0)
     assert parts["clients"]["drained_s"] >= 1.0
     # the window starts at the pause that held, after the drain: the clients were served until then
     assert job["service"]["stopped_at"] == released["paused_at"]
     assert calls(log).index("GET /get_load") < calls(log).index('POST /pause_generation {"mode": "in_place"}')
     assert main_pid(service_host) == pid
     shown = run_cli(target, "status", job["job_id"]).stdout.decode()
-    assert "clients (drain): 3 in flight at the pause, 3 completed, 0 aborted (drained in " in shown, shown
+    assert "clients (drain): 0 in flight at the pause: 0 held, 0 aborted, 0 truncated, 0 refused (drained in " \
+        in shown, shown
 
 
 def test_past_service_drain_timeout_the_job_ends_with_nothing_released(service_host, work):
@@ -112,25 +115,25 @@ def test_past_drain_timeout_drain_fallback_abort_aborts_the_rest_and_the_job_run
                                "POST /continue_generation {}", "GET /health_generate"]
     released, parts = job["service"]["released"], job["service"]["downtime"]
     assert released["drain"]["outcome"] == "timeout" and released["drain"]["fallback"] == "abort"
-    assert parts["clients"]["aborted"] == parts["clients"]["in_flight"] == 2
+    assert parts["clients"]["aborted"] == parts["clients"]["at_pause"] == 2
     assert parts["clients"]["drain_timed_out_s"] >= 3.0
     assert main_pid(service_host) == pid
     shown = run_cli(target, "status", job["job_id"]).stdout.decode()
-    assert "2 in flight at the pause, 0 completed, 2 aborted (not idle after a 3." in shown, shown
+    assert "2 in flight at the pause: 0 held, 2 aborted, 2 truncated, 0 refused (not idle after a 3." in shown, shown
     assert "drain_fallback abort" in shown
 
 
-@pytest.mark.parametrize("mode", ["retract", "in_place"])
-def test_a_pause_mode_sglang_cannot_release_after_is_refused_in_preflight(service_host, work, mode):
-    log = service_host.install_engine_unit("sglang", "--memory-saver")
+def test_retract_on_a_release_that_cannot_release_after_it_is_refused_in_preflight(service_host, work):
+    log = service_host.install_engine_unit("sglang", "--version", "0.5.20", "--memory-saver")
     pid = main_pid(service_host)
     target = target_for(service_host)
     done = run_cli(target, "submit", str(gpu_job(work, service_host, need=30000, command=hold(30000),
-                                                 free="sglang", pause_mode=mode)))
+                                                 free="sglang", pause_mode="retract")))
     assert done.returncode == 4, done.stderr.decode()
-    assert f"service.pause_mode {mode}: SGLang's {mode}" in done.stderr.decode()
-    assert "release_memory_occupation asserts" in done.stderr.decode()
-    assert calls(log) == ["GET /get_server_info"]  # the preflight's probe; nothing paused or released
+    assert "service.pause_mode retract: this release's release_memory_occupation asserts" in done.stderr.decode()
+    assert "retract needs SGLang 0.5.21 or later (SGLang 0.5.20 can release after: drain, abort)" in \
+        done.stderr.decode()
+    assert calls(log) == ["GET /server_info"]  # the preflight's probe; nothing paused or released
     assert main_pid(service_host) == pid and service_host.service_state() == "active"
 
 
@@ -193,7 +196,7 @@ def test_an_engine_without_the_memory_api_is_refused_before_anything_is_touched(
                                                  free="sglang")))
     assert done.returncode == 4, done.stderr.decode()
     assert "without --enable-memory-saver" in done.stderr.decode()
-    assert calls(log) == ["GET /get_server_info"]
+    assert calls(log) == ["GET /server_info"]
     assert main_pid(service_host) == pid and service_host.service_state() == "active"
 
 

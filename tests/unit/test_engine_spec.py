@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from remote_payload.admission import admit
 from remote_payload.host.answer import Fail
 from remote_payload.supervision.spec import check_service
 from runner.spec.spec import ServiceSpec
@@ -70,19 +69,26 @@ def test_drain_fallback_travels_only_when_set_and_only_with_the_drain():
     assert check_service(ServiceSpec(**BASE, free="sglang", drain_fallback="skip").wire())["drain_fallback"] == "skip"
 
 
-@pytest.mark.parametrize("mode", ["retract", "in_place"])
-def test_modes_sglang_cannot_release_after_pass_the_spec_and_are_refused_by_admission_with_the_reason(mode):
-    """Valid SGLang modes (the spec takes them), refused before anything is touched: exit 4 with why."""
-    wire = ServiceSpec(**BASE, free="sglang", pause_mode=mode).wire()
-    assert check_service(wire)["pause_mode"] == mode
-    spec = {"job_id": "j", "gpu": {"devices": [], "required_mib": 0}, "service": wire}
-    report = {"gpus": [], "locks": [], "service": {"unit": "sglang.service", "active_state": "active",
-                                                    "engine": {"engine": "sglang", "version": "0.5.17"}}}
-    verdict = admit(spec, report)["refuse"]
-    assert verdict["code"] == "preflight-refused" and "release_memory_occupation asserts" in verdict["message"]
-    assert verdict["message"].startswith(f"service.pause_mode {mode}: ") and "drain" in verdict["hint"]
-    drained = dict(spec, service=ServiceSpec(**BASE, free="sglang").wire())
-    assert admit(drained, report).get("start") is True  # the default on the same report
+def test_the_spec_takes_the_pause_modes_some_release_can_release_after_and_no_other():
+    assert check_service(ServiceSpec(**BASE, free="sglang", pause_mode="retract").wire())["pause_mode"] == "retract"
+    with pytest.raises(ValidationError, match="'drain', 'abort' or 'retract'"):
+        ServiceSpec(**BASE, free="sglang", pause_mode="in_place")
+
+
+@pytest.mark.parametrize("value", ["file:/etc/sglang/key", "env:SGLANG_API_KEY"])
+def test_an_engine_key_is_named_by_where_it_lives_on_the_host(value):
+    wire = ServiceSpec(**BASE, free="sglang", api_key=value, admin_api_key=value).wire()
+    assert check_service(wire)["api_key"] == value and check_service(wire)["admin_api_key"] == value
+
+
+@pytest.mark.parametrize("value", ["sk-the-key-itself", "file:relative/path", "env:1BAD", "env:A B"])
+def test_a_key_itself_is_refused_without_being_shown(value):
+    with pytest.raises(ValidationError) as info:
+        ServiceSpec(**BASE, free="sglang", api_key=value)
+    assert "never the key itself" in str(info.value) and value not in str(info.value).split("input_value")[0]
+    with pytest.raises(Fail, match="never the key itself") as host:
+        check_service(dict(ServiceSpec(**BASE, free="sglang").wire(), api_key=value))
+    assert value not in str(host.value)
 
 
 def test_free_through_an_api_needs_a_unit_to_fall_back_on():

@@ -22,18 +22,24 @@ def test_a_failed_phase_says_so():
     assert "phase jit failed" in text
 
 
-def test_the_window_says_what_became_of_sglangs_requests_in_status_and_results():
+def test_the_window_says_what_became_of_the_engines_requests_in_status_and_results():
     from runner.cli.cli import _window_lines
     window = {"method": "sglang", "not_serving_s": 10.0, "release_s": 0.4, "payload_s": 8.5, "pause_mode": "drain",
-              "clients": {"in_flight": 4, "completed": 4, "aborted": 0, "drained_s": 2.0}}
+              "clients": {"at_pause": 0, "held": 0, "aborted": 0, "truncated": 0, "refused": 0, "drained_s": 2.0,
+                          "gate_pauses": 1, "hold_s": 9.1}}
     job = dict(_job({}), state="SUCCEEDED", service={"unit": "sglang.service", "was": "active", "now": "active",
                                                      "downtime_s": 10.0, "downtime": window})
-    drained = "clients (drain): 4 in flight at the pause, 4 completed, 0 aborted (drained in 2.0 s)"
+    drained = ("clients (drain): 0 in flight at the pause: 0 held, 0 aborted, 0 truncated, 0 refused (drained in "
+               "2.0 s while serving, 1 gate pause(s)); held 9.1 s")
     assert drained in _status_text(job)
     assert _window_lines(window) == ["service window (sglang): not serving 10.0 s (release 0.4, payload 8.5 s); "
                                      + drained]
-    aborted = dict(window, pause_mode="abort", clients={"in_flight": 4, "completed": 0, "aborted": 4})
-    assert _window_lines(aborted)[0].endswith("clients (abort): 4 in flight at the pause, 0 completed, 4 aborted")
+    retract = dict(window, pause_mode="retract", clients={"at_pause": 4, "held": 4, "aborted": 0, "truncated": 0,
+                                                          "refused": 0, "hold_s": 9.9})
+    assert _window_lines(retract)[0].endswith("clients (retract): 4 in flight at the pause: 4 held, 0 aborted, "
+                                              "0 truncated, 0 refused; held 9.9 s")
+    vllm = {"method": "vllm", "not_serving_s": 9.0, "clients": {"at_pause": 3, "completed": 3, "held": 0}}
+    assert _window_lines(vllm)[0].endswith("clients (vllm): 3 in flight at the pause: 0 held, 3 completed")
     assert "clients" not in _window_lines({"method": "stop", "not_serving_s": 70.0})[0]
 
 
