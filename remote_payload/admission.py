@@ -195,6 +195,8 @@ def _decide_short(short: list, stop_policy: str, service: dict, report: dict, ne
         raise _Refused("preflight-refused", "%s; the service %s is %s, so stopping it frees nothing. Memory is held "
                        "by: %s" % (gaps, service["unit"], state or "unknown", holders))
     if service.get("free", "stop") != "stop":
+        engine = (report.get("service") or {}).get("engine") or {}
+        how = " %s %s" % (engine.get("version"), engine.get("sequence")) if engine.get("sequence") else ""
         return _start(True, [gaps, "will release GPU memory of %s through its %s API and resume it afterwards (the "
-                                   "unit keeps running)" % (service["unit"], service["free"])])
+                                   "unit keeps running)%s" % (service["unit"], service["free"], how and ":" + how)])
     return _start(True, [gaps, "will stop %s and restore it afterwards" % service["unit"]])

@@ -26,7 +26,7 @@ from ..contract import origin
 from . import engine_sglang, engine_vllm
 from .answer import Fail
 from .engine_api import Api, pending
-from .engine_releases import UnknownRelease, choose
+from .engine_releases import UnknownRelease, choose, sequence
 from .engine_sglang import DRAIN_TIMEOUT_S, NothingReleased
 from .health import wait_healthy
 from .http_client import POLL_S, EngineError, exchange, wait_for
@@ -87,8 +87,9 @@ def probe_sglang(api: Api, service: dict, deadline: float) -> dict:
     if problem:
         raise Unsupported(problem)
     api.call("GET", "/hicache/storage-backend", deadline)  # a read-only admin route: its key is checked here
-    return {"engine": "sglang", "version": row["version"], "release": row, "mode": mode,
-            "weights_cpu_backup": bool(info.get("enable_weights_cpu_backup"))}
+    found = {"engine": "sglang", "version": row["version"], "release": row, "mode": mode,
+             "weights_cpu_backup": bool(info.get("enable_weights_cpu_backup"))}
+    return dict(found, sequence=sequence(found))
 
 
 def probe_vllm(api: Api, deadline: float) -> dict:
@@ -108,7 +109,8 @@ def probe_vllm(api: Api, deadline: float) -> dict:
     text = str(info) if status == 200 else ""
     if "enable_sleep_mode" in text and "enable_sleep_mode=True" not in text and "'enable_sleep_mode': True" not in text:
         raise Unsupported("the vLLM server at %s runs without --enable-sleep-mode" % api.base)
-    return {"engine": "vllm", "version": row["version"], "release": row, "mode": None}
+    found = {"engine": "vllm", "version": row["version"], "release": row, "mode": None}
+    return dict(found, sequence=sequence(found))
 
 
 # ── release ───────────────────────────────────────────────────────────────────────────────────────────

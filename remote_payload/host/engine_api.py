@@ -29,7 +29,8 @@ class Api:
     """One engine's API: `base` its root URL; service: the spec's service section (its key fields, unit, scope)."""
 
     def __init__(self, base: str, service: dict) -> None:
-        self.base, self.service, self.keys = base.rstrip("/"), service, {}
+        self.base, self.service = base.rstrip("/"), service
+        self.keys = {}  # type: dict
 
     def field(self, admin: bool):
         """The spec field whose key a route wants (None: no key named)."""
@@ -107,11 +108,11 @@ def unit_environment(service: dict) -> dict:
 def parse_unit_environment(shown: str, read_file) -> dict:
     """`systemctl show --property=Environment,EnvironmentFiles` → {NAME: value}; files read by read_file(path)
     (a file marked ignore_errors=yes that cannot be read is skipped, as systemd skips it)."""
-    found = {}
+    found = {}  # type: dict
     for line in shown.splitlines():
         key, _, value = line.partition("=")
         if key == "Environment":
-            found.update(pair.split("=", 1) for pair in shlex.split(value) if "=" in pair)
+            found.update(pair.partition("=")[::2] for pair in shlex.split(value) if "=" in pair)
         elif key == "EnvironmentFiles" and value.strip():
             path, _, flags = value.strip().partition(" ")
             try:

@@ -66,3 +66,17 @@ def choose(engine: str, version) -> dict:
     raise UnknownRelease("%s reports version %r: runner frees memory through %s %s only (each release's routes and "
                          "idle rule read from its code); use service.free: stop for another release" % (
                              NAMES[engine], version, NAMES[engine], supported(engine)))
+
+
+def sequence(offers: dict) -> str:
+    """What the release will do, in order, for the dry run and the preflight's note."""
+    row = offers["release"]
+    if offers["engine"] == "vllm":
+        return " → ".join(["POST " + route for route in row["quiesce"]] + ["payload"]
+                          + ["POST " + route for route in row["wake"]]) + " (requests in flight finish; arrivals wait)"
+    steps = {"retract": "pause_generation retract (requests in flight go back to its queue, none aborted) → "
+                        "/flush_cache until its running batch is empty",
+             "drain": "serve on until idle (/flush_cache, at most service.drain_timeout; else nothing is released) → "
+                      "pause_generation in_place",
+             "abort": "pause_generation abort (requests in flight come back truncated)"}[offers["mode"]]
+    return steps + " → release kv_cache → payload → resume → continue_generation (held requests complete)"

@@ -194,10 +194,11 @@ def requests_in_flight(api: Api, record: dict, deadline: float):
         return None
     if route == "/v1/loads":  # {"loads": [{"num_running_reqs", "num_waiting_reqs", ...} per rank]}
         ranks = answer.get("loads") if isinstance(answer, dict) else None
-        counts = [[r.get("num_running_reqs"), r.get("num_waiting_reqs")] for r in ranks or [] if isinstance(r, dict)]
-        counts = [n for pair in counts for n in pair]
+        keys = ["num_running_reqs", "num_waiting_reqs"]
     else:  # /get_load: [{"num_reqs": running + waiting, ...} per rank]
-        counts = [r.get("num_reqs") for r in answer or [] if isinstance(r, dict)] if isinstance(answer, list) else []
+        ranks, keys = answer, ["num_reqs"]
+    ranks = ranks if isinstance(ranks, list) else []
+    counts = [rank.get(key) for rank in ranks if isinstance(rank, dict) for key in keys]
     if not counts or not all(isinstance(n, int) and not isinstance(n, bool) for n in counts):
         return None
     return sum(counts)

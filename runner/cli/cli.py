@@ -126,8 +126,12 @@ def _dry_run_text(plan) -> str:
              + ("; ".join(f"GPU {g['index']}: {g.get('free_mib')} of {g.get('total_mib')} MiB free" for g in plan.gpus)
                 or "no GPUs requested")]
     if service:
+        engine = service.get("engine") if isinstance(service.get("engine"), dict) else None
+        freed = (f"its GPU memory WOULD BE RELEASED through its {printable(str(engine.get('engine')))} API and "
+                 "resumed afterwards; the unit keeps running (the note says how)" if engine
+                 else "WOULD BE STOPPED and restored afterwards")
         lines.append(f"  service       {service.get('unit')} is {service.get('active_state')}: "
-                     + ("WOULD BE STOPPED and restored afterwards" if plan.stop_service else "left running"))
+                     + (freed if plan.stop_service else "left running"))
     if plan.variants:
         how = (f"as one Slurm job array, at most {plan.array_parallel} at once (sweep.max_parallel)"
                if plan.array_parallel else "in one downtime window (one stop, one restore)")

@@ -88,7 +88,7 @@ class ServiceSpec(_Section):
     @field_validator(*KEY_FIELDS)
     @classmethod
     def _names_where_the_key_lives(cls, value: str | None, info: ValidationInfo) -> str | None:
-        problem = key_ref_problem(info.field_name, value)
+        problem = key_ref_problem(str(info.field_name), value)
         if problem:
             raise ValueError(problem)
         return value

@@ -137,3 +137,15 @@ def test_the_key_is_read_where_it_lives_sent_on_every_call_and_written_nowhere(s
     local = subprocess.run(["grep", "-rlF", "-e", KEY, "-e", ADMIN_KEY, os.environ["RUNNER_STATE_DIR"], str(work)],
                            capture_output=True, text=True)
     assert local.returncode == 1 and not local.stdout.strip(), local.stdout
+
+
+def test_the_dry_run_says_the_sequence_that_will_run_and_touches_nothing(service_host, work):
+    log = service_host.install_engine_unit("sglang", "--version", "0.5.21", "--memory-saver")
+    target = target_for(service_host)
+    done = run_cli(target, "submit", str(gpu_job(work, service_host, need=30000, command=hold(30000),
+                                                 free="sglang")), "--dry-run")
+    shown = done.stdout.decode()
+    assert done.returncode == 0 and "WOULD BE STOPPED" not in shown, shown
+    assert "its GPU memory WOULD BE RELEASED through its sglang API" in shown, shown
+    assert "0.5.21 pause_generation retract (requests in flight go back to its queue, none aborted)" in shown, shown
+    assert not [c for c in calls(log) if c.startswith("POST")]
