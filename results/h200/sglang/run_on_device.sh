@@ -5,6 +5,7 @@
 # `python3 -m sglang.launch_server`, tiny Llama config, dummy weights, --enable-memory-saver); start measure.sh
 # DETACHED inside the confined systemd (gpu-systemd/host.sh); poll until it is done or POLL_S passed; copy
 # what is there to $OUT.   bash build/sglang-real/dev/run_on_device.sh start|poll
+# SGLANG_OVERLAY=FILE: run SGLang 0.5.21 from the same carry (see below; results/h200/sglang/run_0521.sh).
 # DEV=FOLDER: the carried folder (prepare_carry.sh's DEST) when this script runs from a repo of its own (then that
 # repo's measure.sh and load.py run, not the carried copies). LOAD, PREPARE, DRAIN_TIMEOUT, FALLBACK_DRAIN_TIMEOUT, THINK_S: measure.sh's.
 set -u
@@ -15,12 +16,21 @@ if [ $mode = start ]; then
   [ -e $D/host.pid ] && kill -0 "$(cat $D/host.pid)" 2>/dev/null && { echo "already running"; exit 1; }
   rm -rf $D; mkdir -p $D/out $D/units $D/repo
   tar --exclude=./build -cf - . | tar xf - -C $D/repo && cp -a "$here" $D/dev || exit 1
-  if [ ! -f /tmp/sgsite/.done ]; then
-    mkdir -p /tmp/sgsite && xz -T0 -dc $D/dev/site312.tar.xz | tar xf - -C /tmp/sgsite && touch /tmp/sgsite/.done || exit 1
+  # SGLANG_OVERLAY=FILE (sglang-0.5.21-overlay.tar.xz: the 0.5.21 wheel's sglang/ without its Rust front ends):
+  # the 0.5.17 site with sglang/ replaced, the launch check's dist-info 0.5.21 / kernel 0.4.7, and the Python
+  # TreeCore (0.5.21's Rust one crashes the scheduler on this torch); without it, 0.5.17 as carried.
+  sg=0.5.17; kernel=0.4.5; [ -n "${SGLANG_OVERLAY:-}" ] && { sg=0.5.21; kernel=0.4.7; }
+  if [ ! -f /tmp/sgsite/.done-$sg ]; then
+    rm -rf /tmp/sgsite && mkdir -p /tmp/sgsite && xz -T0 -dc $D/dev/site312.tar.xz | tar xf - -C /tmp/sgsite || exit 1
+    if [ -n "${SGLANG_OVERLAY:-}" ]; then
+      rm -rf /tmp/sgsite/sglang /tmp/sgsite/sglang-*.dist-info /tmp/sgsite/sglang_kernel-*.dist-info
+      xz -T0 -dc "$SGLANG_OVERLAY" | tar xf - -C /tmp/sgsite || exit 1
+    fi
+    touch /tmp/sgsite/.done-$sg
   fi
   for o in $D/dev/overlay-*.tar.xz; do [ -e "$o" ] && tar xJf "$o" -C /tmp/sgsite; done  # files added to the site later
   # sglang checks sglang-kernel's version by its metadata: the carry has 0.4.5's sgl_kernel/ (sm90 part) without it
-  for dist in sglang-kernel:sglang_kernel:0.4.5:sgl_kernel sglang:sglang:0.5.17:sglang; do
+  for dist in sglang-kernel:sglang_kernel:$kernel:sgl_kernel sglang:sglang:$sg:sglang; do
     IFS=: read -r name dir ver top <<< "$dist"; mkdir -p /tmp/sgsite/$dir-$ver.dist-info
     printf 'Metadata-Version: 2.1\nName: %s\nVersion: %s\n' $name $ver > /tmp/sgsite/$dir-$ver.dist-info/METADATA
     echo $top > /tmp/sgsite/$dir-$ver.dist-info/top_level.txt
@@ -28,9 +38,9 @@ if [ $mode = start ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/rsite $D/dev/rwhl/*.whl || exit 1
   mkdir -p /tmp/jit/tvm-ffi /tmp/jit/sglang /tmp/triton-cache && tar xJf $D/dev/jit-sm90a.tar.xz -C /tmp/jit/tvm-ffi
   py=$(command -v python3)
-  env_line="PYTHONPATH=/tmp/sgsite HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1 TVM_FFI_CACHE_DIR=/tmp/jit/tvm-ffi SGLANG_JIT_CACHE_DIR=/tmp/jit/sglang TRITON_CACHE_DIR=/tmp/triton-cache"
+  env_line="${SGLANG_OVERLAY:+SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python }PYTHONPATH=/tmp/sgsite HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1 TVM_FFI_CACHE_DIR=/tmp/jit/tvm-ffi SGLANG_JIT_CACHE_DIR=/tmp/jit/sglang TRITON_CACHE_DIR=/tmp/triton-cache"
   args="--model-path $D/dev/tiny-llama --load-format dummy --skip-tokenizer-init --enable-memory-saver --host 127.0.0.1 --port 30000 --attention-backend triton --sampling-backend pytorch --mem-fraction-static ${MEM_FRACTION:-0.95} --log-level info ${SGL_EXTRA:-}"
-  printf '%s\n' "[Unit]" "Description=SGLang 0.5.17 server (tiny Llama config, dummy weights, memory saver)" "[Service]" \
+  printf '%s\n' "[Unit]" "Description=SGLang $sg server (tiny Llama config, dummy weights, memory saver)" "[Service]" \
     "Environment=$env_line" "ExecStart=$py -m sglang.launch_server $args" \
     "StandardOutput=append:$D/out/sglang.log" "StandardError=append:$D/out/sglang.log" "TimeoutStopSec=60" \
     > $D/units/sglang.service
