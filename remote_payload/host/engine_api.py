@@ -15,10 +15,14 @@ what may be released: a step whose answer was never seen is pending. Stdlib only
 from __future__ import annotations
 
 import shlex
+import time
 
 from .answer import Fail
-from .http_client import EngineError, call, exchange
+from .http_client import EngineError, NotSent, call, exchange
 from .processes import run_command
+
+
+RETRY_FIRST_S, RETRY_MAX_S = 0.2, 2.0  # a request that never reached the engine, asked again this far apart
 
 
 class KeyRefused(EngineError):
@@ -47,12 +51,14 @@ class Api:
         return {"Authorization": "Bearer " + self.keys[name]}
 
     def call(self, method: str, route: str, deadline: float, body=None, admin: bool = True):
-        status, answer = call(method, self.base + route, deadline, body, self.headers(admin))
+        status, answer = until_sent(lambda: call(method, self.base + route, deadline, body, self.headers(admin)),
+                                    deadline)
         self.check_key(method, route, status, admin)
         return status, answer
 
     def exchange(self, method: str, route: str, deadline: float, admin: bool = True):
-        status, raw = exchange(method, self.base + route, deadline, None, self.headers(admin))
+        status, raw = until_sent(lambda: exchange(method, self.base + route, deadline, None, self.headers(admin)),
+                                 deadline)
         self.check_key(method, route, status, admin)
         return status, raw
 
@@ -72,6 +78,21 @@ class Api:
                              "itself" % (method, self.base, route, status, "admin_api_key" if admin else "api_key"))
         raise KeyRefused("%s %s%s answered %d: the engine refused the key of service.%s (%s)" % (
             method, self.base, route, status, name, self.service[name]))
+
+
+def until_sent(ask, deadline: float):
+    """ask()'s answer, asked again while the request never reached the engine (NotSent) and the deadline allows:
+    an engine holding many clients' connections (a long window) may refuse or cut a new one for a while, and
+    a resume given up on that is a restart that drops every request it held."""
+    wait = RETRY_FIRST_S
+    while True:
+        try:
+            return ask()
+        except NotSent:
+            if time.monotonic() + wait >= deadline:
+                raise
+        time.sleep(wait)
+        wait = min(2 * wait, RETRY_MAX_S)
 
 
 # ── the key, read where it lives ───────────────────────────────────────────────────────────────────────

@@ -24,6 +24,11 @@ class EngineError(Fail):
         super().__init__("internal", message)
 
 
+class NotSent(EngineError):
+    """The request never reached the engine whole (refused, or cut while it was sent): it did nothing there, so
+    asking again is safe."""
+
+
 def call(method: str, url: str, deadline: float, body=None, headers=None):
     """(status, answer) of one request: a 2xx answer's parsed JSON (None when empty; anything else is an
     EngineError), another status's body as JSON or text (for messages)."""
@@ -54,15 +59,21 @@ def exchange(method: str, url: str, deadline: float, body=None, headers=None) ->
         connection = kind(parts.hostname, parts.port, timeout=time_left(deadline, what))
         raw_socket = None
         try:
-            connection.connect()
+            try:
+                connection.connect()
+            except OSError as exc:
+                raise NotSent("%s: cannot connect: %s: %s" % (what, type(exc).__name__, str(exc)[:200])) from exc
             raw_socket = connection.sock
             connection.sock = DeadlineSocket(raw_socket, deadline, what)
             data = None if body is None else json.dumps(body).encode("utf-8")
             sent = dict(headers or {}, Connection="close")
             if data is not None:
                 sent["Content-Type"] = "application/json"
-            connection.request(method, (parts.path or "/") + ("?" + parts.query if parts.query else ""),
-                               body=data, headers=sent)
+            try:
+                connection.request(method, (parts.path or "/") + ("?" + parts.query if parts.query else ""),
+                                   body=data, headers=sent)
+            except OSError as exc:  # nothing was answered; the engine never read a whole request
+                raise NotSent("%s was not sent: %s: %s" % (what, type(exc).__name__, str(exc)[:200])) from exc
             answer = connection.getresponse()
             if 300 <= answer.status < 400:
                 raise EngineError("%s answered %d (a redirect to %r): not followed" % (

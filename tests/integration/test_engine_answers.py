@@ -439,3 +439,49 @@ def test_restore_service_takes_over_from_a_restorer_hung_past_its_bound(service_
         assert "taken over" in service_host.ssh(["cat", f"/root/.runner/jobs/{job_id}/restore.log"]).stdout
     finally:
         service_host.ssh(["kill", "-KILL", hung])
+
+
+def test_a_request_that_never_reached_the_engine_is_asked_again_within_the_deadline():
+    """An engine holding many clients' connections may refuse a new one for a while (seen on a real SGLang 0.5.21
+    after a long window): the admin call is asked again until it is sent, not given up on (its failure would be a
+    restart that drops every held request)."""
+    import http.server
+
+    from remote_payload.host.engine_api import Api
+
+    class Answer(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self.send_response(200)
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+        def log_message(self, *_args):
+            pass
+
+    port, servers = free_port(), []
+
+    def listen_late():
+        servers.append(http.server.HTTPServer(("127.0.0.1", port), Answer))
+        servers[0].serve_forever()
+
+    threading.Timer(1.5, listen_late).start()
+    began = time.monotonic()
+    try:
+        answer = Api(f"http://127.0.0.1:{port}", {}).expect_ok("POST", "/resume_memory_occupation", began + 30,
+                                                              {"tags": ["kv_cache"]})
+        assert answer == {} and time.monotonic() - began >= 1.5
+    finally:
+        wait_until(lambda: servers, timeout=30, what="the late listener")
+        servers[0].shutdown()
+        servers[0].server_close()
+
+
+def test_a_request_refused_past_the_deadline_is_not_sent_and_says_so():
+    from remote_payload.host.engine_api import Api
+
+    began = time.monotonic()
+    with pytest.raises(http.NotSent, match="cannot connect"):
+        Api(f"http://127.0.0.1:{free_port()}", {}).call("POST", "/resume_memory_occupation", began + 2.0)
+    assert 1.0 <= time.monotonic() - began < 2.0 + BOUND_S  # asked again, and given up on by the deadline
