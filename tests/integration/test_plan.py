@@ -105,6 +105,4 @@ def test_the_plan_says_fleet_and_retargets_without_validating(tmp_path, ssh_host
     one = plan.for_address("plan-b")
     assert not one.is_fleet and one.host["address"] == "plan-b" and one.wire == plan.wire
     assert one.bundle.digest == plan.bundle.digest and one.wire_for("x-1")["job_id"] == "x-1"
-    assert counted == {"validations": 1, "args_checks": 1}
-    assert local_plan(plan.spec_path, []).wire == plan.wire  # planned again: from the cache
-    assert counted == {"validations": 1, "args_checks": 1}
+    assert counted == {"validations": 1, "args_checks": 1}  # once for the run: retargeting validates nothing
