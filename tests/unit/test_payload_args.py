@@ -90,3 +90,11 @@ def test_an_estimate_that_fails_is_reported_not_raised(tmp_path):
     script.write_text("def parse_args(argv):\n    return argv\ndef estimate_peak_bytes(args):\n    return 'lots'\n")
     verdict = check_args(script, {}, [], "s.yaml")
     assert verdict.checked and verdict.estimates == [None] and "not a whole number" in verdict.estimate_problem
+
+
+@pytest.mark.parametrize("script, short", [(BENCH, {"batch_size": "1,8"}), (DEMO, {"second": 5})])
+def test_a_prefix_of_a_packaged_payloads_option_is_no_option(script, short):
+    """`batch_size` is not taken for `batch_sizes`: a near miss is a typo to be named, not a silent match."""
+    key = next(iter(short))
+    with pytest.raises(SpecError, match=rf"payload\.args\.{key}: {script.name} has no argument --{key.replace('_', '-')}"):
+        check_args(script, short, argv(short), "s.yaml")

@@ -21,7 +21,7 @@ def event(**fields):
 
 
 def build_parser():
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(description=__doc__, allow_abbrev=False)  # `--second` is no `--seconds`
     parser.add_argument("--seconds", type=float, default=20.0, help="about how long to run")
     parser.add_argument("--sizes", default="1,4,16,64", help="comma-separated problem sizes")
     parser.add_argument("--fail", action="store_true", help="exit 3 after the first phase (for tests)")
