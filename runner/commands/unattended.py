@@ -100,6 +100,9 @@ def read_result(path: Path):
     """A local result.json: any JSON value, from a regular file of at most MAX_RESULT_BYTES."""
     try:
         data = read_regular(path, "a result.json")
+    except FileNotFoundError as exc:  # names nothing, like an unknown job id: usage (2), not "no result" (1)
+        raise UnknownJob(f"{path}: no such result file: {exc.strerror}",
+                         hint="a job id has no `/`; `runner list` shows the known ones") from None
     except OSError as exc:
         raise NoResult(f"{path}: cannot read the result: {exc.strerror or exc}") from exc
     try:

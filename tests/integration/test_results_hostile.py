@@ -320,6 +320,15 @@ def test_collect_rule_in_process(tmp_path, monkeypatch):
         unattended.collect("./gone.json", store=store, deadline=Deadline.for_command(5))
 
 
+@pytest.mark.parametrize("ref", ["'; rm -rf /'", "./gone.json", "no/such/dir/result.json"])
+def test_a_path_to_no_file_is_exit_2_like_an_unknown_id(tmp_path, ref):
+    """A reference that names nothing is a usage error (2) whether it looks like a path or an id; 1 is kept
+    for a job or file that exists and holds no result."""
+    done = runner("results", ref, env={**os.environ, "RUNNER_STATE_DIR": str(tmp_path / "state")})
+    assert done.returncode == 2 and "No such file" in done.stderr, (done.returncode, done.stderr)
+    assert "Traceback" not in done.stderr
+
+
 # -- history ------------------------------------------------------------------------------------------------
 
 def demo_file(directory: Path, name: str, scale: float) -> str:
