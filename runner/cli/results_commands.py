@@ -31,7 +31,8 @@ def _tolerance(_ctx, _param, value: str) -> float:
                                   "against a baseline, or two runs side by side. ID is a job id, or a result.json "
                                   "path: one with a `/`, or an existing file that is no known job id (so "
                                   "`./run-7.json` for a file named like a job).\n\n"
-                                  "Exit: 0 · 1 no result (the message says the job's state and why) · 75 still "
+                                  "Exit: 0 · 1 no result (the message says the job's state and why; a job that ended without one: "
+                                  "the rows its log holds, if any) · 75 still "
                                   "running, call again · 2 · 3; "
                                   "with --baseline: 0 within, 1 regression or missing metric, 2 bad baseline.")
 @click.argument("job_id", metavar="ID")
@@ -57,12 +58,14 @@ def results(job_id, as_json, plot_path, baseline_path, save_path, other, toleran
                                    deadline=Deadline.for_command(max_wait)))
     store = Store()
     deadline = Deadline.for_command(max_wait)
-    current = unattended.collect(job_id, store=store, deadline=deadline)
+    current = unattended.collect(job_id, store=store, deadline=deadline,
+                                 partial=not (baseline_path or save_path or other))  # no gate on a part
     if current.window and not as_json:
         for line in render.window_lines(current.window):
             _progress(line)
-    if current.warning:
-        _progress(current.warning)
+    for note in (current.warning, current.partial):
+        if note:
+            _progress(f"runner: {note}")
     if save_path:
         document = gate.write_baseline(save_path, current.result, current.source)
         _progress(f"wrote {save_path}: {len(document['metrics'])} metrics from {current.source}")
@@ -91,6 +94,8 @@ def results(job_id, as_json, plot_path, baseline_path, save_path, other, toleran
 
         plot(current.result, plot_path)
         _progress(f"wrote {plot_path}")
+    if current.partial:
+        sys.exit(1)  # the job did not succeed, whatever rows it left
 
 
 def _emit_result_json(result) -> None:

@@ -5,6 +5,7 @@ Plain functions returning plain data, like controller.py; cli.py prints and exit
 from __future__ import annotations
 
 import codecs
+import io
 import json
 import os
 import time
@@ -13,6 +14,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, Callable
 
 from remote_payload.contract import STATES, is_terminal
+from remote_payload.progress import parse_event
 
 from ..deadline import Deadline
 from ..errors import (LogShrank, NoResult, RemoteError, ResultNotYet, RunnerError, SpecError,
@@ -39,11 +41,12 @@ class Collected:
     job_id: str | None = None
     warning: str | None = None
     window: dict | None = None  # the job's service window (results/window.py job_window), when it freed a service
+    partial: str | None = None  # the job ended without a result: why, and that `result` is its log's rows
 
 
-def collect(ref: str, *, store: Store, deadline: Deadline, record: bool = True) -> Collected:
+def collect(ref: str, *, store: Store, deadline: Deadline, record: bool = True, partial: bool = False) -> Collected:
     """`ref` is a result.json path (`is_result_path`) or a job id; a job's result is fetched and recorded in
-    the history."""
+    the history (partial: collect_job's)."""
     if is_result_path(ref, store):
         return Collected(read_result(Path(ref)), ref)
     try:
@@ -52,18 +55,38 @@ def collect(ref: str, *, store: Store, deadline: Deadline, record: bool = True) 
         raise UnknownJob(f"unknown job id {ref!r}: neither a file nor a job id this controller knows",
                         hint="give a result.json path (with a `/` for one in this directory: ./FILE.json), or a "
                              "job id from `runner list`") from None
-    return collect_job(ref, store=store, record=record, deadline=deadline)
+    return collect_job(ref, store=store, record=record, deadline=deadline, partial=partial)
 
 
-def collect_job(job_id: str, *, store: Store, deadline: Deadline, record: bool = True) -> Collected:
+def collect_job(job_id: str, *, store: Store, deadline: Deadline, record: bool = True,
+                partial: bool = False) -> Collected:
     """A known job's result by its id (never a path) and its service window (window_of: not serving and its
     parts; with several freed services, each one's and the longest; None when it freed none), both from the one
-    `result` call, recorded in the history."""
+    `result` call, recorded in the history. partial: a job that ended without a result gives the rows its log
+    holds instead (never recorded); NoResult when it holds none."""
     store.load(check_job_id(job_id))  # an id this controller does not know is an unknown job
-    fetched = fetch_result(job_id, store, deadline)
+    try:
+        fetched = fetch_result(job_id, store, deadline)
+    except NoResult as exc:
+        rows = logged_rows(job_id, store, deadline) if partial and not isinstance(exc, ResultNotYet) else []
+        if not rows:
+            raise
+        why = f"{exc}; shown: the {len(rows)} rows its log holds (not recorded in the history)"
+        return Collected({"partial": True, "rows": rows}, job_id, job_id, partial=why)
     window = window_of(list(fetched.windows))
     warning = history.record_job(store, job_id, fetched.value, window) if record else None
     return Collected(fetched.value, job_id, job_id, warning, window)
+
+
+def logged_rows(job_id: str, store: Store, deadline: Deadline) -> list[dict]:
+    """The `row` events of the job's log, as many as the deadline lets the log be read from its first byte
+    (the tail cursor stays where it is). A payload writes result.json at its end, so a job that failed or
+    ran out of time has none, while the rows it printed are in its log whatever became of it."""
+    log = io.BytesIO()
+    controller.tail(job_id, store=store, out=log, follow=False, max_wait=deadline.left(), from_start=True,
+                    save_cursor=False)
+    events = filter(None, map(parse_event, log.getvalue().splitlines()))
+    return [{k: v for k, v in e.items() if k not in ("event", "t")} for e in events if e["event"] == "row"]
 
 
 def is_result_path(ref: str, store: Store) -> bool:
