@@ -199,7 +199,8 @@ def script_problem(value) -> str | None:
     """A payload script is a relative path inside the uploaded payload dir: no '/', '.', '..' or empty part."""
     if (not isinstance(value, str) or not value or "\0" in value or value.startswith("/")
             or any(part in ("", ".", "..") for part in value.split("/"))):
-        return "script must be a relative file path without `..`, `.` or empty parts; got %s" % _short(value)
+        return ("script must be a relative file path at or below the job file's directory (no `..`, `.` or empty "
+                "parts: it names a file of the uploaded payload dir); got %s" % _short(value))
     return None
 
 
