@@ -67,7 +67,7 @@ def results(job_id, as_json, plot_path, baseline_path, save_path, other, toleran
         if note:
             _progress(f"runner: {note}")
     if save_path:
-        document = gate.write_baseline(save_path, current.result, current.source)
+        document = gate.write_baseline(save_path, current.result, current.source, current.declared)
         _progress(f"wrote {save_path}: {len(document['metrics'])} metrics from {current.source}")
     if baseline_path:
         verdicts = unattended.gate_against(baseline_path, current, tolerance)

@@ -158,7 +158,7 @@ def local_plan(spec_path: str, overrides: Sequence[str]) -> Plan:
         wire["payload"]["bundle"] = payload.digest
     rollout = (spec.rollout or RolloutSpec()).model_dump() if isinstance(spec.host.address, list) else None
     return Plan(str(Path(spec_path).resolve()), tuple(overrides), spec.host.model_dump(), supervisor_bundle(), wire,
-                args_note, rollout, payload)
+                args_note, rollout, payload, spec.metrics.model_dump() if spec.metrics else None)
 
 
 def _planned(spec_path: str, overrides: Sequence[str], planned: Plan | None) -> Plan:
@@ -188,7 +188,8 @@ def submit(spec_path: str, overrides: list[str], *, queue: bool = False, job_id:
     job_id = wire["job_id"]
     progress(plan.args_note)
     record = JobRecord(job_id=job_id, name=wire["name"], host=host, spec_path=plan.spec_path,
-                       submitted_at=time.time(), service=wire.get("service") or {"services": wire["services"]}, wire=wire)
+                       submitted_at=time.time(), service=wire.get("service") or {"services": wire["services"]}, wire=wire,
+                       metrics=plan.metrics or {})
     made_record = _record(store, record)
     unstarted = made_record or store.load(job_id).last_state == NOT_STARTED  # no host has this job yet
     client = None

@@ -26,6 +26,7 @@ class Plan:
     args_note: str  # the payload args check's one line
     rollout: dict | None = None  # a fleet's rollout section (defaults filled in); None for one host
     payload_bundle: Bundle | None = None  # the job's script and its local imports, uploaded apart; None for a command
+    metrics: dict | None = None  # the spec's `metrics`: which result columns the gate compares (the host never needs it)
 
     @property
     def name(self) -> str:

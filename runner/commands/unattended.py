@@ -42,6 +42,7 @@ class Collected:
     warning: str | None = None
     window: dict | None = None  # the job's service window (results/window.py job_window), when it freed a service
     partial: str | None = None  # the job ended without a result: why, and that `result` is its log's rows
+    declared: dict | None = None  # the job spec's `metrics` (gate.declared_table), when it declares them
 
 
 def collect(ref: str, *, store: Store, deadline: Deadline, record: bool = True, partial: bool = False) -> Collected:
@@ -64,7 +65,7 @@ def collect_job(job_id: str, *, store: Store, deadline: Deadline, record: bool =
     parts; with several freed services, each one's and the longest; None when it freed none), both from the one
     `result` call, recorded in the history. partial: a job that ended without a result gives the rows its log
     holds instead (never recorded); NoResult when it holds none."""
-    store.load(check_job_id(job_id))  # an id this controller does not know is an unknown job
+    declared = store.load(check_job_id(job_id)).metrics or None  # an unknown id is an unknown job
     try:
         fetched = fetch_result(job_id, store, deadline)
     except NoResult as exc:
@@ -75,7 +76,7 @@ def collect_job(job_id: str, *, store: Store, deadline: Deadline, record: bool =
         return Collected({"partial": True, "rows": rows}, job_id, job_id, partial=why)
     window = window_of(list(fetched.windows))
     warning = history.record_job(store, job_id, fetched.value, window) if record else None
-    return Collected(fetched.value, job_id, job_id, warning, window)
+    return Collected(fetched.value, job_id, job_id, warning, window, declared=declared)
 
 
 def logged_rows(job_id: str, store: Store, deadline: Deadline) -> list[dict]:
@@ -141,7 +142,7 @@ def _first_line(exc: BaseException) -> str:
 def gate_against(baseline_path: str, current: Collected, tolerance: float) -> list[gate.Verdict]:
     """Read the baseline first: a bad baseline is exit 2 whatever the result holds."""
     baseline = gate.read_baseline(baseline_path)
-    return gate.compare(baseline, gate.extract_metrics(current.result), tolerance)
+    return gate.compare(baseline, gate.extract_metrics(current.result, current.declared), tolerance)
 
 
 def gate_clock_lines(baseline_path: str, current: Collected) -> list[str]:
@@ -150,7 +151,13 @@ def gate_clock_lines(baseline_path: str, current: Collected) -> list[str]:
 
 
 def compare_runs(a: Collected, b: Collected, tolerance: float) -> list[gate.Verdict]:
-    return gate.compare(gate.extract_metrics(a.result), gate.extract_metrics(b.result), tolerance)
+    """Each metric of either run; SpecError when neither has one (an empty table would read as "same")."""
+    verdicts = gate.compare(gate.extract_metrics(a.result, a.declared), gate.extract_metrics(b.result, b.declared),
+                            tolerance)
+    if not verdicts:
+        raise SpecError(f"nothing to compare: neither {a.source} nor {b.source} has metrics the gate knows",
+                        hint=gate.DECLARE_HINT)
+    return verdicts
 
 
 # -- wait -------------------------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import NoResult
-from .results import MAX_CELL, _clip, _grid, _plain, plottable_series, pyplot, save_figure, time_axis
+from .results import MAX_CELL, _clip, _grid, _plain, plottable_series, pyplot, save_figure, axis_groups
 
 PREFERRED_Y = "median_us"
 
@@ -20,7 +20,7 @@ def _series(result: dict) -> tuple[str, str, str, dict] | None:
         table, x, ys, rows = plottable_series(result)
     except NoResult:
         return None
-    y = PREFERRED_Y if PREFERRED_Y in ys else time_axis(ys)[0]
+    y = PREFERRED_Y if PREFERRED_Y in ys else axis_groups(ys)[0][0]
     return table, x, y, {row[x]: row[y] for row in rows}
 
 

@@ -3,11 +3,12 @@
 Pure functions of parsed JSON (no I/O but `read_baseline`/`write_baseline`). A metric is a value, the
 direction that is better, and its measured spread as a relative half-width (± fraction of the value):
 
-    median_us_M        rows[].median_us               lower is better   ± half the range of rep_median_us
+    COLUMN_KEY         rows[].COLUMN, the row's KEY       as declared       ± half the range of rows[].rep_COLUMN
     lever_M            lever.by_m[M].lever            higher is better  ± half of ci_high-ci_low, else of max-min
     peak_over_weights  memory.peak_over_weights       lower is better   ± 0 (a deterministic byte count)
 
-Payloads other than the Marlin benchmark gate on `rows[].median_us` keyed by `m` or `size` (the demo).
+Which columns of `rows` are metrics is declared ({key, lower, higher}: the job spec's `metrics`, else the result's
+own `metrics`); undeclared, `median_us` keyed by `m` or `size` (the Marlin benchmark, the demo).
 A metric passes when its change in the worse direction is at most max(both spreads) + tolerance. A baseline
 keeps the GPU clocks its result was measured at (gpu_clocks): the gate notes when the run's differ (clocks.py).
 """
@@ -36,6 +37,19 @@ class Metric:
     value: float
     direction: str  # "lower" or "higher" is better
     spread: float = 0.0  # measured relative half-width, e.g. 0.03 for ±3%
+
+
+@dataclass(frozen=True)
+class Table:
+    """Which columns of a result's rows are metrics (column → direction), and which column names a row."""
+    keys: tuple[str, ...]
+    directions: dict[str, str]
+
+
+UNDECLARED = Table(("m", "size"), {"median_us": "lower"})
+DECLARE_HINT = ("declare them in the job file, e.g. `metrics: {key: batch, lower: [us_per_call], higher: "
+                "[tokens_per_s]}` (or as the result's own `metrics` object)")
+KEY_TEXT_MAX = 40  # characters of a text key (a model name) in a metric's name
 
 
 @dataclass(frozen=True)
@@ -76,11 +90,13 @@ def window_metrics(window) -> dict[str, Metric]:
     return {name: Metric(float(window[name]), "lower") for name in WINDOW_PARTS if finite_number(window.get(name))}
 
 
-def extract_metrics(result) -> dict[str, Metric]:
-    """Every gateable metric of one result.json, by name (none when a field has the wrong type)."""
+def extract_metrics(result, declared=None) -> dict[str, Metric]:
+    """Every gateable metric of one result.json, by name (none when a field has the wrong type); declared:
+    the job spec's `metrics` ({key, lower, higher}), over the result's own."""
     if not isinstance(result, dict):
         return {}
-    metrics = {**_median_metrics(result.get("rows")), **_lever_metrics(_object(result.get("lever")))}
+    table = declared_table(declared) or declared_table(result.get("metrics")) or UNDECLARED
+    metrics = {**_row_metrics(result.get("rows"), table), **_lever_metrics(_object(result.get("lever")))}
     peak = _object(result.get("memory")).get("peak_over_weights")
     if _is_number(peak) and peak > 0:
         metrics["peak_over_weights"] = Metric(float(peak), "lower")
@@ -91,14 +107,37 @@ def _object(value) -> dict:
     return value if isinstance(value, dict) else {}
 
 
-def _median_metrics(rows) -> dict[str, Metric]:
+def declared_table(declared) -> Table | None:
+    """A `metrics` declaration as a Table; None for anything else (a result's own `metrics` may be data)."""
+    if not isinstance(declared, dict) or not isinstance(declared.get("key"), str):
+        return None
+    directions: dict[str, str] = {}
+    for direction in DIRECTIONS:
+        columns = declared.get(direction, [])
+        if not isinstance(columns, list) or not all(isinstance(c, str) for c in columns):
+            return None
+        directions.update(dict.fromkeys(columns, direction))
+    return Table((declared["key"],), directions) if directions else None
+
+
+def _row_metrics(rows, table: Table) -> dict[str, Metric]:
     out = {}
     for row in rows if isinstance(rows, list) else []:
-        size = row.get("m", row.get("size")) if isinstance(row, dict) else None
-        value = row.get("median_us") if isinstance(row, dict) else None
-        if isinstance(size, int) and not isinstance(size, bool) and _is_number(value) and value > 0:
-            out[f"median_us_{size}"] = Metric(float(value), "lower", _half_range(row.get("rep_median_us"), value))
+        key = next((row[k] for k in table.keys if k in row), None) if isinstance(row, dict) else None
+        if not _is_row_key(key):
+            continue
+        for column, direction in table.directions.items():
+            value = row.get(column)
+            if _is_number(value) and value > 0:
+                out[f"{column}_{key}"] = Metric(float(value), direction, _half_range(row.get(f"rep_{column}"), value))
     return out
+
+
+def _is_row_key(key) -> bool:
+    """A batch size, or a short name (a model) without spaces: it becomes part of a metric's name."""
+    if isinstance(key, str):
+        return 0 < len(key) <= KEY_TEXT_MAX and key.isprintable() and not any(c.isspace() for c in key)
+    return isinstance(key, int) and not isinstance(key, bool)
 
 
 def _lever_metrics(lever: dict) -> dict[str, Metric]:
@@ -163,21 +202,21 @@ def parse_tolerance(text: str) -> float:
 
 # -- the baseline file --------------------------------------------------------------------------------------
 
-def baseline_document(result, source: str, now: float | None = None) -> dict:
+def baseline_document(result, source: str, now: float | None = None, declared=None) -> dict:
     result = _object(result)
     env = _object(result.get("environment"))
     return {"schema": SCHEMA, "kind": KIND, "source": source, "payload": result.get("payload"),
             "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now if now is not None else time.time())),
             "environment": {k: env.get(k) for k in ("gpu", "driver", "torch", "sglang") if k in env},
             "gpu_clocks": clocks.recorded(result),
-            "metrics": {name: asdict(m) for name, m in extract_metrics(result).items()}}
+            "metrics": {name: asdict(m) for name, m in extract_metrics(result, declared).items()}}
 
 
-def write_baseline(path: str | Path, result: dict, source: str) -> dict:
-    document = baseline_document(result, source)
+def write_baseline(path: str | Path, result: dict, source: str, declared=None) -> dict:
+    document = baseline_document(result, source, declared=declared)
     if not document["metrics"]:
-        raise BadBaseline(f"{source}: the result has no gateable metrics (rows[].median_us, lever.by_m, "
-                          f"memory.peak_over_weights); no baseline written")
+        raise BadBaseline(f"{source}: the result has no gateable metrics (none declared; no rows[].median_us, "
+                          f"lever.by_m, memory.peak_over_weights); no baseline written", hint=DECLARE_HINT)
     write_regular(path, (json.dumps(document, indent=1) + "\n").encode(), "a baseline")  # metrics stay in table order
     return document
 

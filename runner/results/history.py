@@ -126,24 +126,27 @@ def _apply(conn: sqlite3.Connection) -> None:
 # -- recording ------------------------------------------------------------------------------------------------
 
 def runs_from_result(job_id: str, result, *, host: str | None = None, spec_path: str | None = None,
-                     now: float | None = None, wire: dict | None = None, submitted_at: float | None = None) -> list[Run]:
+                     now: float | None = None, wire: dict | None = None, submitted_at: float | None = None,
+                     declared: dict | None = None) -> list[Run]:
     """The rows for one job's result: a plain result is one run; a sweep's combined record one run per variant
-    with a result object, its args over the job's (none when no variant left one)."""
+    with a result object, its args over the job's (none when no variant left one). declared: the job spec's
+    `metrics` (gate.extract_metrics)."""
     variants = sweep_variants(result)
     if variants is None:
-        run = run_from_result(job_id, result, host=host, spec_path=spec_path, now=now, wire=wire)
+        run = run_from_result(job_id, result, host=host, spec_path=spec_path, now=now, wire=wire, declared=declared)
         return [replace(run, submitted_at=submitted_at)]
     job = replace(_job_run(job_id, host, spec_path, now, wire), submitted_at=submitted_at)
-    return [_measured(job, outcome, variant_of(outcome, spec_path, wire, args), index)
+    return [_measured(job, outcome, variant_of(outcome, spec_path, wire, args), index, declared)
             for index, args, outcome in variants]
 
 
 def run_from_result(job_id: str, result, *, host: str | None = None, spec_path: str | None = None,
-                    now: float | None = None, wire: dict | None = None) -> Run:
+                    now: float | None = None, wire: dict | None = None, declared: dict | None = None) -> Run:
     """The row for one result: any JSON value (fields of the wrong type are recorded as unknown). wire: the
     spec as submitted (the job record's), which names the variant and the spec hash; else the file's."""
     result = result if isinstance(result, dict) else {}
-    return _measured(_job_run(job_id, host, spec_path, now, wire), result, variant_of(result, spec_path, wire))
+    return _measured(_job_run(job_id, host, spec_path, now, wire), result, variant_of(result, spec_path, wire),
+                     declared=declared)
 
 
 def _job_run(job_id: str, host: str | None, spec_path: str | None, now: float | None, wire: dict | None) -> Run:
@@ -153,13 +156,13 @@ def _job_run(job_id: str, host: str | None, spec_path: str | None, now: float | 
                git_rev=git_revision(Path(spec_path).parent) if spec_path else None, payload=None, environment={})
 
 
-def _measured(job: Run, result: dict, variant: dict, index: int = 0) -> Run:
+def _measured(job: Run, result: dict, variant: dict, index: int = 0, declared: dict | None = None) -> Run:
     """The job's run with one payload result's name, environment and metrics."""
     env = result.get("environment")
     if not isinstance(env, dict):
         env = {}
     return replace(job, variant=variant, variant_index=index, payload=_text(result.get("payload")),
-                   environment={k: _text(env.get(k)) for k in ENV_KEYS}, metrics=gate.extract_metrics(result))
+                   environment={k: _text(env.get(k)) for k in ENV_KEYS}, metrics=gate.extract_metrics(result, declared))
 
 
 def sweep_variants(result) -> list[tuple[int, dict, dict]] | None:
@@ -302,7 +305,7 @@ def record_job(store: Store, job_id: str, result: dict, window: dict | None = No
     except RunnerError as exc:
         return f"history: {job_id} not recorded: {exc}"
     runs = runs_from_result(job_id, result, host=job.host.get("address"), spec_path=job.spec_path, wire=job.wire,
-                            submitted_at=job.submitted_at)
+                            submitted_at=job.submitted_at, declared=job.metrics or None)
     for run in runs:
         run.metrics.update(gate.window_metrics(window))
     return record(db_path(store.root), *runs)

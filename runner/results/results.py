@@ -340,12 +340,17 @@ def _is_lever_row(row: dict) -> bool:
 TIME_UNITS = frozenset(("ns", "us", "ms", "s", "sec", "seconds"))
 
 
-def time_axis(columns: list[str]) -> list[str]:
-    """The y columns that share one axis: the time-like ones (`median_us`, `p90_ms`, `us`, `wall_s`; not a
-    rate like `tokens_per_s`), so a count such as the demo's `samples` never lands on a latency axis; without
-    any, the first column alone (its unit is unknown, so nothing is drawn beside it)."""
-    timed = [c for c in columns if c.split("_")[-1] in TIME_UNITS and "per" not in c.split("_")]
-    return timed or columns[:1]
+def axis_groups(columns: list[str]) -> list[list[str]]:
+    """The y columns by axis: the time-like ones together (`median_us`, `p90_ms`, `wall_s`, `us_per_call`; not a
+    rate like `tokens_per_s`), every other column on an axis of its own: a count such as the demo's `samples`
+    never lands on a latency axis, and every column is drawn."""
+    timed = [c for c in columns if _is_time(c)]
+    return ([timed] if timed else []) + [[c] for c in columns if c not in timed]
+
+
+def _is_time(column: str) -> bool:
+    words = column.split("_")
+    return words[0] in TIME_UNITS or (words[-1] in TIME_UNITS and "per" not in words)
 
 
 def plottable_series(result: dict) -> tuple[str, str, list[str], list[dict]]:
@@ -403,20 +408,25 @@ def save_figure(fig, path: str | Path) -> Path:
 
 
 def plot_rows(result: dict, path: str | Path) -> Path:
-    """Each numeric column of the first table of rows against its first numeric column (log axes when all > 0)."""
+    """Each numeric column of the first table of rows against its first numeric column, one panel per axis
+    (axis_groups), sharing x; log axes where all values are > 0."""
     key, x, ys, rows = plottable_series(result)
-    ys = time_axis(ys)
+    groups = axis_groups(ys)
     plt = pyplot()
 
     rows = sorted(rows, key=lambda r: r[x])
-    fig, ax = plt.subplots(figsize=(7.5, 4.5))
-    for y in ys:
-        ax.plot([r[x] for r in rows], [r[y] for r in rows], "o-", label=y)
-    values = [r[c] for r in rows for c in (x, *ys)]
-    if all(v > 0 for v in values):
-        ax.set(xscale="log", yscale="log")
-    ax.set(xlabel=x, ylabel=", ".join(ys), title=f"{_clip(str(result.get('payload', 'result')), MAX_CELL)}: {key} by {x}")
-    ax.legend()
+    fig, axes = plt.subplots(len(groups), 1, figsize=(7.5, 1.5 + 3 * len(groups)), sharex=True, squeeze=False)
+    for ax, group in zip(axes[:, 0], groups):
+        for y in group:
+            ax.plot([r[x] for r in rows], [r[y] for r in rows], "o-", label=y)
+        if all(r[y] > 0 for r in rows for y in group):
+            ax.set(yscale="log")
+        ax.set(ylabel=", ".join(group))
+        ax.legend()
+    if all(r[x] > 0 for r in rows):
+        axes[0][0].set(xscale="log")
+    axes[-1][0].set(xlabel=x)
+    axes[0][0].set(title=f"{_clip(str(result.get('payload', 'result')), MAX_CELL)}: {key} by {x}")
     return save_figure(fig, path)
 
 
@@ -473,7 +483,7 @@ def plot_sweep(result: dict, path: str | Path) -> Path:
             axes[0][1].plot([r["m"] for r in rows], [r["lever"] for r in rows], "s-", label=name)
         else:
             _, x, ys, rows = plottable_series(outcome)
-            y = time_axis(ys)[0]
+            y = axis_groups(ys)[0][0]
             rows = sorted(rows, key=lambda r: r[x])
             axes[0][0].plot([r[x] for r in rows], [r[y] for r in rows], "o-", label=name)
             axes[0][0].set(xlabel=x, ylabel=y)

@@ -211,6 +211,26 @@ class SweepSpec(_Section):
         return sweeps.expand(self.matrix, self.include)
 
 
+Column = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$")]
+
+
+class MetricsSpec(_Section):
+    """Which columns of the result's `rows` the regression gate and the history compare (results/gate.py)."""
+    key: Column
+    lower: list[Column] = []
+    higher: list[Column] = []
+
+    @model_validator(mode="after")
+    def _each_column_once(self) -> MetricsSpec:
+        columns = self.lower + self.higher
+        if not columns:
+            raise ValueError("name the columns to compare: `lower` (lower is better), `higher`, or both")
+        twice = sorted({c for c in columns if columns.count(c) > 1} | ({self.key} & set(columns)))
+        if twice:
+            raise ValueError(f"each column once, and not the key: {', '.join(twice)}")
+        return self
+
+
 class JobSpec(_Section):
     name: Name
     host: HostSpec
@@ -224,6 +244,7 @@ class JobSpec(_Section):
     slurm: SlurmSpec | None = None
     sweep: SweepSpec | None = None
     rollout: RolloutSpec | None = None
+    metrics: MetricsSpec | None = None
     _spec_path: Path | None = PrivateAttr(None)
 
     @model_validator(mode="after")

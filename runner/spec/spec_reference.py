@@ -137,6 +137,14 @@ DESCRIPTIONS = {
                               "order into slots of this many, each variant on its own slot (CUDA_VISIBLE_DEVICES, "
                               "RUNNER_GPU_SLOT); a slot takes the next variant when its own ends. gpu.devices "
                               "must hold a multiple of it. Default: one after another, each with all devices.",
+    "metrics": "Which columns of the result's `rows` the regression gate (`runner results --baseline`, "
+               "`--save-baseline`, `--compare`) and the history compare, e.g. `{key: batch, lower: [us_per_call], "
+               "higher: [tokens_per_s]}`: one metric per column and row, named COLUMN_KEY (`us_per_call_16`); a "
+               "`rep_COLUMN` list in a row gives its measured spread. Not given: the result's own `metrics` "
+               "object of the same form, else `median_us` by `m` or `size`.",
+    "metrics.key": "The column that names a row (a batch size, or a short name).",
+    "metrics.lower": "Columns where lower is better (a time).",
+    "metrics.higher": "Columns where higher is better (a rate).",
     "limits": "Time limits.",
     "limits.max_runtime": "The payload's deadline: TERM, `grace`, then KILL of its process group.",
     "limits.grace": "Seconds between TERM and KILL.",

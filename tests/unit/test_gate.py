@@ -253,3 +253,54 @@ def test_a_baseline_written_into_a_missing_directory_names_the_path(tmp_path):
 
     with pytest.raises(SpecError, match="missing/b.json: cannot write a baseline: No such file"):
         gate.write_baseline(tmp_path / "missing" / "b.json", result("warm1"), "warm1")
+
+
+# -- a benchmark of the user's own: its metrics declared ---------------------------------------------------------
+
+OWN_ROWS = [{"batch": b, "us_per_call": 20.0 * b, "tokens_per_s": 5e4 / b, "samples": 9} for b in (1, 16)]
+DECLARED = {"key": "batch", "lower": ["us_per_call"], "higher": ["tokens_per_s"]}
+
+
+def test_declared_columns_are_metrics_keyed_by_the_declared_column():
+    assert gate.extract_metrics({"rows": OWN_ROWS}) == {}  # nothing declared: no guess at what is better
+    declared = gate.extract_metrics({"rows": OWN_ROWS}, DECLARED)
+    assert declared == {"us_per_call_1": gate.Metric(20.0, "lower"), "tokens_per_s_1": gate.Metric(5e4, "higher"),
+                        "us_per_call_16": gate.Metric(320.0, "lower"), "tokens_per_s_16": gate.Metric(3125.0, "higher")}
+    assert gate.extract_metrics({"rows": OWN_ROWS, "metrics": DECLARED}) == declared  # the result's own
+    assert gate_report.label("tokens_per_s_16") == "tokens_per_s(16)"
+
+
+def test_a_declared_columns_repetitions_give_its_spread():
+    rows = [{"batch": 4, "us_per_call": 10.0, "rep_us_per_call": [9.0, 11.0]}]
+    assert gate.extract_metrics({"rows": rows}, DECLARED)["us_per_call_4"] == gate.Metric(10.0, "lower", 0.1)
+
+
+def test_a_results_own_metrics_field_of_another_shape_is_its_data_not_a_declaration():
+    for own in ({"accuracy": 0.9}, {"key": 3, "lower": ["us_per_call"]}, {"key": "batch", "lower": "us_per_call"},
+                {"key": "batch"}, ["batch"]):
+        assert gate.extract_metrics({"rows": OWN_ROWS, "metrics": own}) == {}, own
+
+
+def test_a_result_without_metrics_says_how_to_declare_them(tmp_path):
+    with pytest.raises(BadBaseline, match="no gateable metrics") as caught:
+        gate.write_baseline(tmp_path / "b.json", {"rows": OWN_ROWS}, "own.json")
+    assert "metrics: {key: " in caught.value.hint
+
+
+def test_cli_baseline_and_compare_of_a_result_declaring_its_own_metrics(tmp_path):
+    base = save(tmp_path / "base.json", {"rows": OWN_ROWS, "metrics": DECLARED})
+    slow_rows = [dict(r, us_per_call=r["us_per_call"] * 1.2) for r in OWN_ROWS]
+    slow = save(tmp_path / "slow.json", {"rows": slow_rows, "metrics": DECLARED})
+    done = runner("results", str(base), "--save-baseline", str(tmp_path / "b.json"))
+    assert done.returncode == 0 and "4 metrics" in done.stderr, done.stderr
+    gated = runner("results", str(slow), "--baseline", str(tmp_path / "b.json"))
+    assert gated.returncode == 1 and "us_per_call(16) regression" in gated.stdout.splitlines()[0], gated.stdout
+    compared = runner("results", str(base), "--compare", str(slow))
+    assert compared.returncode == 0 and "us_per_call(1)" in compared.stdout and "tokens_per_s(16)" in compared.stdout
+
+
+def test_cli_an_empty_comparison_is_an_error_not_an_empty_table(tmp_path):
+    a = save(tmp_path / "a.json", {"rows": OWN_ROWS})
+    done = runner("results", str(a), "--compare", str(a))
+    assert done.returncode == 2 and "nothing to compare" in done.stderr and "metrics: {key: " in done.stderr
+    assert "metric" not in done.stdout, done.stdout

@@ -129,10 +129,11 @@ def test_table_of_run4_shows_the_lever_interval_capped_windows_and_the_schedule(
 
 
 def test_only_time_like_columns_share_the_latency_axis():
-    from runner.results.results import time_axis
+    from runner.results.results import axis_groups
 
-    assert time_axis(["median_us", "samples", "p90_ms", "tokens_per_s", "us"]) == ["median_us", "p90_ms", "us"]
-    assert time_axis(["samples", "tokens_per_s"]) == ["samples"]  # no time column: the first alone
+    assert axis_groups(["median_us", "samples", "p90_ms", "tokens_per_s", "us", "us_per_call"]) == [
+        ["median_us", "p90_ms", "us", "us_per_call"], ["samples"], ["tokens_per_s"]]
+    assert axis_groups(["samples", "tokens_per_s"]) == [["samples"], ["tokens_per_s"]]  # no time: each its own
 
 
 def test_a_lever_plot_skips_rows_of_the_wrong_type(tmp_path):
