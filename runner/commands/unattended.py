@@ -220,8 +220,9 @@ class TailText:
     offset: int
 
 
-def tail_text(job_id: str, *, store: Store, max_wait: float, max_bytes: int) -> TailText:
-    """At most `max_bytes` of new log after the stored cursor, waiting up to `max_wait` for the first byte.
+def tail_text(job_id: str, *, store: Store, max_wait: float, max_bytes: int, follow: bool = False) -> TailText:
+    """At most `max_bytes` of new log after the stored cursor, waiting up to `max_wait` for the first byte;
+    with follow, for as long as the job runs, until max_bytes are read or max_wait passes (`tail -f`).
 
     The cursor is the same one `runner tail` uses, taken in turn with it (store.cursor_turn), and moves
     only past bytes returned: an incomplete UTF-8 sequence at the end is held back, and while it is all
@@ -234,31 +235,31 @@ def tail_text(job_id: str, *, store: Store, max_wait: float, max_bytes: int) -> 
     with store.cursor_turn(job_id, max_wait) as (record, turn):
         if not turn:
             return TailText(job_id, "", record.last_state, None, True, record.cursor)
-        text, state, code, done, cursor = _text_after(record, store, max_bytes, deadline)
+        text, state, code, done, cursor = _text_after(record, store, max_bytes, deadline, follow)
         store.advance_cursor(job_id, cursor, state)
         return TailText(job_id, text, state, code, not done, cursor)
 
 
-def _text_after(record, store: Store, max_bytes: int, deadline: float) -> tuple[str, str, int | None, bool, int]:
+def _text_after(record, store: Store, max_bytes: int, deadline: float,
+                follow: bool) -> tuple[str, str, int | None, bool, int]:
     """(text, state, exit code, every byte returned and the job ended, the new cursor)."""
-    held = b""  # a trailing partial character: the next poll asks for the bytes after it
+    data = b""  # read so far; the next poll asks for the bytes after it (a trailing partial character too)
     with controller.connect(record.host, deadline=Deadline.for_command(deadline - time.monotonic())) as client:
         while True:
             left = deadline - time.monotonic()
             wait = max(0.0, min(controller.LONG_POLL_S, left - 0.2))
             try:
-                chunk = client.logs(record.job_id, record.cursor + len(held),
-                                    max_bytes=max(1, max_bytes - len(held)), wait=wait)
+                chunk = client.logs(record.job_id, record.cursor + len(data),
+                                    max_bytes=max(1, max_bytes - len(data)), wait=wait)
             except RemoteError as exc:
                 if exc.code != "bad-offset":
                     raise
                 raise controller.log_shrank(record, exc.answer.get("size"), store) from None
-            data = held + chunk.data
+            data += chunk.data
             text, used = _decode_prefix(data, final=chunk.terminal and chunk.at_end)
             done = chunk.terminal and record.cursor + used >= chunk.size
-            if text or done or time.monotonic() >= deadline - 0.25:
+            if (text and (not follow or len(data) >= max_bytes)) or done or time.monotonic() >= deadline - 0.25:
                 return text, chunk.state, chunk.exit_code, done, record.cursor + used
-            held = data
 
 
 def _decode_prefix(data: bytes, *, final: bool) -> tuple[str, int]:

@@ -3,8 +3,9 @@
 Tools: submit, tail, status, list, cancel, results, restore_service. What a call may ask is bounded by the
 server's Policy (runner/mcp/mcp_policy.py: job files from the jobs dirs, parameter overrides only, results by job
 id, `local` only when allowed). Like the CLI, no call blocks longer than its max_wait (at most 100 s) plus one
-round trip; `tail` returns at most max_bytes of new log per call with `call_again` (cursor semantics: each
-byte once, across calls and across `runner tail`). A fleet run's id (RUN, what `submit` of a job file with a
+round trip; `tail` follows the log until the job ends, max_bytes or max_wait (`follow: false`: at its first
+bytes) with `call_again` (cursor semantics: each byte once, across calls and across `runner tail`). `list` and
+`status` answer compactly (a line per job; a job's state and the CLI's text), `detail: true` as the CLI's --json. A fleet run's id (RUN, what `submit` of a job file with a
 list of hosts returns) is answered as the CLI answers it: fleet/targets.py decides, this module only renders.
 
 Every tool answers one JSON object, as structured content and as its JSON text (lists sit under a key). A
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import inspect
 import io
+import time
 from dataclasses import asdict
 from typing import Annotated, Any, Callable
 
@@ -82,20 +84,32 @@ class Tools:
                                  planned=plan, deadline=Deadline.for_command(max_wait))
         return {**asdict(done), "progress": notes, "next": f"call tail with job_id {done.job_id!r}"}
 
-    def tail(self, job_id: str, max_wait: float = DEFAULT_MAX_WAIT_S, max_bytes: int = DEFAULT_MAX_BYTES) -> dict:
+    def tail(self, job_id: str, max_wait: float = DEFAULT_MAX_WAIT_S, max_bytes: int = DEFAULT_MAX_BYTES,
+             follow: bool = True) -> dict:
         store = Store()
         if store.is_run(job_id):
             return _run_tail(job_id, store, max_wait)
-        chunk = unattended.tail_text(job_id, store=store, max_wait=max_wait, max_bytes=max_bytes)
+        chunk = unattended.tail_text(job_id, store=store, max_wait=max_wait, max_bytes=max_bytes, follow=follow)
         return {**asdict(chunk), "cli_exit_code": exit_code(chunk.state, settled=not chunk.call_again)}
 
-    def status(self, job_id: str | None = None) -> dict:
+    def status(self, job_id: str | None = None, detail: bool = False) -> dict:
+        """detail: each job's status.json as the host answered it (`runner status --json`); else its state and
+        the CLI's text of it, a quarter of the bytes and no supervisor internals (budget, pids)."""
         found = targets.status(job_id, store=Store(), deadline=_deadline())
-        return {**(found.document if found.of_run else {"jobs": [job.raw for job in found.detail]}),
-                "cli_exit_code": found.exit}
+        if found.of_run:
+            return {**found.document, "cli_exit_code": found.exit}
+        jobs = [job.raw if detail else {"job_id": job.job_id, "state": job.state, "text": render.job_text(job)}
+                for job in found.detail]
+        return {"jobs": jobs, "cli_exit_code": found.exit}
 
-    def list_jobs(self) -> dict:
-        return {"jobs": [asdict(r) for r in Store().all()]}
+    def list_jobs(self, detail: bool = False) -> dict:
+        """detail: every job's whole record (its spec as submitted, its cursor); else `runner list`'s lines."""
+        if detail:
+            return {"jobs": [asdict(r) for r in Store().all()]}
+        records, _skipped, older = Store().recent()
+        jobs = [{"job_id": r.job_id, "state": r.last_state, "host": r.host.get("address"), "name": r.name,
+                 "submitted": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(r.submitted_at))} for r in records]
+        return {"jobs": jobs, **({"older_not_listed": older} if older else {})}
 
     def cancel(self, job_id: str) -> dict:
         found = targets.cancel(job_id, store=Store(), deadline=_deadline())
@@ -249,14 +263,15 @@ def build_server(policy: Policy) -> MCPServer:
         return await _call(tools.submit, job_file, overrides, queue, job_id, max_wait)
 
     async def tail(job_id: str, max_wait: MaxWait = DEFAULT_MAX_WAIT_S,
-                   max_bytes: Annotated[int, Field(ge=1024, le=1 << 20)] = DEFAULT_MAX_BYTES) -> Answer:
-        return await _call(tools.tail, job_id, max_wait, max_bytes)
+                   max_bytes: Annotated[int, Field(ge=1024, le=1 << 20)] = DEFAULT_MAX_BYTES,
+                   follow: bool = True) -> Answer:
+        return await _call(tools.tail, job_id, max_wait, max_bytes, follow)
 
-    async def status(job_id: str | None = None) -> Answer:
-        return await _call(tools.status, job_id)
+    async def status(job_id: str | None = None, detail: bool = False) -> Answer:
+        return await _call(tools.status, job_id, detail)
 
-    async def list_jobs() -> Answer:
-        return await _call(tools.list_jobs)
+    async def list_jobs(detail: bool = False) -> Answer:
+        return await _call(tools.list_jobs, detail)
 
     async def cancel(job_id: str) -> Answer:
         return await _call(tools.cancel, job_id)
@@ -271,12 +286,16 @@ def build_server(policy: Policy) -> MCPServer:
     server.register("submit", "Validate a job file (from the server's jobs dirs), preflight its host and start "
                     "it detached. overrides are KEY=VALUE like payload.args.experts=128. Returns the job id; for a job "
                     "file with a list of hosts, the run id, the rollout driven for up to max_wait s.", submit)
-    server.register("tail", "New log text after the cursor (at most max_bytes), waiting up to max_wait s for the "
-                    "first byte; state, and call_again (true until the job ended and all was read). A run id: every "
-                    "host's new log for max_wait s, lines prefixed [HOST].", tail)
-    server.register("status", "State, phase, service and GPU readings of one job, of a run's hosts, or of all "
-                    "known jobs.", status)
-    server.register("list", "Jobs this controller knows (local index, no network).", list_jobs)
+    server.register("tail", "New log text after the cursor, following it until the job ends, max_bytes are read or "
+                    "max_wait s pass (follow=false: returns at the first bytes); state, and call_again (true until "
+                    "the job ended and all was read). A run id: every host's new log for max_wait s, lines prefixed "
+                    "[HOST].", tail)
+    server.register("status", "State and the CLI's status text (phase, rows, service, downtime, exit code) of one "
+                    "job, of a run's hosts, or of the recent and unfinished jobs; detail=true: each job's status "
+                    "record whole.", status)
+    server.register("list", "Jobs this controller knows (local index, no network): id, state, host, name, submitted "
+                    "(UTC) of the 50 newest and every unfinished one; detail=true: every job's whole record.",
+                    list_jobs)
     server.register("cancel", "Stop the job's payload (TERM, grace, KILL); the host restores the service.", cancel)
     server.register("results", "The job's result (by job id) as a table and as JSON; with baseline (a file in the "
                     "server's baselines dirs), the regression gate (exit_code 0 within, 1 regression).", results)

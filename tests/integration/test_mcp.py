@@ -161,7 +161,7 @@ def test_argument_errors_are_one_line_and_unknown_arguments_are_refused(tmp_path
             error = await structured_error(client, "submit")
             assert error["message"] == "submit: job_file: Field required"
             error = await structured_error(client, "list", everything=True)
-            assert "list takes none" in error["message"]
+            assert "list takes detail" in error["message"]
     anyio.run(go)
 
 
@@ -204,3 +204,52 @@ def test_error_codes_are_stable_kebab_case_and_match_the_wire():
         assert codes[name] == wire and wire in ERRORS
     assert errors.RemoteError("x", code="drain-timeout").code == "drain-timeout"
     assert errors.RemoteError("x", code="\x1b]0;made up").code == "internal"  # a host cannot add codes
+
+
+def test_answers_are_compact_by_default_and_whole_with_detail(tmp_path):
+    """An agent pays for every byte: list names each job in one short entry (not its spec), status opens with
+    the state and the CLI's text (not the supervisor's budget); detail gives what the CLI's --json gives."""
+    async def go():
+        async with session(tmp_path / "state") as client:
+            ids = [(await call(client, "submit", job_file="jobs/demo.yaml",
+                               overrides=demo_overrides(tmp_path / "host root", 1)))["job_id"] for _ in range(3)]
+            for job_id in ids:
+                await tail_until_done(client, job_id, max_wait=20)
+            listed = await call(client, "list")
+            assert [j["job_id"] for j in listed["jobs"]] == ids
+            assert set(listed["jobs"][0]) == {"job_id", "state", "host", "submitted", "name"}
+            assert len(json.dumps(listed)) < 150 * len(ids) + 100, listed
+            whole = await call(client, "list", detail=True)
+            assert "wire" in whole["jobs"][0] and len(json.dumps(whole)) > 4 * len(json.dumps(listed))
+            (job,) = (await call(client, "status", job_id=ids[0]))["jobs"]
+            assert list(job)[:2] == ["job_id", "state"] and job["state"] == "SUCCEEDED" and "budget" not in job
+            assert job["text"].startswith(f"{ids[0]}: SUCCEEDED") and "elapsed" in job["text"]
+            (raw,) = (await call(client, "status", job_id=ids[0], detail=True))["jobs"]
+            assert "budget" in raw and raw["state"] == "SUCCEEDED"
+            everyone = await call(client, "status")
+            assert [j["job_id"] for j in everyone["jobs"]] == ids and all("budget" not in j for j in everyone["jobs"])
+    anyio.run(go)
+
+
+def test_tail_follows_until_the_job_ends_within_max_wait(tmp_path):
+    """Like `runner tail -f --max-wait`: one call returns the whole log of a job that ends within max_wait;
+    follow=false returns at the first bytes, as before."""
+    root = tmp_path / "host root"
+    async def go():
+        async with session(tmp_path / "state") as client:
+            job_id = (await call(client, "submit", job_file="jobs/demo.yaml",
+                                 overrides=demo_overrides(root, 3)))["job_id"]
+            started = time.monotonic()
+            answer = await call(client, "tail", job_id=job_id, max_wait=60)
+            assert (answer["state"], answer["call_again"]) == ("SUCCEEDED", False), answer
+            assert answer["text"].encode() == (root / "jobs" / job_id / "output.log").read_bytes()
+            assert time.monotonic() - started < 60 + 10
+            job_id = (await call(client, "submit", job_file="jobs/demo.yaml",
+                                 overrides=demo_overrides(root, 30)))["job_id"]
+            first = await call(client, "tail", job_id=job_id, max_wait=60, follow=False)
+            assert first["call_again"] is True and first["text"] and first["state"] != "SUCCEEDED"
+            bounded = time.monotonic()
+            more = await call(client, "tail", job_id=job_id, max_wait=2)
+            assert more["call_again"] is True and time.monotonic() - bounded < 2 + 10  # bounded by max_wait
+            await call(client, "cancel", job_id=job_id)
+    anyio.run(go)
