@@ -98,7 +98,7 @@ def extract_metrics(result, declared=None) -> dict[str, Metric]:
     table = declared_table(declared) or declared_table(result.get("metrics")) or UNDECLARED
     metrics = {**_row_metrics(result.get("rows"), table), **_lever_metrics(_object(result.get("lever")))}
     peak = _object(result.get("memory")).get("peak_over_weights")
-    if _is_number(peak) and peak > 0:
+    if finite_number(peak) and peak > 0:
         metrics["peak_over_weights"] = Metric(float(peak), "lower")
     return metrics
 
@@ -128,7 +128,7 @@ def _row_metrics(rows, table: Table) -> dict[str, Metric]:
             continue
         for column, direction in table.directions.items():
             value = row.get(column)
-            if _is_number(value) and value > 0:
+            if finite_number(value) and value > 0:
                 out[f"{column}_{key}"] = Metric(float(value), direction, _half_range(row.get(f"rep_{column}"), value))
     return out
 
@@ -145,22 +145,18 @@ def _lever_metrics(lever: dict) -> dict[str, Metric]:
     base = str(lever.get("base_m", ""))
     for size, entry in _object(lever.get("by_m")).items():
         value = entry.get("lever") if isinstance(entry, dict) else None
-        if str(size) == base or not _is_number(value) or value <= 0:
+        if str(size) == base or not finite_number(value) or value <= 0:
             continue  # lever(base) is 1 by definition: nothing to gate
         bounds = [entry.get("ci_low"), entry.get("ci_high")]
-        if not all(_is_number(b) for b in bounds):
+        if not all(finite_number(b) for b in bounds):
             bounds = [entry.get("min"), entry.get("max")]
         out[f"lever_{size}"] = Metric(float(value), "higher", _half_range(bounds, value))
     return out
 
 
 def _half_range(values, center: float) -> float:
-    values = [v for v in values if _is_number(v)] if isinstance(values, list) else []
+    values = [v for v in values if finite_number(v)] if isinstance(values, list) else []
     return (max(values) - min(values)) / 2 / center if len(values) >= 2 and center else 0.0
-
-
-def _is_number(value: object) -> TypeGuard[float]:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 # -- comparing ----------------------------------------------------------------------------------------------
@@ -257,10 +253,10 @@ def _metric(entry, where: str) -> Metric:
     if not isinstance(entry, dict):
         raise BadBaseline(f"{where}: expected an object with value, direction, spread")
     value, direction, spread = entry.get("value"), entry.get("direction"), entry.get("spread", 0.0)
-    if not _is_number(value) or value <= 0:
+    if not finite_number(value) or value <= 0:
         raise BadBaseline(f"{where}.value: expected a number > 0, got {value!r}")
     if direction not in DIRECTIONS:
         raise BadBaseline(f"{where}.direction: expected 'lower' or 'higher', got {direction!r}")
-    if not _is_number(spread) or spread < 0:
+    if not finite_number(spread) or spread < 0:
         raise BadBaseline(f"{where}.spread: expected a number >= 0, got {spread!r}")
     return Metric(float(value), direction, float(spread))

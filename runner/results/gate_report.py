@@ -55,10 +55,14 @@ def _summary(verdicts: list[Verdict], *, baseline: str, current: str, tolerance:
 
 
 def _text(rows: list[list[str]], summary: str) -> str:
-    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(HEADER)]
-    lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))).rstrip()
-             for row in [HEADER, *rows]]
-    return "\n".join([summary, "", *lines]) + "\n"
+    return "\n".join([summary, "", *_aligned(HEADER, rows)]) + "\n"
+
+
+def _aligned(header: list[str], rows: list[list[str]]) -> list[str]:
+    """The metric name left, the numbers right, each column as wide as its widest cell."""
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)]
+    return ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))).rstrip()
+            for row in [header, *rows]]
 
 
 def _markdown(rows: list[list[str]], summary: str) -> str:
@@ -105,10 +109,7 @@ def side_by_side(a: dict, b: dict, verdicts: list[Verdict], *, name_a: str, name
     header = ["metric", "A", "B", "B worse by", "verdict"]
     rows = [[label(v.name), _metric(v.baseline), _metric(v.current), _percent(v.change, signed=True), v.verdict]
             for v in verdicts]
-    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)]
-    lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))).rstrip()
-             for row in [header, *rows]]
-    return "\n".join([*env_lines, "", *lines]) + "\n"
+    return "\n".join([*env_lines, "", *_aligned(header, rows)]) + "\n"
 
 
 def _environment(result) -> str:

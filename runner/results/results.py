@@ -21,6 +21,7 @@ from remote_payload.sweep import label
 from ..errors import NoResult, SpecError
 from ..local_files import MAX_RESULT_BYTES, write_regular
 from . import clocks
+from .gate import finite_number
 
 __all__ = ["MAX_RESULT_BYTES", "finite_json", "json_text", "plot", "render_any", "render_checked", "strict_json"]
 MAX_LINE = 1000  # characters of one line of a human view
@@ -334,7 +335,7 @@ def _is_lever_rows(rows) -> bool:
 
 
 def _is_lever_row(row: dict) -> bool:
-    return all(_is_number(row.get(key)) for key in ("m", "us_per_token", "lever"))
+    return all(finite_number(row.get(key)) for key in ("m", "us_per_token", "lever"))
 
 
 TIME_UNITS = frozenset(("ns", "us", "ms", "s", "sec", "seconds"))
@@ -363,15 +364,11 @@ def plottable_series(result: dict) -> tuple[str, str, list[str], list[dict]]:
     if not tables:
         raise NoResult("nothing to plot: the result has no list of rows (e.g. `rows: [{size: 1, median_us: …}]`)")
     for key, rows in tables:
-        numeric = [col for col in rows[0] if all(_is_number(row.get(col)) for row in rows)]
+        numeric = [col for col in rows[0] if all(finite_number(row.get(col)) for row in rows)]
         if len(numeric) >= 2:
             return key, numeric[0], numeric[1:], rows
     raise NoResult(f"nothing to plot: no list of rows in the result has two numeric columns "
                    f"(tables: {', '.join(key for key, _ in tables)})")
-
-
-def _is_number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def pyplot():
