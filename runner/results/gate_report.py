@@ -28,11 +28,11 @@ def render(verdicts: list[Verdict], fmt: str, *, baseline: str, current: str, to
 
 
 def _cells(v: Verdict) -> list[str]:
-    return [label(v.name), _metric(v.baseline), _metric(v.current), _percent(v.change, signed=True),
+    return [label(v.name), metric_text(v.baseline), metric_text(v.current), _percent(v.change, signed=True),
             _percent(v.allowed, prefix="±"), v.verdict.upper() if v.failed else v.verdict]
 
 
-def _metric(m: Metric | None) -> str:
+def metric_text(m: Metric | None) -> str:
     if m is None:
         return "-"
     return f"{m.value:.4g}" + (f" ±{m.spread:.1%}" if m.spread else "")
@@ -95,10 +95,10 @@ def junit(verdicts: list[Verdict], *, baseline: str, current: str, notes: Sequen
 
 def _detail(v: Verdict) -> str:
     if v.verdict == FAILING[1]:
-        return f"in the baseline ({_metric(v.baseline)}) but not in this result"
+        return f"in the baseline ({metric_text(v.baseline)}) but not in this result"
     if v.baseline is None:
-        return f"not in the baseline (current {_metric(v.current)})"
-    return (f"baseline {_metric(v.baseline)}, current {_metric(v.current)}, worse by {_percent(v.change, signed=True)}, "
+        return f"not in the baseline (current {metric_text(v.current)})"
+    return (f"baseline {metric_text(v.baseline)}, current {metric_text(v.current)}, worse by {_percent(v.change, signed=True)}, "
             f"allowed {_percent(v.allowed, prefix='±')}")
 
 
@@ -107,7 +107,7 @@ def side_by_side(a: dict, b: dict, verdicts: list[Verdict], *, name_a: str, name
     env_lines = [f"{tag}: {name}: {_environment(result)}" for tag, name, result in (("A", name_a, a), ("B", name_b, b))]
     env_lines += clock_lines(a, b, names=("A", "B"))
     header = ["metric", "A", "B", "B worse by", "verdict"]
-    rows = [[label(v.name), _metric(v.baseline), _metric(v.current), _percent(v.change, signed=True), v.verdict]
+    rows = [[label(v.name), metric_text(v.baseline), metric_text(v.current), _percent(v.change, signed=True), v.verdict]
             for v in verdicts]
     return "\n".join([*env_lines, "", *_aligned(header, rows)]) + "\n"
 

@@ -18,6 +18,7 @@ import subprocess
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Callable
 
 from ..errors import RunnerError
 from ..state.store import Store, private_dir, private_file
@@ -316,33 +317,28 @@ def record_job(store: Store, job_id: str, result: dict, window: dict | None = No
 def runs(path: Path, *, host: str | None = None, metric: str | None = None) -> list[Run]:
     """Recorded runs, oldest job first (by its submit; an imported file by its recording); with `metric`,
     only runs that have it. Raises RunnerError if unreadable."""
-    if not path.exists():
-        return []
-    try:
-        conn = connect(path)
-        try:
-            return _select(conn, host, metric)
-        finally:
-            conn.close()
-    except (sqlite3.Error, OSError) as exc:
-        raise RunnerError(f"history database {path} is unreadable: {exc}",
-                          hint="move it aside; the next collected result starts a new one") from exc
+    return _reading(path, lambda conn: _select(conn, host, metric))
 
 
 def metric_names(path: Path) -> list[str]:
     """Every metric some recorded run has, by name then batch size (median_us_4 before median_us_16)."""
+    names = _reading(path, lambda conn: [row[0] for row in conn.execute("SELECT DISTINCT name FROM metrics")])
+    return sorted(names, key=_name_order)
+
+
+def _reading(path: Path, read: Callable[[sqlite3.Connection], list]) -> list:
+    """What `read` finds in the database ([] when there is none); RunnerError when it cannot be read."""
     if not path.exists():
         return []
     try:
         conn = connect(path)
         try:
-            names = [row[0] for row in conn.execute("SELECT DISTINCT name FROM metrics")]
+            return read(conn)
         finally:
             conn.close()
     except (sqlite3.Error, OSError) as exc:
         raise RunnerError(f"history database {path} is unreadable: {exc}",
                           hint="move it aside; the next collected result starts a new one") from exc
-    return sorted(names, key=_name_order)
 
 
 def _name_order(name: str) -> tuple[str, int]:

@@ -11,6 +11,7 @@ from pathlib import Path
 from ..errors import NoResult
 from ..printable import printable
 from .gate import label
+from .gate_report import metric_text
 from .history import Run
 from .results import pyplot, save_figure
 
@@ -34,7 +35,7 @@ def render(runs: list[Run], metric: str | None, every: list[Run] | None = None) 
     rows = [[printable(str(cell), multiline=False) for cell in (
         time.strftime("%Y-%m-%d %H:%M", time.gmtime(r.submitted_at or r.recorded_at)), run_name(r), r.host or "-",
         r.environment.get("gpu") or "-", r.environment.get("torch") or "-", r.environment.get("sglang") or "-",
-        r.git_rev or "-", variants[_key(r)], _value(r, shown))] for r in runs]
+        r.git_rev or "-", variants[_key(r)], metric_text(r.metrics.get(shown)))] for r in runs]
     widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(header)]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in [header, *rows]) + "\n"
 
@@ -42,11 +43,6 @@ def render(runs: list[Run], metric: str | None, every: list[Run] | None = None) 
 def run_name(run: Run) -> str:
     """The job id, and `#K` for a sweep's variant K (the index `runner results` shows)."""
     return f"{run.job_id}#{run.variant_index}" if run.variant_index else run.job_id
-
-
-def _value(run: Run, metric: str) -> str:
-    m = run.metrics.get(metric)
-    return "-" if m is None else f"{m.value:.4g}" + (f" ±{m.spread:.1%}" if m.spread else "")
 
 
 def _key(run: Run) -> str:
