@@ -112,6 +112,7 @@ ERRORS = {
     "payload-missing": "the payload bundle is not on the host (upload it, then repeat the call)",
     "bad-bundle": "the uploaded bundle was unsafe or did not hash to its name",
     "upload-failed": "the bundle could not be written under host.root (disk full, read-only): nothing left behind",
+    "upload-cut": "the upload ended before a bundle was whole: the files that came whole are kept for the next one",
     "bad-args": "the call's arguments are invalid (job id, offsets, options)",
     "bad-spec": "the spec JSON breaks a rule of this contract",
     "bad-offset": "a log offset outside the file",

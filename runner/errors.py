@@ -75,6 +75,14 @@ class TransportError(RunnerError):
     retry = True  # a lost link or a host that did not answer: an idempotent call may be made again
 
 
+class UploadCut(TransportError):
+    """The command's --max-wait ran out while a bundle was uploading: the host keeps each file that arrived
+    whole, and the next submit of the job sends only the rest. Not retried within this command: its time is up."""
+
+    code = "upload-cut"
+    retry = False
+
+
 class HostKeyError(TransportError):
     """The host key is unknown or changed (the message has the fingerprint)."""
 

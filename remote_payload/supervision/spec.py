@@ -225,9 +225,11 @@ def locate_payload(spec: dict, root: str) -> dict:
         return spec
     base = os.path.join(root, "payloads")
     here = os.path.join(base, payload["bundle"])
-    if not os.path.isdir(here):
+    if not os.path.isdir(here):  # `kept`: what a cut upload left of it, which the next one need not send
+        from ..host.unpack import kept, stage_of  # an upload's code: only a host without the bundle needs it
+
         raise Fail("payload-missing", "the payload bundle %s is not on the host" % payload["bundle"],
-                   exit_status=contract.EXIT_PAYLOAD_MISSING)
+                   exit_status=contract.EXIT_PAYLOAD_MISSING, kept=kept(stage_of(root, "payloads/" + payload["bundle"])))
     check_root_safe(base, here)
     path = os.path.join(here, payload["script"])
     _need(os.path.isfile(path), "payload.script %r is not in the uploaded payload bundle" % payload["script"])

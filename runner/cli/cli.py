@@ -125,6 +125,9 @@ def _dry_run_text(plan) -> str:
              f"  GPU memory    {plan.required_mib} MiB needed; "
              + ("; ".join(f"GPU {g['index']}: {g.get('free_mib')} of {g.get('total_mib')} MiB free" for g in plan.gpus)
                 or "no GPUs requested")]
+    if plan.bundle:
+        lines.append(f"  payload       {plan.bundle['files']} files, {plan.bundle['bytes'] / (1 << 20):.1f} MiB "
+                     f"(bundle {plan.bundle['digest']}; sent only where the host lacks it)")
     if service:
         engine = service.get("engine") if isinstance(service.get("engine"), dict) else None
         freed = (f"its GPU memory WOULD BE RELEASED through its {printable(str(engine.get('engine')))} API and "

@@ -18,8 +18,9 @@ from remote_payload import sweep as sweeps
 
 from ..deadline import Deadline
 from ..errors import (AuthFailed, HostKeyError, LocalStateError, LogShrank, PreflightError, RemoteError, RunnerError,
-                      SpecError, TransportError, UnknownJob)
-from ..remote.host import Bundle, HostClient, packaged_payload, payload_bundle, payload_dir, supervisor_bundle
+                      SpecError, TransportError, UnknownJob, UploadCut)
+from ..remote.bundles import Bundle, packaged_payload, payload_bundle, payload_dir, payload_files, supervisor_bundle
+from ..remote.host import HostClient
 from ..remote.transport_openssh import for_host
 from ..state.job_id import check_job_id, job_id_for
 from ..state.store import NOT_STARTED, JobRecord, Store
@@ -152,7 +153,8 @@ def local_plan(spec_path: str, overrides: Sequence[str]) -> Plan:
     source = spec.script_source(packaged_payload(script) or payload_dir() / "payloads") if script else None
     check = _check_payload_args(spec, source)
     args_note = check.note if check else "payload is a command: its arguments are passed as written"
-    payload = payload_bundle(source) if source is not None else None
+    files = payload_files(spec.payload.files, spec.spec_dir, source) if source is not None else {}
+    payload = payload_bundle(source, files) if source is not None else None
     wire = spec.to_wire(PLANNED_JOB_ID, required_mib(spec, check), source.name if source else None)
     if payload is not None:  # the host runs the script from ROOT/payloads/<this digest>/
         wire["payload"]["bundle"] = payload.digest
@@ -205,6 +207,9 @@ def submit(spec_path: str, overrides: list[str], *, queue: bool = False, job_id:
             raise _not_started(store, job_id, exc) from exc
         if isinstance(exc, (HostKeyError, AuthFailed)):  # refused before anything ran
             raise
+        if isinstance(exc, UploadCut):  # before any start: the same job id goes on with the upload
+            raise UploadCut(str(exc), hint=f"{exc.hint} Nothing was started: submit again with --job-id {job_id}."
+                            ) from exc
         again = (f"The job may have started: `runner status {job_id}` tells; submitting again with --job-id "
                  f"{job_id} never starts it twice.")
         raise type(exc)(str(exc), hint=f"{exc.hint} {again}".strip()) from exc
@@ -267,7 +272,13 @@ def dry_run(spec_path: str, overrides: list[str], *, queue: bool = False, job_id
     return DryRun(wire["job_id"], host["address"], decision.stop_service, wire["gpu"]["required_mib"], argv,
                   [args_note, *decision.notes, *queued], report.get("gpus", []), report.get("service"),
                   (wire.get("sweep") or {}).get("variants", []), (wire.get("sweep") or {}).get("max_parallel"),
-                  _slots(wire), dry_run_steps(wire, argv, decision.stop_service))
+                  _slots(wire), dry_run_steps(wire, argv, decision.stop_service), _bundle_view(plan.payload_bundle))
+
+
+def _bundle_view(bundle: Bundle | None) -> dict | None:
+    if bundle is None:
+        return None
+    return {"files": len(bundle.entries), "bytes": bundle.size, "digest": bundle.digest}
 
 
 FREED_BY = {"stop": "stopped; started again after",

@@ -5,13 +5,13 @@ down as this one object — the CLI, the controller and a fleet's rollout never 
 The wire form is the validated spec in the host's terms (docs/protocol.md, its job id left to each submit);
 a fleet's plan names every host and is retargeted to each (`for_address`) without another validation.
 
-May import: remote/host.py (the bundles' type) only; pure data.
+May import: remote/bundles.py (the bundles' type) only; pure data.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from ..remote.host import Bundle
+from ..remote.bundles import Bundle
 
 PLANNED_JOB_ID = "planned"  # the wire form's job id in a plan; each submit sets its own
 

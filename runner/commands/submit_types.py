@@ -33,3 +33,4 @@ class DryRun:
     array_parallel: int | None = None  # on Slurm a sweep is one job array, at most this many tasks at once
     slots: list[list[str]] | None = None  # sweep.gpus_per_variant: the devices of each side-by-side slot
     steps: dict = field(default_factory=dict)  # before_stop, window, freed: dry_run_steps
+    bundle: dict | None = None  # a script's payload bundle: files, bytes, digest (what an upload would send)

@@ -3,7 +3,7 @@
 Every call is `python3 -c BOOT ROOT HASH SUBCOMMAND ARGS…`: BOOT runs the uploaded supervisor (imported, in
 the same interpreter: no second start-up on the host), or answers
 "payload-missing" (exit 42: the supervisor's bundle, or the job's payload bundle, is not there), in which case
-both bundles are uploaded in one call and the call repeated. On the wire
+both bundles are uploaded in one call (UNPACK, remote_payload/host/unpack.py; bundles.py) and the call repeated. On the wire
 it travels as `launch_argv`: one fixed single-line program plus one base64 word, which every login shell
 (sh, bash, zsh, csh/tcsh, fish) hands to python unchanged. Every call is bounded by the command's one
 Deadline, shared by its boot, upload and repeat; no call has an allowance of its own.
@@ -13,21 +13,19 @@ Deadline, shared by its boot, upload and repeat; no call has an allowance of its
 from __future__ import annotations
 
 import base64
-import io
 import json
-import os
 import shlex
-import threading
-from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Iterator, Sequence
 
 from remote_payload.admission import BUSY_HINT
 from remote_payload.contract import EXIT_PAYLOAD_MISSING
 
 from .. import verbose
 from ..deadline import Deadline
-from ..errors import HostBusy, LocalStateError, PreflightError, RemoteError, SchedulerUnavailable, UnknownJob
+from ..errors import (HostBusy, PreflightError, RemoteError, SchedulerUnavailable, TransportError, UnknownJob,
+                      UploadCut)
 from . import answers
+from .bundles import Bundle, Upload, payload_dir
 from .transport import Completed, Stream, Streaming, Transport
 
 if TYPE_CHECKING:
@@ -59,61 +57,6 @@ import supervisor
 sys.exit(supervisor.main(sys.argv[3:] + ["--root", root]))
 """ % EXIT_PAYLOAD_MISSING
 
-# Unpacks a tar.gz of bundles from stdin: argv names each as KIND/HASH (KIND payload: the supervisor's, payloads:
-# a job's payload), its members are KIND/HASH/NAME. Each bundle not yet on the host goes to ROOT/KIND/HASH,
-# atomically (temp dir + rename); members that are not plain files inside a named bundle, or a bundle whose
-# content does not hash to its HASH, are refused. When every bundle is there already, stdin is not read.
-UNPACK = r"""
-import hashlib, io, json, os, re, shutil, sys, tarfile, tempfile
-os.umask(os.umask(0o022) | 0o022)
-root, wanted = os.path.expanduser(sys.argv[1]), sys.argv[2:]
-tmp = None
-def say(answer, code):
-    sys.stdout.write(json.dumps(answer) + "\n"); sys.exit(code)
-def refuse(exc, base):  # a full or read-only disk: say so in one line, and leave no half-written copy behind
-    if tmp:
-        shutil.rmtree(tmp, ignore_errors=True)
-    say({"ok": False, "error": "upload-failed", "message": "cannot write the payload bundle under %s: %s"
-         % (base, exc.strerror or exc)}, 1)
-if not wanted or any(not re.match(r"(payload|payloads)/[0-9a-f]{16}$", w) for w in wanted):
-    say({"ok": False, "error": "bad-bundle", "message": "name each bundle as payload/HASH or payloads/HASH"}, 1)
-missing = [w for w in wanted if not os.path.isdir(os.path.join(root, w))]
-if missing:
-    tar = tarfile.open(fileobj=io.BytesIO(sys.stdin.buffer.read()), mode="r:gz")
-    files = dict((w, {}) for w in wanted)
-    for m in tar.getmembers():
-        parts = m.name.split("/")
-        where = "/".join(parts[:2])
-        if not m.isfile() or m.name.startswith("/") or ".." in parts or len(parts) < 3 or where not in files:
-            say({"ok": False, "error": "bad-bundle", "message": "unsafe member"}, 1)
-        files[where]["/".join(parts[2:])] = tar.extractfile(m).read()
-    for w in wanted:
-        h = hashlib.sha256()
-        for name in sorted(files[w]):
-            h.update(b"%d %d\0" % (len(name.encode()), len(files[w][name])) + name.encode() + files[w][name])
-        if h.hexdigest()[:16] != w.split("/")[1]:
-            say({"ok": False, "error": "bad-bundle", "message": "hash mismatch: " + w}, 1)
-    for w in missing:
-        base, digest = os.path.join(root, w.split("/")[0]), w.split("/")[1]
-        try:
-            os.makedirs(base, mode=0o700, exist_ok=True)
-            tmp = tempfile.mkdtemp(prefix=".tmp-" + digest + "-", dir=base)
-            for name, data in files[w].items():
-                path = os.path.join(tmp, name)
-                os.makedirs(os.path.dirname(path), exist_ok=True)
-                with open(path, "wb") as fh:
-                    fh.write(data)
-        except OSError as exc:
-            refuse(exc, base)
-        try:
-            os.rename(tmp, os.path.join(base, digest))
-        except OSError:
-            shutil.rmtree(tmp)  # a concurrent upload won the race; its content is identical
-        tmp = None
-say({"ok": True}, 0)
-"""
-
-
 # The program every remote command runs: it decodes its one argument, base64 of [program, *argv] joined by
 # NUL (no argv string can hold one), and runs program with that argv. Only characters that no login shell
 # treats specially inside single quotes (no newline, `!`, backslash, `$` or quote), so sh, csh/tcsh and fish
@@ -131,182 +74,13 @@ def launch_argv(python: str, program: str, args: Sequence[str]) -> list[str]:
     return [python, "-S", "-c", LAUNCH, base64.b64encode("\0".join(words).encode("utf-8")).decode("ascii")]
 
 
-class Bundle:
-    """Files uploaded to one content-addressed dir on the host: the supervisor's (ROOT/payload/<digest>/) or a
-    job's payload (ROOT/payloads/<digest>/). `Bundle.recorded` is one whose digest is known already: its files
-    are read only if it is uploaded."""
-
-    def __init__(self, files: dict[str, bytes]) -> None:
-        self._files: dict[str, bytes] | None = files
-        self._read: Callable[[], dict[str, bytes]] | None = None
-        self._digest: str | None = None
-
-    @classmethod
-    def recorded(cls, digest: str, read: Callable[[], dict[str, bytes]]) -> Bundle:
-        """The bundle `read()` returns, its digest recorded when the files were last read: when it is read (an
-        upload), files that no longer hash to `digest` are LocalStateError, never sent under that name."""
-        bundle = cls({})
-        bundle._files, bundle._read, bundle._digest = None, read, digest
-        return bundle
-
-    @property
-    def files(self) -> dict[str, bytes]:
-        if self._files is None:
-            assert self._read is not None
-            files = self._read()
-            if digest_of(files) != self._digest:
-                raise LocalStateError("the host-side code (remote_payload/) changed while this command ran",
-                                      hint="Run the command again: it uploads the code as it is now.")
-            self._files = files
-        return self._files
-
-    @property
-    def digest(self) -> str:
-        """Computed once per Bundle (every call's argv names it; a fleet makes hundreds of calls)."""
-        if self._digest is None:
-            self._digest = digest_of(self.files)
-        return self._digest
-
-    def __repr__(self) -> str:
-        return f"Bundle({self.digest}, {len(self.files) if self._files is not None else '?'} files)"
-
-
-def digest_of(files: dict[str, bytes]) -> str:
-    """What names a bundle on the host (UNPACK checks it the same way): each entry length-prefixed, so no two
-    sets of files hash alike."""
-    import hashlib  # OpenSSL's start: only where a bundle is read, not when its digest was recorded
-
-    h = hashlib.sha256()
-    for name in sorted(files):
-        h.update(b"%d %d\0" % (len(name.encode()), len(files[name])) + name.encode() + files[name])
-    return h.hexdigest()[:16]
-
-
-_TARBALL_LOCK = threading.Lock()
-_TARBALL: dict[tuple, bytes] = {}  # the last one made: a fleet's hosts all upload the same bundles
-
-
-def tarball(bundles: Sequence[tuple[str, Bundle]]) -> bytes:
-    """One tar.gz of the bundles, each under its host dir (`payload/<digest>/…`, `payloads/<digest>/…`); made
-    once for the hosts of a fleet that lack the same bundles (under a lock: the others wait for it, rather than
-    compressing the same bytes side by side)."""
-    key = tuple((kind, bundle.digest) for kind, bundle in bundles)
-    with _TARBALL_LOCK:
-        if key not in _TARBALL:
-            _TARBALL.clear()
-            _TARBALL[key] = _make_tarball(bundles)
-        return _TARBALL[key]
-
-
-def _make_tarball(bundles: Sequence[tuple[str, Bundle]]) -> bytes:
-    import tarfile  # only an upload needs it
-
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
-        for kind, bundle in bundles:
-            for name in sorted(bundle.files):
-                info = tarfile.TarInfo(f"{kind}/{bundle.digest}/{name}")
-                info.size = len(bundle.files[name])
-                info.mode = 0o644
-                tar.addfile(info, io.BytesIO(bundle.files[name]))
-    return buf.getvalue()
-
-
-def payload_dir() -> Path:
-    import remote_payload
-
-    return Path(remote_payload.__file__).parent
-
-
 MAX_FRAME_HEADER = 64 << 10  # a `logs --stream` frame's header line: a few hundred bytes
 STATUS_BATCH = 1000  # job ids per `status` call: its answer (about 1 KB a job) stays far below answers' bound
 
-PAYLOAD_PACKAGES = "payloads"  # remote_payload/payloads/: each payload is bundled apart, per job
 
-
-_SUPERVISOR: list = []  # [the files' stamps, their Bundle]: read again only when one changed
-DIGESTS_FILE = "supervisor-digests.json"  # in the state dir: {payload dir: {"files": stamps, "digest": …}}
-DIGESTS_KEPT = 8  # checkouts or installs whose digest is remembered side by side
-
-
-def supervisor_bundle() -> Bundle:
-    """Every .py file under remote_payload/ (its sub-packages too) except the payload packages: a benchmark's
-    edit never changes this digest. Read once while the files stay as they were (each host call of a fleet
-    asks for it); a command's first call takes the digest recorded in the state dir against the files' sizes,
-    times and inodes when none changed since, and reads the files only if the host lacks them (an upload)."""
-    root = payload_dir()
-    files = _supervisor_files(root)
-    seen = [[name, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino] for name, _, st in files]
-    cached = _SUPERVISOR[:]  # one read of the list: another thread may replace it meanwhile
-    if cached and cached[0] == seen:
-        return cached[1]
-
-    def read() -> dict[str, bytes]:
-        with_bytes = {}
-        for name, path, _ in files:
-            with open(path, "rb") as fh:
-                with_bytes[name] = fh.read()
-        return with_bytes
-
-    recorded = _recorded_digests().get(str(root), {})
-    if recorded.get("files") == seen and isinstance(recorded.get("digest"), str):
-        bundle = Bundle.recorded(recorded["digest"], read)
-    else:
-        bundle = Bundle(read())
-        _record_digest(str(root), seen, bundle.digest)
-    _SUPERVISOR[:] = [seen, bundle]
-    return bundle
-
-
-def _supervisor_files(root: Path) -> list[tuple[str, str, os.stat_result]]:
-    """(name in the bundle, path, stat) of each .py file of the supervisor's, sorted by name."""
-    found = []
-    for folder, dirs, names in os.walk(root):
-        relative = os.path.relpath(folder, root)
-        prefix = "" if relative == "." else relative.replace(os.sep, "/") + "/"
-        dirs[:] = [d for d in dirs if d != "__pycache__" and not (prefix == "" and d == PAYLOAD_PACKAGES)]
-        for name in names:
-            if name.endswith(".py"):
-                path = os.path.join(folder, name)
-                found.append((prefix + name, path, os.stat(path)))
-    return sorted(found, key=lambda entry: entry[0])
-
-
-def _digests_path() -> Path:
-    from ..state.store import default_state_dir
-
-    return default_state_dir() / DIGESTS_FILE
-
-
-def _recorded_digests() -> dict:
-    """The digests recorded in the state dir (a cache: a miss reads as none)."""
-    from ..state.store import read_cache
-
-    return read_cache(_digests_path()) or {}
-
-
-def _record_digest(root: str, seen: list, digest: str) -> None:
-    from ..state.store import write_cache
-
-    recorded = {k: v for k, v in _recorded_digests().items() if k != root}
-    kept = dict(list(recorded.items())[-(DIGESTS_KEPT - 1):])
-    kept[root] = {"files": seen, "digest": digest}
-    write_cache(_digests_path(), json.dumps(kept))
-
-
-def packaged_payload(script: str) -> Path | None:
-    """The folder of remote_payload/payloads/ that holds a bare `payload.script` name, or None."""
-    if "/" in script:
-        return None
-    packages = sorted(p for p in (payload_dir() / PAYLOAD_PACKAGES).iterdir() if p.is_dir())
-    return next((p for p in packages if (p / script).is_file()), None)
-
-
-def payload_bundle(script: Path) -> Bundle:
-    """The script and its local import closure (runner/remote/import_closure.py), named from the script's directory."""
-    from .import_closure import local_closure
-
-    return Bundle(local_closure(script))
+def unpack_program() -> str:
+    """The host's UNPACK (remote_payload/host/unpack.py), run as `python -c`: it needs no bundle there."""
+    return (payload_dir() / "host" / "unpack.py").read_text(encoding="utf-8")
 
 
 class HostClient:
@@ -326,6 +100,7 @@ class HostClient:
         self.payload = payload  # the job's script and its imports, when it has one
         self.deadline = deadline
         self.round_trips = 0
+        self._sent_ahead = False  # the fresh payload bundle was uploaded before its first call
 
     def __enter__(self) -> HostClient:
         return self
@@ -345,7 +120,12 @@ class HostClient:
 
     def submit(self, wire: dict, *, queue: bool = False) -> Started:
         """Wire `submit`: the host's own verdict on its preflight report, in one round trip: start's answer
-        (plus `report`, `started`: true, `stop_service`, `notes`), or the refusal raised (busy, exit 4)."""
+        (plus `report`, `started`: true, `stop_service`, `notes`), or the refusal raised (busy, exit 4). A
+        payload bundle this command hashed afresh (new or changed files) is uploaded first: no host has it yet,
+        so asking first would only cost its payload-missing round trip."""
+        if self.payload is not None and self.payload.fresh and not self._sent_ahead:
+            self._sent_ahead = True
+            self.upload()
         args = ["--job-id", wire["job_id"]] + (["--queue"] if queue else [])
         return answers.submit(self.call("submit", args, stdin=_json_bytes(wire)), wire["job_id"])
 
@@ -418,22 +198,33 @@ class HostClient:
     def answer(self, done: Completed, sub: str, args: list[str], stdin: bytes) -> dict:
         """A call's answer; a host without this bundle gets it uploaded and the call run again."""
         if done.exit_code == EXIT_PAYLOAD_MISSING:
-            self.upload()
+            self.upload(_kept(done))
             done = self._run_boot(sub, args, stdin)
         return _answer(done, sub)
 
     def boot_argv(self, sub: str, args: list[str]) -> list[str]:
         return launch_argv(self.python, BOOT, [self.root, self.bundle.digest, sub, *args])
 
-    def upload(self) -> None:
-        """Both bundles in one round trip (the host skips one it has): `payload-missing` comes from BOOT for
-        the supervisor's and from the supervisor for the payload's."""
+    def upload(self, kept: Sequence[str] = ()) -> None:
+        """Both bundles in one round trip, streamed (the host skips one it has, and the payload's files that a
+        cut upload left there: `kept`): `payload-missing` comes from BOOT for the supervisor's and from the
+        supervisor for the payload's. An upload cut by the deadline says how to go on."""
         bundles = [("payload", self.bundle)] + ([("payloads", self.payload)] if self.payload is not None else [])
-        argv = launch_argv(self.python, UNPACK, [self.root, *(f"{kind}/{b.digest}" for kind, b in bundles)])
+        argv = launch_argv(self.python, unpack_program(), [self.root, *(f"{kind}/{b.digest}" for kind, b in bundles)])
+        stream = Upload(bundles, kept)
         self.round_trips += 1
-        data = tarball(bundles)
-        with verbose.timed(f"{self.transport.name}: upload of {', '.join(k for k, _ in bundles)} ({len(data)} bytes)"):
-            _answer(self.transport.run(argv, stdin=data, deadline=self.deadline), "upload")
+        try:
+            with verbose.timed(f"{self.transport.name}: upload of {', '.join(k for k, _ in bundles)} "
+                               f"({stream.total} bytes)"):
+                done = self.transport.run(argv, stdin=stream, deadline=self.deadline)
+        except TransportError as exc:
+            if not self.deadline.passed():
+                raise
+            mib = 1 << 20
+            raise UploadCut(f"{exc}: the upload was cut at {stream.sent / mib:.1f} of {stream.total / mib:.1f} MiB",
+                            hint="The host keeps each file that arrived whole: the next submit of this job sends "
+                                 "only the rest (a larger --max-wait lets one call finish it).") from exc
+        _answer(done, "upload")
 
     def _run_boot(self, sub: str, args: list[str], stdin: bytes) -> Completed:
         self.round_trips += 1
@@ -442,6 +233,13 @@ class HostClient:
             done = self.transport.run(self.boot_argv(sub, args), stdin=stdin, deadline=self.deadline)
             call.outcome = f"exit {done.exit_code}, {len(done.stdout)} bytes"
         return done
+
+
+def _kept(done: Completed) -> list[str]:
+    """The payload files a cut upload left on the host, as its payload-missing answer lists them."""
+    answer = answers.parse_line(done.stdout, "upload")
+    kept = answer.get("kept") if answer else None
+    return [name for name in kept if isinstance(name, str)] if isinstance(kept, list) else []
 
 
 def _json_bytes(obj: dict | list) -> bytes:

@@ -2,7 +2,7 @@
 
 Three implementations of one small interface (the shape of httpx's transports):
 
-    Transport.run(argv, stdin=b"", deadline=Deadline(S)) -> Completed
+    Transport.run(argv, stdin=b"", deadline=Deadline(S)) -> Completed   (stdin: bytes, or chunks as they come)
     Transport.close()
 
 - `LocalTransport` (`host.address: local`): the same host protocol on this machine, through subprocess.
@@ -27,7 +27,7 @@ import shlex
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Callable, Protocol, Sequence, runtime_checkable
+from typing import IO, TYPE_CHECKING, Callable, Iterable, Iterator, Protocol, Sequence, Union, runtime_checkable
 
 from ..deadline import Deadline
 from ..errors import AuthFailed, HostKeyError, TransportError
@@ -41,6 +41,11 @@ KEEPALIVE_S = 15
 # (the call fails), stderr's tail only. A host is not trusted to be small: each byte read is held in memory.
 MAX_OUTPUT_BYTES = MAX_ANSWER_BYTES
 MAX_STDERR_BYTES = 1 << 20
+Input = Union[bytes, Iterable[bytes]]  # a call's stdin: its bytes, or chunks made while they are sent (an upload)
+
+
+def input_chunks(stdin: Input) -> Iterator[bytes]:
+    return iter((stdin,) if isinstance(stdin, bytes) else stdin)
 
 
 @dataclass(frozen=True)
@@ -63,7 +68,7 @@ class Transport(Protocol):
     name: str
     reached: bool  # whether a command of this transport may have reached the host (False: none could have)
 
-    def run(self, argv: Sequence[str], *, stdin: bytes = b"", deadline: Deadline) -> Completed: ...
+    def run(self, argv: Sequence[str], *, stdin: Input = b"", deadline: Deadline) -> Completed: ...
 
     def close(self) -> None: ...
 
@@ -93,7 +98,7 @@ class Stream:
         self._closed: tuple[int, bytes, bytes] | None = None
         stdin, self._stdout, self._stderr = piped(proc)
         stdin.close()
-        _widen_pipe(self._stdout.fileno())
+        widen_pipe(self._stdout.fileno())
 
     def readline(self, limit: int) -> bytes:
         """The next line with its newline, or what is left at the end of the output; more than `limit` bytes
@@ -161,7 +166,7 @@ def piped(proc: subprocess.Popen) -> tuple[IO[bytes], IO[bytes], IO[bytes]]:
     return proc.stdin, proc.stdout, proc.stderr
 
 
-def _widen_pipe(fd: int) -> None:
+def widen_pipe(fd: int) -> None:
     """A pipe of a megabyte where Linux allows it (64 KiB by default): a log streams in fewer, larger reads."""
     try:
         fcntl.fcntl(fd, getattr(fcntl, "F_SETPIPE_SZ", 1031), 1 << 20)
@@ -193,10 +198,10 @@ class LocalTransport:
             raise TransportError(f"local: cannot run {argv[0]}: {exc.strerror}") from exc
         return Stream(proc, argv, deadline, self.name)
 
-    def run(self, argv: Sequence[str], *, stdin: bytes = b"", deadline: Deadline) -> Completed:
+    def run(self, argv: Sequence[str], *, stdin: Input = b"", deadline: Deadline) -> Completed:
         timeout = deadline.left()
         try:
-            proc = subprocess.run(list(argv), input=stdin, capture_output=True, timeout=timeout)
+            proc = subprocess.run(list(argv), input=b"".join(input_chunks(stdin)), capture_output=True, timeout=timeout)
         except subprocess.TimeoutExpired as exc:
             raise TransportError(f"local: {argv[0]} did not answer within {timeout:.0f} s") from exc
         except OSError as exc:
@@ -231,7 +236,7 @@ class SshTransport:
         self._connecting = ConnectBudget(target)
         self.reached = False
 
-    def run(self, argv: Sequence[str], *, stdin: bytes = b"", deadline: Deadline) -> Completed:
+    def run(self, argv: Sequence[str], *, stdin: Input = b"", deadline: Deadline) -> Completed:
         conn = self._conn
         connecting = conn is None
         try:
@@ -467,14 +472,14 @@ def fingerprint(key) -> str:
     return "SHA256:" + base64.b64encode(digest).decode("ascii").rstrip("=")
 
 
-def _exec(connection, argv: tuple[str, ...], stdin: bytes, deadline: Deadline, name: str) -> Completed:
+def _exec(connection, argv: tuple[str, ...], stdin: Input, deadline: Deadline, name: str) -> Completed:
     """Run one command on its own channel; read both streams until exit, never past the deadline."""
     chan = connection.open_session(timeout=time_left(deadline, name))
     try:
         chan.settimeout(time_left(deadline, name))
         chan.exec_command(shlex.join(argv))
-        if stdin:
-            chan.sendall(stdin)
+        for chunk in input_chunks(stdin):
+            chan.sendall(chunk)
         chan.shutdown_write()
         out, err = _drain(chan, deadline, name)
         return Completed(argv, chan.recv_exit_status(), out, err)

@@ -21,7 +21,6 @@ import binascii
 import json
 import os
 import re
-import select
 import selectors
 import shlex
 import subprocess
@@ -33,8 +32,8 @@ from .. import verbose
 from ..deadline import Deadline
 from ..errors import AuthFailed, HostKeyError, SpecError, TransportError
 from .answers import oversized
-from .transport import (MAX_OUTPUT_BYTES, Completed, ConnectBudget, LocalTransport, SshTarget, SshTransport, Stream,
-                        keep_tail, piped, port_decided_by, time_left, user_decided_by)
+from .transport import (MAX_OUTPUT_BYTES, Completed, ConnectBudget, Input, LocalTransport, SshTarget, SshTransport,
+                        Stream, input_chunks, keep_tail, piped, port_decided_by, time_left, user_decided_by, widen_pipe)
 
 EXIT_SSH_FAILED = 255
 SERVER_ALIVE_S = 15  # the keepalive interval when the command has time; less when it has less
@@ -62,7 +61,7 @@ class OpenSshTransport:
         self._connecting = ConnectBudget(target)
         self.reached = False
 
-    def run(self, argv: Sequence[str], *, stdin: bytes = b"", deadline: Deadline) -> Completed:
+    def run(self, argv: Sequence[str], *, stdin: Input = b"", deadline: Deadline) -> Completed:
         return self.start(argv, deadline=deadline).finish(stdin)
 
     def start(self, argv: Sequence[str], *, deadline: Deadline) -> Running:
@@ -313,20 +312,20 @@ class Running:
                  deadline: Deadline) -> None:
         self.transport, self.argv, self.command, self.proc, self.deadline = transport, argv, command, proc, deadline
 
-    def finish(self, stdin: bytes) -> Completed:
+    def finish(self, stdin: Input) -> Completed:
         """Send stdin, close it, wait for the command (never past the deadline: then it is killed)."""
         name = self.transport.name
         try:
             time_left(self.deadline, name)  # passed before the input was ready: a TransportError
             stdout, stderr = exchange(self.proc, stdin, self.deadline, name)
-        except TransportError:  # that, or an answer past the cap (BadAnswer): nothing more of it is read
-            self._kill()
-            raise
         except subprocess.TimeoutExpired as exc:
             self.transport.reached = True  # its input was sent: the host may have acted on it
             self._kill()
             self.transport._drop_master()
             raise TransportError(f"ssh {name}: no answer before the deadline (link down or host overloaded?)") from exc
+        except Exception:  # a TransportError, an answer past the cap (BadAnswer), or the input's own failure
+            self._kill()
+            raise
         return self.transport._completed(self, self.proc.returncode, stdout, stderr)
 
     def _kill(self) -> None:
@@ -338,18 +337,16 @@ class Running:
         self.proc.wait()
 
 
-def exchange(proc: subprocess.Popen, stdin: bytes, deadline: Deadline, name: str) -> tuple[bytes, bytes]:
-    """Popen.communicate, but stdout is never read past MAX_OUTPUT_BYTES (BadAnswer) and only stderr's last
-    MAX_STDERR_BYTES are kept: a host's answer is held in memory, and a host is not trusted to be small.
-    subprocess.TimeoutExpired when the deadline passes."""
+def exchange(proc: subprocess.Popen, stdin: Input, deadline: Deadline, name: str) -> tuple[bytes, bytes]:
+    """Popen.communicate, but stdin may come in chunks as they are made (an upload), stdout is never read past
+    MAX_OUTPUT_BYTES (BadAnswer) and only stderr's last MAX_STDERR_BYTES are kept: a host's answer is held in
+    memory, and a host is not trusted to be small. subprocess.TimeoutExpired when the deadline passes."""
     out, err = bytearray(), bytearray()
-    pending = memoryview(stdin)
     to_stdin, stdout, stderr = piped(proc)
+    feed = _Feed(to_stdin, stdin)
     with selectors.DefaultSelector() as selector:
-        if pending:
+        if feed.open:
             selector.register(to_stdin, selectors.EVENT_WRITE)
-        else:
-            to_stdin.close()
         selector.register(stdout, selectors.EVENT_READ)
         selector.register(stderr, selectors.EVENT_READ)
         while selector.get_map():
@@ -358,7 +355,8 @@ def exchange(proc: subprocess.Popen, stdin: bytes, deadline: Deadline, name: str
                 raise subprocess.TimeoutExpired(proc.args, 0)
             for key, _ in selector.select(left):
                 if key.fileobj is to_stdin:
-                    pending = _write_some(to_stdin, pending, selector)
+                    if not feed.write():
+                        selector.unregister(to_stdin)
                     continue
                 chunk = os.read(key.fd, 1 << 16)
                 if not chunk:
@@ -373,17 +371,40 @@ def exchange(proc: subprocess.Popen, stdin: bytes, deadline: Deadline, name: str
     return bytes(out), bytes(err)
 
 
-def _write_some(pipe, pending: memoryview, selector) -> memoryview:
-    """One write that cannot block (at most PIPE_BUF to a writable pipe); the pipe closed once all is sent or
-    the other end went away."""
-    try:
-        pending = pending[os.write(pipe.fileno(), pending[:select.PIPE_BUF]):]
-    except BrokenPipeError:
-        pending = pending[:0]
-    if not pending:
-        selector.unregister(pipe)
-        pipe.close()
-    return pending
+class _Feed:
+    """A command's stdin, written as the pipe takes it (never blocking: the answer is read meanwhile); the pipe
+    closed once all is sent or the other end went away."""
+
+    WRITE_BYTES = 1 << 20
+
+    def __init__(self, pipe, stdin: Input) -> None:
+        self.pipe, self.chunks = pipe, input_chunks(stdin)
+        self.pending = memoryview(next(self.chunks, b""))
+        self.open = bool(self.pending)
+        if self.open:
+            os.set_blocking(pipe.fileno(), False)
+            widen_pipe(pipe.fileno())
+        else:
+            pipe.close()
+
+    def write(self) -> bool:
+        """One write that cannot block; whether there is more to write."""
+        try:
+            self.pending = self.pending[os.write(self.pipe.fileno(), self.pending[:self.WRITE_BYTES]):]
+            while not self.pending:
+                chunk = next(self.chunks, None)
+                if chunk is None:
+                    break
+                self.pending = memoryview(chunk)
+        except BlockingIOError:
+            return True
+        except BrokenPipeError:
+            self.pending = memoryview(b"")
+        if self.pending:
+            return True
+        self.pipe.close()
+        self.open = False
+        return False
 
 
 _CONNECT_TIMED_OUT = re.compile(r"Connection timed out|timed out during banner exchange")

@@ -21,7 +21,7 @@ from remote_payload import sweep as sweeps
 
 from ..errors import SpecError
 from ..state.job_id import check_job_id
-from .spec_fields import (ArgKey, ArgValue, CommandWord, Device, Duration, EnvKey, EnvValue, HealthUrl,
+from .spec_fields import (ArgKey, ArgValue, CommandWord, Device, Duration, EnvKey, EnvValue, FileGlob, HealthUrl,
                           HostRoot, MinFreeMib, Name, PayloadUser, Python, Script, Unit, User, short)
 from .spec_fleet import Addresses, RolloutSpec, fleet_problem
 from .spec_slurm import SlurmSpec, launcher_problem, wire_slurm
@@ -161,6 +161,8 @@ class PayloadSpec(_Section):
     staged: bool = False
     # The host user the payload runs as (the supervisor stays root): its result file is all it may write.
     user: PayloadUser = None
+    # Data files that travel with a script, beside it (globs relative to the job file)
+    files: list[FileGlob] = []
 
     @model_validator(mode="after")
     def _script_or_command(self) -> PayloadSpec:
@@ -174,6 +176,8 @@ class PayloadSpec(_Section):
             raise ValueError("`prepare_args` go with `script`; with `command`, give `prepare_command`")
         if self.prepare_command is not None and (self.command is None or not self.prepare_command):
             raise ValueError("`prepare_command` goes with `command` and must not be empty")
+        if self.files and self.script is None:
+            raise ValueError("`files` go with `script` (they travel beside it); a `command` runs what the host has")
         return self
 
 
@@ -310,6 +314,11 @@ class JobSpec(_Section):
         """The YAML file this spec was loaded from (set by load_spec)."""
         return self._spec_path
 
+    @property
+    def spec_dir(self) -> Path:
+        """The job file's folder: what payload.script and payload.files are relative to."""
+        return self._spec_path.parent if self._spec_path is not None else Path.cwd()
+
     def set_spec_path(self, path: Path) -> None:
         """Remember the YAML file (for error messages and a script relative to it); load_spec calls it."""
         self._spec_path = path
@@ -331,7 +340,7 @@ class JobSpec(_Section):
         script = self.payload.script
         if script is None:
             return None
-        spec_dir = self._spec_path.parent if self._spec_path is not None else Path.cwd()
+        spec_dir = self.spec_dir
         for candidate in (Path(payload_root) / script, spec_dir / script):
             if candidate.is_file():
                 return candidate

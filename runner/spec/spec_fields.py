@@ -213,6 +213,14 @@ def _check_script(value: Any) -> str | None:
     return _contract_rule(contract.script_problem, _check_printable_line(value, "script"))
 
 
+def _check_file_glob(value: Any) -> str:
+    """A glob relative to the job file, inside its folder (the files land beside the script)."""
+    text = _check_printable_line(value, "a payload.files glob")
+    if not text or text.startswith("/") or ".." in text.split("/"):
+        raise ValueError(f"a payload.files glob is relative to the job file, without `..`; got {short(text)}")
+    return text
+
+
 def _check_arg_value(value: Any) -> Any:
     scalar = (str, int, float, bool)
     if isinstance(value, list):
@@ -263,5 +271,6 @@ HealthUrl = Annotated[Union[str, None], BeforeValidator(_check_health_url)]
 MinFreeMib = Annotated[Union[int, Literal["auto"]], BeforeValidator(_check_min_free_mib), WithJsonSchema(
     {"anyOf": [{"type": "integer", "minimum": 0, "maximum": MAX_MIN_FREE_MIB}, {"const": "auto", "type": "string"}]})]
 Script = Annotated[Union[str, None], BeforeValidator(_check_script)]
+FileGlob = Annotated[str, BeforeValidator(_check_file_glob)]
 
 

@@ -92,6 +92,11 @@ DESCRIPTIONS = {
     "payload.args": "The script's arguments: `key: value` becomes `--key value`, `true` a bare flag, a list "
                     "`1,2,3`. Checked against the script's own parser before anything is sent to the host.",
     "payload.env": "Extra environment for the payload (RUNNER_* are reserved).",
+    "payload.files": "Data files that travel with `script` (configs, small weights): globs relative to the job "
+                     "file (`data/*.json`, `weights/**`), each file inside the script's folder; on the host they "
+                     "lie beside the script as here (open them relative to `__file__`). Content-addressed with "
+                     "the script's bundle (an unchanged file is not sent again); `--dry-run` shows the bundle's "
+                     "size; at most 1 GiB in all, and a glob that matches no file is refused (exit 2).",
     "payload.command": "An argv list run as is (instead of `script`).",
     "payload.prepare_args": "A prepare step run BEFORE the service is stopped: the script again with these args "
                             "merged over `args` (e.g. `prepare_only: true` to JIT-compile with no GPU memory).",

@@ -18,7 +18,8 @@ import yaml
 from remote_payload import sweep
 from runner.errors import BadAnswer, NotAllowed
 from runner.printable import printable
-from runner.remote.host import Bundle, HostClient
+from runner.remote.bundles import Bundle
+from runner.remote.host import HostClient
 from runner.remote.transport import Completed
 from tests.cli_helpers import REPO, local_target, run_cli, wait_terminal, write_job
 
@@ -97,7 +98,7 @@ def test_every_state_file_is_private_whatever_the_umask(tmp_path, runner_state_d
     job_id = json.loads(done.stdout)["job_id"]
     wait_terminal(target, job_id)
     subprocess.run(umask_0 + ["results", job_id], capture_output=True, env=env, cwd=REPO)
-    assert any(runner_state_dir.rglob("plans/*.json")) and any(runner_state_dir.rglob("history.sqlite3"))
+    assert (runner_state_dir / "bundle-files.json").is_file() and any(runner_state_dir.rglob("history.sqlite3"))
     loose = [f"{oct(path.lstat().st_mode & 0o777)} {path}" for path in [runner_state_dir, *runner_state_dir.rglob("*")]
              if stat.S_IMODE(path.lstat().st_mode) & 0o077 and not path.is_symlink()]
     assert loose == []

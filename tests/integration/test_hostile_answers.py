@@ -18,7 +18,8 @@ from runner.cli import cli
 from runner.commands import controller
 from runner.deadline import Deadline
 from runner.errors import TransportError
-from runner.remote.host import Bundle, HostClient
+from runner.remote.bundles import Bundle
+from runner.remote.host import HostClient
 from runner.remote.transport import Completed
 from runner.state.store import JobRecord, Store
 

@@ -11,7 +11,7 @@ import yaml
 
 from runner.deadline import Deadline
 from runner.commands import controller
-from runner.remote import host
+from runner.remote import bundles
 from tests.cli_helpers import REPO, Target, run_cli, submit, wait_terminal, write_job
 from tests.hosts._proc import shared_tmpdir
 
@@ -54,14 +54,14 @@ def test_a_demo_job_uploads_no_benchmark_code(local, work):
 def test_a_benchmark_only_edit_leaves_the_supervisor_digest(tmp_path, monkeypatch):
     copy = tmp_path / "remote_payload"
     shutil.copytree(REPO / "remote_payload", copy, ignore=shutil.ignore_patterns("__pycache__"))
-    monkeypatch.setattr(host, "payload_dir", lambda: copy)
-    before = host.supervisor_bundle().digest
+    monkeypatch.setattr(bundles, "payload_dir", lambda: copy)
+    before = bundles.supervisor_bundle().digest
     benchmark = next(copy.rglob("marlin_stats.py"))
     benchmark.write_text(benchmark.read_text() + "\n# tuned\n")
-    assert host.supervisor_bundle().digest == before
+    assert bundles.supervisor_bundle().digest == before
     supervisor = copy / "supervisor.py"
     supervisor.write_text(supervisor.read_text() + "\n# changed\n")
-    assert host.supervisor_bundle().digest != before
+    assert bundles.supervisor_bundle().digest != before
 
 
 def test_the_supervisor_bundle_holds_its_packages_but_no_payload(tmp_path, monkeypatch):
@@ -69,8 +69,8 @@ def test_the_supervisor_bundle_holds_its_packages_but_no_payload(tmp_path, monke
     shutil.copytree(REPO / "remote_payload", copy, ignore=shutil.ignore_patterns("__pycache__"))
     write(copy / "rooms" / "__init__.py", "")
     write(copy / "rooms" / "deep.py", "X = 1\n")
-    monkeypatch.setattr(host, "payload_dir", lambda: copy)
-    files = host.supervisor_bundle().files
+    monkeypatch.setattr(bundles, "payload_dir", lambda: copy)
+    files = bundles.supervisor_bundle().files
     assert {"supervisor.py", "contract.py", "rooms/__init__.py", "rooms/deep.py"} <= set(files)
     assert not [n for n in files if n.startswith("payloads/") or Path(n).name.startswith(BENCHMARK_FILE)]
 
@@ -159,8 +159,6 @@ def test_min_free_mib_auto_without_an_estimate_names_what_is_missing(work):
 
 
 def test_the_import_closure_ignores_the_stdlib_and_installed_packages(tmp_path):
-    from runner.remote.import_closure import local_closure
-
     script = write(tmp_path / "run.py", """
         import json, os.path, collections.abc
         import yaml, pytest
@@ -184,29 +182,48 @@ def test_the_import_closure_ignores_the_stdlib_and_installed_packages(tmp_path):
     write(tmp_path / "pkg" / "unused.py", "")
     write(tmp_path / "fast_path.py", "")
     write(tmp_path / "yaml_notes.txt", "not code")
-    closure = local_closure(script)
+    closure = bundles.payload_bundle(script).files
     assert sorted(closure) == ["fast_path.py", "local_mod.py", "pkg/__init__.py", "pkg/deeper/__init__.py",
                                "pkg/deeper/leaf.py", "pkg/sub.py", "run.py", "sibling.py"]
     assert closure["run.py"] == script.read_bytes()
 
 
 def test_the_import_closure_leaves_out_what_resolves_outside_the_scripts_directory(tmp_path):
-    from runner.remote.import_closure import local_closure
-
     write(tmp_path / "outside.py", "")
     script = write(tmp_path / "inner" / "run.py", "import outside\nimport linked\nfrom .. import outside\n")
     (tmp_path / "inner" / "linked.py").symlink_to(tmp_path / "outside.py")
-    assert sorted(local_closure(script)) == ["run.py"]
+    assert sorted(bundles.payload_bundle(script).entries) == ["run.py"]
 
 
-def test_a_file_the_controller_cannot_parse_still_travels(tmp_path):
-    """payload.python may be newer than the controller's: the host's probe judges the syntax, not the closure."""
-    from runner.remote.import_closure import local_closure
-
+def test_a_file_the_controller_cannot_parse_still_travels_with_its_imports(tmp_path):
+    """payload.python may be newer than the controller's: the host's probe judges the syntax; each import
+    statement is read by itself, so such a file's own imports travel too."""
     script = write(tmp_path / "run.py", "import helper\n")
-    write(tmp_path / "helper.py", "match = (\nimport never_followed\n")
-    write(tmp_path / "never_followed.py", "")
-    assert sorted(local_closure(script)) == ["helper.py", "run.py"]
+    write(tmp_path / "helper.py", "match = (\nimport followed\nprint(f'{x!r:>{w}}' if (y := 1) else z)\n")
+    write(tmp_path / "followed.py", "")
+    assert sorted(bundles.payload_bundle(script).entries) == ["followed.py", "helper.py", "run.py"]
+
+
+def test_import_statements_are_found_wherever_they_stand_and_nothing_else_counts(tmp_path):
+    script = write(tmp_path / "run.py", """
+        import a_mod, os.path as p; from b_pkg import (c_sub,  # one (of two)
+            d_sub)
+        if p: import e_mod
+        else:from.f_mod import g
+        from h_pkg \\
+            import i_sub
+        importlib.import_module("j_mod"); reimport = k_mod; __import__("l_mod")
+        note = "see: import m_mod"
+    """)
+    for name in ("a_mod", "e_mod", "f_mod", "j_mod", "k_mod", "l_mod", "m_mod"):
+        write(tmp_path / f"{name}.py", "")
+    for package, subs in (("b_pkg", ("c_sub", "d_sub")), ("h_pkg", ("i_sub",))):
+        write(tmp_path / package / "__init__.py", "")
+        for sub in subs:
+            write(tmp_path / package / f"{sub}.py", "")
+    assert sorted(bundles.payload_bundle(script).entries) == [
+        "a_mod.py", "b_pkg/__init__.py", "b_pkg/c_sub.py", "b_pkg/d_sub.py", "e_mod.py", "f_mod.py",
+        "h_pkg/__init__.py", "h_pkg/i_sub.py", "run.py"]
 
 
 def test_both_bundles_travel_in_one_upload_and_a_warm_submit_is_one_round_trip(local, work):
@@ -218,13 +235,18 @@ def test_both_bundles_travel_in_one_upload_and_a_warm_submit_is_one_round_trip(l
     store = Store()
     trips = [controller.submit(str(job), [], store=store, progress=lambda _m: None,
                                deadline=Deadline.for_command(50)) for job in (demo, demo, other)]
-    # cold: payload-missing, one upload of both, submit again; warm: one; a new payload on a warm host: the
-    # supervisor answers payload-missing for it, one upload, submit again
-    assert [t.round_trips for t in trips] == [3, 1, 3]
+    # a payload this controller has just hashed goes up before its submit (no host has it): the upload of both
+    # bundles, the submit; warm: one; a new payload on a warm host: its upload, the submit
+    assert [t.round_trips for t in trips] == [2, 1, 2]
     for done in trips:
         assert wait_terminal(local, done.job_id)["state"] == "SUCCEEDED"
     assert len(list((local.root / "payload").iterdir())) == 1
     assert len(list((local.root / "payloads").iterdir())) == 2
+    # a host without a bundle this controller hashed before: its payload-missing answer, the upload, again
+    shutil.rmtree(local.root / "payload")
+    again = controller.submit(str(other), [], store=store, progress=lambda _m: None, deadline=Deadline.for_command(50))
+    assert again.round_trips == 3
+    assert wait_terminal(local, again.job_id)["state"] == "SUCCEEDED"
 
 
 def test_every_module_of_the_supervisor_bundle_imports_on_a_bare_host(tmp_path):
@@ -233,7 +255,7 @@ def test_every_module_of_the_supervisor_bundle_imports_on_a_bare_host(tmp_path):
     import subprocess
     import sys
 
-    bundle = host.supervisor_bundle()
+    bundle = bundles.supervisor_bundle()
     for name, data in bundle.files.items():  # the package's tree, as supervisor.py binds it
         write(tmp_path / "remote_payload" / name, data.decode())
     modules = sorted("remote_payload." + n[:-3].replace("/", ".").removesuffix(".__init__")

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from runner.deadline import Deadline
-from runner.remote.host import HostClient, supervisor_bundle
+from runner.remote.bundles import supervisor_bundle
+from runner.remote.host import HostClient
 from runner.remote.transport import LocalTransport
 from runner.state.store import RECENT_JOBS, JobRecord, Store
 from tests.cli_helpers import Target, run_cli, submit, wait_terminal, write_job

@@ -70,7 +70,7 @@ def test_a_jobs_tail_loads_no_other_commands_types_nor_hashing_once_recorded(tmp
             "from runner.cli import cli\n"
             "from runner.commands import controller\n"
             "from runner.deadline import Deadline\n"
-            "from runner.remote.host import supervisor_bundle\n"
+            "from runner.remote.bundles import supervisor_bundle\n"
             "from runner.remote.transport_openssh import for_host\n"
             "assert supervisor_bundle().digest\n"
             "for_host({'address': 'box', 'transport': 'openssh'}).command('true', Deadline(5.0))  # ssh -G, trust\n"

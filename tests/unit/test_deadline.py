@@ -9,7 +9,8 @@ import pytest
 from runner.commands.controller import _retrying
 from runner.deadline import ROUND_TRIP_ALLOWANCE_S, Deadline
 from runner.errors import AuthFailed, BadAnswer, TransportError
-from runner.remote.host import Bundle, HostClient
+from runner.remote.bundles import Bundle
+from runner.remote.host import HostClient
 from runner.remote.transport import SshTarget, SshTransport
 from runner.remote.transport_openssh import OpenSshTransport
 

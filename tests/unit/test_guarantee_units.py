@@ -101,7 +101,8 @@ def test_an_unsafe_root_is_refused_by_boot_and_by_the_supervisor(tmp_path):
     import subprocess
     import sys
 
-    from runner.remote.host import BOOT, supervisor_bundle
+    from runner.remote.bundles import supervisor_bundle
+    from runner.remote.host import BOOT
 
     root = tmp_path / "root"
     digest = "0123456789abcdef"

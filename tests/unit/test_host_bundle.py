@@ -1,25 +1,30 @@
 """The bundles: content-addressed, uploaded once, unpacked safely (UNPACK runs here for real)."""
-import io
 import json
 import os
 import shutil
 import subprocess
 import sys
-import tarfile
 import time
 from pathlib import Path
 
 import pytest
 
 from runner.errors import LocalStateError
-from runner.remote import host
-from runner.remote.host import UNPACK, Bundle, payload_bundle, supervisor_bundle, tarball
+from runner.remote import bundles as host
+from runner.remote.bundles import Bundle, Upload, payload_bundle, supervisor_bundle
+from runner.remote.host import unpack_program
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def unpack(root, data, *names):
-    return subprocess.run([sys.executable, "-c", UNPACK, str(root), *names], input=data, capture_output=True)
+    return subprocess.run([sys.executable, "-c", unpack_program(), str(root), *names], input=data,
+                          capture_output=True)
+
+
+def tarball(bundles, kept=()) -> bytes:
+    """What an upload of these bundles sends (its frames), in one piece."""
+    return b"".join(Upload(bundles, kept))
 
 
 def test_digest_depends_on_names_and_contents():
@@ -34,6 +39,7 @@ def test_a_user_scripts_bundle_is_named_from_its_own_directory(tmp_path):
     script.write_text("print('hi')\n")
     bundle = payload_bundle(script)
     assert bundle.files == {"my bench; $(x).py": b"print('hi')\n"}
+    assert bundle.entries["my bench; $(x).py"].source == str(script)  # read when uploaded, not before
     assert "supervisor.py" in supervisor_bundle().files
 
 
@@ -62,13 +68,10 @@ def test_unpack_adds_only_the_missing_bundle(tmp_path):
 
 
 def test_unpack_refuses_traversal_wrong_hash_and_unnamed_bundles(tmp_path):
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
-        info = tarfile.TarInfo("payload/" + "0" * 16 + "/../../escape.py")
-        info.size = 1
-        tar.addfile(info, io.BytesIO(b"x"))
-    done = unpack(tmp_path, buf.getvalue(), "payload/" + "0" * 16)
-    assert done.returncode == 1 and b"unsafe member" in done.stdout
+    where = "payload/" + "0" * 16
+    for name in ("../../escape.py", "/abs.py", "a//b.py", ".tmp-1", ".lock"):
+        done = unpack(tmp_path, _frame(where, name, b"x"), where)
+        assert done.returncode == 1 and b"unsafe member" in done.stdout, name
     assert not (tmp_path / "escape.py").exists()
     bundle = Bundle({"a.py": b"1"})
     done = unpack(tmp_path, tarball([("payload", bundle)]), "payload/" + "f" * 16)
@@ -77,21 +80,47 @@ def test_unpack_refuses_traversal_wrong_hash_and_unnamed_bundles(tmp_path):
     data = tarball([("payload", bundle)])
     done = unpack(tmp_path, _renamed(bundle, wrong.digest), "payload/" + wrong.digest)
     assert done.returncode == 1 and b"hash mismatch" in done.stdout
+    assert not (tmp_path / "payload" / wrong.digest).exists()
+    lying = _frame(f"payload/{bundle.digest}", "a.py", b"2", sha=bundle.entries["a.py"].sha256)
+    done = unpack(tmp_path, lying, f"payload/{bundle.digest}")  # a file that is not what its header says
+    assert done.returncode == 1 and b"changed while it was sent" in done.stdout
     for name in ("elsewhere/" + bundle.digest, "payload/../x", "payload/short"):
         done = unpack(tmp_path, data, name)
         assert done.returncode == 1 and b"bad-bundle" in done.stdout
-    assert not (tmp_path / "payload").exists()
+    assert not (tmp_path / "payload" / bundle.digest).exists()
+
+
+def _frame(where: str, name: str, data: bytes, sha: str | None = None) -> bytes:
+    import hashlib
+
+    sha = sha or hashlib.sha256(data).hexdigest()
+    return json.dumps([where, name, len(data), sha]).encode() + b"\n" + data + json.dumps([where]).encode() + b"\n"
 
 
 def _renamed(bundle: Bundle, digest: str) -> bytes:
-    """bundle's files under payload/<digest>/: a tarball whose content does not hash to its name."""
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
-        for name, data in bundle.files.items():
-            info = tarfile.TarInfo(f"payload/{digest}/{name}")
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    return buf.getvalue()
+    """bundle's files under payload/<digest>/: an upload whose content does not hash to its name."""
+    return b"".join(_frame(f"payload/{digest}", name, data)[:-len(json.dumps([f"payload/{digest}"])) - 1]
+                    for name, data in bundle.files.items()) + json.dumps([f"payload/{digest}"]).encode() + b"\n"
+
+
+def test_a_cut_upload_keeps_the_files_that_came_whole_and_the_next_one_sends_only_the_rest(tmp_path):
+    job = Bundle({"a.py": b"a" * 1000, "b.py": b"b" * 1000, "pkg/c.py": b"c" * 1000})
+    where = f"payloads/{job.digest}"
+    whole = tarball([("payloads", job)])
+    cut = whole[:whole.index(b'"pkg/c.py"') + 200]  # a.py and b.py whole, c.py begun
+    done = unpack(tmp_path, cut, where)
+    assert done.returncode == 1 and json.loads(done.stdout)["error"] == "upload-cut"
+    assert not (tmp_path / where).exists()
+    from remote_payload.host.unpack import kept, stage_of
+
+    assert kept(stage_of(str(tmp_path), where)) == ["a.py", "b.py"]
+    rest = tarball([("payloads", job)], kept=["a.py", "b.py"])
+    assert b'"a.py"' not in rest and len(rest) < len(whole) - 1900
+    assert json.loads(unpack(tmp_path, rest, where).stdout) == {"ok": True}
+    assert sorted(str(p.relative_to(tmp_path / where)) for p in (tmp_path / where).rglob("*") if p.is_file()) == \
+        ["a.py", "b.py", "pkg/c.py"]
+    assert (tmp_path / where / "pkg" / "c.py").read_bytes() == b"c" * 1000
+    assert not Path(stage_of(str(tmp_path), where)).exists()
 
 
 def test_unpacked_bundle_runs_the_supervisor_and_its_rooms_as_a_script(tmp_path):
@@ -154,7 +183,7 @@ def test_the_read_only_verbs_load_only_their_rooms(tmp_path):
         assert "base64" not in loaded or "--stream" not in verb  # a stream sends raw bytes
 
 
-# -- the supervisor's digest, recorded in the state dir against its files' stamps -----------------------------
+# -- the bundles' digests, recorded in the state dir against their files' stamps -------------------------------
 
 def _a_new_command(monkeypatch, copy):
     """What a new `runner` process starts from: no bundle in memory, the host code at `copy`."""
@@ -195,18 +224,48 @@ def test_files_changed_after_their_digest_was_taken_are_never_uploaded_under_it(
     _a_new_command(monkeypatch, copy)
     recorded = _a_new_command(monkeypatch, copy)  # its digest from the record, its files not read yet
     digest = recorded.digest
-    (copy / "supervisor.py").write_text((copy / "supervisor.py").read_text() + "\n# changed meanwhile\n")
-    with pytest.raises(LocalStateError, match="changed while this command ran"):
-        recorded.files
+    supervisor = copy / "supervisor.py"
+    before = supervisor.read_bytes()
+    supervisor.write_bytes(before + b"\n# changed meanwhile\n")
+    for read in (lambda: recorded.files, lambda: tarball([("payload", recorded)])):
+        with pytest.raises(LocalStateError, match="changed while this command ran"):
+            read()
+    supervisor.write_bytes(before.replace(b"import", b"IMPORT", 1))  # the same size: the host tells
+    sent = tarball([("payload", recorded)])  # the host checks each file against the sha256 its frame names
+    done = unpack(tmp_path / "root", sent, f"payload/{digest}")
+    assert done.returncode == 1 and json.loads(done.stdout)["error"] == "bad-bundle"
+    assert not (tmp_path / "root" / "payload" / digest).exists()
     assert _a_new_command(monkeypatch, copy).digest != digest
 
 
 def test_an_unreadable_digest_record_is_a_miss(tmp_path, monkeypatch):
     copy = _host_code(tmp_path)
     digest = _a_new_command(monkeypatch, copy).digest
-    record = Path(os.environ["RUNNER_STATE_DIR"]) / host.DIGESTS_FILE
-    for text in ("{torn", "[]", json.dumps({str(copy): {"files": "x", "digest": 7}})):
+    record = Path(os.environ["RUNNER_STATE_DIR"]) / host.INDEX_FILE
+    bad_files = {str(copy / "supervisor.py"): {"stamp": "x", "sha256": 7}}
+    for text in ("{torn", "[]", json.dumps({"files": bad_files, "bundles": {str(copy): {"files": "x", "digest": 7}}})):
         record.write_text(text)
         assert _a_new_command(monkeypatch, copy).digest == digest
-    recorded = json.loads(record.read_text())[str(copy)]
+    recorded = json.loads(record.read_text())["bundles"][str(copy)]
     assert recorded["digest"] == digest and len(recorded["files"]) == len(_a_new_command(monkeypatch, copy).files)
+
+
+def test_an_unchanged_closure_is_neither_read_nor_parsed_again(tmp_path, monkeypatch):
+    """A submit's payload bundle: its files' digests and imports come from the state dir's index while their
+    stamps hold; a changed module is read again, and only it."""
+    (tmp_path / "run.py").write_text("import helper\n")
+    (tmp_path / "helper.py").write_text("from . import data\n")
+    (tmp_path / "data.py").write_text("X = 1\n")
+    first = payload_bundle(tmp_path / "run.py")
+    assert sorted(first.entries) == ["data.py", "helper.py", "run.py"]
+    read = []
+    real_read = Path.read_bytes
+    monkeypatch.setattr(Path, "read_bytes", lambda self: read.append(self.name) or real_read(self))
+    again = payload_bundle(tmp_path / "run.py")
+    assert again.digest == first.digest and read == []
+    time.sleep(0.02)
+    (tmp_path / "helper.py").write_text("from . import data\nimport more\n")
+    (tmp_path / "more.py").write_text("")
+    edited = payload_bundle(tmp_path / "run.py")
+    assert sorted(read) == ["helper.py", "more.py"]
+    assert sorted(edited.entries) == ["data.py", "helper.py", "more.py", "run.py"] and edited.digest != first.digest

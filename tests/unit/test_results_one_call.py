@@ -15,7 +15,8 @@ import pytest
 
 from runner.cli import cli
 from runner.commands import controller
-from runner.remote.host import Bundle, HostClient
+from runner.remote.bundles import Bundle
+from runner.remote.host import HostClient
 from runner.remote.transport import Completed
 from runner.state.store import JobRecord, Store
 
