@@ -205,13 +205,14 @@ class HostClient:
     def boot_argv(self, sub: str, args: list[str]) -> list[str]:
         return launch_argv(self.python, BOOT, [self.root, self.bundle.digest, sub, *args])
 
-    def upload(self, kept: Sequence[str] = ()) -> None:
-        """Both bundles in one round trip, streamed (the host skips one it has, and the payload's files that a
-        cut upload left there: `kept`): `payload-missing` comes from BOOT for the supervisor's and from the
-        supervisor for the payload's. An upload cut by the deadline says how to go on."""
-        bundles = [("payload", self.bundle)] + ([("payloads", self.payload)] if self.payload is not None else [])
+    def upload(self, kept: Sequence[str] | None = None) -> None:
+        """The bundles the host may lack in one round trip, streamed (it skips one it has): both, or with
+        `kept` (the supervisor's payload-missing answer: the supervisor's bundle is there) the payload's
+        files but those a cut upload left there. An upload cut by the deadline says how to go on."""
+        bundles = [] if kept is not None else [("payload", self.bundle)]
+        bundles += [("payloads", self.payload)] if self.payload is not None else []
         argv = launch_argv(self.python, unpack_program(), [self.root, *(f"{kind}/{b.digest}" for kind, b in bundles)])
-        stream = Upload(bundles, kept)
+        stream = Upload(bundles, kept or ())
         self.round_trips += 1
         try:
             with verbose.timed(f"{self.transport.name}: upload of {', '.join(k for k, _ in bundles)} "
@@ -235,11 +236,12 @@ class HostClient:
         return done
 
 
-def _kept(done: Completed) -> list[str]:
-    """The payload files a cut upload left on the host, as its payload-missing answer lists them."""
+def _kept(done: Completed) -> list[str] | None:
+    """What a cut upload left of the payload bundle, as the supervisor's payload-missing answer lists it;
+    None when BOOT answered (the supervisor's bundle is missing too)."""
     answer = answers.parse_line(done.stdout, "upload")
     kept = answer.get("kept") if answer else None
-    return [name for name in kept if isinstance(name, str)] if isinstance(kept, list) else []
+    return [name for name in kept if isinstance(name, str)] if isinstance(kept, list) else None
 
 
 def _json_bytes(obj: dict | list) -> bytes:

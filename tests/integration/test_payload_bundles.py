@@ -264,3 +264,42 @@ def test_every_module_of_the_supervisor_bundle_imports_on_a_bare_host(tmp_path):
     done = subprocess.run([sys.executable, "-S", "-c", code, *modules], cwd=tmp_path, capture_output=True,
                           env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(tmp_path)}, timeout=60)
     assert done.returncode == 0, done.stderr.decode()[-1000:]
+
+
+def test_a_cut_upload_goes_on_where_it_stopped(local, work, monkeypatch):
+    """A submit whose upload was cut (its --max-wait, a lost link) left the files that arrived whole on the
+    host; the next submit of the job is told which by the payload-missing answer and sends only the rest."""
+    import subprocess
+    import sys
+
+    from runner.remote.bundles import Upload
+    from runner.remote.host import unpack_program
+    from runner.remote.transport import LocalTransport, input_chunks
+    from runner.state.store import Store
+
+    write(work / "big.py", "import part_a, part_b\nprint('whole')\n")
+    for name in ("part_a", "part_b"):
+        write(work / f"{name}.py", f"DATA = {'x' * (1 << 20)!r}\n")
+    job = write_job(work / "big.yaml", local, script="big.py")
+    plan = controller.local_plan(str(job), [])
+    payload = plan.payload_bundle
+    whole = b"".join(Upload([("payload", plan.bundle), ("payloads", payload)]))
+    cut = whole[:whole.index(b'"part_b.py"') + 1000]  # the supervisor's, big.py and part_a.py whole; part_b.py begun
+    where = f"payloads/{payload.digest}"
+    done = subprocess.run([sys.executable, "-c", unpack_program(), str(local.root), f"payload/{plan.bundle.digest}",
+                           where], input=cut, capture_output=True)
+    assert b"upload-cut" in done.stdout and not (local.root / where).exists()
+    sent = []
+    real_run = LocalTransport.run
+
+    def counting_run(self, argv, *, stdin=b"", deadline):
+        sent.append(b"".join(input_chunks(stdin)))
+        return real_run(self, argv, stdin=sent[-1], deadline=deadline)
+
+    monkeypatch.setattr(LocalTransport, "run", counting_run)
+    again = controller.submit(str(job), [], store=Store(), progress=lambda _m: None, deadline=Deadline.for_command(50))
+    assert again.round_trips == 3  # payload-missing (what it kept named), the rest, the submit
+    upload = max(sent, key=len)
+    assert b'"part_b.py"' in upload and b'"part_a.py"' not in upload and len(upload) < (1 << 20) + 200_000
+    assert wait_terminal(local, again.job_id)["state"] == "SUCCEEDED"
+    assert (local.root / where / "part_a.py").read_bytes() == (work / "part_a.py").read_bytes()

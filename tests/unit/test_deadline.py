@@ -8,7 +8,7 @@ import pytest
 
 from runner.commands.controller import _retrying
 from runner.deadline import ROUND_TRIP_ALLOWANCE_S, Deadline
-from runner.errors import AuthFailed, BadAnswer, TransportError
+from runner.errors import AuthFailed, BadAnswer, TransportError, UploadCut
 from runner.remote.bundles import Bundle
 from runner.remote.host import HostClient
 from runner.remote.transport import SshTarget, SshTransport
@@ -119,3 +119,29 @@ def test_every_connect_attempt_of_a_command_shares_one_connect_timeout(make):
         transport._connecting.take(deadline)
     transport._connecting.reset()
     assert transport._connecting.take(deadline).left() > 0
+
+
+class SlowLink:
+    """A transport that takes an upload's first chunks, then stalls until the deadline (a link too slow for
+    the bundle), as the OpenSSH transport fails there."""
+
+    name = "slow"
+
+    def run(self, argv, *, stdin=b"", deadline):
+        chunks = iter(stdin) if not isinstance(stdin, bytes) else iter([stdin])
+        for _ in range(4):
+            next(chunks, None)
+        time.sleep(deadline.left())
+        raise TransportError("ssh slow: no answer before the deadline (link down or host overloaded?)")
+
+    def close(self) -> None:
+        pass
+
+
+def test_an_upload_cut_by_the_deadline_says_how_far_it_got_and_how_to_go_on():
+    payload = Bundle({"a.py": b"a" * (3 << 20), "b.py": b"b" * (3 << 20)})
+    client = HostClient(SlowLink(), root="~/.runner", python="python3", bundle=Bundle({}), deadline=Deadline(0.2),
+                        payload=payload)
+    with pytest.raises(UploadCut, match=r"cut at 3\.0 of 6\.0 MiB") as cut:
+        client.upload()
+    assert "sends only the rest" in cut.value.hint and not cut.value.retry and cut.value.exit_code == 3
