@@ -7,7 +7,7 @@ baseline checkout (B), the nohup line, and `tar c … | ssh host tar x` + the no
 A loopback sshd, a non-root login (OpenSSH transport, master warm), a ROOT per side. The payload: a script
 that imports --modules modules of its own folder (inside a function it never calls: the closure counts them,
 the host never runs them), --mib MiB of Python source in all (each module a few functions and string
-constants of random hex). 1. Unchanged: `runner submit JOB.json` with the job's name changed before each run
+constants of random hex). 1. Unchanged (with a control: A's submit of a script that imports nothing): `runner submit JOB.json` with the job's name changed before each run
 (the closure as it was), A, B and `ssh HOST 'nohup … & echo $!'` (a fresh connection, as a user types it) in
 turn. 2. Changed: every module rewritten (new random constants, the same size) before each of A and B, and
 for the third side a fresh dir of the same size sent by `tar c -C DIR . | ssh HOST 'mkdir D && tar x -C D'`
@@ -72,6 +72,8 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=7)
     parser.add_argument("--changed-runs", type=int, default=5)
     parser.add_argument("--sides", default="ab", help="which of A (this checkout) and B (--base) run")
+    parser.add_argument("--base-runs", type=int, default=None, help="B in the first N rounds only (default: all; "
+                        "B computes a large closure for a minute a submit)")
     parser.add_argument("--out", default="bench/results/bundle_submit.json")
     args = parser.parse_args()
 
@@ -84,6 +86,9 @@ def main() -> int:
         payloads = {side: work / f"payload-{side}" for side in args.sides}
         for folder in payloads.values():
             write_payload(folder, args.mib, args.modules)
+        if "a" in args.sides:  # the control: the same submit of a script that imports nothing
+            roots["a0"], payloads["a0"] = roots["a"], work / "payload-a0"
+            write_payload(payloads["a0"], 0, 1)
         subprocess.run(["chmod", "-R", "a+rX", str(work)], check=True)
         report = {"mib": args.mib, "modules": args.modules, "load_start": os.getloadavg()}
         report["unchanged"] = unchanged(args, login, roots, payloads, work, env)
@@ -102,10 +107,14 @@ def _sides(args, env: dict) -> dict:
 
 def unchanged(args, login, roots: dict, payloads: dict, work: Path, env: dict) -> dict:
     sides = _sides(args, env)
+    if "a" in sides:
+        sides["a0"] = sides["a"]
     nohup = (["ssh", "-F", str(login.ssh_config), login.alias, NOHUP], None, REPO)
     walls: dict[str, list[float]] = {side: [] for side in (*sides, "nohup")}
     for i in range(-2, args.runs):  # < 0: the first upload of each side's bundles and its master, untimed
         for side, (checkout, side_env) in sides.items():
+            if side == "b" and i >= _base_runs(args):
+                continue
             spec = write_spec(payloads[side], login, roots[side], f"unchanged-{side}-{i}")
             wall, _ = timed(*cli(checkout, side_env, "submit", str(spec)))
             if i >= 0:
@@ -125,6 +134,8 @@ def changed(args, login, roots: dict, payloads: dict, work: Path, env: dict) -> 
     fresh = work / "tar-src"
     for i in range(-1, args.changed_runs):  # -1: untimed
         for side, (checkout, side_env) in sides.items():
+            if side == "b" and i >= _base_runs(args):
+                continue
             write_payload(payloads[side], args.mib, args.modules)
             subprocess.run(["chmod", "-R", "a+rX", str(payloads[side])], check=True)
             spec = write_spec(payloads[side], login, roots[side], f"changed-{side}-{i}")
@@ -143,6 +154,10 @@ def changed(args, login, roots: dict, payloads: dict, work: Path, env: dict) -> 
     return {"s": {k: summary(v) for k, v in walls.items()},
             **{f"throughput_{side}_over_tar_ssh": _ratio(walls["tar_ssh_nohup"], walls[side]) for side in sides},
             "load": os.getloadavg()}
+
+
+def _base_runs(args) -> int:
+    return args.runs if args.base_runs is None else args.base_runs
 
 
 def _ratio(xs: list[float], ys: list[float]) -> float:

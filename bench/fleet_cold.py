@@ -4,9 +4,9 @@ shell -a '<the same payload>' -f N`, and against a baseline checkout of runner.
     python bench/fleet_cold.py --base /tmp/base [--hosts 24] [--rounds 3] [--payload 'sleep 3']
         [--ansible build/ansible-venv/bin/ansible] [--out bench/results/fleet_cold.json]
 
-N test sshd (tests/hosts/sshd.py, each its own port, namespaces and non-root login; every alias `fleet-i` pinned
-to 127.0.0.1), one ssh_config naming their non-root logins. Each round, in turn: the code under test (A), the
-baseline (B), Ansible (C), each cold: a state dir (so no master, no cached plan) and a host root
+N test sshd (tests/hosts/sshd.py, each its own port, namespaces, root login (a private /root) and non-root login;
+every alias `fleet-i` pinned to 127.0.0.1), one ssh_config naming their root logins (--login user: the non-root).
+Each round, in turn: the code under test (A), the baseline (B), Ansible (C), each cold: a state dir (so no master, no cached plan) and a host root
 (`~/cold-<side><round>`, in each login's own home: no bundle on the host) never used before, and for Ansible a
 ControlPath dir never used before. A and B: `runner submit FLEET.json --json --max-wait 600 --forks N` of a fleet
 (service none, max_unavailable N, payload `sh -c PAYLOAD`) until it exits with every host SUCCEEDED; C: every
@@ -28,14 +28,14 @@ from interleave import REPO, cli, summary
 
 from tests.hosts._proc import shared_tmpdir  # noqa: E402
 from fleet_fanout import start_hosts  # noqa: E402
-from tests.hosts.sshd import alias_for  # noqa: E402
+from tests.hosts.sshd import ROOT_ALIAS, alias_for  # noqa: E402
 
 
-def write_ssh_config(hosts: list, work: Path) -> Path:
-    """Host i's non-root login as `fleet-i` (its own block: HostName 127.0.0.1, port, key, known_hosts)."""
+def write_ssh_config(hosts: list, work: Path, login: str) -> Path:
+    """Host i's root or non-root login as `fleet-i` (its own block: HostName 127.0.0.1, port, key, known_hosts)."""
     blocks = []
     for i, host in enumerate(hosts):
-        alias = alias_for(host.non_root_user)
+        alias = ROOT_ALIAS if login == "root" else alias_for(host.non_root_user)
         block = next(b for b in host.ssh_config.read_text().split("\n\n") if b.startswith(f"Host {alias}\n"))
         assert "HostName 127.0.0.1" in block
         blocks.append(block.replace(f"Host {alias}\n", f"Host fleet-{i + 1}\n", 1))
@@ -94,14 +94,16 @@ def main() -> int:
     parser.add_argument("--payload", default="sleep 3")
     parser.add_argument("--ansible", default=str(REPO / "build" / "ansible-venv" / "bin" / "ansible"))
     parser.add_argument("--sides", default="abc", help="which of A (this checkout), B (--base), C (Ansible) run")
+    parser.add_argument("--login", choices=("root", "user"), default="root", help="each host's root login (the "
+                        "issue's measure), or its non-root one")
     parser.add_argument("--out", default="bench/results/fleet_cold.json")
     args = parser.parse_args()
     hosts = start_hosts(args.hosts)
     work = shared_tmpdir("runner-bench-cold-")
     rows: dict[str, list] = {side: [] for side in args.sides}
     try:
-        config = write_ssh_config(hosts, work)
-        report = {"hosts": args.hosts, "payload": args.payload, "load_start": os.getloadavg(),
+        config = write_ssh_config(hosts, work, args.login)
+        report = {"hosts": args.hosts, "payload": args.payload, "login": args.login, "load_start": os.getloadavg(),
                   "ansible": subprocess.run([args.ansible, "--version"], capture_output=True,
                                             text=True).stdout.splitlines()[0]}
         for round_ in range(args.rounds):
