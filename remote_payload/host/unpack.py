@@ -102,18 +102,21 @@ class Upload:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         tmp = os.path.join(stage, ".tmp-%d" % os.getpid())
         h = hashlib.sha256()
-        with open(tmp, "wb") as fh:
-            left = size
-            while left:
-                chunk = stream.read(min(CHUNK, left))
-                if not chunk:
-                    raise Refused("upload-cut", "the upload ended inside %s/%s" % (where, name))
-                h.update(chunk)
-                fh.write(chunk)
-                left -= len(chunk)
-        if h.hexdigest() != sha:
+        try:
+            with open(tmp, "wb") as fh:
+                left = size
+                while left:
+                    chunk = stream.read(min(CHUNK, left))
+                    if not chunk:
+                        raise Refused("upload-cut", "the upload ended inside %s/%s" % (where, name))
+                    h.update(chunk)
+                    fh.write(chunk)
+                    left -= len(chunk)
+            if h.hexdigest() != sha:
+                raise Refused("bad-bundle", "hash mismatch: %s/%s changed while it was sent" % (where, name))
+        except BaseException:  # a full disk, a cut, a bad hash: only whole files stay in the stage
             os.unlink(tmp)
-            raise Refused("bad-bundle", "hash mismatch: %s/%s changed while it was sent" % (where, name))
+            raise
         os.rename(tmp, path)
         hashes[name] = h.digest()
 

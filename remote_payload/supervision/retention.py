@@ -60,9 +60,10 @@ def plan(root: str, keep_jobs: int = KEEP_JOBS, keep_days: float = KEEP_DAYS, mo
 
 
 def unused(root: str, folder: str, now: float) -> list:
-    """The bundles under ROOT/folder not used (their mtime: made or touched by a submit) for BUNDLE_DAYS."""
+    """The bundles under ROOT/folder not used (their mtime: made or touched by a submit) for BUNDLE_DAYS, and the
+    stages of uploads cut that long ago and never taken up again (.part-HASH: host/unpack.py)."""
     return [name for name, mtime in sorted(entries(os.path.join(root, folder)))
-            if now - mtime > BUNDLE_DAYS * DAY_S and not name.startswith(".")]
+            if now - mtime > BUNDLE_DAYS * DAY_S and (not name.startswith(".") or name.startswith(".part-"))]
 
 
 def ended(root: str, job_id: str) -> bool:

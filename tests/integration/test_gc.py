@@ -78,6 +78,8 @@ def crowded(host):
     old_bundle(root, "payloads", "b0b0b0b0b0b0b0b0")            # named by ended-0, which goes too
     old_bundle(root, "payloads", "c0c0c0c0c0c0c0c0", time.time())  # used today: stays
     old_bundle(root, "payload", "d0d0d0d0d0d0d0d0")             # old supervisor: a job still runs, stays
+    old_bundle(root, "payloads", ".part-e0e0e0e0e0e0e0e0")      # an upload cut long ago: goes
+    old_bundle(root, "payloads", ".part-f0f0f0f0f0f0f0f0", time.time())  # an upload under way: stays
     yield root
     guard.kill()
     guard.wait()
@@ -101,8 +103,8 @@ def test_gc_deletes_exactly_the_old_ended_jobs_and_unused_bundles(host, crowded)
     answer = host.ok("gc", "--keep-jobs", "0")
     assert sorted(answer["jobs"]) == ["ended-%d" % k for k in range(5)], answer
     assert {p.name for p in (crowded / "jobs").iterdir()} == MUST_STAY
-    assert sorted(answer["payloads"]) == ["a0a0a0a0a0a0a0a0", "b0b0b0b0b0b0b0b0"], answer
-    assert sorted(p.name for p in (crowded / "payloads").iterdir()) == ["c0c0c0c0c0c0c0c0"]
+    assert sorted(answer["payloads"]) == [".part-e0e0e0e0e0e0e0e0", "a0a0a0a0a0a0a0a0", "b0b0b0b0b0b0b0b0"], answer
+    assert sorted(p.name for p in (crowded / "payloads").iterdir()) == [".part-f0f0f0f0f0f0f0f0", "c0c0c0c0c0c0c0c0"]
     assert answer["supervisors"] == [] and (crowded / "payload" / "d0d0d0d0d0d0d0d0").is_dir()
     assert not list((crowded / "tmp").iterdir())  # nothing half-deleted left behind
 
