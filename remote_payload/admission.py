@@ -62,9 +62,19 @@ def never_stops(spec: dict) -> bool:
 
 
 def describe_holder(holder) -> str:
+    """Whoever holds a lock, as the host named it: a runner job (whose login and host.root, when the host says),
+    a process that is no runner job's (its pid, user and command), or the user whose lock file nobody holds."""
     if not holder:
         return "an unknown process"
-    return "job %s (supervisor pid %s)" % (holder.get("job_id", "?"), holder.get("pid", "?"))
+    who = " of %s (host.root %s)" % (holder["user"], holder.get("root") or "?") if holder.get("user") else ""
+    if holder.get("job_id"):
+        since = "" if holder.get("pid") else ", its stop not restored yet"
+        return "job %s%s%s" % (holder["job_id"], who, " (supervisor pid %s)" % holder["pid"] if holder.get("pid")
+                                 else since)
+    if holder.get("pid"):
+        return "pid %s of user %s (%s), not a runner job" % (holder["pid"], holder.get("user", "?"),
+                                                               holder.get("command", "?"))
+    return "a lock file user %s left (nobody holds it; that user, or root, removes it)" % holder.get("user", "?")
 
 
 def _admit(spec: dict, report: dict, queue: bool) -> dict:

@@ -51,6 +51,17 @@ def runner_state_dir(tmp_path, monkeypatch):
     return path
 
 
+@pytest.fixture(autouse=True)
+def host_lock_place(tmp_path, monkeypatch):
+    """A supervisor run on this machine (`address: local`, tests/harness/supervisor_calls) keeps its host-wide
+    locks and ledger in a per-test dir, not this machine's /run/lock, which every test and test run shares. The
+    test hosts (ssh) have their own /run/lock: sshd does not pass this on."""
+    path = tmp_path / "host-locks"
+    path.mkdir()
+    monkeypatch.setenv("RUNNER_LOCK_DIR", str(path))
+    return path
+
+
 @pytest.fixture
 def tmpfs_state_dir(runner_state_dir):
     """RUNNER_STATE_DIR on a small tmpfs of its own, so the test can make it read-only or full (root only)."""

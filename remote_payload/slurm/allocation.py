@@ -12,7 +12,7 @@ import signal
 import time
 
 from ..contract import memory_verdict
-from ..supervision.files import Locks
+from ..supervision.locks import Locks
 from ..host.answer import Fail
 from ..host.gpu import GPU_QUERY, nvidia_smi
 from ..host.parsers import parse_gpu_csv

@@ -18,7 +18,8 @@ import time
 
 from ..admission import needs_stop
 from ..contract import RUNNING_SERVICE_STATES
-from .files import Locks, try_unlink
+from .files import try_unlink
+from .locks import Locks
 from ..host.answer import Fail
 from ..host.gpu import describe_apps, query_apps, query_gpus, refuse_too_small, short_gpus
 from ..host.processes import kill_group

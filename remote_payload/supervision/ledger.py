@@ -1,44 +1,81 @@
 """The host ledger: "service S (on GPUs G) was stopped by job J and is not restored yet".
 
-One small JSON file per service beside the locks (ROOT/locks/ledger-service-<unit>.json), written atomically
-before the stop and removed only by a restorer that saw the unit back (a failed restore marks it tried), so it outlives every process of the job: the
-supervisor, its guard and the guard timer can all die and the next job on that service still learns that
-the service is down because of J, not because someone wanted it down. Whoever holds the service's lock
-settles an entry that names another job: it adopts the stop ("already stopped by J, I will restore it")
-or finds the service running again and drops the entry. Imports only the stdlib and supervision/files.py.
+One small JSON file per service in the host lock place, beside the locks (H/runner-ledger-service-<unit>.json,
+locks.py), whatever the job's host.root (the entry names it), written atomically before the stop and removed
+only by a restorer that saw the unit back (a failed restore marks it tried), so it outlives every process of
+the job: the supervisor, its guard and the guard timer can all die and the next job on that service still
+learns that the service is down because of J, not because someone wanted it down. Whoever holds the service's
+lock settles an entry that names another job: it adopts the stop ("already stopped by J, I will restore it")
+or finds the service running again and drops the entry.
+
+An entry is acted on only by a process of the login that wrote it (the file's owner, `read_entry`): another
+login's is `foreign_entry`, that login's restorers' to settle, and a unit it names that is not running is busy
+for everyone else (preflight). Imports only the stdlib and supervision/files.py, locks.py.
 """
 from __future__ import annotations
 
+import json
 import os
 import time
 
-from .files import fsync_dir, locks_dir, read_json, stamp, try_unlink, write_json_atomic
+from .files import fsync_dir, open_regular, read_json, stamp, try_unlink, write_json_atomic
+from .locks import PREFIX as LOCKS_PREFIX, lock_dir, user_name
 
 
-PREFIX = "ledger-service-"
+PREFIX = LOCKS_PREFIX + "ledger-service-"
 
 
-def ledger_path(root: str, unit: str) -> str:
-    return os.path.join(locks_dir(root), "%s%s.json" % (PREFIX, unit))
+def ledger_path(unit: str) -> str:
+    return os.path.join(lock_dir(), "%s%s.json" % (PREFIX, unit))
+
+
+def owner(unit: str):
+    """The uid of unit's entry file (the login that wrote it), or None when there is none."""
+    try:
+        return os.lstat(ledger_path(unit)).st_uid
+    except FileNotFoundError:
+        return None
 
 
 def read_entry(root: str, unit: str):
-    """The entry for `unit`, or None. An unreadable entry still means "stopped by someone": keep it."""
-    path = ledger_path(root, unit)
+    """This login's entry for `unit`, or None (none, or another login's). An unreadable one of ours still means
+    "stopped by someone": keep it. `root` is the reader's host.root: the entry says which job dir it names."""
+    if owner(unit) != os.geteuid():
+        return None
     try:
-        entry = read_json(path)
+        with open_regular(ledger_path(unit)) as fh:
+            entry = json.loads(fh.read(1 << 20).decode("utf-8"))
     except FileNotFoundError:
         return None
     except (OSError, ValueError):
-        return {"unit": unit, "job_id": None, "was": "active", "stopped_at": None, "unreadable": True}
+        return {"unit": unit, "job_id": None, "root": root, "was": "active", "stopped_at": None, "unreadable": True}
     return entry if isinstance(entry, dict) else None
+
+
+def foreign_entry(unit: str):
+    """Another login's entry for `unit` as it reads ({job_id, stopped_at, root} at most, and `user`: whose), or
+    None. Only named in a busy answer: never acted on here."""
+    uid = owner(unit)
+    if uid is None or uid == os.geteuid():
+        return None
+    try:
+        entry = read_json(ledger_path(unit))
+    except (OSError, ValueError):
+        entry = {}
+    entry = entry if isinstance(entry, dict) else {}
+    return dict({k: entry.get(k) for k in ("job_id", "stopped_at", "root")}, unit=unit, user=user_name(uid))
+
+
+def same_job(entry, root: str, job_id) -> bool:
+    """The entry names the job job_id of host.root `root` (an entry without `root` is a job of ours: before the
+    entries named their root, the ledger lived under it)."""
+    return bool(entry) and entry.get("job_id") == job_id and entry.get("root", root) == root
 
 
 def record_stop(root: str, unit: str, job_id: str, service: dict, gpus: list, **extra) -> None:
     """Before the stop: the host now knows job_id is about to stop unit and owes it a restore."""
-    os.makedirs(locks_dir(root), exist_ok=True)
-    write_json_atomic(ledger_path(root, unit), dict({
-        "unit": unit, "job_id": job_id, "was": service.get("was"), "scope": service.get("scope"),
+    write_json_atomic(ledger_path(unit), dict({
+        "unit": unit, "job_id": job_id, "root": root, "was": service.get("was"), "scope": service.get("scope"),
         "sudo": service.get("sudo"), "health_url": service.get("health_url"),
         "health_timeout": service.get("health_timeout"), "gpus": list(gpus), "stopped_at": time.time(), **stamp()},
         **extra))
@@ -66,31 +103,27 @@ def ident(payload: dict) -> dict:
 
 def _note(root: str, unit: str, job_id: str, **fields) -> None:
     entry = read_entry(root, unit)
-    if entry and entry.get("job_id") == job_id and not entry.get("unreadable"):
-        write_json_atomic(ledger_path(root, unit), dict(entry, **fields))
+    if same_job(entry, root, job_id) and not entry.get("unreadable"):
+        write_json_atomic(ledger_path(unit), dict(entry, **fields))
+
+
+def entries(root: str) -> list:
+    """This login's entries: every stop it made and has not restored, found by listing H, never through a job
+    dir (whose files the payload can write)."""
+    names = sorted(os.listdir(lock_dir()))
+    found = [read_entry(root, n[len(PREFIX):-len(".json")]) for n in names if n.startswith(PREFIX) and n.endswith(".json")]
+    return [entry for entry in found if entry]
 
 
 def entries_of(root: str, job_id: str) -> list:
-    """Every entry naming job_id: the stops it made and has not restored. Found by listing ROOT/locks, never
-    through the job dir (whose files the payload can write)."""
-    try:
-        names = sorted(os.listdir(locks_dir(root)))
-    except FileNotFoundError:
-        return []
-    found = []
-    for name in names:
-        if name.startswith(PREFIX) and name.endswith(".json"):
-            entry = read_entry(root, name[len(PREFIX):-len(".json")])
-            if entry and entry.get("job_id") == job_id:
-                found.append(entry)
-    return found
+    """Every entry naming job_id of host.root `root`: the stops it made and has not restored."""
+    return [entry for entry in entries(root) if same_job(entry, root, job_id)]
 
 
 def clear(root: str, unit: str, job_id: str) -> bool:
     """After a finished restore: drop the entry if it still names job_id (an adopter's entry stays)."""
-    entry = read_entry(root, unit)
-    if not entry or entry.get("job_id") != job_id:
+    if not same_job(read_entry(root, unit), root, job_id):
         return False
-    try_unlink(ledger_path(root, unit))
-    fsync_dir(locks_dir(root))
+    try_unlink(ledger_path(unit))
+    fsync_dir(lock_dir())
     return True

@@ -9,7 +9,8 @@ from ..contract import RUNNING_SERVICE_STATES
 from ..host import health
 from ..host.answer import Fail
 from ..host.systemd import Systemd, start_unit
-from .files import JobPaths, Locks, held_by_another_user, is_slurm_job, restore_keys
+from .files import JobPaths, is_slurm_job
+from .locks import Locks, restore_keys
 from .record import Job
 from .settle import restore_unit, settle_as_restorer, take_over_hung_restorer, with_restore_lock
 from .spec import check_health_url, check_unit, existing_job, job_paths
@@ -51,14 +52,9 @@ def restore_job(paths: JobPaths, only: str | None = None) -> dict:
 def restore_held(paths: JobPaths, job: Job, keys: list, answer: dict, act) -> dict:
     """`act` (a restore, True when finished) under the locks `keys` and the job's restore lock. A restorer acts
     only while holding them: a job that holds one now runs on this service and settles our stop through the
-    host ledger (it adopts it); starting the service here would be under its run. A lock that a process of
-    another user holds (payload.user's, outside the job: no job runs under it) is passed over, noted."""
-    foreign = [key for key in keys if held_by_another_user(paths.root, key)]
-    if foreign:
-        job.note_restore("%s held by a process of another user (not a job's): restoring without it"
-                         % ", ".join(foreign))
-    locks = Locks(paths.root, [key for key in keys if key not in foreign], paths.job_id)
-    locks.open()
+    host ledger (it adopts it); starting the service here would be under its run. No other user can hold one of
+    ours: the lock files are their taker's alone (locks.py)."""
+    locks = Locks(paths.root, keys, paths.job_id)
     holder = locks.try_acquire()
     if holder is not None:
         return dict(answer, state=job.status["state"], **service_parts(job.status), deferred=True,
@@ -114,7 +110,7 @@ def restore_released_by_job(root: str, unit: str):
     if not entry or not entry.get("released") or not entry.get("job_id"):
         return None
     try:
-        done = restore_job(existing_job(root, entry["job_id"]), only=unit)
+        done = restore_job(existing_job(entry.get("root", root), entry["job_id"]), only=unit)
     except Fail as exc:
         return {"job_id": entry["job_id"], "deferred": False, "error": str(exc)}
     # another restorer at work (within its bound) has not resumed it yet either

@@ -3,7 +3,7 @@
 The rule (docs/protocol.md, "Retention"): a job dir is kept while it is among the newest `keep_jobs` job dirs,
 younger than `keep_days` (its mtime: the last write of its status.json), not ended (any state outside
 TERMINAL, or a status.json that cannot be read), while its supervisor or guard lives, while the host ledger
-names it (a stop it owes) or while it holds a lock (under ROOT/locks, or its own restore.lock). A payload
+names it (a stop it owes) or while it holds a lock (in the host lock place, or its own restore.lock). A payload
 bundle (ROOT/payloads/<hash>) is kept while a kept job's spec names it or it was used in the last day;
 a supervisor bundle (ROOT/payload/<hash>) while it is the one running, was used in the last day, or any job
 is not ended or owes a stop (a guard timer and ExecStopPost= run that job's bundle by path). A deletion is
@@ -22,7 +22,8 @@ from ..contract import TERMINAL
 from ..host.answer import Fail
 from ..host.bundle import HERE
 from ..host.processes import is_alive
-from .files import JobPaths, lock_held, locks_dir, read_holder, read_json, read_status
+from .files import JobPaths, read_json, read_status
+from .locks import held_keys, lock_held, read_holder
 from . import ledger
 
 KEEP_JOBS = 200          # the newest job dirs kept whatever their age
@@ -113,17 +114,9 @@ def keep_reason(root: str, job_id: str, rank: int, mtime: float, now: float, kee
 
 
 def lock_holders(root: str) -> set:
-    """The jobs named by the holder record of a lock held now under ROOT/locks."""
-    try:
-        names = os.listdir(locks_dir(root))
-    except FileNotFoundError:
-        return set()
-    held = set()
-    for name in names:
-        if name.endswith(".lock") and lock_held(root, name[:-len(".lock")]):
-            holder = read_holder(root, name[:-len(".lock")]) or {}
-            held.add(holder.get("job_id"))
-    return held
+    """The jobs of this host.root named by the holder record of a lock held now in the host lock place."""
+    records = [read_holder(key) or {} for key in held_keys() if lock_held(key)]
+    return {r.get("job_id") for r in records if r.get("root") == root}
 
 
 def restore_lock_held(paths: JobPaths) -> bool:
@@ -142,20 +135,13 @@ def restore_lock_held(paths: JobPaths) -> bool:
 
 
 def ledger_jobs(root: str) -> set:
-    """The jobs the host ledger names: each owes the restore of a stop."""
-    try:
-        names = os.listdir(locks_dir(root))
-    except FileNotFoundError:
-        return set()
-    return {(ledger.read_entry(root, name[len(ledger.PREFIX):-len(".json")]) or {}).get("job_id")
-            for name in names if name.startswith(ledger.PREFIX) and name.endswith(".json")} - {None}
+    """The jobs of this host.root the host ledger names: each owes the restore of a stop."""
+    return {e.get("job_id") for e in ledger.entries(root) if e.get("root", root) == root} - {None}
 
 
 def ledger_names_any(root: str) -> bool:
-    try:
-        return any(n.startswith(ledger.PREFIX) for n in os.listdir(locks_dir(root)))
-    except FileNotFoundError:
-        return False
+    """The ledger holds an entry of this host.root (or one it cannot read): its job may run a bundle here."""
+    return any(e.get("root", root) == root for e in ledger.entries(root))
 
 
 def bundle_of(root: str, job_id: str):

@@ -14,9 +14,11 @@ import shutil
 import signal
 
 from . import unit as job_unit
+from ..admission import describe_holder
 from ..host.answer import Fail, error_answer, write_answer
 from ..host.processes import identity
-from .files import JobPaths, Locks, lock_keys
+from .files import JobPaths
+from .locks import Locks, lock_keys
 from .job import supervise
 from .record import Flags, Job
 from .settle import start_guard
@@ -54,13 +56,12 @@ def run_job(root: str, job_id: str, ready_fd: int, queue: bool) -> dict:
     install_signal_handlers(flags)
     job.save(supervisor=identity(os.getpid()), launch=job_unit.launch_record(job_id))
     locks = Locks(root, lock_keys(job.spec), job_id)
-    locks.open()
     holder = locks.try_acquire()
     if holder is not None and not queue:
         with ready_lock(paths):
             shutil.rmtree(paths.dir, ignore_errors=True)  # refused: the id was never used
-            send_ready(ready_fd, Fail("busy", "%s is held by job %s (supervisor pid %s)" % (
-                holder.get("key"), holder.get("job_id", "?"), holder.get("pid", "?")), holder=holder).answer())
+            send_ready(ready_fd, Fail("busy", "%s is held by %s" % (holder.get("key"), describe_holder(holder)),
+                                      holder=holder).answer())
         return {"ok": False, "error": "busy"}
     if not answer_start(paths, ready_fd, {"ok": True, "job_id": job_id, "state": job.status["state"],
                                           "supervisor_pid": os.getpid(), "job_dir": paths.dir,

@@ -21,9 +21,11 @@ import signal
 import sys
 import time
 
-from ..contract import RUNNING_SERVICE_STATES, TERMINAL
+from ..admission import describe_holder
+from ..contract import RUNNING_SERVICE_STATES, TERMINAL, job_id_problem, root_problem
 from .budget import recorded
-from .files import JobPaths, Locks, flock_holders, read_json
+from .files import JobPaths, read_json
+from .locks import Locks, flock_holders
 from ..host.answer import Fail
 from ..host.bundle import RUN_SUPERVISOR
 from ..host.gpu import query_apps
@@ -281,7 +283,7 @@ def owes(job: Job) -> bool:
     the engine it released) replaces the record's, so the restore works from it."""
     service = job.status["service"]
     entry = ledger.read_entry(job.paths.root, service["unit"])
-    if not entry or entry.get("job_id") != job.paths.job_id or entry.get("was") not in RUNNING_SERVICE_STATES:
+    if not ledger.same_job(entry, job.paths.root, job.paths.job_id) or entry.get("was") not in RUNNING_SERVICE_STATES:
         return False
     stopped_at = service.get("stopped_at") if stopped_by_us(service) else entry.get("stopped_at")
     job.save(service=dict(service, stopped=True, was=entry["was"], released=entry.get("released"),
@@ -325,7 +327,7 @@ def kick(view) -> None:
 def handed_over(job: Job) -> bool:
     """Another job adopted our stop (the ledger names it): the restore is its to do, under its own run."""
     entry = ledger.read_entry(job.paths.root, job.status["service"]["unit"])
-    if not entry or entry.get("job_id") in (None, job.paths.job_id):
+    if not entry or entry.get("job_id") is None or ledger.same_job(entry, job.paths.root, job.paths.job_id):
         return False
     job.note_restore("job %s adopted the stop of %s; it restores the service" % (entry["job_id"], entry["unit"]))
     job.save(service=dict(job.status["service"], handed_to=entry["job_id"]))
@@ -333,7 +335,14 @@ def handed_over(job: Job) -> bool:
 
 
 def settle_ledger(job: Job) -> None:
-    """With the job's locks held: settle the ledger entry of each of its services (settle_entry)."""
+    """With the job's locks held: settle the ledger entry of each of its services (settle_entry). A stop that
+    another login's job made and still owes is not ours to adopt: the job ends here, nothing touched."""
+    for view in services.views(job):
+        unit = view.status["service"]["unit"]
+        entry = ledger.foreign_entry(unit)
+        if entry and view.ctl.is_active(unit) not in RUNNING_SERVICE_STATES:
+            raise Fail("busy", "%s was stopped by %s and is not restored yet: that login's restorers bring it "
+                       "back; nothing was stopped" % (unit, describe_holder(entry)))
     for view in services.views(job):
         settle_entry(view)
 
@@ -344,16 +353,16 @@ def settle_entry(job: Job) -> None:
     the dead job is settled as handed over. An entry whose service runs again is only dropped."""
     service = job.status["service"]
     entry = ledger.read_entry(job.paths.root, service["unit"])
-    if not entry or entry.get("job_id") == job.paths.job_id:
+    if not entry or ledger.same_job(entry, job.paths.root, job.paths.job_id):
         return
     unit, previous = service["unit"], entry.get("job_id")
     now = job.ctl.is_active(unit)
     if now in RUNNING_SERVICE_STATES and not entry.get("released"):  # a released engine runs but does not serve
-        ledger.clear(job.paths.root, unit, previous)
+        ledger.clear(entry.get("root", job.paths.root), unit, previous)
         job.event("ledger", unit=unit, dropped_from=previous, now=now,
                   message="%s was recorded as stopped by job %s but runs again: nothing to restore" % (unit, previous))
         return
-    hand_over(job, previous)
+    hand_over(job, entry)
     job.save(service=dict(service, was=entry.get("was") or "active", now=now, stopped=True,
                           stopped_at=entry.get("stopped_at") or time.time(), adopted_from=previous,
                           released=entry.get("released")))
@@ -365,18 +374,20 @@ def settle_entry(job: Job) -> None:
               "job %s adopts it and will restore it" % (unit, previous, job.paths.job_id))
 
 
-def hand_over(job: Job, previous) -> None:
-    """Settle the dead job whose stop we adopt: kill what is left of its payload, record who restores."""
-    if not previous or not os.path.isdir(JobPaths(job.paths.root, previous).dir):
+def hand_over(job: Job, entry: dict) -> None:
+    """Settle the dead job whose stop we adopt (under its own host.root, this login's): kill what is left of
+    its payload, record who restores."""
+    previous, root = entry.get("job_id"), entry.get("root", job.paths.root)
+    if not previous or root_problem(root) or job_id_problem(previous) or not os.path.isdir(JobPaths(root, previous).dir):
         return
-    paths = JobPaths(job.paths.root, previous)
+    paths = JobPaths(root, previous)
     unit = job.status["service"]["unit"]
 
     def settle_dead():
         dead = Job.load(paths)  # read under its restore lock: no other restorer is halfway through
         if dead.status.get("restored"):
             return
-        if [e for e in ledger.entries_of(job.paths.root, previous) if e.get("unit") != unit]:
+        if [e for e in ledger.entries_of(root, previous) if e.get("unit") != unit]:
             dead.note_restore("job %s adopted the stop of %s; the job's other stops are still owed" % (
                 job.paths.job_id, unit))
             return  # its other services: whoever settles them (their next job, or the job's own restorers)
@@ -508,12 +519,12 @@ def take_over_hung_restorer(job: Job) -> bool:
     record is believed only for a process the kernel shows holding that very lock (/proc/locks)."""
     try:
         holder = read_json(job.paths.restore_lock)  # the payload's to replace: never a blocking open
-        inode = os.stat(job.paths.restore_lock).st_ino
+        info = os.stat(job.paths.restore_lock)
     except (OSError, ValueError):
         return False
     until = holder.get("until") if isinstance(holder, dict) else None
     if not isinstance(until, (int, float)) or time.time() <= until or not is_alive(holder) \
-            or int(holder["pid"]) not in flock_holders(inode):
+            or int(holder["pid"]) not in flock_holders(info):
         return False
     try:
         os.kill(int(holder["pid"]), signal.SIGKILL)

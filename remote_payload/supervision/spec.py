@@ -46,9 +46,9 @@ def check_root(root) -> str:
 
 
 def check_root_safe(root: str, here: str) -> None:
-    """ROOT, its locks/jobs dirs and the payload dir this code runs from must be ours alone: anyone else who
-    can write there can replace the supervisor (run as us, and as root through the guard timer)."""
-    for path in (root, os.path.join(root, "locks"), os.path.join(root, "jobs"), here):
+    """ROOT, its jobs dir and the payload dir this code runs from must be ours alone: anyone else who can write
+    there can replace the supervisor (run as us, and as root through the guard timer)."""
+    for path in (root, os.path.join(root, "jobs"), here):
         try:
             st = os.lstat(path)
         except FileNotFoundError:

@@ -138,7 +138,7 @@ def changeable(root: str, user) -> str:
                 kept = False  # it could make the next step its own before the supervisor does
             if not kept:
                 return here
-    for path in [root] + [os.path.join(root, d) for d in ("payload", "payloads", "locks", "jobs", "tmp")] + [HERE]:
+    for path in [root] + [os.path.join(root, d) for d in ("payload", "payloads", "jobs", "tmp")] + [HERE]:
         try:
             if writable(os.lstat(path)):
                 return path

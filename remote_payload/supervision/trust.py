@@ -1,7 +1,7 @@
 """What the restorers believe: the host ledger over status.json.
 
 The payload runs in its job dir as the login user and can overwrite status.json and spec.json there (garbage,
-or a forged "SUCCEEDED, restored"). The ledger (ROOT/locks/ledger-service-<unit>.json, supervision/ledger.py)
+or a forged "SUCCEEDED, restored"). The ledger (H/runner-ledger-service-<unit>.json, supervision/ledger.py)
 is written by the supervisor before the stop and removed only by a restorer that saw the unit back; the
 payload is not told where it is. Whether a stop is owed is the ledger's alone (settle.owes). So:
 
@@ -13,7 +13,7 @@ payload is not told where it is. Whether a stop is owed is the ledger's alone (s
     holds_locks(...)          whether the job's supervisor or guard still live: they hold its service lock
     job_alive(...)            the same, for a job the ledger names; status.json's pids for one it does not
 
-What this does not protect: a payload running as the same user can still delete the ledger, write ROOT/locks,
+What this does not protect: a payload running as the same user can still delete the ledger, write its login's lock files,
 kill the restorers or stop the service itself. It guards against a payload corrupting its own job's records,
 by mistake or on purpose, not against a payload that attacks the host; payload.user (payload.py) runs it as
 another user, who can write none of this. Imports only the stdlib, contract.py,
@@ -24,7 +24,8 @@ from __future__ import annotations
 import time
 
 from ..contract import DEFAULTS, RUNNING_SERVICE_STATES, SERVICE_SCOPES, TERMINAL, normalize_unit, unit_problem
-from .files import JobPaths, held_by_another_user, lock_held, read_holder, read_json, read_status, write_json_atomic
+from .files import JobPaths, read_json, read_status, write_json_atomic
+from .locks import lock_held, read_holder
 from ..host.answer import Fail
 from ..host.processes import is_alive
 from . import ledger
@@ -57,12 +58,12 @@ def contradiction(status: dict, entries: list):
 
 def holds_locks(root: str, job_id: str, entries: list) -> bool:
     """The job's supervisor or guard is alive: one of them holds the service lock (flock, released by the
-    kernel when both are gone; not a process of another user, which can flock a file it can read), and its
-    holder record names the job."""
+    kernel when both are gone; the lock file is its taker's alone, locks.py), and its holder record names the
+    job (or cannot be read)."""
     for entry in entries:
         key = "service-" + entry["unit"]
-        if lock_held(root, key) and not held_by_another_user(root, key) and \
-                (read_holder(root, key) or {}).get("job_id") in (job_id, None):
+        holder = read_holder(key) or {}
+        if lock_held(key) and (holder.get("job_id"), holder.get("root", root)) in ((job_id, root), (None, root)):
             return True
     return False
 

@@ -4,13 +4,13 @@ from __future__ import annotations
 import shutil
 import sys
 
-from ..contract import services_of
+from ..contract import RUNNING_SERVICE_STATES, services_of
 from ..host import engine, unit_stop
 from ..host.gpu import GPU_QUERY, nvidia_smi, query_apps
 from ..host.parsers import parse_gpu_csv
 from ..host.systemd import Systemd
 from ..supervision import ledger
-from ..supervision.files import lock_keys, probe_lock
+from ..supervision.locks import lock_keys, probe_lock
 from ..supervision.spec import check_job_id, read_spec_stdin
 from ..supervision.startable import check_payload_user, check_startable
 from .launcher import slurm_launch
@@ -27,9 +27,21 @@ def preflight_report(args, spec: dict) -> dict:
     check_payload_user(spec, args.root)
     found = [preflight_service(args.root, s) for s in services_of(spec)]
     several = {"services": found, "services_kept": spec.get("services_kept", [])} if "services" in spec else {}
-    locks = [probe_lock(args.root, key) for key in lock_keys(spec)]
+    locks = [probe_lock(key) for key in lock_keys(spec)] + owed_elsewhere(found)
     return dict({"ok": True, "service": found[0] if found else None, "locks": locks,
                  "python": "%d.%d.%d" % sys.version_info[:3]}, **several, **preflight_gpus(spec))
+
+
+def owed_elsewhere(found: list) -> list:
+    """A unit that another login's job stopped and still owes (its ledger entry), not running now: busy here,
+    naming that job. Its own restorers bring the unit back; a window of ours would run inside its stop."""
+    owed = []
+    for service in found:
+        entry = ledger.foreign_entry(service["unit"])
+        if entry and service.get("active_state") not in RUNNING_SERVICE_STATES:
+            key = "service-" + service["unit"]
+            owed.append({"key": key, "held": True, "holder": dict(entry, key=key)})
+    return owed
 
 
 def preflight_gpus(spec: dict) -> dict:

@@ -184,7 +184,8 @@ OPT_TEXT, OPT_INT, OPT_COUNT, OPT_NUMBER, OPT_BOOL = map(_optional, (TEXT, INT, 
 
 GPU = _record({"index": _either(TEXT, COUNT), "uuid": OPT_TEXT, "name": OPT_TEXT, "total_mib": OPT_NUMBER,
                "used_mib": OPT_NUMBER, "free_mib": OPT_NUMBER}, required=("index",))
-HOLDER = _optional(_record({"job_id": OPT_TEXT, "pid": _optional(SCALAR), "key": OPT_TEXT}))
+HOLDER = _optional(_record({"job_id": OPT_TEXT, "pid": _optional(SCALAR), "key": OPT_TEXT, "user": OPT_TEXT,
+                            "root": OPT_TEXT, "command": OPT_TEXT}))
 LOCK = _record({"key": TEXT, "held": BOOL, "holder": HOLDER}, required=("key", "held"))
 SERVICE_REPORT = _record({"manager": OPT_TEXT, "unit": OPT_TEXT, "active_state": OPT_TEXT, "sub_state": OPT_TEXT,
                           "ledger": _optional(_record({"job_id": OPT_TEXT}))})

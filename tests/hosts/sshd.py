@@ -231,12 +231,14 @@ def make_root_home(workdir: Path) -> Path:
 
 
 def namespace_setup_script(workdir: Path, gpu_dir: Path) -> str:
-    """Shell lines run inside the private mount namespace before sshd: private /run and /root, the stand-in."""
+    """Shell lines run inside the private mount namespace before sshd: private /run (its /run/lock: runner's host
+    lock place is the host's own) and /root, the stand-in."""
     standin_dir = "/usr/local/sbin"
     lines = [
         "set -e",
         "mount -t tmpfs -o mode=0755 tmpfs /run",
         "mkdir -m 0755 /run/sshd",
+        "mkdir -m 1777 /run/lock",  # the host lock place, as systemd-tmpfiles makes it
         f"mkdir -m 0755 {gpu_state.STATE_DIR_IN_HOST}",
         f"mount --bind {shlex.quote(str(gpu_dir))} {gpu_state.STATE_DIR_IN_HOST}",
         f"mount -t tmpfs -o mode=0755 tmpfs {standin_dir}",

@@ -122,7 +122,8 @@ class ServiceHost(sshd.SshHost):
         return calls
 
     def reset(self) -> None:
-        """Back to the known state: default unit active and healthy, fake GPU default, no runner locks.
+        """Back to the known state: default unit active and healthy, fake GPU default, no runner locks or
+        ledger entries (the host lock place, /run/lock/runner-*).
 
         The unit is restarted only when a test changed it or it is not serving: a restart costs the
         unit's ready delay on every test.
@@ -139,8 +140,7 @@ class ServiceHost(sshd.SshHost):
             self.systemctl("restart", self.unit).check_returncode()
             wait_until(lambda: self.health_status() == 200, timeout=60, what=f"{self.unit} healthy")
         self.release_foreign_gpu_memory()
-        homes = [sshd.ROOT_HOME, *(str(self.workdir / "home" / user) for user in self.logins)]
-        self.ssh(["rm", "-rf", *(f"{home}/.runner/locks" for home in homes)], check=True)
+        self.ssh(["sh", "-c", "rm -rf /run/lock/runner-*"], check=True)
 
     def remove_extra_units(self) -> None:
         """Stop and delete units a test installed under other names."""

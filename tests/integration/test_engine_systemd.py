@@ -41,7 +41,7 @@ def test_kv_cache_alone_when_enough_and_the_same_process_serves_after(service_ho
     assert all(parts[k] is not None and parts[k] >= 0 for k in ("release_s", "drain_s", "payload_s", "resume_s",
                                                                 "health_s"))
     assert parts["payload_s"] >= 1.0  # the payload held its memory for 1 s
-    assert service_host.ssh(["ls", "/root/.runner/locks"]).stdout.count("ledger-") == 0
+    assert service_host.ssh(["ls", "/run/lock"]).stdout.count("ledger-") == 0
 
 
 def test_weights_too_when_not_enough_resumed_weights_first(service_host, work):
@@ -97,7 +97,7 @@ def test_past_service_drain_timeout_the_job_ends_with_nothing_released(service_h
     assert not state["paused"] and state["load"]["aborted"] == 0 and state["load"]["completed"] > 0
     assert job["service"]["stopped"] is False and job["service"]["released"]["drain"]["outcome"] == "timeout"
     assert main_pid(service_host) == pid and service_host.service_state() == "active"
-    assert service_host.ssh(["ls", "/root/.runner/locks"]).stdout.count("ledger-") == 0
+    assert service_host.ssh(["ls", "/run/lock"]).stdout.count("ledger-") == 0
 
 
 def test_past_drain_timeout_drain_fallback_abort_aborts_the_rest_and_the_job_runs(service_host, work):
@@ -272,7 +272,7 @@ def test_restore_service_resumes_what_a_dead_job_released_and_defers_to_a_live_o
                                "POST /continue_generation {}", "GET /health_generate"]
     job_a = host_status(service_host, a)
     assert job_a["restored"] is True and job_a["service"]["healthy"] is True and main_pid(service_host) == pid
-    assert service_host.ssh(["ls", "/root/.runner/locks"]).stdout.count("ledger-") == 0
+    assert service_host.ssh(["ls", "/run/lock"]).stdout.count("ledger-") == 0
 
 
 def test_the_guard_resumes_when_the_supervisor_dies(service_host, work, fork_path):

@@ -64,7 +64,7 @@ def serving(host) -> bool:
 
 
 def ledger_entries(host) -> str:
-    return host.ssh(["sh", "-c", "ls /root/.runner/locks/ledger-* 2>/dev/null; true"]).stdout.strip()
+    return host.ssh(["sh", "-c", "ls /run/lock/runner-ledger-* 2>/dev/null; true"]).stdout.strip()
 
 
 def serves_again_after(host, job_id: str, case: str, timeout: float, ended_within: float = 60) -> float:

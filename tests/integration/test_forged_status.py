@@ -71,7 +71,7 @@ def test_unit_path_restores_after_status_is_overwritten_and_both_processes_are_k
     wait_for(lambda: settled_status(service_host, job_id).get("restored") is True, timeout=30, what="settled")
     final = host_status(service_host, job_id)
     assert final["state"] != "SUCCEEDED" and "host ledger" in final["message"], final
-    assert service_host.ssh(["sh", "-c", "ls /root/.runner/locks/ledger-* 2>/dev/null; true"]).stdout.strip() == ""
+    assert service_host.ssh(["sh", "-c", "ls /run/lock/runner-ledger-* 2>/dev/null; true"]).stdout.strip() == ""
 
 
 @pytest.mark.parametrize("how", ["garbage", "forged"])

@@ -57,12 +57,13 @@ def crowded(host):
         old_job(root, "ended-%d" % k, bundle="b0b0b0b0b0b0b0b0" if k == 0 else None)
     old_job(root, "running", "RUNNING")
     old_job(root, "owed")
-    locks = root / "locks"
-    locks.mkdir()
-    (locks / "ledger-service-sglang.service.json").write_text(json.dumps({"unit": "sglang.service", "job_id": "owed"}))
+    locks = Path(os.environ["RUNNER_LOCK_DIR"])  # the host lock place (tests/conftest.py)
+    (locks / "runner-ledger-service-sglang.service.json").write_text(json.dumps(
+        {"unit": "sglang.service", "job_id": "owed", "root": str(root)}))
     old_job(root, "locked")
-    (locks / "gpu-7.json").write_text(json.dumps({"job_id": "locked", "pid": os.getpid(), "since": OLD}))
-    held = os.open(locks / "gpu-7.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    (locks / "runner-gpu-7.json").write_text(json.dumps({"job_id": "locked", "pid": os.getpid(), "since": OLD,
+                                                         "root": str(root)}))
+    held = os.open(locks / "runner-gpu-7.lock", os.O_RDWR | os.O_CREAT, 0o600)
     fcntl.flock(held, fcntl.LOCK_EX)
     restoring = old_job(root, "restoring", "LOST")
     restore_lock = os.open(restoring / "restore.lock", os.O_RDWR | os.O_CREAT, 0o644)

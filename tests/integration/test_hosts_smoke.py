@@ -200,10 +200,11 @@ def test_user_without_sudo_rule_is_asked_for_a_password(service_host):
 
 @pytest.mark.systemd
 def test_runner_state_in_the_host_home_stays_inside_the_host(service_host):
-    service_host.ssh(["sh", "-c", "mkdir -p ~/.runner/locks && touch ~/.runner/locks/smoke.lock"], check=True)
-    assert not Path("/root/.runner/locks/smoke.lock").exists()
+    service_host.ssh(["sh", "-c", "mkdir -p ~/.runner && touch ~/.runner/smoke /run/lock/runner-smoke.lock"],
+                     check=True)
+    assert not Path("/root/.runner/smoke").exists() and not Path("/run/lock/runner-smoke.lock").exists()
     service_host.reset()
-    assert service_host.ssh(["ls", ".runner/locks"]).stdout == ""
+    assert service_host.ssh(["ls", "/run/lock"]).stdout == ""
 
 
 def cgroup_pids(cgroup: Path) -> list[str]:

@@ -45,7 +45,7 @@ def test_a_job_on_a_gpu_no_service_holds_stops_nothing(service_host, two_service
     assert freed(job) == [] and job["service"] == {"manager": "none"}
     assert main_pids(service_host) == before and set(states(service_host).values()) == {"active"}
     assert sorted(job["gpu"]["devices"]) == ["4"]
-    assert "ledger-" not in service_host.ssh(["ls", "/root/.runner/locks"]).stdout
+    assert "ledger-" not in service_host.ssh(["ls", "/run/lock"]).stdout
 
 
 def test_a_job_on_gpu_0_stops_only_the_unit_on_0_and_1(service_host, two_services, work):
@@ -88,9 +88,9 @@ def test_a_job_on_gpus_of_both_services_frees_both_and_a_kill_restores_both(serv
     job_id = submit(target, multi_job(work / "job.yaml", service_host, two_services, [1, 2], command=HANG))
     wait_for(lambda: status(target, job_id)["state"] == "RUNNING", what="running")
     assert set(states(service_host).values()) == {"inactive"}
-    ledger = service_host.ssh(["ls", "/root/.runner/locks"]).stdout.split()
-    assert sorted(n for n in ledger if n.startswith("ledger-")) == sorted([
-        f"ledger-service-{SECOND}.json", f"ledger-service-{service_host.unit}.json"])
+    ledger = service_host.ssh(["ls", "/run/lock"]).stdout.split()
+    assert sorted(n for n in ledger if n.startswith("runner-ledger-")) == sorted([
+        f"runner-ledger-service-{SECOND}.json", f"runner-ledger-service-{service_host.unit}.json"])
     job = host_status(service_host, job_id)
     service_host.ssh(["kill", "-KILL", str(job["supervisor"]["pid"]), str(job["guard"]["pid"])], check=True)
     restored_within(service_host, job_id, timeout=120)
@@ -100,7 +100,7 @@ def test_a_job_on_gpus_of_both_services_frees_both_and_a_kill_restores_both(serv
     assert all(r["healthy"] is True for r in job["services"]), job["services"]
     after = main_pids(service_host)
     assert after[SECOND] != before[SECOND] and after[service_host.unit] != before[service_host.unit]
-    assert "ledger-" not in service_host.ssh(["ls", "/root/.runner/locks"]).stdout
+    assert "ledger-" not in service_host.ssh(["ls", "/run/lock"]).stdout
 
 
 def test_a_job_without_devices_waits_for_every_gpu_of_the_host(service_host, two_services, work):
@@ -154,8 +154,8 @@ def test_restore_service_of_one_unit_resumes_only_that_one(service_host, two_ser
     assert any("resume_memory_occupation" in line for line in calls.read_text().splitlines())
     assert main_pids(service_host)[service_host.unit] == engine_pid
     assert states(service_host)[SECOND] == "inactive"
-    ledger = service_host.ssh(["ls", "/root/.runner/locks"]).stdout.split()
-    assert [n for n in ledger if n.startswith("ledger-")] == [f"ledger-service-{SECOND}.json"]
+    ledger = service_host.ssh(["ls", "/run/lock"]).stdout.split()
+    assert [n for n in ledger if n.startswith("runner-ledger-")] == [f"runner-ledger-service-{SECOND}.json"]
     record = host_status(service_host, job_id)["services"][0]
     assert record["restored_alone"] is True and record["healthy"] is True
     done = run_cli(target, "restore-service", str(job_file), "--json")
@@ -183,6 +183,6 @@ def test_the_guard_restores_both_and_the_next_job_adopts_only_its_own(service_ho
     c = wait_terminal(target, submit(target, multi_job(work / "c" / "job.yaml", service_host, two_services, [0])))
     assert c["state"] == "SUCCEEDED" and c["service"]["adopted_from"] == b, c
     assert states(service_host) == {service_host.unit: "active", SECOND: "inactive"}
-    ledger = service_host.ssh(["cat", f"/root/.runner/locks/ledger-service-{SECOND}.json"]).stdout
+    ledger = service_host.ssh(["cat", f"/run/lock/runner-ledger-service-{SECOND}.json"]).stdout
     assert json.loads(ledger)["job_id"] == b
     assert host_status(service_host, b).get("restored") is not True

@@ -352,7 +352,7 @@ def test_a_process_of_payload_user_cannot_hold_the_service_lock_that_restorers_d
     script = work / "holder.py"
     script.write_text(HOLDER)
     ids = service_host.ssh(["sh", "-c", f"id -u {user}; id -g {user}"], check=True).stdout.split()
-    lock = f"{root}/locks/service-{service_host.unit}.lock"
+    lock = f"/run/lock/runner-service-{service_host.unit}.lock"
     holder = subprocess.Popen(["ssh", "-F", str(service_host.ssh_config), service_host.alias, "--",
                                f"python3 {script} {lock} {ids[0]} {ids[1]}"], stdout=subprocess.PIPE, text=True)
     pid = holder.stdout.readline().split()[-1]
@@ -396,7 +396,7 @@ def test_status_does_not_say_restored_while_the_ledger_says_the_restore_failed(s
     entry = {"unit": unit, "job_id": job_id, "was": "active", "scope": "system", "sudo": False,
              "health_url": service_host.health_url, "health_timeout": 30, "gpus": ["0"],
              "stopped_at": time.time() - 60, "restore_failed_at": time.time()}
-    ledger = f"/root/.runner/locks/ledger-service-{unit}.json"
+    ledger = f"/run/lock/runner-ledger-service-{unit}.json"
     try:
         service_host.systemctl("stop", unit).check_returncode()
         service_host.ssh(["sh", "-c", f"cat > {ledger}"], input=json.dumps(entry), check=True)

@@ -44,7 +44,7 @@ def assert_refused_untouched(host, path, field: str, job_id: str) -> None:
         assert "Traceback" not in stderr, stderr
     assert host.service_state() == "active" and main_pid(host) == before
     assert host.ssh(["test", "-e", f"/root/.runner/jobs/{job_id}"]).returncode == 1
-    ledger = host.ssh(["sh", "-c", "cat /root/.runner/locks/ledger-*.json 2>/dev/null; true"]).stdout
+    ledger = host.ssh(["sh", "-c", "cat /run/lock/runner-ledger-*.json 2>/dev/null; true"]).stdout
     assert ledger.strip() == "", ledger
 
 

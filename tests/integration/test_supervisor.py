@@ -411,10 +411,10 @@ def test_preflight_probes_never_make_a_start_busy(host):
 PROBE_LOOP = """
 import os, sys, time
 sys.path.insert(0, os.path.dirname(os.path.dirname(sys.argv[1])))  # the package the supervisor's files are in
-from remote_payload.supervision import files as sup
+from remote_payload.supervision import locks as sup
 root, end = sys.argv[2], time.monotonic() + float(sys.argv[4])
 while time.monotonic() < end:  # the real probe, as fast as it goes
-    sup.probe_lock(root, "gpu-0")
+    sup.probe_lock("gpu-0")
 """
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from remote_payload.supervision import files
+from remote_payload.supervision import locks
 from remote_payload.host.answer import Fail
 from remote_payload.host.gpu import select_gpus, short_gpus
 from remote_payload.host.parsers import parse_apps_csv, parse_gpu_csv, parse_systemctl_show, sudo_wants_password
@@ -240,9 +240,9 @@ def test_hostile_env_values_and_names_are_kept_verbatim():
 
 def test_lock_keys():
     cpu = checks.check_spec(spec(), "j")
-    assert files.lock_keys(cpu) == []
+    assert locks.lock_keys(cpu) == []
     gpu = checks.check_spec(dict(spec(), gpu={"devices": [1, "0"]}, service={"manager": "systemd", "unit": "sg"}), "j")
-    assert files.lock_keys(gpu) == ["gpu-0", "gpu-1", "service-sg.service"]
+    assert locks.lock_keys(gpu) == ["gpu-0", "gpu-1", "service-sg.service"]
 
 
 def test_service_spec_defaults_and_checks():

@@ -9,7 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from remote_payload import admission
-from remote_payload.supervision import files as supervisor_files, ledger, trust
+from remote_payload.supervision import ledger, locks as supervisor_locks, trust
 from remote_payload.supervision.files import JobPaths
 from remote_payload.host.answer import Fail
 from remote_payload.supervision.record import initial_status
@@ -57,11 +57,11 @@ def test_the_host_refuses_a_bad_services_list(change, words):
 
 
 def test_locks_are_the_jobs_gpus_and_the_services_it_frees(monkeypatch):
-    assert supervisor_files.lock_keys(check_spec(raw([0]), "j")) == ["gpu-0", "service-" + A]
-    assert supervisor_files.lock_keys(check_spec(raw([4]), "j")) == ["gpu-4"]
+    assert supervisor_locks.lock_keys(check_spec(raw([0]), "j")) == ["gpu-0", "service-" + A]
+    assert supervisor_locks.lock_keys(check_spec(raw([4]), "j")) == ["gpu-4"]
     csv = "".join(f"{i}, GPU-00000000-0000-4000-8000-{i:012d}, H200, 143771, 0, 143156\n" for i in range(8))
-    monkeypatch.setattr(supervisor_files, "nvidia_smi", lambda args: csv)
-    keys = supervisor_files.lock_keys(check_spec(raw([]), "j"))  # no devices: every GPU
+    monkeypatch.setattr(supervisor_locks, "nvidia_smi", lambda args: csv)
+    keys = supervisor_locks.lock_keys(check_spec(raw([]), "j"))  # no devices: every GPU
     assert keys == [f"gpu-{i}" for i in range(8)] + ["service-" + A, "service-" + B]
 
 

@@ -63,7 +63,8 @@ def test_entries_of_another_job_or_a_bad_unit_are_not_owed(tmp_path):
     paths, spec, _ = job(tmp_path)
     ledger.record_stop(str(tmp_path), UNIT, "someone-else", dict(spec["service"], was="active"), [])
     assert trust.owed(str(tmp_path), "j1") == []
-    (tmp_path / "locks" / "ledger-service-x.service.json").write_text(json.dumps({"unit": "../x", "job_id": "j1"}))
+    with open(ledger.ledger_path("x.service"), "w") as fh:
+        fh.write(json.dumps({"unit": "../x", "job_id": "j1"}))
     assert trust.owed(str(tmp_path), "j1") == []
 
 
