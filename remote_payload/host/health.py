@@ -1,7 +1,8 @@
-"""A unit's health: active, and its health URL answered 2xx by the unit itself (stdlib only).
+"""A unit's health: active, and its health URL answered 2xx through the unit's own socket (stdlib only).
 
 Its health URL is one more of the engine's routes: asked through the engine's bounded client (host/http_client.py), so
-every restorer's wait for the unit is bounded and none ends in a crash on what the engine answers.
+every restorer's wait for the unit is bounded and none ends in a crash on what the engine answers. Whose socket
+answered is host/listener.py's to judge.
 """
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import time
 
 from .answer import Fail
 from .http_client import EngineError, exchange
-from .listener import foreign_holder, unit_cgroup
+from .listener import judge, listeners, local_port
 from .systemd import Systemd
 
 STAY_ACTIVE_S = 2.0       # without a health URL, how long a unit must stay active to count as healthy
@@ -26,36 +27,44 @@ def health_ok(url: str, timeout: float) -> bool:
     return 200 <= status < 300
 
 
+def units_answer(ctl: Systemd, unit: str, url: str, timeout: float):
+    """None when url answered 2xx through the unit's own socket (host/listener.py: the same sockets listening
+    on its port just before the request and just after the answer, each the unit's; a URL of another host: the
+    answer alone); else (why, for a human, or None)."""
+    port = local_port(url)
+    before = listeners(port) if port else {}
+    if not health_ok(url, timeout):
+        return (None,)
+    if port is None:
+        return None
+    after = listeners(port)
+    try:
+        main_pid = ctl.show(unit)["main_pid"]  # a property runner reads anyway (the README's sudo rule allows it)
+    except Fail:
+        return (None,)
+    return judge(port, before, after, main_pid, unit)
+
+
 def wait_healthy(ctl: Systemd, unit: str, url, timeout: float, note=None):
-    """Poll until healthy, failed or timeout; returns (healthy, active_state). Healthy: active and the
-    health URL answers 2xx from the unit itself (an answer from a process outside the unit that holds its port
-    is not the unit's: host/listener.py; `note` hears who, once); with no URL, active for STAY_ACTIVE_S in a row
-    (a Type=simple unit is "active" the moment its process is forked, even one that dies a second later)."""
+    """Poll until healthy, failed or timeout; returns (healthy, active_state). Healthy: active and the health
+    URL answered 2xx by the unit itself (`units_answer`; `note` hears why not, each new reason once); with no
+    URL, active for STAY_ACTIVE_S in a row (a Type=simple unit is "active" the moment its process is forked,
+    even one that dies a second later)."""
     deadline = time.monotonic() + timeout
-    active_since, squatter = None, None
+    active_since, said = None, None
     while True:
         state = ctl.is_active(unit)
         now = time.monotonic()
         active_since = (active_since or now) if state == "active" else None
-        if active_since is not None and (health_ok(url, deadline - now) if url else now - active_since >= STAY_ACTIVE_S):
-            held = held_outside(ctl, unit, url) if url else None
-            if held is None:
+        if active_since is not None and url:
+            why = units_answer(ctl, unit, url, deadline - now)
+            if why is None:
                 return True, state
-            if held != squatter and note is not None:
-                note("%s answered, but not from %s: %s" % (url, unit, held))
-            squatter = held
+            if why[0] and why[0] != said and note is not None:
+                note(why[0])
+            said = why[0] or said
+        elif active_since is not None and now - active_since >= STAY_ACTIVE_S:
+            return True, state
         if state == "failed" or now >= deadline:
             return False, state
         time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
-
-
-def held_outside(ctl: Systemd, unit: str, url: str):
-    """Who holds url's port outside the unit (host/listener.py), or None. The unit's cgroup comes from its
-    MainPID's /proc/PID/cgroup (world-readable), not from another systemctl property: under `sudo: true` the
-    README's sudoers rule allows only the calls runner makes, and it already reads MainPID."""
-    try:
-        main_pid = ctl.show(unit)["main_pid"]
-    except Fail:
-        return None
-    group = unit_cgroup(main_pid, unit) if main_pid else None
-    return foreign_holder(group, url) if group else None

@@ -1,17 +1,19 @@
-"""Who answers on the unit's health port: a restorer believes a health answer only from the unit itself.
+"""Whose answer is the health answer: a restorer believes it only from the unit's own listening socket.
 
-A process outside the unit that holds the port (a `payload.user` process started by cron or a lingering user
-unit, a stray server) answers /health for a unit that is down or cannot bind; a restorer that believed it
-would say "healthy" with the service gone. So once the health URL answers, the TCP listener of its port is
-looked up in /proc/net/tcp{,6}, and every socket listening there must belong to a process of the unit's
-cgroup (its MainPID's, up to the unit's own component, read through /sys/fs/cgroup; the unit's processes and
-their children).
-
-`foreign_holder` answers a description of the first process outside the unit that holds such a socket, or
-None when every listener is the unit's — and also None whenever it cannot tell (the URL's host is not this
-machine's loopback or wildcard, no listener is visible in this network namespace, the cgroup or a process's
-fds cannot be read: a non-root login under `sudo: true`): then the answer is believed as before. Stdlib only;
-its parsers of /proc text are host/parsers.py's, tested on captured /proc output.
+A process outside the unit (a `payload.user` process started by cron or a lingering user unit, a stray server)
+can take the unit's port while the unit is down: it answers /health for a unit that cannot bind. It may even
+listen only for the moment of the request, closing its listener before it answers. So around each health
+request the TCP sockets listening on the URL's port are read from /proc/net/tcp{,6} twice, just before the
+request and just after the answer, and the answer counts only when both looks find the same sockets, at least
+one, each the unit's:
+- held by a process of the unit's cgroup (its MainPID's, up to the unit's own component, read through
+  /sys/fs/cgroup; the unit's processes and their children), read through /proc/PID/fd; or, where that cannot
+  be read (a non-root login under `sudo: true`, cgroup v1),
+- made by the unit's user (the socket's uid is the MainPID's real uid).
+A listening socket cannot change hands, and no socket of another user can listen on the same address and port
+beside it, so an answer between two such looks came through the unit's socket. `judge` says why not, naming
+the holder when one is outside the unit. A URL on another host is not ours to see: its answer alone counts.
+Stdlib only; its parsers of /proc text are host/parsers.py's, tested on captured /proc output.
 """
 from __future__ import annotations
 
@@ -19,12 +21,9 @@ import os
 from urllib.parse import urlsplit
 
 from .parsers import parse_cgroup, parse_listeners
+from .processes import real_uid
 
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1", "0.0.0.0", "::")
-
-
-
-
 
 
 def local_port(url: str):
@@ -37,15 +36,16 @@ def local_port(url: str):
     return port if (parts.hostname or "") in LOCAL_HOSTS else None
 
 
-def listening_inodes(port: int) -> set:
-    inodes = set()  # type: set
+def listeners(port: int) -> dict:
+    """{inode: uid} of the sockets listening on port, IPv4 and IPv6."""
+    found = {}  # type: dict
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
             with open(table) as fh:
-                inodes |= parse_listeners(fh.read()).get(port, set())
+                found.update(parse_listeners(fh.read()).get(port, {}))
         except OSError:
             continue
-    return inodes
+    return found
 
 
 def socket_inodes(pid: int):
@@ -117,28 +117,41 @@ def describe(pid: int) -> str:
     return "pid %d (%s, cgroup %s)" % (pid, comm, where)
 
 
-def foreign_holder(control_group: str, url: str):
-    """A description of a process outside control_group that listens on url's port, or None (the unit's own,
-    or it cannot be told: see the module's doc)."""
-    port = local_port(url or "")
-    if port is None:
-        return None
-    inodes = listening_inodes(port)
-    if not inodes:
-        return None
-    pids = cgroup_pids(control_group)
-    if pids is None:
-        return None
-    for pid in pids:
+def judge(port: int, before: dict, after: dict, main_pid: int, unit: str):
+    """None when the answer between the looks `before` and `after` ({inode: uid}) came from the unit whose
+    main process is main_pid; else why not: (note, or None when there is nothing to tell a human yet)."""
+    if not after:
+        return ("nothing listens on port %d after its answer: whoever answered was not %s (a listener held only "
+                "for the request)" % (port, unit),)
+    if set(before) != set(after):
+        return (None,)  # a socket opened (the unit binding as it starts) or closed meanwhile: ask again
+    outside = outside_unit(after, main_pid, unit)
+    if outside:
+        return ("port %d is held by %s, outside the unit (%s)" % (port, outside, unit),)
+    return None
+
+
+def outside_unit(sockets: dict, main_pid: int, unit: str):
+    """A description of who holds one of `sockets` outside the unit, or None when each is the unit's: by its
+    cgroup's processes' fds where they can be read, else by the sockets' uid against the unit's user."""
+    if not main_pid:
+        return None  # no main process to compare with (Type=oneshot): the two looks alone
+    group = unit_cgroup(main_pid, unit)
+    pids = cgroup_pids(group) if group else None
+    left = set(sockets)
+    for pid in pids or []:
         held = socket_inodes(pid)
         if held is None:
-            return None
-        inodes -= held
-        if not inodes:
-            return None
+            pids = None
+            break
+        left -= held
+    if pids is None:  # cannot read the unit's fds: the socket's owner against the unit's user
+        user = real_uid(main_pid)
+        others = sorted({uid for uid in sockets.values() if uid != user})
+        return "a socket of uid %d, not the unit's user (uid %s)" % (others[0], user) if others else None
+    if not left:
+        return None
     for name in os.listdir("/proc"):  # someone else holds what is left: name it
-        if name.isdigit() and int(name) not in pids:
-            held = socket_inodes(int(name))
-            if held and held & inodes:
-                return "port %d is held by %s, outside the unit (%s)" % (port, describe(int(name)), control_group)
-    return None  # its holder cannot be seen from here: cannot tell
+        if name.isdigit() and int(name) not in pids and (socket_inodes(int(name)) or set()) & left:
+            return describe(int(name))
+    return "a process this login cannot see"

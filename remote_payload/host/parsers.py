@@ -60,7 +60,8 @@ def sudo_wants_password(returncode: int, stderr: str) -> bool:
 
 
 def parse_listeners(text: str) -> dict:
-    """{port: {inode, ...}} of the listening sockets in a /proc/net/tcp or tcp6 table."""
+    """{port: {inode: uid, ...}} of the listening sockets in a /proc/net/tcp or tcp6 table (uid: the socket's
+    owner, the user of the process that made it)."""
     found = {}  # type: dict
     for line in text.splitlines()[1:]:
         cells = line.split()
@@ -68,11 +69,11 @@ def parse_listeners(text: str) -> dict:
             continue
         try:
             port = int(cells[1].rsplit(":", 1)[1], 16)
-            inode = int(cells[9])
+            uid, inode = int(cells[7]), int(cells[9])
         except (IndexError, ValueError):
             continue
         if inode:
-            found.setdefault(port, set()).add(inode)
+            found.setdefault(port, {})[inode] = uid
     return found
 
 

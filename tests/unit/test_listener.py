@@ -1,8 +1,11 @@
-"""host/listener.py's pure parts on captured /proc output: which sockets listen on which port, a cgroup line,
-whether a health URL is this machine's."""
+"""host/listener.py's pure parts on captured /proc output: which sockets listen on which port (and whose), a
+cgroup line, whether a health URL is this machine's, and whose socket answered between two looks."""
 from pathlib import Path
 
-from remote_payload.host.listener import local_port, unit_cgroup, unit_part
+import os
+import socket
+
+from remote_payload.host.listener import judge, listeners, local_port, unit_cgroup, unit_part
 from remote_payload.host.parsers import parse_cgroup, parse_listeners
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "proc"
@@ -10,18 +13,18 @@ DATA = Path(__file__).resolve().parents[1] / "data" / "proc"
 
 def test_listeners_of_the_ipv4_table_and_no_time_wait_row():
     found = parse_listeners((DATA / "net-tcp.txt").read_text())
-    assert found == {0x8C01: {389681}, 0x8CAB: {382014}, 0x82EF: {433533}}
+    assert found == {0x8C01: {389681: 0}, 0x8CAB: {382014: 0}, 0x82EF: {433533: 0}}
     assert 0xA0DF not in found  # the TIME_WAIT rows (state 06, inode 0) are no listener
 
 
 def test_listeners_of_the_ipv6_table():
-    assert parse_listeners((DATA / "net-tcp6.txt").read_text()) == {0xA0E9: {442452}, 0xB031: {442453}}
+    assert parse_listeners((DATA / "net-tcp6.txt").read_text()) == {0xA0E9: {442452: 0}, 0xB031: {442453: 0}}
 
 
 def test_a_table_cut_short_or_garbled_gives_what_it_can():
     text = (DATA / "net-tcp.txt").read_text().splitlines()
     assert parse_listeners("\n".join(text[:2] + ["   9: garbage 0A", "   3: 0100007F:ZZZZ 00000000:0000 0A 0 0 0 0 0 1"]))\
-        == {0x8C01: {389681}}
+        == {0x8C01: {389681: 0}}
     assert parse_listeners("") == {}
 
 
@@ -45,3 +48,22 @@ def test_the_units_cgroup_is_its_main_pids_up_to_the_units_own_component():
         == "/user.slice/user-1000.slice/session-4.scope"  # not the unit's name: the process's own
     assert unit_part(None, "sglang.service") is None
     assert unit_cgroup(2 ** 22 + 1, "sglang.service") is None  # no such process (above pid_max's ceiling)
+
+
+def test_an_answer_counts_only_between_two_looks_at_the_same_sockets_of_the_unit():
+    """This process stands for the unit (its main pid); its own listening socket is the unit's."""
+    me = socket.socket()
+    me.bind(("127.0.0.1", 0))
+    me.listen()
+    port = me.getsockname()[1]
+    try:
+        ours = listeners(port)
+        assert len(ours) == 1 and list(ours.values()) == [os.geteuid()]
+        assert judge(port, ours, ours, os.getpid(), "x.service") is None
+        assert judge(port, {}, ours, os.getpid(), "x.service") == (None,)  # it bound meanwhile: ask again
+        gone = judge(port, ours, {}, os.getpid(), "x.service")
+        assert "nothing listens on port %d after its answer" % port in gone[0]
+        other = judge(port, ours, ours, 2 ** 22 + 1, "x.service")  # a main pid that is not this process
+        assert other is not None and "outside the unit" in other[0], other
+    finally:
+        me.close()
