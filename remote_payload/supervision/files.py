@@ -47,11 +47,12 @@ class JobPaths:
 
 # ── atomic io ─────────────────────────────────────────────────────────────────────────────────────────
 
-def write_json_atomic(path: str, obj) -> None:
-    """Temp file in the same dir, fsync, rename, fsync the dir: a reader sees the old or the new file."""
+def write_json_atomic(path: str, obj, mode: int = 0o600) -> None:
+    """Temp file in the same dir, fsync, rename, fsync the dir: a reader sees the old or the new file. 0600: a
+    job's records are its login's (and root's); what other logins read (locks.py, ledger.py) says 0644."""
     data = (json.dumps(obj, sort_keys=True) + "\n").encode("utf-8")
     tmp = "%s.tmp.%d.%s" % (path, os.getpid(), os.urandom(4).hex())  # a name nobody made first (H is shared)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
     try:
         os.write(fd, data)
         os.fsync(fd)
@@ -184,13 +185,20 @@ def is_slurm_job(paths: JobPaths) -> bool:
 
 
 def append_line(path: str, obj) -> None:
-    with open(path, "ab") as fh:
-        fh.write((json.dumps(obj, sort_keys=True) + "\n").encode("utf-8"))
+    append_bytes(path, (json.dumps(obj, sort_keys=True) + "\n").encode("utf-8"))
 
 
 def append_text(path: str, text: str) -> None:
-    with open(path, "a", encoding="utf-8") as fh:
-        fh.write("%s %s\n" % (time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), text))
+    append_bytes(path, ("%s %s\n" % (time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), text)).encode("utf-8"))
+
+
+def append_bytes(path: str, data: bytes) -> None:
+    """One append to a job's log or event lines, made 0600 like its records."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
 
 
 def try_unlink(path: str) -> None:

@@ -27,7 +27,7 @@ from .budget import STOP_TIMEOUT_S
 from .record import Flags, Interrupted, Job
 from .settle import GPU_POLL_S, final_state, settle, settle_ledger, start_guard_timer
 from .payload import check_interrupt, launch_payload, watch_payload
-from .startable import check_payload_user, check_startable
+from .startable import check_startable
 from ..host import engine, unit_stop
 from . import ledger, services, stage, variants
 
@@ -254,8 +254,7 @@ def supervise(job: Job, locks: Locks, flags: Flags) -> None:
             wait_for_locks(job, locks, flags)
         locks.write_holders()
         settle_ledger(job)
-        check_startable(job.spec)  # again, with the locks held: a queued job may start long after its preflight
-        check_payload_user(job.spec, job.paths.root)
+        check_startable(job.spec, job.paths.root)  # again, with the locks held: a queued job starts later
         run_prepare_step(job, flags)
         measure_gpus(job)
         staged = stage.stage_payload(job, flags) if job.spec["payload"].get("staged") else None

@@ -78,7 +78,7 @@ def record_stop(root: str, unit: str, job_id: str, service: dict, gpus: list, **
         "unit": unit, "job_id": job_id, "root": root, "was": service.get("was"), "scope": service.get("scope"),
         "sudo": service.get("sudo"), "health_url": service.get("health_url"),
         "health_timeout": service.get("health_timeout"), "gpus": list(gpus), "stopped_at": time.time(), **stamp()},
-        **extra))
+        **extra), 0o644)
 
 
 def note_payload(root: str, unit: str, job_id: str, payload: dict) -> None:
@@ -104,7 +104,7 @@ def ident(payload: dict) -> dict:
 def _note(root: str, unit: str, job_id: str, **fields) -> None:
     entry = read_entry(root, unit)
     if same_job(entry, root, job_id) and not entry.get("unreadable"):
-        write_json_atomic(ledger_path(unit), dict(entry, **fields))
+        write_json_atomic(ledger_path(unit), dict(entry, **fields), 0o644)
 
 
 def entries(root: str) -> list:

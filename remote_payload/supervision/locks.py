@@ -297,7 +297,7 @@ class Locks:
               "root": self.root}
         for key in self.keys:
             try:
-                write_json_atomic(holder_path(key), me)
+                write_json_atomic(holder_path(key), me, 0o644)
             except OSError:
                 pass
 

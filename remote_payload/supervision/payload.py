@@ -11,11 +11,10 @@ from __future__ import annotations
 import os
 import pwd
 import subprocess
-import sys
 import time
 
 from ..host.answer import Fail
-from ..host.processes import POLL_S, group_members, identity
+from ..host.processes import POLL_S, as_user, group_members, identity
 from .record import Flags, Interrupted, Job, signal_name
 from . import ledger, services
 
@@ -80,7 +79,7 @@ def launch_payload(job: Job, argv=None, state: str = "RUNNING", phase: str = "pa
     user = pwd.getpwnam(job.spec["payload"]["user"]) if job.spec["payload"].get("user") else None
     if user is not None:
         hand_result_to(user, result or job.paths.result, job.paths.dir)
-    with open(job.paths.output, "ab") as log:
+    with os.fdopen(os.open(job.paths.output, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600), "ab") as log:
         try:
             proc = subprocess.Popen(argv, cwd=job.paths.dir, env=payload_env(job, result, staged, slot, user),
                                     stdin=stdin, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
@@ -99,31 +98,15 @@ def launch_payload(job: Job, argv=None, state: str = "RUNNING", phase: str = "pa
     return proc
 
 
-def as_user(user) -> dict:
-    """Popen's arguments that run the child as payload.user for good: its groups, gid, then uid, set in the
-    child before exec (as a batch system runs a job as its user while its daemon stays root). Python 3.9+
-    does it in C after the fork; 3.8 needs a preexec function. None: no change."""
-    if user is None:
-        return {}
-    groups = os.getgrouplist(user.pw_name, user.pw_gid)
-    if sys.version_info >= (3, 9):
-        return {"user": user.pw_uid, "group": user.pw_gid, "extra_groups": groups}
-
-    def switch() -> None:
-        os.setgroups(groups)
-        os.setgid(user.pw_gid)
-        os.setuid(user.pw_uid)
-    return {"preexec_fn": switch}
-
-
 def hand_result_to(user, result: str, job_dir: str) -> None:
     """The one path payload.user may write: its result file, made here (a regular file, never what a name
-    already points to) and given to it. The job dir and the result's dir stay root's and become searchable
-    only: it reaches its file by name, and lists, creates or replaces nothing (status.json, events.jsonl,
-    spec.json stay root's 0644). Its output goes to the log through the fd it inherits."""
-    for directory in {job_dir, os.path.dirname(result)}:
+    already points to) and given to it (0600: its and root's). ROOT/jobs, the job dir and the result's dir stay
+    root's and become searchable only: it reaches its file by name, and lists, creates or replaces nothing; the
+    job's records (status.json, events.jsonl, spec.json with payload.env, output.log) are root's 0600, so no
+    other login reads them. Its output goes to the log through the fd it inherits."""
+    for directory in {os.path.dirname(job_dir), job_dir, os.path.dirname(result)}:
         os.chmod(directory, 0o711)
-    fd = os.open(result, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    fd = os.open(result, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600)
     try:
         os.fchown(fd, user.pw_uid, user.pw_gid)
     finally:

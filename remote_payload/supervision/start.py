@@ -53,7 +53,7 @@ def detach(log_path: str, keep: Sequence[int] = ()) -> bool:
         if os.fork():
             os._exit(0)
         null = os.open(os.devnull, os.O_RDONLY)
-        log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         os.dup2(null, 0)
         os.dup2(log, 1)
         os.dup2(log, 2)

@@ -1,9 +1,11 @@
 """May this job's payload start? The one host rule, checked before anything is touched.
 
-    check_startable(spec): the payload's program is there and runs; a script is in the bundle, compiles with
-    payload.python and its top-level imports resolve there (found, never imported: no module code runs);
-    every JIT cache dir named in payload.env (contract.cache_dir_keys) is writable or creatable.
-    check_payload_user(spec, root): payload.user is a user of this host the supervisor (root) can run it as.
+    check_startable(spec, root): payload.user, when set, is a user of this host the supervisor (root) can run
+    it as; the payload's program is there and runs; a script is in the bundle, compiles with payload.python
+    and its top-level imports resolve there (found, never imported: no module code runs), asked as the user
+    the payload runs as: nothing payload.user can change (a venv's .pth, a sitecustomize.py on payload.env's
+    PYTHONPATH, a program on its PATH) ever runs as root; every JIT cache dir named in payload.env
+    (contract.cache_dir_keys) is writable or creatable.
 
 A problem is `Fail("cannot-start", "FIELD: why", field=FIELD)`. The preflight report raises it (so `submit`
 and `submit --dry-run` refuse with exit 4 naming the field), and the supervisor checks again once it holds
@@ -22,7 +24,7 @@ import subprocess
 from ..contract import START_PROBE_TIMEOUT_S, cache_dir_keys
 from ..host.answer import Fail
 from ..host.bundle import HERE
-from ..host.processes import communicate_within
+from ..host.processes import as_user, communicate_within
 
 # Run by payload.python with argv [script]: compile the script as that interpreter would, then look up (with
 # importlib's finders, importing nothing) each module the script imports at its top level, outside any
@@ -61,26 +63,30 @@ def cannot_start(field: str, why: str) -> Fail:
     return Fail("cannot-start", "%s: %s; nothing was run or stopped" % (field, why), field=field)
 
 
-def check_startable(spec: dict, environ=None) -> None:
+def check_startable(spec: dict, root: str, environ=None) -> None:
     """Raise `cannot-start` naming the first field whose payload could not start; a Slurm job's payload runs
     on a compute node, whose files this login node cannot vouch for, so it is not checked here."""
     if spec.get("launcher") == "slurm":
         return
+    user = payload_user(spec, root)
     payload = spec["payload"]
     env = dict(os.environ if environ is None else environ, **payload["env"])
+    if user is not None:
+        env.update({"HOME": user.pw_dir, "USER": user.pw_name, "LOGNAME": user.pw_name})
     check_cache_dirs(payload["env"])
     if payload["command"] is not None:
         check_commands(spec, env)
     else:
-        check_script(payload, env)
+        check_script(payload, env, user, root)
 
 
-def check_payload_user(spec: dict, root: str) -> None:
-    """payload.user: a user of this host other than root; a supervisor running as root (only root switches
-    to another user); the job dirs under ROOT reachable by that user (its result file lies there)."""
+def payload_user(spec: dict, root: str):
+    """payload.user's pwd entry (None without one): a user of this host other than root; a supervisor running
+    as root (only root switches to another user); the job dirs under ROOT reachable by that user (its result
+    file lies there), and nothing on the way to ROOT its to change."""
     name = spec["payload"].get("user")
-    if name is None or spec.get("launcher") == "slurm":
-        return
+    if name is None:
+        return None
     try:
         user = pwd.getpwnam(name)
     except KeyError:
@@ -99,6 +105,7 @@ def check_payload_user(spec: dict, root: str) -> None:
         raise cannot_start("payload.user", "%r can change %s, on the way to host.root or in it: it could put its "
                            "own code where root runs the supervisor; give host.root a path only root can "
                            "write" % (name, blocked))
+    return user
 
 
 def unsearchable(path: str, user) -> str:
@@ -188,15 +195,17 @@ def check_commands(spec: dict, env: dict) -> None:
                 program, "" if "/" in program else " (not on the payload's PATH)"))
 
 
-def check_script(payload: dict, env: dict) -> None:
+def check_script(payload: dict, env: dict, user=None, root: str = "") -> None:
     script = payload["path"]
     if not os.path.isfile(script):
         raise cannot_start("payload.script", "%s is not in the uploaded payload" % payload["script"])
+    if user is not None:
+        open_bundle(os.path.join(root, "payloads", payload["bundle"]))
     python = resolve(payload["python"], env)
     if python is None:
         raise cannot_start("payload.python", "%s is not an executable file on the host%s" % (
             payload["python"], "" if "/" in payload["python"] else " (not on the payload's PATH)"))
-    answer = probe(python, script, env)
+    answer = probe(python, script, env, user)
     if answer.get("syntax"):
         raise cannot_start("payload.script", "%s does not compile with %s (Python %s): %s" % (
             payload["script"], payload["python"], answer.get("python"), answer["syntax"]))
@@ -205,12 +214,25 @@ def check_script(payload: dict, env: dict) -> None:
             payload["script"], ", ".join(answer["missing"]), payload["python"]))
 
 
-def probe(python: str, script: str, env: dict) -> dict:
-    """payload.python's own answer to PROBE, bounded by START_PROBE_TIMEOUT_S."""
+def open_bundle(bundle: str) -> None:
+    """payload.user reads the job's payload bundle (root's, 0700 as uploaded) to run it: its dirs become 0755 and
+    its files 0644, ROOT/payloads 0711 (searched, not listed). A bundle is code; a job's secrets are its
+    payload.env, kept in spec.json (0600)."""
+    os.chmod(os.path.dirname(bundle), 0o711)
+    for folder, _, files in os.walk(bundle):
+        os.chmod(folder, 0o755)
+        for name in files:
+            if not os.path.islink(os.path.join(folder, name)):  # UNPACK writes none; never chmod through one
+                os.chmod(os.path.join(folder, name), 0o644)
+
+
+def probe(python: str, script: str, env: dict, user=None) -> dict:
+    """payload.python's own answer to PROBE, bounded by START_PROBE_TIMEOUT_S, as the user the payload runs as."""
     field = "payload.python"
     try:
-        proc = subprocess.Popen([python, "-c", PROBE, script], env=env, cwd=HERE, stdin=subprocess.DEVNULL,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+        proc = subprocess.Popen([python, "-c", PROBE, script], env=env, cwd="/", stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                                **as_user(user))
     except OSError as exc:
         raise cannot_start(field, "%s cannot be run: %s" % (python, exc.strerror or exc)) from exc
     output = communicate_within(proc, START_PROBE_TIMEOUT_S)

@@ -12,7 +12,7 @@ from ..host.systemd import Systemd
 from ..supervision import ledger
 from ..supervision.locks import lock_keys, probe_lock
 from ..supervision.spec import check_job_id, read_spec_stdin
-from ..supervision.startable import check_payload_user, check_startable
+from ..supervision.startable import check_startable
 from .launcher import slurm_launch
 
 
@@ -23,8 +23,7 @@ def cmd_preflight(args) -> dict:
 def preflight_report(args, spec: dict) -> dict:
     if spec.get("launcher") == "slurm":
         return slurm_launch().preflight("%d.%d.%d" % sys.version_info[:3])
-    check_startable(spec)  # before anything else: a job whose payload cannot start is refused, nothing touched
-    check_payload_user(spec, args.root)
+    check_startable(spec, args.root)  # before anything else: a job whose payload cannot start is refused
     found = [preflight_service(args.root, s) for s in services_of(spec)]
     several = {"services": found, "services_kept": spec.get("services_kept", [])} if "services" in spec else {}
     locks = [probe_lock(key) for key in lock_keys(spec)] + owed_elsewhere(found)

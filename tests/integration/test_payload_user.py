@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.cli_helpers import Target, run_cli, wait_for, wait_terminal
+from tests.cli_helpers import Target, run_cli, submit, wait_for, wait_terminal
 from tests.harness.systemd_jobs import gpu_job
 
 pytestmark = pytest.mark.systemd
@@ -133,3 +133,80 @@ def test_a_sweep_as_its_user_keeps_each_variants_result(service_host, work):
     result = json.loads(service_host.ssh(["cat", f"{target.root}/jobs/{job['job_id']}/result.json"]).stdout)
     uid = int(service_host.ssh(["id", "-u", service_host.nosudo_user]).stdout)
     assert [v["result"] for v in result["variants"]] == [{"n": 1, "uid": uid}, {"n": 2, "uid": uid}], result
+
+
+# ── a script payload as its user: it runs, nothing of the user's runs as root, other logins read nothing ───
+
+BENCH = """
+import json, os
+print("token", os.environ.get("HF_TOKEN"), flush=True)
+with open(os.environ["RUNNER_RESULT"], "w") as fh:
+    json.dump({"ran_as": os.getuid()}, fh)
+"""
+
+# Whatever python starts with it on PYTHONPATH writes its uid to MARK/<pid>: the user's code, where it ran.
+SITECUSTOMIZE = """
+import os
+if os.environ.get("MARK"):
+    with open(os.path.join(os.environ["MARK"], str(os.getpid())), "w") as fh:
+        fh.write(str(os.getuid()))
+"""
+
+
+def user_script_job(work, host, user: str, env: dict | None = None):
+    (work / "bench.py").write_text(BENCH)
+    target = user_target(host, work)
+    path = gpu_job(work, host, stop="always", target=target)
+    spec = yaml.safe_load(path.read_text())
+    spec["payload"] = {"script": "bench.py", "python": "python3", "user": user, "env": env or {}}
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return target, path
+
+
+def test_a_script_payload_runs_as_its_user(service_host, work):
+    """The uploaded bundle is root's: before, the script could not be read by its user (Errno 13) though the
+    preflight passed (it ran as root), and a job that stopped the service stopped it for nothing."""
+    user = service_host.nosudo_user
+    target, path = user_script_job(work, service_host, user)
+    job = wait_terminal(target, submit(target, path), timeout=120)
+    uid = int(service_host.ssh(["id", "-u", user]).stdout)
+    assert job["state"] == "SUCCEEDED" and job["restored"] is True, job
+    result = service_host.ssh(["cat", f"{target.root}/jobs/{job['job_id']}/result.json"]).stdout
+    assert json.loads(result) == {"ran_as": uid}
+
+
+def test_nothing_the_payload_user_can_change_runs_as_root_at_preflight(service_host, work):
+    """payload.env's PYTHONPATH names a folder of the user's with a sitecustomize.py: the preflight's probe of
+    payload.python (even `submit --dry-run`) ran it as uid 0. It runs as the user, or not at all."""
+    user = service_host.nosudo_user
+    lib, marks = work / "userlib", work / "marks"
+    lib.mkdir()
+    (lib / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    marks.mkdir()
+    marks.chmod(0o1777)
+    service_host.ssh(["chown", "-R", user, str(lib)], check=True)
+    target, path = user_script_job(work, service_host, user, env={"PYTHONPATH": str(lib), "MARK": str(marks)})
+    done = run_cli(target, "submit", str(path), "--dry-run", "--json")
+    ran = {mark.read_text() for mark in marks.iterdir()}
+    uid = service_host.ssh(["id", "-u", user]).stdout.strip()
+    assert "0" not in ran, "the user's sitecustomize.py ran as root: %s (%s)" % (ran, done.stdout.decode()[-500:])
+    assert done.returncode == 0 and ran == {uid}, (done.returncode, ran, done.stdout, done.stderr)
+
+
+def test_another_login_reads_nothing_of_a_payload_user_job(service_host, work):
+    """A second login of the host (here the sudo login) read the first team's payload.env (spec.json 0644 in a
+    job dir 0711 under ROOT/jobs 0755), its output and its result. Now: none of it, nor the list of jobs."""
+    secret = "hf_secret_7c1d"
+    target, path = user_script_job(work, service_host, service_host.nosudo_user, env={"HF_TOKEN": secret})
+    spec = yaml.safe_load(path.read_text())
+    spec["payload"] = dict(spec["payload"], command=["python3", str(work / "bench.py")], script=None)
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    job = wait_terminal(target, submit(target, path), timeout=120)
+    assert job["state"] == "SUCCEEDED", job
+    other = service_host.as_user(service_host.sudo_user)
+    job_dir = f"{target.root}/jobs/{job['job_id']}"
+    for name in ("spec.json", "status.json", "events.jsonl", "output.log", "result.json", "restore.log"):
+        done = other.ssh(["cat", f"{job_dir}/{name}"])
+        assert done.returncode != 0 and secret not in done.stdout and not done.stdout, (name, done.stdout)
+    assert job["job_id"] not in other.ssh(["ls", f"{target.root}/jobs"]).stdout
+    assert secret in service_host.ssh(["cat", f"{job_dir}/output.log"]).stdout  # root's own view is whole

@@ -170,7 +170,8 @@ def test_a_probe_that_hangs_is_bounded(tmp_path):
         supervisor_startable.check_startable({"payload": {"command": None, "script": "demo_payload.py",
                                                           "path": str(REPO / "remote_payload" / "payloads" / "demo"
                                                                       / "demo_payload.py"),
-                                                          "python": str(slow), "env": {}, "args": []}})
+                                                          "python": str(slow), "env": {}, "args": []}},
+                                             str(tmp_path))
     assert refused.value.extra["field"] == "payload.python" and "within" in str(refused.value)
     assert time.monotonic() - began < START_PROBE_TIMEOUT_S + 10
 
