@@ -1,8 +1,10 @@
 """Pure parsers of what external commands print: nvidia-smi's CSV (GPUs, compute apps, its "[N/A]" cells), `systemctl
-show`, sudo's refusal, and of /proc's text (/proc/net/tcp's listeners, a /proc/PID/cgroup line). They run nothing;
-tests/unit/test_host_parsers.py and test_listener.py feed them captured output. Imports nothing.
+show`, sudo's refusal, and of /proc's text (/proc/net/tcp's listeners, a /proc/PID/cgroup line, mountinfo). They run nothing;
+tests/unit/test_host_parsers.py and test_listener.py feed them captured output. Imports only `re`.
 """
 from __future__ import annotations
+
+import re
 
 LISTEN = "0A"  # the TCP state column of a listening socket (include/net/tcp_states.h: TCP_LISTEN = 10)
 NOT_A_NUMBER = ("[N/A]", "N/A", "[Not Supported]", "Not Supported", "[Unknown Error]", "")
@@ -75,6 +77,17 @@ def parse_listeners(text: str) -> dict:
         if inode:
             found.setdefault(port, {})[inode] = uid
     return found
+
+
+def parse_mount_points(text: str) -> list:
+    """The mount points of a /proc/PID/mountinfo text (its fifth field; a space, tab, newline or backslash in
+    a path is written as an octal escape: \\040 and the like)."""
+    points = []
+    for line in text.splitlines():
+        fields = line.split(" ")
+        if len(fields) > 4:
+            points.append(re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[4]))
+    return points
 
 
 def parse_cgroup(text: str):

@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import fcntl
 import os
-import shutil
 import stat
 import time
 
 from ..contract import TERMINAL
 from ..host.answer import Fail
 from ..host.bundle import HERE
+from ..host.parsers import parse_mount_points
 from ..host.processes import is_alive
 from .files import JobPaths, read_json, read_status
 from .locks import held_keys, lock_held, read_holder
@@ -110,7 +110,21 @@ def keep_reason(root: str, job_id: str, rank: int, mtime: float, now: float, kee
         return "its supervisor or guard lives"
     if job_id in held or restore_lock_held(paths):
         return "it holds a lock or owes a stop"
+    if mounts_under(paths.dir):
+        return "a mount point inside it (%s): gc stays on host.root's filesystem" % mounts_under(paths.dir)[0]
     return None
+
+
+def mounts_under(top: str) -> list:
+    """The mount points under `top` (a bind mount a root payload left in its job dir: on the same filesystem
+    it has the same st_dev, so /proc/self/mountinfo says), deepest last."""
+    try:
+        with open("/proc/self/mountinfo") as fh:
+            points = parse_mount_points(fh.read())
+    except OSError:
+        return []
+    inside = os.path.realpath(top) + os.sep
+    return sorted(p for p in points if p.startswith(inside))
 
 
 def lock_holders(root: str) -> set:
@@ -176,8 +190,26 @@ def remove(root: str, folder: str, name: str) -> bool:
         os.rename(os.path.join(root, folder, name), trash)
     except FileNotFoundError:
         return False
-    shutil.rmtree(trash, ignore_errors=True)
+    remove_outside(trash, set(mounts_under(trash)))
     return True
+
+
+def remove_outside(path: str, mounts: set) -> None:
+    """shutil.rmtree that never enters a mount point (one made since the plan): what is mounted there is never
+    emptied, and the folders on the way to it stay."""
+    for entry in os.scandir(path):
+        try:
+            if entry.is_dir(follow_symlinks=False):
+                if os.path.realpath(entry.path) not in mounts:
+                    remove_outside(entry.path, mounts)
+            else:
+                os.unlink(entry.path)
+        except OSError:
+            continue
+    try:
+        os.rmdir(path)
+    except OSError:
+        pass
 
 
 def at_submit(root: str, spec: dict) -> None:

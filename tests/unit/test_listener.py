@@ -6,7 +6,7 @@ import os
 import socket
 
 from remote_payload.host.listener import judge, listeners, local_port, unit_cgroup, unit_part
-from remote_payload.host.parsers import parse_cgroup, parse_listeners
+from remote_payload.host.parsers import parse_cgroup, parse_listeners, parse_mount_points
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "proc"
 
@@ -67,3 +67,11 @@ def test_an_answer_counts_only_between_two_looks_at_the_same_sockets_of_the_unit
         assert other is not None and "outside the unit" in other[0], other
     finally:
         me.close()
+
+
+def test_the_mount_points_of_a_mountinfo_text():
+    text = ("22 1 252:0 / / rw,relatime shared:1 - ext4 /dev/vda rw\n"
+            "35 22 252:0 /tmp/precious /tmp/runner-root/jobs/j1/mnt rw,relatime - ext4 /dev/vda rw\n"
+            "36 22 0:41 / /tmp/a\\040dir\\134x rw - tmpfs tmpfs rw\n")
+    assert parse_mount_points(text) == ["/", "/tmp/runner-root/jobs/j1/mnt", "/tmp/a dir\\x"]
+    assert parse_mount_points("") == []
