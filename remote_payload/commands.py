@@ -132,7 +132,7 @@ def gc_options() -> list:
     from .supervision.retention import KEEP_DAYS, KEEP_JOBS
 
     return [("--keep-jobs", dict(type=int, default=KEEP_JOBS)), ("--keep-days", dict(type=float, default=KEEP_DAYS)),
-            ("--dry-run", dict(action="store_true"))]
+            ("--dry-run", dict(action="store_true")), ("--ids-on-stdin", dict(action="store_true"))]
 
 
 def dispatch(argv: list) -> dict:

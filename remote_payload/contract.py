@@ -156,8 +156,9 @@ VERBS = {
     "restore-service": ("--unit U [--scope system/user] [--sudo] [--health-url URL] [--max-wait S]", "-",
                         "start the unit if inactive, wait for healthy"),
     "result": ("--job-id ID", "-", "the job's result.json, bounded, and the windows of the services it freed"),
-    "gc": ("[--keep-jobs N] [--keep-days D] [--dry-run]", "-", "the retention rule: old ended job dirs and unused "
-           "bundles deleted"),
+    "gc": ("[--keep-jobs N] [--keep-days D] [--dry-run] [--ids-on-stdin]", "a JSON list of ids (--ids-on-stdin)",
+           "the retention rule: old ended job dirs and unused bundles deleted (with --ids-on-stdin only those "
+           "jobs', the others named)"),
     "slurm-run": ("--job-id ID", "-", "what a Slurm batch script execs in its allocation"),
 }
 

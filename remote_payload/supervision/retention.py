@@ -33,20 +33,27 @@ SUBMIT_MOST = 10         # deletions per submit: the submit's own work stays sma
 DAY_S = 86400.0
 
 
-def plan(root: str, keep_jobs: int = KEEP_JOBS, keep_days: float = KEEP_DAYS, most: int | None = None) -> dict:
-    """{jobs: [ids to delete, oldest first], payloads: [...], supervisors: [...], kept: {id: why}, complete};
-    nothing is touched. With `most`, the scan of the job dirs stops at that many (oldest first: a crowded
-    ROOT costs a submit only those), and bundles are looked at only once every job dir was (complete)."""
+def plan(root: str, keep_jobs: int = KEEP_JOBS, keep_days: float = KEEP_DAYS, most: int | None = None,
+         only=None) -> dict:
+    """{jobs: [ids to delete, oldest first], payloads: [...], supervisors: [...], kept: {id: why}, others:
+    [ids the rule would delete that are not in `only`, kept], complete}; nothing is touched. With `most`, the
+    scan of the job dirs stops at that many (oldest first: a crowded ROOT costs a submit only those), and
+    bundles are looked at only once every job dir was (complete)."""
     now = time.time()
     dirs = sorted(entries(os.path.join(root, "jobs")), key=lambda e: e[1])  # oldest first
     held, owing = lock_holders(root), ledger_jobs(root)
     doomed: list[str] = []
     kept: dict[str, str] = {}
+    others: list[str] = []
     for position, (job_id, mtime) in enumerate(dirs):
         if most is not None and len(doomed) >= most:
-            return {"jobs": doomed, "payloads": [], "supervisors": [], "kept": kept, "complete": False}
+            return {"jobs": doomed, "payloads": [], "supervisors": [], "kept": kept, "others": others,
+                    "complete": False}
         why = keep_reason(root, job_id, len(dirs) - 1 - position, mtime, now, keep_jobs, keep_days, held | owing)
-        if why is None:
+        if why is None and only is not None and job_id not in only:
+            others.append(job_id)
+            kept[job_id] = "another controller's job"
+        elif why is None:
             doomed.append(job_id)
         else:
             kept[job_id] = why
@@ -57,7 +64,8 @@ def plan(root: str, keep_jobs: int = KEEP_JOBS, keep_days: float = KEEP_DAYS, mo
     supervisors = [name for name in unused(root, "payload", now) if name != os.path.basename(HERE)]
     if supervisors and (ledger_names_any(root) or any(not ended(root, job_id) for job_id in kept)):
         supervisors = []  # a job still running or owing a stop may run its own bundle by path
-    return {"jobs": doomed, "payloads": payloads, "supervisors": supervisors, "kept": kept, "complete": True}
+    return {"jobs": doomed, "payloads": payloads, "supervisors": supervisors, "kept": kept, "others": others,
+            "complete": True}
 
 
 def unused(root: str, folder: str, now: float) -> list:
@@ -167,17 +175,18 @@ def bundle_of(root: str, job_id: str):
 
 
 def collect(root: str, keep_jobs: int = KEEP_JOBS, keep_days: float = KEEP_DAYS, most: int | None = None,
-            dry_run: bool = False) -> dict:
+            dry_run: bool = False, only=None) -> dict:
     """`gc`: plan's deletions made (unless dry_run), at most `most` of them, job dirs first, oldest first; the
-    answer lists what went (or would go), how many job dirs stay and whether the rule was applied in full."""
-    found = plan(root, keep_jobs, keep_days, most)
+    answer lists what went (or would go), the jobs it left because they are not in `only` (`others`), how many
+    job dirs stay and whether the rule was applied in full."""
+    found = plan(root, keep_jobs, keep_days, most, only)
     todo = [(kind, folder, name) for kind, folder in (("jobs", "jobs"), ("payloads", "payloads"),
                                                       ("supervisors", "payload")) for name in found[kind]]
     deleted: dict[str, list[str]] = {"jobs": [], "payloads": [], "supervisors": []}
     for kind, folder, name in todo[:most]:
         if dry_run or remove(root, folder, name):
             deleted[kind].append(name)
-    return dict(deleted, dry_run=dry_run, kept=len(found["kept"]), complete=found["complete"] and (
+    return dict(deleted, others=found["others"], dry_run=dry_run, kept=len(found["kept"]), complete=found["complete"] and (
         most is None or len(todo) <= most), keep_jobs=keep_jobs, keep_days=keep_days)
 
 

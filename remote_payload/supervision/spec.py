@@ -384,6 +384,17 @@ def read_spec_stdin(root: str, job_id=None, need_job_id: bool = False) -> dict:
     return locate_payload(check_spec(raw, job_id), root)
 
 
+def read_job_ids_stdin() -> list:
+    """`--ids-on-stdin` (status, gc): a JSON list of job ids (a list of any length never goes through argv)."""
+    try:
+        ids = json.loads(sys.stdin.buffer.read().decode("utf-8"))
+    except ValueError as exc:
+        raise Fail("bad-args", "stdin is not a JSON list of job ids: %s" % exc) from exc
+    if not isinstance(ids, list) or not all(isinstance(job_id, str) for job_id in ids):
+        raise Fail("bad-args", "stdin is not a JSON list of job ids")
+    return ids
+
+
 def job_paths(args) -> JobPaths:
     return existing_job(args.root, args.job_id)
 

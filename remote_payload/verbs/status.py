@@ -1,9 +1,7 @@
 """`status`: each job's state, its payload's progress and the ledger's `restored`."""
 from __future__ import annotations
 
-import json
 import os
-import sys
 import time
 
 from ..contract import TERMINAL
@@ -12,7 +10,7 @@ from ..host.processes import POLL_S
 from ..progress import SCAN_BYTES, summarize
 from ..supervision import trust
 from ..supervision.files import JobPaths, NotRegular, open_regular
-from ..supervision.spec import check_job_id
+from ..supervision.spec import check_job_id, read_job_ids_stdin
 from .reap import reap_if_dead
 
 
@@ -41,17 +39,6 @@ def payload_progress(paths: JobPaths, status: dict):
     if info.st_size > SCAN_BYTES:
         text = text.split(b"\n", 1)[-1]  # the first line may be cut
     return dict(summarize(text), output_bytes=info.st_size, silent_s=round(max(0.0, time.time() - info.st_mtime), 1))
-
-
-def read_job_ids_stdin() -> list:
-    """`status --ids-on-stdin`: a JSON list of job ids (a list of any length never goes through argv)."""
-    try:
-        ids = json.loads(sys.stdin.buffer.read().decode("utf-8"))
-    except ValueError as exc:
-        raise Fail("bad-args", "stdin is not a JSON list of job ids: %s" % exc) from exc
-    if not isinstance(ids, list) or not all(isinstance(job_id, str) for job_id in ids):
-        raise Fail("bad-args", "stdin is not a JSON list of job ids")
-    return ids
 
 
 MAX_WAIT_S = 3600.0

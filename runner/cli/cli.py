@@ -374,21 +374,23 @@ def restore_service(job_file, overrides, address, user, port, unit, scope, sudo,
 
 @cli.command(help="Delete the host's old job dirs and unused bundles by its retention rule (also applied, at most "
                   "10 deletions, at every submit): a job dir goes once it is not among the newest --keep-jobs, "
-                  "older than --keep-days, ended, owes no stop and holds no lock. HOST_OR_JOB: JOB.yaml (its host "
+                  "older than --keep-days, ended, owes no stop and holds no lock; only the jobs this controller "
+                  "submitted (a login may serve several controllers) unless --all. HOST_OR_JOB: JOB.yaml (its host "
                   "section) or a host address. Exit: 0 · 2 · 3.")
 @click.argument("host_or_job")
 @click.option("--keep-jobs", type=click.IntRange(0), default=200, show_default=True, help="Newest job dirs kept.")
 @click.option("--keep-days", type=click.FloatRange(0), default=14.0, show_default=True,
               help="Job dirs younger than this are kept.")
 @click.option("--dry-run", is_flag=True, help="List what would go; delete nothing.")
+@click.option("--all", "every", is_flag=True, help="Other controllers' jobs too (those this one did not submit).")
 @click.option("--max-wait", type=click.FloatRange(0, MAX_WAIT_LIMIT_S), default=DEFAULT_MAX_WAIT, show_default=True,
               help="Seconds this call may take, plus one round trip (then exit 3).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
-def gc(host_or_job, keep_jobs, keep_days, dry_run, max_wait, as_json) -> None:
+def gc(host_or_job, keep_jobs, keep_days, dry_run, every, max_wait, as_json) -> None:
     from ..commands import controller
 
     answer = controller.gc(host_or_job, keep_jobs=keep_jobs, keep_days=keep_days, dry_run=dry_run,
-                           deadline=Deadline.for_command(max_wait))
+                           deadline=Deadline.for_command(max_wait), store=Store(), every=every)
     if as_json:
         _emit_json(answer)
         return
@@ -396,6 +398,8 @@ def gc(host_or_job, keep_jobs, keep_days, dry_run, max_wait, as_json) -> None:
     for kind, what in (("jobs", "job dir"), ("payloads", "payload bundle"), ("supervisors", "supervisor bundle")):
         for name in answer[kind]:
             _say(f"{verb} {what} {name}")
+    for name in answer.get("others") or []:
+        _say(f"kept job dir {name}: another controller's (--all deletes it too)")
     _say(f"{answer['host']}: {verb} {len(answer['jobs'])} job dirs, "
          f"{len(answer['payloads']) + len(answer['supervisors'])} bundles; kept {answer['kept']} job dirs")
 

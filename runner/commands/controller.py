@@ -13,7 +13,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, Callable, Generator, Iterable, Sequence, TypeVar
 
-from remote_payload.contract import DEFAULTS, normalize_unit
+from remote_payload.contract import DEFAULTS, is_terminal, normalize_unit
 from remote_payload import sweep as sweeps
 
 from ..deadline import Deadline
@@ -509,10 +509,22 @@ def status(job_ids: list[str], *, store: Store, deadline: Deadline, every: bool 
             answers.extend(_unreached(record, exc) for record in group)  # one host's error, not every job's
             continue
         for record, job in zip(group, found):
+            job = _kept_once_ended(store, record.job_id, job)
             if job.state != record.last_state:
                 _note_state(store, record.job_id, job.state, lambda _note: None)
             answers.append(job)
     return answers
+
+
+def _kept_once_ended(store: Store, job_id: str, job: JobStatus) -> JobStatus:
+    """An ended job's final status is kept in the state dir; once the host's retention deleted the job (the host
+    answers UNKNOWN), that kept status is the answer."""
+    from ..remote.job_answers import JobStatus
+
+    if is_terminal(job.state) and job.state != "UNKNOWN":
+        store.keep(job_id, "status", job.raw)
+    kept = store.kept(job_id, "status") if job.state == "UNKNOWN" else None
+    return JobStatus.from_json(kept) if kept else job
 
 
 def _unreached(record: JobRecord, exc: TransportError) -> JobStatus:
@@ -534,9 +546,23 @@ def cancel(job_id: str, *, store: Store, deadline: Deadline) -> dict:
 
 
 def result(job_id: str, *, store: Store, deadline: Deadline) -> Result:
+    """The job's result; an ended job's is kept in the state dir once fetched, and answers when the host's
+    retention has deleted the job since."""
     record = store.load(check_job_id(job_id))
-    with connect(record.host, deadline=deadline) as client:
-        return _retrying(client.deadline)(client.result, job_id)
+    try:
+        with connect(record.host, deadline=deadline) as client:
+            found = _retrying(client.deadline)(client.result, job_id)
+    except UnknownJob:
+        from ..remote.job_answers import Result
+
+        kept = store.kept(job_id, "result")
+        if kept is None:
+            raise
+        return Result.from_json(kept)
+    if is_terminal(record.last_state):
+        store.keep(job_id, "result", {"result": found.value, "windows": [{"unit": u, "window": w}
+                                                                        for u, w in found.windows]})
+    return found
 
 
 def restore_service(host: dict, service: dict, *, max_wait: float) -> dict:
@@ -547,11 +573,15 @@ def restore_service(host: dict, service: dict, *, max_wait: float) -> dict:
         return client.restore_service(service, max_wait=max_wait)
 
 
-def gc(target: str, *, keep_jobs: int, keep_days: float, dry_run: bool, deadline: Deadline) -> dict:
-    """The host's retention rule by hand (`gc`): target is JOB.yaml (its host section) or a host address."""
+def gc(target: str, *, keep_jobs: int, keep_days: float, dry_run: bool, deadline: Deadline, store: Store,
+       every: bool = False) -> dict:
+    """The host's retention rule by hand (`gc`): target is JOB.yaml (its host section) or a host address. Only
+    the jobs this controller submitted there may go (a login may serve several controllers), unless `every`."""
     host = gc_host(target)
+    mine = None if every else [r.job_id for r in store.all() if _host_key(r.host) == _host_key(host)]
     with connect(host, deadline=deadline) as client:
-        return dict(client.gc(keep_jobs=keep_jobs, keep_days=keep_days, dry_run=dry_run), host=host["address"])
+        return dict(client.gc(keep_jobs=keep_jobs, keep_days=keep_days, dry_run=dry_run, only=mine),
+                    host=host["address"])
 
 
 def gc_host(target: str) -> dict:

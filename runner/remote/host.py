@@ -186,10 +186,13 @@ class HostClient:
     def result(self, job_id: str) -> Result:
         return answers.result_answer(self.call("result", ["--job-id", job_id]))
 
-    def gc(self, *, keep_jobs: int, keep_days: float, dry_run: bool) -> dict:
-        """Wire `gc`: the host's retention rule (old job dirs and unused bundles deleted, or listed)."""
+    def gc(self, *, keep_jobs: int, keep_days: float, dry_run: bool, only: list[str] | None = None) -> dict:
+        """Wire `gc`: the host's retention rule (old job dirs and unused bundles deleted, or listed); `only`: the
+        jobs that may go (on stdin), the others it would delete named in `others`."""
         args = ["--keep-jobs", str(keep_jobs), "--keep-days", repr(float(keep_days))] + (["--dry-run"] if dry_run else [])
-        return answers.gc(self.call("gc", args))
+        if only is None:
+            return answers.gc(self.call("gc", args))
+        return answers.gc(self.call("gc", args + ["--ids-on-stdin"], stdin=json.dumps(only).encode()))
 
     def call(self, sub: str, args: list[str], *, stdin: bytes = b"") -> dict:
         """One supervisor call; its boot, the upload it may need and the repeat run inside the command's deadline."""

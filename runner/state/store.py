@@ -112,6 +112,18 @@ class Store:
             (self.jobs_dir / f"{job_id}.json").unlink(missing_ok=True)
             (self.root / "active" / job_id).unlink(missing_ok=True)
 
+    def keep(self, job_id: str, kind: str, answer: dict) -> None:
+        """A finished job's final `status` or `result` answer, kept once fetched (kept/<id>.<kind>.json): the
+        host's retention (another controller's gc, a submit's) may delete the job dir later. Best effort."""
+        path = self.root / "kept" / f"{job_id}.{kind}.json"
+        if not path.exists():
+            with suppress(OSError):
+                _write_atomic(private_dir(path.parent) / path.name, json.dumps(answer), durable=False)
+
+    def kept(self, job_id: str, kind: str) -> dict | None:
+        """What `keep` kept of the job, or None."""
+        return read_cache(self.root / "kept" / f"{job_id}.{kind}.json")
+
     def load(self, job_id: str) -> JobRecord:
         path = self.jobs_dir / f"{job_id}.json"
         try:

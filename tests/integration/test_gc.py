@@ -144,10 +144,12 @@ def test_submit_applies_the_rule_bounded_and_runner_gc_runs_it_by_hand():
 
     done = run_cli(target, "gc", str(path), "--dry-run", "--json")
     assert done.returncode == 0, done.stderr.decode()
-    listed = json.loads(done.stdout)
+    listed = json.loads(done.stdout)  # made here, not submitted by this controller: another's, kept
+    assert listed["dry_run"] and listed["jobs"] == [] and len(listed["others"]) == 21, listed
+    listed = json.loads(run_cli(target, "gc", str(path), "--dry-run", "--all", "--json").stdout)
     assert listed["dry_run"] and len(listed["jobs"]) == 21 and "running" not in listed["jobs"]
     assert {p.name for p in (root / "jobs").iterdir()} == left
-    done = run_cli(target, "gc", str(path))
+    done = run_cli(target, "gc", str(path), "--all")
     assert done.returncode == 0, done.stderr.decode()
     assert "deleted 21 job dirs" in done.stdout.decode(), done.stdout.decode()
     assert len(list((root / "jobs").iterdir())) == 200 + 1  # the newest 200, and the running one
