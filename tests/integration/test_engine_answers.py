@@ -354,6 +354,23 @@ def test_the_readme_rule_starts_several_services_at_once(service_host, sudo_remo
         (s["unit"], True, True) for s in services]
 
 
+@pytest.mark.systemd
+def test_the_readme_rule_lets_the_login_stop_no_unit_it_does_not_name(service_host):
+    """The rule's line for the guard timer matched further arguments (`stop runner-x my-llm.service`): with it the
+    login could stop any unit. Now it grants only the stop of one runner guard timer; each line names exactly
+    what it grants (README)."""
+    other = service_host.install_unit("other-llm.service", port=free_port())
+    service_host.systemctl("start", other).check_returncode()
+    login = service_host.as_user(service_host.sudo_user)
+    with service_host.sudo_rule(readme_rule(service_host.sudo_user, [service_host.unit])):
+        done = login.ssh(["sudo", "-n", "systemctl", "stop", "runner-x", other])
+        assert service_host.service_state(other) == "active", (done.returncode, done.stderr)
+        allowed = login.ssh(["sudo", "-n", "-l", "/usr/bin/systemctl", "stop", "runner-guard-k26-1.timer"])
+        assert allowed.returncode == 0, allowed.stderr
+        for denied in (["stop", "runner-guard-x.timer", other], ["stop", other], ["stop", "runner-job-x.service"]):
+            assert login.ssh(["sudo", "-n", "-l", "/usr/bin/systemctl", *denied]).returncode != 0, denied
+
+
 # ── a restorer's lock held past its bound is taken over ──────────────────────────────────────────────────
 
 LOCK_HOLDER = ("import fcntl, os, sys, time\nfd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)\n"
