@@ -10,6 +10,7 @@ import time
 from . import trust
 from ..host.processes import KILL_CONFIRM_S, is_alive
 from .files import JobPaths
+from .locks import Locks
 from .settle import Told, settle_as_restorer, with_restore_lock
 
 
@@ -29,7 +30,9 @@ def cmd_guard(args) -> dict:
         return {"ok": True}
     # re-read under the restore lock: another restorer may have settled it meanwhile; the ledger over status.json
     job = trust.load_for_restore(paths)
-    with_restore_lock(job, lambda: settle_as_restorer(trust.load_for_restore(paths), message))
+    done = with_restore_lock(job, lambda: settle_as_restorer(trust.load_for_restore(paths), message))
+    if done:  # restored: the supervisor's locks it holds go as the supervisor's would have
+        Locks.inherited(paths.root, paths.job_id).release()
     return {"ok": True, "state": trust.load_for_restore(paths).status["state"]}
 
 

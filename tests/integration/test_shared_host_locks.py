@@ -167,3 +167,23 @@ def test_a_stop_another_login_still_owes_is_busy_until_its_unit_runs_again(servi
     job = wait_terminal(target, submit(target, job_file), timeout=120)
     assert job["state"] == "SUCCEEDED", job
     assert service_host.ssh(["stat", "-c", "%U", path]).stdout.strip() == service_host.sudo_user
+
+
+def test_a_guard_that_restored_leaves_no_lock_file_in_another_logins_way(service_host, fork_path, work):
+    """The fork path: the supervisor is SIGKILLed, its guard restores with the supervisor's lock fds and, as any
+    holder letting go, removes their names; a lock file of root's left behind would be "left by root" to the
+    sudo login, which cannot take or replace it."""
+    (work / "a").mkdir()
+    (work / "b").mkdir()
+    root_login = target_for(service_host)
+    job_id = hold_the_unit_stopped(work, service_host, root_login)
+    status = json.loads(service_host.ssh(["cat", f"/root/.runner/jobs/{job_id}/status.json"]).stdout)
+    service_host.ssh(["kill", "-KILL", str(status["supervisor"]["pid"])], check=True)
+    job = wait_terminal(root_login, job_id, timeout=120)
+    assert job["restored"] is True and "guard restored" in job["message"], job
+    wait_for(lambda: "runner-" not in service_host.ssh(["sh", "-c", "ls /run/lock/*.lock; true"]).stdout,
+             timeout=30, what="the guard's lock files gone")
+    sudo_login = sudo_login_target(service_host)
+    later = submit(sudo_login, gpu_job(work / "b", service_host, stop="always", command=["true"], target=sudo_login,
+                                       sudo=True))
+    assert wait_terminal(sudo_login, later, timeout=120)["state"] == "SUCCEEDED"
