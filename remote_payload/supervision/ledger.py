@@ -37,10 +37,19 @@ def owner(unit: str):
         return None
 
 
+def acting_for(root: str) -> set:
+    """Whose entries this process acts on, for host.root `root`: its own; and, as root, the login's whose
+    host.root it is (a sudo login's guard timer runs that login's own code as root: its entries add nothing)."""
+    try:
+        return {os.geteuid()} | ({os.stat(root).st_uid} if os.geteuid() == 0 else set())
+    except OSError:
+        return {os.geteuid()}
+
+
 def read_entry(root: str, unit: str):
-    """This login's entry for `unit`, or None (none, or another login's). An unreadable one of ours still means
-    "stopped by someone": keep it. `root` is the reader's host.root: the entry says which job dir it names."""
-    if owner(unit) != os.geteuid():
+    """This login's entry for `unit`, or None (none, or another login's: acting_for). An unreadable one of ours
+    still means "stopped by someone": keep it. `root` is the reader's host.root: the entry names its job's."""
+    if owner(unit) not in acting_for(root):
         return None
     try:
         with open_regular(ledger_path(unit)) as fh:
@@ -52,11 +61,11 @@ def read_entry(root: str, unit: str):
     return entry if isinstance(entry, dict) else None
 
 
-def foreign_entry(unit: str):
+def foreign_entry(root: str, unit: str):
     """Another login's entry for `unit` as it reads ({job_id, stopped_at, root} at most, and `user`: whose), or
     None. Only named in a busy answer: never acted on here."""
     uid = owner(unit)
-    if uid is None or uid == os.geteuid():
+    if uid is None or uid in acting_for(root):
         return None
     try:
         entry = read_json(ledger_path(unit))
@@ -72,13 +81,22 @@ def same_job(entry, root: str, job_id) -> bool:
     return bool(entry) and entry.get("job_id") == job_id and entry.get("root", root) == root
 
 
+def write_entry(root: str, unit: str, entry: dict) -> None:
+    """An entry is the file of the login whose host.root it names: root writing one for a sudo login's job (its
+    guard timer) gives it back to that login."""
+    write_json_atomic(ledger_path(unit), entry, 0o644)
+    uid = os.stat(root).st_uid
+    if os.geteuid() == 0 and uid != 0:
+        os.chown(ledger_path(unit), uid, -1)
+
+
 def record_stop(root: str, unit: str, job_id: str, service: dict, gpus: list, **extra) -> None:
     """Before the stop: the host now knows job_id is about to stop unit and owes it a restore."""
-    write_json_atomic(ledger_path(unit), dict({
+    write_entry(root, unit, dict({
         "unit": unit, "job_id": job_id, "root": root, "was": service.get("was"), "scope": service.get("scope"),
         "sudo": service.get("sudo"), "health_url": service.get("health_url"),
         "health_timeout": service.get("health_timeout"), "gpus": list(gpus), "stopped_at": time.time(), **stamp()},
-        **extra), 0o644)
+        **extra))
 
 
 def note_payload(root: str, unit: str, job_id: str, payload: dict) -> None:
@@ -104,7 +122,7 @@ def ident(payload: dict) -> dict:
 def _note(root: str, unit: str, job_id: str, **fields) -> None:
     entry = read_entry(root, unit)
     if same_job(entry, root, job_id) and not entry.get("unreadable"):
-        write_json_atomic(ledger_path(unit), dict(entry, **fields), 0o644)
+        write_entry(root, unit, dict(entry, **fields))
 
 
 def entries(root: str) -> list:

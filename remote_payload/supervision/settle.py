@@ -339,7 +339,7 @@ def settle_ledger(job: Job) -> None:
     another login's job made and still owes is not ours to adopt: the job ends here, nothing touched."""
     for view in services.views(job):
         unit = view.status["service"]["unit"]
-        entry = ledger.foreign_entry(unit)
+        entry = ledger.foreign_entry(job.paths.root, unit)
         if entry and view.ctl.is_active(unit) not in RUNNING_SERVICE_STATES:
             raise Fail("busy", "%s was stopped by %s and is not restored yet: that login's restorers bring it "
                        "back; nothing was stopped" % (unit, describe_holder(entry)))

@@ -26,17 +26,17 @@ def preflight_report(args, spec: dict) -> dict:
     check_startable(spec, args.root)  # before anything else: a job whose payload cannot start is refused
     found = [preflight_service(args.root, s) for s in services_of(spec)]
     several = {"services": found, "services_kept": spec.get("services_kept", [])} if "services" in spec else {}
-    locks = [probe_lock(key) for key in lock_keys(spec)] + owed_elsewhere(found)
+    locks = [probe_lock(key) for key in lock_keys(spec)] + owed_elsewhere(args.root, found)
     return dict({"ok": True, "service": found[0] if found else None, "locks": locks,
                  "python": "%d.%d.%d" % sys.version_info[:3]}, **several, **preflight_gpus(spec))
 
 
-def owed_elsewhere(found: list) -> list:
+def owed_elsewhere(root: str, found: list) -> list:
     """A unit that another login's job stopped and still owes (its ledger entry), not running now: busy here,
     naming that job. Its own restorers bring the unit back; a window of ours would run inside its stop."""
     owed = []
     for service in found:
-        entry = ledger.foreign_entry(service["unit"])
+        entry = ledger.foreign_entry(root, service["unit"])
         if entry and service.get("active_state") not in RUNNING_SERVICE_STATES:
             key = "service-" + service["unit"]
             owed.append({"key": key, "held": True, "holder": dict(entry, key=key)})

@@ -88,3 +88,25 @@ def test_a_waiter_on_a_released_name_takes_the_next_file(host_lock_place):
     assert os.fstat(second.fds["gpu-0"]).st_ino != os.fstat(stale).st_ino
     os.close(stale)
     second.release()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="entries of several users")
+def test_a_ledger_entry_is_acted_on_by_its_own_login_and_by_root_for_that_logins_root(tmp_path):
+    """A sudo login's guard timer runs its restore as root for the login's host.root: root then acts on that
+    login's entries (and writes them back as the login's), never on a third user's."""
+    from remote_payload.supervision import ledger
+
+    theirs = tmp_path / "their-root"
+    theirs.mkdir()
+    os.chown(theirs, NOBODY, NOBODY)
+    ledger.record_stop(str(theirs), "a.service", "j1", {"was": "active"}, [])
+    assert os.lstat(ledger.ledger_path("a.service")).st_uid == NOBODY  # given back to the login
+    assert ledger.read_entry(str(theirs), "a.service")["job_id"] == "j1"
+    ledger.note_restore_failed(str(theirs), "a.service", "j1")
+    assert os.lstat(ledger.ledger_path("a.service")).st_uid == NOBODY
+    mine = tmp_path / "root"
+    mine.mkdir()
+    assert ledger.read_entry(str(mine), "a.service") is None  # root's own host.root: another login's entry
+    assert ledger.foreign_entry(str(mine), "a.service")["user"] == "nobody"
+    os.chown(ledger.ledger_path("a.service"), 1, 1)  # a third user's
+    assert ledger.read_entry(str(theirs), "a.service") is None
