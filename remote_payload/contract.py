@@ -129,7 +129,8 @@ ERRORS = {
     "sudo-password": "sudo asked for a password (a NOPASSWD rule is needed)",
     "no-systemd": "systemctl cannot reach a service manager of this scope: the host's services are not run by systemd",
     "timeout": "a host command did not finish in time",
-    "unsafe-root": "host.root or the payload dir is writable by others or not owned by the login user",
+    "unsafe-root": "host.root, the payload dir or the host lock place (/run/lock) is writable by others or not owned "
+                   "by the login user (or root)",
     "slurm-refused": "sbatch refused the job (the message is sbatch's own); nothing was queued",
     "slurm-unavailable": "sbatch/squeue are missing on the login node, or slurmctld does not answer",
     "newer-protocol": "a record (status.json) was written by a newer runner's supervisor: use that runner",
