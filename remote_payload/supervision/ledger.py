@@ -129,7 +129,8 @@ def entries(root: str) -> list:
     """This login's entries: every stop it made and has not restored, found by listing H, never through a job
     dir (whose files the payload can write)."""
     names = sorted(os.listdir(lock_dir()))
-    found = [read_entry(root, n[len(PREFIX):-len(".json")]) for n in names if n.startswith(PREFIX) and n.endswith(".json")]
+    units = [n[len(PREFIX):-len(".json")] for n in names if n.startswith(PREFIX) and n.endswith(".json")]
+    found = [read_entry(root, unit) for unit in units]
     return [entry for entry in found if entry]
 
 

@@ -186,8 +186,9 @@ def collect(root: str, keep_jobs: int = KEEP_JOBS, keep_days: float = KEEP_DAYS,
     for kind, folder, name in todo[:most]:
         if dry_run or remove(root, folder, name):
             deleted[kind].append(name)
-    return dict(deleted, others=found["others"], dry_run=dry_run, kept=len(found["kept"]), complete=found["complete"] and (
-        most is None or len(todo) <= most), keep_jobs=keep_jobs, keep_days=keep_days)
+    complete = found["complete"] and (most is None or len(todo) <= most)
+    return dict(deleted, others=found["others"], dry_run=dry_run, kept=len(found["kept"]), complete=complete,
+                keep_jobs=keep_jobs, keep_days=keep_days)
 
 
 def remove(root: str, folder: str, name: str) -> bool:

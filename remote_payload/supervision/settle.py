@@ -378,7 +378,9 @@ def hand_over(job: Job, entry: dict) -> None:
     """Settle the dead job whose stop we adopt (under its own host.root, this login's): kill what is left of
     its payload, record who restores."""
     previous, root = entry.get("job_id"), entry.get("root", job.paths.root)
-    if not previous or root_problem(root) or job_id_problem(previous) or not os.path.isdir(JobPaths(root, previous).dir):
+    if not previous or root_problem(root) or job_id_problem(previous):
+        return
+    if not os.path.isdir(JobPaths(root, previous).dir):
         return
     paths = JobPaths(root, previous)
     unit = job.status["service"]["unit"]

@@ -13,8 +13,8 @@ payload is not told where it is. Whether a stop is owed is the ledger's alone (s
     holds_locks(...)          whether the job's supervisor or guard still live: they hold its service lock
     job_alive(...)            the same, for a job the ledger names; status.json's pids for one it does not
 
-What this does not protect: a payload running as the same user can still delete the ledger, write its login's lock files,
-kill the restorers or stop the service itself. It guards against a payload corrupting its own job's records,
+What this does not protect: a payload running as the same user can still delete the ledger, write its login's
+lock files, kill the restorers or stop the service itself. It guards against a payload corrupting its own job's records,
 by mistake or on purpose, not against a payload that attacks the host; payload.user (payload.py) runs it as
 another user, who can write none of this. Imports only the stdlib, contract.py,
 host/ (answer.py, processes.py) and the files and ledger rooms; the record and services rooms when it settles.

@@ -237,8 +237,8 @@ RESTORE_SERVICE = _record({"unit": OPT_TEXT, "state": _one_of("healthy, starting
                            "health_note": OPT_TEXT}, required=("state",))
 WINDOW = _record({"unit": OPT_TEXT, "window": OBJECT}, required=("window",))
 RESULT = _record({"windows": _list_of(WINDOW)}, required=("result",))
-GC = _record({"jobs": _list_of(TEXT), "payloads": _list_of(TEXT), "supervisors": _list_of(TEXT), "others": _list_of(TEXT),
-              "dry_run": BOOL,
+GC = _record({"jobs": _list_of(TEXT), "payloads": _list_of(TEXT), "supervisors": _list_of(TEXT),
+              "others": _list_of(TEXT), "dry_run": BOOL,
               "kept": COUNT, "complete": BOOL, "keep_jobs": COUNT, "keep_days": NUMBER},
              required=("jobs", "payloads", "supervisors", "dry_run", "kept", "complete"))
 FAILURE = _record({"error": TEXT, "message": OPT_TEXT, "hint": OPT_TEXT, "stage": OPT_TEXT, "same_spec": OPT_BOOL,
