@@ -6,7 +6,6 @@ parsers).
 from __future__ import annotations
 
 import os
-import sys
 import time
 
 from .answer import Fail
@@ -159,20 +158,3 @@ def run_command(argv: list, timeout: float = CMD_TIMEOUT_S) -> subprocess.Comple
     if os.path.basename(argv[0]) == "sudo" and sudo_wants_password(done.returncode, stderr):
         raise Fail("sudo-password", SUDO_HINT)
     return done
-
-
-def as_user(user) -> dict:
-    """Popen's arguments that run the child as payload.user for good: its groups, gid, then uid, set in the
-    child before exec (as a batch system runs a job as its user while its daemon stays root). Python 3.9+
-    does it in C after the fork; 3.8 needs a preexec function. None: no change."""
-    if user is None:
-        return {}
-    groups = os.getgrouplist(user.pw_name, user.pw_gid)
-    if sys.version_info >= (3, 9):
-        return {"user": user.pw_uid, "group": user.pw_gid, "extra_groups": groups}
-
-    def switch() -> None:
-        os.setgroups(groups)
-        os.setgid(user.pw_gid)
-        os.setuid(user.pw_uid)
-    return {"preexec_fn": switch}

@@ -10,7 +10,8 @@
 A problem is `Fail("cannot-start", "FIELD: why", field=FIELD)`. The preflight report raises it (so `submit`
 and `submit --dry-run` refuse with exit 4 naming the field), and the supervisor checks again once it holds
 the locks (a queued job may start hours later), before its prepare step and the service stop. Imports only
-the stdlib, contract.py and host/ (answer.py, bundle.py, processes.py).
+the stdlib, contract.py, host/ (answer.py, bundle.py, processes.py) and payload.py (as_user: the
+payload's way to run as payload.user, which the probe shares).
 """
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ import subprocess
 from ..contract import START_PROBE_TIMEOUT_S, cache_dir_keys
 from ..host.answer import Fail
 from ..host.bundle import HERE
-from ..host.processes import as_user, communicate_within
+from ..host.processes import communicate_within
+from .payload import as_user
 
 # Run by payload.python with argv [script]: compile the script as that interpreter would, then look up (with
 # importlib's finders, importing nothing) each module the script imports at its top level, outside any
