@@ -201,7 +201,9 @@ def _tail_and_exit(job_id: str, *, follow: bool, max_wait: float, from_start: bo
             _progress(f"[runner] {job_id} ended {outcome.state}{render.exit_note(outcome.exit_code)}")
 
     outcome = controller.tail(job_id, store=Store(), out=sink, follow=follow, max_wait=max_wait,
-                              from_start=from_start, delivered=delivered)
+                              from_start=from_start, delivered=delivered, on_wait=lambda: _progress(
+                                  f"[runner] another `runner tail {job_id}` has the log's turn: waiting for it "
+                                  "(up to --max-wait; each byte goes to one of them)"))
     sys.exit(exit_code(outcome.state, settled=outcome.terminal))
 
 
@@ -247,8 +249,10 @@ def watch_bound(max_wait: float | None, *, on_terminal: bool) -> float:
 
 @cli.command(help="State, phase, progress, service and downtime of one job (or, with no id, of the 50 newest jobs "
                   "this controller knows and every one not yet ended; --all: every job). "
-                  "Exit: like tail for one job; for all, the worst wins (1 > 3 > 75 > 0: a host that cannot be "
-                  "asked is its jobs' lines and 3, the others still shown). 2 unknown id · 3.")
+                  "Exit: like tail for one job (0 SUCCEEDED · 1 ended otherwise · 75 still running). With no "
+                  "id, by the jobs still running (ended jobs do not count): 75 while one runs, 3 when a running "
+                  "job's host cannot be asked (its lines say so, the others still shown), else 0. "
+                  "2 unknown id · 3.")
 @click.argument("job_id", required=False)
 @click.option("--all", "every", is_flag=True, help="With no id: every job this controller knows, not only the "
               "50 newest and those not yet ended.")

@@ -375,7 +375,8 @@ def _adopt(client: HostClient, wire: dict, exc: RemoteError) -> Started:
 # -- tail -------------------------------------------------------------------------------------------------
 
 def tail(job_id: str, *, store: Store, out: BinaryIO, follow: bool, max_wait: float, from_start: bool,
-         save_cursor: bool = True, delivered: Callable[[TailOutcome], None] = lambda _o: None) -> TailOutcome:
+         save_cursor: bool = True, delivered: Callable[[TailOutcome], None] = lambda _o: None,
+         on_wait: Callable[[], None] = lambda: None) -> TailOutcome:
     """Print log bytes after the stored cursor; with follow, until terminal or max_wait. Never past max_wait
     plus one round trip's allowance (the client's deadline).
 
@@ -384,7 +385,8 @@ def tail(job_id: str, *, store: Store, out: BinaryIO, follow: bool, max_wait: fl
     A call killed at any point leaves it where it was, so its bytes come again with the next call; the
     calls that end by themselves join to the log byte for byte. The call holds the job's cursor turn from
     reading the cursor to saving it: two tails of one job take turns, each byte to one of them; a call
-    that does not get the turn within max_wait prints nothing and ends busy ("call again"). Bytes printed
+    that does not get the turn at once calls `on_wait()`, and one that does not get it within max_wait prints
+    nothing and ends busy ("call again"). Bytes printed
     before a host error end the call normally ("call again"); the error comes with the next call. A host
     log shorter than the cursor resets the cursor to 0 and raises LogShrank (exit 3): the next call prints
     the log again from its first byte, so nothing is skipped, though bytes may repeat.
@@ -400,7 +402,7 @@ def tail(job_id: str, *, store: Store, out: BinaryIO, follow: bool, max_wait: fl
         delivered(outcome)
         return outcome
     with ExitStack() as stack:
-        record, turn = stack.enter_context(store.cursor_turn(job_id, waiting.left()))
+        record, turn = stack.enter_context(store.cursor_turn(job_id, waiting.left(), on_wait))
         if not turn:
             outcome = TailOutcome(job_id, record.last_state, None, False, record.cursor, 0, busy=True)
             delivered(outcome)

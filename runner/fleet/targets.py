@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO, Callable
 from ..commands import controller, front_ends
 from ..deadline import Deadline
 from ..errors import EXIT_OK, worst
-from ..state.store import Store
+from ..state.store import Store, is_over
 
 if TYPE_CHECKING:
     from ..commands.plan import Plan
@@ -50,7 +50,8 @@ def submit_fleet(plan: Plan, *, run_id: str | None, queue: bool, store: Store, m
 
 def status(ref: str | None, *, store: Store, deadline: Deadline, every: bool = False) -> Outcome:
     """A run's hosts (each its phase and its job's live status; the worst exit wins), or one job's status, or
-    the recent and unfinished jobs' (every known job's with `every`)."""
+    the recent and unfinished jobs' (every known job's with `every`), whose exit is that of the jobs still
+    running: a job that ended badly once is history, not this call's outcome."""
     if ref and store.is_run(ref):
         from . import fleet_view
 
@@ -58,8 +59,9 @@ def status(ref: str | None, *, store: Store, deadline: Deadline, every: bool = F
         return Outcome({"run_id": run.run_id, "state": run.state, "max_unavailable": run.max_unavailable,
                         "hosts": [row.to_json() for row in rows]}, worst(row.exit for row in rows), True, run, rows)
     jobs = front_ends.job_statuses(ref, store=store, deadline=deadline, every=every)
+    counted = jobs if ref else [job for job in jobs if not is_over(job.state)]  # every job: by those still running
     return Outcome(jobs[0].raw if ref else [job.raw for job in jobs],
-                   worst(front_ends.job_exit(job) for job in jobs), detail=jobs)
+                   worst(front_ends.job_exit(job) for job in counted), detail=jobs)
 
 
 def cancel(ref: str, *, store: Store, deadline: Deadline) -> Outcome:

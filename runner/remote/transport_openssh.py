@@ -490,6 +490,7 @@ def for_host(host: dict):
     """The transport a host section asks for: local, or `host.transport` (auto = OpenSSH when `ssh` exists)."""
     if host["address"] == "local":
         return LocalTransport()
+    _check_ssh_config(os.environ.get("RUNNER_SSH_CONFIG"))
     target = SshTarget(address=host["address"], user=host.get("user"), port=host.get("port"),
                        host_key_policy=host.get("host_key_policy", "strict"),
                        connect_timeout=host.get("connect_timeout", 10.0))
@@ -502,6 +503,17 @@ def for_host(host: dict):
         return SshTransport(target)
     state = _state_dir()
     return OpenSshTransport(target, control_dir=state / "cm", ssh=ssh, cache_dir=state / "ssh")
+
+
+def _check_ssh_config(path: str | None) -> None:
+    """RUNNER_SSH_CONFIG names a file of this machine (`ssh -F`): one that cannot be read is a local mistake
+    (exit 2), said before ssh turns it into an unreachable host."""
+    if path:
+        try:
+            open(path, "rb").close()
+        except OSError as exc:
+            raise SpecError(f"RUNNER_SSH_CONFIG={path}: {exc.strerror}",
+                            hint="Point it at an ssh_config file, or unset it (ssh then reads ~/.ssh/config).") from None
 
 
 def _state_dir() -> Path:

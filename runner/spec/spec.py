@@ -317,7 +317,7 @@ class JobSpec(_Section):
     @property
     def spec_dir(self) -> Path:
         """The job file's folder: what payload.script and payload.files are relative to."""
-        return self._spec_path.parent if self._spec_path is not None else Path.cwd()
+        return (self._spec_path.parent if self._spec_path is not None else Path.cwd()).absolute()
 
     def set_spec_path(self, path: Path) -> None:
         """Remember the YAML file (for error messages and a script relative to it); load_spec calls it."""
@@ -344,8 +344,9 @@ class JobSpec(_Section):
         for candidate in (Path(payload_root) / script, spec_dir / script):
             if candidate.is_file():
                 return candidate
-        raise SpecError(f"{self._spec_path or '<spec>'}: payload.script: {short(script)} is neither in {payload_root} "
-                        f"nor in {spec_dir}")
+        raise SpecError(f"{self._spec_path or '<spec>'}: payload.script: {short(script)} is not in {spec_dir} "
+                        f"(a script is found beside the job file, or by its name among runner's payloads in "
+                        f"{payload_root})")
 
     def to_wire(self, job_id: str, required_mib: int, script_name: str | None) -> dict:
         """The normalised JSON form of docs/protocol.md ("The spec JSON"); script_name is the script's name

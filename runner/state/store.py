@@ -28,7 +28,7 @@ import time
 from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 from remote_payload.contract import is_terminal
 
@@ -61,6 +61,11 @@ _FIELD_TYPES: dict[str, type | tuple[type, ...]] = {
     "job_id": str, "name": str, "host": dict, "spec_path": str, "submitted_at": (int, float), "service": dict,
     "cursor": int, "last_state": str, "wire": dict, "note": str, "metrics": dict}
 NOT_STARTED = "NOT_STARTED"  # a controller-side end: the host was never reached, so it has no such job
+
+
+def is_over(state: str) -> bool:
+    """A job that runs no more as far as this controller knows: ended, never started, or unknown to its host."""
+    return is_terminal(state) or state in (NOT_STARTED, "UNKNOWN")
 
 
 class Store:
@@ -167,20 +172,25 @@ class Store:
             self._write(record)
 
     @contextmanager
-    def cursor_turn(self, job_id: str, wait_s: float) -> Iterator[tuple[JobRecord, bool]]:
+    def cursor_turn(self, job_id: str, wait_s: float,
+                    waiting: Callable[[], None] = lambda: None) -> Iterator[tuple[JobRecord, bool]]:
         """Hold the job's cursor for one tail call: yields (its record as of the turn, True), or (the record,
-        False) when another call held it for all of wait_s. An unknown or unreadable record, or a state dir
-        where the cursor could not be saved (the same bytes would print again and again), is said before
-        anything is written. The kernel drops the lock when its holder dies: a killed call never blocks the next."""
+        False) when another call held it for all of wait_s (`waiting()` is called once, when it must wait). An
+        unknown or unreadable record, or a state dir where the cursor could not be saved (the same bytes would
+        print again and again), is said before anything is written. The kernel drops the lock when its holder
+        dies: a killed call never blocks the next."""
         self.load(job_id)
         self.check_writable()
         with self._lock_file(job_id, "cursor") as fd:
-            end = time.monotonic() + wait_s
+            end, told = time.monotonic() + wait_s, False
             while True:
                 try:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                     break
                 except BlockingIOError:
+                    if not told:
+                        waiting()
+                        told = True
                     if time.monotonic() >= end:
                         yield self.load(job_id), False
                         return
@@ -314,7 +324,7 @@ class Store:
 
     def _mark_active(self, record: JobRecord) -> None:
         mark = self.root / "active" / record.job_id
-        if is_terminal(record.last_state):
+        if is_over(record.last_state):
             mark.unlink(missing_ok=True)
         elif not mark.exists():
             private_dir(mark.parent)
@@ -395,7 +405,7 @@ def _state_dir_hint(number: int | None) -> str:
         return "free space there, or " + elsewhere
     if number in (errno.EROFS, errno.EACCES, errno.EPERM):
         return "make it writable, or " + elsewhere
-    return elsewhere.capitalize()
+    return "P" + elsewhere[1:]
 
 
 def default_state_dir() -> Path:
