@@ -38,7 +38,28 @@ def admit(spec: dict, report: dict, queue: bool = False) -> dict:
         return {"refuse": refused.verdict}
     if verdict["stop_service"]:
         verdict["notes"] += _stop_hints(spec, report)
+    if queue:
+        verdict["notes"] += _queued_notes(spec, report)
     return verdict
+
+
+def _queued_notes(spec: dict, report: dict) -> list:
+    """--queue behind another job: which job it waits for, and what that job's end does to a service of ours it
+    holds stopped (it starts it again; this job decides its own stop only then, so the service may go down twice)."""
+    held = {}  # type: dict
+    for lock in report.get("locks", []):
+        job_id = (lock.get("holder") or {}).get("job_id")
+        if lock.get("held") and job_id != spec["job_id"]:
+            held.setdefault(job_id or "?", []).append(lock["key"])
+    notes = ["queued behind job %s (it holds %s): this job starts when it ends" % (job_id, ", ".join(keys))
+             for job_id, keys in held.items()]
+    for service, found in _services_with_reports(spec, report):
+        holder = (found or {}).get("active_state") != "active" and _runner_holds_stopped(dict(report, service=found),
+                                                                                         service["unit"])
+        if holder:
+            notes.append("%s stopped %s and starts it again when it ends; this job then decides its own stop, so %s "
+                         "may be stopped a second time, after that restart" % (holder, service["unit"], service["unit"]))
+    return notes
 
 
 def _stop_hints(spec: dict, report: dict) -> list:
@@ -198,9 +219,8 @@ def _decide_short(short: list, stop_policy: str, service: dict, report: dict, ne
     holder = _runner_holds_stopped(report, service["unit"])
     if state != "active" and queue and holder:
         # Another runner job stopped it and will restore it: a queued job waits for that, and the host
-        # decides the stop again when the locks are ours.
-        return _start(False, [gaps, "the service %s is %s: stopped by runner job %s, which restores it; queued "
-                                    "behind it, the host decides the stop again" % (service["unit"], state, holder)])
+        # decides the stop again when the locks are ours (the queued notes say so).
+        return _start(False, [gaps])
     if state != "active":
         raise _Refused("preflight-refused", "%s; the service %s is %s, so stopping it frees nothing. Memory is held "
                        "by: %s" % (gaps, service["unit"], state or "unknown", holders))

@@ -118,7 +118,8 @@ ERRORS = {
     "bad-offset": "a log offset outside the file",
     "bad-status": "status.json exists but cannot be read: an error, never 'running'",
     "busy": "a lock is held by another job (the answer names the holder)",
-    "preflight-refused": "submit's admission refused the job (memory, stop policy, GPU, engine): nothing was touched",
+    "preflight-refused": "submit's admission refused the job (memory, stop policy, GPU, engine), or the service cannot "
+                         "be the one meant (no such unit, a health URL that does not answer): nothing was touched",
     "exists": "a job with this id was already claimed on the host",
     "unknown-job": "no job with this id on the host",
     "no-result": "the job wrote no result.json",

@@ -4,6 +4,8 @@ scope can be reached. Imports only host/ (answer, parsers, processes).
 """
 from __future__ import annotations
 
+import socket
+
 from .answer import Fail
 from .parsers import parse_systemctl_show
 from .processes import CMD_TIMEOUT_S, run_command
@@ -36,6 +38,21 @@ class Systemd:
                            % (unit, said.splitlines()[0]))
             raise Fail("internal", "cannot read the state of %s: %s" % (unit, said))
         return parse_systemctl_show(done.stdout.decode("utf-8", "replace"))
+
+    def refuse_missing(self, unit: str, active_state: str) -> None:
+        """An inactive unit that systemd has no file for (a misspelt service.unit, or the other service.scope):
+        refused at once, before anything waits for it to start. Asked of an inactive unit only; a sudo rule
+        without this call leaves it unasked."""
+        if active_state != "inactive":
+            return
+        try:
+            done = run_command(self.argv("systemctl", "show", "--property=LoadState", unit))
+        except Fail:
+            return
+        if done.stdout.strip() == b"LoadState=not-found":
+            raise Fail("preflight-refused", "no unit %s on %s (%s units)" % (
+                unit, socket.gethostname(), "the login's user" if self.user else "system"),
+                hint="Check service.unit and service.scope: `systemctl list-unit-files` on the host lists them.")
 
     def is_active(self, unit: str) -> str:
         done = run_command(self.argv("systemctl", "is-active", unit))

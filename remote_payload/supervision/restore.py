@@ -84,6 +84,7 @@ def cmd_restore_service(args) -> dict:
     deadline = time.monotonic() + max(0.0, args.max_wait)
     released = restore_released_by_job(args.root, unit)
     was = ctl.show(unit)["active_state"]
+    ctl.refuse_missing(unit, was)
     started = was not in RUNNING_SERVICE_STATES
     if started:
         start_unit(ctl, unit, deadline - time.monotonic())

@@ -5,7 +5,8 @@ import shutil
 import sys
 
 from ..contract import RUNNING_SERVICE_STATES, services_of
-from ..host import engine, unit_stop
+from ..host import engine, health, unit_stop
+from ..host.answer import Fail
 from ..host.gpu import GPU_QUERY, nvidia_smi, query_apps
 from ..host.parsers import parse_gpu_csv
 from ..host.systemd import Systemd
@@ -14,6 +15,8 @@ from ..supervision.locks import lock_keys, probe_lock
 from ..supervision.spec import check_job_id, read_spec_stdin
 from ..supervision.startable import check_startable
 from .launcher import slurm_launch
+
+HEALTH_PROBE_S = 5.0  # one probe of the health URL at preflight, as long as each of the restore's probes
 
 
 def cmd_preflight(args) -> dict:
@@ -61,6 +64,8 @@ def preflight_service(root: str, spec_service: dict) -> dict:
     unit = spec_service["unit"]
     ctl = Systemd(spec_service["scope"], spec_service["sudo"])
     service = dict(ctl.show(unit), manager="systemd", unit=unit, ledger=ledger.read_entry(root, unit))
+    ctl.refuse_missing(unit, service["active_state"])
+    refuse_unanswered_health(spec_service, service)
     if spec_service.get("free", "stop") != "stop":  # asked before anything is touched
         service["engine"] = engine.offers(spec_service)
     elif spec_service.get("stop", "never") != "never":  # admission says it when the job will stop the unit
@@ -68,3 +73,16 @@ def preflight_service(root: str, spec_service: dict) -> dict:
         if hint:
             service["stop_hint"] = hint
     return service
+
+
+def refuse_unanswered_health(spec_service: dict, found: dict) -> None:
+    """A job that may stop the unit waits for its health URL to say it is back: a URL that does not answer 2xx
+    while the unit serves now (a wrong port or path) would be found only after the stop, health_timeout later.
+    Asked of an active unit that no runner job holds; any 2xx will do (who answers is the restore's concern)."""
+    url = spec_service.get("health_url")
+    if not url or spec_service.get("stop", "never") == "never" or found["active_state"] != "active" or found["ledger"]:
+        return
+    if not health.health_ok(url, HEALTH_PROBE_S):
+        raise Fail("preflight-refused", "service.health_url %s does not answer 2xx while %s is active: the restore "
+                   "after the stop would wait service.health_timeout for it, then fail" % (url, found["unit"]),
+                   hint="Check its port and path (`curl -i URL` on the host); nothing was touched.")

@@ -355,10 +355,9 @@ def _preflight(client: HostClient, wire: dict) -> dict:
 
 
 def _refusal(exc: RemoteError) -> SpecError | PreflightError:
+    """The admission's own refusals are PreflightError already (HostClient); these are the host's others."""
     if exc.code in ("bad-spec", "bad-args"):
         return SpecError(f"the host refused the spec: {exc}")
-    if exc.answer.get("stage") == "admit":  # the verdict's own words, as dry-run renders them
-        return PreflightError(exc.answer.get("message") or str(exc), hint=exc.answer.get("hint") or "")
     return PreflightError(f"{exc}", hint=exc.hint)
 
 

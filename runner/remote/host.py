@@ -267,6 +267,8 @@ def _answer(done: Completed, sub: str) -> dict:
     if code == "slurm-unavailable":
         raise SchedulerUnavailable(message, hint="Run submit against a login node with Slurm's client tools and a "
                                    "reachable slurmctld (`sinfo` there should answer).")
+    if code == "preflight-refused":  # the admission's verdict, or a service the host cannot have: nothing touched
+        raise PreflightError(message, hint=answer.get("hint") or "")
     if code == "no-systemd":
         raise PreflightError(message, hint="Where the service is not a systemd unit, use service.manager: none "
                              "(runner then never stops it); for a user unit, service.scope: user.")
