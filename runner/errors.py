@@ -25,7 +25,7 @@ are a contract; class names are not. A RemoteError carries the wire's own code f
     ├── BadBaseline         2     bad-baseline        a regression-gate baseline file that cannot be used
     └── NotAllowed          2     not-allowed         `runner mcp` refused a call its flags do not allow
     (click's usage errors)  2     usage               an unknown option, a missing argument
-    (Ctrl-C)                130   aborted
+    Interrupted             130   aborted             Ctrl-C or SIGTERM: a KeyboardInterrupt, outside the tree
 """
 from __future__ import annotations
 
@@ -40,11 +40,10 @@ EXIT_UNREACHABLE = 3    # host unreachable, auth failed, host key unknown or cha
 EXIT_REFUSED = 4        # preflight refused
 EXIT_BUSY = 5           # a lock is held by another job
 EXIT_STILL_RUNNING = 75  # still running / still starting: call again (EX_TEMPFAIL)
-EXIT_ABORTED = 130      # interrupted (Ctrl-C)
+EXIT_ABORTED = 130      # interrupted (Ctrl-C, SIGTERM)
 
 
 CODE_USAGE = "usage"
-CODE_ABORTED = "aborted"
 
 
 class RunnerError(Exception):
@@ -183,6 +182,18 @@ class NotAllowed(RunnerError):
 
     exit_code = EXIT_USAGE
     code = "not-allowed"
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C or SIGTERM: the message says what became of a job the command was starting. A KeyboardInterrupt,
+    so that nothing handling the tree's errors swallows it."""
+
+    exit_code = EXIT_ABORTED
+    code = "aborted"
+
+    def __init__(self, message: str, *, hint: str = "") -> None:
+        super().__init__(message)
+        self.hint = hint
 
 
 def exit_for(code: str) -> int:

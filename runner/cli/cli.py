@@ -20,8 +20,8 @@ from .. import __version__
 from ..commands import render
 from ..commands.render import window_lines as _window_lines  # noqa: F401  (tests read a window's lines by this name)
 from ..deadline import DEFAULT_MAX_WAIT_S, MAX_WAIT_LIMIT_S, ROUND_TRIP_ALLOWANCE_S, Deadline
-from ..errors import (CODE_ABORTED, CODE_USAGE, EXIT_ABORTED, EXIT_FAILED, EXIT_OK, EXIT_USAGE, RunnerError,
-                      SpecError, exit_code)
+from ..errors import (CODE_USAGE, EXIT_FAILED, EXIT_OK, EXIT_USAGE, Interrupted, RunnerError, SpecError,
+                      exit_code)
 from ..printable import printable
 from ..verbose import ENV as ENV_DEBUG
 from ..state.store import Store
@@ -47,6 +47,7 @@ Exit codes (every command; `--json` errors are JSON objects {error, message, hin
       free its memory); nothing was touched
   5   host busy: another job holds the lock (the message names it)
   75  still running / still starting: call again
+  130 interrupted (Ctrl-C, SIGTERM); submit cancels the job it was starting and says so
 """
 JOB_EXITS = "Exit: 0 SUCCEEDED · 1 ended otherwise · 75 still running · 2 · 3 (see `runner --help`)."
 
@@ -85,36 +86,39 @@ def cli(verbose: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 def submit(job_file, overrides, queue, queue_timeout, job_id, dry_run, follow, max_wait, forks, as_json) -> None:
     from ..commands import controller
+    from ..commands.interrupts import Interrupts
 
     if queue_timeout is not None:
         overrides, queue = (*overrides, "limits.queue_timeout=" + queue_timeout), True
     deadline, store = Deadline.for_command(max_wait), Store()
-    plan = controller.local_plan(job_file, overrides)  # the command's one validation
-    if plan.is_fleet:
-        from . import fleet_cli
+    with Interrupts() as interrupts:  # Ctrl-C or SIGTERM: exit 130 saying what became of the job
+        plan = controller.local_plan(job_file, overrides)  # the command's one validation
+        if plan.is_fleet:
+            from . import fleet_cli
 
-        sys.exit(fleet_cli.submit(plan, run_id=job_id, queue=queue, dry_run=dry_run, max_wait=max_wait,
-                                  as_json=as_json, forks=forks))
-    if forks is not None:
-        raise SpecError("--forks goes with a fleet (a list of hosts in host.address); this spec names one host")
-    if dry_run:
-        decided = controller.dry_run(job_file, list(overrides), queue=queue, job_id=job_id, planned=plan,
-                                     deadline=deadline)
-        _emit_json(asdict(decided)) if as_json else _say(_dry_run_text(decided))
-        return
-    done = controller.submit(job_file, list(overrides), queue=queue, job_id=job_id, store=store,
-                             progress=_progress, planned=plan, deadline=deadline)
-    if as_json and not follow:
-        _emit_json(asdict(done))
-        return
-    _progress(f"{'already submitted' if done.already else 'accepted'}: {done.state} on {done.host}"
-              + ("" if follow else f"; follow with `runner tail {done.job_id} -f`"))
-    _say(done.job_id)
-    if follow:
-        sys.stdout.flush()
-        # What is left of this call's --max-wait: the submit and the log share it.
-        _tail_and_exit(done.job_id, follow=True, max_wait=max(0.0, deadline.left() - ROUND_TRIP_ALLOWANCE_S),
-                       from_start=False, as_json=as_json)
+            interrupts.unheld = "the hosts' jobs started so far go on (`runner list` shows them)"
+            sys.exit(fleet_cli.submit(plan, run_id=job_id, queue=queue, dry_run=dry_run, max_wait=max_wait,
+                                      as_json=as_json, forks=forks))
+        if forks is not None:
+            raise SpecError("--forks goes with a fleet (a list of hosts in host.address); this spec names one host")
+        if dry_run:
+            decided = controller.dry_run(job_file, list(overrides), queue=queue, job_id=job_id, planned=plan,
+                                         deadline=deadline)
+            _emit_json(asdict(decided)) if as_json else _say(_dry_run_text(decided))
+            return
+        done = controller.submit(job_file, list(overrides), queue=queue, job_id=job_id, store=store,
+                                 progress=_progress, planned=plan, deadline=deadline, interrupts=interrupts)
+        if as_json and not follow:
+            _emit_json(asdict(done))
+            return
+        _progress(f"{'already submitted' if done.already else 'accepted'}: {done.state} on {done.host}"
+                  + ("" if follow else f"; follow with `runner tail {done.job_id} -f`"))
+        _say(done.job_id)
+        if follow:
+            sys.stdout.flush()
+            # What is left of this call's --max-wait: the submit and the log share it.
+            _tail_and_exit(done.job_id, follow=True, max_wait=max(0.0, deadline.left() - ROUND_TRIP_ALLOWANCE_S),
+                           from_start=False, as_json=as_json)
 
 
 def _dry_run_text(plan) -> str:
@@ -423,8 +427,9 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(exc.exit_code)
     except click.ClickException as exc:
         _fail(argv, CODE_USAGE, exc.format_message(), _usage_hint(exc), EXIT_USAGE)
-    except click.Abort:
-        _fail(argv, CODE_ABORTED, "aborted", "", EXIT_ABORTED)
+    except click.Abort as exc:  # click's word for a KeyboardInterrupt: ours (interrupts.py) says more
+        said = exc.__cause__ if isinstance(exc.__cause__, Interrupted) else Interrupted("interrupted")
+        _fail(argv, said.code, str(said), said.hint, said.exit_code)
     except RunnerError as exc:
         _fail(argv, exc.code, str(exc), exc.hint, exc.exit_code)
     except BrokenPipeError:

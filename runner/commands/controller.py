@@ -5,7 +5,6 @@ Every operation is one or a few short round trips; none holds a step of the job'
 from __future__ import annotations
 
 import os
-import shlex
 import time
 from contextlib import ExitStack, closing, suppress
 from dataclasses import dataclass
@@ -24,6 +23,8 @@ from ..remote.host import HostClient
 from ..remote.transport_openssh import for_host
 from ..state.job_id import check_job_id, job_id_for
 from ..state.store import NOT_STARTED, JobRecord, Store
+from . import render
+from .interrupts import Interrupts
 
 if TYPE_CHECKING:  # pydantic and yaml load only in the commands that use them (`runner tail` starts fast)
     from .plan import Plan
@@ -34,6 +35,9 @@ if TYPE_CHECKING:  # pydantic and yaml load only in the commands that use them (
     from ..spec.spec import JobSpec
 
 LOG_CHUNK = 1 << 20
+# How long a submit's host call may go on after the submit itself ended (killed, or left on a second Ctrl-C: its
+# ssh runs in a session of its own): the host's start handshake (30 s) and its bounded commands, with room.
+HOST_CALL_OUTLIVES_S = 90.0
 LONG_POLL_S = 5.0
 
 
@@ -176,11 +180,12 @@ def _wire(plan: Plan, job_id: str | None) -> dict:
 
 def submit(spec_path: str, overrides: list[str], *, queue: bool = False, job_id: str | None = None,
            store: Store, progress: Callable[[str], None], planned: Plan | None = None,
-           deadline: Deadline) -> Submitted:
+           deadline: Deadline, interrupts: Interrupts | None = None) -> Submitted:
     """Plan, record the job locally (its id chosen here), then preflight and start it on the host. The record
     comes first, so whatever fails later (the link, the state dir) leaves a job `status`/`cancel` can name;
     a refusal from the host removes the record it made. planned: the command's plan of this spec (the CLI's,
-    or a fleet's retargeted to this host), else it is made here; deadline: the command's."""
+    or a fleet's retargeted to this host), else it is made here; deadline: the command's; interrupts: the
+    CLI's, which hold a Ctrl-C or SIGTERM until the host answered and then cancel the job (interrupts.py)."""
     from .submit_types import Submitted
 
     store.check_writable()
@@ -191,32 +196,34 @@ def submit(spec_path: str, overrides: list[str], *, queue: bool = False, job_id:
     progress(plan.args_note)
     record = JobRecord(job_id=job_id, name=wire["name"], host=host, spec_path=plan.spec_path,
                        submitted_at=time.time(), service=wire.get("service") or {"services": wire["services"]}, wire=wire,
-                       metrics=plan.metrics or {})
-    made_record = _record(store, record)
-    unstarted = made_record or store.load(job_id).last_state == NOT_STARTED  # no host has this job yet
-    client = None
-    try:
-        client = connect(host, bundle, deadline=deadline, payload=plan.payload_bundle)
-        with client:
-            progress(f"preflight on {host['address']} …")
-            answer, already = _submit_once(client, wire, queue)
-            for note in answer.notes:
-                progress(note)
-    except TransportError as exc:
-        if unstarted and (client is None or not getattr(client.transport, "reached", True)):
-            raise _not_started(store, job_id, exc) from exc
-        if isinstance(exc, (HostKeyError, AuthFailed)):  # refused before anything ran
+                       metrics=plan.metrics or {}, submit_until=time.time() + deadline.left() + HOST_CALL_OUTLIVES_S)
+    with (interrupts or Interrupts()).held(job_id, host["address"], progress) as held:
+        made_record = _record(store, record)
+        unstarted = made_record or store.load(job_id).last_state == NOT_STARTED  # no host has this job yet
+        client = None
+        try:
+            client = connect(host, bundle, deadline=deadline, payload=plan.payload_bundle)
+            with client:
+                progress(f"preflight on {host['address']} …")
+                answer, already = _submit_once(client, wire, queue)
+                for note in answer.notes:
+                    progress(note)
+                held.cancel_if_interrupted(client, already)
+        except TransportError as exc:
+            if unstarted and (client is None or not getattr(client.transport, "reached", True)):
+                raise _not_started(store, job_id, exc) from exc
+            if isinstance(exc, (HostKeyError, AuthFailed)):  # refused before anything ran
+                raise
+            if isinstance(exc, UploadCut):  # before any start: the same job id goes on with the upload
+                raise UploadCut(str(exc), hint=f"{exc.hint} Nothing was started: submit again with --job-id {job_id}."
+                                ) from exc
+            again = (f"The job may have started: `runner status {job_id}` tells; submitting again with --job-id "
+                     f"{job_id} never starts it twice.")
+            raise type(exc)(str(exc), hint=f"{exc.hint} {again}".strip()) from exc
+        except RunnerError:
+            if made_record:
+                store.forget(job_id)  # the host refused it: never started
             raise
-        if isinstance(exc, UploadCut):  # before any start: the same job id goes on with the upload
-            raise UploadCut(str(exc), hint=f"{exc.hint} Nothing was started: submit again with --job-id {job_id}."
-                            ) from exc
-        again = (f"The job may have started: `runner status {job_id}` tells; submitting again with --job-id "
-                 f"{job_id} never starts it twice.")
-        raise type(exc)(str(exc), hint=f"{exc.hint} {again}".strip()) from exc
-    except RunnerError:
-        if made_record:
-            store.forget(job_id)  # the host refused it: never started
-        raise
     if not (made_record and answer.state == record.last_state):
         _note_state(store, job_id, answer.state, progress)
     return Submitted(job_id, answer.state, host["address"], answer.stop_service, list(answer.notes),
@@ -272,41 +279,13 @@ def dry_run(spec_path: str, overrides: list[str], *, queue: bool = False, job_id
     return DryRun(wire["job_id"], host["address"], decision.stop_service, wire["gpu"]["required_mib"], argv,
                   [args_note, *decision.notes, *queued], report.get("gpus", []), report.get("service"),
                   (wire.get("sweep") or {}).get("variants", []), (wire.get("sweep") or {}).get("max_parallel"),
-                  _slots(wire), dry_run_steps(wire, argv, decision.stop_service), _bundle_view(plan.payload_bundle))
+                  _slots(wire), render.dry_run_steps(wire, argv, decision.stop_service), _bundle_view(plan.payload_bundle))
 
 
 def _bundle_view(bundle: Bundle | None) -> dict | None:
     if bundle is None:
         return None
     return {"files": len(bundle.entries), "bytes": bundle.size, "digest": bundle.digest}
-
-
-FREED_BY = {"stop": "stopped; started again after",
-            "sglang": "pause generation and release its GPU memory; resume after (the unit keeps running)",
-            "vllm": "sleep level 1; wake after (the unit keeps running)"}
-
-
-def dry_run_steps(wire: dict, argv: list[str], stop: bool) -> dict:
-    """What the job runs before the service is touched, what runs in the window, and how each service is
-    freed (docs/design.md, "The downtime window")."""
-    payload, limits = wire["payload"], wire["limits"]
-    before = []
-    if payload.get("prepare") is not None:
-        prepare = payload["prepare"] if payload["command"] else [payload["python"], payload["script"], *payload["prepare"]]
-        before.append(f"prepare: {shlex.join(prepare)} (limits.prepare_timeout {limits['prepare_timeout']:g} s; "
-                      "if it fails nothing is stopped)")
-    if payload.get("staged"):
-        before.append(f"staged: {shlex.join(argv)} starts and does its GPU-free setup while the service serves "
-                      f"(limits.stage_timeout {limits['stage_timeout']:g} s), then waits for the GPU")
-    variants = (wire.get("sweep") or {}).get("variants")
-    bound = f"limits.max_runtime {limits['max_runtime']:g} s"
-    window = [f"sweep: {len(variants)} variants of {shlex.join(argv)} ({bound} each)"] if variants else \
-        [f"payload: {shlex.join(argv)} (" + ("gets the GPU with `go`; " if payload.get("staged") else "") + f"{bound})"]
-    services = [s for s in wire.get("services") or [wire.get("service") or {}] if s.get("unit")]
-    freed = [f"{s['unit']}: free: {s.get('free', 'stop')} — {FREED_BY[s.get('free', 'stop')]}" if stop
-             else f"{s['unit']}: left serving (not freed)" for s in services]
-    return {"before_stop": before, "window": window,
-            "freed": freed or ["nothing: no service to free (service.manager none)"]}
 
 
 def _slots(wire: dict) -> list[list[str]] | None:
@@ -511,7 +490,9 @@ def status(job_ids: list[str], *, store: Store, deadline: Deadline, every: bool 
             continue
         for record, job in zip(group, found):
             job = _kept_once_ended(store, record.job_id, job)
-            if job.state != record.last_state:
+            if job.state == "UNKNOWN" and record.last_state in ("QUEUED", "UNKNOWN") and time.time() > record.submit_until:
+                job = _never_reached(store, record)
+            elif job.state != record.last_state:
                 _note_state(store, record.job_id, job.state, lambda _note: None)
             answers.append(job)
     return answers
@@ -526,6 +507,18 @@ def _kept_once_ended(store: Store, job_id: str, job: JobStatus) -> JobStatus:
         store.keep(job_id, "status", job.raw)
     kept = store.kept(job_id, "status") if job.state == "UNKNOWN" else None
     return JobStatus.from_json(kept) if kept else job
+
+
+def _never_reached(store: Store, record: JobRecord) -> JobStatus:
+    """A job its host does not have, whose record was made by a submit none of whose host calls can still start
+    it (past submit_until) and never heard of since (a submit killed, SIGKILL included, before its host call
+    reached the host): it ends NOT_STARTED."""
+    from ..remote.job_answers import JobStatus
+
+    why = "never started: its host has no such job (its submit ended before reaching the host, or the job was removed)"
+    with suppress(LocalStateError):
+        store.end_not_started(record.job_id, why)
+    return JobStatus.last_known(record.job_id, NOT_STARTED, why)
 
 
 def _unreached(record: JobRecord, exc: TransportError) -> JobStatus:

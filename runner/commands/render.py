@@ -1,6 +1,6 @@
 """The text a person reads of a job, in one place for every front end: a job's status block (`runner status`),
 a fleet host's one line (`runner status RUN`), a service's window and what became of its clients (`runner
-status`, `runner results`, MCP `results`).
+status`, `runner results`, MCP `results`), the steps `submit --dry-run` lists.
 
 Pure: typed answers in (runner/remote/job_answers.py), text out. The parts status.json leaves open (a window, a
 sweep's tally, slots: the payload may have rewritten them) are checked value by value here; the host's text is
@@ -8,6 +8,7 @@ made printable.
 """
 from __future__ import annotations
 
+import shlex
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -213,3 +214,31 @@ def window_text(window: dict, unit: str | None = None) -> str:
     parts = window_parts(window)
     return (f"service window{f' of {unit}' if unit else ''} ({window.get('method')}): not serving {shown}"
             + (f" ({parts} s)" if parts else "") + clients_text(window))
+
+
+FREED_BY = {"stop": "stopped; started again after",
+            "sglang": "pause generation and release its GPU memory; resume after (the unit keeps running)",
+            "vllm": "sleep level 1; wake after (the unit keeps running)"}
+
+
+def dry_run_steps(wire: dict, argv: list[str], stop: bool) -> dict:
+    """What the job runs before the service is touched, what runs in the window, and how each service is
+    freed (docs/design.md, "The downtime window")."""
+    payload, limits = wire["payload"], wire["limits"]
+    before = []
+    if payload.get("prepare") is not None:
+        prepare = payload["prepare"] if payload["command"] else [payload["python"], payload["script"], *payload["prepare"]]
+        before.append(f"prepare: {shlex.join(prepare)} (limits.prepare_timeout {limits['prepare_timeout']:g} s; "
+                      "if it fails nothing is stopped)")
+    if payload.get("staged"):
+        before.append(f"staged: {shlex.join(argv)} starts and does its GPU-free setup while the service serves "
+                      f"(limits.stage_timeout {limits['stage_timeout']:g} s), then waits for the GPU")
+    variants = (wire.get("sweep") or {}).get("variants")
+    bound = f"limits.max_runtime {limits['max_runtime']:g} s"
+    window = [f"sweep: {len(variants)} variants of {shlex.join(argv)} ({bound} each)"] if variants else \
+        [f"payload: {shlex.join(argv)} (" + ("gets the GPU with `go`; " if payload.get("staged") else "") + f"{bound})"]
+    services = [s for s in wire.get("services") or [wire.get("service") or {}] if s.get("unit")]
+    freed = [f"{s['unit']}: free: {s.get('free', 'stop')} — {FREED_BY[s.get('free', 'stop')]}" if stop
+             else f"{s['unit']}: left serving (not freed)" for s in services]
+    return {"before_stop": before, "window": window,
+            "freed": freed or ["nothing: no service to free (service.manager none)"]}

@@ -57,7 +57,8 @@ def controller_codes_table() -> str:
         what = " ".join((cls.__doc__ or "").strip().split("\n\n")[0].split())
         rows.append(f"| `{cls.code}` | {cls.exit_code} | `{cls.__name__}` | {_cell(what)} |")
     rows.append(f"| `{errors.CODE_USAGE}` | {errors.EXIT_USAGE} | (click) | an unknown option, a missing argument |")
-    rows.append(f"| `{errors.CODE_ABORTED}` | {errors.EXIT_ABORTED} | (Ctrl-C) | interrupted |")
+    rows.append(f"| `{errors.Interrupted.code}` | {errors.Interrupted.exit_code} | `Interrupted` | "
+                f"{_cell(' '.join((errors.Interrupted.__doc__ or '').split()))} |")
     return "\n".join(rows)
 
 

@@ -193,7 +193,8 @@ class LocalTransport:
 
     def stream(self, argv: Sequence[str], *, deadline: Deadline) -> Stream:
         try:
-            proc = subprocess.Popen(list(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            proc = subprocess.Popen(list(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    start_new_session=True)
         except OSError as exc:
             raise TransportError(f"local: cannot run {argv[0]}: {exc.strerror}") from exc
         return Stream(proc, argv, deadline, self.name)
@@ -201,7 +202,9 @@ class LocalTransport:
     def run(self, argv: Sequence[str], *, stdin: Input = b"", deadline: Deadline) -> Completed:
         timeout = deadline.left()
         try:
-            proc = subprocess.run(list(argv), input=b"".join(input_chunks(stdin)), capture_output=True, timeout=timeout)
+            # its own session, as ssh's: a terminal's Ctrl-C reaches runner alone, which decides (interrupts.py)
+            proc = subprocess.run(list(argv), input=b"".join(input_chunks(stdin)), capture_output=True, timeout=timeout,
+                                  start_new_session=True)
         except subprocess.TimeoutExpired as exc:
             raise TransportError(f"local: {argv[0]} did not answer within {timeout:.0f} s") from exc
         except OSError as exc:

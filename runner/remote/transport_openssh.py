@@ -71,7 +71,8 @@ class OpenSshTransport:
         time_left(deadline, self.name)  # none left: a TransportError, before anything starts
         verbose.say(shlex.join(command))
         try:
-            proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    start_new_session=True)  # a terminal's Ctrl-C is runner's to act on (interrupts.py)
         except OSError as exc:
             raise TransportError(f"ssh {self.name}: cannot run {self.ssh}: {exc.strerror}") from exc
         return Running(self, tuple(argv), command, proc, deadline)

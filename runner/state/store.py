@@ -55,11 +55,12 @@ class JobRecord:
     wire: dict = field(default_factory=dict)  # the spec as submitted (its wire form): what the history reads
     note: str = ""  # why a job that was never started (last_state NOT_STARTED) was not
     metrics: dict = field(default_factory=dict)  # the spec's `metrics` declaration: what the gate compares
+    submit_until: float = 0.0  # time.time() past which no host call of its submit can still start it
 
 
 _FIELD_TYPES: dict[str, type | tuple[type, ...]] = {
     "job_id": str, "name": str, "host": dict, "spec_path": str, "submitted_at": (int, float), "service": dict,
-    "cursor": int, "last_state": str, "wire": dict, "note": str, "metrics": dict}
+    "cursor": int, "last_state": str, "wire": dict, "note": str, "metrics": dict, "submit_until": (int, float)}
 NOT_STARTED = "NOT_STARTED"  # a controller-side end: the host was never reached, so it has no such job
 
 

@@ -171,7 +171,7 @@ def test_dry_run_shows_what_runs_before_the_stop_in_the_window_and_what_is_freed
 
 
 def test_dry_run_says_how_each_freeing_method_frees():
-    from runner.commands.controller import dry_run_steps
+    from runner.commands.render import dry_run_steps
 
     wire = {"payload": {"command": ["x"], "prepare": None}, "limits": {"max_runtime": 60.0},
             "service": {"manager": "systemd", "unit": "llm.service", "free": "sglang"}}
