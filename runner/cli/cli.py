@@ -39,12 +39,12 @@ Exit codes (every command; `--json` errors are JSON objects {error, message, hin
   0   done / accepted / healthy / SUCCEEDED
   1   the job ended other than SUCCEEDED, no result, or the service failed to come back
   2   bad job spec or usage, unknown job id (the message names the file and field), the local
-      state dir cannot be written
+      state dir cannot be written, RUNNER_SSH_CONFIG cannot be read
   3   host unreachable, authentication failed, host key unknown or changed, the host answered
       outside the wire contract; tail: the host's log is shorter than the cursor
   4   preflight refused (GPU memory short and the policy forbids stopping, GPU missing,
       need > total, a start condition such as a missing interpreter, an engine that cannot
-      free its memory); nothing was touched
+      free its memory, no such unit, a health URL that does not answer); nothing was touched
   5   host busy: another job holds the lock (the message names it)
   75  still running / still starting: call again
   130 interrupted (Ctrl-C, SIGTERM); submit cancels the job it was starting and says so
@@ -343,7 +343,8 @@ def schema() -> None:
              help="Start the service if inactive and wait until healthy; idempotent; says whether it started "
                   "the unit or found it up. Give JOB.yaml (its host and service sections; --host: its service on "
                   "that host instead), or --host and --unit. Exit: 0 healthy · 75 still starting · 1 failed "
-                  "(the unit's log is printed) · 2 · 3 · 4 the host cannot manage the unit (no systemd there).")
+                  "(the unit's log is printed) · 2 · 3 · 4 the host cannot manage the unit (no systemd there, no "
+                  "such unit).")
 @click.argument("job_file", required=False)
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Override a field of JOB.yaml.")
 @click.option("--host", "address", default=None, help="ssh_config alias or hostname ('local' for this machine).")
