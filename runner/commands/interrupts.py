@@ -1,14 +1,8 @@
-"""Ctrl-C and SIGTERM during `runner submit`: what an interrupt does to the job the command was starting.
-
-A submit records its job and starts it in one host call. Killed inside that call, it left a job that went on
-(stopping the service) while the command said only "aborted". So while the call is under way an interrupt is
-held: the call ends (inside the command's deadline) and the job it started is cancelled before the command
-exits 130 saying so; the job then settles as any cancelled job does, its service started again. Before the
-call nothing was started; once the job is submitted (`--follow`), an interrupt stops the following only, and
-the message names the job and how to cancel it. A second interrupt while one is held leaves at once, naming
-the job. Host calls run in a session of their own (remote/transport.py), so a terminal's Ctrl-C reaches this
-process alone, which decides. A SIGKILL cannot be caught: the job's record is then resolved by the next
-`runner status` that asks its host (controller.status).
+"""Ctrl-C and SIGTERM during `runner submit`: held while its host call runs, then the job that call started is
+cancelled before the command exits 130 saying so; before that call nothing was started, after it (following
+the log) the job goes on, named. A second interrupt leaves at once, naming the job. Why: docs/design.md, "An
+interrupted submit". Host calls run in a session of their own (remote/transport.py): a terminal's Ctrl-C
+reaches this process alone.
 """
 from __future__ import annotations
 
