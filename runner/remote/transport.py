@@ -24,6 +24,7 @@ import fcntl
 import os
 import select
 import shlex
+import signal
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -187,6 +188,15 @@ def _read_ready(fd: int) -> bytes:
     return b"".join(chunks)
 
 
+def interrupted_before_it_ran(returncode: int, name: str) -> None:
+    """A host call's process runs in a session of its own, out of a terminal's reach once there: one killed by
+    SIGINT got a Ctrl-C meant for runner between its fork and that session, before it ran anything (the
+    interrupt is runner's to act on: commands/interrupts.py). Said as a lost link, which an idempotent call
+    repeats and a submit asks about before submitting again."""
+    if returncode == -signal.SIGINT:
+        raise TransportError(f"{name}: the call was interrupted (SIGINT) before it started")
+
+
 class LocalTransport:
     name = "local"
     reached = True
@@ -213,6 +223,7 @@ class LocalTransport:
                 return Completed(tuple(argv), 127 if exc.errno == errno.ENOENT else 126, b"",
                                  f"{argv[0]}: {why}".encode())
             raise TransportError(f"local: cannot run {argv[0]}: {exc.strerror}") from exc
+        interrupted_before_it_ran(proc.returncode, "local")
         return Completed(tuple(argv), proc.returncode, proc.stdout, proc.stderr)
 
     def close(self) -> None:

@@ -33,7 +33,8 @@ from ..deadline import Deadline
 from ..errors import AuthFailed, HostKeyError, SpecError, TransportError
 from .answers import oversized
 from .transport import (MAX_OUTPUT_BYTES, Completed, ConnectBudget, Input, LocalTransport, SshTarget, SshTransport,
-                        Stream, input_chunks, keep_tail, piped, port_decided_by, time_left, user_decided_by, widen_pipe)
+                        Stream, input_chunks, interrupted_before_it_ran, keep_tail, piped, port_decided_by, time_left,
+                        user_decided_by, widen_pipe)
 
 EXIT_SSH_FAILED = 255
 SERVER_ALIVE_S = 15  # the keepalive interval when the command has time; less when it has less
@@ -85,6 +86,7 @@ class OpenSshTransport:
                       lambda code, out, err: self._completed(running, code, out, err), self._drop_master)
 
     def _completed(self, running: Running, returncode: int, stdout: bytes, stderr_bytes: bytes) -> Completed:
+        interrupted_before_it_ran(returncode, f"ssh {self.name}")
         stderr = stderr_bytes.decode("utf-8", "replace") if returncode == EXIT_SSH_FAILED else ""
         if not _CONNECT_TIMED_OUT.search(stderr):
             self._connecting.reset()  # it connected (or failed fast)

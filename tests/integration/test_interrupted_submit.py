@@ -14,8 +14,10 @@ import select
 import signal
 import sys
 import time
+from pathlib import Path
 
 import pytest
+import yaml
 
 from runner.state.store import JobRecord, Store
 from tests.cli_helpers import REPO, Target, run_cli, wait_for, wait_terminal, write_job
@@ -43,7 +45,8 @@ def stopping_job(tmp_path, host, target: Target | None = None) -> str:
 def on_a_terminal(job: str, env: dict, steps: list, bound_s: float, *args: str) -> tuple[int, bytes, float]:
     """`runner submit JOB` on a pty of its own (its controlling terminal, its group in the foreground), driven by
     `steps`, each (when, what): when a number of seconds after the step before (the first: after the start) or
-    bytes the terminal has shown, what "ctrl-c" (typed on the terminal) or "sigterm" (to the CLI's pid). (exit
+    bytes the terminal has shown, what "ctrl-c" (typed on the terminal), "sigterm" (to the CLI's pid) or "mark"
+    (nothing: a point to count the next step's seconds from). (exit
     status, what the terminal showed, seconds from the last step to the exit)."""
     pid, master = pty.fork()
     if pid == 0:  # the child: becomes the CLI
@@ -55,7 +58,11 @@ def on_a_terminal(job: str, env: dict, steps: list, bound_s: float, *args: str) 
         while status is None:
             now = time.monotonic()
             if todo and (now - last >= todo[0][0] if isinstance(todo[0][0], float) else todo[0][0] in shown):
-                os.write(master, CTRL_C) if todo.pop(0)[1] == "ctrl-c" else os.kill(pid, signal.SIGTERM)
+                what = todo.pop(0)[1]
+                if what == "ctrl-c":
+                    os.write(master, CTRL_C)
+                elif what == "sigterm":
+                    os.kill(pid, signal.SIGTERM)
                 last = now
             assert now - began < bound_s, f"the CLI did not exit: {bytes(shown)!r}"
             shown += read_some(master, 0.02)
@@ -114,6 +121,17 @@ def what_became_of_it(host, target: Target, status: int, shown: bytes, before: s
     return outcome
 
 
+def slow_to_plan(tmp_path, host, seconds: float) -> str:
+    """A job whose planning takes `seconds` (its script sleeps at import, which the args check runs): a point
+    of the submit before anything can reach the host."""
+    (tmp_path / "slow_to_plan.py").write_text(f"import time\ntime.sleep({seconds:.1f})\n\n\n"
+                                              "def parse_args(argv):\n    return argv\n")
+    spec = yaml.safe_load(Path(stopping_job(tmp_path, host)).read_text())
+    spec["payload"] = {"script": "slow_to_plan.py"}
+    (tmp_path / "slow_to_plan.yaml").write_text(yaml.safe_dump(spec))
+    return str(tmp_path / "slow_to_plan.yaml")
+
+
 def slow_host(host, work, seconds: int) -> Target:
     """The service host with an interpreter that starts `seconds` late: every host call lasts that much more."""
     slow = work / f"python-{seconds}s-late"
@@ -126,15 +144,18 @@ def slow_host(host, work, seconds: int) -> Target:
 
 @pytest.mark.parametrize("interrupt", ["ctrl-c", "sigterm"])
 def test_an_interrupted_submit_cancels_its_job_or_names_it(service_host, tmp_path, work, interrupt):
-    """Three points of a submit, found by what the terminal shows: at its start (nothing was started), inside
-    its host call (made 1 s longer: the job is cancelled before the exit), and while it follows the log (the job
-    goes on, named)."""
+    """Points of a submit, found by what the terminal shows or inside its planning (made 4 s long): while it
+    plans (nothing was started), as its host
+    call starts (a Ctrl-C there may reach the call's process between its fork and its own session: the call is
+    made again) and inside it (made 1 s longer): the job is cancelled before the exit; while it follows the log:
+    the job goes on, named."""
     host, scale = service_host, Scale()
     target = service_target(host)
     env = {**os.environ, **target.env}
     plain, in_call = stopping_job(tmp_path, host), stopping_job(work, host, slow_host(host, work, 1))
-    points = [(plain, scale(0.2), (), "nothing started"), (in_call, b"preflight on", (), "cancelled"),
-              (plain, b"accepted:", ("--follow",), "named")]
+    planning = slow_to_plan(work, host, scale(4))
+    points = [(planning, scale(0.5), (), "nothing started"), (plain, b"preflight on", (), "cancelled"),
+              (in_call, b"preflight on", (), "cancelled"), (plain, b"accepted:", ("--follow",), "named")]
     for job, when, args, expected in points:
         before = host_jobs(host)
         status, shown, took = on_a_terminal(job, env, [(when, interrupt)], scale(60), *args)
@@ -157,21 +178,21 @@ def test_ctrl_c_at_any_instant_of_a_submit_leaves_nothing_unsaid(service_host, t
 
 
 def test_a_second_interrupt_leaves_at_once_naming_the_job(service_host, tmp_path, work):
-    """The host's interpreter made slow (3 s a call), so both Ctrl-C come inside the submit's host call (the
-    second 1 s after the first, once the spec was sent): the first is held, the second leaves at once; the call
-    goes on in its own session and starts the job, which the message named: `runner cancel` stops it and the
-    unit comes back."""
+    """The host's interpreter made slow (3 s a call), so both Ctrl-C come inside the submit's host call, well
+    after its start (1 s and 1.5 s: the spec sent): the first is held, the second leaves at once; the call goes
+    on in its own session and starts the job, which the message named: `runner cancel` stops it and the unit
+    comes back."""
     host, scale = service_host, Scale()
     target = slow_host(host, work, 3)
     job = stopping_job(tmp_path, host, target)
     warm = run_cli(service_target(host), "submit", stopping_job(work, host), "--dry-run")  # the upload, done now
     assert warm.returncode == 0, warm.stderr
     status, shown, took = on_a_terminal(job, {**os.environ, **target.env},
-                                        [(b"preflight on", "ctrl-c"), (1.0, "ctrl-c")], scale(60))
+                                        [(b"preflight on", "mark"), (1.0, "ctrl-c"), (0.5, "ctrl-c")], scale(60))
     text = shown.decode(errors="replace")
     assert "[runner] SIGINT: cancelling" in text, text  # the first was held, and said so
     assert status == 130 and "runner: error: interrupted again (SIGINT)" in text, (status, text)
-    assert took < 1.5, (took, text)  # not after the rest of the host call's 3 s
+    assert took < 1.0, (took, text)  # not after the rest of the host call's 3 s
     job_id = JOB_ID.findall(shown)[-1].decode()
     assert f"may have started on {host.alias}" in text and f"runner cancel {job_id}" in text, text
     wait_for(lambda: job_id in host_jobs(host), 60, "the call that went on to start the job")
