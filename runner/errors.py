@@ -29,9 +29,8 @@ are a contract; class names are not. A RemoteError carries the wire's own code f
 """
 from __future__ import annotations
 
-from remote_payload.contract import STATES, is_terminal
-
 from remote_payload.contract import ERRORS as WIRE_ERRORS
+from remote_payload.contract import STATES, is_terminal
 
 EXIT_OK = 0             # done, accepted, SUCCEEDED, healthy
 EXIT_FAILED = 1         # the job ended other than SUCCEEDED, no result, the service failed to come back

@@ -21,7 +21,6 @@ from .answer import Fail
 from .http_client import EngineError, NotSent, call, exchange
 from .processes import run_command
 
-
 RETRY_FIRST_S, RETRY_MAX_S = 0.2, 2.0  # a request that never reached the engine, asked again this far apart
 
 

@@ -12,12 +12,12 @@ import signal
 import time
 
 from ..contract import memory_verdict
-from ..supervision.locks import Locks
 from ..host.answer import Fail
 from ..host.gpu import GPU_QUERY, nvidia_smi
 from ..host.parsers import parse_gpu_csv
 from ..host.processes import identity
 from ..supervision.job import Flags, Job, supervise
+from ..supervision.locks import Locks
 
 
 def run_job(job: Job) -> dict:

@@ -33,15 +33,25 @@ import time
 from dataclasses import asdict
 
 from ..contract import TERMINAL
-from .batch import array_task_index
-from .allocation import run_job
-from .calls import CANCEL_SLACK_S, SLURM_POLL_S, slurm_call, slurm_file
-from .states import SACCT_FIELDS, SQUEUE_FORMAT, SlurmJob, SlurmOutputError, forgotten, parse_sacct, parse_squeue, \
-    reconcile, sacct_disabled, squeue_forgot
-from ..supervision.files import JobPaths, append_line, read_json, read_status, write_json_atomic
 from ..host.answer import Fail
+from ..supervision.files import JobPaths, append_line, read_json, read_status, write_json_atomic
 from ..supervision.record import Job, initial_status
 from ..supervision.variants import fit_combined, variant_record
+from .allocation import run_job
+from .batch import array_task_index
+from .calls import CANCEL_SLACK_S, SLURM_POLL_S, slurm_call, slurm_file
+from .states import (
+    SACCT_FIELDS,
+    SQUEUE_FORMAT,
+    SlurmJob,
+    SlurmOutputError,
+    forgotten,
+    parse_sacct,
+    parse_squeue,
+    reconcile,
+    sacct_disabled,
+    squeue_forgot,
+)
 
 TASK_FILES = ("status", "events", "output", "supervisor_log", "restore_log", "reserve", "restore_lock")
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 import os
 import subprocess
 
-from ..supervision.files import JobPaths
 from ..host.answer import Fail
+from ..supervision.files import JobPaths
 
 SLURM_POLL_S = 5.0       # ask Slurm about one job at most this often
 QUERY_TIMEOUT_S = 4.0    # squeue/sacct/scancel: short, so `logs --wait` stays within its bound

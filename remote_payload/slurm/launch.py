@@ -26,17 +26,27 @@ import time
 from dataclasses import asdict
 
 from ..contract import TERMINAL
-from .allocation import run_job
-from .batch import batch_script, parse_sbatch_parsable, sbatch_argv
-from ..supervision.budget import recorded
-from .calls import CANCEL_SLACK_S, SLURM_POLL_S, raise_if_unreachable, slurm_call, slurm_file
-from .states import SACCT_FIELDS, SQUEUE_FORMAT, SlurmJob, SlurmOutputError, forgotten, parse_sacct, parse_squeue, \
-    reconcile, sacct_disabled, squeue_forgot
-from ..supervision.files import JobPaths, append_line, read_json, read_status, write_json_atomic
 from ..host.answer import Fail
 from ..host.bundle import SUPERVISOR
+from ..supervision.budget import recorded
+from ..supervision.files import JobPaths, append_line, read_json, read_status, write_json_atomic
 from ..supervision.record import Job
 from . import array as slurm_array
+from .allocation import run_job
+from .batch import batch_script, parse_sbatch_parsable, sbatch_argv
+from .calls import CANCEL_SLACK_S, SLURM_POLL_S, raise_if_unreachable, slurm_call, slurm_file
+from .states import (
+    SACCT_FIELDS,
+    SQUEUE_FORMAT,
+    SlurmJob,
+    SlurmOutputError,
+    forgotten,
+    parse_sacct,
+    parse_squeue,
+    reconcile,
+    sacct_disabled,
+    squeue_forgot,
+)
 
 SBATCH_TIMEOUT_S = 30.0
 TOOLS = ("sbatch", "squeue", "scancel")

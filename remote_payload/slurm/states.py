@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Optional
 
 from ..contract import TERMINAL
 
@@ -80,13 +79,13 @@ class SlurmJob:
     job_id: str                 # Slurm's id as printed ("123", array task "123_4")
     slurm_state: str            # "PENDING", "CANCELLED", … (sacct's "CANCELLED by 0" → "CANCELLED")
     state: str                  # runner's state (contract.STATES)
-    reason: Optional[str]       # Slurm's reason ("Resources", "Priority", …) or our note; None when nothing
-    exit_code: Optional[int] = None  # sacct only: the batch script's exit status
-    signal: Optional[int] = None     # sacct only: the signal that ended it, 0 when none
+    reason: str | None       # Slurm's reason ("Resources", "Priority", …) or our note; None when nothing
+    exit_code: int | None = None  # sacct only: the batch script's exit status
+    signal: int | None = None     # sacct only: the signal that ended it, 0 when none
     source: str = "squeue"      # "squeue" or "sacct"; "none" when neither knows the job (`forgotten`)
 
 
-def runner_state(slurm_state: str) -> tuple[str, Optional[str]]:
+def runner_state(slurm_state: str) -> tuple[str, str | None]:
     """(runner state, note) for one Slurm job state; SlurmOutputError for a state not in Slurm's list."""
     try:
         return STATE_MAP[slurm_state]
@@ -150,7 +149,7 @@ def forgotten(job_id: str, sacct_said: str) -> SlurmJob:
     return SlurmJob(job_id=job_id, slurm_state="", state="LOST", reason="sacct: " + sacct_said, source="none")
 
 
-def job_view(job_id: str, squeue: dict, sacct: dict) -> Optional[SlurmJob]:
+def job_view(job_id: str, squeue: dict, sacct: dict) -> SlurmJob | None:
     """The job as squeue shows it, else as sacct recorded it, else None (Slurm never had it)."""
     return squeue.get(job_id) or sacct.get(job_id)
 
@@ -181,7 +180,7 @@ def _exit_code(text: str) -> tuple:
     return int(code), int(signal)
 
 
-def reconcile(recorded: str, supervisor_started: bool, slurm: Optional[SlurmJob]) -> tuple:
+def reconcile(recorded: str, supervisor_started: bool, slurm: SlurmJob | None) -> tuple:
     """(state, message) of a Slurm job from the state its status.json records and Slurm's view of it.
 
     On Slurm the supervisor runs on a compute node, where the login node cannot check its pid; Slurm's

@@ -19,9 +19,9 @@ import math
 from collections import namedtuple
 
 from ..contract import DEFAULTS, services_of
-from ..slurm.batch import SLACK_S, setup_seconds, time_limit_minutes
 from ..host.gpu import SMI_TIMEOUT_S
 from ..host.processes import CMD_TIMEOUT_S, KILL_CONFIRM_S
+from ..slurm.batch import SLACK_S, setup_seconds, time_limit_minutes
 from .spec import variant_rounds
 
 STOP_TIMEOUT_S = 600.0   # `systemctl stop` of an inference server may wait for long requests to drain

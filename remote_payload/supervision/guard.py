@@ -7,12 +7,11 @@ import select
 import signal
 import time
 
-from . import trust
 from ..host.processes import KILL_CONFIRM_S, is_alive
+from . import trust
 from .files import JobPaths
 from .locks import Locks
 from .settle import Told, settle_as_restorer, with_restore_lock
-
 
 GUARD_POLL_S = 2.0           # how often the guard compares a live supervisor with its hard deadline
 

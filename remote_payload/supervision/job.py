@@ -18,18 +18,18 @@ import time
 
 from ..admission import needs_stop
 from ..contract import RUNNING_SERVICE_STATES
-from .files import try_unlink
-from .locks import Locks
+from ..host import engine, unit_stop
 from ..host.answer import Fail
 from ..host.gpu import describe_apps, query_apps, query_gpus, refuse_too_small, short_gpus
 from ..host.processes import kill_group
+from . import ledger, services, stage, variants
 from .budget import STOP_TIMEOUT_S
+from .files import try_unlink
+from .locks import Locks
+from .payload import check_interrupt, launch_payload, watch_payload
 from .record import Flags, Interrupted, Job
 from .settle import GPU_POLL_S, final_state, settle, settle_ledger, start_guard_timer
-from .payload import check_interrupt, launch_payload, watch_payload
 from .startable import check_startable
-from ..host import engine, unit_stop
-from . import ledger, services, stage, variants
 
 LOCK_POLL_S = 0.5
 

@@ -19,8 +19,8 @@ import os
 import time
 
 from .files import fsync_dir, open_regular, read_json, stamp, try_unlink, write_json_atomic
-from .locks import PREFIX as LOCKS_PREFIX, lock_dir, user_name
-
+from .locks import PREFIX as LOCKS_PREFIX
+from .locks import lock_dir, user_name
 
 PREFIX = LOCKS_PREFIX + "ledger-service-"
 

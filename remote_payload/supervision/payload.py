@@ -16,8 +16,8 @@ import time
 
 from ..host.answer import Fail
 from ..host.processes import POLL_S, group_members, identity
-from .record import Flags, Interrupted, Job, signal_name
 from . import ledger, services
+from .record import Flags, Interrupted, Job, signal_name
 
 
 def check_interrupt(job: Job, flags: Flags) -> None:

@@ -13,10 +13,9 @@ import sys
 import time
 
 from ..contract import DEFAULTS, TERMINAL
-from .budget import budget
-from .files import JobPaths, append_line, append_text, read_json, read_status, release_reserve, stamp, \
-    write_json_atomic
 from ..host.systemd import Systemd
+from .budget import budget
+from .files import JobPaths, append_line, append_text, read_json, read_status, release_reserve, stamp, write_json_atomic
 
 SCHEMA = 1
 
@@ -49,7 +48,7 @@ class Job:
         self.guard_pipe: int | None = None  # the supervisor's end of its guard's pipe (settle.start_guard), else None
 
     @classmethod
-    def load(cls, paths: JobPaths) -> "Job":
+    def load(cls, paths: JobPaths) -> Job:
         return cls(paths, read_json(paths.spec), read_status(paths))
 
     def save(self, **changes) -> None:

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import time
 
-from . import ledger, trust, unit as job_unit
 from ..contract import RUNNING_SERVICE_STATES
 from ..host import health
 from ..host.answer import Fail
 from ..host.systemd import Systemd, start_unit
+from . import ledger, trust
+from . import unit as job_unit
 from .files import JobPaths, is_slurm_job
 from .locks import Locks, restore_keys
 from .record import Job

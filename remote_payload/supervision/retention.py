@@ -22,9 +22,9 @@ from ..host.answer import Fail
 from ..host.bundle import HERE
 from ..host.parsers import parse_mount_points
 from ..host.processes import is_alive
+from . import ledger
 from .files import JobPaths, read_json, read_status
 from .locks import held_keys, lock_held, read_holder
-from . import ledger
 
 KEEP_JOBS = 200          # the newest job dirs kept whatever their age
 KEEP_DAYS = 14.0         # a job dir younger than this is kept

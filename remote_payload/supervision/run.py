@@ -13,17 +13,25 @@ import os
 import shutil
 import signal
 
-from . import unit as job_unit
 from ..admission import describe_holder
 from ..host.answer import Fail, error_answer, write_answer
 from ..host.processes import identity
+from . import unit as job_unit
 from .files import JobPaths
-from .locks import Locks, lock_keys
 from .job import supervise
+from .locks import Locks, lock_keys
 from .record import Flags, Job
 from .settle import start_guard
-from .start import READY_TIMEOUT_S, answer_start, daemonize_call, give_up_start, read_ready, ready_lock, \
-    send_ready, start_failed
+from .start import (
+    READY_TIMEOUT_S,
+    answer_start,
+    daemonize_call,
+    give_up_start,
+    read_ready,
+    ready_lock,
+    send_ready,
+    start_failed,
+)
 
 
 def install_signal_handlers(flags: Flags) -> None:

@@ -23,18 +23,26 @@ import time
 
 from ..admission import describe_holder
 from ..contract import RUNNING_SERVICE_STATES, TERMINAL, job_id_problem, root_problem
-from .budget import recorded
-from .files import JobPaths, read_json
-from .locks import Locks, flock_holders
+from ..host import engine, health, unit_stop
 from ..host.answer import Fail
 from ..host.bundle import RUN_SUPERVISOR
 from ..host.gpu import query_apps
-from ..host.processes import (KILL_CONFIRM_S, group_is_ours, group_members, identity, is_alive, kill_group, run_command,
-                              user_processes_in_own_cgroup)
+from ..host.processes import (
+    KILL_CONFIRM_S,
+    group_is_ours,
+    group_members,
+    identity,
+    is_alive,
+    kill_group,
+    run_command,
+    user_processes_in_own_cgroup,
+)
 from ..host.systemd import start_unit
-from .record import Job
-from ..host import engine, health, unit_stop
 from . import ledger, services
+from .budget import recorded
+from .files import JobPaths, read_json
+from .locks import Locks, flock_holders
+from .record import Job
 
 GPU_POLL_S = 0.5
 

@@ -50,7 +50,7 @@ def stage_payload(job, flags) -> subprocess.Popen:
     raise Interrupted(stop[0], stop[1] + "; the service was not touched")
 
 
-def wait_staged(job, proc: subprocess.Popen, flags, log: "LogLines"):
+def wait_staged(job, proc: subprocess.Popen, flags, log: LogLines):
     """None once the staged line is in the log and the payload still waits; else (state, message). One that
     exits, even right after its staged line, never gets the service stopped for it."""
     bound = job.spec["limits"]["stage_timeout"]

@@ -20,9 +20,9 @@ import sys
 import time
 from typing import Sequence
 
-from .files import RESERVE_BYTES, JobPaths, fsync_dir, open_regular, read_json, write_json_atomic
 from ..host.answer import Fail
 from ..host.processes import is_alive
+from .files import RESERVE_BYTES, JobPaths, fsync_dir, open_regular, read_json, write_json_atomic
 from .record import Job, initial_status
 
 READY_TIMEOUT_S = 30.0       # how long `start` waits for the detached supervisor's handshake

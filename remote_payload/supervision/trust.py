@@ -24,11 +24,11 @@ from __future__ import annotations
 import time
 
 from ..contract import DEFAULTS, RUNNING_SERVICE_STATES, SERVICE_SCOPES, TERMINAL, normalize_unit, unit_problem
-from .files import JobPaths, read_json, read_status, write_json_atomic
-from .locks import lock_held, read_holder
 from ..host.answer import Fail
 from ..host.processes import is_alive
 from . import ledger
+from .files import JobPaths, read_json, read_status, write_json_atomic
+from .locks import lock_held, read_holder
 
 TYPE_CHECKING = False  # typing itself is not imported: a `status` call would pay for it
 if TYPE_CHECKING:

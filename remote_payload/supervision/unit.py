@@ -24,12 +24,12 @@ import socket
 import threading
 import time
 
-from .budget import recorded
-from .files import JobPaths, append_line, read_status, try_unlink
 from ..host.answer import Fail
 from ..host.bundle import RUN_SUPERVISOR
 from ..host.processes import run_command
 from ..host.systemd import Systemd
+from .budget import recorded
+from .files import JobPaths, append_line, read_status, try_unlink
 
 UNIT_PREFIX = "runner-job-"
 WATCHDOG_S = 30              # a supervisor that stops pinging this long is hung (frozen): systemd kills the unit

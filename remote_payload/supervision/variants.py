@@ -38,12 +38,12 @@ import signal
 import time
 
 from ..contract import MAX_RESULT_BYTES
-from .files import UnsafeResult, append_line, file_digest, open_result, parse_bounded, write_json_atomic
 from ..host.processes import KILL_CONFIRM_S, POLL_S, group_members
-from .payload import interrupt_of, launch_payload, record_exit
-from .record import Flags, Interrupted, Job
 from ..sweep import job_variants, label
 from . import ledger, services, stage
+from .files import UnsafeResult, append_line, file_digest, open_result, parse_bounded, write_json_atomic
+from .payload import interrupt_of, launch_payload, record_exit
+from .record import Flags, Interrupted, Job
 
 INLINE_RESULT_BYTES = 4 << 20      # a variant's result larger than this stays in its file, listed by name
 COMBINED_RESULT_BYTES = MAX_RESULT_BYTES // 2  # a sweep's result.json, all inlined results together

@@ -15,7 +15,6 @@ from ..supervision.spec import job_paths
 from .launcher import slurm_launch
 from .reap import reap_if_dead
 
-
 LOG_MAX_BYTES = 4 << 20
 
 

@@ -11,7 +11,6 @@ from ..supervision import trust
 from ..supervision.files import JobPaths, is_slurm_job, read_status
 from .launcher import slurm_launch
 
-
 START_GRACE_S = 60.0         # a status with no supervisor recorded yet is "starting" this long
 
 

@@ -20,13 +20,14 @@ from .. import __version__
 from ..commands import render
 from ..commands.render import window_lines as _window_lines  # noqa: F401  (tests read a window's lines by this name)
 from ..deadline import DEFAULT_MAX_WAIT_S, MAX_WAIT_LIMIT_S, ROUND_TRIP_ALLOWANCE_S, Deadline
-from ..errors import (CODE_USAGE, EXIT_FAILED, EXIT_OK, EXIT_USAGE, Interrupted, RunnerError, SpecError,
-                      exit_code)
+from ..errors import CODE_USAGE, EXIT_FAILED, EXIT_OK, EXIT_USAGE, Interrupted, RunnerError, SpecError, exit_code
 from ..printable import printable
-from ..verbose import ENV as ENV_DEBUG
 from ..state.store import Store
+from ..verbose import ENV as ENV_DEBUG
 from . import results_commands
-from .cli_echo import emit_json as _emit_json, progress as _progress, say as _say
+from .cli_echo import emit_json as _emit_json
+from .cli_echo import progress as _progress
+from .cli_echo import say as _say
 
 # Each command imports what it runs (the controller, fleets, the host protocol) when it runs: `runner list`
 # reads the local index and needs none of them.

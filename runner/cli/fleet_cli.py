@@ -9,14 +9,16 @@ from __future__ import annotations
 import sys
 
 from ..commands import controller
+from ..commands.plan import Plan
 from ..deadline import Deadline
 from ..errors import EXIT_OK
 from ..fleet import fleet, fleet_view, targets
 from ..fleet.fleet import for_each_host
 from ..state.fleet_store import HostEntry, RunRecord
-from ..commands.plan import Plan
 from ..state.store import Store
-from .cli_echo import emit_json as _emit_json, progress as _progress, say as _say
+from .cli_echo import emit_json as _emit_json
+from .cli_echo import progress as _progress
+from .cli_echo import say as _say
 
 
 def run_text(run: RunRecord) -> str:

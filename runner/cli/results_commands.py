@@ -13,7 +13,9 @@ from ..commands import render
 from ..deadline import DEFAULT_MAX_WAIT_S, MAX_WAIT_LIMIT_S, Deadline
 from ..errors import RunnerError, SpecError
 from ..state.store import Store
-from .cli_echo import emit_json as _emit_json, progress as _progress, say as _say
+from .cli_echo import emit_json as _emit_json
+from .cli_echo import progress as _progress
+from .cli_echo import say as _say
 
 DEFAULT_MAX_WAIT = DEFAULT_MAX_WAIT_S
 

@@ -9,7 +9,8 @@ panel, in plain mode one is printed at most every HEARTBEAT_EVERY_S seconds of t
 """
 from __future__ import annotations
 
-from typing import Callable, TextIO
+from collections.abc import Callable
+from typing import TextIO
 
 from remote_payload.progress import describe, fold, new_summary, parse_event
 

@@ -6,18 +6,30 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable, Generator, Iterable, Sequence
 from contextlib import ExitStack, closing, suppress
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO, Callable, Generator, Iterable, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, BinaryIO, TypeVar
 
-from remote_payload.contract import DEFAULTS, is_terminal, normalize_unit
 from remote_payload import sweep as sweeps
+from remote_payload.contract import DEFAULTS, is_terminal, normalize_unit
 
 from ..deadline import Deadline
-from ..errors import (AuthFailed, HostKeyError, LocalStateError, LogShrank, PreflightError, RemoteError, RunnerError,
-                      SpecError, TransportError, UnknownJob, UploadCut)
+from ..errors import (
+    AuthFailed,
+    HostKeyError,
+    LocalStateError,
+    LogShrank,
+    PreflightError,
+    RemoteError,
+    RunnerError,
+    SpecError,
+    TransportError,
+    UnknownJob,
+    UploadCut,
+)
 from ..remote.bundles import Bundle, packaged_payload, payload_bundle, payload_dir, payload_files, supervisor_bundle
 from ..remote.host import HostClient
 from ..remote.transport_openssh import for_host
@@ -27,12 +39,12 @@ from . import render
 from .interrupts import Interrupts
 
 if TYPE_CHECKING:  # pydantic and yaml load only in the commands that use them (`runner tail` starts fast)
-    from .plan import Plan
-    from .submit_types import DryRun, Submitted
     from ..remote.answers import LogChunk
     from ..remote.job_answers import JobStatus, Result, Started
     from ..spec.payload_args import ArgsCheck
     from ..spec.spec import JobSpec
+    from .plan import Plan
+    from .submit_types import DryRun, Submitted
 
 LOG_CHUNK = 1 << 20
 # How long a submit's host call may go on after the submit itself ended (killed, or left on a second Ctrl-C: its
@@ -468,10 +480,7 @@ def status(job_ids: list[str], *, store: Store, deadline: Deadline, every: bool 
     host was not asked (never started there; its host not reached) is its record's last known state."""
     from ..remote.job_answers import JobStatus  # not a tail's: it reads LogChunks only
 
-    if job_ids:
-        records = [store.load(check_job_id(j)) for j in job_ids]
-    else:
-        records = store.all() if every else store.recent()[0]
+    records = [store.load(check_job_id(j)) for j in job_ids] if job_ids else store.all() if every else store.recent()[0]
     by_host: dict[tuple, list[JobRecord]] = {}
     answers: list[JobStatus] = []
     for record in records:
@@ -595,8 +604,8 @@ def _service_of(spec, unit: str | None):
     if unit is None:
         if spec.services is None or len(services) == 1:
             return spec.service if spec.services is None else services[0]
-        raise SpecError("the job file lists several services (%s): name the one to restore with --unit"
-                        % ", ".join(normalize_unit(s.unit) for s in services))
+        names = ", ".join(normalize_unit(s.unit) for s in services)
+        raise SpecError(f"the job file lists several services ({names}): name the one to restore with --unit")
     for service in services:
         if normalize_unit(service.unit) == normalize_unit(unit):
             return service

@@ -7,8 +7,9 @@ reaches this process alone.
 from __future__ import annotations
 
 import signal
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
-from typing import TYPE_CHECKING, Callable, Iterator
+from typing import TYPE_CHECKING
 
 from ..errors import Interrupted, RunnerError
 

@@ -9,16 +9,16 @@ import io
 import json
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO, Callable
+from typing import Any, BinaryIO
 
 from remote_payload.contract import STATES, is_terminal
 from remote_payload.progress import parse_event
 
 from ..deadline import Deadline
-from ..errors import (LogShrank, NoResult, RemoteError, ResultNotYet, RunnerError, SpecError,
-                      TransportError, UnknownJob)
+from ..errors import LogShrank, NoResult, RemoteError, ResultNotYet, RunnerError, SpecError, TransportError, UnknownJob
 from ..local_files import read_regular
 from ..remote.job_answers import Result
 from ..results import clocks, gate, history

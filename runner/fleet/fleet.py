@@ -28,10 +28,11 @@ import hashlib
 import secrets
 import threading
 import time
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, TypeVar
+from typing import TypeVar
 
 from remote_payload.admission import never_stops
 from remote_payload.contract import is_terminal
@@ -42,9 +43,8 @@ from ..deadline import ROUND_TRIP_ALLOWANCE_S, Deadline
 from ..errors import RunnerError, SpecError, TransportError
 from ..remote.job_answers import JobStatus
 from ..state.fleet_store import DONE, HELD, PENDING, SKIPPED, STARTED, STARTING, HostEntry, RunRecord, RunStore
-from ..state.store import NOT_STARTED
 from ..state.job_id import check_job_id, job_id_for
-from ..state.store import Store
+from ..state.store import NOT_STARTED, Store
 
 POLL_S = 1.0
 FOLLOW_WAIT_S = 30.0  # a long poll's wait on the host (forks >= hosts), well inside the keepalives

@@ -6,8 +6,9 @@ is a line saying so, never an error that hides the others. Exit codes are per ho
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import BinaryIO, Callable
+from typing import BinaryIO
 
 from remote_payload.contract import is_terminal
 
@@ -19,6 +20,7 @@ from ..state.fleet_store import DONE, HELD, PENDING, SKIPPED, STARTED, STARTING,
 from ..state.job_id import check_job_id
 from ..state.store import Store
 from .fleet import for_each_host
+
 
 def state_exit(state: str | None) -> int:
     """A host's job state as an exit status; no state yet (not started, not finished) is still running."""

@@ -5,8 +5,9 @@ status RUN` and MCP `status` of RUN say the same states per host and the same ex
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any, BinaryIO, Callable
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from ..commands import controller, front_ends
 from ..deadline import Deadline

@@ -20,8 +20,9 @@ from __future__ import annotations
 import inspect
 import io
 import time
+from collections.abc import Callable
 from dataclasses import asdict
-from typing import Annotated, Any, Callable
+from typing import Annotated, Any
 
 import anyio
 from mcp.server.mcpserver import MCPServer

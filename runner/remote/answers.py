@@ -19,8 +19,9 @@ from __future__ import annotations
 import base64
 import json
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from remote_payload.contract import STATES, TERMINAL
 

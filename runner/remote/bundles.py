@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Collection, Iterator, Sequence
 
 from ..errors import LocalStateError, SpecError
 from .import_closure import ImportRef, imports_in, local_closure

@@ -15,15 +15,15 @@ from __future__ import annotations
 import base64
 import json
 import shlex
-from typing import TYPE_CHECKING, Iterator, Sequence
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING
 
 from remote_payload.admission import BUSY_HINT
 from remote_payload.contract import EXIT_PAYLOAD_MISSING
 
 from .. import verbose
 from ..deadline import Deadline
-from ..errors import (HostBusy, PreflightError, RemoteError, SchedulerUnavailable, TransportError, UnknownJob,
-                      UploadCut)
+from ..errors import HostBusy, PreflightError, RemoteError, SchedulerUnavailable, TransportError, UnknownJob, UploadCut
 from . import answers
 from .bundles import Bundle, Upload, payload_dir
 from .transport import Completed, Stream, Streaming, Transport
@@ -55,7 +55,7 @@ if not os.path.isfile(sup):
 sys.path[0] = here  # in place of the login dir: the supervisor and its rooms, bytecode cached beside them
 import supervisor
 sys.exit(supervisor.main(sys.argv[3:] + ["--root", root]))
-""" % EXIT_PAYLOAD_MISSING
+""" % EXIT_PAYLOAD_MISSING  # noqa: UP031  (the program's own braces: a format string would double them)
 
 # The program every remote command runs: it decodes its one argument, base64 of [program, *argv] joined by
 # NUL (no argv string can hold one), and runs program with that argv. Only characters that no login shell

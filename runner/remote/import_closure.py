@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import ast
 import re
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 # [level, module parts, imported names] of one import statement: `import a.b` is [0, ["a", "b"], []],
 # `from ..c import d, e` [2, ["c"], ["d", "e"]].

@@ -26,9 +26,10 @@ import select
 import shlex
 import signal
 import subprocess
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Callable, Iterable, Iterator, Protocol, Sequence, Union, runtime_checkable
+from typing import IO, TYPE_CHECKING, Protocol, runtime_checkable
 
 from ..deadline import Deadline
 from ..errors import AuthFailed, HostKeyError, TransportError
@@ -42,7 +43,7 @@ KEEPALIVE_S = 15
 # (the call fails), stderr's tail only. A host is not trusted to be small: each byte read is held in memory.
 MAX_OUTPUT_BYTES = MAX_ANSWER_BYTES
 MAX_STDERR_BYTES = 1 << 20
-Input = Union[bytes, Iterable[bytes]]  # a call's stdin: its bytes, or chunks made while they are sent (an upload)
+Input = bytes | Iterable[bytes]  # a call's stdin: its bytes, or chunks made while they are sent (an upload)
 
 
 def input_chunks(stdin: Input) -> Iterator[bytes]:
@@ -78,7 +79,7 @@ class Transport(Protocol):
 class Streaming(Protocol):
     """A transport that can also stream one call's output as it comes (local and OpenSSH; not paramiko)."""
 
-    def stream(self, argv: Sequence[str], *, deadline: Deadline) -> "Stream": ...
+    def stream(self, argv: Sequence[str], *, deadline: Deadline) -> Stream: ...
 
 
 class Stream:

@@ -25,16 +25,31 @@ import selectors
 import shlex
 import subprocess
 import time
+from collections.abc import Sequence, Set
 from pathlib import Path
-from typing import AbstractSet, Sequence
 
 from .. import verbose
 from ..deadline import Deadline
 from ..errors import AuthFailed, HostKeyError, SpecError, TransportError
 from .answers import oversized
-from .transport import (MAX_OUTPUT_BYTES, Completed, ConnectBudget, Input, LocalTransport, SshTarget, SshTransport,
-                        Stream, input_chunks, interrupted_before_it_ran, keep_tail, piped, port_decided_by, time_left,
-                        user_decided_by, widen_pipe)
+from .transport import (
+    MAX_OUTPUT_BYTES,
+    Completed,
+    ConnectBudget,
+    Input,
+    LocalTransport,
+    SshTarget,
+    SshTransport,
+    Stream,
+    input_chunks,
+    interrupted_before_it_ran,
+    keep_tail,
+    piped,
+    port_decided_by,
+    time_left,
+    user_decided_by,
+    widen_pipe,
+)
 
 EXIT_SSH_FAILED = 255
 SERVER_ALIVE_S = 15  # the keepalive interval when the command has time; less when it has less
@@ -429,7 +444,7 @@ def is_host_key_failure(stderr: str) -> bool:
     return any(mark in stderr for mark in _HOST_KEY_MARKS)
 
 
-def translated(stderr: str, target: SshTarget, known_as: AbstractSet[str] = frozenset()) -> TransportError:
+def translated(stderr: str, target: SshTarget, known_as: Set[str] = frozenset()) -> TransportError:
     """ssh's exit 255 and its stderr as our error (all exit 3), naming what to check next."""
     name = target.address
     tail = "\n".join(line for line in stderr.strip().splitlines()[-6:] if line.strip())
@@ -444,7 +459,7 @@ def translated(stderr: str, target: SshTarget, known_as: AbstractSet[str] = froz
                                f"{port_decided_by(target)}.")
 
 
-def _host_key_error(stderr: str, name: str, policy: str, known_as: AbstractSet[str]) -> HostKeyError:
+def _host_key_error(stderr: str, name: str, policy: str, known_as: Set[str]) -> HostKeyError:
     found = _KEY_HOST.search(stderr)
     key_host = found.group(1) if found else name
     fingerprint = _FINGERPRINT.search(stderr)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import NoResult
-from .results import MAX_CELL, _clip, _grid, _plain, plottable_series, pyplot, save_figure, axis_groups
+from .results import MAX_CELL, _clip, _grid, _plain, axis_groups, plottable_series, pyplot, save_figure
 
 PREFERRED_Y = "median_us"
 

@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import TypeGuard
 
 from ..errors import BadBaseline, NoResult
-from . import clocks
 from ..local_files import read_regular, write_regular
+from . import clocks
 
 SCHEMA = 1
 KIND = "runner-baseline"

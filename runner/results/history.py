@@ -16,9 +16,9 @@ import json
 import sqlite3
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable
 
 from ..errors import RunnerError
 from ..state.store import Store, private_dir, private_file

@@ -455,7 +455,7 @@ def plot_lever(result: dict, path: str | Path) -> Path:
     ci = all(r.get("lever_ci95") for r in rows)
     lever.errorbar(ms, levers, yerr=[low, high], fmt="s-", color="tab:red", capsize=3,
                    label="lever (bars: bootstrap 95% CI)" if ci else "lever (bars: repetition range)")
-    lever.set_ylabel("lever = cost/token at M=%d ÷ at M" % ms[0])
+    lever.set_ylabel(f"lever = cost/token at M={ms[0]} ÷ at M")
     env, backend = result.get("environment") or {}, result.get("backend") or {}
     timing = (result.get("timing") or {}).get("used", "?")
     cost.set_title(f"Marlin int4 MoE on {env.get('gpu', '?')}: {backend.get('used', '?')}, {timing} timing")

@@ -14,15 +14,46 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationInfo, field_validator, model_validator
 
-from remote_payload.contract import (DEFAULTS, DRAIN_FALLBACKS, FREE_METHODS, KEY_FIELDS, MAX_DRAIN_TIMEOUT_S,
-                                     PAUSE_MODES, USER_SCOPE_SUDO, Launcher, ServiceManager, ServiceScope, StopPolicy,
-                                     key_ref_problem, normalize_unit, origin)
 from remote_payload import sweep as sweeps
+from remote_payload.contract import (
+    DEFAULTS,
+    DRAIN_FALLBACKS,
+    FREE_METHODS,
+    KEY_FIELDS,
+    MAX_DRAIN_TIMEOUT_S,
+    PAUSE_MODES,
+    USER_SCOPE_SUDO,
+    Launcher,
+    ServiceManager,
+    ServiceScope,
+    StopPolicy,
+    key_ref_problem,
+    normalize_unit,
+    origin,
+)
 
 from ..errors import SpecError
 from ..state.job_id import check_job_id
-from .spec_fields import (ArgKey, ArgValue, CommandWord, Device, Duration, EnvKey, EnvValue, FileGlob, HealthUrl,
-                          HostRoot, MinFreeMib, Name, PayloadUser, Python, Script, Unit, User, short)
+from .spec_fields import (
+    ArgKey,
+    ArgValue,
+    CommandWord,
+    Device,
+    Duration,
+    EnvKey,
+    EnvValue,
+    FileGlob,
+    HealthUrl,
+    HostRoot,
+    MinFreeMib,
+    Name,
+    PayloadUser,
+    Python,
+    Script,
+    Unit,
+    User,
+    short,
+)
 from .spec_fleet import Addresses, RolloutSpec, fleet_problem
 from .spec_slurm import SlurmSpec, launcher_problem, wire_slurm
 

@@ -12,7 +12,7 @@ import math
 import re
 import reprlib
 from pathlib import PurePosixPath
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import BeforeValidator, WithJsonSchema
@@ -255,22 +255,22 @@ EnvKey = Annotated[str, BeforeValidator(_check_env_key)]
 EnvValue = Annotated[str, BeforeValidator(lambda v: _number_as_text(v, "an environment value")),
                      WithJsonSchema({"type": ["string", "number"]})]
 ArgKey = Annotated[str, BeforeValidator(_check_arg_key)]
-Scalar = Union[str, int, float, bool, None]
-ArgValue = Annotated[Union[Scalar, list[Union[str, int, float]]], BeforeValidator(_check_arg_value)]
+Scalar = str | int | float | bool | None
+ArgValue = Annotated[Scalar | list[str | int | float], BeforeValidator(_check_arg_value)]
 CommandWord = Annotated[str, BeforeValidator(lambda v: _number_as_text(v, "a command word")),
                         WithJsonSchema({"type": ["string", "number"]})]
-Device = Annotated[Union[int, str], BeforeValidator(_check_device)]
+Device = Annotated[int | str, BeforeValidator(_check_device)]
 Name = Annotated[str, BeforeValidator(_check_name)]
 Address = Annotated[str, BeforeValidator(_check_address)]
-User = Annotated[Union[str, None], BeforeValidator(_check_user)]
-PayloadUser = Annotated[Union[str, None], BeforeValidator(_check_payload_user)]
+User = Annotated[str | None, BeforeValidator(_check_user)]
+PayloadUser = Annotated[str | None, BeforeValidator(_check_payload_user)]
 HostRoot = Annotated[str, BeforeValidator(_check_host_root)]
 Python = Annotated[str, BeforeValidator(_check_python)]
-Unit = Annotated[Union[str, None], BeforeValidator(_check_unit)]
-HealthUrl = Annotated[Union[str, None], BeforeValidator(_check_health_url)]
-MinFreeMib = Annotated[Union[int, Literal["auto"]], BeforeValidator(_check_min_free_mib), WithJsonSchema(
+Unit = Annotated[str | None, BeforeValidator(_check_unit)]
+HealthUrl = Annotated[str | None, BeforeValidator(_check_health_url)]
+MinFreeMib = Annotated[int | Literal["auto"], BeforeValidator(_check_min_free_mib), WithJsonSchema(
     {"anyOf": [{"type": "integer", "minimum": 0, "maximum": MAX_MIN_FREE_MIB}, {"const": "auto", "type": "string"}]})]
-Script = Annotated[Union[str, None], BeforeValidator(_check_script)]
+Script = Annotated[str | None, BeforeValidator(_check_script)]
 FileGlob = Annotated[str, BeforeValidator(_check_file_glob)]
 
 

@@ -9,7 +9,7 @@ a duplicate is refused (exit 2 naming host.address) before any host is contacted
 """
 from __future__ import annotations
 
-from typing import Annotated, Any, Union
+from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
@@ -45,7 +45,7 @@ def _check_addresses(value: Any) -> Any:
     return checked
 
 
-Addresses = Annotated[Union[str, list[str]], BeforeValidator(_check_addresses)]
+Addresses = Annotated[str | list[str], BeforeValidator(_check_addresses)]
 
 
 class RolloutSpec(BaseModel):

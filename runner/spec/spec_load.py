@@ -11,9 +11,9 @@ from __future__ import annotations
 import json
 import re
 import stat
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 from pathlib import Path
-from typing import Any, Sequence, TypeVar
+from typing import Any, TypeVar
 
 import yaml
 from pydantic import BaseModel, ValidationError

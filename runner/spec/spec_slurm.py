@@ -9,12 +9,17 @@ again, so the controller never accepts what the supervisor on the login node wou
 from __future__ import annotations
 
 import math
-from typing import Annotated, Union
+from typing import Annotated
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, model_validator
 
-from remote_payload.slurm.batch import MAX_DOWNTIME_ON_SLURM, setup_seconds, slurm_problem, time_limit_minutes, \
-    time_problem
+from remote_payload.slurm.batch import (
+    MAX_DOWNTIME_ON_SLURM,
+    setup_seconds,
+    slurm_problem,
+    time_limit_minutes,
+    time_problem,
+)
 
 from .spec_fields import Duration, kind
 
@@ -31,7 +36,7 @@ class SlurmSpec(BaseModel):
 
     partition: str | None = None
     gres: str | None = None
-    gpus: Annotated[Union[str, None], BeforeValidator(_gpus)] = None
+    gpus: Annotated[str | None, BeforeValidator(_gpus)] = None
     time: Duration | None = None  # default: prepare step + staging + limits.max_runtime + grace + slack, whole minutes
     account: str | None = None
     qos: str | None = None

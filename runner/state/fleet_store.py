@@ -15,10 +15,10 @@ import fcntl
 import json
 import os
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Iterator
 
 from ..errors import RunnerError, UnknownJob
 from .store import Store, _write_atomic, private_dir, private_file

@@ -25,10 +25,10 @@ import fcntl
 import json
 import os
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Callable, Iterator
 
 from remote_payload.contract import is_terminal
 

@@ -28,10 +28,21 @@ import os  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
 
+from marlin_env import (  # noqa: E402
+    backend_version,
+    build_backend,
+    built_modules,
+    environment,
+    gpu_clocks,
+    gpu_selector,
+    jit_cache_dirs,
+    load_backend,
+    own_gpu_memory_mib,
+    reason_of,
+    slow_phase_hook,
+    start_full_import_probe,
+)
 from marlin_estimate import Shape, estimate, estimate_from_args, expert_bytes, weight_bytes  # noqa: E402
-from marlin_env import (backend_version, build_backend, built_modules, environment, gpu_clocks,  # noqa: E402
-                        gpu_selector, jit_cache_dirs, load_backend, own_gpu_memory_mib, reason_of,
-                        slow_phase_hook, start_full_import_probe)
 from marlin_events import Events  # noqa: E402
 from marlin_stats import ORDERS, add_levers, floor_us, lever_summary, timing_row, window_order  # noqa: E402
 

@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
-
 from marlin_estimate import Shape, block_size_m, max_padded_tokens
 from marlin_weights import MoeWeights, dequantize
 
@@ -111,7 +110,7 @@ def import_kernel_modules() -> KernelModules:
         from sgl_kernel.scalar_type import scalar_types
         from sglang.kernels.ops.moe.moe_wna16_marlin import moe_wna16_marlin_gemm
         from sglang.kernels.ops.quantization.gptq_marlin_repack import gptq_marlin_repack
-        from sglang.version import __version__ as version      # sglang/_version.py: no heavy imports
+        from sglang.version import __version__ as version  # sglang/_version.py: no heavy imports
     except Exception as exc:  # any import failure means this backend is not available here
         raise BackendUnavailable(f"{type(exc).__name__}: {exc}") from exc
     check_gemm_signature(moe_wna16_marlin_gemm)

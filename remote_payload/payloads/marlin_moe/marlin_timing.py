@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
-
 from marlin_estimate import Shape
 
 ROTATION_SETS = 16
@@ -92,7 +91,7 @@ def allocate_statics(m_max: int, s: Shape, dtype: torch.dtype, device: str) -> S
 Call = Callable[[], object]
 
 
-def capture_graph(call: Call) -> tuple["torch.cuda.CUDAGraph", object]:
+def capture_graph(call: Call) -> tuple[torch.cuda.CUDAGraph, object]:
     """Warm the call up on a side stream (lazy inits must not happen during capture), then capture it.
     Returns the graph and the call's output as captured: replay rewrites that tensor in place."""
     side = torch.cuda.Stream()

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
-
 from marlin_estimate import Shape
 
 NIBBLES = 8          # int4 values per int32
