@@ -39,7 +39,7 @@ def units_answer(ctl: Systemd, unit: str, url: str, timeout: float):
         return None
     after = listeners(port)
     try:
-        main_pid = ctl.show(unit)["main_pid"]  # a property runner reads anyway (the README's sudo rule allows it)
+        main_pid = ctl.show(unit)["main_pid"]  # a property runner reads anyway (the documented sudo rule allows it)
     except Fail:
         return (None,)
     return judge(port, before, after, main_pid, unit)

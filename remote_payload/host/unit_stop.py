@@ -42,7 +42,7 @@ def slow_stop_hint(unit: str, settings: dict):
     timeout = settings.get("TimeoutStopUSec", "").strip() or "its TimeoutStopSec"
     return ("%s runs %s with KillMode=control-group: the stop SIGTERMs its children before the engine asks them "
             "to, so it takes seconds (up to %s) and leaves the unit failed until the restore starts it; "
-            "KillMode=mixed in the unit lets the engine stop its own children (README: the service)"
+            "KillMode=mixed in the unit lets the engine stop its own children (docs/guide.md: what the remote host needs)"
             % (unit, engine, timeout))
 
 

@@ -37,7 +37,7 @@ DESCRIPTIONS = {
     "service.health_url": "http(s) URL answering 2xx once the service is ready again; without it the unit must "
                           "stay active for 2 s.",
     "service.health_timeout": "How long the restore waits for healthy.",
-    "service.sudo": "Run systemctl/systemd-run through `sudo -n` (a NOPASSWD rule is needed; see the README).",
+    "service.sudo": "Run systemctl/systemd-run through `sudo -n` (a NOPASSWD rule is needed: docs/guide.md, What the remote host needs).",
     "service.free": "How the GPU is freed: `stop` the unit (and start it after); `sglang` (0.5.17-0.5.23): pause "
                     "generation (`pause_mode`), release the KV cache (and the weights only if still short, and only "
                     "with SGLang's --enable-weights-cpu-backup), resume after (needs --enable-memory-saver); `vllm` "
@@ -111,7 +111,7 @@ DESCRIPTIONS = {
                     "job's records stay root's (docs/protocol.md, \"Threat model\"). Needs the supervisor to log "
                     "in as root and `host.root` reachable by the user; refused (exit 4) otherwise.",
     "launcher": "`ssh` (default): the supervisor runs on `host`. `slurm`: `host` is the login node and the job "
-                "goes through sbatch (service.manager none, no gpu.devices; see the README's Running on Slurm).",
+                "goes through sbatch (service.manager none, no gpu.devices; see docs/guide.md, Running on Slurm).",
     "slurm": "With launcher slurm: partition, gres or gpus, time (default: the prepare step and staging + "
              "max_runtime + grace + 60 s), account, qos, constraint, extra_args (each `--name=value`).",
     "rollout": "With a list of hosts: how the run's jobs are rolled out over them.",

@@ -286,7 +286,7 @@ README_USER, README_UNIT = "bench", "sglang-k26-ddtree.service"
 def readme_rule(user: str, units: list[str]) -> str:
     """README's rule (the code block after "A least-privilege rule for one unit"), for `user`; each command
     that names README's unit repeated for each of `units`, as README says to do for several services."""
-    block = (REPO / "README.md").read_text().split("A least-privilege rule for one unit", 1)[1].split("```", 2)[1]
+    block = (REPO / "docs" / "guide.md").read_text().split("A least-privilege rule for one unit", 1)[1].split("```", 2)[1]
     line = " ".join(block.replace("\\\n", " ").split())
     head, commands = line.split("NOPASSWD:", 1)
     assert head.split()[0] == README_USER, head

@@ -1,4 +1,4 @@
-"""What the README tells a new user to do holds: command 1 makes its own venv (Debian's python3 refuses a
+"""What the README and the guide tell a new user to do holds: command 1 makes its own venv (Debian's python3 refuses a
 pip install outside one, PEP 668), `runner mcp` names the extra it needs, a `payload.script` outside the job
 file's directory is refused with the same rule the README gives, and ~/.ssh/config is read where `ssh` reads it."""
 from __future__ import annotations
@@ -14,7 +14,9 @@ import pytest
 from runner.errors import SpecError
 from runner.spec.spec_load import load_spec
 
-README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+REPO = Path(__file__).resolve().parents[2]
+README = (REPO / "README.md").read_text()
+GUIDE = (REPO / "docs" / "guide.md").read_text()
 
 
 def command_one() -> str:
@@ -45,7 +47,7 @@ def test_a_script_above_the_job_file_is_refused_saying_where_a_script_may_live(t
     job.write_text("name: x\nhost: {address: local}\nservice: {manager: none}\npayload: {script: ../bench.py}\n")
     with pytest.raises(SpecError, match=r"payload\.script: .*at or below the job file's directory"):
         load_spec(str(job), [])
-    assert "`../bench.py`" in README and "at or below it" in README
+    assert "`../bench.py`" in GUIDE and "at or below it" in GUIDE
 
 
 @pytest.mark.skipif(shutil.which("ssh") is None, reason="no ssh client")
@@ -56,4 +58,4 @@ def test_ssh_reads_the_config_of_the_passwd_home_not_of_HOME(tmp_path):
     resolved = subprocess.run(["ssh", "-G", "readme-home-probe"], capture_output=True, text=True, timeout=10,
                               env={**os.environ, "HOME": str(tmp_path)}).stdout
     assert "hostname readme-home-probe" in resolved.splitlines(), resolved  # $HOME's config was not read
-    assert "passwd database, not in `$HOME`" in " ".join(README.split())
+    assert "passwd database, not in `$HOME`" in " ".join(GUIDE.split())
