@@ -16,7 +16,9 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 from interleave import FAILURES, REPO, cli, on_user_host, pairs, submit_one, summary, timed
@@ -32,19 +34,28 @@ def main() -> int:
     args = parser.parse_args()
 
     def measure(login, root, work, env) -> dict:
-        base_env = dict(env, RUNNER_RESIDENT="0")
-        job_id = submit_one(login, root, work, env)
-        tail = ("tail", job_id)
+        base_env = dict(env, RUNNER_RESIDENT="0", RUNNER_STATE_DIR=str(work / "state-b"))  # B's records are B's
+        tail_a = ("tail", submit_one(login, root, work, env))
+        tail_b = ("tail", submitted(args.base, base_env, write_spec(work / "one-b.json", login, root, "one-b")))
         pass_ = ([sys.executable, "-c", "pass"], None, REPO)
         return {"load_start": os.getloadavg(),
-                "tail_ended_job": {"a_vs_python_pass": pairs(cli(REPO, env, *tail), pass_, args.runs),
-                                   "b_vs_python_pass": pairs(cli(args.base, base_env, *tail), pass_, args.runs),
-                                   "a_vs_b": pairs(cli(REPO, env, *tail), cli(args.base, base_env, *tail), args.runs)},
+                "tail_ended_job": {"a_vs_python_pass": pairs(cli(REPO, env, *tail_a), pass_, args.runs),
+                                   "b_vs_python_pass": pairs(cli(args.base, base_env, *tail_b), pass_, args.runs),
+                                   "a_vs_b": pairs(cli(REPO, env, *tail_a), cli(args.base, base_env, *tail_b),
+                                                   args.runs)},
                 "edited_submit": edited(args, login, root, work, env, base_env),
                 "same_spec_submit": same(args, login, root, work, env, base_env),
                 "load_end": os.getloadavg(), "failures": FAILURES}
 
     return on_user_host("runner-bench-start-", args.out, measure)
+
+
+def submitted(checkout: Path, env: dict, spec: Path) -> str:
+    """A job of `true` submitted with `checkout`'s CLI and given 3 s to end: its id."""
+    argv, full_env, cwd = cli(checkout, env, "submit", str(spec))
+    job_id = subprocess.run(argv, env=full_env, cwd=cwd, capture_output=True, check=True).stdout.decode().strip()
+    time.sleep(3)
+    return job_id
 
 
 def write_spec(path: Path, login, root: Path, name: str) -> Path:
