@@ -17,4 +17,4 @@ stdlib-only modules (contract, admission, sweep, progress). No `__init__` import
 loads only the modules it uses (tests/unit/test_command_imports.py).
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
