@@ -1,7 +1,7 @@
 """docs/reliability.md from one test run: the fault matrix (pass/fail, service downtime), bad input, tests.
 
     rm -f /tmp/cases.jsonl*; RUNNER_CASE_REPORT=/tmp/cases.jsonl python -m pytest -p tests.reliability_report \\
-        tests/integration/test_service.py tests/integration/test_guarantee.py tests/integration/test_pid1.py tests/integration/test_faults.py tests/integration/test_concurrency.py \\
+        tests/integration/test_service.py tests/integration/test_restore_past_our_own_processes.py tests/integration/test_pid1.py tests/integration/test_faults.py tests/integration/test_concurrency.py \\
         tests/integration/test_bad_input.py -q; \\
     python -m tests.reliability_report /tmp/cases.jsonl > docs/reliability.md
 
@@ -24,7 +24,7 @@ from pathlib import Path
 HOSTILE_INPUT = Path(__file__).with_name("hostile_input.md")
 
 COMMAND = ("rm -f /tmp/cases.jsonl*; RUNNER_CASE_REPORT=/tmp/cases.jsonl python -m pytest -p tests.reliability_report "
-           "tests/integration/test_service.py tests/integration/test_guarantee.py tests/integration/test_pid1.py tests/integration/test_faults.py tests/integration/test_concurrency.py "
+           "tests/integration/test_service.py tests/integration/test_restore_past_our_own_processes.py tests/integration/test_pid1.py tests/integration/test_faults.py tests/integration/test_concurrency.py "
            "tests/integration/test_bad_input.py -q; "
            "python -m tests.reliability_report /tmp/cases.jsonl > docs/reliability.md")
 

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from runner.state.store import Store
-from tests.cli_helpers import REPO, Target, run_cli, submit, wait_terminal, write_job
+from tests.cli_helpers import REPO, Target, local_target, run_cli, submit, wait_terminal, write_job
 from tests.harness.pace import Scale
 
 
@@ -93,3 +93,30 @@ def test_status_of_every_job_exits_by_the_jobs_still_running(work, target):
     helped = run_cli(target, "status", "--help").stdout.decode()
     assert "still running" in helped and "ended jobs do not count" in " ".join(helped.split()), helped
 
+
+def test_a_whole_spec_rule_names_its_fields_without_a_top_level_prefix(work):
+    target = local_target({"RUNNER_STATE_DIR": str(work / "state")})
+    path = write_job(work / "j.yaml", target, command=["true"], gpu={"devices": [0, 1, 2]})
+    spec = yaml.safe_load(path.read_text())
+    spec["sweep"] = {"include": [{"a": 1}, {"a": 2}], "gpus_per_variant": 2}
+    path.write_text(yaml.safe_dump(spec))
+    done = run_cli(target, "submit", str(path), "--dry-run")
+    assert done.returncode == 2, done.stderr
+    assert b"(top level)" not in done.stderr, done.stderr
+    assert f"{path}: gpu.devices holds 3 devices, not a multiple of sweep.gpus_per_variant".encode() in done.stderr
+
+
+def test_a_read_only_state_dir_is_not_told_to_free_space(work):
+    """Read-only for root too: the immutable attribute (chattr +i), else a 0500 mode for a plain user."""
+    state = work / "read-only state"
+    state.mkdir(mode=0o500)
+    if os.geteuid() == 0 and subprocess.run(["chattr", "+i", str(state)], capture_output=True).returncode != 0:
+        pytest.skip("this filesystem has no immutable attribute, and root writes a 0500 directory anyway")
+    target = local_target({"RUNNER_STATE_DIR": str(state)})
+    try:
+        done = run_cli(target, "submit", str(write_job(work / "j.yaml", target, command=["true"])))
+    finally:
+        subprocess.run(["chattr", "-i", str(state)], capture_output=True)
+        state.chmod(0o700)
+    assert done.returncode == 2, done.stderr
+    assert b"free space" not in done.stderr and b"make it writable" in done.stderr, done.stderr

@@ -68,7 +68,7 @@ def test_memory_rows(gpu, need, verdict):
     assert host_memory_verdict(gpu, need) == verdict
 
 
-# ── the drift issue 8 found, one test each ──────────────────────────────────────────────────────────────
+# ── where the two sides' checks drifted apart, one test each ────────────────────────────────────────────────
 
 def test_drift_job_id_starting_with_dash_is_refused():
     with pytest.raises(Fail) as err:

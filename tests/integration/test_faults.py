@@ -180,7 +180,7 @@ def assert_recovered(host, target: Target, job_id: str, case: str, expected: str
     job = json.loads(done.stdout) if answered else host_status(host, job_id, root)
     now, health = host.service_state(), host.health_status()
     record(case, job, expected=expected, service_now=now, healthy=(now == "active" and health == 200), note=note)
-    # status exits by the job's state: 0 SUCCEEDED, 1 any other end (issue 11)
+    # status exits by the job's state: 0 SUCCEEDED, 1 any other end
     assert answered and done.returncode == (0 if expected == "SUCCEEDED" else 1), (done.returncode, done.stdout,
                                                                                     done.stderr.decode())
     assert job["state"] == expected, job

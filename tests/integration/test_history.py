@@ -18,6 +18,7 @@ from runner.deadline import Deadline
 from runner.errors import NoResult, RunnerError
 from runner.results import gate, history, history_report
 from runner.state.store import JobRecord, Store
+from tests.cli_helpers import local_target, run_cli
 
 REPO = Path(__file__).resolve().parents[2]
 H200 = REPO / "results" / "h200"
@@ -202,3 +203,30 @@ def test_history_reads_the_submitted_spec_not_the_file_as_it_is_now(tmp_path):
     (run,) = history.runs(history.db_path(store.root))
     assert run.variant == {"seconds": "2", "sizes": "1"}
     assert run.spec_hash == history.wire_hash(submitted)
+
+
+def _history_runs(state: Path) -> None:
+    """Two jobs on two hosts, the demo payload with seconds 20 and 5; the older job's result recorded last."""
+    store = Store(state)
+    for job_id, host, seconds, submitted in (("j-new", "box-b", 5, 2000.0), ("j-old", "box-a", 20, 1000.0)):
+        wire = {"job_id": job_id, "payload": {"args": ["--seconds", str(seconds)]}}
+        store.save(JobRecord(job_id=job_id, name="demo", host={"address": host}, spec_path="demo.yaml",
+                             submitted_at=submitted, wire=wire))
+        assert history.record_job(store, job_id, {"payload": "demo", "rows": [{"size": 1, "median_us": 5.0}]}) is None
+
+
+def test_history_lists_the_oldest_job_first_whenever_its_result_was_recorded(work):
+    _history_runs(work / "state")
+    every = run_cli(local_target({"RUNNER_STATE_DIR": str(work / "state")}), "history").stdout.decode().splitlines()
+    assert [line.split()[2] for line in every[1:]] == ["j-old", "j-new"], every
+
+
+def test_history_labels_a_variant_the_same_whichever_rows_are_shown(work):
+    _history_runs(work / "state")
+    target = local_target({"RUNNER_STATE_DIR": str(work / "state")})
+    every = run_cli(target, "history").stdout.decode().splitlines()
+    labels = {line.split()[2]: line.split()[-2] for line in every[1:]}
+    assert len(set(labels.values())) == 2, every
+    for job_id, host in (("j-old", "box-a"), ("j-new", "box-b")):
+        one = run_cli(target, "history", "--host", host).stdout.decode().splitlines()
+        assert len(one) == 2 and one[1].split()[-2] == labels[job_id], (one, labels)

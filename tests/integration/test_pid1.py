@@ -1,4 +1,4 @@
-"""PID 1 as the last line (issue 9): where the host has systemd, the supervisor runs in a transient unit
+"""PID 1 as the last line: where the host has systemd, the supervisor runs in a transient unit
 (remote_payload/supervision/unit.py) whose ExecStopPost= restores, whose watchdog and RuntimeMaxSec= overrule a
 hung supervisor, and whose cgroup holds every process of the job. On the real confined systemd + sshd host.
 

@@ -79,7 +79,7 @@ def test_unknown_memory_counts_as_short_not_a_crash():
 
 
 def test_queued_job_waits_for_the_runner_job_holding_the_service_stopped():
-    """Issue 9 defect 4: the ledger (or the held service lock) says a runner job stopped it: --queue waits."""
+    """The ledger (or the held service lock) says a runner job stopped it: --queue waits."""
     stopped = report(free=1000, active="inactive")
     stopped["service"]["ledger"] = {"unit": "sglang.service", "job_id": "other-job"}
     decision = decide(wire(), stopped, queue=True)

@@ -1,4 +1,4 @@
-"""A payload's prepare step runs before the service is stopped (issue 16: compile before the stop), on the real
+"""A payload's prepare step runs before the service is stopped (compile before the stop), on the real
 confined systemd host: it sees the service active, the timed run sees it stopped, and a failing prepare step
 ends the job with the service never touched."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A sweep on Slurm is one job array (issue 13): `sbatch --array=0-(N-1)%k`, one task per variant.
+"""A sweep on Slurm is one job array: `sbatch --array=0-(N-1)%k`, one task per variant.
 
 First the pure parts (the combined log, the array's outcome and progress), then the spec (sweep.max_parallel,
 limits.max_downtime refused on Slurm: exit 2, no host contacted), then the real thing on the test cluster

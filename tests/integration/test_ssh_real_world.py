@@ -1,4 +1,4 @@
-"""SSH as users have it (issue 10), on real loopback sshds: login shells that are not POSIX (tcsh, fish), one
+"""SSH as users have it, on real loopback sshds: login shells that are not POSIX (tcsh, fish), one
 master connection reused by every command, and the remote command line that any shell passes unchanged.
 
 Needs the Debian packages `tcsh` and `fish` (skips without them, fails in CI like every prerequisite).

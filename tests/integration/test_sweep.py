@@ -1,4 +1,4 @@
-"""Sweeps (issue 12): many variants of a script payload in one downtime window, on a real (confined) systemd
+"""Sweeps: many variants of a script payload in one downtime window, on a real (confined) systemd
 over real sshd; bad sweep input refused before any host is contacted."""
 from __future__ import annotations
 
@@ -142,7 +142,7 @@ def test_a_failing_middle_variant_does_not_stop_the_others(service_host, work):
 @pytest.mark.slow(seconds=30)
 @pytest.mark.systemd
 def test_a_sweep_downtime_against_three_separate_jobs(service_host, work):
-    """The issue's measure: the same three variants as one sweep and as three jobs, one after the other, on
+    """What a sweep saves: the same three variants as one sweep and as three jobs, one after the other, on
     this host; downtime is the supervisor's own (stop to healthy again). Prints the ratio (run with -s)."""
     target = target_for(service_host)
     variants = [{"sizes": [1]}, {"sizes": [2]}, {"sizes": [4]}]

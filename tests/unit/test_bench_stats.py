@@ -59,7 +59,7 @@ def test_interleaved_orders_time_every_batch_size_once_per_repetition():
 
 
 def test_the_interleave_order_alternates_light_and_heavy_the_same_in_every_repetition():
-    """Issue 15: each window of a batch size has the same predecessor in every repetition, and no two heavy
+    """Each window of a batch size has the same predecessor in every repetition, and no two heavy
     windows run back to back (the slow repetition of M=512 followed M=512 and M=64)."""
     sizes = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
     windows = window_order(sizes, 3, "interleave", seed=0)

@@ -116,7 +116,7 @@ def test_plot_dispatches_marlin_results_to_the_lever_figure(tmp_path):
 
 
 def test_table_of_run4_shows_the_lever_interval_capped_windows_and_the_schedule():
-    """Issue 15: `runner results` shows what the lever is worth: its bootstrap interval, how many windows ran
+    """`runner results` shows what the lever is worth: its bootstrap interval, how many windows ran
     under a power cap, and the window schedule it was measured with."""
     result = json.loads((Path(__file__).parents[2] / "results/h200/run4/il1.json").read_text())
     text = render_table(result)

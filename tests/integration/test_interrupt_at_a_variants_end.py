@@ -1,6 +1,6 @@
-"""A review of the one variant runner (remote_payload/supervision/variants.py) against the plain job's own
-payload watch it replaced (job.py run_payload / late_interrupt): where a plain job behaved one way before and
-another now, or the runner is wrong for a sweep too. Each test's docstring says what was seen.
+"""A cancel or a SIGTERM while a variant's left-over child is cleaned up, a plain job being a sweep of one
+(remote_payload/supervision/variants.py): after the last payload exited 0 it has nothing left to stop and the job
+stays SUCCEEDED; with variants still to run it is the job's ending from the moment it is seen.
 
 The local host (no service stopped; the window, when there is one, counts from the payload's start).
 """
@@ -60,8 +60,8 @@ def sigterm_supervisor(target: Target, job_id: str) -> None:
 def test_an_interrupt_after_the_last_payload_exited_0_does_not_undo_its_success(work, target, sweep, interrupt):
     """The payload exited 0 and wrote its result; the supervisor is still stopping a child it left in its
     group (TERM ignored: KILL after the grace). A cancel or a SIGTERM to the supervisor in that grace has
-    nothing left to stop: the job stays SUCCEEDED, as with job.py's own watch (seen: CANCELLED, or FAILED
-    "the supervisor got SIGTERM; the payload was stopped", with exit_code 0 and every variant succeeded)."""
+    nothing left to stop: the job stays SUCCEEDED (not CANCELLED, nor FAILED "the supervisor got SIGTERM; the
+    payload was stopped" with exit_code 0 and every variant succeeded)."""
     job_id = submit(target, job_file(work, target, "leave-child", sweep=sweep, grace="15s"))
     log = job_dir(target, job_id) / "output.log"
     wait_for(lambda: log.exists() and log.read_bytes().count(b"payload exiting") == len(sweep or [1]), timeout=60,

@@ -1,5 +1,6 @@
-"""A security review of the restorers' trust, attacked as a hostile host would: the service's health answer (the
-engine's own route, read by every restorer's health wait) and a payload that leaves its process group.
+"""The restore guarantee against a hostile host: the service's health answer (the engine's own route, read by
+every restorer's health wait), the processes of payload.user (one that leaves the job's process group, swaps the
+code root or holds the service lock) and a status.json rewritten against the ledger.
 
 The health check is the one engine route not behind engine.call: any answer it cannot read is "not healthy"
 within its bound, never a crash, a hang or a followed redirect. First against the SGLang stand-in as a plain
@@ -75,7 +76,7 @@ def checked(url: str) -> tuple[object, float]:
         began = time.monotonic()
         try:
             outcome["answer"] = health_ok(url, BOUND_S)
-        except Exception as exc:  # the finding: the restorer's health wait ends in this exception
+        except Exception as exc:  # a crash of the check: the restorer's health wait would end in it
             outcome["answer"] = exc
         outcome["seconds"] = time.monotonic() - began
 
@@ -194,7 +195,7 @@ def test_a_payload_users_process_in_its_own_session_does_not_outlive_the_job(ser
         job = wait_terminal(target, job_id, timeout=120)
         time.sleep(3)  # the restarted unit tries its port
         alive = service_host.ssh(["kill", "-0", escaped]).returncode == 0
-        print("\nREVIEW escaper: job %s restored=%s healthy=%s; escapee alive=%s; unit now %s"
+        print("\nescaper: job %s restored=%s healthy=%s; escapee alive=%s; unit now %s"
               % (job["state"], job.get("restored"), job["service"].get("healthy"), alive,
                  service_host.service_state()))
         assert service_host.service_state() == "active", "the job says %s, restored %s; the unit is %s" % (
@@ -300,7 +301,7 @@ def test_payload_user_cannot_swap_the_code_root_runs_when_host_roots_parent_is_i
             timeout=90, what="the job's end")
         time.sleep(3)
         ran = service_host.ssh(["cat", str(mark)]).stdout.strip()
-        print("\nREVIEW swapper: %s; the user's supervisor.py ran as uid %r" % (
+        print("\nswapper: %s; the user's supervisor.py ran as uid %r" % (
             service_host.ssh(["sh", "-c", f"cat {root}*/jobs/{job_id}/output.log"]).stdout.strip(), ran))
         assert ran == "", "payload.user's code ran as uid %s" % ran
     else:
@@ -363,7 +364,7 @@ def test_a_process_of_payload_user_cannot_hold_the_service_lock_that_restorers_d
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline and service_host.service_state() != "active":
             time.sleep(1)
-        print("\nREVIEW lock holder: unit %s; the user's process %s; job %s" % (
+        print("\nlock holder: unit %s; the user's process %s; job %s" % (
             service_host.service_state(), holder.stdout.readline().strip() if holder.poll() is None else "gone",
             run_cli(target, "status", job_id).stdout.decode().splitlines()[:3]))
         assert service_host.service_state() == "active", "a process of payload.user held the service lock"
@@ -401,7 +402,7 @@ def test_status_does_not_say_restored_while_the_ledger_says_the_restore_failed(s
         service_host.systemctl("stop", unit).check_returncode()
         service_host.ssh(["sh", "-c", f"cat > {ledger}"], input=json.dumps(entry), check=True)
         shown = status(target, job_id)
-        print("\nREVIEW failed restore, forged record: state %s restored %s; unit %s"
+        print("\nfailed restore, forged record: state %s restored %s; unit %s"
               % (shown["state"], shown.get("restored"), service_host.service_state()))
         assert shown.get("restored") is not True, shown
     finally:

@@ -1,4 +1,5 @@
-"""Issue 9 defect 6, the small ones: pure checks of the supervisor's rooms and the spec, no host needed."""
+"""The supervisor's rules, checked without a host: how an interrupt is named (a real-time signal, Slurm's TERM),
+the guard timer's budget, and what it refuses on both sides (a user scope with sudo, an unsafe root)."""
 from __future__ import annotations
 
 import os
@@ -95,7 +96,7 @@ def test_user_scope_with_sudo_is_refused_on_both_sides():
 
 
 def test_an_unsafe_root_is_refused_by_boot_and_by_the_supervisor(tmp_path):
-    """Defect 7: a ROOT others may write to (e.g. `root: /tmp/runner`) is code execution for them: refuse it,
+    """A ROOT others may write to (e.g. `root: /tmp/runner`) is code execution for them: refuse it,
     in BOOT before it runs ROOT/payload/<digest>/supervisor.py, and in the supervisor itself."""
     import json
     import subprocess

@@ -1,4 +1,5 @@
-"""What a newcomer hit in their first hour (issue 11), through the real CLI on the local transport."""
+"""What each command answers and exits with when a user slips (a typo, a resubmit, a job with no result, a hung
+sshd), and what --dry-run, --queue and --follow say they do: through the real CLI on the local transport."""
 from __future__ import annotations
 
 import json
@@ -84,7 +85,7 @@ def test_dry_run_decides_and_changes_nothing(work, target):
 
 
 def test_queue_says_its_bound_and_takes_one(work, target):
-    """Item 9: --queue says how long it may wait; --queue-timeout sets the bound (and a bad one is exit 2)."""
+    """--queue says how long it may wait; --queue-timeout sets the bound (and a bad one is exit 2)."""
     done = run_cli(target, "submit", str(demo_job(work, target)), "--dry-run", "--json", "--queue-timeout", "90s")
     assert done.returncode == 0, done.stderr
     assert any("at most 90 s" in note and "limits.queue_timeout" in note for note in json.loads(done.stdout)["notes"])

@@ -1,7 +1,6 @@
-"""The restore guarantee past our own processes (issue 9), on the real confined systemd + sshd host.
-
-Each case is a defect the review found: it failed on the code before its fix (the failing output is in the
-commit that added it) and asserts the invariant, never a weaker form of it.
+"""The restore guarantee past our own processes, on the real confined systemd + sshd host: a supervisor and its
+guard killed, stopped or hung while the service is stopped, a start that gave up, a queued job behind the one
+holding the service stopped. Each case asserts the invariant, never a weaker form of it.
 """
 from __future__ import annotations
 
@@ -29,7 +28,7 @@ while time.monotonic() < end:
 
 
 def test_dead_job_stop_is_settled_by_the_next_job_never_under_its_run(service_host, work, fork_path):
-    """Defect 2: A's supervisor and guard SIGKILLed while the service is stopped; B right after on the same
+    """A's supervisor and guard SIGKILLed while the service is stopped; B right after on the same
     GPU. While B runs, nobody (A's restorers included: `runner status A` reaps A) may start the service;
     after B it must be back."""
     target = target_for(service_host)
@@ -56,7 +55,7 @@ def test_dead_job_stop_is_settled_by_the_next_job_never_under_its_run(service_ho
 
 
 def test_queued_gpu_job_waits_for_the_one_holding_the_service_stopped(service_host, work):
-    """Defect 4: while A holds the GPU with the service stopped, B with --queue is accepted, waits, runs."""
+    """While A holds the GPU with the service stopped, B with --queue is accepted, waits, runs."""
     service_host.set_gpu(total_mib=SMALL_GPU, baseline_used=10000)  # free 5904 while the unit runs
     target = target_for(service_host)
     a = submit(target, gpu_job(work, service_host, need=8000, command=["python3", HOLD, "7000", "8"]))
@@ -84,7 +83,7 @@ exec "{standin}" "$@"
 
 @pytest.mark.slow(seconds=45)
 def test_a_start_that_gave_up_leaves_no_job_behind(tmp_path):
-    """Defect 5: nvidia-smi slow before the ready handshake; `start` gives up (start-failed). The supervisor
+    """nvidia-smi is slow before the ready handshake; `start` gives up (start-failed). The supervisor
     must not go on untracked: no job dir, no process, and the same id starts cleanly afterwards."""
     from tests.harness.supervisor_calls import Host, gpu_spec
     from tests.hosts import gpu_state
@@ -113,7 +112,7 @@ DEAF = ["python3", "-c", "import signal, time; signal.signal(signal.SIGTERM, sig
 
 @pytest.mark.slow(seconds=70)
 def test_term_to_the_whole_session_leaves_the_guard_to_restore(service_host, work):
-    """Defect 3: TERM to supervisor and guard at once (a session scope stopped, logind, oomd), the payload
+    """TERM to supervisor and guard at once (a session scope stopped, logind, oomd), the payload
     deaf to TERM so the supervisor is still in its grace when it is SIGKILLed 45 s later: the guard restores."""
     target = target_for(service_host)
     job_id = submit(target, gpu_job(work, service_host, stop="always", command=DEAF, grace="60s"))
@@ -132,7 +131,7 @@ def test_term_to_the_whole_session_leaves_the_guard_to_restore(service_host, wor
 
 @pytest.mark.slow(seconds=125)
 def test_a_hung_supervisor_is_overruled_within_its_hard_deadline(service_host, work, fork_path):
-    """Defect 1: the supervisor SIGSTOPped for good while the service is stopped. Something independent of
+    """The supervisor SIGSTOPped for good while the service is stopped. Something independent of
     it must restore within its hard deadline (run + grace + kill + release + margin), not the timer's."""
     target = target_for(service_host)
     # max_runtime 20 s, not 3 s: with two suites on 2 cores the SIGSTOP of a 3 s job could land after the run
