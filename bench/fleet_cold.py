@@ -95,7 +95,7 @@ def main() -> int:
     parser.add_argument("--ansible", default=str(REPO / "build" / "ansible-venv" / "bin" / "ansible"))
     parser.add_argument("--sides", default="abc", help="which of A (this checkout), B (--base), C (Ansible) run")
     parser.add_argument("--login", choices=("root", "user"), default="root", help="each host's root login (the "
-                        "issue's measure), or its non-root one")
+                        "measure of a fleet submit), or its non-root one")
     parser.add_argument("--out", default="bench/results/fleet_cold.json")
     args = parser.parse_args()
     hosts = start_hosts(args.hosts)

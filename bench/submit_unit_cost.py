@@ -1,4 +1,4 @@
-"""What running the supervisor in a systemd unit costs at submit (issue 9, "PID 1 as the last line").
+"""What running the supervisor in a systemd unit costs at submit ("PID 1 as the last line").
 
 On the confined systemd test host: N submits of a tiny job whose service is managed by systemd (nothing is
 stopped), once through the fork + guard path (ROOT/launch-fork present) and once through the transient unit;

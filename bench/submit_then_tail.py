@@ -1,6 +1,7 @@
-"""Issue 2's "must show", measured through the real CLI (separate processes) over a loopback sshd.
+"""A submit that returns while its job runs, and a tail that follows it, measured through the real CLI (separate
+processes) over a loopback sshd.
 
-    python bench/core_must_show.py [--seconds 60] [--out bench/results/core_must_show.json]
+    python bench/submit_then_tail.py [--seconds 60] [--out bench/results/submit_then_tail.json]
 
 1. `runner submit` wall time, and that the job is still running after it returned;
 2. repeated `runner tail ID -f --max-wait 5` on a job that prints a line a second for --seconds: each call's
@@ -35,10 +36,10 @@ def cli(env: dict, *args: str) -> tuple[int, bytes, float]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=int, default=60)
-    parser.add_argument("--out", default="bench/results/core_must_show.json")
+    parser.add_argument("--out", default="bench/results/submit_then_tail.json")
     args = parser.parse_args()
     host = start_sshd()
-    work = shared_tmpdir("runner-mustshow-")
+    work = shared_tmpdir("runner-submit-tail-")
     try:
         return measure(host, work, args)
     finally:
@@ -49,7 +50,7 @@ def measure(host, work: Path, args) -> int:
     env = {**os.environ, "RUNNER_SSH_CONFIG": str(host.ssh_config), "RUNNER_STATE_DIR": str(work / "state")}
     (work / "ticker.py").write_text(TICKER)
     job = work / "job.yaml"
-    job.write_text(json.dumps({"name": "must-show", "host": {"address": host.alias, "root": str(work / "root")},
+    job.write_text(json.dumps({"name": "submit-then-tail", "host": {"address": host.alias, "root": str(work / "root")},
                                "payload": {"command": ["python3", str(work / "ticker.py"), str(args.seconds)]},
                                "limits": {"max_runtime": "10m"}}))
     code, out, submit_s = cli(env, "submit", str(job))

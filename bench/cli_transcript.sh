@@ -1,7 +1,7 @@
 #!/bin/bash
-# Issue 11's must-show: each newcomer item's command and its output, on this machine (host.address: local,
+# The commands a new user types first, each with its output, on this machine (host.address: local,
 # the embedded default) plus a fake hung sshd on loopback (accepts TCP, never sends a banner).
-# Usage: bash bench/first_hour_transcript.sh > transcript.md   (takes ~1 minute)
+# Usage: bash bench/cli_transcript.sh > transcript.md   (takes ~1 minute)
 set -u
 cd "$(dirname "$0")/.."
 W=$(mktemp -d); export RUNNER_STATE_DIR=$W/state

@@ -1,6 +1,6 @@
-"""Issue 10's must-show numbers: the `runner` CLI over the OpenSSH transport vs hand-written OpenSSH lines.
+"""The `runner` CLI over the OpenSSH transport vs hand-written OpenSSH lines.
 
-    python bench/openssh_must_show.py --runs 12 --out bench/results/openssh_must_show.json  (root: own sshd)
+    python bench/cli_vs_ssh_lines.py --runs 12 --out bench/results/cli_vs_ssh_lines.json  (root: own sshd)
 
 On one loopback test sshd (its non-root login, given Debian's default rc files from /etc/skel), runs
 interleaved so both sides see the same load, medians over --runs:
