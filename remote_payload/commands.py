@@ -3,7 +3,7 @@
 supervisor.py, the entry script, calls `main` (BOOT imports it from ROOT/payload/<digest>/; the guard, the
 guard timer, ExecStopPost= and a Slurm batch step run it by path). Each verb lives in its room and is imported
 only when called (COMMANDS), so a call loads its own verb's modules and no other's. The rooms, each importing
-only the layers below it and never handed a function of a layer above (tests/integration/test_import_layers.py):
+only the layers below it and never handed a function of a layer above (tests/lint/import_layers.py):
 
     contract.py, admission.py, progress.py, sweep.py, slurm/batch.py, slurm/states.py
                    the shared rules: pure, stdlib only; the controller imports them too

@@ -1,7 +1,7 @@
 """runner: detached remote benchmark jobs over SSH that stop a GPU service, run, and always bring it back.
 
 The controller in layers, lowest first; a module imports from its own folder, the primitives and the folders
-below it, never from a folder beside it or above it (tests/integration/test_import_layers.py enforces it, cycles too):
+below it, never from a folder beside it or above it (tests/lint/import_layers.py enforces it, cycles too):
 
     errors, deadline, printable, local_files   primitives: the error tree, the one deadline, safe text, bounded files
     state/                                     the controller's own records in the state dir
