@@ -29,6 +29,8 @@ are a contract; class names are not. A RemoteError carries the wire's own code f
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from remote_payload.contract import ERRORS as WIRE_ERRORS
 from remote_payload.contract import STATES, is_terminal
 
@@ -221,6 +223,6 @@ def exit_code(state: str | None, *, settled: bool = True) -> int:
 _RANK = {EXIT_OK: 0, EXIT_STILL_RUNNING: 1, EXIT_UNREACHABLE: 2}
 
 
-def worst(codes) -> int:
+def worst(codes: Iterable[int]) -> int:
     """The exit status of a command over many jobs or hosts: the worst of theirs wins."""
     return max(codes, key=lambda code: _RANK.get(code, 3), default=EXIT_OK)

@@ -57,7 +57,7 @@ def write_regular(path: str | Path, data: bytes, what: str) -> None:
         fh.write(data)
 
 
-def _require_regular(path, info: os.stat_result, what: str) -> None:
+def _require_regular(path: str | Path, info: os.stat_result, what: str) -> None:
     if not stat.S_ISREG(info.st_mode):
         raise SpecError(f"{path}: not a regular file ({_kind(info.st_mode)}); {what} must be a file")
 
@@ -70,6 +70,6 @@ def _kind(mode: int) -> str:
     return "not a plain file"
 
 
-def _too_large(path, size: int, limit: int, what: str) -> NoResult:
+def _too_large(path: str | Path, size: int, limit: int, what: str) -> NoResult:
     return NoResult(f"{path}: {what} is {size / (1 << 20):.1f} MB, over runner's {megabytes(limit)} cap",
                     hint=f"read the raw file with another tool (jq, python -m json.tool): {path}")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from types import TracebackType
 
 ENV = "RUNNER_DEBUG"
 
@@ -36,6 +37,6 @@ class timed:
         self.started = time.monotonic()
         return self
 
-    def __exit__(self, kind, exc, _tb) -> None:
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, _tb: TracebackType | None) -> None:
         ended = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}" if exc else self.outcome
         say(f"{self.what}: {ended or 'done'} in {time.monotonic() - self.started:.3f} s")

@@ -10,7 +10,7 @@ import os
 import sys
 import time
 from dataclasses import asdict
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
 import click
 
@@ -28,6 +28,10 @@ from . import results_commands
 from .cli_echo import emit_json as _emit_json
 from .cli_echo import progress as _progress
 from .cli_echo import say as _say
+
+if TYPE_CHECKING:
+    from ..commands.controller import ByteSink, TailOutcome
+    from ..commands.submit_types import DryRun
 
 # Each command imports what it runs (the controller, fleets, the host protocol) when it runs: `runner list`
 # reads the local index and needs none of them.
@@ -85,7 +89,8 @@ def cli(verbose: bool) -> None:
 @click.option("--forks", type=click.IntRange(1, 256), default=None, metavar="N",
               help="A fleet: at most N host calls at once (default: the spec's rollout.forks, 16).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
-def submit(job_file, overrides, queue, queue_timeout, job_id, dry_run, follow, max_wait, forks, as_json) -> None:
+def submit(job_file: str, overrides: tuple[str, ...], queue: bool, queue_timeout: str | None, job_id: str | None,
+           dry_run: bool, follow: bool, max_wait: float, forks: int | None, as_json: bool) -> None:
     from ..commands import controller
     from ..commands.interrupts import Interrupts
 
@@ -122,7 +127,7 @@ def submit(job_file, overrides, queue, queue_timeout, job_id, dry_run, follow, m
                            from_start=False, as_json=as_json)
 
 
-def _dry_run_text(plan) -> str:
+def _dry_run_text(plan: DryRun) -> str:
     service = plan.service or {}
     lines = [f"dry run on {plan.host}: nothing was started or changed",
              f"  job id        {plan.job_id}",
@@ -225,7 +230,7 @@ def watch(job_id: str, max_wait: float | None, plain: bool) -> None:
 
     max_wait = watch_bound(max_wait, on_terminal=sys.stdout.isatty())
 
-    def follow(sink):
+    def follow(sink: ByteSink) -> TailOutcome:
         return controller.tail(job_id, store=Store(), out=sink, follow=True, max_wait=max_wait, from_start=True,
                                save_cursor=False)
 
@@ -362,8 +367,9 @@ def schema() -> None:
 @click.option("--max-wait", type=click.FloatRange(0, MAX_WAIT_LIMIT_S), default=DEFAULT_MAX_WAIT, show_default=True,
               help="Seconds to wait for healthy before returning 75 (the start goes on).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
-def restore_service(job_file, overrides, address, user, port, unit, scope, sudo, health_url, host_key_policy,
-                    max_wait, as_json) -> None:
+def restore_service(job_file: str | None, overrides: tuple[str, ...], address: str | None, user: str | None,
+                    port: int | None, unit: str | None, scope: str, sudo: bool, health_url: str | None,
+                    host_key_policy: str, max_wait: float, as_json: bool) -> None:
     from ..commands import controller
 
     host, service = controller.restore_target(job_file, address=address, unit=unit, overrides=overrides, user=user,
@@ -396,7 +402,8 @@ def restore_service(job_file, overrides, address, user, port, unit, scope, sudo,
 @click.option("--max-wait", type=click.FloatRange(0, MAX_WAIT_LIMIT_S), default=DEFAULT_MAX_WAIT, show_default=True,
               help="Seconds this call may take, plus one round trip (then exit 3).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
-def gc(host_or_job, keep_jobs, keep_days, dry_run, every, max_wait, as_json) -> None:
+def gc(host_or_job: str, keep_jobs: int, keep_days: float, dry_run: bool, every: bool, max_wait: float,
+       as_json: bool) -> None:
     from ..commands import controller
 
     answer = controller.gc(host_or_job, keep_jobs=keep_jobs, keep_days=keep_days, dry_run=dry_run,
@@ -444,7 +451,7 @@ def _usage_hint(exc: click.ClickException) -> str:
     return f"`{ctx.command_path} --help` lists its arguments and options." if ctx is not None else ""
 
 
-def _fail(argv, error: str, message: str, hint: str, code: int) -> None:
+def _fail(argv: list[str] | None, error: str, message: str, hint: str, code: int) -> None:
     """An error as text on stderr, or with --json as one JSON object on stdout (an agent parses one format);
     a usage error too, as one `runner: error:` line (no usage block), like every other error. `error` is the
     stable kebab-case code (errors.py), the same word MCP tool errors and the wire use."""
@@ -501,7 +508,7 @@ def wait(job_id: str, timeout: str, as_json: bool) -> None:
               help="Baseline files the agent may gate against (repeatable; default: ./baselines).")
 @click.option("--allow-overrides", is_flag=True, help="Let calls override any key, what runs and where included.")
 @click.option("--allow-local", is_flag=True, help="Let jobs and restores use host `local` (this machine).")
-def mcp(jobs_dirs, baselines_dirs, allow_overrides, allow_local) -> None:
+def mcp(jobs_dirs: tuple[str, ...], baselines_dirs: tuple[str, ...], allow_overrides: bool, allow_local: bool) -> None:
     from pathlib import Path
 
     from ..mcp.mcp_policy import Policy

@@ -7,6 +7,7 @@ JSON is escaped by the encoder. Raw log bytes (`tail`, `wait`) are written by th
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import click
 
@@ -22,5 +23,5 @@ def progress(message: str) -> None:
     click.echo(printable(message), err=True)
 
 
-def emit_json(obj) -> None:
+def emit_json(obj: Any) -> None:
     click.echo(json.dumps(obj, indent=1, sort_keys=True, default=str))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import asdict
+from typing import Any
 
 import click
 
@@ -20,7 +21,7 @@ from .cli_echo import say as _say
 DEFAULT_MAX_WAIT = DEFAULT_MAX_WAIT_S
 
 
-def _tolerance(_ctx, _param, value: str) -> float:
+def _tolerance(_ctx: click.Context, _param: click.Parameter, value: str) -> float:
     from ..results.gate import parse_tolerance
 
     try:
@@ -50,7 +51,8 @@ def _tolerance(_ctx, _param, value: str) -> float:
               help="Gate output: a text table, GitHub markdown ($GITHUB_STEP_SUMMARY) or JUnit XML.")
 @click.option("--max-wait", type=click.FloatRange(0, MAX_WAIT_LIMIT_S), default=DEFAULT_MAX_WAIT, show_default=True,
               help="Seconds this call may take, plus one round trip (then exit 3).")
-def results(job_id, as_json, plot_path, baseline_path, save_path, other, tolerance, fmt, max_wait) -> None:
+def results(job_id: str, as_json: bool, plot_path: str | None, baseline_path: str | None, save_path: str | None,
+            other: str | None, tolerance: float, fmt: str, max_wait: float) -> None:
     from ..commands import unattended
     from ..results import gate, gate_report
     from . import fleet_cli
@@ -100,7 +102,7 @@ def results(job_id, as_json, plot_path, baseline_path, save_path, other, toleran
         sys.exit(1)  # the job did not succeed, whatever rows it left
 
 
-def _emit_result_json(result) -> None:
+def _emit_result_json(result: Any) -> None:
     """result.json as strict JSON: NaN and ±Infinity (which Python writes, most parsers refuse) become null."""
     from ..results.results import json_text
 
@@ -118,7 +120,8 @@ def _emit_result_json(result) -> None:
 @click.option("--import", "imports", multiple=True, metavar="RESULT.json",
               help="Record result files first (job id = the path as given); repeatable.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
-def history(host, metric, plot_path, imports, as_json) -> None:
+def history(host: str | None, metric: str | None, plot_path: str | None, imports: tuple[str, ...],
+            as_json: bool) -> None:
     from ..commands.unattended import collect
     from ..results import history as hist
     from ..results import history_report

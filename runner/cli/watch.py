@@ -10,11 +10,15 @@ panel, in plain mode one is printed at most every HEARTBEAT_EVERY_S seconds of t
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TextIO
+from types import TracebackType
+from typing import TYPE_CHECKING, TextIO
 
 from remote_payload.progress import describe, fold, new_summary, parse_event
 
 from ..printable import printable
+
+if TYPE_CHECKING:
+    from rich.panel import Panel
 
 HEARTBEAT_EVERY_S = 30.0
 RECENT_LINES = 8
@@ -70,7 +74,7 @@ class EventSink:
             self.render(printable(describe(event)))
         self.on_change(self.summary)
 
-    def _heartbeat_due(self, t) -> bool:
+    def _heartbeat_due(self, t: object) -> bool:
         if not isinstance(t, (int, float)):
             return False
         if self.last_heartbeat_t is None or t - self.last_heartbeat_t >= HEARTBEAT_EVERY_S:
@@ -111,10 +115,10 @@ class LivePanel:
         self.live.__enter__()
         return self.sink
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         self.sink.close()
         self.live.update(self._view())
-        self.live.__exit__(*exc)
+        self.live.__exit__(kind, exc, tb)
 
     def _add(self, line: str) -> None:
         self.recent = (self.recent + [line])[-RECENT_LINES:]
@@ -124,7 +128,7 @@ class LivePanel:
         self.summary = dict(summary)
         self.live.update(self._view())
 
-    def _view(self):
+    def _view(self) -> Panel:
         from rich.panel import Panel
         from rich.text import Text
 

@@ -11,7 +11,7 @@ from contextlib import ExitStack, closing, suppress
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from remote_payload import sweep as sweeps
 from remote_payload.contract import DEFAULTS, is_terminal, normalize_unit
@@ -39,10 +39,12 @@ from . import render
 from .interrupts import Interrupts
 
 if TYPE_CHECKING:  # pydantic and yaml load only in the commands that use them (`runner tail` starts fast)
+    from tenacity import Retrying
+
     from ..remote.answers import LogChunk
     from ..remote.job_answers import JobStatus, Result, Started
     from ..spec.payload_args import ArgsCheck
-    from ..spec.spec import JobSpec
+    from ..spec.spec import JobSpec, ServiceSpec
     from .plan import Plan
     from .submit_types import DryRun, Submitted
 
@@ -51,6 +53,14 @@ LOG_CHUNK = 1 << 20
 # ssh runs in a session of its own): the host's start handshake (30 s) and its bounded commands, with room.
 HOST_CALL_OUTLIVES_S = 90.0
 LONG_POLL_S = 5.0
+
+
+class ByteSink(Protocol):
+    """Where `tail` writes a log's bytes: a binary stream, or what renders them (watch, a fleet's prefixes)."""
+
+    def write(self, data: bytes, /) -> object: ...
+
+    def flush(self) -> object: ...
 
 
 @dataclass
@@ -103,7 +113,7 @@ class _Retrying:
         time.sleep(min(RETRY_FIRST_WAIT_S, self.deadline.left()))
         return self._after_a_lost_link()(fn, *args, **kwargs)
 
-    def _after_a_lost_link(self):
+    def _after_a_lost_link(self) -> Retrying:
         from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
 
         backoff = wait_exponential(multiplier=RETRY_FIRST_WAIT_S * 2, max=RETRY_MAX_WAIT_S)
@@ -364,7 +374,7 @@ def _adopt(client: HostClient, wire: dict, exc: RemoteError) -> Started:
 
 # -- tail -------------------------------------------------------------------------------------------------
 
-def tail(job_id: str, *, store: Store, out: BinaryIO, follow: bool, max_wait: float, from_start: bool,
+def tail(job_id: str, *, store: Store, out: ByteSink, follow: bool, max_wait: float, from_start: bool,
          save_cursor: bool = True, delivered: Callable[[TailOutcome], None] = lambda _o: None,
          on_wait: Callable[[], None] = lambda: None) -> TailOutcome:
     """Print log bytes after the stored cursor; with follow, until terminal or max_wait. Never past max_wait
@@ -422,7 +432,7 @@ def log_shrank(record: JobRecord, size: int | None, store: Store) -> LogShrank:
         hint=f"the next `runner tail {record.job_id}` prints the log from its first byte (bytes may come again).")
 
 
-def _print_log(record: JobRecord, cursor: int, chunks: Iterable[LogChunk], out: BinaryIO) -> TailOutcome:
+def _print_log(record: JobRecord, cursor: int, chunks: Iterable[LogChunk], out: ByteSink) -> TailOutcome:
     """The log's chunks from `cursor` (open_log), each written and flushed to `out` as it comes; the outcome's
     offset is past the last byte flushed."""
     job_id, printed = record.job_id, 0
@@ -597,23 +607,23 @@ def gc_host(target: str) -> dict:
     return section_from_options(HostSpec, "HOST", address=target).model_dump()
 
 
-def _service_of(spec, unit: str | None):
+def _service_of(spec: JobSpec, unit: str | None) -> ServiceSpec:
     """The one service of JOB.yaml to restore: its `service`, or with `services` the one --unit names (a job
     file's restore touches only that unit)."""
     services = spec.all_services()
     if unit is None:
         if spec.services is None or len(services) == 1:
             return spec.service if spec.services is None else services[0]
-        names = ", ".join(normalize_unit(s.unit) for s in services)
+        names = ", ".join(normalize_unit(s.unit) for s in services if s.unit)  # systemd: all have one
         raise SpecError(f"the job file lists several services ({names}): name the one to restore with --unit")
     for service in services:
-        if normalize_unit(service.unit) == normalize_unit(unit):
+        if service.unit and normalize_unit(service.unit) == normalize_unit(unit):
             return service
     raise SpecError(f"--unit {unit} is not a service of the job file")
 
 
 def restore_target(spec_path: str | None, *, address: str | None = None, unit: str | None = None,
-                   overrides: Sequence[str] = (), **options) -> tuple[dict, dict]:
+                   overrides: Sequence[str] = (), **options: Any) -> tuple[dict, dict]:
     """The (host, service) sections to restore: from JOB.yaml with its overrides (--set; with --unit, the one
     of its services it names; with --host, on that host instead of the file's), or from --host/--unit and
     their options (user, port, host_key_policy for the host; scope, sudo, health_url for the service),

@@ -9,6 +9,7 @@ from __future__ import annotations
 import signal
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
+from types import FrameType
 from typing import TYPE_CHECKING
 
 from ..errors import Interrupted, RunnerError
@@ -33,7 +34,7 @@ class Interrupts:
         self._saved = {number: signal.signal(number, self._arrived) for number in SIGNALS}
         return self
 
-    def __exit__(self, *_exc) -> None:
+    def __exit__(self, *_exc: object) -> None:
         for number, handler in self._saved.items():
             signal.signal(number, handler if handler is not None else signal.SIG_DFL)
 
@@ -48,7 +49,7 @@ class Interrupts:
             self._holding = None
         self.unheld = f"{job_id} goes on on {address}; `runner cancel {job_id}` stops it"
 
-    def _arrived(self, number: int, _frame) -> None:
+    def _arrived(self, number: int, _frame: FrameType | None) -> None:
         name = signal.Signals(number).name
         if self._holding is None:
             raise Interrupted(f"interrupted ({name}): {self.unheld}")

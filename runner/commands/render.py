@@ -112,7 +112,7 @@ def _scheduler_lines(job: JobStatus) -> list[str]:
 
 def _sweep_text(sweep: dict) -> str:
     """`1 of 4 variants done, running 2, 3, rows 11 of 32 in all`: the host's tally of a sweep (progress.py)."""
-    def count(key: str):  # the host's numbers: anything else is shown as unknown
+    def count(key: str) -> int | str:  # the host's numbers: anything else is shown as unknown
         return sweep[key] if isinstance(sweep.get(key), int) else "?"
 
     running = [k for k in sweep["running"] if isinstance(k, int)] if isinstance(sweep.get("running"), list) else []

@@ -24,7 +24,7 @@ from ..remote.job_answers import Result
 from ..results import clocks, gate, history
 from ..results.window import window_of
 from ..state.job_id import check_job_id
-from ..state.store import Store
+from ..state.store import JobRecord, Store
 from . import controller
 
 WAIT_CHUNK_S = 50.0
@@ -120,7 +120,7 @@ def fetch_result(job_id: str, store: Store, deadline: Deadline) -> Result:
         raise NoResult(message) from None
 
 
-def read_result(path: Path):
+def read_result(path: Path) -> Any:
     """A local result.json: any JSON value, from a regular file of at most MAX_RESULT_BYTES."""
     try:
         data = read_regular(path, "a result.json")
@@ -174,7 +174,8 @@ class WaitOutcome:
 
 
 def wait(job_id: str, *, store: Store, out: BinaryIO, timeout: float, chunk: float = WAIT_CHUNK_S,
-         progress: Callable[[str], None] = lambda _m: None, tail=controller.tail,
+         progress: Callable[[str], None] = lambda _m: None,
+         tail: Callable[..., controller.TailOutcome] = controller.tail,
          clock: Callable[[], float] = time.monotonic) -> WaitOutcome:
     """Follow the log in bounded `tail` calls until the job is terminal or `timeout` passes.
 
@@ -240,7 +241,7 @@ def tail_text(job_id: str, *, store: Store, max_wait: float, max_bytes: int, fol
         return TailText(job_id, text, state, code, not done, cursor)
 
 
-def _text_after(record, store: Store, max_bytes: int, deadline: float,
+def _text_after(record: JobRecord, store: Store, max_bytes: int, deadline: float,
                 follow: bool) -> tuple[str, str, int | None, bool, int]:
     """(text, state, exit code, every byte returned and the job ended, the new cursor)."""
     data = b""  # read so far; the next poll asks for the bytes after it (a trailing partial character too)

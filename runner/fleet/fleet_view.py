@@ -166,11 +166,12 @@ def tail(run_id: str, *, store: Store, out: BinaryIO, follow: bool, max_wait: fl
     still_open = dict(open_lines)
 
     def one(entry: HostEntry) -> int:
-        def delivered(_outcome) -> None:  # the open line is printed before this host's cursor moves past it
+        # the open line is printed before this host's cursor moves past it
+        def delivered(_outcome: controller.TailOutcome) -> None:
             still_open[entry.address] = sinks[entry.address].close()
 
         outcome = controller.tail(entry.job_id, store=store,
-                                  out=sinks[entry.address],  # type: ignore[arg-type]  # tail only writes and flushes
+                                  out=sinks[entry.address],
                                   follow=follow, max_wait=max_wait, from_start=from_start, delivered=delivered)
         return state_exit(outcome.state) if outcome.terminal else EXIT_STILL_RUNNING
 

@@ -75,7 +75,7 @@ class Policy:
                                  hint="Start the server with --allow-overrides to allow any override.")
         return overrides
 
-    def arguments(self, as_written, overridden) -> None:
+    def arguments(self, as_written: JobSpec, overridden: JobSpec) -> None:
         """Without --allow-overrides a call sets values of the payload arguments the job file names, never new
         ones (a script's other options may be paths: `--out`, a cache dir), by args or by the sweep alike."""
         added = sorted(_argument_names(overridden) - _argument_names(as_written))
@@ -85,7 +85,7 @@ class Policy:
                              hint="Name it in the job file, or start the server with --allow-overrides.")
         self.values(as_written, overridden)
 
-    def values(self, as_written, overridden) -> None:
+    def values(self, as_written: JobSpec, overridden: JobSpec) -> None:
         """Without --allow-overrides every value a call sets is data, never code: a number, a plain token
         (DATA_TOKEN), or one of the values the job file itself lists (a command may put a value into a shell
         script, a script may use it in a path)."""
@@ -132,7 +132,7 @@ class Policy:
                     continue
 
 
-def _values(spec) -> Iterator[object]:
+def _values(spec: JobSpec) -> Iterator[object]:
     """Every scalar a call can set that reaches the payload: the name, payload.args and the sweep's values."""
     todo: list[object] = [spec.name, spec.payload.args]
     if spec.sweep is not None:
@@ -160,7 +160,7 @@ def _value_key(value: object) -> tuple[str, str]:
     return type(value).__name__, repr(value)
 
 
-def _argument_names(spec) -> set[str]:
+def _argument_names(spec: JobSpec) -> set[str]:
     names = set(spec.payload.args)
     if spec.sweep is not None:
         names |= set(spec.sweep.matrix) | {name for variant in spec.sweep.include for name in variant}

@@ -22,12 +22,12 @@ import io
 import time
 from collections.abc import Callable
 from dataclasses import asdict
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import anyio
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
-from mcp.types import CallToolResult, TextContent
+from mcp.types import CallToolResult, TextContent, Tool
 from pydantic import Field, ValidationError
 from pydantic_core import ErrorDetails
 
@@ -38,6 +38,9 @@ from ..fleet import targets
 from ..printable import printable, printable_json
 from ..results import gate, gate_report
 from ..state.store import Store
+
+if TYPE_CHECKING:
+    from ..spec.spec import JobSpec
 from .mcp_policy import Policy
 
 MAX_WAIT_LIMIT_S = 100.0
@@ -186,7 +189,7 @@ def _deadline() -> Deadline:
     return Deadline.for_command(DEFAULT_MAX_WAIT_S)
 
 
-def _spec(path: str, overrides: list[str]):
+def _spec(path: str, overrides: list[str]) -> JobSpec:
     from ..spec.spec_load import load_spec
 
     return load_spec(path, overrides)
@@ -205,7 +208,7 @@ class _Server(MCPServer):
         self.arguments[name] = list(inspect.signature(fn).parameters)
         self.tool(name=name, description=description)(fn)
 
-    async def list_tools(self):
+    async def list_tools(self) -> list[Tool]:
         tools = await super().list_tools()
         for tool in tools:
             tool.input_schema["additionalProperties"] = False

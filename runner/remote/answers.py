@@ -19,7 +19,7 @@ from __future__ import annotations
 import base64
 import json
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -117,7 +117,7 @@ def _expect(name: str, test: Callable[[Any], bool]) -> Check:
     return check
 
 
-def _one_of(name: str, allowed) -> Check:
+def _one_of(name: str, allowed: Collection[str]) -> Check:
     def check(value: Any, where: str) -> None:
         if not (isinstance(value, str) and value in allowed):
             raise _Wrong(where, f"expected {name}, got {'other text' if isinstance(value, str) else _kind(value)}")

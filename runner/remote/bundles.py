@@ -15,6 +15,7 @@ import os
 from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ..errors import LocalStateError, SpecError
 from .import_closure import ImportRef, imports_in, local_closure
@@ -193,7 +194,7 @@ class FileIndex:
         self._changed = False
 
 
-def _a_dict(value) -> dict:
+def _a_dict(value: Any) -> dict:
     return value if isinstance(value, dict) else {}
 
 
@@ -201,7 +202,7 @@ def _stamp(st: os.stat_result) -> list[int]:
     return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
 
 
-def _refs(value) -> bool:
+def _refs(value: Any) -> bool:
     """A recorded list of import statements, as imports_in makes them (anything else is read again)."""
     return isinstance(value, list) and all(
         isinstance(r, list) and len(r) == 3 and isinstance(r[0], int) and isinstance(r[1], list)

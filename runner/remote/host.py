@@ -105,7 +105,7 @@ class HostClient:
     def __enter__(self) -> HostClient:
         return self
 
-    def __exit__(self, *exc_info) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
     def close(self) -> None:

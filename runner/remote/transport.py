@@ -29,6 +29,7 @@ import subprocess
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import IO, TYPE_CHECKING, Protocol, runtime_checkable
 
 from ..deadline import Deadline
@@ -36,6 +37,7 @@ from ..errors import AuthFailed, HostKeyError, TransportError
 from .answers import MAX_ANSWER_BYTES, oversized
 
 if TYPE_CHECKING:
+    import paramiko
     from fabric import Connection
 
 KEEPALIVE_S = 15
@@ -275,7 +277,7 @@ class SshTransport:
                 self._conn = None
 
 
-def _paramiko():
+def _paramiko() -> ModuleType:
     import paramiko  # imported lazily: `address: local` never needs it
 
     return paramiko
@@ -337,7 +339,7 @@ def _known_hosts_name(host: str, port: int | None) -> str:
     return host if not port or port == 22 else f"[{host}]:{port}"
 
 
-def _connect(target: SshTarget, timeout: float):
+def _connect(target: SshTarget, timeout: float) -> Connection:
     """Open a fabric Connection with our host-key rules; `timeout` (what is left for connecting) bounds the TCP
     connect, the banner and key exchange, the authentication and the channels. Errors are translated by the
     caller (`run`)."""
@@ -358,7 +360,7 @@ def _connect(target: SshTarget, timeout: float):
     return conn
 
 
-def _open_gateway(gateway, target: SshTarget, timeout: float) -> None:
+def _open_gateway(gateway: Connection | str | None, target: SshTarget, timeout: float) -> None:
     """Open a ProxyJump hop before the target (fabric would open it inside the target's connect): its errors
     then name the jump host, and the direct-tcpip channel through it waits at most `timeout` (paramiko's
     default is 3600 s: a dead target behind a live jump host held `tail --max-wait 10` for ~130 s)."""
@@ -377,7 +379,7 @@ def _open_gateway(gateway, target: SshTarget, timeout: float) -> None:
     gateway.transport.channel_timeout = timeout
 
 
-def _fabric_connection(target: SshTarget, timeout: float):
+def _fabric_connection(target: SshTarget, timeout: float) -> Connection:
     import logging
 
     from fabric import Config, Connection
@@ -399,7 +401,7 @@ def _fabric_connection(target: SshTarget, timeout: float):
     return conn
 
 
-def _secure_host_keys(conn, policy: str) -> None:
+def _secure_host_keys(conn: Connection, policy: str) -> None:
     """Undo fabric's AutoAddPolicy: load known_hosts and refuse (or, opt-in, record) unknown keys.
 
     fabric loads no known_hosts at all and accepts every key; the same holds for a ProxyJump gateway,
@@ -421,7 +423,7 @@ def _secure_host_keys(conn, policy: str) -> None:
         _secure_host_keys(gateway, policy)
 
 
-def load_known_hosts(keys, path: Path) -> int:
+def load_known_hosts(keys: paramiko.HostKeys, path: Path) -> int:
     """paramiko's HostKeys.load, but knowing OpenSSH's markers, which paramiko cannot parse.
 
     `@cert-authority` lines are skipped: paramiko cannot check host certificates, so they trust nothing here
@@ -465,7 +467,7 @@ class _MissingKeyPolicy:
         self.record_in = record_in
         self.ca_lines = ca_lines
 
-    def missing_host_key(self, client, hostname: str, key) -> None:
+    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
         if self.policy != "accept-new":
             raise HostKeyError(
                 f"ssh {hostname}: host key not in known_hosts: {key.get_name()} {fingerprint(key)}"
@@ -480,14 +482,15 @@ class _MissingKeyPolicy:
             fh.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
 
 
-def fingerprint(key) -> str:
+def fingerprint(key: paramiko.PKey) -> str:
     import hashlib  # the paramiko transport's: an OpenSSH command never needs it
 
     digest = hashlib.sha256(key.asbytes()).digest()
     return "SHA256:" + base64.b64encode(digest).decode("ascii").rstrip("=")
 
 
-def _exec(connection, argv: tuple[str, ...], stdin: Input, deadline: Deadline, name: str) -> Completed:
+def _exec(connection: paramiko.Transport, argv: tuple[str, ...], stdin: Input, deadline: Deadline,
+          name: str) -> Completed:
     """Run one command on its own channel; read both streams until exit, never past the deadline."""
     chan = connection.open_session(timeout=time_left(deadline, name))
     try:
@@ -502,7 +505,7 @@ def _exec(connection, argv: tuple[str, ...], stdin: Input, deadline: Deadline, n
         chan.close()
 
 
-def _drain(chan, deadline: Deadline, name: str) -> tuple[bytes, bytes]:
+def _drain(chan: paramiko.Channel, deadline: Deadline, name: str) -> tuple[bytes, bytes]:
     """Both streams until the command exits: stdout never past MAX_OUTPUT_BYTES (BadAnswer, the channel closed
     by the caller), stderr's last MAX_STDERR_BYTES."""
     out, err = bytearray(), bytearray()
@@ -541,7 +544,7 @@ class ConnectBudget:
     host that never answers is not waited for again by a retry); `reset` once connected, or once an attempt
     failed fast, so a later connect has a connect_timeout of its own."""
 
-    def __init__(self, target) -> None:
+    def __init__(self, target: SshTarget) -> None:
         self.name, self.timeout = target.address, target.connect_timeout
         self._by: Deadline | None = None
 

@@ -10,12 +10,13 @@ Pure functions of parsed JSON; nothing here trusts the record's shape.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 CLOCK_DIFFERENCE = 0.02  # SM clocks further apart than 2% of the lower one: "measured at different clocks"
 KEYS = ("sm_mhz", "mem_mhz", "temp_c", "power_limit_w")
 
 
-def clocks_of(result) -> dict[str, list[float]]:
+def clocks_of(result: Any) -> dict[str, list[float]]:
     """{key: [start, end] readings that are finite numbers} of a result's gpu_clocks; {} when it has none."""
     record = result.get("gpu_clocks") if isinstance(result, dict) else None
     if not isinstance(record, dict):
@@ -25,7 +26,7 @@ def clocks_of(result) -> dict[str, list[float]]:
     return {key: values for key, values in readings.items() if values}
 
 
-def _finite(value) -> bool:
+def _finite(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
@@ -36,7 +37,7 @@ def describe(clocks: dict[str, list[float]]) -> str:
     return ", ".join(p for p in parts if p)
 
 
-def _span(values, template: str) -> str:
+def _span(values: list[float] | None, template: str) -> str:
     if not values:
         return ""
     low, high = min(values), max(values)
@@ -56,11 +57,11 @@ def different_clocks(a: dict[str, list[float]], b: dict[str, list[float]]) -> st
     return "; ".join(reasons) or None
 
 
-def _mean(values) -> float | None:
+def _mean(values: list[float] | None) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def recorded(result) -> dict | None:
+def recorded(result: Any) -> dict | None:
     """A result's gpu_clocks as a baseline keeps it ({start, end}, finite numbers of KEYS only), or None."""
     record = result.get("gpu_clocks") if isinstance(result, dict) else None
     if not isinstance(record, dict) or not clocks_of(result):
@@ -69,7 +70,7 @@ def recorded(result) -> dict | None:
             if isinstance(record.get(end), dict) else None for end in ("start", "end")}
 
 
-def clock_lines(baseline, current, *, names: tuple[str, str] = ("baseline", "this run")) -> list[str]:
+def clock_lines(baseline: Any, current: Any, *, names: tuple[str, str] = ("baseline", "this run")) -> list[str]:
     """The gate's lines: each side's clocks, then a note when they differ; [] when neither recorded any."""
     a, b = clocks_of(baseline), clocks_of(current)
     if not a and not b:

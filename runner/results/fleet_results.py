@@ -7,6 +7,7 @@ rows), with `median_us` preferred as y when a payload reports it.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from ..errors import NoResult
 from .results import MAX_CELL, _clip, _grid, _plain, axis_groups, plottable_series, pyplot, save_figure
@@ -45,7 +46,7 @@ def side_by_side(results: dict[str, dict], missing: dict[str, str]) -> str:
     return "\n\n".join(parts) + "\n"
 
 
-def _as_object(result) -> dict:
+def _as_object(result: Any) -> dict:
     """A host's result that is not a JSON object (a payload wrote a list, a string) as `{result: value}`."""
     return result if isinstance(result, dict) else {"result": result}
 

@@ -19,7 +19,7 @@ import math
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TypeGuard
+from typing import Any, TypeGuard
 
 from ..errors import BadBaseline, NoResult
 from ..local_files import read_regular, write_regular
@@ -82,7 +82,7 @@ def finite_number(value: object) -> TypeGuard[float]:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def window_metrics(window) -> dict[str, Metric]:
+def window_metrics(window: Any) -> dict[str, Metric]:
     """The service window's parts (status.json `service.downtime`) as metrics, lower is better; a part that is
     not a finite number is left out (status.json is the payload's to overwrite)."""
     if not isinstance(window, dict):
@@ -90,7 +90,7 @@ def window_metrics(window) -> dict[str, Metric]:
     return {name: Metric(float(window[name]), "lower") for name in WINDOW_PARTS if finite_number(window.get(name))}
 
 
-def extract_metrics(result, declared=None) -> dict[str, Metric]:
+def extract_metrics(result: Any, declared: Any = None) -> dict[str, Metric]:
     """Every gateable metric of one result.json, by name (none when a field has the wrong type); declared:
     the job spec's `metrics` ({key, lower, higher}), over the result's own."""
     if not isinstance(result, dict):
@@ -103,11 +103,11 @@ def extract_metrics(result, declared=None) -> dict[str, Metric]:
     return metrics
 
 
-def _object(value) -> dict:
+def _object(value: Any) -> dict:
     return value if isinstance(value, dict) else {}
 
 
-def declared_table(declared) -> Table | None:
+def declared_table(declared: Any) -> Table | None:
     """A `metrics` declaration as a Table; None for anything else (a result's own `metrics` may be data)."""
     if not isinstance(declared, dict) or not isinstance(declared.get("key"), str):
         return None
@@ -120,7 +120,7 @@ def declared_table(declared) -> Table | None:
     return Table((declared["key"],), directions) if directions else None
 
 
-def _row_metrics(rows, table: Table) -> dict[str, Metric]:
+def _row_metrics(rows: Any, table: Table) -> dict[str, Metric]:
     out = {}
     for row in rows if isinstance(rows, list) else []:
         key = next((row[k] for k in table.keys if k in row), None) if isinstance(row, dict) else None
@@ -133,7 +133,7 @@ def _row_metrics(rows, table: Table) -> dict[str, Metric]:
     return out
 
 
-def _is_row_key(key) -> bool:
+def _is_row_key(key: Any) -> bool:
     """A batch size, or a short name (a model) without spaces: it becomes part of a metric's name."""
     if isinstance(key, str):
         return 0 < len(key) <= KEY_TEXT_MAX and key.isprintable() and not any(c.isspace() for c in key)
@@ -154,7 +154,7 @@ def _lever_metrics(lever: dict) -> dict[str, Metric]:
     return out
 
 
-def _half_range(values, center: float) -> float:
+def _half_range(values: Any, center: float) -> float:
     values = [v for v in values if finite_number(v)] if isinstance(values, list) else []
     return (max(values) - min(values)) / 2 / center if len(values) >= 2 and center else 0.0
 
@@ -198,7 +198,7 @@ def parse_tolerance(text: str) -> float:
 
 # -- the baseline file --------------------------------------------------------------------------------------
 
-def baseline_document(result, source: str, now: float | None = None, declared=None) -> dict:
+def baseline_document(result: Any, source: str, now: float | None = None, declared: Any = None) -> dict:
     result = _object(result)
     env = _object(result.get("environment"))
     return {"schema": SCHEMA, "kind": KIND, "source": source, "payload": result.get("payload"),
@@ -208,7 +208,7 @@ def baseline_document(result, source: str, now: float | None = None, declared=No
             "metrics": {name: asdict(m) for name, m in extract_metrics(result, declared).items()}}
 
 
-def write_baseline(path: str | Path, result: dict, source: str, declared=None) -> dict:
+def write_baseline(path: str | Path, result: dict, source: str, declared: Any = None) -> dict:
     document = baseline_document(result, source, declared=declared)
     if not document["metrics"]:
         raise BadBaseline(f"{source}: the result has no gateable metrics (none declared; no rows[].median_us, "
@@ -222,7 +222,7 @@ def read_baseline(path: str | Path) -> dict[str, Metric]:
     return parse_baseline(read_baseline_document(path), str(path))
 
 
-def read_baseline_document(path: str | Path):
+def read_baseline_document(path: str | Path) -> Any:
     """A baseline file's JSON as it is (parse_baseline checks it); BadBaseline when it is no JSON file."""
     try:
         document = json.loads(read_regular(path, "a baseline").decode("utf-8"))
@@ -235,7 +235,7 @@ def read_baseline_document(path: str | Path):
     return document
 
 
-def parse_baseline(document, where: str) -> dict[str, Metric]:
+def parse_baseline(document: Any, where: str) -> dict[str, Metric]:
     if not isinstance(document, dict):
         raise BadBaseline(f"{where}: a baseline is a JSON object, got {type(document).__name__}")
     if document.get("kind") != KIND:
@@ -249,7 +249,7 @@ def parse_baseline(document, where: str) -> dict[str, Metric]:
     return {name: _metric(entry, f"{where}: metrics.{name}") for name, entry in metrics.items()}
 
 
-def _metric(entry, where: str) -> Metric:
+def _metric(entry: Any, where: str) -> Metric:
     if not isinstance(entry, dict):
         raise BadBaseline(f"{where}: expected an object with value, direction, spread")
     value, direction, spread = entry.get("value"), entry.get("direction"), entry.get("spread", 0.0)

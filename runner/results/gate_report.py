@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import xml.etree.ElementTree as ET
 from collections.abc import Sequence
+from typing import Any
 
 from .clocks import clock_lines
 from .gate import FAILING, Metric, Verdict, label
@@ -66,7 +67,7 @@ def _aligned(header: list[str], rows: list[list[str]]) -> list[str]:
 
 
 def _markdown(rows: list[list[str]], summary: str) -> str:
-    def line(cells):
+    def line(cells: Sequence[str]) -> str:
         return "| " + " | ".join(" ".join(c.replace("|", "\\|").splitlines()) for c in cells) + " |"
 
     marked = [[f"**{c}**" if r[-1].lower() in FAILING and i == len(r) - 1 else c for i, c in enumerate(r)]
@@ -112,7 +113,7 @@ def side_by_side(a: dict, b: dict, verdicts: list[Verdict], *, name_a: str, name
     return "\n".join([*env_lines, "", *_aligned(header, rows)]) + "\n"
 
 
-def _environment(result) -> str:
+def _environment(result: Any) -> str:
     env = result.get("environment") if isinstance(result, dict) else None
     if not isinstance(env, dict):
         return "environment not recorded"

@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from ..errors import RunnerError
 from ..state.store import Store, private_dir, private_file
@@ -126,7 +127,7 @@ def _apply(conn: sqlite3.Connection) -> None:
 
 # -- recording ------------------------------------------------------------------------------------------------
 
-def runs_from_result(job_id: str, result, *, host: str | None = None, spec_path: str | None = None,
+def runs_from_result(job_id: str, result: Any, *, host: str | None = None, spec_path: str | None = None,
                      now: float | None = None, wire: dict | None = None, submitted_at: float | None = None,
                      declared: dict | None = None) -> list[Run]:
     """The rows for one job's result: a plain result is one run; a sweep's combined record one run per variant
@@ -141,7 +142,7 @@ def runs_from_result(job_id: str, result, *, host: str | None = None, spec_path:
             for index, args, outcome in variants]
 
 
-def run_from_result(job_id: str, result, *, host: str | None = None, spec_path: str | None = None,
+def run_from_result(job_id: str, result: Any, *, host: str | None = None, spec_path: str | None = None,
                     now: float | None = None, wire: dict | None = None, declared: dict | None = None) -> Run:
     """The row for one result: any JSON value (fields of the wrong type are recorded as unknown). wire: the
     spec as submitted (the job record's), which names the variant and the spec hash; else the file's."""
@@ -166,7 +167,7 @@ def _measured(job: Run, result: dict, variant: dict, index: int = 0, declared: d
                    environment={k: _text(env.get(k)) for k in ENV_KEYS}, metrics=gate.extract_metrics(result, declared))
 
 
-def sweep_variants(result) -> list[tuple[int, dict, dict]] | None:
+def sweep_variants(result: Any) -> list[tuple[int, dict, dict]] | None:
     """A sweep's combined record as [(index, args, result)] of the variants that left a result object, by index
     (a later duplicate index wins); None for anything that is not a sweep's record."""
     if not isinstance(result, dict) or result.get("payload") != "sweep" or not isinstance(result.get("variants"), list):
@@ -183,7 +184,7 @@ def sweep_variants(result) -> list[tuple[int, dict, dict]] | None:
     return [(index, *found[index]) for index in sorted(found)]
 
 
-def _text(value) -> str | None:
+def _text(value: Any) -> str | None:
     """A result's name-like field as a column value: text (clipped), or None for anything but a scalar."""
     if value is None or isinstance(value, (dict, list)):
         return None

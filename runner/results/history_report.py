@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 from ..errors import NoResult
 from ..printable import printable
@@ -61,12 +62,12 @@ def variant_labels(runs: list[Run]) -> dict[str, str]:
     return labels
 
 
-def _mode(variants: dict[str, dict], key: str):
+def _mode(variants: dict[str, dict], key: str) -> Any:
     values = [json.dumps(v.get(key), sort_keys=True) for v in variants.values()]
     return json.loads(max(values, key=values.count))
 
 
-def _short(value) -> str:
+def _short(value: Any) -> str:
     text = ",".join(map(str, value)) if isinstance(value, list) else str(value)
     return text if len(text) <= 24 else text[:21] + "…"
 

@@ -14,7 +14,8 @@ import io
 import json
 import math
 from pathlib import Path
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 from remote_payload.sweep import label
 
@@ -22,6 +23,9 @@ from ..errors import NoResult, SpecError
 from ..local_files import MAX_RESULT_BYTES, write_regular
 from . import clocks
 from .gate import finite_number
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 __all__ = ["MAX_RESULT_BYTES", "finite_json", "json_text", "plot", "render_any", "render_checked", "strict_json"]
 MAX_LINE = 1000  # characters of one line of a human view
@@ -47,7 +51,7 @@ COLUMNS = (  # header, row key, format
 )
 
 
-def _cell(fmt: str, value) -> str:
+def _cell(fmt: str, value: Any) -> str:
     return "-" if value is None else fmt.format(value)
 
 
@@ -247,11 +251,11 @@ def _in_payload_order(variant: dict) -> dict:
             for key, value in outcome.items()}
 
 
-def _is_rows(value) -> bool:
+def _is_rows(value: Any) -> bool:
     return isinstance(value, list) and bool(value) and all(isinstance(row, dict) for row in value)
 
 
-def _plain(value) -> str:
+def _plain(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.4g}"
     if isinstance(value, (dict, list)):
@@ -264,14 +268,14 @@ def finite_json(value: Any) -> tuple[Any, int]:
     `--json` (Python reads and writes NaN; most parsers refuse it). Iterative: a deep result is no problem."""
     replaced = 0
 
-    def leaf(v):
+    def leaf(v: Any) -> Any:
         nonlocal replaced
         if isinstance(v, float) and not math.isfinite(v):
             replaced += 1
             return None
         return v
 
-    def shell(v):
+    def shell(v: Any) -> Any:
         return {} if isinstance(v, dict) else [] if isinstance(v, list) else None
 
     top = shell(value)
@@ -330,7 +334,7 @@ def plot(result: Any, path: str | Path) -> Path:
                        f"({type(exc).__name__}: {_clip(str(exc), MAX_CELL)})") from None
 
 
-def _is_lever_rows(rows) -> bool:
+def _is_lever_rows(rows: Any) -> bool:
     return _is_rows(rows) and all(_is_lever_row(row) for row in rows)
 
 
@@ -371,7 +375,7 @@ def plottable_series(result: dict) -> tuple[str, str, list[str], list[dict]]:
                    f"(tables: {', '.join(key for key, _ in tables)})")
 
 
-def pyplot():
+def pyplot() -> ModuleType:
     """matplotlib's pyplot on the Agg backend (files, no display), imported only when a plot is asked for;
     SpecError (exit 2) naming the `plot` extra when matplotlib is not installed."""
     try:
@@ -386,7 +390,7 @@ def pyplot():
     return plt
 
 
-def save_figure(fig, path: str | Path) -> Path:
+def save_figure(fig: Figure, path: str | Path) -> Path:
     """Every figure alike: tight layout, 120 dpi, then closed (a long-lived caller keeps no figures).
     Rendered in memory, then written only to a regular file (a FIFO as the path would block the write)."""
     import matplotlib.pyplot as plt

@@ -11,10 +11,12 @@ Pure: status dicts in, plain dicts out (status.json is the payload's to overwrit
 """
 from __future__ import annotations
 
+from typing import Any
+
 from .gate import WINDOW_PARTS, finite_number
 
 
-def job_window(job) -> dict | None:
+def job_window(job: Any) -> dict | None:
     """The job's window: None when it freed nothing; the one freed service's `downtime` as it is; with several,
     the combined parts plus `units` (the freed services, in order) and `services` (each one's window, with its
     `unit`)."""
@@ -31,7 +33,7 @@ def window_of(freed: list[tuple[str | None, dict]]) -> dict | None:
     return combined(freed)
 
 
-def freed_windows(job) -> list[tuple[str | None, dict]]:
+def freed_windows(job: Any) -> list[tuple[str | None, dict]]:
     """(unit, window) of each service record of the job that holds a window, in the spec's order."""
     records = _records(job)
     return [(r.get("unit") if isinstance(r.get("unit"), str) else None, r["downtime"])
@@ -46,7 +48,7 @@ def combined(freed: list[tuple[str | None, dict]]) -> dict:
             "services": [{"unit": unit, **window} for unit, window in freed]}
 
 
-def _records(job) -> list[dict]:
+def _records(job: Any) -> list[dict]:
     """The job's service records: `services` when it has them (several), else its one `service`."""
     if not isinstance(job, dict):
         return []

@@ -31,6 +31,7 @@ from remote_payload.contract import (
     normalize_unit,
     origin,
 )
+from remote_payload.slurm.batch import MAX_DOWNTIME_ON_SLURM, setup_seconds, time_limit_minutes, time_problem
 
 from ..errors import SpecError
 from ..state.job_id import check_job_id
@@ -54,8 +55,8 @@ from .spec_fields import (
     User,
     short,
 )
-from .spec_fleet import Addresses, RolloutSpec, fleet_problem
-from .spec_slurm import SlurmSpec, launcher_problem, wire_slurm
+from .spec_fleet import Addresses, RolloutSpec
+from .spec_slurm import SlurmSpec, minutes
 
 
 class _Section(BaseModel):
@@ -435,3 +436,46 @@ class JobSpec(_Section):
             return list(self.payload.prepare_command)
         merged = self.prepare_args_merged()
         return None if merged is None else self.payload_args(merged)
+
+
+# -- the rules between `launcher`, `slurm`, a host list and the other sections; the wire's `slurm` ------------
+
+def launcher_problem(spec: JobSpec) -> str | None:
+    """The rules between `launcher`, `slurm` and the other sections; None when they hold."""
+    if spec.launcher == "ssh":
+        return "a `slurm` section needs `launcher: slurm`" if spec.slurm is not None else None
+    if spec.service.manager != "none":
+        return ("launcher slurm needs service.manager: none: the scheduler owns the GPUs, so there is no "
+                "service of ours to stop and restore on the node it picks")
+    if spec.gpu.devices:
+        return ("launcher slurm picks no gpu.devices: Slurm hands out the GPUs (ask with slurm.gres or "
+                "slurm.gpus; the job sees them in CUDA_VISIBLE_DEVICES)")
+    if spec.limits.max_downtime is not None:
+        return MAX_DOWNTIME_ON_SLURM
+    if spec.slurm is not None and spec.slurm.time is not None:
+        return time_problem(minutes(spec.slurm.time), spec.limits.max_runtime, spec.limits.grace, setup_s(spec))
+    return None
+
+
+def fleet_problem(spec: JobSpec) -> str | None:
+    """The rules between a host list, `rollout` and the launcher; None when they hold."""
+    fleet = isinstance(spec.host.address, list)
+    if spec.rollout is not None and not fleet:
+        return "a `rollout` section goes with a list of hosts in host.address"
+    if fleet and spec.launcher != "ssh":
+        return "a list of hosts in host.address goes with `launcher: ssh` (Slurm places jobs itself)"
+    return None
+
+
+def setup_s(spec: JobSpec) -> float:
+    """What the allocation runs before the payload, at its bounds (the prepare step, the staging)."""
+    return setup_seconds(spec.limits.model_dump(), {"prepare": spec.prepare_argv(), "staged": spec.payload.staged})
+
+
+def wire_slurm(spec: JobSpec) -> dict:
+    """The wire form's `slurm` section: the user's choices, `time` replaced by `time_min` (whole minutes)."""
+    slurm = (spec.slurm or SlurmSpec()).model_dump()
+    seconds = slurm.pop("time")
+    slurm["time_min"] = (minutes(seconds) if seconds is not None
+                         else time_limit_minutes(spec.limits.max_runtime, spec.limits.grace, setup_s(spec)))
+    return slurm

@@ -11,6 +11,7 @@ import ipaddress
 import math
 import re
 import reprlib
+from collections.abc import Callable
 from pathlib import PurePosixPath
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
@@ -31,7 +32,7 @@ _BARE_PYTHON_RE = re.compile(r"[A-Za-z0-9._+-]+")
 _ARG_KEY_RE = re.compile(r"[A-Za-z0-9_-]+")
 
 
-def _contract_rule(problem_of, value: Any) -> Any:
+def _contract_rule(problem_of: Callable[[Any], str | None], value: Any) -> Any:
     """Apply one of contract's `*_problem` rules: the same verdict as the host's."""
     problem = problem_of(value)
     if problem is not None:

@@ -54,19 +54,3 @@ class RolloutSpec(BaseModel):
     max_unavailable: Annotated[int, Field(ge=1, le=MAX_HOSTS)] = 1
     stop_on_failure: bool = False
     forks: Annotated[int, Field(ge=1, le=MAX_HOSTS)] = DEFAULT_FORKS
-
-
-def fleet_problem(spec) -> str | None:
-    """The rules between a host list, `rollout` and the launcher (spec is a JobSpec); None when they hold."""
-    fleet = isinstance(spec.host.address, list)
-    if spec.rollout is not None and not fleet:
-        return "a `rollout` section goes with a list of hosts in host.address"
-    if fleet and spec.launcher != "ssh":
-        return "a list of hosts in host.address goes with `launcher: ssh` (Slurm places jobs itself)"
-    return None
-
-
-def hosts(spec) -> list[str]:
-    """The addresses a spec runs on, in order (one for a plain spec)."""
-    address = spec.host.address
-    return list(address) if isinstance(address, list) else [address]

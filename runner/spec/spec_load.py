@@ -130,7 +130,7 @@ class _UniqueKeyLoader(yaml.SafeLoader):
     and a document whose aliases expand to more than MAX_EXPANDED_VALUES nodes (or into themselves), and
     remembers the line of each top-level key."""
 
-    def __init__(self, stream) -> None:
+    def __init__(self, stream: str | bytes) -> None:
         super().__init__(stream)
         self.top_key_lines: dict = {}
         self._top: yaml.Node | None = None

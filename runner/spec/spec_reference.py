@@ -6,6 +6,7 @@ tests/unit/test_spec_reference.py, so the reference cannot fall behind the schem
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 
 from .spec import JobSpec
 
@@ -183,7 +184,7 @@ def json_schema() -> dict:
     return schema
 
 
-def _sections(schema: dict, path: str = "", section: dict | None = None):
+def _sections(schema: dict, path: str = "", section: dict | None = None) -> Iterator[tuple[str, dict]]:
     """(path, section schema) of the top level and of every section model below it, optional ones
     (`rollout: RolloutSpec | None`) too, depth first in the models' order."""
     section = schema if section is None else section
