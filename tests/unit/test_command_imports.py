@@ -20,6 +20,10 @@ NEVER = ["tenacity", "concurrent.futures", "logging", "shutil", "runner.state.fl
 # once the supervisor's digest and the host's ssh config are recorded in the state dir (the first command of a
 # state dir records them).
 TAIL_NEVER = ["runner.remote.job_answers", "hashlib", "_hashlib", "tempfile", "random"]
+# The children below get a bare environment: they keep their bytecode where this process does (.ci/run's floor: outside
+# the checkout, PYTHONPYCACHEPREFIX), or write none when it writes none; never beside the modules on their own.
+BYTECODE = ({"PYTHONPYCACHEPREFIX": sys.pycache_prefix} if sys.pycache_prefix else {}) | (
+    {"PYTHONDONTWRITEBYTECODE": "1"} if sys.dont_write_bytecode else {})
 # An `ssh` on PATH that answers `ssh -G` (the machine's own would read its real config).
 FAKE_SSH = "#!/bin/sh\nprintf 'hostname 127.0.0.1\\nport 22\\nuserknownhostsfile {known}\\n'\n"
 
@@ -36,7 +40,7 @@ def test_a_jobs_tail_and_status_load_none_of_the_modules_they_do_not_need(tmp_pa
             "print(json.dumps(sorted(sys.modules)))\n")
     done = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True,
                           env={"PATH": "/usr/bin:/bin", "RUNNER_STATE_DIR": str(tmp_path),
-                               "PYTHONPATH": ":".join(sys.path)})
+                               "PYTHONPATH": ":".join(sys.path), **BYTECODE})
     assert done.returncode == 0, done.stderr
     loaded = set(json.loads(done.stdout))
     assert sorted(name for name in NEVER if name in loaded) == []
@@ -79,7 +83,7 @@ def test_a_jobs_tail_loads_no_other_commands_types_nor_hashing_once_recorded(tmp
     def loaded() -> set[str]:
         done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                               env={"PATH": f"{bin_dir}:/usr/bin:/bin", "RUNNER_STATE_DIR": str(state),
-                                   "HOME": str(tmp_path), "PYTHONPATH": ":".join(sys.path)})
+                                   "HOME": str(tmp_path), "PYTHONPATH": ":".join(sys.path), **BYTECODE})
         assert done.returncode == 0, done.stderr
         return set(json.loads(done.stdout))
 
