@@ -28,6 +28,7 @@ import os  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
 
+from marlin_check import check  # noqa: E402
 from marlin_env import (  # noqa: E402
     backend_version,
     build_backend,
@@ -49,7 +50,6 @@ from marlin_stats import ORDERS, add_levers, floor_us, lever_summary, timing_row
 BACKENDS = ("auto", "sglang", "sglang-kernels", "torch")
 AUTO_ORDER = ("sglang", "sglang-kernels", "torch")
 GROUP_SIZES = (32, 64, 128)
-CHECK_TOLERANCE = 2e-2       # ‖out − ref‖/‖ref‖ for bf16 activations and bf16 intermediates
 CHECK_MAX_WEIGHT_BYTES = 1 << 30     # the check holds GPTQ and Marlin copies and loops experts in fp32
 
 
@@ -190,7 +190,7 @@ class Bench:
         reference_weights = self.start_backend(probe)
         self.result["jit"] = self.jit_record(modules_before)
         if a.check:
-            return self.check(reference_weights)
+            return check(self, reference_weights)
         self.time_all()
         return 0
 
@@ -518,54 +518,6 @@ class Bench:
                           estimate_over_peak=est.peak_allocated_bytes / peak,
                           required_over_device_used=est.required_bytes / self.device_used_peak)
         return record
-
-    # -- check --
-
-    def check(self, gptq) -> int:
-        import marlin_backends as mb
-        import marlin_weights as mw
-        from marlin_timing import capture_graph, rotation_sets, static_views
-        a = self.args
-        reference = mb.TorchReference(self.shape, gptq)
-        rows = []
-        for m in a.batch_sizes:
-            with self.events.phase("check", m=m):
-                sets = rotation_sets(m, self.shape, a.routing, a.zipf_skew, self.dtype, self.device,
-                                     mw.generator("cpu", a.seed * 7919 + m), n_sets=2)
-                statics = static_views(m, self.statics)
-                buffers = self.backend.buffers(m)
-
-                def call(statics=statics, buffers=buffers):  # this batch size's, bound now
-                    return self.backend(statics.x, statics.topk_w, statics.topk_ids, buffers)
-
-                row = {"m": m, "eager": self.compare(call, reference, sets, 0, statics, buffers)}
-                if a.timing == "graph":
-                    graph, output = capture_graph(call)
-                    row["graph"] = self.compare(lambda graph=graph, output=output: (graph.replay(), output)[1],
-                                                reference, sets, 1, statics, buffers)
-                    del graph, output
-                row["ok"] = all(row[k]["ok"] for k in ("eager", "graph") if k in row)
-            rows.append(row)
-            self.events.emit("check", **row)
-        passed = all(r["ok"] for r in rows)
-        self.result["check"] = {"passed": passed, "tolerance": CHECK_TOLERANCE, "rows": rows,
-                                "corrupt_scale_perm": a.corrupt_scale_perm,
-                                "weights": "GPTQ, nibbles and scales from the seed, repacked to Marlin"}
-        self.result["memory"] = {"weight_bytes": self.weights.nbytes()}
-        return 0 if passed else 1
-
-    def compare(self, call, reference, sets, j: int, statics, buffers: dict) -> dict:
-        """Poison the outputs, run on rotation set j, compare with the fp32 reference on the same inputs."""
-        torch = self.torch
-        sets.load(j, statics)
-        for key in ("out", "c2"):              # an element the kernels never write stays NaN and fails
-            if key in buffers:
-                buffers[key].fill_(float("nan"))
-        out = call().to(torch.float64)
-        ref = reference.forward_fp32(statics.x, statics.topk_w, statics.topk_ids).to(torch.float64)
-        finite = bool(torch.isfinite(out).all())
-        rel = float((out - ref).norm() / ref.norm()) if finite else float("inf")
-        return {"rel_err": rel, "finite": finite, "ok": finite and rel <= CHECK_TOLERANCE}
 
 
 def clocks_record(selector: str, start: dict | None, end: dict | None) -> dict | None:
