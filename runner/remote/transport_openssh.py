@@ -280,9 +280,11 @@ def has_control_path(resolved: dict[str, str]) -> bool:
 
 
 def trust_stamp(resolved: dict[str, str]) -> str:
-    """The known_hosts files a master is verified against, as they are now: each path with its inode, size and
-    mtime (or `absent`)."""
-    lines = []
+    """What a master connection was made with: the host's effective settings (`ssh -G`: identity files and
+    agent, user, port, proxy, certificates… all of them), and the known_hosts files it is verified against, as
+    they are now: each path with its inode, size and mtime (or `absent`). Two aliases of one host whose settings
+    differ (another IdentityFile) never share a master: `%C` alone names only the host, port and user."""
+    lines = ["settings " + json.dumps(sorted(resolved.items())) + "\n"]
     for option in ("userknownhostsfile", "globalknownhostsfile", "stricthostkeychecking"):
         for word in resolved.get(option, "").split():
             path = os.path.expanduser(word)
@@ -295,9 +297,9 @@ def trust_stamp(resolved: dict[str, str]) -> str:
 
 
 def trust_tag(resolved: dict[str, str]) -> str:
-    """Which known_hosts files, as they are now, a master was verified against. A master connection is not
-    checked again when reused, so a known_hosts that changed (a key removed or replaced) gets a new master,
-    verified afresh, instead of riding on one made under the old trust."""
+    """The trust stamp's hash, naming a master's socket dir. A master connection is not checked again when
+    reused, so other settings (a wrong key: its login must fail) or a known_hosts that changed (a key removed or
+    replaced) get a new master, made and verified afresh, instead of riding on one made under the old ones."""
     import hashlib  # OpenSSL's start: a command whose trust stamp is remembered never loads it
 
     return hashlib.sha256(trust_stamp(resolved).encode()).hexdigest()[:10]

@@ -74,8 +74,7 @@ def test_a_changed_config_or_an_old_answer_asks_ssh_again(ssh, tmp_path, monkeyp
 
 def test_the_remembered_trust_tag_is_the_one_known_hosts_makes_now(ssh, tmp_path):
     fake, _, known, _ = ssh
-    resolved = transport_openssh.parse_ssh_g(f"userknownhostsfile {known}\nglobalknownhostsfile "
-                                             "/nonexistent/ssh_known_hosts\nstricthostkeychecking true\n")
+    resolved = transport_openssh.parse_ssh_g(FAKE_SSH.split("<<EOF\n", 1)[1].split("EOF", 1)[0].format(known=known))
     first = control_path(fake, tmp_path)
     assert Path(first).parent == control_socket_dir(tmp_path / "cm" / trust_tag(resolved))
     assert control_path(fake, tmp_path) == first
