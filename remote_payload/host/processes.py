@@ -51,8 +51,30 @@ def is_alive(ident) -> bool:
     return bool(fields) and fields[0] != "Z" and int(fields[19]) == ident.get("start_time")
 
 
+def group_alive(pgid: int) -> bool:
+    """Whether a live (non-zombie) process is in group pgid: one kill(2) and the leader's stat, whatever the
+    host's process count (a group's id stays its leader's pid while the group lives: the pid is not reused).
+    Only a group whose leader is gone or a zombie while members are left is looked for in all of /proc."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # another user's group: it exists
+    leader = proc_stat(pgid)
+    if leader and leader[0] != "Z" and int(leader[2]) == pgid:
+        return True
+    return bool(group_members(pgid))
+
+
+def group_of(pid: int):
+    """The process group of pid, or None when it is gone."""
+    fields = proc_stat(pid)
+    return int(fields[2]) if fields else None
+
+
 def group_members(pgid: int) -> list:
-    """Live (non-zombie) processes whose process group is pgid."""
+    """Live (non-zombie) processes whose process group is pgid: all of /proc read (group_alive first)."""
     members = []
     for name in os.listdir("/proc"):
         if name.isdigit():
@@ -119,7 +141,7 @@ def kill_group(pgid: int, grace: float, proc=None) -> None:
         while time.monotonic() < deadline:
             if proc is not None:
                 proc.poll()  # reap our own child so it does not linger as a zombie
-            if not group_members(pgid):
+            if not group_alive(pgid):
                 return
             time.sleep(POLL_S)
 

@@ -47,22 +47,25 @@ class JobPaths:
 
 # ── atomic io ─────────────────────────────────────────────────────────────────────────────────────────
 
-def write_json_atomic(path: str, obj, mode: int = 0o600) -> None:
+def write_json_atomic(path: str, obj, mode: int = 0o600, durable: bool = True) -> None:
     """Temp file in the same dir, fsync, rename, fsync the dir: a reader sees the old or the new file. 0600: a
-    job's records are its login's (and root's); what other logins read (locks.py, ledger.py) says 0644."""
+    job's records are its login's (and root's); what other logins read (locks.py, ledger.py) says 0644.
+    durable=False leaves out both fsyncs: still whole for every reader, not sure to outlive a host crash."""
     data = (json.dumps(obj, sort_keys=True) + "\n").encode("utf-8")
     tmp = "%s.tmp.%d.%s" % (path, os.getpid(), os.urandom(4).hex())  # a name nobody made first (H is shared)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
     try:
         os.write(fd, data)
-        os.fsync(fd)
+        if durable:
+            os.fsync(fd)
     except BaseException:
         os.close(fd)
         os.unlink(tmp)  # never publish a half-written file
         raise
     os.close(fd)
     os.replace(tmp, path)
-    fsync_dir(os.path.dirname(path))
+    if durable:
+        fsync_dir(os.path.dirname(path))
 
 
 def fsync_dir(path: str) -> None:

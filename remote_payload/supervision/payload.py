@@ -15,7 +15,7 @@ import sys
 import time
 
 from ..host.answer import Fail
-from ..host.processes import POLL_S, group_members, identity
+from ..host.processes import POLL_S, identity
 from . import ledger, services
 from .record import Flags, Interrupted, Job, signal_name
 
@@ -89,13 +89,19 @@ def launch_payload(job: Job, argv=None, state: str = "RUNNING", phase: str = "pa
             raise Fail("start-failed", "cannot start the payload %r: %s" % (argv[0], exc)) from exc
     ident = identity(proc.pid)
     job.payload_pids.add(proc.pid)
+    noted = False
     for service in services.records(job.status):  # first: the ledger is what a restorer trusts (trust.py)
         if service.get("stopped"):
             job.persist(lambda unit=service["unit"]: ledger.note_payload(job.paths.root, unit, job.paths.job_id,
                                                                          dict(ident, pgid=proc.pid)))
+            noted = True
     now = time.time()  # payload.started_at: this process's (a sweep's variant's); started_at: the job's first
-    job.set_state(state, phase, payload=dict(ident, pgid=proc.pid, exit_code=None, signal=None, started_at=now),
-                  **({"started_at": now} if state == "RUNNING" and not job.status.get("started_at") else {}))
+    # One durable write a process: the ledger's where it names the process, else this one. Either is whole for
+    # every reader (a restorer after a crash of the supervisor) at once; the fsync only outlives a host crash.
+    job.enter(state, phase, dict(payload=dict(ident, pgid=proc.pid, exit_code=None, signal=None, started_at=now),
+                                 **({"started_at": now} if state == "RUNNING" and not job.status.get("started_at")
+                                    else {})),
+              durable=not noted or state != job.status.get("state"))
     return proc
 
 
@@ -137,11 +143,7 @@ def watch_payload(job: Job, proc: subprocess.Popen, flags: Flags, limit: str = "
     The job's own run (its variants) is watched by variants.wait_for_ends."""
     seconds = job.spec["limits"][limit]
     deadline = time.monotonic() + seconds
-    next_sample = 0.0
     while proc.poll() is None:
-        if time.monotonic() >= next_sample:  # remember the group's pids: they may hold GPU memory later
-            job.payload_pids.update(group_members(proc.pid))
-            next_sample = time.monotonic() + 1.0
         stop = interrupt_of(job, flags)
         if stop:
             return stop
@@ -154,11 +156,13 @@ def watch_payload(job: Job, proc: subprocess.Popen, flags: Flags, limit: str = "
 
 def record_exit(job: Job, returncode: int, pid=None, **fields) -> int:
     """The exit code (128 + N for signal N), in status.json's payload when it is that process (pid: a sweep's
-    variant, whose side-by-side sibling may be the one recorded there) and as a `payload-exit` event."""
+    variant, whose side-by-side sibling may be the one recorded there) and as a `payload-exit` event. status.json
+    takes it with its next write (the next variant's launch, the sweep's record, the settle's RESTORING): a
+    restorer never reads it (a job it settles ends FAILED or as decided), so it costs no write of its own."""
     sig = -returncode if returncode < 0 else None
     exit_code = 128 + sig if sig else returncode
     if pid is None or job.status["payload"].get("pid") == pid:
-        job.save(exit_code=exit_code, payload=dict(job.status["payload"], exit_code=exit_code,
-                                                   signal=signal_name(sig) if sig else None))
+        job.status.update(exit_code=exit_code, payload=dict(job.status["payload"], exit_code=exit_code,
+                                                            signal=signal_name(sig) if sig else None))
     job.event("payload-exit", exit_code=exit_code, signal=sig, **fields)
     return exit_code

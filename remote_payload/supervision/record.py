@@ -44,7 +44,7 @@ class Job:
         self.paths, self.spec, self.status = paths, spec, status
         self.ctl = Systemd(spec["service"].get("scope", DEFAULTS["service.scope"]),
                            spec["service"].get("sudo", DEFAULTS["service.sudo"]))
-        self.payload_pids: set[int] = set()
+        self.payload_pids: set[int] = set()  # each payload process launched (each leads its own group)
         self.guard_pipe: int | None = None  # the supervisor's end of its guard's pipe (settle.start_guard), else None
 
     @classmethod
@@ -52,12 +52,20 @@ class Job:
         return cls(paths, read_json(paths.spec), read_status(paths))
 
     def save(self, **changes) -> None:
+        self.write(changes)
+
+    def write(self, changes: dict, durable: bool = True) -> None:
+        """status.json with `changes`; durable=False: whole for every reader, not fsynced (write_json_atomic)."""
         self.status.update(changes)
         self.status["updated_at"] = time.time()
-        self.persist(lambda: write_json_atomic(self.paths.status, self.status))
+        self.persist(lambda: write_json_atomic(self.paths.status, self.status, durable))
 
     def set_state(self, state: str, phase: str, **changes) -> None:
-        self.save(state=state, phase=phase, **changes)
+        self.enter(state, phase, changes)
+
+    def enter(self, state: str, phase: str, changes: dict, durable: bool = True) -> None:
+        """set_state's, durable or not (write)."""
+        self.write(dict(changes, state=state, phase=phase), durable)
         self.tell_guard()
         self.event("state", state=state, phase=phase)
 

@@ -30,7 +30,7 @@ from ..host.gpu import query_apps
 from ..host.processes import (
     KILL_CONFIRM_S,
     group_is_ours,
-    group_members,
+    group_of,
     identity,
     is_alive,
     kill_group,
@@ -87,7 +87,9 @@ def stop_guard_timer(job: Job) -> None:
 # ── settle ────────────────────────────────────────────────────────────────────────────────────────────
 
 def wait_gpu_release(job: Job) -> None:
-    """Bounded wait until no process of the payload still holds GPU memory (the service needs it back)."""
+    """Bounded wait until no process of the payload still holds GPU memory (the service needs it back): a
+    holder is the payload's when it is one of its processes or in one of their process groups (each payload
+    process leads its own), looked up for the few holders only, never by listing the host's processes."""
     payload = job.status.get("payload")
     if not job.spec["gpu"]["devices"] or not payload:
         return
@@ -95,7 +97,7 @@ def wait_gpu_release(job: Job) -> None:
     deadline = time.monotonic() + job.spec["gpu"]["drain_timeout"]
     while True:
         try:
-            holding = [a for a in query_apps() if a["pid"] in ours]
+            holding = [a for a in query_apps() if a["pid"] in ours or group_of(a["pid"]) in ours]
         except (Fail, ValueError) as exc:
             job.event("gpu", phase="release", error=str(exc))
             return
@@ -220,7 +222,7 @@ def kill_leftovers(job: Job) -> None:
     slots = [s for s in job.status.get("slots") or [] if isinstance(s, dict) and isinstance(s.get("pgid"), int)]
     for payload in [job.status.get("payload")] + slots:
         if payload and group_is_ours(payload):
-            job.payload_pids.update(group_members(int(payload["pgid"])))
+            job.payload_pids.add(int(payload["pgid"]))  # its members' GPU memory is waited for by group
             grace = job.spec["limits"]["grace"]
             since = (job.status.get("ending") or {}).get("at")
             if since:  # the payload got its TERM then: a restorer gives only what is left of the grace

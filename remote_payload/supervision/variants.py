@@ -38,7 +38,7 @@ import signal
 import time
 
 from ..contract import MAX_RESULT_BYTES
-from ..host.processes import KILL_CONFIRM_S, POLL_S, group_members
+from ..host.processes import KILL_CONFIRM_S, POLL_S, group_alive
 from ..sweep import job_variants, label
 from . import ledger, services, stage
 from .files import UnsafeResult, append_line, file_digest, open_result, parse_bounded, write_json_atomic
@@ -165,13 +165,9 @@ def wait_for_ends(job: Job, flags: Flags, running: dict, more: bool = False) -> 
     run, stops those that ended or reached their bound (each a step at a time), and on a cancel or a signal
     stops them all, the job's ending recorded first. more: variants are still to start (a cancel or a signal
     ends the job even while only the groups of exited runs are being stopped)."""
-    next_sample, interrupt = 0.0, None
+    interrupt = None
     while True:
         now = time.monotonic()
-        if now >= next_sample:  # remember the groups' pids: they may hold GPU memory later
-            for run in running.values():
-                job.payload_pids.update(group_members(run.proc.pid))
-            next_sample = now + 1.0
         live = more or any(run.ended is None and run.proc.poll() is None for run in running.values())
         if interrupt is None and live:  # it stops a run still going or what is still to start; one that exited
             interrupt = interrupt_of(job, flags)  # 0 is only having its group cleaned up, no cancel's success
@@ -202,11 +198,10 @@ def stop_step(job: Job, run: Run, now: float) -> bool:
     pgid = run.proc.pid
     run.proc.poll()  # reap our own child so it does not linger as a zombie
     if run.term_at is None:
-        job.payload_pids.update(group_members(pgid))
         run.term_at = now
         if not signal_group(pgid, signal.SIGTERM):
             return True
-    if not group_members(pgid):
+    if not group_alive(pgid):
         return True
     if run.kill_at is None:
         if now >= run.term_at + job.spec["limits"]["grace"]:
@@ -386,7 +381,7 @@ def note_slots(job: Job, slots: list, running: dict) -> None:
         if run:
             entry.update(pid=run.proc.pid, pgid=run.proc.pid, start_time=run.start_time)
         table.append(entry)
-    job.save(slots=table)
+    job.write({"slots": table}, durable=False)  # whole at once for a restorer; the launch's was the durable write
     busy = [s for s in table if s["variant"]]
     for service in services.records(job.status):  # the ledger too: what a restorer trusts (trust.py)
         if service.get("stopped"):
