@@ -9,7 +9,7 @@ import time
 
 from ..contract import TERMINAL
 from ..host.answer import Fail
-from ..host.processes import POLL_S
+from ..host.changes import Changes
 from ..supervision.files import JobPaths, NotRegular, is_slurm_job, open_regular
 from ..supervision.spec import job_paths
 from .launcher import slurm_launch
@@ -37,16 +37,23 @@ def cmd_logs(args) -> dict:
     import base64  # the one-answer form's: a stream (every tail) sends the bytes raw, after each frame's line
 
     deadline = time.monotonic() + max(0.0, args.wait)
-    while True:
-        status = reap_if_dead(paths)  # read the state first: a terminal state then covers every byte read below
-        data, size = log_chunk(paths, args.offset, min(args.max, LOG_MAX_BYTES))
-        terminal = status["state"] in TERMINAL
-        if data or terminal or time.monotonic() >= deadline:
-            return {"ok": True, "offset": args.offset, "next_offset": args.offset + len(data), "size": size,
-                    "data_b64": base64.b64encode(data).decode("ascii"), "state": status["state"],
-                    "terminal": terminal, "exit_code": status.get("exit_code"),
-                    "message": status.get("message") if terminal else None}
-        time.sleep(POLL_S)
+    with job_changes(paths) as changes:
+        while True:
+            status = reap_if_dead(paths)  # the state first: a terminal state then covers every byte read below
+            data, size = log_chunk(paths, args.offset, min(args.max, LOG_MAX_BYTES))
+            terminal = status["state"] in TERMINAL
+            if data or terminal or time.monotonic() >= deadline:
+                return {"ok": True, "offset": args.offset, "next_offset": args.offset + len(data), "size": size,
+                        "data_b64": base64.b64encode(data).decode("ascii"), "state": status["state"],
+                        "terminal": terminal, "exit_code": status.get("exit_code"),
+                        "message": status.get("message") if terminal else None}
+            changes.wait(deadline - time.monotonic())
+
+
+def job_changes(paths: JobPaths) -> Changes:
+    """What a waiting `logs` call waits on: the job dir's changes (host/changes.py); a Slurm job's files are
+    written on other nodes and its state asked of Slurm: polled."""
+    return Changes(None if is_slurm_job(paths) else paths.dir)
 
 
 def log_chunk(paths: JobPaths, offset: int, limit: int) -> tuple:
@@ -75,20 +82,21 @@ def stream_log(paths: JobPaths, args) -> dict:
     deadline, offset = time.monotonic() + max(0.0, args.wait), args.offset
     out = sys.stdout.buffer
     widen_pipe(out.fileno())
-    while True:
-        status = reap_if_dead(paths)  # read the state first: a terminal state then covers every byte read below
-        data, size = log_chunk(paths, offset, min(args.max, LOG_MAX_BYTES))
-        frame = {"ok": True, "offset": offset, "next_offset": offset + len(data), "size": size,
-                 "state": status["state"], "terminal": status["state"] in TERMINAL,
-                 "exit_code": status.get("exit_code"), "data_len": len(data), "last": False}
-        if data:
-            out.write(json.dumps(frame).encode() + b"\n")
-            out.write(data)
-            out.flush()
-            offset += len(data)
-        caught_up = offset >= size
-        if (caught_up and (frame["terminal"] or not args.follow)) or time.monotonic() >= deadline:
-            return dict(frame, offset=offset, next_offset=offset, data_len=0, last=True,
-                        message=status.get("message") if frame["terminal"] else None)
-        if caught_up:
-            time.sleep(POLL_S)
+    with job_changes(paths) as changes:
+        while True:
+            status = reap_if_dead(paths)  # the state first: a terminal state then covers every byte read below
+            data, size = log_chunk(paths, offset, min(args.max, LOG_MAX_BYTES))
+            frame = {"ok": True, "offset": offset, "next_offset": offset + len(data), "size": size,
+                     "state": status["state"], "terminal": status["state"] in TERMINAL,
+                     "exit_code": status.get("exit_code"), "data_len": len(data), "last": False}
+            if data:
+                out.write(json.dumps(frame).encode() + b"\n")
+                out.write(data)
+                out.flush()
+                offset += len(data)
+            caught_up = offset >= size
+            if (caught_up and (frame["terminal"] or not args.follow)) or time.monotonic() >= deadline:
+                return dict(frame, offset=offset, next_offset=offset, data_len=0, last=True,
+                            message=status.get("message") if frame["terminal"] else None)
+            if caught_up:
+                changes.wait(deadline - time.monotonic())
