@@ -73,7 +73,9 @@ class Bench:
         blocks = [alias_block(f"b-{route}", port, host, known) for route, port in ports.items()]
         blocks.append(alias_block("b-root", host.port, host, known, user="root"))
         self.config.write_text("\n".join(blocks))
-        self.env = {**os.environ, "RUNNER_SSH_CONFIG": str(self.config), "RUNNER_STATE_DIR": str(self.state)}
+        # XDG_RUNTIME_DIR: the control sockets' home (transport_openssh.sockets_home), this bench's own
+        self.env = {**os.environ, "RUNNER_SSH_CONFIG": str(self.config), "RUNNER_STATE_DIR": str(self.state),
+                    "XDG_RUNTIME_DIR": str(work)}
         # As installed (pip compiles the package): bytecode cached. This machine's shells set
         # PYTHONDONTWRITEBYTECODE, which made every CLI run compile runner/ from source.
         self.env.pop("PYTHONDONTWRITEBYTECODE", None)
@@ -110,7 +112,7 @@ class Bench:
         return elapsed
 
     def close_masters(self) -> None:
-        for sock in (self.state / "cm").glob("*/*"):
+        for sock in (self.work / "runner-cm").glob("*/*"):
             subprocess.run(["ssh", "-F", str(self.config), "-S", str(sock), "-O", "exit", "b-direct"],
                            capture_output=True, timeout=10)
 
@@ -158,7 +160,8 @@ def bench_edited(bench: Bench, route: str, runs: int) -> dict:
 def edited_submit_round_trips(bench: Bench, route: str, edit: int) -> tuple[int, bool]:
     """In process, the CLI's path for an edited spec: its round trips, and whether its host call was opened
     before the validation (controller.early_submit) and used."""
-    os.environ.update(RUNNER_SSH_CONFIG=str(bench.config), RUNNER_STATE_DIR=str(bench.state))
+    os.environ.update(RUNNER_SSH_CONFIG=str(bench.config), RUNNER_STATE_DIR=str(bench.state),
+                      XDG_RUNTIME_DIR=str(bench.work))
     job, deadline = str(bench.job(route, edit=edit)), Deadline.for_command(60)
     with controller.early_submit(job, [], store=Store(), job_id=None, queue=False, deadline=deadline) as early:
         plan = controller.local_plan(job, [])
@@ -180,7 +183,8 @@ def bench_tail(bench: Bench, runs: int) -> dict:
 
 
 def cached_submit_round_trips(bench: Bench) -> int:
-    os.environ.update(RUNNER_SSH_CONFIG=str(bench.config), RUNNER_STATE_DIR=str(bench.state))
+    os.environ.update(RUNNER_SSH_CONFIG=str(bench.config), RUNNER_STATE_DIR=str(bench.state),
+                      XDG_RUNTIME_DIR=str(bench.work))
     done = controller.submit(str(bench.jobs["direct"]), [], store=Store(), progress=lambda _m: None)
     return done.round_trips
 

@@ -2,11 +2,13 @@
 (ProxyJump, certificates, agents, FIDO keys, GSSAPI, Match blocks, their own ControlMaster) works as in a shell.
 
     ssh [-F CONFIG] -o BatchMode=yes -o StrictHostKeyChecking=yes|accept-new -o ConnectTimeout=N -o ServerAlive…
-        [-o ControlMaster=auto -o ControlPath=STATE/cm/TRUST/%C -o ControlPersist=120] [-l USER] [-p PORT] -- HOST CMD
+        [-o ControlMaster=auto -o ControlPath=SHORT/TAG/%C -o ControlPersist=120] [-l USER] [-p PORT] -- HOST CMD
 
-One master connection per host is kept in our state dir (unless the user's config names a ControlPath of its
-own), so a warm command is one exec on an open connection; TRUST names the known_hosts files as they are now,
-so a changed known_hosts never rides on a master verified under the old one. Host keys are checked by OpenSSH itself (strict
+One master connection per host is kept (unless the user's config names a ControlPath of its own), so a warm
+command is one exec on an open connection. Its socket is in SHORT ($XDG_RUNTIME_DIR/runner-cm, else
+/tmp/runner-cm-UID: a path short enough for a Unix socket whatever TMPDIR and the state dir are), in TAG: a
+hash of the state dir and of the known_hosts files as they are now, so a changed known_hosts never rides on a
+master verified under the old one, nor does one state dir use another's. Host keys are checked by OpenSSH itself (strict
 unless the spec opts in to accept-new). Exit 255 is ssh's own failure: its stderr is mapped into our tree
 (`HostKeyError` naming the host whose key failed, with the fingerprint line ssh printed; auth; unreachable),
 all exit 3. Each call is bounded by the command's Deadline: ConnectTimeout and the keepalives come from what
@@ -58,6 +60,7 @@ CONTROL_PERSIST_S = 120
 # sun_path holds 104 bytes on macOS (108 on Linux); ssh appends ".XXXXXXXXXXXXXXXX" while it binds a new master.
 SOCKET_PATH_MAX = 104 - 1 - 17
 CONTROL_NAME_LEN = 40  # %C: a SHA1 of local host, remote host, port, user
+CONTROL_TAG_LEN = 12  # the hash naming one state dir's masters for one trust tag
 
 
 class OpenSshTransport:
@@ -212,17 +215,17 @@ class OpenSshTransport:
 
     def _socket_dir(self) -> Path:
         """The control sockets' dir: control_socket_dir of the trust tag, remembered beside `ssh -G`'s answer
-        with the known_hosts stamp it was made from. The same stamp makes the same dir, neither hashed nor
-        looked up again (a long state dir's is named by a hash in the temp dir); a changed known_hosts is
-        hashed afresh (a new master)."""
+        with the known_hosts stamp it was made from. The same stamp (and sockets' home) makes the same dir, not
+        hashed again; a changed known_hosts is hashed afresh (a new master)."""
         from ..state.store import private_dir
 
-        stamp, control_dir = trust_stamp(self._resolved), str(self.control_dir)
+        stamp, control_dir, home = trust_stamp(self._resolved), str(self.control_dir), sockets_home()
         remembered = self._record.get("trust")
         if isinstance(remembered, list) and len(remembered) == 3 and remembered[0] == stamp \
-                and remembered[2] == control_dir and isinstance(remembered[1], str):
+                and remembered[2] == control_dir and isinstance(remembered[1], str) \
+                and Path(remembered[1]).parent == home:
             return private_dir(Path(remembered[1]))
-        socket_dir = control_socket_dir(self.control_dir / trust_tag(self._resolved))
+        socket_dir = control_socket_dir(self.control_dir / trust_tag(self._resolved), home)
         if self._record:
             self._record["trust"] = [stamp, str(socket_dir), control_dir]
             self._save_record()
@@ -305,17 +308,36 @@ def trust_tag(resolved: dict[str, str]) -> str:
     return hashlib.sha256(trust_stamp(resolved).encode()).hexdigest()[:10]
 
 
-def control_socket_dir(preferred: Path) -> Path:
-    """`preferred`, or a short per-user dir under the temp dir when socket paths there would be too long."""
-    if len(str(preferred)) + 1 + CONTROL_NAME_LEN > SOCKET_PATH_MAX:
-        import hashlib
-        import tempfile
+def control_socket_dir(masters: Path, home: Path) -> Path:
+    """The dir of the control sockets of `masters` (a state dir's, for one trust tag): named by its hash in
+    `home` (sockets_home), so that a socket's path has one short length whatever the state dir and TMPDIR are."""
+    import hashlib
 
-        tag = hashlib.sha256(str(preferred).encode()).hexdigest()[:8]
-        preferred = Path(tempfile.gettempdir()) / f"runner-cm-{os.getuid()}-{tag}"
     from ..state.store import private_dir
 
-    return private_dir(preferred)
+    return private_dir(home / hashlib.sha256(str(masters).encode()).hexdigest()[:CONTROL_TAG_LEN])
+
+
+def sockets_home() -> Path:
+    """$XDG_RUNTIME_DIR/runner-cm where that path is short enough, else /tmp/runner-cm-UID (never TMPDIR, which
+    can be long: macOS's alone is ~49 characters); made 0700, and used only when it is this user's own dir
+    with no access for others (OSError: then each call connects afresh)."""
+    import stat
+
+    runtime = os.environ.get("XDG_RUNTIME_DIR", "")
+    home = Path(runtime, "runner-cm") if runtime.startswith("/") else Path("/tmp", f"runner-cm-{os.getuid()}")
+    if len(os.fsencode(str(home))) + 2 + CONTROL_TAG_LEN + CONTROL_NAME_LEN > SOCKET_PATH_MAX:
+        home = Path("/tmp", f"runner-cm-{os.getuid()}")
+    try:
+        home.mkdir(mode=0o700)
+    except FileExistsError:
+        pass
+    st = os.lstat(home)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+        raise PermissionError(f"{home} is not a dir of this user's")
+    if st.st_mode & 0o077:
+        os.chmod(home, 0o700)
+    return home
 
 
 # What OpenSSH prints when it refuses a host key, and the line naming that host (the jump host when it is

@@ -11,7 +11,7 @@ import pytest
 from runner.deadline import Deadline
 from runner.remote import transport_openssh
 from runner.remote.transport import SshTarget
-from runner.remote.transport_openssh import OpenSshTransport, control_socket_dir, trust_tag
+from runner.remote.transport_openssh import OpenSshTransport, control_socket_dir, sockets_home, trust_tag
 
 FAKE_SSH = """#!/bin/sh
 echo "$@" >> {log}
@@ -76,11 +76,11 @@ def test_the_remembered_trust_tag_is_the_one_known_hosts_makes_now(ssh, tmp_path
     fake, _, known, _ = ssh
     resolved = transport_openssh.parse_ssh_g(FAKE_SSH.split("<<EOF\n", 1)[1].split("EOF", 1)[0].format(known=known))
     first = control_path(fake, tmp_path)
-    assert Path(first).parent == control_socket_dir(tmp_path / "cm" / trust_tag(resolved))
+    assert Path(first).parent == control_socket_dir(tmp_path / "cm" / trust_tag(resolved), sockets_home())
     assert control_path(fake, tmp_path) == first
     known.write_text("")  # a key removed: a new master, verified afresh, in a dir of its own
     changed = control_path(fake, tmp_path)
-    assert changed != first and Path(changed).parent == control_socket_dir(tmp_path / "cm" / trust_tag(resolved))
+    assert changed != first and Path(changed).parent == control_socket_dir(tmp_path / "cm" / trust_tag(resolved), sockets_home())
     assert control_path(fake, tmp_path) == changed
 
 
