@@ -6,9 +6,10 @@ is missing or fails (not Linux, no such libc symbol, the login's watch or instan
 whose files change on other nodes), a plain poll every POLL_S.
 
 The first wait arms the watch and returns at once: a call that never waits (a tail without -f) never loads
-ctypes, and a change made before the watch existed is read by the pass after it. A burst of writes wakes a
-waiter at most once every GAP_S: a log written in many small writes costs a reader a few dozen passes a
-second, not one per write. Imports only the stdlib and host/processes.py.
+ctypes, and a change made before the watch existed is read by the pass after it. A wake waits for the rest
+of its burst (writes SETTLE_S apart at most, for GAP_S at most: an unbuffered print is two writes, read in one
+pass), and comes at most once every GAP_S: a log written in many small writes costs a reader a few dozen passes
+a second, not one per write. Imports only the stdlib and host/processes.py.
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import time
 from .processes import POLL_S
 
 GAP_S = 0.05
+SETTLE_S = 0.002
 # inotify(7): a file in the dir written, or closed after writing; a name moved or created in it (status.json
 # replaced by rename, the log created); the dir itself removed or moved
 EVENTS = 0x2 | 0x8 | 0x80 | 0x100 | 0x400 | 0x800
@@ -53,6 +55,9 @@ class Changes:
             if early > 0:
                 time.sleep(early)
             self.drain()
+            settled = time.monotonic() + GAP_S
+            while time.monotonic() < settled and select.select([self.fd], [], [], SETTLE_S)[0]:
+                self.drain()  # the rest of a burst: a print's text and newline are two writes when unbuffered
         self.last = time.monotonic()
 
     def inotify(self):
