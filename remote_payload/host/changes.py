@@ -6,7 +6,8 @@ is missing or fails (not Linux, no such libc symbol, the login's watch or instan
 whose files change on other nodes), a plain poll every POLL_S.
 
 The first wait arms the watch and returns at once: a call that never waits (a tail without -f) never loads
-ctypes, and a change made before the watch existed is read by the pass after it. A wake waits for the rest
+ctypes, and a change made before the watch existed is read by the pass after it. `changed` names the files
+that changed since it was last asked (a reader whose log alone grew need not read the job's state again). A wake waits for the rest
 of its burst (writes SETTLE_S apart at most, for GAP_S at most: an unbuffered print is two writes, read in one
 pass), and comes at most once every GAP_S: a log written in many small writes costs a reader a few dozen passes
 a second, not one per write. Imports only the stdlib and host/processes.py.
@@ -24,6 +25,7 @@ SETTLE_S = 0.002
 # inotify(7): a file in the dir written, or closed after writing; a name moved or created in it (status.json
 # replaced by rename, the log created); the dir itself removed or moved
 EVENTS = 0x2 | 0x8 | 0x80 | 0x100 | 0x400 | 0x800
+IN_Q_OVERFLOW = 0x4000
 
 
 class Changes:
@@ -34,6 +36,7 @@ class Changes:
         self.fd: int | None = None
         self.armed = False
         self.last = time.monotonic()
+        self.names: set = set()
 
     def __enter__(self) -> "Changes":
         return self
@@ -45,7 +48,7 @@ class Changes:
     def wait(self, seconds: float) -> None:
         """Until something in the dir changed, at most `seconds`."""
         if not self.armed:
-            self.armed, self.fd = True, self.inotify()
+            self.armed, self.fd, self.names = True, self.inotify(), {None}  # what changed before it: unknown
             return
         if self.fd is None:
             time.sleep(max(0.0, min(POLL_S, seconds)))
@@ -78,11 +81,25 @@ class Changes:
             return None
         return fd
 
+    def changed(self):
+        """The names in the dir changed since the last call, or None where that is not known (polled, not watched
+        yet or only just, the kernel's queue overflowed): then anything may have."""
+        names, self.names = self.names, set()
+        return None if self.fd is None or None in names else names
+
     def drain(self) -> None:
-        """Read every event queued (what changed is read from the files themselves)."""
+        """Read every event queued, keeping the names they are about."""
         assert self.fd is not None
+        import struct
+
         try:
-            while os.read(self.fd, 1 << 16):
-                pass
+            while True:
+                events = os.read(self.fd, 1 << 16)
+                at = 0
+                while at < len(events):
+                    _wd, mask, _cookie, size = struct.unpack_from("iIII", events, at)
+                    name = events[at + 16:at + 16 + size].rstrip(b"\0").decode("utf-8", "replace")
+                    self.names.add(None if mask & IN_Q_OVERFLOW else name)
+                    at += 16 + size
         except BlockingIOError:
             pass

@@ -37,33 +37,46 @@ def cmd_logs(args) -> dict:
     import base64  # the one-answer form's: a stream (every tail) sends the bytes raw, after each frame's line
 
     deadline = time.monotonic() + max(0.0, args.wait)
-    with job_changes(paths) as changes:
+    with JobLog(paths) as log:
         while True:
-            status = reap_if_dead(paths)  # the state first: a terminal state then covers every byte read below
-            data, size = log_chunk(paths, args.offset, min(args.max, LOG_MAX_BYTES))
+            status, data, size = log.read(args.offset, min(args.max, LOG_MAX_BYTES))
             terminal = status["state"] in TERMINAL
             if data or terminal or time.monotonic() >= deadline:
                 return {"ok": True, "offset": args.offset, "next_offset": args.offset + len(data), "size": size,
                         "data_b64": base64.b64encode(data).decode("ascii"), "state": status["state"],
                         "terminal": terminal, "exit_code": status.get("exit_code"),
                         "message": status.get("message") if terminal else None}
-            changes.wait(deadline - time.monotonic())
+            log.changes.wait(deadline - time.monotonic())
 
 
-def job_changes(paths: JobPaths) -> Changes:
-    """What a waiting `logs` call waits on: the job dir's changes (host/changes.py); a Slurm job's files are
-    written on other nodes and its state asked of Slurm: polled."""
-    return Changes(None if is_slurm_job(paths) else paths.dir)
+class JobLog:
+    """A `logs` call's reads of the job: its state, then its log's bytes from an offset. A waiting call sleeps
+    on the job dir's changes (host/changes.py) and reads the state again only when something other than the log
+    changed (a line appended costs a read of the log alone); a Slurm job's files are written on other nodes and
+    its state asked of Slurm: polled, the state read at each pass. Whether it is one is read once."""
 
+    def __init__(self, paths: JobPaths) -> None:
+        self.paths, self.slurm = paths, is_slurm_job(paths)
+        self.changes = Changes(None if self.slurm else paths.dir)
+        self.status: dict | None = None
 
-def log_chunk(paths: JobPaths, offset: int, limit: int) -> tuple:
-    """Up to `limit` bytes of the job's log from `offset`, and the log's size; an offset past it is bad-offset.
-    A Slurm job array's log is its variants' logs in turn (slurm/array.py)."""
-    data, size = (is_slurm_job(paths) and slurm_launch().log_chunk(paths, offset, limit)) or \
-        read_log_chunk(paths.output, offset, limit)
-    if offset > size:
-        raise Fail("bad-offset", "offset %d is past the end of the log (%d bytes)" % (offset, size), size=size)
-    return data, size
+    def __enter__(self) -> "JobLog":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.changes.__exit__(*exc)
+
+    def read(self, offset: int, limit: int) -> tuple:
+        """(the state, up to `limit` bytes of the log from `offset`, the log's size); an offset past the end is
+        bad-offset. The state first: a terminal state then covers every byte read after it."""
+        changed = self.changes.changed()
+        if self.status is None or changed is None or changed - {os.path.basename(self.paths.output)}:
+            self.status = reap_if_dead(self.paths)
+        data, size = (self.slurm and slurm_launch().log_chunk(self.paths, offset, limit)) or \
+            read_log_chunk(self.paths.output, offset, limit)  # a job array's: its variants' logs in turn
+        if offset > size:
+            raise Fail("bad-offset", "offset %d is past the end of the log (%d bytes)" % (offset, size), size=size)
+        return self.status, data, size
 
 
 def widen_pipe(fd: int) -> None:
@@ -82,10 +95,9 @@ def stream_log(paths: JobPaths, args) -> dict:
     deadline, offset = time.monotonic() + max(0.0, args.wait), args.offset
     out = sys.stdout.buffer
     widen_pipe(out.fileno())
-    with job_changes(paths) as changes:
+    with JobLog(paths) as log:
         while True:
-            status = reap_if_dead(paths)  # the state first: a terminal state then covers every byte read below
-            data, size = log_chunk(paths, offset, min(args.max, LOG_MAX_BYTES))
+            status, data, size = log.read(offset, min(args.max, LOG_MAX_BYTES))
             frame = {"ok": True, "offset": offset, "next_offset": offset + len(data), "size": size,
                      "state": status["state"], "terminal": status["state"] in TERMINAL,
                      "exit_code": status.get("exit_code"), "data_len": len(data), "last": False}
@@ -99,4 +111,4 @@ def stream_log(paths: JobPaths, args) -> dict:
                 return dict(frame, offset=offset, next_offset=offset, data_len=0, last=True,
                             message=status.get("message") if frame["terminal"] else None)
             if caught_up:
-                changes.wait(deadline - time.monotonic())
+                log.changes.wait(deadline - time.monotonic())

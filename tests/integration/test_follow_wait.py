@@ -42,12 +42,13 @@ def running(host: Host, job_id: str) -> tuple[dict, int]:
     return status, output.stat().st_size
 
 
-def counted_passes(monkeypatch) -> list:
-    """Each pass of a `logs` call (its read of the job's state), with its time."""
-    passes: list = []
-    real = logs.reap_if_dead
-    monkeypatch.setattr(logs, "reap_if_dead", lambda paths: passes.append(time.monotonic()) or real(paths))
-    return passes
+def counted(monkeypatch, name: str) -> list:
+    """Each call of logs.NAME from now on: reap_if_dead reads the job's state, read_log_chunk its log (each
+    pass of a `logs` call)."""
+    calls: list = []
+    real = getattr(logs, name)
+    monkeypatch.setattr(logs, name, lambda *args: calls.append(time.monotonic()) or real(*args))
+    return calls
 
 
 def logs_call(host: Host, job_id: str, offset: int, wait: float) -> dict:
@@ -57,7 +58,7 @@ def logs_call(host: Host, job_id: str, offset: int, wait: float) -> dict:
 
 def test_a_quiet_wait_makes_no_pass_of_its_own(host, monkeypatch):
     _, size = running(host, "q")
-    passes = counted_passes(monkeypatch)
+    passes = counted(monkeypatch, "read_log_chunk")
     began = time.monotonic()
     answer = logs_call(host, "q", size, 3.0)
     assert answer["data_b64"] == "" and answer["state"] == "RUNNING" and time.monotonic() - began >= 3.0
@@ -85,6 +86,24 @@ def test_bytes_appended_and_a_state_written_are_answered_at_once(host, monkeypat
     assert answer["terminal"] and time.monotonic() - began < scale(5.0), answer
 
 
+def test_lines_appended_are_read_without_reading_the_state_again(host, monkeypatch):
+    _, size = running(host, "l")
+    states, reads = counted(monkeypatch, "reap_if_dead"), counted(monkeypatch, "read_log_chunk")
+
+    def append_lines() -> None:
+        for _ in range(10):
+            time.sleep(0.2)
+            with open(host.root / "jobs" / "l" / "output.log", "ab") as fh:
+                fh.write(b"a line\n")
+    threading.Thread(target=append_lines, daemon=True).start()
+    monkeypatch.setattr(sys, "stdout", open(os.devnull, "w"))  # the frames' bytes
+    answer = logs.stream_log(logs.job_paths(Namespace(job_id="l", root=str(host.root))),
+                             Namespace(offset=size, max=1 << 20, wait=4.0, follow=True))
+    sys.stdout.close()
+    assert answer["offset"] == size + 10 * len(b"a line\n") and len(reads) >= 4
+    assert len(states) <= 2, f"the state read {len(states)} times for {len(reads)} reads of the log"
+
+
 def test_a_job_whose_supervisor_and_guard_die_is_reaped_by_the_waiting_call(host):
     scale = Scale()
     status, size = running(host, "d")
@@ -106,7 +125,7 @@ def test_a_job_whose_supervisor_and_guard_die_is_reaped_by_the_waiting_call(host
 def test_where_inotify_cannot_be_had_the_poll_serves(host, monkeypatch):
     monkeypatch.setattr(changes.Changes, "inotify", lambda self: None)
     _, size = running(host, "p")
-    passes = counted_passes(monkeypatch)
+    passes = counted(monkeypatch, "read_log_chunk")
     threading.Timer(1.0, lambda: (host.marks / "never").write_text("1")).start()
     answer = logs_call(host, "p", size, 20.0)
     assert answer["terminal"] and len(passes) >= 5  # polled every POLL_S until the payload's end
