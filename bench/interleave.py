@@ -49,6 +49,69 @@ def on_user_host(prefix: str, out: str, measure) -> int:
     return 0
 
 
+# cgroup2: its own mount on a hybrid machine (v1 controllers beside it), else the one hierarchy
+CGROUP2 = Path("/sys/fs/cgroup/unified") if Path("/sys/fs/cgroup/unified/cgroup.procs").exists() else Path("/sys/fs/cgroup")
+
+
+class HostCpu:
+    """The CPU a test sshd and everything it starts spend (its sessions, the host programs they run, the jobs
+    they detach): a cgroup2 group of its own (cpu.stat's usage_usec counts with no controller enabled) that the
+    sshd is moved into before its first session, so all it forks is born there. `set_aside` moves a job's
+    processes to a sibling group, for a bench that measures what watches the job, not the job. Needs root."""
+
+    def __init__(self, host) -> None:
+        from tests.hosts._proc import child_pids
+
+        self.group = CGROUP2 / f"runner-bench-{os.getpid()}"
+        self.aside = CGROUP2 / f"runner-bench-{os.getpid()}-aside"
+        for group in (self.group, self.aside):
+            group.mkdir()
+        for pid in [host.process.pid, *child_pids(host.process.pid)]:
+            (self.group / "cgroup.procs").write_text(str(pid))
+
+    def cpu_s(self) -> float:
+        """The group's CPU time so far, the processes that ended in it included."""
+        line = next(l for l in (self.group / "cpu.stat").read_text().splitlines() if l.startswith("usage_usec"))
+        return int(line.split()[1]) / 1e6
+
+    def set_aside(self, sessions_of: list[int]) -> int:
+        """Move every process of the sessions of `sessions_of` (pids as the sshd's namespace numbers them) out
+        of the group; how many were moved."""
+        table = {}
+        for pid in (self.group / "cgroup.procs").read_text().split():
+            status = _proc_status(int(pid))
+            if status:
+                table[int(status["NSpid"].split()[-1])] = (int(pid), int(status["NSsid"].split()[-1]))
+        sids = {table[p][1] for p in sessions_of if p in table}
+        moved = 0
+        for host_pid, sid in table.values():
+            if sid in sids:
+                try:
+                    (self.aside / "cgroup.procs").write_text(str(host_pid))
+                    moved += 1
+                except OSError:
+                    pass  # gone meanwhile
+        return moved
+
+    def close(self) -> None:
+        """After the host stopped: the groups removed once empty."""
+        for group in (self.group, self.aside):
+            for _ in range(100):
+                try:
+                    group.rmdir()
+                    break
+                except OSError:
+                    time.sleep(0.05)
+
+
+def _proc_status(pid: int) -> dict | None:
+    try:
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    except OSError:
+        return None
+    return dict(line.split(":", 1) for line in lines if ":" in line)
+
+
 def cli(checkout: Path, env: dict, *args: str) -> tuple:
     """(argv, env, cwd) of `runner ARGS…` from `checkout`, for `timed` and `pairs`. Without this shell's
     PYTHONDONTWRITEBYTECODE (set on this machine), which made every run compile the checkout from source
