@@ -6,11 +6,11 @@ is missing or fails (not Linux, no such libc symbol, the login's watch or instan
 whose files change on other nodes), a plain poll every POLL_S.
 
 The first wait arms the watch and returns at once: a call that never waits (a tail without -f) never loads
-ctypes, and a change made before the watch existed is read by the pass after it. `changed` names the files
-that changed since it was last asked (a reader whose log alone grew need not read the job's state again). A wake waits for the rest
-of its burst (writes SETTLE_S apart at most, for GAP_S at most: an unbuffered print is two writes, read in one
-pass), and comes at most once every GAP_S: a log written in many small writes costs a reader a few dozen passes
-a second, not one per write. Imports only the stdlib and host/processes.py.
+ctypes, and a change made before the watch existed is read by the pass after it. `changed` names the files that
+changed since it was last asked (a reader whose log alone grew need not read the job's state again). A wake
+waits for the rest of its burst (writes SETTLE_S apart at most, for GAP_S at most: an unbuffered print is two
+writes, read in one pass), and comes at most once every GAP_S: a log written in many small writes costs a
+reader a few dozen passes a second, not one per write. Imports only the stdlib and host/processes.py.
 """
 from __future__ import annotations
 
