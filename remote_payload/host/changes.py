@@ -38,7 +38,7 @@ class Changes:
         self.last = time.monotonic()
         self.names: set = set()
 
-    def __enter__(self) -> "Changes":
+    def __enter__(self) -> Changes:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -60,7 +60,7 @@ class JobLog:
         self.changes = Changes(None if self.slurm else paths.dir)
         self.status: dict | None = None
 
-    def __enter__(self) -> "JobLog":
+    def __enter__(self) -> JobLog:
         return self
 
     def __exit__(self, *exc) -> None:

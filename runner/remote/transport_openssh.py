@@ -29,6 +29,7 @@ import subprocess
 import time
 from collections.abc import Sequence, Set
 from pathlib import Path
+from typing import IO
 
 from .. import verbose
 from ..deadline import Deadline
@@ -43,6 +44,7 @@ from .transport import (
     SshTarget,
     SshTransport,
     Stream,
+    Transport,
     input_chunks,
     interrupted_before_it_ran,
     keep_tail,
@@ -419,7 +421,7 @@ class _Feed:
 
     WRITE_BYTES = 1 << 20
 
-    def __init__(self, pipe, stdin: Input) -> None:
+    def __init__(self, pipe: IO[bytes], stdin: Input) -> None:
         self.pipe, self.chunks = pipe, input_chunks(stdin)
         self.pending = memoryview(next(self.chunks, b""))
         self.open = bool(self.pending)
@@ -528,7 +530,7 @@ def ssh_on_path() -> str | None:
     return None
 
 
-def for_host(host: dict):
+def for_host(host: dict) -> Transport:
     """The transport a host section asks for: local, or `host.transport` (auto = OpenSSH when `ssh` exists)."""
     if host["address"] == "local":
         return LocalTransport()
