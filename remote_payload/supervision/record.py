@@ -58,7 +58,7 @@ class Job:
         """status.json with `changes`; durable=False: whole for every reader, not fsynced (write_json_atomic)."""
         self.status.update(changes)
         self.status["updated_at"] = time.time()
-        self.persist(lambda: write_json_atomic(self.paths.status, self.status, durable))
+        self.persist(lambda: write_json_atomic(self.paths.status, self.status, durable=durable))
 
     def set_state(self, state: str, phase: str, **changes) -> None:
         self.enter(state, phase, changes)
