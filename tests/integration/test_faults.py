@@ -548,9 +548,10 @@ SMALL_ROOT = "/run/runner-small-root"
 
 @pytest.fixture
 def small_root(netns_host):
-    """A 2 MiB tmpfs as the job root, mounted inside the host's mount namespace only."""
+    """A 4 MiB tmpfs as the job root (the host code takes ~1.5 MiB of it), mounted inside the host's mount namespace
+    only."""
     netns_host.ssh(["mkdir", "-p", SMALL_ROOT], check=True)
-    netns_host.ssh(["mount", "-t", "tmpfs", "-o", "size=2m,mode=0700", "tmpfs", SMALL_ROOT], check=True)
+    netns_host.ssh(["mount", "-t", "tmpfs", "-o", "size=4m,mode=0700", "tmpfs", SMALL_ROOT], check=True)
     yield SMALL_ROOT
     netns_host.ssh(["umount", "-l", SMALL_ROOT])
 
