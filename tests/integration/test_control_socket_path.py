@@ -5,6 +5,7 @@ for Unix domain socket") and share one master, in a dir of this user's alone: $X
 that is short, else /tmp/runner-cm-UID."""
 from __future__ import annotations
 
+import json
 import os
 import stat
 import subprocess
@@ -37,8 +38,16 @@ def long_target(ssh_host, tmp_path):
     subprocess.run(["rm", "-rf", str(root)], check=False)
 
 
-def masters(home: Path) -> set[Path]:
-    return {p for p in home.glob("*/*") if stat.S_ISSOCK(p.lstat().st_mode)} if home.is_dir() else set()
+def masters(home: Path, state: Path) -> set[Path]:
+    """The master sockets under `home` in the socket dirs this state dir's ssh records name (other tests' masters
+    share /tmp/runner-cm-UID)."""
+    ours = set()
+    for record in (state / "ssh").glob("*"):
+        trust = json.loads(record.read_text()).get("trust")
+        if isinstance(trust, list) and len(trust) == 3:
+            ours.add(Path(trust[1]))
+    return {p for p in home.glob("*/*") if p.parent in ours and stat.S_ISSOCK(p.lstat().st_mode)} \
+        if home.is_dir() else set()
 
 
 def private(folder: Path) -> bool:
@@ -48,12 +57,13 @@ def private(folder: Path) -> bool:
 
 def one_master_for_a_job(target: Target, home: Path, work: Path) -> Path:
     """A job submitted, waited for and tailed: each command worked, all on one new master under `home`."""
-    before = masters(home)
+    state = Path(target.env["RUNNER_STATE_DIR"])
+    before = masters(home, state)
     job_id = submit(target, write_job(work / "job.yaml", target, command=["echo", "hello"]))
     assert wait_terminal(target, job_id)["state"] == "SUCCEEDED"
     done = run_cli(target, "tail", job_id, "--from-start")
     assert (done.returncode, done.stdout) == (0, b"hello\n"), done.stderr.decode()
-    new = masters(home) - before
+    new = masters(home, state) - before
     assert len(new) == 1, new
     (socket,) = new
     assert len(os.fsencode(str(socket))) <= SOCKET_PATH_MAX and private(home) and private(socket.parent)
