@@ -24,10 +24,9 @@ import sys
 import time
 from pathlib import Path
 
-from interleave import REPO, cli, summary
+from interleave import REPO, cli, start_hosts, summary
 
 from tests.hosts._proc import shared_tmpdir  # noqa: E402
-from fleet_fanout import start_hosts  # noqa: E402
 from tests.hosts.sshd import ROOT_ALIAS, alias_for  # noqa: E402
 
 

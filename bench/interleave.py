@@ -23,6 +23,19 @@ from tests.hosts._proc import shared_tmpdir  # noqa: E402
 from tests.hosts.sshd import start_sshd  # noqa: E402
 
 
+def start_hosts(n: int) -> list:
+    """n test sshd, started from this thread: each dies with the thread that started it (PR_SET_PDEATHSIG)."""
+    hosts = []
+    try:
+        for _ in range(n):
+            hosts.append(start_sshd())
+    except BaseException:
+        for host in hosts:
+            host.stop()
+        raise
+    return hosts
+
+
 def user_host():
     """(the sshd, its non-root login as an SshHost, a ROOT dir that login owns)."""
     host = start_sshd()
