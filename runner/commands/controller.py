@@ -11,7 +11,7 @@ from contextlib import ExitStack, closing, suppress
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol
 
 from remote_payload import sweep as sweeps
 from remote_payload.contract import DEFAULTS, is_terminal, normalize_unit
@@ -92,45 +92,20 @@ def connect(host: dict, bundle: Bundle | None = None, *, deadline: Deadline,
 
 RETRY_ATTEMPTS = 3
 RETRY_FIRST_WAIT_S, RETRY_MAX_WAIT_S = 0.2, 2.0  # doubled after each failed attempt, up to the max
-T = TypeVar("T")
 
 
-class _Retrying:
+def _retrying(deadline: Deadline) -> Retrying:
     """`_retrying(deadline)(fn, *args, **kwargs)`: fn's answer, its call repeated while it fails on a lost link.
-    The first attempt is made as it is; only a call that failed on a lost link imports tenacity (with
-    concurrent.futures and logging, ~8 ms that every `status` and `tail` paid before any call was made), which
-    makes the rest of the attempts."""
+    For idempotent calls only (never a refused host key or login, nor a bad answer), inside the command's
+    deadline: no retry starts once it passed, no back-off sleeps past it. Three attempts, 0.2 s and 0.4 s apart.
+    tenacity is imported here: a tail, which retries nothing, does not load it."""
+    from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
 
-    def __init__(self, deadline: Deadline) -> None:
-        self.deadline = deadline
-
-    def __call__(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        try:
-            return fn(*args, **kwargs)
-        except TransportError as exc:
-            if not exc.retry or self.deadline.passed():
-                raise
-        time.sleep(min(RETRY_FIRST_WAIT_S, self.deadline.left()))
-        return self._after_a_lost_link()(fn, *args, **kwargs)
-
-    def _after_a_lost_link(self) -> Retrying:
-        from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
-
-        backoff = wait_exponential(multiplier=RETRY_FIRST_WAIT_S * 2, max=RETRY_MAX_WAIT_S)
-        attempts = stop_after_attempt(RETRY_ATTEMPTS - 1)
-        return Retrying(
-            retry=retry_if_exception(lambda e: isinstance(e, TransportError) and e.retry),
-            stop=lambda state: attempts(state) or self.deadline.passed(),
-            wait=lambda state: min(backoff(state), self.deadline.left()),
-            reraise=True,
-        )
-
-
-def _retrying(deadline: Deadline) -> _Retrying:
-    """Retries for idempotent calls only (a lost link; never a refused host key or login, nor a bad answer),
-    inside the command's deadline: no retry starts once it passed, no back-off sleeps past it. Three attempts,
-    0.2 s and 0.4 s apart (tenacity's exponential wait, imported only once a call failed on a lost link)."""
-    return _Retrying(deadline)
+    backoff = wait_exponential(multiplier=RETRY_FIRST_WAIT_S, max=RETRY_MAX_WAIT_S)
+    attempts = stop_after_attempt(RETRY_ATTEMPTS)
+    return Retrying(retry=retry_if_exception(lambda e: isinstance(e, TransportError) and e.retry),
+                    stop=lambda state: attempts(state) or deadline.passed(),
+                    wait=lambda state: min(backoff(state), deadline.left()), reraise=True)
 
 
 # -- submit -----------------------------------------------------------------------------------------------

@@ -65,8 +65,8 @@ def test_retries_run_inside_the_commands_deadline_and_add_nothing():
 
 
 def test_retries_are_three_attempts_a_fifth_then_two_fifths_of_a_second_apart_on_a_lost_link_only(monkeypatch):
-    """What tenacity did here (wait_exponential(0.2, max 2), stop_after_attempt(3), reraise), kept without it:
-    a lost link is tried again, a refused login or a bad answer is raised at once, the last failure is raised."""
+    """tenacity's wait_exponential(0.2, max 2), stop_after_attempt(3), reraise: a lost link is tried again, a
+    refused login or a bad answer is raised at once, the last failure is raised."""
     slept: list[float] = []
     monkeypatch.setattr(time, "sleep", slept.append)
     outcomes: list = [TransportError("lost"), TransportError("lost"), "answer"]
