@@ -30,23 +30,24 @@ from ..errors import (
     UnknownJob,
     UploadCut,
 )
+from ..remote import preflight
+from ..remote.answers import LogChunk
 from ..remote.bundles import Bundle, packaged_payload, payload_bundle, payload_dir, payload_files, supervisor_bundle
 from ..remote.host import HostClient
+from ..remote.job_answers import JobStatus, Result, Started
 from ..remote.transport_openssh import for_host
 from ..state.job_id import check_job_id, job_id_for
 from ..state.store import NOT_STARTED, JobRecord, Store
 from . import render
 from .interrupts import Interrupts
+from .plan import PLANNED_JOB_ID, Plan
+from .submit_types import DryRun, Submitted
 
-if TYPE_CHECKING:  # pydantic and yaml load only in the commands that use them (`runner tail` starts fast)
+if TYPE_CHECKING:  # pydantic, yaml and tenacity load only in the commands that use them (`runner tail` starts fast)
     from tenacity import Retrying
 
-    from ..remote.answers import LogChunk
-    from ..remote.job_answers import JobStatus, Result, Started
     from ..spec.payload_args import ArgsCheck
     from ..spec.spec import JobSpec, ServiceSpec
-    from .plan import Plan
-    from .submit_types import DryRun, Submitted
 
 LOG_CHUNK = 1 << 20
 # How long a submit's host call may go on after the submit itself ended (killed, or left on a second Ctrl-C: its
@@ -147,7 +148,6 @@ def local_plan(spec_path: str, overrides: Sequence[str]) -> Plan:
     """The command's plan of this spec: validated, its payload args checked, both bundles built — once."""
     from ..spec.spec_fleet import RolloutSpec
     from ..spec.spec_load import load_spec
-    from .plan import PLANNED_JOB_ID, Plan
 
     spec = load_spec(spec_path, overrides)
     script = spec.payload.script
@@ -164,11 +164,6 @@ def local_plan(spec_path: str, overrides: Sequence[str]) -> Plan:
                 args_note, rollout, payload, spec.metrics.model_dump() if spec.metrics else None)
 
 
-def _planned(spec_path: str, overrides: Sequence[str], planned: Plan | None) -> Plan:
-    """The plan the caller made (the CLI's; a fleet's, retargeted to one host), else this spec's."""
-    return planned if planned is not None else local_plan(spec_path, overrides)
-
-
 def _wire(plan: Plan, job_id: str | None) -> dict:
     """The plan's wire form with this submit's job id: the one given, else a new one."""
     job_id = check_job_id(job_id) if job_id is not None else job_id_for(plan.name, datetime.now(timezone.utc), os.urandom(3).hex())
@@ -183,10 +178,8 @@ def submit(spec_path: str, overrides: list[str], *, queue: bool = False, job_id:
     a refusal from the host removes the record it made. planned: the command's plan of this spec (the CLI's,
     or a fleet's retargeted to this host), else it is made here; deadline: the command's; interrupts: the
     CLI's, which hold a Ctrl-C or SIGTERM until the host answered and then cancel the job (interrupts.py)."""
-    from .submit_types import Submitted
-
     store.check_writable()
-    plan = _planned(spec_path, overrides, planned)
+    plan = planned if planned is not None else local_plan(spec_path, overrides)
     host, bundle = plan.host, plan.bundle
     wire = _wire(plan, job_id)
     job_id = wire["job_id"]
@@ -260,14 +253,10 @@ def dry_run(spec_path: str, overrides: list[str], *, queue: bool = False, job_id
             planned: Plan | None = None, deadline: Deadline) -> DryRun:
     """Validate, check the args, preflight the host and decide — without starting or changing anything.
     A refusal raises exactly what submit would raise (exit 2/3/4/5). planned, deadline: as for submit."""
-    from .submit_types import DryRun
-
-    plan = _planned(spec_path, overrides, planned)
+    plan = planned if planned is not None else local_plan(spec_path, overrides)
     host, bundle, wire, args_note = plan.host, plan.bundle, _wire(plan, job_id), plan.args_note
     with connect(host, bundle, deadline=deadline, payload=plan.payload_bundle) as client:
         report = _preflight(client, wire)
-    from ..remote import preflight  # a submit's: a tail, status or cancel never loads it
-
     decision = preflight.decide(wire, report, queue=queue)
     payload = wire["payload"]
     argv = payload["command"] or [payload["python"], payload["script"], *payload["args"]]
@@ -304,8 +293,6 @@ def _submit_once(client: HostClient, wire: dict, queue: bool) -> tuple[Started, 
         client.close()
         found = _retrying(client.deadline)(client.status, [wire["job_id"]])
         if found and found[0].state != "UNKNOWN":
-            from ..remote.job_answers import Started
-
             return Started.found(found[0]), False
         return _submit_call(client, wire, queue)
 
@@ -342,8 +329,6 @@ def _adopt(client: HostClient, wire: dict, exc: RemoteError) -> Started:
     if exc.answer.get("same_spec") is False:
         raise SpecError(f"job id {wire['job_id']} is already used on this host by a different spec",
                         hint="Resubmit the same spec to adopt that job, or choose another --job-id.") from None
-    from ..remote.job_answers import Started
-
     return Started.found(client.status([wire["job_id"]])[0])
 
 
@@ -463,8 +448,6 @@ def status(job_ids: list[str], *, store: Store, deadline: Deadline, every: bool 
     jobs this controller knows; one host call per host (its ids on stdin, HostClient.status). wait: how long
     each host may hold its answer until one of its jobs changes state or ends (within `deadline`). A job whose
     host was not asked (never started there; its host not reached) is its record's last known state."""
-    from ..remote.job_answers import JobStatus  # not a tail's: it reads LogChunks only
-
     records = [store.load(check_job_id(j)) for j in job_ids] if job_ids else store.all() if every else store.recent()[0]
     by_host: dict[tuple, list[JobRecord]] = {}
     answers: list[JobStatus] = []
@@ -495,8 +478,6 @@ def status(job_ids: list[str], *, store: Store, deadline: Deadline, every: bool 
 def _kept_once_ended(store: Store, job_id: str, job: JobStatus) -> JobStatus:
     """An ended job's final status is kept in the state dir; once the host's retention deleted the job (the host
     answers UNKNOWN), that kept status is the answer."""
-    from ..remote.job_answers import JobStatus
-
     if is_terminal(job.state) and job.state != "UNKNOWN":
         store.keep(job_id, "status", job.raw)
     kept = store.kept(job_id, "status") if job.state == "UNKNOWN" else None
@@ -507,8 +488,6 @@ def _never_reached(store: Store, record: JobRecord) -> JobStatus:
     """A job its host does not have, whose record was made by a submit none of whose host calls can still start
     it (past submit_until) and never heard of since (a submit killed, SIGKILL included, before its host call
     reached the host): it ends NOT_STARTED."""
-    from ..remote.job_answers import JobStatus
-
     why = "never started: its host has no such job (its submit ended before reaching the host, or the job was removed)"
     with suppress(LocalStateError):
         store.end_not_started(record.job_id, why)
@@ -517,8 +496,6 @@ def _never_reached(store: Store, record: JobRecord) -> JobStatus:
 
 def _unreached(record: JobRecord, exc: TransportError) -> JobStatus:
     """A job whose host did not answer: its last known state, and why there is no newer one."""
-    from ..remote.job_answers import JobStatus
-
     return JobStatus.last_known(record.job_id, record.last_state, error=exc.code,
                                 message=f"host {record.host.get('address')} unreachable: {str(exc).splitlines()[0]}")
 
@@ -541,8 +518,6 @@ def result(job_id: str, *, store: Store, deadline: Deadline) -> Result:
         with connect(record.host, deadline=deadline) as client:
             found = _retrying(client.deadline)(client.result, job_id)
     except UnknownJob:
-        from ..remote.job_answers import Result
-
         kept = store.kept(job_id, "result")
         if kept is None:
             raise

@@ -10,15 +10,13 @@ from __future__ import annotations
 
 import shlex
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from remote_payload.contract import is_terminal
 from remote_payload.sweep import label as variant_label
 
 from ..printable import printable
-
-if TYPE_CHECKING:  # a tail, which renders none of them, does not load them
-    from ..remote.job_answers import JobStatus, Progress, ServiceRecord
+from ..remote.job_answers import JobStatus, Progress, ServiceRecord
 
 WINDOW_PARTS = ("release", "drain", "payload", "resume", "health")
 

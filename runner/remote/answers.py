@@ -10,8 +10,7 @@ host sent.
 Pure, no I/O: runner/remote/host.py calls `parse_line` where it reads an answer line, `failure` for `ok: false`,
 and one checker per HostClient method (each returns what that method returns). The answers the controller and
 the front ends read field by field are typed once, where they are checked: `LogChunk` here, `Started`,
-`JobStatus` and `Result` in job_answers.py (a tail loads none of them), each built by its `from_json` from the
-checked dict, as Ray's `JobInfo.from_json`: every layer above takes the dataclass, and the renderers
+`JobStatus` and `Result` in job_answers.py, each built by its `from_json` from the checked dict, as Ray's `JobInfo.from_json`: every layer above takes the dataclass, and the renderers
 (runner/commands/render.py) read fields, never keys.
 """
 from __future__ import annotations
@@ -21,14 +20,12 @@ import json
 import math
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from remote_payload.contract import STATES, TERMINAL
 
 from ..errors import BadAnswer
-
-if TYPE_CHECKING:
-    from .job_answers import JobStatus, Result, Started
+from .job_answers import JobStatus, Result, Started
 
 # The longest answer line read: a result.json or a 4 MiB log chunk in base64 fits many times over.
 MAX_ANSWER_BYTES = 32 << 20
@@ -277,8 +274,6 @@ def submit(answer: dict, job_id: str) -> Started:
     """`report` and start's answer: the host either started the job or answered its refusal as an error."""
     if not _checked("submit", answer, SUBMIT)["started"]:
         raise _bad("submit", "started", "expected true (a host that does not start the job answers an error)")
-    from .job_answers import Started
-
     return Started.from_json(_same_job("submit", _checked("submit", answer, START), job_id))
 
 
@@ -290,8 +285,6 @@ def status(answer: dict, job_ids: Sequence[str]) -> list[JobStatus]:
     for index, (job, job_id) in enumerate(zip(jobs, job_ids)):
         if job["job_id"] != job_id:
             raise _bad("status", f"jobs.{index}.job_id", "not the job asked for")
-    from .job_answers import JobStatus
-
     return [JobStatus.from_json(job) for job in jobs]
 
 
@@ -360,14 +353,10 @@ def result(answer: dict) -> Any:
 
 def result_answer(answer: dict) -> Result:
     """`result`'s whole answer: the result.json and the windows of the services the job freed."""
-    from .job_answers import Result
-
     return Result.from_json(_checked("result", answer, RESULT))
 
 
-# -- the typed answer a tail reads ---------------------------------------------------------------------------
-# The answers of status, submit and result are typed in job_answers.py: a tail, the most frequent call, loads
-# only this one.
+# -- the typed answer of `logs` (those of status, submit and result: job_answers.py) ------------------------
 
 @dataclass(frozen=True)
 class LogChunk:

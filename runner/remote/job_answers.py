@@ -1,7 +1,6 @@
 """The typed answers of `status`, `submit` and `result` (answers.py checks them first): each built by its
 `from_json` from the checked dict, as Ray's `JobInfo.from_json`, and read field by field by every layer above
-(the renderers in runner/commands/render.py too). Apart from answers.py so that a `tail`, which reads only
-LogChunk, does not define these classes at every call.
+(the renderers in runner/commands/render.py too).
 """
 from __future__ import annotations
 

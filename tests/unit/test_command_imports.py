@@ -1,7 +1,7 @@
 """What a job's `tail` and `status` load before they call the host: every agent's poll pays it. Each module
-named here is one a job's tail or status never needs (a run's store, the rollout, preflight's rules, pydantic and
-yaml, paramiko, shutil with bz2 and lzma, a submit's plan and outcomes), or a tail never needs (tenacity with
-concurrent.futures and logging: it retries nothing; status's typed answers, OpenSSL)."""
+named here is one a job's tail or status never needs (a run's store, the rollout, pydantic and yaml, paramiko,
+shutil with bz2 and lzma), or a tail never needs (tenacity with concurrent.futures and logging: it retries
+nothing; OpenSSL)."""
 from __future__ import annotations
 
 import json
@@ -13,14 +13,12 @@ from pathlib import Path
 
 import pytest
 
-NEVER = ["shutil", "runner.state.fleet_store", "runner.remote.preflight", "runner.fleet.fleet_view",
-         "runner.fleet.fleet", "pydantic", "yaml", "paramiko",
-         "runner.commands.submit_types", "runner.commands.plan"]  # a submit's
-# What a job's tail never needs besides: the retries of status (tenacity), the typed answers of status, submit and
-# result, and OpenSSL's hashing once the supervisor's digest and the host's ssh config are recorded in the state
-# dir (the first command of a state dir records them).
-TAIL_NEVER = ["tenacity", "concurrent.futures", "logging", "runner.remote.job_answers", "hashlib", "_hashlib",
-              "tempfile", "random"]
+NEVER = ["shutil", "runner.state.fleet_store", "runner.fleet.fleet_view", "runner.fleet.fleet", "pydantic", "yaml",
+         "paramiko"]
+# What a job's tail never needs besides: the retries of status (tenacity), and OpenSSL's hashing once the
+# supervisor's digest and the host's ssh config are recorded in the state dir (the first command of a state dir
+# records them).
+TAIL_NEVER = ["tenacity", "concurrent.futures", "logging", "hashlib", "_hashlib", "tempfile", "random"]
 # The children below get a bare environment: they keep their bytecode where this process does (.ci/run's floor: outside
 # the checkout, PYTHONPYCACHEPREFIX), or write none when it writes none; never beside the modules on their own.
 BYTECODE = ({"PYTHONPYCACHEPREFIX": sys.pycache_prefix} if sys.pycache_prefix else {}) | (
