@@ -370,12 +370,12 @@ def schema() -> None:
 def restore_service(job_file: str | None, overrides: tuple[str, ...], address: str | None, user: str | None,
                     port: int | None, unit: str | None, scope: str, sudo: bool, health_url: str | None,
                     host_key_policy: str, max_wait: float, as_json: bool) -> None:
-    from ..commands import controller
+    from ..commands import upkeep
 
-    host, service = controller.restore_target(job_file, address=address, unit=unit, overrides=overrides, user=user,
+    host, service = upkeep.restore_target(job_file, address=address, unit=unit, overrides=overrides, user=user,
                                               port=port, scope=scope, sudo=sudo, health_url=health_url,
                                               host_key_policy=host_key_policy)
-    answer = controller.restore_service(host, service, max_wait=max_wait)
+    answer = upkeep.restore_service(host, service, max_wait=max_wait)
     if as_json:
         _emit_json(answer)
     else:
@@ -404,9 +404,9 @@ def restore_service(job_file: str | None, overrides: tuple[str, ...], address: s
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 def gc(host_or_job: str, keep_jobs: int, keep_days: float, dry_run: bool, every: bool, max_wait: float,
        as_json: bool) -> None:
-    from ..commands import controller
+    from ..commands import upkeep
 
-    answer = controller.gc(host_or_job, keep_jobs=keep_jobs, keep_days=keep_days, dry_run=dry_run,
+    answer = upkeep.gc(host_or_job, keep_jobs=keep_jobs, keep_days=keep_days, dry_run=dry_run,
                            deadline=Deadline.for_command(max_wait), store=Store(), every=every)
     if as_json:
         _emit_json(answer)

@@ -1,4 +1,5 @@
-"""What each CLI command does, as plain functions returning plain data (cli.py only prints and exits).
+"""What each command does to one job, as plain functions returning plain data (cli.py only prints and exits):
+its plan, submit (and `--dry-run`), tail, status, cancel and result; `connect` reaches its host.
 
 Every operation is one or a few short round trips; none holds a step of the job's choreography.
 """
@@ -11,10 +12,10 @@ from contextlib import ExitStack, closing, suppress
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from remote_payload import sweep as sweeps
-from remote_payload.contract import DEFAULTS, is_terminal, normalize_unit
+from remote_payload.contract import DEFAULTS, is_terminal
 
 from ..deadline import Deadline
 from ..errors import (
@@ -47,7 +48,7 @@ if TYPE_CHECKING:  # pydantic, yaml and tenacity load only in the commands that 
     from tenacity import Retrying
 
     from ..spec.payload_args import ArgsCheck
-    from ..spec.spec import JobSpec, ServiceSpec
+    from ..spec.spec import JobSpec
 
 LOG_CHUNK = 1 << 20
 # How long a submit's host call may go on after the submit itself ended (killed, or left on a second Ctrl-C: its
@@ -455,7 +456,7 @@ def status(job_ids: list[str], *, store: Store, deadline: Deadline, every: bool 
         if record.last_state == NOT_STARTED:  # its host never heard of it: nothing to ask
             answers.append(JobStatus.last_known(record.job_id, NOT_STARTED, record.note))
         else:
-            by_host.setdefault(_host_key(record.host), []).append(record)
+            by_host.setdefault(host_key(record.host), []).append(record)
     for group in by_host.values():
         try:
             with connect(group[0].host, deadline=deadline) as client:
@@ -500,7 +501,8 @@ def _unreached(record: JobRecord, exc: TransportError) -> JobStatus:
                                 message=f"host {record.host.get('address')} unreachable: {str(exc).splitlines()[0]}")
 
 
-def _host_key(host: dict) -> tuple:
+def host_key(host: dict) -> tuple:
+    """What tells one host (and login, and root) from another: the jobs of one are asked in one call."""
     return (host["address"], host.get("user"), host.get("port"), host.get("root"))
 
 
@@ -526,76 +528,3 @@ def result(job_id: str, *, store: Store, deadline: Deadline) -> Result:
         store.keep(job_id, "result", {"result": found.value, "windows": [{"unit": u, "window": w}
                                                                         for u, w in found.windows]})
     return found
-
-
-def restore_service(host: dict, service: dict, *, max_wait: float) -> dict:
-    """Start the unit if inactive and wait until healthy, at most max_wait on the host plus one round trip."""
-    if service.get("manager", "systemd") != "systemd" or not service.get("unit"):
-        raise SpecError("restore-service needs a systemd unit (service.manager: systemd and service.unit)")
-    with connect(host, deadline=Deadline.for_command(max_wait)) as client:
-        return client.restore_service(service, max_wait=max_wait)
-
-
-def gc(target: str, *, keep_jobs: int, keep_days: float, dry_run: bool, deadline: Deadline, store: Store,
-       every: bool = False) -> dict:
-    """The host's retention rule by hand (`gc`): target is JOB.yaml (its host section) or a host address. Only
-    the jobs this controller submitted there may go (a login may serve several controllers), unless `every`."""
-    host = gc_host(target)
-    mine = None if every else [r.job_id for r in store.all() if _host_key(r.host) == _host_key(host)]
-    with connect(host, deadline=deadline) as client:
-        return dict(client.gc(keep_jobs=keep_jobs, keep_days=keep_days, dry_run=dry_run, only=mine),
-                    host=host["address"])
-
-
-def gc_host(target: str) -> dict:
-    """The host section of JOB.yaml when target is a file, else a host given by its address."""
-    from ..spec.spec import HostSpec
-    from ..spec.spec_load import load_spec, section_from_options
-
-    if os.path.isfile(target):
-        return load_spec(target, ()).host.model_dump()
-    return section_from_options(HostSpec, "HOST", address=target).model_dump()
-
-
-def _service_of(spec: JobSpec, unit: str | None) -> ServiceSpec:
-    """The one service of JOB.yaml to restore: its `service`, or with `services` the one --unit names (a job
-    file's restore touches only that unit)."""
-    services = spec.all_services()
-    if unit is None:
-        if spec.services is None or len(services) == 1:
-            return spec.service if spec.services is None else services[0]
-        names = ", ".join(normalize_unit(s.unit) for s in services if s.unit)  # systemd: all have one
-        raise SpecError(f"the job file lists several services ({names}): name the one to restore with --unit")
-    for service in services:
-        if service.unit and normalize_unit(service.unit) == normalize_unit(unit):
-            return service
-    raise SpecError(f"--unit {unit} is not a service of the job file")
-
-
-def restore_target(spec_path: str | None, *, address: str | None = None, unit: str | None = None,
-                   overrides: Sequence[str] = (), **options: Any) -> tuple[dict, dict]:
-    """The (host, service) sections to restore: from JOB.yaml with its overrides (--set; with --unit, the one
-    of its services it names; with --host, on that host instead of the file's), or from --host/--unit and
-    their options (user, port, host_key_policy for the host; scope, sudo, health_url for the service),
-    validated alike."""
-    from ..spec.spec import HostSpec, ServiceSpec
-    from ..spec.spec_load import load_spec, section_from_options
-
-    host_keys = ("user", "port", "host_key_policy")
-    if spec_path:
-        spec = load_spec(spec_path, overrides)
-        host = spec.host.model_dump()
-        if address:  # the job file's service on another host: its login is --user/--port's, else ssh_config's
-            given = {k: v for k, v in options.items() if k in host_keys and v is not None}
-            host = section_from_options(HostSpec, "--host", **{**host, "user": None, "port": None,
-                                                               "address": address, **given}).model_dump()
-        return host, _service_of(spec, unit).model_dump()
-    if overrides:
-        raise SpecError("--set changes a job file: give JOB.yaml (or set the service with --unit and its options)")
-    if not (address and unit):
-        raise SpecError("restore-service needs JOB.yaml, or both --host and --unit")
-    given_host = section_from_options(HostSpec, "--host", address=address,
-                                      **{k: v for k, v in options.items() if k in host_keys and v is not None})
-    service = section_from_options(ServiceSpec, "--unit", manager="systemd", unit=unit,
-                                   **{k: v for k, v in options.items() if k not in host_keys and v is not None})
-    return given_host.model_dump(), service.model_dump()

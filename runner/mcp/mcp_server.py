@@ -31,7 +31,7 @@ from mcp.types import CallToolResult, TextContent, Tool
 from pydantic import Field, ValidationError
 from pydantic_core import ErrorDetails
 
-from ..commands import controller, render, unattended
+from ..commands import controller, render, unattended, upkeep
 from ..deadline import Deadline
 from ..errors import EXIT_OK, EXIT_STILL_RUNNING, EXIT_USAGE, RunnerError, SpecError, exit_code
 from ..fleet import targets
@@ -158,9 +158,9 @@ class Tools:
             assert host and unit  # checked above: without job_file both are given
             path = self.policy.known_service(host, unit)
         overrides = [f"host.address={host}"] if host else []  # one host of a fleet's job file
-        host_spec, service = controller.restore_target(path, unit=unit, overrides=overrides)  # unit: one of `services`
+        host_spec, service = upkeep.restore_target(path, unit=unit, overrides=overrides)  # unit: one of `services`
         self.policy.host(host_spec)
-        answer = controller.restore_service(host_spec, service, max_wait=max_wait)
+        answer = upkeep.restore_service(host_spec, service, max_wait=max_wait)
         return {**answer, "cli_exit_code": exit_code(answer.get("state"))}
 
 
