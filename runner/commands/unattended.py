@@ -40,7 +40,7 @@ class Collected:
     source: str
     job_id: str | None = None
     warning: str | None = None
-    window: dict | None = None  # the job's service window (results/window.py job_window), when it freed a service
+    window: dict | None = None  # the job's service window (results/window.py), when it freed a service
     partial: str | None = None  # the job ended without a result: why, and that `result` is its log's rows
     declared: dict | None = None  # the job spec's `metrics` (gate.declared_table), when it declares them
 

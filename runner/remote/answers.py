@@ -227,8 +227,6 @@ LOG_FRAME = _record({"offset": COUNT, "next_offset": COUNT, "size": COUNT, "data
                      "terminal": BOOL, "exit_code": OPT_INT, "last": BOOL},
                     required=("offset", "next_offset", "size", "data_len", "state", "terminal", "last"))
 CANCEL = _record({"job_id": OPT_TEXT, "state": STATE, "already": OPT_BOOL}, required=("state",))
-RESTORE = _record({"job_id": OPT_TEXT, "state": STATE, "service": _optional(OBJECT), "already": OPT_BOOL,
-                   "deferred": OPT_BOOL, "in_progress": OPT_BOOL, "message": OPT_TEXT}, required=("state",))
 RESTORE_SERVICE = _record({"unit": OPT_TEXT, "state": _one_of("healthy, starting or failed",
                                                               ("healthy", "starting", "failed")),
                            "active_state": OPT_TEXT, "sub_state": OPT_TEXT, "log_tail": OPT_TEXT,
@@ -332,10 +330,6 @@ def log_frame(answer: dict, offset: int, max_bytes: int) -> dict:
 
 def cancel(answer: dict) -> dict:
     return _checked("cancel", answer, CANCEL)
-
-
-def restore(answer: dict) -> dict:
-    return _checked("restore", answer, RESTORE)
 
 
 def restore_service(answer: dict) -> dict:

@@ -105,7 +105,7 @@ class HostClient:
     def __enter__(self) -> HostClient:
         return self
 
-    def __exit__(self, *exc_info: object) -> None:
+    def __exit__(self, *_exc: object) -> None:
         self.close()
 
     def close(self) -> None:
@@ -169,10 +169,6 @@ class HostClient:
 
     def cancel(self, job_id: str) -> dict:
         return answers.cancel(self.call("cancel", ["--job-id", job_id]))
-
-    def restore_job(self, job_id: str) -> dict:
-        """Wire `restore`: bring the job's service back to its recorded prior state."""
-        return answers.restore(self.call("restore", ["--job-id", job_id]))
 
     def restore_service(self, service: dict, *, max_wait: float) -> dict:
         """Wire `restore-service`: start the unit if inactive and wait until healthy or max_wait."""

@@ -12,7 +12,6 @@ from typing import Any
 from .clocks import clock_lines
 from .gate import FAILING, Metric, Verdict, label
 
-FORMATS = ("text", "markdown", "junit")
 HEADER = ["metric", "baseline", "current", "worse by", "allowed", "verdict"]
 
 

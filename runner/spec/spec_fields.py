@@ -262,7 +262,6 @@ CommandWord = Annotated[str, BeforeValidator(lambda v: _number_as_text(v, "a com
                         WithJsonSchema({"type": ["string", "number"]})]
 Device = Annotated[int | str, BeforeValidator(_check_device)]
 Name = Annotated[str, BeforeValidator(_check_name)]
-Address = Annotated[str, BeforeValidator(_check_address)]
 User = Annotated[str | None, BeforeValidator(_check_user)]
 PayloadUser = Annotated[str | None, BeforeValidator(_check_payload_user)]
 HostRoot = Annotated[str, BeforeValidator(_check_host_root)]

@@ -6,12 +6,15 @@ none of it."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
 
+from remote_payload.supervision.files import JobPaths, write_json_atomic
+from remote_payload.verbs.result import service_windows
 from runner.results import gate
-from runner.results.window import job_window
+from runner.results.window import window_of
 from tests.cli_helpers import run_cli, submit, wait_terminal
 from tests.harness.systemd_jobs import target_for
 from tests.harness.multi_services import SECOND, multi_job, two_services
@@ -47,24 +50,33 @@ def status(*services: dict) -> dict:
     return job
 
 
+def job_window(tmp_path: Path, job: object) -> dict | None:
+    """The job's window as `runner results` makes it from status.json: the host's `result` answer lists each
+    freed service's window (remote_payload/verbs/result.py), the controller combines them (window_of)."""
+    paths = JobPaths(str(tmp_path), "j-1")
+    os.makedirs(paths.dir, exist_ok=True)
+    write_json_atomic(paths.status, job)
+    return window_of([(w["unit"], w["window"]) for w in service_windows(paths)])
+
+
 # -- the window of a status -------------------------------------------------------------------------------
 
-def test_one_freed_service_keeps_its_window_as_it_was():
+def test_one_freed_service_keeps_its_window_as_it_was(tmp_path):
     one = record("a.service", 3.2)
-    assert job_window(status(one)) == one["downtime"]
+    assert job_window(tmp_path, status(one)) == one["downtime"]
 
 
-def test_a_job_that_freed_nothing_has_no_window():
-    assert job_window(status()) is None
-    assert job_window(status(kept("a.service"), kept("b.service"))) is None
-    assert job_window({"job_id": "j-1", "state": "FAILED"}) is None
+def test_a_job_that_freed_nothing_has_no_window(tmp_path):
+    assert job_window(tmp_path, status()) is None
+    assert job_window(tmp_path, status(kept("a.service"), kept("b.service"))) is None
+    assert job_window(tmp_path, {"job_id": "j-1", "state": "FAILED"}) is None
 
 
-def test_two_freed_services_each_have_their_window_and_the_job_the_longest():
+def test_two_freed_services_each_have_their_window_and_the_job_the_longest(tmp_path):
     """The numbers of a real run on GPUs 1 and 2: the second unit was stopped later and came back sooner."""
     a = record("dummy-infer.service", 4.162)
     b = record("second-infer.service", 3.104, health_s=0.011, payload_s=2.327, release_s=0.721, resume_s=0.012)
-    window = job_window(status(a, b))
+    window = job_window(tmp_path, status(a, b))
     assert window["units"] == ["dummy-infer.service", "second-infer.service"]
     assert window["services"] == [{"unit": "dummy-infer.service", **a["downtime"]},
                                   {"unit": "second-infer.service", **b["downtime"]}]
@@ -74,41 +86,42 @@ def test_two_freed_services_each_have_their_window_and_the_job_the_longest():
                                                     "health_s": 2.119}
 
 
-def test_the_history_records_the_longest_outage():
-    window = job_window(status(record("a.service", 3.2), record("b.service", 5.5, health_s=4.0)))
+def test_the_history_records_the_longest_outage(tmp_path):
+    window = job_window(tmp_path, status(record("a.service", 3.2), record("b.service", 5.5, health_s=4.0)))
     metrics = gate.window_metrics(window)
     assert set(metrics) == {"not_serving_s", "release_s", "drain_s", "payload_s", "resume_s", "health_s"}
     assert metrics["not_serving_s"] == gate.Metric(5.5, "lower") and metrics["health_s"].value == 4.0
 
 
-def test_a_service_not_stopped_is_not_in_the_window():
+def test_a_service_not_stopped_is_not_in_the_window(tmp_path):
     """The first picked service kept serving, the second was freed: the window is the second's, as one."""
     b = record("b.service", 5.5)
-    assert job_window(status(kept("a.service"), b)) == b["downtime"]
+    assert job_window(tmp_path, status(kept("a.service"), b)) == b["downtime"]
     a, c = record("a.service", 3.2), record("c.service", 1.0)
-    assert job_window(status(a, kept("b.service"), c))["units"] == ["a.service", "c.service"]
+    assert job_window(tmp_path, status(a, kept("b.service"), c))["units"] == ["a.service", "c.service"]
 
 
-def test_a_service_not_healthy_again_leaves_the_longest_outage_unknown():
+def test_a_service_not_healthy_again_leaves_the_longest_outage_unknown(tmp_path):
     """`not_serving_s` is None for a service that did not come back: the job's longest outage is not the
     other one's, so it is unknown too (and left out of the history, as for one service)."""
-    window = job_window(status(record("a.service", 3.2), record("b.service", None)))
+    window = job_window(tmp_path, status(record("a.service", 3.2), record("b.service", None)))
     assert window["not_serving_s"] is None and window["payload_s"] == 0.966
     assert "not_serving_s" not in gate.window_metrics(window)
     assert window["services"][1]["not_serving_s"] is None
 
 
-def test_different_methods_are_named_together():
+def test_different_methods_are_named_together(tmp_path):
     a, b = record("a.service", 3.2), record("b.service", 2.0, method="sglang")
-    assert job_window(status(a, b))["method"] == "stop+sglang"
+    assert job_window(tmp_path, status(a, b))["method"] == "stop+sglang"
 
 
-def test_a_malformed_record_is_skipped_not_raised():
+def test_a_malformed_record_is_skipped_not_raised(tmp_path):
     """status.json is the payload's to overwrite: a record or a downtime of the wrong shape is no window."""
     a = record("a.service", 3.2)
-    assert job_window({"service": a, "services": ["x", {"unit": "b.service", "downtime": "x"}, a]}) == a["downtime"]
-    assert job_window({"service": "x", "services": "x"}) is None
-    assert job_window("x") is None
+    assert job_window(tmp_path, {"state": "SUCCEEDED", "service": a,
+                                 "services": ["x", {"unit": "b.service", "downtime": "x"}, a]}) == a["downtime"]
+    assert job_window(tmp_path, {"state": "SUCCEEDED", "service": "x", "services": "x"}) is None
+    assert job_window(tmp_path, "x") is None
 
 
 # -- on a real host: runner results, the history, MCP results -------------------------------------------
