@@ -10,26 +10,18 @@ those characters as `\\uXXXX`), and `tail`/`wait` keep the log's raw bytes on pu
 from __future__ import annotations
 
 import re
-from functools import cache
 
-_CONTROLS = "[\x00-\x1f\x7f-\x9f\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]"
+_CONTROLS = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
 # The same characters but C0 (which JSON escapes itself): as JSON's own \uXXXX, so JSON text stays the same JSON.
-_CONTROLS_IN_JSON = "[\x7f-\x9f\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]"
+_CONTROLS_IN_JSON = re.compile("[\x7f-\x9f\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
 _KEPT_IN_MULTILINE = "\n\t"
-
-
-@cache
-def _pattern(characters: str) -> re.Pattern[str]:
-    """Compiled on first use: every command imports this module, few print JSON (the classes of wide
-    ranges are slow to compile)."""
-    return re.compile(characters)
 
 
 def printable(text: str, *, multiline: bool = True) -> str:
     """C0 controls (ESC included), DEL, C1 (U+0080-U+009F), bidi controls and line/paragraph separators as
     `\\x1b` / `\\u009b` / `\\u202e`; newline and tab are kept where the view is multi-line. Everything else
     (any other Unicode, backslashes) is left as it is."""
-    return _pattern(_CONTROLS).sub(lambda m: _escape(m.group(), multiline), text)
+    return _CONTROLS.sub(lambda m: _escape(m.group(), multiline), text)
 
 
 def _escape(char: str, multiline: bool) -> str:
@@ -42,4 +34,4 @@ def _escape(char: str, multiline: bool) -> str:
 def printable_json(text: str) -> str:
     """JSON text (as json.dumps wrote it, C0 escaped already) with DEL, C1, bidi controls and separators written
     as JSON's `\\uXXXX` escapes: the same document, with nothing in it that a terminal would obey."""
-    return _pattern(_CONTROLS_IN_JSON).sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+    return _CONTROLS_IN_JSON.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
