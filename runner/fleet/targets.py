@@ -9,9 +9,10 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, BinaryIO
 
-from ..commands import controller, front_ends
+from ..commands import controller
 from ..deadline import Deadline
-from ..errors import EXIT_OK, worst
+from ..errors import EXIT_OK, UnknownJob, exit_code, exit_for, worst
+from ..remote.job_answers import JobStatus
 from ..state.store import Store, is_over
 
 if TYPE_CHECKING:
@@ -50,19 +51,28 @@ def submit_fleet(plan: Plan, *, run_id: str | None, queue: bool, store: Store, m
 
 
 def status(ref: str | None, *, store: Store, deadline: Deadline, every: bool = False) -> Outcome:
-    """A run's hosts (each its phase and its job's live status; the worst exit wins), or one job's status, or
-    the recent and unfinished jobs' (every known job's with `every`), whose exit is that of the jobs still
-    running: a job that ended badly once is history, not this call's outcome."""
+    """A run's hosts (each its phase and its job's live status; the worst exit wins), or one job's status (one its
+    host does not know is an unknown job, exit 2), or the recent and unfinished jobs' (every known job's with
+    `every`), whose exit is that of the jobs still running: a job that ended badly once is history, not this
+    call's outcome."""
     if ref and store.is_run(ref):
         from . import fleet_view
 
         run, rows = fleet_view.status(ref, store=store, deadline=deadline)
         return Outcome({"run_id": run.run_id, "state": run.state, "max_unavailable": run.max_unavailable,
                         "hosts": [row.to_json() for row in rows]}, worst(row.exit for row in rows), True, run, rows)
-    jobs = front_ends.job_statuses(ref, store=store, deadline=deadline, every=every)
+    jobs = controller.status([ref] if ref else [], store=store, deadline=deadline, every=every)
+    if ref and jobs and jobs[0].state == "UNKNOWN":
+        raise UnknownJob(f"job {ref} is not on its host (it was never started there, or its directory was removed)")
     counted = jobs if ref else [job for job in jobs if not is_over(job.state)]  # every job: by those still running
-    return Outcome(jobs[0].raw if ref else [job.raw for job in jobs],
-                   worst(front_ends.job_exit(job) for job in counted), detail=jobs)
+    return Outcome(jobs[0].raw if ref else [job.raw for job in jobs], worst(_job_exit(job) for job in counted),
+                   detail=jobs)
+
+
+def _job_exit(job: JobStatus) -> int:
+    """A job's exit status in `status`: its state's, or its host's error's (3: unreachable, a refused host key or
+    login, a bad answer) when its host could not be asked: never "call again" for a host that refuses."""
+    return exit_for(job.error) if job.error else exit_code(job.state)
 
 
 def cancel(ref: str, *, store: Store, deadline: Deadline) -> Outcome:
