@@ -18,7 +18,6 @@ from remote_payload.sweep import label as variant_label
 
 from .. import __version__
 from ..commands import render
-from ..commands.render import window_lines as _window_lines  # noqa: F401  (tests read a window's lines by this name)
 from ..deadline import DEFAULT_MAX_WAIT_S, MAX_WAIT_LIMIT_S, ROUND_TRIP_ALLOWANCE_S, Deadline
 from ..errors import CODE_USAGE, EXIT_FAILED, EXIT_OK, EXIT_USAGE, Interrupted, RunnerError, SpecError, exit_code
 from ..printable import printable
@@ -35,8 +34,6 @@ if TYPE_CHECKING:
 
 # Each command imports what it runs (the controller, fleets, the host protocol) when it runs: `runner list`
 # reads the local index and needs none of them.
-
-DEFAULT_MAX_WAIT = DEFAULT_MAX_WAIT_S
 WATCH_UNTIL_END = 86400.0  # `runner watch` on a terminal: until the job ends (a day at most)
 
 EXIT_CODES_HELP = """\b
@@ -81,7 +78,7 @@ def cli(verbose: bool) -> None:
 @click.option("--dry-run", is_flag=True, help="Validate and preflight, print the decision (stop the service? "
               "memory needed and free, the command), change nothing.")
 @click.option("--follow", is_flag=True, help="After submitting, print the log like `tail -f` for up to --max-wait.")
-@click.option("--max-wait", type=click.FloatRange(0, MAX_WAIT_LIMIT_S), default=DEFAULT_MAX_WAIT, show_default=True,
+@click.option("--max-wait", type=click.FloatRange(0, MAX_WAIT_LIMIT_S), default=DEFAULT_MAX_WAIT_S, show_default=True,
               help="Seconds this call may take, plus one round trip (a link that goes silent: exit 3; submit "
                    "again with the same --job-id). With --follow: the log is followed until then, then 75. A "
                    "fleet (a list of hosts): seconds to drive the rollout before returning 75 (`runner wait RUN` "
@@ -178,12 +175,12 @@ call prints the log from its first byte (repeats, never a gap).
 @cli.command(help=TAIL_HELP)
 @click.argument("job_id")
 @click.option("-f", "--follow", is_flag=True, help="Keep printing until the job ends or --max-wait passes.")
-@click.option("--max-wait", type=click.FloatRange(0, MAX_WAIT_LIMIT_S), default=DEFAULT_MAX_WAIT, show_default=True,
+@click.option("--max-wait", type=click.FloatRange(0, MAX_WAIT_LIMIT_S), default=DEFAULT_MAX_WAIT_S, show_default=True,
               help="Seconds this call may wait for new output (stay under your tool timeout).")
 @click.option("--from-start", is_flag=True, help="Print from the first byte, not from the cursor.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document (output decoded as UTF-8, lossy).")
 def tail(job_id: str, follow: bool, max_wait: float, from_start: bool, as_json: bool) -> None:
-    if _is_run(job_id):
+    if Store().is_run(job_id):
         from . import fleet_cli
 
         if as_json:
@@ -222,7 +219,7 @@ def _tail_and_exit(job_id: str, *, follow: bool, max_wait: float, from_start: bo
 @click.argument("job_id")
 @click.option("--max-wait", type=click.FloatRange(0, WATCH_UNTIL_END), default=None,
               help=f"Seconds to watch before returning 75 [default: on a terminal until the job ends, else "
-                   f"{DEFAULT_MAX_WAIT:g}].")
+                   f"{DEFAULT_MAX_WAIT_S:g}].")
 @click.option("--plain", is_flag=True, help="Plain lines even on a terminal.")
 def watch(job_id: str, max_wait: float | None, plain: bool) -> None:
     from ..commands import controller
@@ -254,7 +251,7 @@ def watch_bound(max_wait: float | None, *, on_terminal: bool) -> float:
     bound that fits a tool call."""
     if max_wait is not None:
         return max_wait
-    return WATCH_UNTIL_END if on_terminal else DEFAULT_MAX_WAIT
+    return WATCH_UNTIL_END if on_terminal else DEFAULT_MAX_WAIT_S
 
 
 @cli.command(help="State, phase, progress, service and downtime of one job (or, with no id, of the 50 newest jobs "
@@ -266,7 +263,7 @@ def watch_bound(max_wait: float | None, *, on_terminal: bool) -> float:
 @click.argument("job_id", required=False)
 @click.option("--all", "every", is_flag=True, help="With no id: every job this controller knows, not only the "
               "50 newest and those not yet ended.")
-@click.option("--max-wait", type=click.FloatRange(0, MAX_WAIT_LIMIT_S), default=DEFAULT_MAX_WAIT, show_default=True,
+@click.option("--max-wait", type=click.FloatRange(0, MAX_WAIT_LIMIT_S), default=DEFAULT_MAX_WAIT_S, show_default=True,
               help="Seconds this call may take, plus one round trip (then exit 3).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 def status(job_id: str | None, every: bool, max_wait: float, as_json: bool) -> None:
@@ -285,12 +282,6 @@ def status(job_id: str | None, every: bool, max_wait: float, as_json: bool) -> N
         for job in found.detail:
             _say(render.job_text(job))
     sys.exit(found.exit)
-
-
-def _is_run(ref: str) -> bool:
-    """A fleet run's id (one job per host) rather than one job's: the fleet_cli commands take it. The run
-    store's file alone (Store.is_run), not fleet_store nor fleet_view: a job's tail or status never needs them."""
-    return Store().is_run(ref)
 
 
 @cli.command(name="list", help="Jobs this controller knows (local index, no network; states as last seen): the 50 "
@@ -318,7 +309,7 @@ def list_jobs(every: bool, as_json: bool) -> None:
 @cli.command(help="Stop the job's payload (TERM, grace, KILL of its process group); the host then restores the "
                   "service. Exit: 0 requested or already ended · 2 · 3.")
 @click.argument("job_id")
-@click.option("--max-wait", type=click.FloatRange(0, MAX_WAIT_LIMIT_S), default=DEFAULT_MAX_WAIT, show_default=True,
+@click.option("--max-wait", type=click.FloatRange(0, MAX_WAIT_LIMIT_S), default=DEFAULT_MAX_WAIT_S, show_default=True,
               help="Seconds this call may take, plus one round trip (then exit 3).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 def cancel(job_id: str, max_wait: float, as_json: bool) -> None:
@@ -364,7 +355,7 @@ def schema() -> None:
               "without it the unit must stay active for 2 s.")
 @click.option("--host-key-policy", type=click.Choice(["strict", "accept-new"]), default="strict", show_default=True,
               help="strict: the key must be in known_hosts; accept-new: record an unknown key once.")
-@click.option("--max-wait", type=click.FloatRange(0, MAX_WAIT_LIMIT_S), default=DEFAULT_MAX_WAIT, show_default=True,
+@click.option("--max-wait", type=click.FloatRange(0, MAX_WAIT_LIMIT_S), default=DEFAULT_MAX_WAIT_S, show_default=True,
               help="Seconds to wait for healthy before returning 75 (the start goes on).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 def restore_service(job_file: str | None, overrides: tuple[str, ...], address: str | None, user: str | None,
@@ -399,7 +390,7 @@ def restore_service(job_file: str | None, overrides: tuple[str, ...], address: s
               help="Job dirs younger than this are kept.")
 @click.option("--dry-run", is_flag=True, help="List what would go; delete nothing.")
 @click.option("--all", "every", is_flag=True, help="Other controllers' jobs too (those this one did not submit).")
-@click.option("--max-wait", type=click.FloatRange(0, MAX_WAIT_LIMIT_S), default=DEFAULT_MAX_WAIT, show_default=True,
+@click.option("--max-wait", type=click.FloatRange(0, MAX_WAIT_LIMIT_S), default=DEFAULT_MAX_WAIT_S, show_default=True,
               help="Seconds this call may take, plus one round trip (then exit 3).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 def gc(host_or_job: str, keep_jobs: int, keep_days: float, dry_run: bool, every: bool, max_wait: float,
@@ -485,7 +476,7 @@ def wait(job_id: str, timeout: str, as_json: bool) -> None:
         seconds = parse_duration(timeout)
     except ValueError as exc:
         raise SpecError(f"--timeout: {exc}") from None
-    if _is_run(job_id):
+    if Store().is_run(job_id):
         sys.exit(fleet_cli.wait(job_id, max_wait=seconds, as_json=as_json))
     outcome = unattended.wait(job_id, store=Store(), out=sys.stdout.buffer, timeout=seconds, progress=_progress)
     if as_json:

@@ -18,8 +18,6 @@ from .cli_echo import emit_json as _emit_json
 from .cli_echo import progress as _progress
 from .cli_echo import say as _say
 
-DEFAULT_MAX_WAIT = DEFAULT_MAX_WAIT_S
-
 
 def _tolerance(_ctx: click.Context, _param: click.Parameter, value: str) -> float:
     from ..results.gate import parse_tolerance
@@ -49,7 +47,7 @@ def _tolerance(_ctx: click.Context, _param: click.Parameter, value: str) -> floa
               help="Allowed worsening on top of each metric's measured spread (5% or 0.05).")
 @click.option("--format", "fmt", type=click.Choice(["text", "markdown", "junit"]), default="text", show_default=True,
               help="Gate output: a text table, GitHub markdown ($GITHUB_STEP_SUMMARY) or JUnit XML.")
-@click.option("--max-wait", type=click.FloatRange(0, MAX_WAIT_LIMIT_S), default=DEFAULT_MAX_WAIT, show_default=True,
+@click.option("--max-wait", type=click.FloatRange(0, MAX_WAIT_LIMIT_S), default=DEFAULT_MAX_WAIT_S, show_default=True,
               help="Seconds this call may take, plus one round trip (then exit 3).")
 def results(job_id: str, as_json: bool, plot_path: str | None, baseline_path: str | None, save_path: str | None,
             other: str | None, tolerance: float, fmt: str, max_wait: float) -> None:

@@ -23,7 +23,7 @@ def test_a_failed_phase_says_so():
 
 
 def test_the_window_says_what_became_of_the_engines_requests_in_status_and_results():
-    from runner.cli.cli import _window_lines
+    from runner.commands.render import window_lines as _window_lines
     window = {"method": "sglang", "not_serving_s": 10.0, "release_s": 0.4, "payload_s": 8.5, "pause_mode": "drain",
               "clients": {"at_pause": 0, "held": 0, "aborted": 0, "truncated": 0, "refused": 0, "drained_s": 2.0,
                           "gate_pauses": 1, "hold_s": 9.1}}
