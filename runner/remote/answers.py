@@ -301,12 +301,7 @@ def logs(answer: dict, offset: int, max_bytes: int) -> LogChunk:
         raise _bad("logs", "data_b64", "not base64") from None
     if len(data) > max_bytes:
         raise _bad("logs", "data_b64", f"{len(data)} bytes, more than the {max_bytes} bytes asked for")
-    if answer["next_offset"] != offset + len(data):
-        raise _bad("logs", "next_offset", "not offset plus the bytes sent")
-    if answer["next_offset"] > answer["size"]:
-        raise _bad("logs", "next_offset", "past the log's size")
-    if answer["terminal"] != (answer["state"] in TERMINAL):
-        raise _bad("logs", "terminal", "disagrees with state")
+    _in_the_log(answer, offset, len(data))
     return LogChunk.from_json(answer, data)
 
 
@@ -319,13 +314,19 @@ def log_frame(answer: dict, offset: int, max_bytes: int) -> dict:
         raise _bad("logs", "offset", f"{offset} asked for, {answer['offset']} answered")
     if answer["data_len"] > (0 if answer["last"] else max_bytes):
         raise _bad("logs", "data_len", f"more than the {max_bytes} bytes a frame may hold")
-    if answer["next_offset"] != offset + answer["data_len"]:
+    _in_the_log(answer, offset, answer["data_len"])
+    return answer
+
+
+def _in_the_log(answer: dict, offset: int, sent: int) -> None:
+    """A chunk's or a frame's `sent` bytes end at its `next_offset`, within the log's size; `terminal` is its
+    state's."""
+    if answer["next_offset"] != offset + sent:
         raise _bad("logs", "next_offset", "not offset plus the bytes sent")
     if answer["next_offset"] > answer["size"]:
         raise _bad("logs", "next_offset", "past the log's size")
     if answer["terminal"] != (answer["state"] in TERMINAL):
         raise _bad("logs", "terminal", "disagrees with state")
-    return answer
 
 
 def cancel(answer: dict) -> dict:
