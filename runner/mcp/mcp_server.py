@@ -24,7 +24,6 @@ from collections.abc import Callable
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Annotated, Any
 
-import anyio
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import CallToolResult, TextContent, Tool
@@ -68,7 +67,7 @@ class Tools:
         self.policy = policy
 
     def submit(self, job_file: str, overrides: list[str] | None = None, queue: bool = False,
-               job_id: str | None = None, max_wait: float = DEFAULT_MAX_WAIT_S) -> dict:
+               job_id: str | None = None, max_wait: MaxWait = DEFAULT_MAX_WAIT_S) -> Answer:
         path = self.policy.job_file(job_file)
         overrides = self.policy.overrides(overrides or [])
         spec = _spec(path, overrides)
@@ -88,15 +87,15 @@ class Tools:
                                  planned=plan, deadline=Deadline.for_command(max_wait))
         return {**asdict(done), "progress": notes, "next": f"call tail with job_id {done.job_id!r}"}
 
-    def tail(self, job_id: str, max_wait: float = DEFAULT_MAX_WAIT_S, max_bytes: int = DEFAULT_MAX_BYTES,
-             follow: bool = True) -> dict:
+    def tail(self, job_id: str, max_wait: MaxWait = DEFAULT_MAX_WAIT_S,
+             max_bytes: Annotated[int, Field(ge=1024, le=1 << 20)] = DEFAULT_MAX_BYTES, follow: bool = True) -> Answer:
         store = Store()
         if store.is_run(job_id):
             return _run_tail(job_id, store, max_wait)
         chunk = unattended.tail_text(job_id, store=store, max_wait=max_wait, max_bytes=max_bytes, follow=follow)
         return {**asdict(chunk), "cli_exit_code": exit_code(chunk.state, settled=not chunk.call_again)}
 
-    def status(self, job_id: str | None = None, detail: bool = False) -> dict:
+    def status(self, job_id: str | None = None, detail: bool = False) -> Answer:
         """detail: each job's status.json as the host answered it (`runner status --json`); else its state and
         the CLI's text of it, a quarter of the bytes and no supervisor internals (budget, pids)."""
         found = targets.status(job_id, store=Store(), deadline=_deadline())
@@ -106,7 +105,7 @@ class Tools:
                 for job in found.detail]
         return {"jobs": jobs, "cli_exit_code": found.exit}
 
-    def list_jobs(self, detail: bool = False) -> dict:
+    def list_jobs(self, detail: bool = False) -> Answer:
         """detail: every job's whole record (its spec as submitted, its cursor); else `runner list`'s lines."""
         if detail:
             return {"jobs": [asdict(r) for r in Store().all()]}
@@ -115,13 +114,13 @@ class Tools:
                  "submitted": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(r.submitted_at))} for r in records]
         return {"jobs": jobs, **({"older_not_listed": older} if older else {})}
 
-    def cancel(self, job_id: str) -> dict:
+    def cancel(self, job_id: str) -> Answer:
         found = targets.cancel(job_id, store=Store(), deadline=_deadline())
         if found.of_run:
             return {"run_id": job_id, "hosts": found.document, "cli_exit_code": found.exit}
         return {**found.document, "cli_exit_code": found.exit}
 
-    def results(self, job_id: str, baseline: str | None = None, tolerance: str = "5%") -> dict:
+    def results(self, job_id: str, baseline: str | None = None, tolerance: str = "5%") -> Answer:
         from ..results.results import render_any, strict_json
 
         try:
@@ -145,7 +144,7 @@ class Tools:
         return answer
 
     def restore_service(self, job_file: str | None = None, host: str | None = None, unit: str | None = None,
-                        max_wait: float = DEFAULT_MAX_WAIT_S) -> dict:
+                        max_wait: MaxWait = DEFAULT_MAX_WAIT_S) -> Answer:
         if job_file and (host or unit):
             raise SpecError("give either job_file, or host and unit, not both")
         if not job_file and not (host and unit):
@@ -253,59 +252,29 @@ def _error(code: str, message: str, hint: str, exit: int) -> CallToolResult:
                           structured_content={"error": code, "message": message, "hint": hint, "exit": exit})
 
 
-async def _call(fn: Callable[..., Any], *args: Any) -> Any:
-    """Run blocking controller code in a worker thread (its RunnerError becomes a tool error in _Server)."""
-    return await anyio.to_thread.run_sync(lambda: fn(*args))
-
-
 def build_server(policy: Policy) -> MCPServer:
-    tools = Tools(policy)
+    tools = Tools(policy)  # each a plain method: the server runs it in a worker thread
     server = _Server("runner", instructions=INSTRUCTIONS)
-
-    async def submit(job_file: str, overrides: list[str] | None = None, queue: bool = False,
-                     job_id: str | None = None, max_wait: MaxWait = DEFAULT_MAX_WAIT_S) -> Answer:
-        return await _call(tools.submit, job_file, overrides, queue, job_id, max_wait)
-
-    async def tail(job_id: str, max_wait: MaxWait = DEFAULT_MAX_WAIT_S,
-                   max_bytes: Annotated[int, Field(ge=1024, le=1 << 20)] = DEFAULT_MAX_BYTES,
-                   follow: bool = True) -> Answer:
-        return await _call(tools.tail, job_id, max_wait, max_bytes, follow)
-
-    async def status(job_id: str | None = None, detail: bool = False) -> Answer:
-        return await _call(tools.status, job_id, detail)
-
-    async def list_jobs(detail: bool = False) -> Answer:
-        return await _call(tools.list_jobs, detail)
-
-    async def cancel(job_id: str) -> Answer:
-        return await _call(tools.cancel, job_id)
-
-    async def results(job_id: str, baseline: str | None = None, tolerance: str = "5%") -> Answer:
-        return await _call(tools.results, job_id, baseline, tolerance)
-
-    async def restore_service(job_file: str | None = None, host: str | None = None, unit: str | None = None,
-                              max_wait: MaxWait = DEFAULT_MAX_WAIT_S) -> Answer:
-        return await _call(tools.restore_service, job_file, host, unit, max_wait)
-
     server.register("submit", "Validate a job file (from the server's jobs dirs), preflight its host and start "
                     "it detached. overrides are KEY=VALUE like payload.args.experts=128. Returns the job id; for a job "
-                    "file with a list of hosts, the run id, the rollout driven for up to max_wait s.", submit)
+                    "file with a list of hosts, the run id, the rollout driven for up to max_wait s.", tools.submit)
     server.register("tail", "New log text after the cursor, following it until the job ends, max_bytes are read or "
                     "max_wait s pass (follow=false: returns at the first bytes); state, and call_again (true until "
                     "the job ended and all was read). A run id: every host's new log for max_wait s, lines prefixed "
-                    "[HOST].", tail)
+                    "[HOST].", tools.tail)
     server.register("status", "State and the CLI's status text (phase, rows, service, downtime, exit code) of one "
                     "job, of a run's hosts, or of the recent and unfinished jobs; detail=true: each job's status "
-                    "record whole.", status)
+                    "record whole.", tools.status)
     server.register("list", "Jobs this controller knows (local index, no network): id, state, host, name, submitted "
                     "(UTC) of the 50 newest and every unfinished one; detail=true: every job's whole record.",
-                    list_jobs)
-    server.register("cancel", "Stop the job's payload (TERM, grace, KILL); the host restores the service.", cancel)
+                    tools.list_jobs)
+    server.register("cancel", "Stop the job's payload (TERM, grace, KILL); the host restores the service.",
+                    tools.cancel)
     server.register("results", "The job's result (by job id) as a table and as JSON; with baseline (a file in the "
-                    "server's baselines dirs), the regression gate (exit_code 0 within, 1 regression).", results)
+                    "server's baselines dirs), the regression gate (exit_code 0 within, 1 regression).", tools.results)
     server.register("restore_service", "Start the service if inactive and wait up to max_wait s until healthy "
                     "(state healthy / starting: call again / failed). Give job_file, or host and unit of a job "
-                    "file in the server's jobs dirs.", restore_service)
+                    "file in the server's jobs dirs.", tools.restore_service)
     return server
 
 
