@@ -27,8 +27,9 @@ import os
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
+from typing import Any
 
 from remote_payload.contract import is_terminal
 
@@ -153,24 +154,20 @@ class Store:
 
     def rewind_cursor(self, job_id: str) -> None:
         """The host's log is shorter than the cursor: start it again from byte 0 (repeats, never a gap)."""
-        with self._record_lock(job_id):
-            record = self.load(job_id)
-            record.cursor = 0
-            self._write(record)
+        self._change(job_id, cursor=0)
 
     def update_state(self, job_id: str, state: str) -> None:
-        """Change only last_state, on a fresh read: a `tail` running meanwhile may have moved the cursor."""
-        with self._record_lock(job_id):
-            record = self.load(job_id)
-            record.last_state, record.note = state, ""
-            self._write(record)
+        """Change only last_state: a `tail` running meanwhile may have moved the cursor."""
+        self._change(job_id, last_state=state, note="")
 
     def end_not_started(self, job_id: str, why: str) -> None:
         """A job whose submit never reached its host: it cannot have started; the record says so and why."""
+        self._change(job_id, last_state=NOT_STARTED, note=why)
+
+    def _change(self, job_id: str, **fields: Any) -> None:
+        """These fields of the record changed, on a fresh read under its lock."""
         with self._record_lock(job_id):
-            record = self.load(job_id)
-            record.last_state, record.note = NOT_STARTED, why
-            self._write(record)
+            self._write(replace(self.load(job_id), **fields))
 
     @contextmanager
     def cursor_turn(self, job_id: str, wait_s: float,
