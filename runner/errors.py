@@ -197,6 +197,11 @@ class Interrupted(KeyboardInterrupt):
         self.hint = hint
 
 
+def first_line(exc: BaseException) -> str:
+    """The first line of an error's message (its class's name when it has none): what a one-line report shows."""
+    return (str(exc).splitlines() or [type(exc).__name__])[0]
+
+
 def exit_for(code: str) -> int:
     """The exit status of an error code of this tree (`--json`'s `error`, a status row's); 1 for any other."""
     todo = [RunnerError]

@@ -11,7 +11,7 @@ import sys
 from ..commands import controller
 from ..commands.plan import Plan
 from ..deadline import Deadline
-from ..errors import EXIT_OK
+from ..errors import EXIT_OK, first_line
 from ..fleet import fleet, fleet_view, targets
 from ..fleet.fleet import for_each_host
 from ..state.fleet_store import HostEntry, RunRecord
@@ -69,7 +69,7 @@ def _dry_run(plan: Plan, *, queue: bool, deadline: Deadline) -> int:
     for entry in entries:
         would = plans.get(entry.address)
         if would is None:
-            _say(f"  {entry.address}: WOULD BE SKIPPED: {str(errors[entry.address]).splitlines()[0]}")
+            _say(f"  {entry.address}: WOULD BE SKIPPED: {first_line(errors[entry.address])}")
         else:
             service = (would.service or {}).get("unit")
             _say(f"  {entry.address}: {would.required_mib} MiB needed; "

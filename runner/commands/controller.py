@@ -30,6 +30,7 @@ from ..errors import (
     TransportError,
     UnknownJob,
     UploadCut,
+    first_line,
 )
 from ..remote import preflight
 from ..remote.answers import LogChunk
@@ -223,7 +224,7 @@ def submit(spec_path: str, overrides: list[str], *, queue: bool = False, job_id:
 
 def _not_started(store: Store, job_id: str, exc: TransportError) -> TransportError:
     """A submit whose every call failed before reaching the host: its record ends NOT_STARTED, saying why."""
-    why = f"never started: {str(exc).splitlines()[0]}"
+    why = f"never started: {first_line(exc)}"
     with suppress(LocalStateError):  # the error to report is the host's; the record stays as it was
         store.end_not_started(job_id, why)
     return type(exc)(str(exc), hint=f"{exc.hint} Nothing was started (the host was never reached); `runner list` "
@@ -498,7 +499,7 @@ def _never_reached(store: Store, record: JobRecord) -> JobStatus:
 def _unreached(record: JobRecord, exc: TransportError) -> JobStatus:
     """A job whose host did not answer: its last known state, and why there is no newer one."""
     return JobStatus.last_known(record.job_id, record.last_state, error=exc.code,
-                                message=f"host {record.host.get('address')} unreachable: {str(exc).splitlines()[0]}")
+                                message=f"host {record.host.get('address')} unreachable: {first_line(exc)}")
 
 
 def host_key(host: dict) -> tuple:

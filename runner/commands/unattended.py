@@ -132,11 +132,7 @@ def read_result(path: Path) -> Any:
     try:
         return json.loads(data.decode("utf-8"))
     except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
-        raise NoResult(f"{path}: not JSON: {_first_line(exc)}") from None
-
-
-def _first_line(exc: BaseException) -> str:
-    return (str(exc).splitlines() or [type(exc).__name__])[0][:200]
+        raise NoResult(f"{path}: not JSON: {str(exc).splitlines()[0][:200]}") from None
 
 
 def gate_against(baseline_path: str, current: Collected, tolerance: float) -> list[gate.Verdict]:

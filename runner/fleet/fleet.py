@@ -40,7 +40,7 @@ from remote_payload.contract import is_terminal
 from ..commands import controller, render
 from ..commands.plan import Plan
 from ..deadline import ROUND_TRIP_ALLOWANCE_S, Deadline
-from ..errors import RunnerError, SpecError, TransportError
+from ..errors import RunnerError, SpecError, TransportError, first_line
 from ..remote.job_answers import JobStatus
 from ..state.fleet_store import DONE, HELD, PENDING, SKIPPED, STARTED, STARTING, HostEntry, RunRecord, RunStore
 from ..state.job_id import check_job_id, job_id_for
@@ -501,7 +501,7 @@ def cancel(run_id: str, *, store: Store, deadline: Deadline) -> dict[str, dict]:
     live = [e for e in run.hosts if e.phase in (STARTING, STARTED)]
     answers, errors = for_each_host(live, lambda e: controller.cancel(e.job_id, store=store, deadline=deadline),
                                     run.forks)
-    answers.update({a: {"error": str(exc).splitlines()[0], "exit": exc.exit_code} for a, exc in errors.items()})
+    answers.update({a: {"error": first_line(exc), "exit": exc.exit_code} for a, exc in errors.items()})
     return {e.address: answers.get(e.address, {"state": e.phase, "already": True, "note": e.note}) for e in run.hosts}
 
 

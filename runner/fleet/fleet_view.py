@@ -14,7 +14,7 @@ from remote_payload.contract import is_terminal
 
 from ..commands import controller, render
 from ..deadline import Deadline
-from ..errors import EXIT_FAILED, EXIT_STILL_RUNNING, EXIT_UNREACHABLE, RunnerError, exit_code
+from ..errors import EXIT_FAILED, EXIT_STILL_RUNNING, EXIT_UNREACHABLE, RunnerError, exit_code, first_line
 from ..remote.job_answers import JobStatus
 from ..state.fleet_store import DONE, HELD, PENDING, SKIPPED, STARTED, STARTING, HostEntry, RunRecord, RunStore
 from ..state.job_id import check_job_id
@@ -30,10 +30,6 @@ def state_exit(state: str | None) -> int:
 def _has_job(entry: HostEntry, store: Store) -> bool:
     """A job record exists for this host (STARTING: only if its start got that far)."""
     return entry.phase in (STARTED, DONE) or (entry.phase == STARTING and (store.jobs_dir / f"{entry.job_id}.json").is_file())
-
-
-def _first_line(exc: Exception) -> str:
-    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
 
 
 def _error_exit(exc: RunnerError) -> int:
@@ -82,7 +78,7 @@ def status(run_id: str, *, store: Store, deadline: Deadline) -> tuple[RunRecord,
     for entry in run.hosts:
         job, error = answers.get(entry.address), errors.get(entry.address)
         rows.append(HostRow(entry.address, entry.job_id, entry.phase, entry.note, entry.stops,
-                            _row_exit(entry, job, error), job, _first_line(error) if error is not None else None))
+                            _row_exit(entry, job, error), job, first_line(error) if error is not None else None))
     return run, rows
 
 
@@ -180,7 +176,7 @@ def tail(run_id: str, *, store: Store, out: BinaryIO, follow: bool, max_wait: fl
     codes = {}
     for entry in run.hosts:
         if entry.address in errors:
-            progress(f"[runner] {entry.address}: {_first_line(errors[entry.address])}")
+            progress(f"[runner] {entry.address}: {first_line(errors[entry.address])}")
             codes[entry.address] = _error_exit(errors[entry.address])
         else:
             codes[entry.address] = answers.get(entry.address, _phase_exit(entry))
@@ -201,7 +197,7 @@ def results(run_id: str, *, store: Store, deadline: Deadline) -> HostResults:
     run = RunStore(store).load(check_job_id(run_id))
     live = [e for e in run.hosts if _has_job(e, store)]
     found, errors = for_each_host(live, lambda e: controller.result(e.job_id, store=store, deadline=deadline).value)
-    missing = {a: _first_line(exc) for a, exc in errors.items()}
+    missing = {a: first_line(exc) for a, exc in errors.items()}
     for entry in run.hosts:
         if entry.address not in found and entry.address not in missing:
             missing[entry.address] = f"{entry.phase}: {entry.note}" if entry.note else entry.phase
