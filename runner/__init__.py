@@ -13,8 +13,8 @@ below it, never from a folder beside it or above it (tests/lint/import_layers.py
     __main__                                   `python -m runner`
 
 The host side (remote_payload/) never imports this package; any layer here may import its shared,
-stdlib-only modules (contract, admission, sweep, progress). No `__init__` imports anything: a warm submit
-loads only the modules it uses (tests/unit/test_command_imports.py).
+stdlib-only modules (contract, admission, sweep, progress). No `__init__` imports anything: a command loads
+only the modules it uses (tests/unit/test_command_imports.py).
 """
 
 __version__ = "0.2.0"

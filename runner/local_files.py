@@ -2,8 +2,8 @@
 regular files only, read up to a cap.
 
 A FIFO or a device blocks open() or read() forever, so each is opened non-blocking and checked before a
-byte is read or written; a file over the cap is refused before it is read (a 111 MB result once took 21 s
-and 1.4 GB to render).
+byte is read or written; a file over the cap is refused before it is read (rendering it would take the
+terminal and the memory with it).
 """
 from __future__ import annotations
 

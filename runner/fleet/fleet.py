@@ -15,11 +15,10 @@ A host that is refused or unreachable is skipped and reported, without holding b
 whose service did not come back keeps its slot (the fleet is that much smaller), and when no slot can
 free again the hosts still waiting are held with the reason.
 
-The spec is planned once per command (commands/plan.py: validated, or from the plan cache; the `runner
-submit` that creates the run passes its own plan down) and each host's submit gets that plan retargeted to
-its address. At most `forks` host calls (preflight, start, one
-status poll) are in flight at once, granted in list order (Forks); a thread waiting for its turn or for its
-job's end holds none. Every call is bounded by the command's deadline (a start by one round trip past it),
+The spec is planned once per command (commands/plan.py; the `runner submit` that creates the run passes its
+own plan down), and each host's submit gets that plan retargeted to its address. At most `forks` host calls
+(preflight, start, one status poll) are in flight at once, granted in list order (Forks); a thread waiting for
+its turn or for its job's end holds none. Every call is bounded by the command's deadline (a start by one round trip past it),
 so a host that never answers ends with the command and holds back no one but its own fork meanwhile.
 """
 from __future__ import annotations

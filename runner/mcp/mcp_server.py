@@ -1,19 +1,15 @@
 """`runner mcp`: the runner's commands as MCP tools over stdio, for AI agents (the `mcp` extra).
 
-Tools: submit, tail, status, list, cancel, results, restore_service. What a call may ask is bounded by the
-server's Policy (runner/mcp/mcp_policy.py: job files from the jobs dirs, parameter overrides only, results by job
-id, `local` only when allowed). Like the CLI, no call blocks longer than its max_wait (at most 100 s) plus one
-round trip; `tail` follows the log until the job ends, max_bytes or max_wait (`follow: false`: at its first
-bytes) with `call_again` (cursor semantics: each byte once, across calls and across `runner tail`). `list` and
-`status` answer compactly (a line per job; a job's state and the CLI's text), `detail: true` as the CLI's --json. A fleet run's id (RUN, what `submit` of a job file with a
-list of hosts returns) is answered as the CLI answers it: fleet/targets.py decides, this module only renders.
+What a call may ask is bounded by the server's Policy (mcp_policy.py). Like the CLI, no call blocks longer
+than its max_wait (at most 100 s) plus one round trip; `tail` keeps the cursor's rule (each byte once, across
+calls and across `runner tail`); a fleet run's id is answered as the CLI answers it (fleet/targets.py decides,
+this module only renders).
 
-Every tool answers one JSON object, as structured content and as its JSON text (lists sit under a key). A
-failure is a tool error: text `CODE: message [exit code N] hint: …` and structured content
-`{error, message, hint, exit}`, the same object as the CLI's `--json` errors (codes: runner/errors.py).
-Arguments are checked before anything runs: an unknown argument or a bad value is one line naming it
-(`bad-args`, exit 2). Blocking work runs in a worker thread so the session keeps answering while a long poll
-waits. stdout is the protocol: nothing else prints.
+Every tool answers one JSON object, as structured content and as its JSON text. A failure is a tool error:
+text `CODE: message [exit code N] hint: …` and structured content `{error, message, hint, exit}`, the object
+of the CLI's `--json` errors. An unknown argument or a bad value is one line naming it (`bad-args`, exit 2).
+The tools are plain methods, which the SDK runs in a worker thread: the session keeps answering while a long
+poll waits. stdout is the protocol: nothing else prints.
 """
 from __future__ import annotations
 

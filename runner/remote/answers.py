@@ -7,11 +7,9 @@ rewrote its job's status.json, must neither crash the controller nor poison its 
 does not understand (VERB: field: why)". The message names the field and what was expected, never what the
 host sent.
 
-Pure, no I/O: runner/remote/host.py calls `parse_line` where it reads an answer line, `failure` for `ok: false`,
-and one checker per HostClient method (each returns what that method returns). The answers the controller and
-the front ends read field by field are typed once, where they are checked: `LogChunk` here, `Started`,
-`JobStatus` and `Result` in job_answers.py, each built by its `from_json` from the checked dict, as Ray's `JobInfo.from_json`: every layer above takes the dataclass, and the renderers
-(runner/commands/render.py) read fields, never keys.
+Pure, no I/O: host.py calls `parse_line` where it reads an answer line, `failure` for `ok: false`, and one
+checker per HostClient method, which returns what that method returns: typed where the layers above read it
+field by field (`LogChunk` here; `Started`, `JobStatus` and `Result` in job_answers.py).
 """
 from __future__ import annotations
 

@@ -3,9 +3,8 @@ another, that resolves inside the script's own directory (sys.path[0] when it ru
 
 Read from the source, nothing is imported. Every import statement counts, wherever it is (inside a function, a
 try/except pair, after `if x:` or `;`): each `import` word is found in the file's bytes and the statement around
-it parsed by itself (ast), so the cost is a scan of the bytes, not a syntax tree of the whole file (a 100 MB
-closure: tens of milliseconds, not a minute), and a file that does not parse with the controller's Python (a
-newer payload.python) has its imports followed too. A statement written inside a string may count as well:
+it parsed by itself (ast), so the cost is a scan of the bytes, not a syntax tree of the whole file, and a file
+that does not parse with the controller's Python (a newer payload.python) has its imports followed too. A statement written inside a string may count as well:
 the module it names travels if it is a file of the directory, never the other way round. A name that resolves
 to no file in the directory (the standard library, an installed package, a module the host provides) is not
 bundled. Relative imports resolve against the importing file's own folder. Not found: imports by computed name
@@ -22,7 +21,7 @@ from pathlib import Path
 # `from ..c import d, e` [2, ["c"], ["d", "e"]].
 ImportRef = list
 WORD = b"import"
-WORD_RE = re.compile(WORD)  # re's search runs ~3x as fast as bytes.find's over source text
+WORD_RE = re.compile(WORD)
 IDENTIFIER = frozenset(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_")
 
 

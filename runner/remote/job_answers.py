@@ -1,17 +1,14 @@
-"""The typed answers of `status`, `submit` and `result` (answers.py checks them first): each built by its
-`from_json` from the checked dict, as Ray's `JobInfo.from_json`, and read field by field by every layer above
-(the renderers in runner/commands/render.py too).
+"""The typed answers of `status`, `submit` and `result`: each built by its `from_json` from the dict answers.py
+checked (as Ray's `JobInfo.from_json`; a job its host was not asked about from the controller's record,
+JobStatus.last_known), and read field by field by every layer above. status.json is the payload's to
+overwrite: the parts the checks leave open (a window, a sweep's tally, slots) are kept as the host sent them,
+and the renderer checks each value.
 """
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
 from typing import Any
-
-# Each is built from an answer answers.py checked (or, for a job its host was not asked about, from the
-# controller's record: JobStatus.last_known). status.json is the payload's to overwrite: the parts the checks
-# leave open (a window, a sweep's tally, slots) are kept as the host sent them, and the renderer checks each
-# value.
 
 
 def _dict(value: Any) -> dict:

@@ -2,7 +2,6 @@
 (spec_fields), reading a YAML file with `--set` overrides (spec_load), the generated reference
 (spec_reference: `python -m runner.spec.spec_reference`), and the payload's args check (payload_args).
 
-Importing it costs pydantic and yaml: the commands import it where they validate, never at start-up (a warm
-submit does not). May import: the primitives, state/, and remote_payload's shared modules (contract, sweep,
-slurm_batch's rules).
+Importing it costs pydantic and yaml: the commands import it where they validate, never at start-up. May
+import: the primitives, state/, and remote_payload's shared modules (contract, sweep, slurm's rules).
 """

@@ -1,8 +1,8 @@
-"""Check a script payload's `payload.args` on the controller, before any host is contacted, and ask the
-script for its memory estimate (`gpu.min_free_mib: auto`).
+"""Check a script payload's `payload.args` on the controller, before any host is contacted (a typo found on the
+host is found after its service was stopped), and ask the script for its memory estimate
+(`gpu.min_free_mib: auto`).
 
-A typo in `payload.args` used to be found on the host — for the motivating job, after the production
-service had been stopped. Any payload script is *checkable* when it defines a top-level `parse_args(argv)`
+A payload script is *checkable* when it defines a top-level `parse_args(argv)`
 (and, for the list of allowed names, `build_parser()`); it may define `estimate_peak_bytes(args) -> int`, the
 bytes of free GPU memory a run needs, given what its parse_args returned. Module-level code must import
 nothing heavy (torch) and do nothing else. The script is run in a child interpreter (never imported into

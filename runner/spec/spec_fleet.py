@@ -3,9 +3,9 @@
     host: {address: [h200-a, h200-b, h200-c], …}   the rest of host, service, gpu apply to each host
     rollout: {max_unavailable: 1, stop_on_failure: false, forks: 16}
 
-A list is a fleet: one run, one job per host (runner/fleet/fleet.py drives it). A single string is one job,
-exactly as before. The same host twice would queue a job behind itself on one service lock, so a list with
-a duplicate is refused (exit 2 naming host.address) before any host is contacted.
+A list is a fleet: one run, one job per host (runner/fleet/fleet.py drives it); a single string is one job.
+The same host twice would queue a job behind itself on one service lock, so a list with a duplicate is
+refused (exit 2 naming host.address) before any host is contacted.
 """
 from __future__ import annotations
 

@@ -23,10 +23,8 @@ from pathlib import Path
 from ..errors import RunnerError, UnknownJob
 from .store import Store, _write_atomic, private_dir, private_file
 
-# Host calls in flight at once (rollout.forks, like Ansible's forks). Each is one `ssh` client process (a few
-# MB, three pipes) on a warm master, plus a new master on a host's first contact: 16 keeps a laptop's CPUs
-# busy without piling a large fleet's handshakes on them at once, and stays far under macOS's default
-# limit of 256 open files.
+# Host calls in flight at once (rollout.forks, like Ansible's forks), each an `ssh` client (three pipes) and on a
+# host's first contact a new master: 16 keeps a laptop busy without piling up handshakes or open files.
 DEFAULT_FORKS = 16
 
 # A host's phase in the rollout. Terminal: done (its job ended), skipped (never started: refused,

@@ -86,7 +86,7 @@ class Store:
 
     def is_run(self, ref: str) -> bool:
         """Is this id a fleet run of this controller (rather than one job)? Asked here, not by the run store's
-        module: every job's tail and status asks, and none of them needs that module (~1 ms to import)."""
+        module: every job's tail asks, and needs no run store."""
         from .job_id import check_job_id
 
         try:
@@ -464,9 +464,8 @@ def write_cache(path: Path, text: str) -> None:
 
 
 def _write_atomic(path: Path, text: str, *, durable: bool = True) -> None:
-    """`path` replaced whole by `text`, 0600. durable=False (a cache, whose torn or empty file after a crash
-    reads as a miss): no fsync, which costs a submit a few ms on a busy disk."""
-    # What tempfile.mkstemp does (O_EXCL, 0600, a random name), without importing tempfile on every command
+    """`path` replaced whole by `text`, 0600, through a temp file of a random name (O_EXCL). durable=False (a
+    cache, whose torn or empty file after a crash reads as a miss): no fsync."""
     tmp = str(path.parent / f".tmp-{os.urandom(6).hex()}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
     try:
