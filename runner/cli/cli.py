@@ -30,7 +30,7 @@ from .cli_echo import say as _say
 
 if TYPE_CHECKING:
     from ..commands.controller import ByteSink, TailOutcome
-    from ..commands.submit_types import DryRun
+    from ..commands.plan import DryRun
 
 # Each command imports what it runs (the controller, fleets, the host protocol) when it runs: `runner list`
 # reads the local index and needs none of them.

@@ -42,8 +42,7 @@ from ..state.job_id import check_job_id, job_id_for
 from ..state.store import NOT_STARTED, JobRecord, Store
 from . import render
 from .interrupts import Interrupts
-from .plan import PLANNED_JOB_ID, Plan
-from .submit_types import DryRun, Submitted
+from .plan import PLANNED_JOB_ID, DryRun, Plan, Submitted
 
 if TYPE_CHECKING:  # pydantic, yaml and tenacity load only in the commands that use them (`runner tail` starts fast)
     from tenacity import Retrying

@@ -1,15 +1,16 @@
-"""A command's plan of a job spec: everything decided from JOB.yaml (and its `--set` overrides) before any
-host is contacted, made once per command (controller.local_plan) and passed
-down as this one object — the CLI, the controller and a fleet's rollout never read or validate the file again.
+"""A command's plan of a job spec, and what a submit of it returns (Submitted, or DryRun for `--dry-run`).
 
-The wire form is the validated spec in the host's terms (docs/protocol.md, its job id left to each submit);
-a fleet's plan names every host and is retargeted to each (`for_address`) without another validation.
+The plan is everything decided from JOB.yaml (and its `--set` overrides) before any host is contacted, made
+once per command (controller.local_plan) and passed down as this one object: the CLI, the controller and a
+fleet's rollout never read or validate the file again. Its wire form is the validated spec in the host's terms
+(docs/protocol.md, its job id left to each submit); a fleet's plan names every host and is retargeted to each
+(`for_address`) without another validation.
 
 May import: remote/bundles.py (the bundles' type) only; pure data.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from ..remote.bundles import Bundle
 
@@ -50,3 +51,34 @@ class Plan:
     def wire_for(self, job_id: str) -> dict:
         """The wire form one submit sends: this plan's, with that submit's job id."""
         return dict(self.wire, job_id=job_id)
+
+
+@dataclass
+class Submitted:
+    """What submit did: the job started (or queued, or adopted: `already`) on its host."""
+    job_id: str
+    state: str
+    host: str
+    stop_service: bool
+    notes: list[str] = field(default_factory=list)
+    round_trips: int = 0
+    already: bool = False
+    slurm_job_id: str | None = None
+
+
+@dataclass
+class DryRun:
+    """What submit would do, decided from a real preflight; nothing was started or changed."""
+    job_id: str
+    host: str
+    stop_service: bool
+    required_mib: int
+    argv: list[str]
+    notes: list[str] = field(default_factory=list)
+    gpus: list[dict] = field(default_factory=list)
+    service: dict | None = None
+    variants: list[dict] = field(default_factory=list)  # a sweep's, as the host will run them
+    array_parallel: int | None = None  # on Slurm a sweep is one job array, at most this many tasks at once
+    slots: list[list[str]] | None = None  # sweep.gpus_per_variant: the devices of each side-by-side slot
+    steps: dict = field(default_factory=dict)  # before_stop, window, freed: dry_run_steps
+    bundle: dict | None = None  # a script's payload bundle: files, bytes, digest (what an upload would send)
