@@ -1,4 +1,5 @@
 """The job spec: the pydantic models a YAML job file must fit, and the JSON form the host reads (`to_wire`).
+What each key is for is written once, in spec_reference.DESCRIPTIONS (docs/spec-reference.md).
 
 Everything a user writes is checked before it can reach a host (DESIGN.md invariant 3): unit names,
 interpreter paths, script paths and env keys are validated by pattern, never escaped later. The field rules
@@ -65,14 +66,14 @@ class _Section(BaseModel):
 
 
 class HostSpec(_Section):
-    address: Addresses  # one host, or a list of them: a fleet (spec_fleet.py)
+    address: Addresses  # one host, or a list of them (spec_fleet.py)
     user: User = None
     port: Annotated[int, Field(ge=1, le=65535)] | None = None
     host_key_policy: Literal["strict", "accept-new"] = "strict"
     root: HostRoot = DEFAULTS["host.root"]
     python: Python = "python3"  # runs the supervisor (the controller's choice: the host never defaults it)
     connect_timeout: Duration = 10.0
-    transport: Literal["auto", "openssh", "paramiko"] = "auto"  # auto: the system `ssh` when present
+    transport: Literal["auto", "openssh", "paramiko"] = "auto"
 
 
 class ServiceSpec(_Section):
@@ -83,23 +84,14 @@ class ServiceSpec(_Section):
     health_url: HealthUrl = None
     health_timeout: Duration = DEFAULTS["service.health_timeout"]
     sudo: bool = DEFAULTS["service.sudo"]
-    # How the GPU is freed: `stop` the unit, or ask the engine's own API (the unit keeps running; restarted
-    # only when the API does not bring it back). mypy reads a Literal only written out; pydantic takes the tuple.
+    # mypy reads a Literal only written out; pydantic takes the tuple.
     free: Literal[FREE_METHODS] = "stop"  # type: ignore[valid-type]
     api_url: HealthUrl = None
     pause_mode: Literal[PAUSE_MODES] | None = None  # type: ignore[valid-type]  # as `free`
-    # free: sglang: how long the default drain may wait for SGLang's requests in flight to finish (None: the
-    # host's default); past it nothing is released and the job ends.
     drain_timeout: Annotated[Duration, Field(le=MAX_DRAIN_TIMEOUT_S)] | None = None
-    # free: sglang, the drain past its bound: skip the window (None: the default, nothing aborted) or abort
-    # the requests still in flight and go on.
     drain_fallback: Literal[DRAIN_FALLBACKS] | None = None  # type: ignore[valid-type]  # as `free`
-    # Where the engine's key lives on the host (file:PATH, env:NAME of the unit's environment), never the key:
-    # api_key for its reads (and its admin routes when no admin key), admin_api_key for SGLang's admin routes.
-    api_key: str | None = None
+    api_key: str | None = None  # where the key lives on the host (file:PATH, env:NAME), never the key
     admin_api_key: str | None = None
-    # The GPUs this service holds (from the spec, not discovered): a job frees it only when its own GPUs meet
-    # these. None listed: every GPU of the host.
     gpus: list[Device] = list(DEFAULTS["service.gpus"])
 
     @model_validator(mode="after")
@@ -149,12 +141,11 @@ class ServiceSpec(_Section):
 
     def wire(self) -> dict:
         """The host's form: without the engine keys for `free: stop` and without `gpus` when none are listed
-        (the wire as it was); api_url resolved; GPUs as text, like gpu.devices."""
+        (to_wire: what is unset stays out); api_url resolved; GPUs as text, like gpu.devices."""
         gpus = {"gpus": [str(g) for g in self.gpus]} if self.gpus else {}
         if self.free == "stop":
             return dict(self.model_dump(exclude={"free", "api_url", "pause_mode", "drain_timeout", "drain_fallback",
                                                  "gpus", *KEY_FIELDS}), **gpus)
-        # the wire as it was without them
         unset = {key for key in ("drain_timeout", "drain_fallback", *KEY_FIELDS) if getattr(self, key) is None}
         api_url = self.api_url
         if not api_url:
@@ -184,16 +175,10 @@ class PayloadSpec(_Section):
     args: dict[ArgKey, ArgValue] = {}
     env: dict[EnvKey, EnvValue] = {}
     command: list[CommandWord] | None = None
-    # A prepare step runs before the service is stopped (e.g. a JIT compile that needs no GPU memory):
-    # the script again with these args merged over `args`, or for a command payload its own command.
     prepare_args: dict[ArgKey, ArgValue] | None = None
     prepare_command: list[CommandWord] | None = None
-    # Started before the service is touched: its GPU-free setup (imports, backend load) runs while the service
-    # serves; it gets the GPU with `go` on stdin (docs/protocol.md, "A staged payload").
     staged: bool = False
-    # The host user the payload runs as (the supervisor stays root): its result file is all it may write.
     user: PayloadUser = None
-    # Data files that travel with a script, beside it (globs relative to the job file)
     files: list[FileGlob] = []
 
     @model_validator(mode="after")
@@ -219,7 +204,6 @@ class LimitsSpec(_Section):
     prepare_timeout: Duration = DEFAULTS["limits.prepare_timeout"]
     queue_timeout: Duration = DEFAULTS["limits.queue_timeout"]
     stage_timeout: Duration = DEFAULTS["limits.stage_timeout"]
-    # The downtime window of any job: the payload ends by it; a variant starts only if it may fit (the host decides).
     max_downtime: Duration | None = DEFAULTS["limits.max_downtime"]
 
 
@@ -228,10 +212,7 @@ class SweepSpec(_Section):
     matrix: dict[ArgKey, Annotated[list[ArgValue], Field(min_length=1)]] = {}
     include: list[dict[ArgKey, ArgValue]] = []
     fail_fast: bool = False
-    # launcher slurm: the job array's `%k`, at most this many variants at once (default: all of them)
     max_parallel: Annotated[int, Field(ge=1)] | None = None
-    # launcher ssh: the variants side by side, each on its own slot of this many of gpu.devices (in order);
-    # null: one after another, each with all of them
     gpus_per_variant: Annotated[int, Field(ge=1)] | None = None
 
     @model_validator(mode="after")
@@ -271,7 +252,6 @@ class JobSpec(_Section):
     name: Name
     host: HostSpec
     service: ServiceSpec = Field(default_factory=ServiceSpec)
-    # Several services on one host, each on its own GPUs (`gpus`); a job frees only those its GPUs meet.
     services: Annotated[list[ServiceSpec], Field(min_length=1)] | None = None
     gpu: GpuSpec = Field(default_factory=GpuSpec)
     payload: PayloadSpec
@@ -382,23 +362,24 @@ class JobSpec(_Section):
 
     def to_wire(self, job_id: str, required_mib: int, script_name: str | None) -> dict:
         """The normalised JSON form of docs/protocol.md ("The spec JSON"); script_name is the script's name
-        inside the uploaded payload dir (defaults to payload.script)."""
+        inside the uploaded payload dir (defaults to payload.script). A section or limit the job does not use
+        stays out, so that its wire form, and the spec hash the history keeps of it, is what it was without it."""
         wire = {"name": self.name, "job_id": check_job_id(job_id), **self._wire_services(),
                 "gpu": {"devices": [str(d) for d in self.gpu.devices], "required_mib": int(required_mib),
                         "drain_timeout": self.gpu.drain_timeout},
                 "payload": self._wire_payload(script_name), "limits": self.limits.model_dump()}
-        if self.launcher == "slurm":  # an ssh job's wire form stays as it was
+        if self.launcher == "slurm":
             wire.update(launcher="slurm", slurm=wire_slurm(self))
-        if wire["limits"]["max_downtime"] is None:  # as it was without one
+        if wire["limits"]["max_downtime"] is None:
             del wire["limits"]["max_downtime"]
-        if not self.payload.staged:  # as it was without staging
+        if not self.payload.staged:
             del wire["limits"]["stage_timeout"]
         if self.sweep is not None:  # expanded here: the host runs the variants as given
             wire["sweep"] = {"fail_fast": self.sweep.fail_fast,
                              "variants": [{"args": v, "argv": self._variant_argv(v)} for v in self.sweep.variants()]}
             if self.launcher == "slurm":  # one job array: `%max_parallel`, every variant when not given
                 wire["sweep"]["max_parallel"] = self.sweep.max_parallel or len(wire["sweep"]["variants"])
-            if self.sweep.gpus_per_variant is not None:  # as it was without one
+            if self.sweep.gpus_per_variant is not None:
                 wire["sweep"]["gpus_per_variant"] = self.sweep.gpus_per_variant
         return wire
 
@@ -409,7 +390,7 @@ class JobSpec(_Section):
         return self.payload_args({**self.payload.args, **variant})
 
     def _wire_services(self) -> dict:
-        """`services` as listed, or the one `service` as it was; the host picks those the job's GPUs meet."""
+        """`services` as listed, or the one `service`; the host picks those the job's GPUs meet."""
         if self.services is not None:
             return {"services": [s.wire() for s in self.services]}
         if self.service.manager == "none":
