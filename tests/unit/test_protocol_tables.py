@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from remote_payload import commands, contract
-from runner.remote import protocol_tables
+from tests.lint import protocol_tables
 
 REPO = Path(__file__).resolve().parents[2]
 HOST_CODE = REPO / "remote_payload"
@@ -18,7 +18,7 @@ HOST_CODE = REPO / "remote_payload"
 
 def test_the_committed_tables_are_the_generated_ones():
     text = protocol_tables.DOC.read_text()
-    assert protocol_tables.rewritten(text) == text, "run: python -m runner.remote.protocol_tables --write"
+    assert protocol_tables.rewritten(text) == text, "run: python tests/lint/protocol_tables.py --write"
 
 
 def test_a_missing_block_is_an_error_not_a_silent_pass():

@@ -1,22 +1,27 @@
-"""docs/protocol.md's tables of verbs and error codes, made from the contract itself.
+"""docs/protocol.md's tables of verbs and error codes, made from the contract itself: a maintainer's tool, which
+reads the code as tests/lint/import_layers.py does, not a part of runner.
 
 The host's verbs and wire error codes are data in remote_payload/contract.py (VERBS, ERRORS); the controller's
-own codes and exit statuses are the classes of runner/errors.py (what `--json` errors and MCP carry). tests/unit/test_protocol_tables.py
-checks that the committed document holds exactly these tables, so the document cannot fall behind the code.
+own codes and exit statuses are the classes of runner/errors.py (what `--json` errors and MCP carry).
+tests/unit/test_protocol_tables.py checks that the committed document holds exactly these tables, so the
+document cannot fall behind the code.
 
-    python -m runner.remote.protocol_tables            # print the tables
-    python -m runner.remote.protocol_tables --write    # rewrite them in docs/protocol.md
+    python tests/lint/protocol_tables.py            # print the tables
+    python tests/lint/protocol_tables.py --write    # rewrite them in docs/protocol.md
 """
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
-from remote_payload import contract
-from runner import errors
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))  # run as a script: the repository's own runner and remote_payload
 
-DOC = Path(__file__).resolve().parents[2] / "docs" / "protocol.md"
-BEGIN = "<!-- generated: {} (python -m runner.remote.protocol_tables --write) -->"
+from remote_payload import contract  # noqa: E402
+from runner import errors  # noqa: E402
+
+DOC = REPO / "docs" / "protocol.md"
+BEGIN = "<!-- generated: {} (python tests/lint/protocol_tables.py --write) -->"
 END = "<!-- end generated: {} -->"
 
 
