@@ -1,11 +1,10 @@
-"""The job spec's reference: the JSON Schema (`runner schema`, for editors) and docs/spec-reference.md, both
-generated from the pydantic models. Types, defaults and allowed values come from the models; the one thing
-written here is what each key is for (DESCRIPTIONS), injected into both. A key without a description fails
-tests/unit/test_spec_reference.py, so the reference cannot fall behind the schema.
+"""The job spec's reference: the JSON Schema (`runner schema`, for editors; tests/lint/spec_reference.py writes
+docs/spec-reference.md from it), generated from the pydantic models. Types, defaults and allowed values come
+from the models; the one thing written here is what each key is for (DESCRIPTIONS). A key without a description
+fails tests/unit/test_spec_reference.py, so the reference cannot fall behind the schema.
 """
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 
 from .spec import JobSpec
@@ -176,7 +175,7 @@ def json_schema() -> dict:
     """The models' JSON Schema with every key's description, for editors (`# yaml-language-server: $schema=`)."""
     schema = JobSpec.model_json_schema()
     schema = {"$schema": "https://json-schema.org/draft/2020-12/schema", "$id": SCHEMA_ID, **schema}
-    for path, section in _sections(schema):
+    for path, section in sections(schema):
         for key, prop in section["properties"].items():
             description = DESCRIPTIONS.get(f"{path}.{key}" if path else key)
             if description:
@@ -184,7 +183,7 @@ def json_schema() -> dict:
     return schema
 
 
-def _sections(schema: dict, path: str = "", section: dict | None = None) -> Iterator[tuple[str, dict]]:
+def sections(schema: dict, path: str = "", section: dict | None = None) -> Iterator[tuple[str, dict]]:
     """(path, section schema) of the top level and of every section model below it, optional ones
     (`rollout: RolloutSpec | None`) too, depth first in the models' order."""
     section = schema if section is None else section
@@ -192,67 +191,10 @@ def _sections(schema: dict, path: str = "", section: dict | None = None) -> Iter
     for key, prop in section["properties"].items():
         ref = _ref(prop)
         if ref:
-            yield from _sections(schema, f"{path}.{key}" if path else key, schema["$defs"][ref.rsplit("/", 1)[1]])
+            yield from sections(schema, f"{path}.{key}" if path else key, schema["$defs"][ref.rsplit("/", 1)[1]])
 
 
 def _ref(prop: dict) -> str | None:
     """The section model a property refers to: directly, through allOf, or as the non-null side of anyOf."""
     candidates = [prop, *prop.get("allOf", []), *prop.get("anyOf", [])]
     return next((c["$ref"] for c in candidates if "$ref" in c), None)
-
-
-def missing_descriptions() -> list[str]:
-    schema = JobSpec.model_json_schema()
-    return [f"{path}.{key}" if path else key for path, section in _sections(schema) for key in section["properties"]
-            if (f"{path}.{key}" if path else key) not in DESCRIPTIONS]
-
-
-def markdown() -> str:
-    """docs/spec-reference.md: one table row per key (type, default, allowed values, what it is for)."""
-    schema = json_schema()
-    lines = ["# Job spec reference", "",
-             "Generated from the schema by `python -m runner.spec.spec_reference > docs/spec-reference.md` "
-             "(tests/unit/test_spec_reference.py checks it is current). `runner schema` prints the JSON Schema "
-             "for editors: put `# yaml-language-server: $schema=./job-spec.schema.json` at the top of a "
-             "job file after `runner schema > job-spec.schema.json`.", "",
-             "Durations are seconds or text like `30s`, `5m`, `1h30m`, `2d`. Every key, nested ones included, is "
-             "listed; every key not listed is an error.", "",
-             "`submit --set KEY=VALUE` sets one key; VALUE is YAML (`5`, `true`, `[1, 2]`, `30m`). An empty value "
-             "is refused: write `--set KEY=null` for null (an argument set to null is left out of the script's "
-             "argv), `--set \"KEY=''\"` for an empty string.", "",
-             "| key | type | default | what it is for |", "|---|---|---|---|"]
-    for path, section in _sections(schema):
-        for key, prop in section["properties"].items():
-            name = f"{path}.{key}" if path else key
-            needed = "**required**" if key in section.get("required", []) else _default(prop)
-            lines.append(f"| `{name}` | {_type(prop)} | {needed} | {prop.get('description', '')} |")
-    return "\n".join(lines) + "\n"
-
-
-def _type(prop: dict) -> str:
-    if "enum" in prop:
-        return " \\| ".join(f"`{v}`" for v in prop["enum"])
-    if "const" in prop:
-        return f"`{prop['const']}`"
-    if "anyOf" in prop:
-        return " or ".join(dict.fromkeys(_type(p) for p in prop["anyOf"] if p.get("type") != "null"))
-    if "$ref" in prop or "allOf" in prop:
-        return "section"
-    kind = prop.get("type", "any")
-    if kind == "string" and "pattern" in prop:
-        return "duration"
-    if kind == "array":
-        return f"list of {_type(prop.get('items', {}))}"
-    if kind == "object":
-        return "mapping"
-    return " or ".join(kind) if isinstance(kind, list) else kind
-
-
-def _default(prop: dict) -> str:
-    if "default" not in prop:
-        return ""
-    return f"`{json.dumps(prop['default'])}`"
-
-
-if __name__ == "__main__":
-    print(markdown(), end="")
