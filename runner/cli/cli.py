@@ -32,8 +32,7 @@ if TYPE_CHECKING:
     from ..commands.controller import ByteSink, TailOutcome
     from ..commands.plan import DryRun
 
-# Each command imports what it runs (the controller, fleets, the host protocol) when it runs: `runner list`
-# reads the local index and needs none of them.
+# Each command imports what it runs when it runs: `runner list` needs neither the controller nor the host protocol.
 WATCH_UNTIL_END = 86400.0  # `runner watch` on a terminal: until the job ends (a day at most)
 
 EXIT_CODES_HELP = """\b

@@ -1,8 +1,5 @@
-"""How the commands write besides their text: progress and messages on stderr, one JSON document on stdout.
-Shared by cli.py and fleet_cli.py (which cli.py calls for a fleet run).
-
-Human text goes through `say`/`progress`, which make untrusted strings printable (runner/printable.py);
-JSON is escaped by the encoder. Raw log bytes (`tail`, `wait`) are written by their commands directly.
+"""How cli.py and fleet_cli.py write: human text (`say`, on stdout; `progress`, on stderr) made printable
+(runner/printable.py), one JSON document (`emit_json`). Raw log bytes (`tail`, `wait`) are their commands'.
 """
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
-"""The `runner` commands on a fleet run (RUN = the id `runner submit` printed for a spec with a list of hosts).
-
-cli.py calls these when the spec is a fleet or the id is a run's; each prints what it found and returns the
-exit code, and cli.py exits with it (errors still go through cli.main). Logic: fleet/targets.py (what MCP
-answers too), fleet.py, fleet_view.py.
+"""The `runner` commands on a fleet run (RUN = the id `runner submit` printed for a spec with a list of hosts):
+cli.py calls them for a fleet or a run's id; each prints what fleet/targets.py found and returns the exit code
+for cli.py to exit with (errors still go through cli.main).
 """
 from __future__ import annotations
 

@@ -1,11 +1,9 @@
 """`runner watch`: a job's event lines rendered for people — a live panel on a terminal, plain lines otherwise.
 
-The bytes come from the same bounded log reads as `runner tail`, from the log's first byte; the watcher keeps
-no cursor of its own and writes nothing to the state dir, so it never moves tail's (controller.tail with
-save_cursor=False). Event lines follow remote_payload/progress.py's convention; other output lines are
-passed through. Every line shown has its control characters made visible (runner/printable.py): the log is
-the payload's, not ours to let drive the terminal. Heartbeats are folded: on a terminal they update the
-panel, in plain mode one is printed at most every HEARTBEAT_EVERY_S seconds of the payload's own clock.
+The bytes come from `runner tail`'s reads, from the log's first byte, without its cursor (controller.tail with
+save_cursor=False). Event lines follow remote_payload/progress.py's convention; other lines pass through, their
+control characters made visible (the log is the payload's, not ours to let drive the terminal). Heartbeats are
+folded: on a terminal they update the panel; in plain mode one is printed every HEARTBEAT_EVERY_S at most.
 """
 from __future__ import annotations
 

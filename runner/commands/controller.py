@@ -78,10 +78,9 @@ class TailOutcome:
 
 def connect(host: dict, bundle: Bundle | None = None, *, deadline: Deadline,
             payload: Bundle | None = None) -> HostClient:
-    """A client for the host section of a spec; use it as `with connect(host, deadline=…) as client:` (closes
-    the transport). deadline: the command's own, which no call may outlive (required: every command below the
-    front ends takes its front end's); bundle: the supervisor's (built when not given); payload: the job's
-    payload bundle, for the calls that name it."""
+    """A client for the host section of a spec, as `with connect(host, deadline=…) as client:`. deadline: the
+    command's own (its front end's), which no call may outlive; bundle: the supervisor's (built when not
+    given); payload: the job's payload bundle, for the calls that name it."""
     if isinstance(host["address"], list):
         raise SpecError("host.address is a list of hosts (a fleet): this command takes one host",
                         hint="Submit the fleet with `runner submit JOB.yaml`; give --host H for one of its hosts.")
@@ -282,10 +281,9 @@ def _slots(wire: dict) -> list[list[str]] | None:
 
 
 def _submit_once(client: HostClient, wire: dict, queue: bool) -> tuple[Started, bool]:
-    """One `submit` call: the host decides (remote_payload/admission.py) and starts
-    the job or refuses it. The answer (start's, with the verdict's notes and stop_service) and whether it
-    adopted a job this id started before. A lost call asks whether the job exists before submitting again
-    (never twice)."""
+    """One `submit` call: the host decides (remote_payload/admission.py) and starts the job or refuses it. The
+    answer, and whether it adopted a job this id started before. A lost call asks whether the job exists
+    before submitting again (never twice)."""
     try:
         return _submit_call(client, wire, queue)
     except TransportError as exc:
@@ -341,16 +339,13 @@ def tail(job_id: str, *, store: Store, out: ByteSink, follow: bool, max_wait: fl
     """Print log bytes after the stored cursor; with follow, until terminal or max_wait. Never past max_wait
     plus one round trip's allowance (the client's deadline).
 
-    The cursor moves only when the call ends by itself: once, after the last chunk was written and flushed
-    to `out` and `delivered(outcome)` (the caller's last step, e.g. printing the --json document) returned.
-    A call killed at any point leaves it where it was, so its bytes come again with the next call; the
-    calls that end by themselves join to the log byte for byte. The call holds the job's cursor turn from
-    reading the cursor to saving it: two tails of one job take turns, each byte to one of them; a call
-    that does not get the turn at once calls `on_wait()`, and one that does not get it within max_wait prints
-    nothing and ends busy ("call again"). Bytes printed
-    before a host error end the call normally ("call again"); the error comes with the next call. A host
-    log shorter than the cursor resets the cursor to 0 and raises LogShrank (exit 3): the next call prints
-    the log again from its first byte, so nothing is skipped, though bytes may repeat.
+    The cursor moves only when the call ends by itself: once, after the last chunk was flushed to `out` and
+    `delivered(outcome)` (the caller's last step, e.g. printing the --json document) returned. A call killed at
+    any point leaves it where it was: its bytes come again, and the calls that end by themselves join to the log
+    byte for byte. The call holds the job's cursor turn from reading the cursor to saving it, so two tails of
+    one job take turns (`on_wait()` when it must wait; busy, "call again", when max_wait passes first). Bytes
+    printed before a host error end the call normally; the error comes with the next call. A host log shorter
+    than the cursor resets it to 0 and raises LogShrank (exit 3): bytes may repeat, none is skipped.
     save_cursor=False (watch): a reader of its own that neither takes the turn nor writes the record.
     """
     waiting = Deadline(max_wait)
@@ -445,10 +440,9 @@ def _polled_chunks(client: HostClient, job_id: str, cursor: int, follow: bool,
 
 def status(job_ids: list[str], *, store: Store, deadline: Deadline, every: bool = False,
            wait: float = 0.0) -> list[JobStatus]:
-    """The jobs named, else the recent ones and those not yet ended (Store.recent), or with `every` all the
-    jobs this controller knows; one host call per host (its ids on stdin, HostClient.status). wait: how long
-    each host may hold its answer until one of its jobs changes state or ends (within `deadline`). A job whose
-    host was not asked (never started there; its host not reached) is its record's last known state."""
+    """The jobs named, else the recent ones and those not yet ended, or with `every` all the jobs this controller
+    knows; one host call per host. wait: how long each host may hold its answer until one of its jobs changes
+    state or ends. A job whose host was not asked (never started there, or not reached) is its last known state."""
     records = [store.load(check_job_id(j)) for j in job_ids] if job_ids else store.all() if every else store.recent()[0]
     by_host: dict[tuple, list[JobRecord]] = {}
     answers: list[JobStatus] = []

@@ -1,10 +1,7 @@
-"""The text a person reads of a job, in one place for every front end: a job's status block (`runner status`),
-a fleet host's one line (`runner status RUN`), a service's window and what became of its clients (`runner
-status`, `runner results`, MCP `results`), the steps `submit --dry-run` lists.
-
-Pure: typed answers in (runner/remote/job_answers.py), text out. The parts status.json leaves open (a window, a
-sweep's tally, slots: the payload may have rewritten them) are checked value by value here; the host's text is
-made printable.
+"""The text a person reads of a job, the same for every front end: a job's status block, a fleet host's line,
+a service's window and what became of its clients, the steps `submit --dry-run` lists. Pure: typed answers in,
+text out; the parts status.json leaves open (the payload may have rewritten them) are checked value by value,
+and the host's text is made printable.
 """
 from __future__ import annotations
 

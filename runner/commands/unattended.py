@@ -32,9 +32,8 @@ WAIT_CHUNK_S = 50.0
 
 @dataclass
 class Collected:
-    """A result.json and where it came from; `warning` when it could not be recorded in the history.
-
-    `result` is whatever JSON the payload wrote (an object, or not): every reader of it checks its shape."""
+    """A result.json and where it came from; `warning` when it could not be recorded in the history. `result` is
+    whatever JSON the payload wrote (an object, or not): every reader of it checks its shape."""
 
     result: Any
     source: str
@@ -61,10 +60,9 @@ def collect(ref: str, *, store: Store, deadline: Deadline, record: bool = True, 
 
 def collect_job(job_id: str, *, store: Store, deadline: Deadline, record: bool = True,
                 partial: bool = False) -> Collected:
-    """A known job's result by its id (never a path) and its service window (window_of: not serving and its
-    parts; with several freed services, each one's and the longest; None when it freed none), both from the one
-    `result` call, recorded in the history. partial: a job that ended without a result gives the rows its log
-    holds instead (never recorded); NoResult when it holds none."""
+    """A known job's result by its id (never a path) and its service window (results/window.py), both from the
+    one `result` call, recorded in the history. partial: a job that ended without a result gives the rows its
+    log holds instead (never recorded); NoResult when it holds none."""
     declared = store.load(check_job_id(job_id)).metrics or None  # an unknown id is an unknown job
     try:
         fetched = fetch_result(job_id, store, deadline)
@@ -105,8 +103,8 @@ def is_result_path(ref: str, store: Store) -> bool:
 
 
 def fetch_result(job_id: str, store: Store, deadline: Deadline) -> Result:
-    """The job's result (and its windows) from its host; a job still running is 75 (call again), one that ended without a
-    result is NoResult."""
+    """The job's result (and its windows) from its host; a job still running is 75 (call again), one that ended
+    without a result is NoResult."""
     try:
         return controller.result(job_id, store=store, deadline=deadline)
     except RemoteError as exc:
@@ -221,11 +219,10 @@ def tail_text(job_id: str, *, store: Store, max_wait: float, max_bytes: int, fol
     """At most `max_bytes` of new log after the stored cursor, waiting up to `max_wait` for the first byte;
     with follow, for as long as the job runs, until max_bytes are read or max_wait passes (`tail -f`).
 
-    The cursor is the same one `runner tail` uses, taken in turn with it (store.cursor_turn), and moves
-    only past bytes returned: an incomplete UTF-8 sequence at the end is held back, and while it is all
-    there is, the call long-polls the host for the bytes after it (one call per LONG_POLL_S, never a spin);
-    so the texts of successive calls join to the log exactly (undecodable bytes appear as \\xNN escapes).
-    A character is never split: completing one may take up to 3 bytes past max_bytes.
+    The cursor is `runner tail`'s, taken in turn with it, and moves only past bytes returned: an incomplete
+    UTF-8 sequence at the end is held back (while it is all there is, the host is long-polled for the rest), so
+    successive texts join to the log exactly (undecodable bytes as \\xNN escapes); completing a character may
+    take up to 3 bytes past max_bytes.
     """
     deadline = time.monotonic() + max_wait
     job_id = check_job_id(job_id)

@@ -2,10 +2,9 @@
 `rollout.max_unavailable` hosts have their service stopped at a time.
 
 The rollout is driven in the foreground, bounded like every command: `runner submit` drives it for up to
---max-wait and returns 75 while it is unfinished; `runner submit JOB.yaml --job-id RUN` or
-`runner wait RUN` drive it on. Everything a driver needs to resume is in the run record (fleet_store.py)
-and on the hosts; a host's job is started with a fixed id (RUN.N), so a start interrupted by a lost link or
-a killed driver is resumed, never doubled. One process drives a run at a time (a lock); another only watches.
+--max-wait and returns 75 while it is unfinished; `runner submit JOB.yaml --job-id RUN` or `runner wait RUN`
+drive it on, from the run record (fleet_store.py) and the hosts. A host's job has a fixed id (RUN.N): a start
+cut by a lost link or a killed driver is resumed, never doubled. One process drives a run (a lock); others watch.
 
 Each host has a thread: preflight (is it reachable, may it run, will it stop the service?) → wait for its
 turn (a job that will stop the service waits until fewer than max_unavailable hosts are stopped, and takes
@@ -225,8 +224,7 @@ class Rollout:
 
     def _takes_no_turn(self, entry: HostEntry) -> bool:
         """A job that stops no service (admission.never_stops) waits for no turn, so its host needs no preflight
-        of its own before the start: the submit is preflighted on the host, in its one call, and refused
-        there as the preflight would have refused it. True: decided (entry.stops False)."""
+        before the start: its submit is preflighted, and refused, in its one call. True: decided (stops False)."""
         if not never_stops(self._planned(entry).wire):
             return False
         with self.cond:
@@ -355,9 +353,8 @@ class Rollout:
 
     def _follow(self, index: int, entry: HostEntry) -> None:
         """Poll the host's job until it ends (or the deadline): its end frees its slot, if the service is back.
-        With a fork for every host (forks >= hosts: no host ever waits for one), each poll is a long one: the
-        host answers once the job changed state or ended (at most FOLLOW_WAIT_S), instead of a call a second;
-        otherwise a poll a second, each holding its fork for one round trip only."""
+        With a fork for every host, each poll is a long one (the host answers once the job changed state or
+        ended, at most FOLLOW_WAIT_S); otherwise a poll a second, each holding its fork for one round trip."""
         long_polls = self.run_record.forks >= len(self.run_record.hosts)
         while self.deadline.left() > 0:
             wait = max(0.0, min(FOLLOW_WAIT_S, self.deadline.left() - FOLLOW_MARGIN_S)) if long_polls else 0.0

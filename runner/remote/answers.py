@@ -2,10 +2,9 @@
 controller uses or stores any of it: types, bounds and sizes, per verb.
 
 A host is trusted to run jobs, not to be well-formed: a broken or compromised supervisor, or a payload that
-rewrote its job's status.json, must neither crash the controller nor poison its local index (a cursor of
-"abc", a state holding terminal escapes). A breach is BadAnswer, exit 3: "the host answered something runner
-does not understand (VERB: field: why)". The message names the field and what was expected, never what the
-host sent.
+rewrote its job's status.json, must neither crash the controller nor poison its local index (a cursor of "abc",
+a state holding terminal escapes). A breach is BadAnswer, exit 3, naming the field and what was expected, never
+what the host sent.
 
 Pure, no I/O: host.py calls `parse_line` where it reads an answer line, `failure` for `ok: false`, and one
 checker per HostClient method, which returns what that method returns: typed where the layers above read it
@@ -339,13 +338,9 @@ def gc(answer: dict) -> dict:
     return _checked("gc", answer, GC)
 
 
-def result(answer: dict) -> Any:
-    """The job's result.json as parsed on the host: any JSON value (the renderers judge its shape)."""
-    return result_answer(answer).value
-
-
-def result_answer(answer: dict) -> Result:
-    """`result`'s whole answer: the result.json and the windows of the services the job freed."""
+def result(answer: dict) -> Result:
+    """`result`'s answer: the result.json as parsed on the host (any JSON value: the renderers judge its shape)
+    and the windows of the services the job freed."""
     return Result.from_json(_checked("result", answer, RESULT))
 
 

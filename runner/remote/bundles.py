@@ -3,10 +3,10 @@ payload (its script, the script's local import closure and payload.files), each 
 its content's digest (ROOT/payload/<digest>/, ROOT/payloads/<digest>/), and the stream that uploads them
 (remote_payload/host/unpack.py reads it).
 
-A file is read and hashed once while it stays as it was: the state dir's file index records each file's
-sha256 (and a Python file's import statements) against its size, mtime, ctime and inode, and each bundle's
-digest against its files' stamps. A submit whose files did not change reads none of them (a 100 MB closure
-costs its stats); an upload reads them as it sends them, and the host checks each against its sha256.
+A file is read and hashed once while it is unchanged: the state dir's file index records each file's sha256
+(and a Python file's imports) against its size, mtime, ctime and inode, and each bundle's digest against its
+files' stamps, so a submit of unchanged files reads none of them; an upload reads them as it sends them, and
+the host checks each against its sha256.
 """
 from __future__ import annotations
 

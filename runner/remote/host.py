@@ -1,14 +1,11 @@
 """The controller's side of the host protocol (docs/protocol.md): one method per supervisor subcommand.
 
-Every call is `python3 -c BOOT ROOT HASH SUBCOMMAND ARGS…`: BOOT runs the uploaded supervisor (imported, in
-the same interpreter: no second start-up on the host), or answers
-"payload-missing" (exit 42: the supervisor's bundle, or the job's payload bundle, is not there), in which case
-both bundles are uploaded in one call (UNPACK, remote_payload/host/unpack.py; bundles.py) and the call repeated. On the wire
-it travels as `launch_argv`: one fixed single-line program plus one base64 word, which every login shell
-(sh, bash, zsh, csh/tcsh, fish) hands to python unchanged. Every call is bounded by the command's one
-Deadline, shared by its boot, upload and repeat; no call has an allowance of its own.
-
-`HostClient` is a context manager: `with connect(host) as client:` closes the transport on every path.
+Every call is `python3 -c BOOT ROOT HASH SUBCOMMAND ARGS…`: BOOT runs the uploaded supervisor (imported, in the
+same interpreter), or answers "payload-missing" (exit 42: the supervisor's or the job's payload bundle is not
+there), and then both are uploaded in one call (UNPACK, remote_payload/host/unpack.py) and the call repeated.
+On the wire it travels as `launch_argv`: one fixed single-line program plus one base64 word, which every login
+shell (sh, bash, zsh, csh/tcsh, fish) hands to python unchanged. The boot, the upload and the repeat share the
+command's one Deadline. `with connect(host) as client:` closes the transport on every path.
 """
 from __future__ import annotations
 
@@ -84,12 +81,8 @@ def unpack_program() -> str:
 
 
 class HostClient:
-    """Typed calls to the supervisor on one host. Raises RemoteError (or a subclass) for `ok: false`. Each answer
-    is checked (answers.py) and, where the layers above read it field by field, typed there: `submit` answers
-    Started, `status` JobStatus, `logs` and `log_stream` LogChunk, `result` Result; the rest plain dicts.
-
-    `deadline` is the calling command's: no call runs past it.
-    """
+    """Typed calls to the supervisor on one host, each answer checked (answers.py), none past `deadline` (the
+    calling command's). Raises RemoteError (or a subclass) for `ok: false`."""
 
     def __init__(self, transport: Transport, *, root: str, python: str, bundle: Bundle, deadline: Deadline,
                  payload: Bundle | None = None) -> None:
@@ -180,7 +173,7 @@ class HostClient:
         return answers.restore_service(self.call("restore-service", args))
 
     def result(self, job_id: str) -> Result:
-        return answers.result_answer(self.call("result", ["--job-id", job_id]))
+        return answers.result(self.call("result", ["--job-id", job_id]))
 
     def gc(self, *, keep_jobs: int, keep_days: float, dry_run: bool, only: list[str] | None = None) -> dict:
         """Wire `gc`: the host's retention rule (old job dirs and unused bundles deleted, or listed); `only`: the

@@ -5,10 +5,9 @@ Read from the source, nothing is imported. Every import statement counts, wherev
 try/except pair, after `if x:` or `;`): each `import` word is found in the file's bytes and the statement around
 it parsed by itself (ast), so the cost is a scan of the bytes, not a syntax tree of the whole file, and a file
 that does not parse with the controller's Python (a newer payload.python) has its imports followed too. A statement written inside a string may count as well:
-the module it names travels if it is a file of the directory, never the other way round. A name that resolves
-to no file in the directory (the standard library, an installed package, a module the host provides) is not
-bundled. Relative imports resolve against the importing file's own folder. Not found: imports by computed name
-(`importlib.import_module(x)`); ship such modules, and data files, with payload.files.
+the module it names travels if it is a file of the directory. A name that resolves to no file there (the
+standard library, an installed package) is not bundled; relative imports resolve from the importing file's
+folder. Not found: imports by computed name (`importlib.import_module(x)`): ship those with payload.files.
 """
 from __future__ import annotations
 

@@ -1,20 +1,17 @@
-"""How the controller reaches a host: run one argv there, get its exit code and output bytes back.
-
-Three implementations of one small interface (the shape of httpx's transports):
+"""How the controller reaches a host: run one argv there, get its exit code and output bytes back, within the
+command's Deadline. Three implementations of one small interface (the shape of httpx's transports):
 
     Transport.run(argv, stdin=b"", deadline=Deadline(S)) -> Completed   (stdin: bytes, or chunks as they come)
     Transport.close()
 
 - `LocalTransport` (`host.address: local`): the same host protocol on this machine, through subprocess.
 - `SshTransport`: one SSH connection (fabric for ssh_config aliases, IdentityFile, ProxyJump; paramiko
-  underneath), host keys verified against known_hosts, keepalive, and a deadline on every call.
+  underneath), host keys verified against known_hosts, keepalive.
 - `OpenSshTransport` (transport_openssh.py; `host.transport: openssh`, or `auto` where a system `ssh` is
   there): the system `ssh` client over one ControlMaster, each call one exec through it.
 
-argv is quoted exactly once, here (`shlex.join`), so nothing a user wrote reaches a shell unquoted.
-Every paramiko, socket and OS error of an SSH call (connecting included: config, known_hosts, handshake,
-auth) is translated into `TransportError`/`HostKeyError` in one place, `_translated`. Each call is bounded
-by the calling command's `Deadline`.
+argv is quoted exactly once (`shlex.join`), so nothing a user wrote reaches a shell unquoted. Every paramiko,
+socket and OS error of an SSH call, connecting included, is translated into our tree in one place, `_translated`.
 """
 from __future__ import annotations
 
@@ -85,9 +82,8 @@ class Streaming(Protocol):
 
 
 class Stream:
-    """One command's stdout read as it comes (`readline`, `read`), each read bounded by the command's deadline;
-    `close` ends the command (killed when still running) and gives its Completed (stdout: what was left
-    unread). What the transports that can (local, OpenSSH) return from `stream(argv, deadline=)`."""
+    """One command's stdout read as it comes (`readline`, `read`), each read within the command's deadline; `close`
+    ends the command (killed if still running) and gives its Completed (stdout: what was left unread)."""
 
     READ_BYTES = 1 << 20
 

@@ -1,10 +1,9 @@
 """Results history: every collected result as a row in a local SQLite database in the state dir.
 
-One row per run: a plain job is one run (variant index 0), a sweep one run per variant that left a result
-(its index, from 1); recording the same job again replaces all its rows. A row holds the job id, when, host,
-spec hash, variant args, the git revision of the spec's repository, GPU name / driver / torch / sglang from
-the result's environment, and the gate's metrics (runner/results/gate.py). Schema changes are numbered
-migrations tracked in PRAGMA user_version.
+One row per run: a plain job is one run (variant index 0), a sweep one per variant that left a result (its
+index, from 1); recording a job again replaces its rows. A row holds the job id, when, host, spec hash, variant
+args, the spec repository's git revision, the result's environment (GPU, driver, torch, sglang) and the gate's
+metrics. Schema changes are numbered migrations tracked in PRAGMA user_version.
 
 Recording never breaks the calling command: `record_*` return a warning string instead of raising when the
 database is corrupt, locked, or from a newer runner. Reading (`runner history`) raises RunnerError.

@@ -1,12 +1,9 @@
-"""Render a benchmark's result.json for people: a text table, and a plot of µs/token and lever vs batch size.
+"""A benchmark's result.json for people: a table, and a plot (the Marlin benchmark's lever figure, or any
+payload's time-like columns against its first numeric one); pure, matplotlib imported only to plot.
 
-Pure functions of the parsed result; matplotlib is an optional extra, imported only when plotting.
-`plot` draws any payload's rows: the Marlin benchmark's lever figure, or for other payloads the time-like
-numeric columns against the first one.
-
-A result is whatever JSON a payload wrote, so nothing here trusts its shape: `render_checked` falls back to
-the plain view (with a note saying why) when a payload's own table cannot be drawn from what it holds, and
-every line of a human view is clipped (`--json` prints the result whole).
+A result is whatever JSON a payload wrote, so nothing here trusts its shape: `render_checked` falls back to the
+plain view (with a note saying why) when a payload's own table cannot be drawn from it, and every line of a
+human view is clipped (`--json` prints the result whole).
 """
 from __future__ import annotations
 

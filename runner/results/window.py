@@ -1,15 +1,9 @@
-"""A job's service window, from the windows its host's `result` answer lists: how long the services it freed did
-not serve, and the parts.
+"""A job's service window: how long the services it freed did not serve, and the parts (pure).
 
-Each freed service's record holds its own window (status.json `downtime`: not serving and its parts, written
-by the host once the service is back; the host lists them, remote_payload/verbs/result.py). A job that freed
-one service has that window as it is. A job that freed several has one window per service (each service's users
-are down for that service's own window) and a combined one for the job: each part the longest of the freed
-services', so `not_serving_s` is the job's longest outage; a part some service lacks (None: not healthy again,
-or a part it did not see) is unknown for the job too, never the others' longest. Services the job did not stop
-hold no window and are in none of it.
-
-Pure: plain dicts in and out.
+The host's `result` answer lists each freed service's window (status.json `downtime`, written once the service
+is back; remote_payload/verbs/result.py). A job that freed one service has that window as it is; one that freed
+several has each service's and a combined one: each part the longest of theirs, so `not_serving_s` is the job's
+longest outage, and a part some service lacks (not healthy again, or not seen) is unknown for the job too.
 """
 from __future__ import annotations
 

@@ -1,10 +1,9 @@
 """Local controller state: a job index with each job's host and log cursor (a byte offset).
 
-The host's job directory is the source of truth; this is only what the controller needs to find it again
-and to print each log byte exactly once. One JSON file per job, replaced atomically.
-Location: $RUNNER_STATE_DIR, else platformdirs' user state dir. It is private whatever the umask: the plans
-hold each job's payload.env (tokens), so every dir runner makes there is 0700 (`private_dir`) and every file
-0600 (`_write_atomic`, `private_file`).
+The host's job directory is the source of truth; this is only what the controller needs to find it again and
+to print each log byte exactly once: one JSON file per job, replaced atomically, in $RUNNER_STATE_DIR (else
+platformdirs' user state dir). The records hold each job's payload.env (tokens): whatever the umask, every dir
+runner makes there is 0700 (`private_dir`) and every file 0600 (`_write_atomic`, `private_file`).
 
 The cursor: every read-modify-write of a record holds the job's record lock (a short flock on
 locks/<id>.record), and a write never moves the cursor back (`save` keeps the larger of the two); the one
@@ -172,11 +171,10 @@ class Store:
     @contextmanager
     def cursor_turn(self, job_id: str, wait_s: float,
                     waiting: Callable[[], None] = lambda: None) -> Iterator[tuple[JobRecord, bool]]:
-        """Hold the job's cursor for one tail call: yields (its record as of the turn, True), or (the record,
-        False) when another call held it for all of wait_s (`waiting()` is called once, when it must wait). An
-        unknown or unreadable record, or a state dir where the cursor could not be saved (the same bytes would
-        print again and again), is said before anything is written. The kernel drops the lock when its holder
-        dies: a killed call never blocks the next."""
+        """Hold the job's cursor for one tail call: yields (its record as of the turn, True), or (the record, False)
+        when another call held it for all of wait_s (`waiting()` is called once, when it must wait). An unknown
+        record, or a state dir where the cursor could not be saved (the same bytes would print again and again),
+        is said before anything is written. A killed holder's lock is dropped by the kernel."""
         self.load(job_id)
         self.check_writable()
         with self._lock_file(job_id, "cursor") as fd:
@@ -254,9 +252,9 @@ class Store:
 
     def _strays(self) -> tuple[list[JobRecord], list[str]]:
         """Records the index does not hold (put there by something other than this store): the readable ones,
-        indexed now, and a line for each unreadable one. A listing of the jobs dir, no record read otherwise;
-        not even that while the dir and the index are as they were when a listing last found every record
-        indexed (`index.listed`): a large history's every name is not listed at each `status` and `list`."""
+        indexed now, and a line for each unreadable one. A listing of the jobs dir, skipped while the dir and the
+        index are as they were when one last found every record indexed (`index.listed`): a long history is
+        not listed at each `status` and `list`."""
         stamp = self._listing_stamp()
         if stamp is not None and stamp == self._read_listed():
             return [], []

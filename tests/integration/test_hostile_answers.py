@@ -292,7 +292,7 @@ def test_the_host_s_own_forms_pass():
     busy = {"ok": False, "error": "busy", "message": "gpu-0 is held by job x (supervisor pid 7)",
             "holder": {"job_id": "x", "pid": 7, "since": 1.0, "key": "gpu-0"}}
     assert answers.failure("start", busy) is busy
-    assert answers.result({"ok": True, "job_id": "a", "result": [1, "two", None]}) == [1, "two", None]
+    assert answers.result({"ok": True, "job_id": "a", "result": [1, "two", None]}).value == [1, "two", None]
     assert answers.restore_service({"ok": True, "unit": "u.service", "state": "failed", "active_state": "failed",
                                     "sub_state": "failed", "log_tail": "boom"})["state"] == "failed"
     chunk = answers.logs({**good_chunk(b"", offset=0, state="SUCCEEDED"), "size": 0}, 0, 1 << 20)
