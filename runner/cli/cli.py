@@ -412,10 +412,10 @@ def gc(host_or_job: str, keep_jobs: int, keep_days: float, dry_run: bool, every:
 
 
 def _restore_action(answer: dict) -> str:
-    """What restore-service did: started the unit, or found it up (an older host does not say)."""
-    if answer.get("started") is True:
+    """What restore-service did: started the unit, or found it up."""
+    if answer.get("started"):
         return f": started it (it was {answer.get('was') or 'not running'})"
-    return ": it was up already (not started)" if answer.get("started") is False else ""
+    return ": it was up already (not started)"
 
 
 def main(argv: list[str] | None = None) -> None:

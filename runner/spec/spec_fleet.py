@@ -34,12 +34,8 @@ def _check_addresses(value: Any) -> Any:
             checked.append(_check_address(address))
         except ValueError as exc:
             raise ValueError(f"host {index + 1}: {exc}") from None
-    seen: set[str] = set()
-    twice = []
-    for address in checked:
-        if address.lower() in seen:
-            twice.append(address)
-        seen.add(address.lower())
+    lowered = [address.lower() for address in checked]
+    twice = [address for index, address in enumerate(checked) if address.lower() in lowered[:index]]
     if twice:
         raise ValueError(f"hosts listed twice: {', '.join(short(a) for a in dict.fromkeys(twice))}")
     return checked
