@@ -3,7 +3,8 @@
 """
 from __future__ import annotations
 
-from runner.cli.cli import DEFAULT_MAX_WAIT, WATCH_UNTIL_END, watch_bound
+from runner.cli.cli import WATCH_UNTIL_END, watch_bound
+from runner.deadline import DEFAULT_MAX_WAIT_S
 from tests.cli_helpers import local_target, run_cli, submit, write_job
 
 
@@ -20,5 +21,5 @@ def test_watch_that_runs_out_of_time_says_the_job_is_still_running(work):
 
 def test_watch_on_a_terminal_follows_until_the_job_ends_unless_told_otherwise():
     assert watch_bound(None, on_terminal=True) == WATCH_UNTIL_END >= 86400
-    assert watch_bound(None, on_terminal=False) == DEFAULT_MAX_WAIT
+    assert watch_bound(None, on_terminal=False) == DEFAULT_MAX_WAIT_S
     assert watch_bound(20.0, on_terminal=True) == 20.0
