@@ -9,9 +9,10 @@ only the layers below it and never handed a function of a layer above (tests/lin
                    the shared rules: pure, stdlib only; the controller imports them too
     host/          host primitives (Fail, bounded commands, systemd, nvidia-smi, /proc), the answer line, the
                    engine's API
-    supervision/   one job on one host: spec, files, record, ledger, trust, startable, payload, stage, variants,
-                   budget, settle, the unit, start, job (the choreography); run (`_run` and its launch), guard
-                   (`_guard`), restore (`restore`, `restore-service`)
+    supervision/   one job on one host: spec, files, record, ledger, startable, payload, stage, variants, budget,
+                   the unit, start, job (the choreography); run (`_run` and its launch); restore/: what a job
+                   owes, settle, bringing a service back, the guard (`_guard`) and the restorers (`restore`,
+                   `restore-service`)
     slurm/         launch, array, calls, allocation: `launcher: slurm` (imported on first use)
     verbs/         preflight, start, submit, status (after reap: LOST reaping), logs, cancel, result, gc, launcher
                    (the Slurm launcher on first use; `slurm-run`)
@@ -40,9 +41,10 @@ COMMANDS = {
     "preflight": ("verbs.preflight", "cmd_preflight"), "start": ("verbs.start", "cmd_start"),
     "submit": ("verbs.submit", "cmd_submit"), "status": ("verbs.status", "cmd_status"),
     "logs": ("verbs.logs", "cmd_logs"), "cancel": ("verbs.cancel", "cmd_cancel"),
-    "restore": ("supervision.restore", "cmd_restore"),
-    "restore-service": ("supervision.restore", "cmd_restore_service"), "result": ("verbs.result", "cmd_result"),
-    "gc": ("verbs.gc", "cmd_gc"), "_run": ("supervision.run", "cmd_run"), "_guard": ("supervision.guard", "cmd_guard"),
+    "restore": ("supervision.restore.restorers", "cmd_restore"),
+    "restore-service": ("supervision.restore.restorers", "cmd_restore_service"), "result": ("verbs.result", "cmd_result"),
+    "gc": ("verbs.gc", "cmd_gc"), "_run": ("supervision.run", "cmd_run"),
+    "_guard": ("supervision.restore.guard", "cmd_guard"),
     "slurm-run": ("verbs.launcher", "cmd_slurm_run"),
 }
 

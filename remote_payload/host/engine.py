@@ -8,7 +8,7 @@
               weights too if still short (only with their CPU backup) · vLLM (engine_vllm.py): sleep once the
               requests in flight have finished
     resume:   SGLang: resume what was released, continue, /health_generate · vLLM: wake, /health
-    restore_released: every restorer's way back (resume, else restart the unit); downtime: the window's parts
+    downtime: the window's parts, the same for every method
 
 The unit keeps running (its MainPID does not change). Each step is recorded before it is asked for and again once
 it answered (engine_api.py), so a restorer that reads the record (the supervisor, the guard, the ledger's next job,
@@ -24,11 +24,9 @@ import time
 
 from ..contract import origin
 from . import engine_sglang, engine_vllm
-from .answer import Fail
 from .engine_api import Api, pending
 from .engine_releases import UnknownRelease, choose, sequence
 from .engine_sglang import DRAIN_TIMEOUT_S, NothingReleased
-from .health import wait_healthy
 from .http_client import POLL_S, EngineError, exchange, wait_for
 
 CALL_TIMEOUT_S = 30.0     # the probe before a release (its deadline; each call's is the caller's)
@@ -178,45 +176,6 @@ def describe(record: dict) -> str:
                               "asked to sleep")
     return "%s released through SGLang%s's API (%s)" % (", ".join(done) or "nothing",
                                                         " " + version if version else "", record.get("mode"))
-
-
-# ── the restore of a job that released ────────────────────────────────────────────────────────────────
-
-def restore_released(job, deadline: float) -> tuple:
-    """Every restorer's way back for a job whose status records a release: resume it through the API within
-    half of what is left, else restart the unit (the service comes back whatever happens) and say so.
-    job: a supervision/record.py Job. Returns (healthy, active_state); service.resumed says how."""
-    service = job.status["service"]
-    unit, record = service["unit"], service["released"]
-    job.note_restore("resuming %s: %s" % (unit, describe(record)))
-    began = time.monotonic()
-    try:
-        timings = resume(record, job.spec["service"], time.monotonic() + (deadline - time.monotonic()) / 2)
-    except Exception as exc:  # an EngineError, or a record it could not act on: the restart brings it back anyway
-        job.note_restore("the %s API did not bring %s back (%s): restarting the unit" % (
-            record.get("engine"), unit, exc if isinstance(exc, EngineError) else "%s: %s" % (type(exc).__name__, exc)))
-        return restart_unit(job, unit, deadline, began)
-    job.save(service=dict(job.status["service"], resumed=dict(timings, how="api")))
-    try:
-        return True, job.ctl.is_active(unit)
-    except Fail as exc:  # resumed, but systemctl could not say how the unit is
-        return True, "unknown (%s)" % exc
-
-
-def restart_unit(job, unit: str, deadline: float, began: float) -> tuple:
-    """`systemctl restart` and the health wait; resume_s counts from `began` (the API's failed attempt too)."""
-    try:
-        job.ctl.change("restart", unit, timeout=max(0.5, deadline - time.monotonic()))
-        restarted = time.monotonic()
-        healthy, now = wait_healthy(job.ctl, unit, job.spec["service"].get("health_url"), deadline - restarted,
-                                    job.note_restore)
-    except Fail as exc:
-        job.note_restore("restarting %s failed: %s" % (unit, exc))
-        return False, "unknown"
-    job.save(service=dict(job.status["service"], resumed={
-        "how": "restart", "resume_s": round(restarted - began, 3), "health_s": round(time.monotonic() - restarted, 3)}))
-    job.note_restore("%s restarted (its engine was released and the API did not resume it)" % unit)
-    return healthy, now
 
 
 # ── downtime: the same parts for every method ─────────────────────────────────────────────────────────

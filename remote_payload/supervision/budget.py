@@ -35,11 +35,11 @@ Bound = namedtuple("Bound", "name formula reader why launcher")
 
 BOUNDS = (
     Bound("guard_timer_s", "rounds * (max_runtime + grace) + 2 * drain_timeout + STOP_TIMEOUT_S + CMD_TIMEOUT_S "
-          "+ health_timeout + MINUTE_S", "supervision.settle.start_guard_timer: systemd-run --on-active=",
+          "+ health_timeout + MINUTE_S", "supervision.restore.settle.start_guard_timer: systemd-run --on-active=",
           "made just before the stop: later than any job still handled could end (each round's run and grace, "
           "two drains, the stop and the start commands, the health wait, a minute)", None),
     Bound("adopted_timer_s", "prepare_timeout + stage_timeout + guard_timer_s",
-          "supervision.settle.settle_ledger: the guard timer of an adopted stop", "made when the job takes a dead "
+          "supervision.restore.restorers.adopt_stop: the guard timer of an adopted stop", "made when the job takes a dead "
           "job's stop over, before its own prepare step and staging: those first, then all the guard timer counts",
           None),
     Bound("runtime_max_s", "queue_timeout + prepare_timeout + stage_timeout + guard_timer_s",
@@ -49,16 +49,16 @@ BOUNDS = (
           "+ health_timeout + MINUTE_S", "supervision.unit.run_argv: TimeoutStopSec=",
           "each stop phase of the unit: the supervisor settling after a TERM, then ExecStopPost='s restore", None),
     Bound("hung_running_s", "max_runtime + grace + KILL_CONFIRM_S + drain_timeout + SMI_TIMEOUT_S + HANG_MARGIN_S",
-          "supervision.settle.hard_deadline (the guard)", "from payload.started_at (a sweep: the running variant's "
+          "supervision.restore.guard.hard_deadline", "from payload.started_at (a sweep: the running variant's "
           "start): the run, TERM grace, KILL, the GPU release wait; then it must be restoring", None),
     Bound("hung_restoring_s", "grace + KILL_CONFIRM_S + drain_timeout + SMI_TIMEOUT_S + CMD_TIMEOUT_S "
-          "+ health_timeout + HANG_MARGIN_S", "supervision.settle.hard_deadline (the guard)",
+          "+ health_timeout + HANG_MARGIN_S", "supervision.restore.guard.hard_deadline",
           "from entering RESTORING: leftovers killed, the GPU released, the start command, the health wait", None),
     Bound("hung_draining_s", "drain_timeout + SMI_TIMEOUT_S + HANG_MARGIN_S",
-          "supervision.settle.hard_deadline (the guard)", "from entering DRAINING: the drain and its last "
+          "supervision.restore.guard.hard_deadline", "from entering DRAINING: the drain and its last "
           "nvidia-smi call", None),
     Bound("hung_stopping_s", "STOP_TIMEOUT_S + CMD_TIMEOUT_S + HANG_MARGIN_S",
-          "supervision.settle.hard_deadline (the guard)", "from entering STOPPING_SERVICE: the stop at its own "
+          "supervision.restore.guard.hard_deadline", "from entering STOPPING_SERVICE: the stop at its own "
           "bound and the state check after it", None),
     Bound("ends_by_at", "claimed_at + runtime_max_s + 2 * timeout_stop_s", "status.json readers (an epoch)",
           "the latest the unit lets the job hold the host: its run, then both stop phases", None),

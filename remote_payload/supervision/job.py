@@ -8,7 +8,7 @@
 
 The record (`Job`, `Flags`, `Interrupted`) is supervision/record.py; the payload's process (launch, watch,
 exit record) supervision/payload.py; settle, restore, the ledger's adoption and the guard are
-supervision/settle.py. Imports only the stdlib, the shared rules (contract.py, admission.py), host/ and
+supervision/restore/. Imports only the stdlib, the shared rules (contract.py, admission.py), host/ and
 those rooms; run.py and slurm/ import it.
 """
 from __future__ import annotations
@@ -28,7 +28,8 @@ from .files import try_unlink
 from .locks import Locks
 from .payload import check_interrupt, launch_payload, watch_payload
 from .record import Flags, Interrupted, Job
-from .settle import GPU_POLL_S, final_state, settle, settle_ledger, start_guard_timer
+from .restore.restorers import adopt_stops
+from .restore.settle import GPU_POLL_S, settle, start_guard_timer
 from .startable import check_startable
 
 LOCK_POLL_S = 0.5
@@ -253,7 +254,7 @@ def supervise(job: Job, locks: Locks, flags: Flags) -> None:
         if not locks.held:
             wait_for_locks(job, locks, flags)
         locks.write_holders()
-        settle_ledger(job)
+        adopt_stops(job)
         check_startable(job.spec, job.paths.root)  # again, with the locks held: a queued job starts later
         run_prepare_step(job, flags)
         measure_gpus(job)
@@ -271,7 +272,7 @@ def supervise(job: Job, locks: Locks, flags: Flags) -> None:
         traceback.print_exc()
         ending = ("FAILED", "supervisor error: %s: %s" % (type(exc).__name__, exc))
     finally:
-        settle(job, lambda: final_state(job, ending))
+        settle(job, ending)
         # Only after a finished restore: if settle raised, the guard's inherited lock fds keep the host
         # locked until it has restored the service (LOCK_UN would release its copies too).
         locks.release()

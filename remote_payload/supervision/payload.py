@@ -90,7 +90,7 @@ def launch_payload(job: Job, argv=None, state: str = "RUNNING", phase: str = "pa
     ident = identity(proc.pid)
     job.payload_pids.add(proc.pid)
     noted = False
-    for service in services.records(job.status):  # first: the ledger is what a restorer trusts (trust.py)
+    for service in services.records(job.status):  # first: the ledger is what a restorer trusts (restore/owed.py)
         if service.get("stopped"):
             job.persist(lambda unit=service["unit"]: ledger.note_payload(job.paths.root, unit, job.paths.job_id,
                                                                          dict(ident, pgid=proc.pid)))

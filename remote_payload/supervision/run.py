@@ -4,7 +4,7 @@ locks, answers `start`, starts the guard and runs the job.
     start ──systemd-run──▶ runner-job-<id>.service: _run (supervision/unit.py), or where systemd is not:
           ──fork/setsid/fork──▶ run_job in this interpreter's own fork (supervision/start.py daemonize_call)
       ◀── one JSON line: through ready.fifo (unit), over a pipe (fork) ──┘
-    _run ──fork/setsid/exec supervisor.py _guard──▶ the guard (guard.py, settle.py): holds the read end of
+    _run ──fork/setsid/exec supervisor.py _guard──▶ the guard (restore/guard.py): holds the read end of
           the "life" pipe and the lock fds; EOF = the supervisor is gone
 """
 from __future__ import annotations
@@ -21,7 +21,7 @@ from .files import JobPaths
 from .job import supervise
 from .locks import Locks, lock_keys
 from .record import Flags, Job
-from .settle import start_guard
+from .restore.guard import start_guard
 from .start import (
     READY_TIMEOUT_S,
     answer_start,

@@ -53,10 +53,6 @@ class ServiceView:
     def status(self) -> dict:
         return dict(self.job.status, service=records(self.job.status)[self.index])
 
-    @property
-    def terminal(self) -> bool:
-        return self.job.terminal
-
     def save(self, **changes) -> None:
         self.job.save(**self._mapped(changes))
 
@@ -68,9 +64,6 @@ class ServiceView:
 
     def note_restore(self, text: str) -> None:
         self.job.note_restore(text)
-
-    def persist(self, write) -> None:
-        self.job.persist(write)
 
     def _mapped(self, changes: dict) -> dict:
         """`service=` of this view written to its record; the first service's is `service` as well."""

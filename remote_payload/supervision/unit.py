@@ -6,12 +6,12 @@
 The unit holds the guarantee past our own processes: any exit of the supervisor (SIGKILL, OOM, killed by the
 watchdog or at RuntimeMaxSec=) stops the unit, systemd kills what is left of its cgroup (a payload that
 double-forked and called setsid included, KillMode=control-group) and then runs ExecStopPost=`supervisor.py
-restore`, with no controller call. A supervisor frozen as a whole (SIGSTOP, a stuck host) stops pinging the
-watchdog (a thread, so a main thread blocked in a bounded wait still pings) and is killed after WATCHDOG_S.
-The job is outside the SSH session's scope. Where systemd-run is missing or fails (or ROOT/launch-fork
-exists), `start` falls back to the fork + guard path (containers, the GPU machine); status.json's `launch`
-says which path ran, events.jsonl why the fork path was taken. RuntimeMaxSec= and TimeoutStopSec= are the job's
-recorded budget (supervision/budget.py: runtime_max_s, timeout_stop_s).
+restore` (restore/restorers.py), with no controller call. A supervisor frozen as a whole (SIGSTOP, a stuck
+host) stops pinging the watchdog (a thread, so a main thread blocked in a bounded wait still pings) and is
+killed after WATCHDOG_S. The job is outside the SSH session's scope. Where systemd-run is missing or fails (or
+ROOT/launch-fork exists), `start` falls back to the fork + guard path (containers, the GPU machine);
+status.json's `launch` says which path ran, events.jsonl why the fork path was taken. RuntimeMaxSec= and
+TimeoutStopSec= are the job's recorded budget (supervision/budget.py: runtime_max_s, timeout_stop_s).
 
 Imports only the stdlib, host/ (answer.py, bundle.py, processes.py, systemd.py) and the files and budget rooms.
 """
@@ -108,17 +108,6 @@ def launch_record(job_id: str) -> dict:
     except OSError:
         inside = False
     return {"mode": "systemd-unit", "unit": unit} if inside else {"mode": "fork"}
-
-
-def stop_post_message():
-    """Under ExecStopPost= (systemd sets SERVICE_RESULT there): how the unit ended, for the restore's message."""
-    result = os.environ.get("SERVICE_RESULT")
-    if not result:
-        return None
-    why = {"watchdog": "stopped answering systemd's watchdog for %d s (hung); systemd killed it" % WATCHDOG_S,
-           "timeout": "ran past its unit's hard deadline (RuntimeMaxSec=); systemd killed it"}.get(
-        result, "ended (%s, %s)" % (result, os.environ.get("EXIT_STATUS", "?")))
-    return "the supervisor %s; the unit's ExecStopPost= restored the service" % why
 
 
 def start_watchdog() -> None:

@@ -383,7 +383,7 @@ def note_slots(job: Job, slots: list, running: dict) -> None:
         table.append(entry)
     job.write({"slots": table}, durable=False)  # whole at once for a restorer; the launch's was the durable write
     busy = [s for s in table if s["variant"]]
-    for service in services.records(job.status):  # the ledger too: what a restorer trusts (trust.py)
+    for service in services.records(job.status):  # the ledger too: what a restorer trusts (restore/owed.py)
         if service.get("stopped"):
             job.persist(lambda unit=service["unit"]: ledger.note_slots(job.paths.root, unit, job.paths.job_id,
                                                                        busy))

@@ -7,8 +7,8 @@ import time
 from ..contract import TERMINAL
 from ..host.answer import Fail
 from ..host.bundle import RUN_SUPERVISOR
-from ..supervision import trust
 from ..supervision.files import JobPaths, is_slurm_job, read_status
+from ..supervision.restore import owed
 from .launcher import slurm_launch
 
 START_GRACE_S = 60.0         # a status with no supervisor recorded yet is "starting" this long
@@ -22,12 +22,12 @@ def reap_if_dead(paths: JobPaths) -> dict:
     try:
         status = read_status(paths)
     except Fail:
-        restore_if_owed(paths, trust.owed(paths.root, paths.job_id))  # the ledger says whether a stop is owed
+        restore_if_owed(paths, owed.stops_owed(paths.root, paths.job_id))  # the ledger says whether a stop is owed
         raise
     if status["state"] in TERMINAL:
         return believed(paths, status)
-    entries = trust.owed(paths.root, paths.job_id)
-    if trust.job_alive(paths.root, paths.job_id, status, entries):
+    entries = owed.stops_owed(paths.root, paths.job_id)
+    if owed.job_alive(paths.root, paths.job_id, status, entries):
         return status
     if not entries and status.get("supervisor") is None and time.time() - status.get("created_at", 0) < START_GRACE_S:
         return status  # `start` is still bringing the supervisor up (a job the ledger names has stopped a unit)
@@ -47,13 +47,13 @@ def believed(paths: JobPaths, status: dict) -> dict:
     (the payload can overwrite status.json): then it is not believed. While the job's supervisor or guard
     holds its locks, it is reported as running; with both gone it is marked LOST from the ledger and a
     restorer is started."""
-    entries = trust.owed(paths.root, paths.job_id)
-    why = trust.contradiction(status, entries)
+    entries = owed.stops_owed(paths.root, paths.job_id)
+    why = owed.contradiction(status, entries)
     if why is None:
         return status
-    if trust.holds_locks(paths.root, paths.job_id, entries):
+    if owed.holds_locks(paths.root, paths.job_id, entries):
         return dict(status, state="RUNNING", phase=why + ": not believed while the job runs", restored=False)
-    job = trust.load_for_restore(paths)
+    job = owed.load_for_restore(paths)
     job.set_state("LOST", job.status["phase"], message=job.status["message"], ended_at=job.status["ended_at"])
     restore_if_owed(paths, entries)
     return job.status
@@ -61,7 +61,7 @@ def believed(paths: JobPaths, status: dict) -> dict:
 
 def restore_if_owed(paths: JobPaths, entries: list) -> None:
     """Start a detached `restore` when the ledger names a stop of this job and nobody of the job is alive."""
-    if entries and not trust.holds_locks(paths.root, paths.job_id, entries):
+    if entries and not owed.holds_locks(paths.root, paths.job_id, entries):
         restore_detached(paths)
 
 

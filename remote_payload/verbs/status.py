@@ -8,8 +8,8 @@ from ..contract import TERMINAL
 from ..host.answer import Fail
 from ..host.processes import POLL_S
 from ..progress import SCAN_BYTES, summarize
-from ..supervision import trust
 from ..supervision.files import JobPaths, NotRegular, open_regular
+from ..supervision.restore import owed
 from ..supervision.spec import check_job_id, read_job_ids_stdin
 from .reap import reap_if_dead
 
@@ -18,10 +18,10 @@ def status_entry(paths: JobPaths) -> dict:
     """The job's status; `restored` is the host ledger's word (no stop of the job owed), never status.json's
     alone, which the payload can write."""
     status = reap_if_dead(paths)
-    owed = trust.owed(paths.root, paths.job_id)  # one whose restore failed too: the unit is not back
+    owing = owed.stops_owed(paths.root, paths.job_id)  # one whose restore failed too: the unit is not back
     return dict(status, supervisor_pid=(status.get("supervisor") or {}).get("pid"),
                 progress=payload_progress(paths, status), now=time.time(),
-                restored=bool(status.get("restored")) and not owed)
+                restored=bool(status.get("restored")) and not owing)
 
 
 def payload_progress(paths: JobPaths, status: dict):

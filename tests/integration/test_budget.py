@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from remote_payload.supervision import settle
+from remote_payload.supervision.restore.guard import hard_deadline
 from remote_payload.slurm.launch import submit_argv
 from remote_payload.supervision.budget import BOUNDS, budget, recorded
 from remote_payload.host.answer import Fail
@@ -112,9 +112,9 @@ def test_the_guard_reads_the_recorded_budget_not_the_spec():
     spec = checked("single")
     status = {"state": "RUNNING", "created_at": T, "started_at": T, "payload": {"started_at": T},
               "budget": dict(budget(spec, T), hung_running_s=7.0)}
-    assert settle.hard_deadline(spec, status) == T + 7.0
+    assert hard_deadline(spec, status) == T + 7.0
     restoring = dict(status, state="RESTORING", updated_at=T + 50, budget=dict(status["budget"], hung_restoring_s=3))
-    assert settle.hard_deadline(spec, restoring) == T + 53
+    assert hard_deadline(spec, restoring) == T + 53
 
 
 def test_a_budget_the_payload_overwrote_is_recomputed_from_the_spec():

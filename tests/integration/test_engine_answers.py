@@ -20,7 +20,7 @@ import pytest
 
 from remote_payload.host import http_client as http
 from remote_payload.host.processes import identity
-from remote_payload.supervision import settle
+from remote_payload.supervision.restore.restorers import take_over_hung_restorer
 from tests.cli_helpers import REPO, run_cli, status, submit, wait_for, wait_terminal
 from tests.harness.multi_services import two_services
 from tests.harness.pace import Scale
@@ -408,7 +408,7 @@ def test_a_restorer_holding_the_lock_past_its_bound_is_killed_and_only_that_one(
     try:
         write_holder(lock, (holder if named == "holder" else bystander).pid, time.time() + until)
         job = LockOnly(lock)
-        assert settle.take_over_hung_restorer(job) is taken
+        assert take_over_hung_restorer(job) is taken
         assert (holder.wait(timeout=10) == -9) if taken else holder.poll() is None
         assert bystander.poll() is None and bool(job.notes) is taken
     finally:

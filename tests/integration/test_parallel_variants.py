@@ -335,7 +335,7 @@ def test_a_restorer_that_cannot_trust_status_json_still_kills_every_busy_slot(tm
     """The ledger names the processes of the busy slots too: a payload that overwrote status.json cannot hide
     its side-by-side siblings from the restore."""
     from remote_payload.supervision import ledger
-    from remote_payload.supervision import trust
+    from remote_payload.supervision.restore import owed
     from tests.harness.ledger_records import UNIT, job, stopped_by
 
     paths, spec, _ = job(tmp_path)
@@ -343,7 +343,7 @@ def test_a_restorer_that_cannot_trust_status_json_still_kills_every_busy_slot(tm
     ledger.note_slots(str(tmp_path), UNIT, paths.job_id, [{"pid": 4242, "pgid": 4242, "start_time": 98},
                                                          {"pid": 4243, "pgid": 4243, "start_time": 99}])
     (tmp_path / "jobs" / "j1" / "status.json").write_text("\0 garbage")
-    rebuilt = trust.load_for_restore(paths)
+    rebuilt = owed.load_for_restore(paths)
     assert [s["pgid"] for s in rebuilt.status["slots"]] == [4242, 4243]
     assert rebuilt.status["payload"]["pgid"] == 4243
 

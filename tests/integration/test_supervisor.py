@@ -420,17 +420,19 @@ while time.monotonic() < end:  # the real probe, as fast as it goes
 
 def test_settle_restores_even_when_the_steps_before_it_fail(tmp_path, monkeypatch):
     """nvidia-smi answering something unparseable, or a kill failing, must never skip the restore."""
-    from remote_payload.supervision import settle as sup
-    from remote_payload.supervision.record import initial_status
+    from remote_payload.supervision import ledger
+    from remote_payload.supervision.files import JobPaths
+    from remote_payload.supervision.record import Job, initial_status
+    from remote_payload.supervision.restore import settle as sup
 
-    paths = sup.JobPaths(str(tmp_path), "j")
+    paths = JobPaths(str(tmp_path), "j")
     os.makedirs(paths.dir)
     spec = {"job_id": "j", "name": "j", "service": {"manager": "none"}, "gpu": {"devices": ["0"], "required_mib": 0,
             "drain_timeout": 1}, "limits": {"grace": 0.1}}
-    job = sup.Job(paths, spec, initial_status(spec))
+    job = Job(paths, spec, initial_status(spec))
     job.status["payload"] = {"pid": 999999, "pgid": 999999, "start_time": 1}
     job.status["service"] = {"manager": "systemd", "unit": "u.service", "was": "active", "stopped": True}
-    sup.ledger.record_stop(str(tmp_path), "u.service", "j", job.status["service"], ["0"])  # as before every stop
+    ledger.record_stop(str(tmp_path), "u.service", "j", job.status["service"], ["0"])  # as before every stop
 
     def broken(*_a, **_k):
         raise ValueError("nvidia-smi said something new")
@@ -438,8 +440,8 @@ def test_settle_restores_even_when_the_steps_before_it_fail(tmp_path, monkeypatc
     restored = []
     monkeypatch.setattr(sup, "query_apps", broken)
     monkeypatch.setattr(sup, "group_is_ours", broken)
-    monkeypatch.setattr(sup, "restore", lambda j: restored.append(j))
-    sup.settle(job, lambda: ("FAILED", "t"))
+    monkeypatch.setattr(sup, "bring_back", lambda j, since: restored.append(j))
+    sup.settle(job, ("FAILED", "t"))
     assert restored == [job]
     events = (tmp_path / "jobs" / "j" / "events.jsonl").read_text()
     assert "nvidia-smi said something new" in events

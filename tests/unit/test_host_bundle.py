@@ -129,7 +129,7 @@ def test_unpacked_bundle_runs_the_supervisor_and_its_rooms_as_a_script(tmp_path)
     bundle = supervisor_bundle()
     rooms = {"contract.py", "supervisor.py", "supervision/files.py", "host/answer.py", "host/bundle.py", "host/gpu.py",
              "host/parsers.py", "host/processes.py", "host/systemd.py", "supervision/job.py", "supervision/record.py",
-             "supervision/settle.py", "supervision/spec.py"}
+             "supervision/restore/settle.py", "supervision/spec.py"}
     assert rooms <= set(bundle.files)
     assert json.loads(unpack(tmp_path, tarball([("payload", bundle)]), f"payload/{bundle.digest}").stdout) == {"ok": True}
     script = tmp_path / "payload" / bundle.digest / "supervisor.py"

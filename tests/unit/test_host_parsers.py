@@ -17,7 +17,7 @@ from remote_payload.host.processes import CMD_TIMEOUT_S, run_command
 from remote_payload.host.systemd import Systemd
 from remote_payload.supervision import job
 from remote_payload.supervision import payload
-from remote_payload.supervision import settle
+from remote_payload.supervision.restore import guard, settle
 from remote_payload.supervision import spec as checks
 from remote_payload.supervision.budget import budget
 
@@ -270,11 +270,11 @@ def test_the_hard_deadline_counts_a_sweeps_run_from_the_running_variant_and_a_pr
     spec = {"limits": {"max_runtime": 100.0, "grace": 5.0}, "gpu": {"drain_timeout": 20.0}, "service": {}}
     first, third = 1000.0, 1250.0  # the job started with variant 1; variant 3 started 250 s later
     running = {"state": "RUNNING", "started_at": first, "payload": {"started_at": third}}
-    assert settle.hard_deadline(spec, running) == settle.hard_deadline(spec, dict(running, started_at=third)) > third + 100
+    assert guard.hard_deadline(spec, running) == guard.hard_deadline(spec, dict(running, started_at=third)) > third + 100
     single = {"state": "RUNNING", "started_at": first, "payload": {}}  # a record written before payload.started_at
-    assert settle.hard_deadline(spec, single) > first + 100
+    assert guard.hard_deadline(spec, single) > first + 100
     preparing = {"state": "PREPARING", "started_at": None, "payload": {"started_at": first}}
-    assert settle.hard_deadline(spec, preparing) is None
+    assert guard.hard_deadline(spec, preparing) is None
 
 
 @pytest.mark.parametrize("stdin, code", [

@@ -9,7 +9,8 @@ import pytest
 from pydantic import ValidationError
 
 from remote_payload import admission
-from remote_payload.supervision import ledger, locks as supervisor_locks, trust
+from remote_payload.supervision import ledger, locks as supervisor_locks
+from remote_payload.supervision.restore import owed
 from remote_payload.supervision.files import JobPaths
 from remote_payload.host.answer import Fail
 from remote_payload.supervision.record import initial_status
@@ -100,7 +101,7 @@ def test_a_forged_status_is_settled_from_every_ledger_entry(tmp_path):
     for service in spec["services"]:
         ledger.record_stop(str(tmp_path), service["unit"], "j", dict(service, was="active"), ["1", "2"],
                            service_gpus=service["gpus"])
-    job = trust.load_for_restore(paths)
+    job = owed.load_for_restore(paths)
     assert [s["unit"] for s in job.spec["services"]] == [A, B]
     assert [s["gpus"] for s in job.spec["services"]] == [["0", "1"], ["2", "3"]]
     assert job.status["state"] == "LOST" and all(r["stopped"] for r in job.status["services"])

@@ -1,44 +1,35 @@
-"""What the restorers believe: the host ledger over status.json.
+"""What a job owes, and what its restorers believe: the host ledger over status.json.
 
 The payload runs in its job dir as the login user and can overwrite status.json and spec.json there (garbage,
-or a forged "SUCCEEDED, restored"). The ledger (H/runner-ledger-service-<unit>.json, supervision/ledger.py)
-is written by the supervisor before the stop and removed only by a restorer that saw the unit back; the
-payload is not told where it is. Whether a stop is owed is the ledger's alone (settle.owes). So:
-
-    owed(root, job_id)        the ledger entries naming the job: stops it made and has not restored
-    contradiction(...)        a status that claims the job ended well (or restored) while it still owes a stop
-    load_for_restore(paths)   the Job a restorer settles: status.json when it agrees with the ledger, else one
-                              rebuilt from the ledger entries (one per unit it stopped: scope, sudo, health URL,
-                              GPUs, prior state)
-    holds_locks(...)          whether the job's supervisor or guard still live: they hold its service lock
-    job_alive(...)            the same, for a job the ledger names; status.json's pids for one it does not
-
-What this does not protect: a payload running as the same user can still delete the ledger, write its login's
-lock files, kill the restorers or stop the service itself. It guards against a payload corrupting its own job's records,
-by mistake or on purpose, not against a payload that attacks the host; payload.user (payload.py) runs it as
-another user, who can write none of this. Imports only the stdlib, contract.py,
-host/ (answer.py, processes.py) and the files and ledger rooms; the record and services rooms when it settles.
+or a forged "SUCCEEDED, restored"). The ledger (supervision/ledger.py) is written by the supervisor before the
+stop and removed only by a restorer that saw the unit back; the payload is not told where it is. Whether a stop
+is owed is the ledger's alone (stops_owed, owes), whether the job's supervisor or guard lives its service lock's
+(job_alive); a restorer settles the job load_for_restore reads: status.json where the ledger agrees, else one
+rebuilt from the ledger's entries. A payload of the same user can still delete the ledger or kill the
+restorers; payload.user runs it as another user, who can write none of this. Imports only the stdlib,
+contract.py, host/ and the files, locks and ledger rooms; the record and services rooms when it settles
+(`status` loads this room and never those).
 """
 from __future__ import annotations
 
 import time
 
-from ..contract import DEFAULTS, RUNNING_SERVICE_STATES, SERVICE_SCOPES, TERMINAL, normalize_unit, unit_problem
-from ..host.answer import Fail
-from ..host.processes import is_alive
-from . import ledger
-from .files import JobPaths, read_json, read_status, write_json_atomic
-from .locks import lock_held, read_holder
+from ...contract import DEFAULTS, RUNNING_SERVICE_STATES, SERVICE_SCOPES, TERMINAL, normalize_unit, unit_problem
+from ...host.answer import Fail
+from ...host.processes import is_alive
+from .. import ledger
+from ..files import JobPaths, read_json, read_status, write_json_atomic
+from ..locks import lock_held, read_holder
 
 TYPE_CHECKING = False  # typing itself is not imported: a `status` call would pay for it
 if TYPE_CHECKING:
-    from .record import Job
+    from ..record import Job
 
 
 LEDGER_PHASE = "settling from the host ledger"
 
 
-def owed(root: str, job_id: str) -> list:
+def stops_owed(root: str, job_id: str) -> list:
     """The ledger's entries naming job_id whose unit is a valid name (an entry is data, not code either)."""
     entries = ledger.entries_of(root, job_id)
     return [e for e in entries if isinstance(e.get("unit"), str) and not unit_problem(e["unit"])]
@@ -82,10 +73,10 @@ def load_for_restore(paths: JobPaths) -> Job:
     ledger, the job is rebuilt from the ledger entry (settle then writes its status): state LOST, the entry's
     unit stopped by this job and not restored. Raises `bad-status` only when neither the files nor the ledger
     can say."""
-    from . import services
-    from .record import Job  # a restorer's: `status` and `logs` never load the record room (budget, systemd)
+    from .. import services
+    from ..record import Job  # a restorer's: `status` and `logs` never load the record room (budget, systemd)
 
-    entries = owed(paths.root, paths.job_id)
+    entries = stops_owed(paths.root, paths.job_id)
     spec = readable_spec(paths)
     try:
         status = read_status(paths)
@@ -100,10 +91,10 @@ def load_for_restore(paths: JobPaths) -> Job:
         return Job(paths, spec, with_noted_processes(status, entries))
     if not entries:
         raise Fail("bad-status", "cannot read %s" % paths.spec, job_id=paths.job_id)
-    spec = spec_from_ledger(paths.job_id, entries)
-    if readable_spec(paths) is None:
-        write_json_atomic(paths.spec, spec)  # so later calls (status, restore) can read the job again
-    return Job(paths, spec, status_from_ledger(spec, entries, why or "spec.json cannot be read"))
+    rebuilt = spec_from_ledger(paths.job_id, entries)
+    if spec is None:
+        write_json_atomic(paths.spec, rebuilt)  # so later calls (status, restore) can read the job again
+    return Job(paths, rebuilt, status_from_ledger(rebuilt, entries, why or "spec.json cannot be read"))
 
 
 def readable_spec(paths: JobPaths):
@@ -145,8 +136,8 @@ def service_from_ledger(entry: dict) -> dict:
 
 def status_from_ledger(spec: dict, entries: list, why: str) -> dict:
     """A status that says what the ledger knows: this job stopped the entries' units and owes their restore."""
-    from . import services
-    from .record import initial_status
+    from .. import services
+    from ..record import initial_status
 
     status = initial_status(spec)
     stopped = [dict(record, was=entry.get("was") if entry.get("was") in RUNNING_SERVICE_STATES else "active",
@@ -189,3 +180,28 @@ def payload_from_ledger(payload):
     ident = {k: payload.get(k) for k in ("pid", "pgid", "start_time")}
     ints = all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in ident.values())
     return dict(ident, exit_code=None, signal=None, started_at=None) if ints else None
+
+
+def stopped_by_us(service: dict) -> bool:
+    """We stopped a service that was running: it must be restored."""
+    return bool(service.get("stopped")) and service.get("was") in RUNNING_SERVICE_STATES
+
+
+def owes(job: Job) -> bool:
+    """Whether the job still owes its service's restore: the host ledger's word alone (status.json's
+    service.stopped is the payload's to write). What the entry says of the stop (the state before it, when,
+    the engine it released) replaces the record's, so the restore works from it. An entry naming another job
+    is a stop that job adopted: the restore is its to do, under its own run (`handed_to`)."""
+    service = job.status["service"]
+    entry = ledger.read_entry(job.paths.root, service["unit"])
+    if not ledger.same_job(entry, job.paths.root, job.paths.job_id):
+        if entry and entry.get("job_id") is not None and stopped_by_us(service):
+            job.note_restore("job %s adopted the stop of %s; it restores the service" % (entry["job_id"], entry["unit"]))
+            job.save(service=dict(service, handed_to=entry["job_id"]))
+        return False
+    if entry.get("was") not in RUNNING_SERVICE_STATES:
+        return False
+    stopped_at = service.get("stopped_at") if stopped_by_us(service) else entry.get("stopped_at")
+    job.save(service=dict(service, stopped=True, was=entry["was"], released=entry.get("released"),
+                          stopped_at=stopped_at if isinstance(stopped_at, (int, float)) else time.time()))
+    return True

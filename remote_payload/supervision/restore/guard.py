@@ -1,0 +1,141 @@
+"""The guard: a process forked by the supervisor (start_guard) that holds the lock fds and the read end of the
+supervisor's life pipe. `_guard` (cmd_guard) waits on it; on EOF, or when the supervisor is alive past its hard
+deadline (killed then), it settles the job as a restorer. The deadline counts from what the supervisor told over
+the pipe (Told), never from status.json, which the payload can write; its bounds are the job's recorded budget."""
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import sys
+import time
+
+from ...contract import TERMINAL
+from ...host.bundle import RUN_SUPERVISOR
+from ...host.processes import KILL_CONFIRM_S, identity, is_alive
+from ..budget import recorded
+from ..files import JobPaths
+from ..locks import Locks
+from ..record import Job
+from .owed import load_for_restore
+from .restorers import with_restore_lock
+from .settle import settle_as_restorer
+
+GUARD_POLL_S = 2.0           # how often the guard compares a live supervisor with its hard deadline
+
+
+def start_guard(job: Job, locks: Locks) -> None:
+    """Fork the guard: it holds the lock fds and the read end of a pipe only the supervisor can write to (its
+    end is not inherited by the payload). The supervisor tells the guard over it what its deadlines count
+    from (Job.tell_guard); the write end stays open until the supervisor exits however it exits: that EOF
+    wakes the guard."""
+    life_r, life_w = os.pipe()
+    keep = [life_r] + list(locks.fds.values())
+    argv = RUN_SUPERVISOR + ["_guard", "--job-id", job.paths.job_id, "--root", job.paths.root,
+                             "--life-fd", str(life_r)]
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setsid()
+            for fd in keep:
+                os.set_inheritable(fd, True)
+            os.execv(sys.executable, argv)
+        finally:
+            os._exit(127)
+    os.close(life_r)
+    os.set_blocking(life_w, False)
+    job.guard_pipe = life_w
+    job.save(guard=identity(pid))
+    job.tell_guard()  # the first line, before any of the payload's code runs
+
+
+def cmd_guard(args) -> dict:
+    """The guard, a restorer: wait for the supervisor's end (watch_supervisor), then settle the job (nothing to do
+    when the supervisor settled it). It holds the supervisor's locks (inherited fds), so it takes none and asks
+    nobody whether the job lives; once the job is settled it lets them go as the supervisor would have."""
+    # TERM too: a session scope stopped, logind or oomd TERM every process of the session at once; the guard
+    # (in its own session since the fork) must outlive the supervisor to restore after it.
+    for sig in (signal.SIGHUP, signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
+    paths = JobPaths(args.root, args.job_id)
+    message = watch_supervisor(args.life_fd)
+    if not os.path.isdir(paths.dir):
+        return {"ok": True}
+    job = load_for_restore(paths)  # the ledger over status.json, which the payload can write
+    settled = with_restore_lock(job, lambda job: settle_as_restorer(job, message))
+    if settled is not None:
+        Locks.inherited(paths.root, paths.job_id).release()
+    return {"ok": True, "state": (settled or job).status["state"]}
+
+
+def watch_supervisor(life_fd: int) -> str:
+    """Until the supervisor's end (EOF on the life pipe), or until it is alive but past its hard deadline
+    (hung: stopped, stuck in the kernel): then it counts as failed and is SIGKILLed. The deadline and the
+    process to kill are what the supervisor told over the pipe (Told), never status.json, which the
+    payload can write."""
+    told = Told(life_fd)
+    while True:
+        if select.select([life_fd], [], [], GUARD_POLL_S)[0] and not told.read():
+            return "supervisor died (SIGKILL?); guard restored the service"
+        deadline = told.deadline()
+        if deadline is not None and time.time() > deadline and is_alive(told.supervisor()):
+            os.kill(int(told.supervisor()["pid"]), signal.SIGKILL)
+            select.select([life_fd], [], [], KILL_CONFIRM_S)  # its fds close as it dies; never wait longer
+            return ("supervisor alive but past its hard deadline in %s (hung); the guard killed it and restored "
+                    "the service" % (told.last or {}).get("state"))
+
+
+def hard_deadline(spec: dict, status: dict):
+    """When a supervisor that is still alive counts as hung (failed): the start of the step it is in plus the
+    budget's hung_*_s for it (every wait of that step at its own bound, and a margin). None where nothing of
+    the service waits on it."""
+    if status.get("state") in TERMINAL:
+        return None
+    bounds = recorded(spec, status)
+    state, since = status.get("state"), status.get("updated_at") or time.time()
+    if state == "RESTORING":
+        return since + bounds["hung_restoring_s"]
+    # Once the job has started, the run counts from the payload process's own start (a sweep's variants each
+    # get max_runtime); a prepare step before it (service untouched) sets no started_at: no hard deadline.
+    started = status.get("started_at")
+    if started:
+        return ((status.get("payload") or {}).get("started_at") or started) + bounds["hung_running_s"]
+    if state == "DRAINING":
+        return since + bounds["hung_draining_s"]
+    if state == "STOPPING_SERVICE":
+        return since + bounds["hung_stopping_s"]
+    return None
+
+
+class Told:
+    """What the supervisor told its guard over the life pipe (Job.tell_guard), the guard's only source for
+    its hard deadline: the last whole line."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd, self.pending = fd, b""
+        self.last: dict | None = None  # the latest record the supervisor told
+
+    def read(self) -> bool:
+        """Take what the pipe holds; False at EOF (the supervisor is gone)."""
+        chunk = os.read(self.fd, 1 << 16)
+        if not chunk:
+            return False
+        lines = (self.pending + chunk).split(b"\n")
+        self.pending = lines.pop()[-(1 << 16):]
+        for line in reversed(lines):
+            try:
+                told = json.loads(line.decode("ascii"))
+            except ValueError:
+                continue
+            if isinstance(told, dict) and isinstance(told.get("budget"), dict):
+                self.last = told
+                break
+        return True
+
+    def deadline(self):
+        """hard_deadline over what the supervisor said (None before its first line)."""
+        return hard_deadline({}, self.last) if self.last else None
+
+    def supervisor(self):
+        return (self.last or {}).get("supervisor")
