@@ -10,7 +10,8 @@ import pytest
 from remote_payload import contract
 from remote_payload.verbs import reap as supervisor
 from remote_payload.supervision import files as supervisor_files, job as supervisor_job, record as supervisor_record, \
-    settle as supervisor_settle, spec as supervisor_spec
+    spec as supervisor_spec
+from remote_payload.supervision.restore import guard as supervisor_guard, owed as supervisor_owed
 from remote_payload.host import (answer as supervisor_answer, bundle as supervisor_bundle, gpu as supervisor_gpu,
                                  parsers as supervisor_parsers, processes as supervisor_processes,
                                  systemd as supervisor_systemd)
@@ -21,8 +22,8 @@ from tests.harness.contract_table import CONTRACT_RULES, MEMORY_ROWS, ROWS
 from tests.harness.pace import Scale
 
 ROOMS = (supervisor, supervisor_files, supervisor_answer, supervisor_bundle, supervisor_gpu, supervisor_parsers,
-         supervisor_processes, supervisor_systemd, supervisor_job, supervisor_record, supervisor_settle,
-         supervisor_spec)
+         supervisor_processes, supervisor_systemd, supervisor_job, supervisor_record, supervisor_guard,
+         supervisor_owed, supervisor_spec)
 
 
 def host_accepts(kind: str, value) -> bool:
@@ -94,7 +95,7 @@ def test_drift_states_come_from_the_contract():
     for room in ROOMS:
         for name in ("STATES", "TERMINAL", "RUNNING_SERVICE_STATES", "DEFAULTS"):
             assert getattr(room, name, getattr(contract, name)) is getattr(contract, name), (room.__name__, name)
-    assert all("TERMINAL" in vars(room) for room in (supervisor_record, supervisor_settle, supervisor))
+    assert all("TERMINAL" in vars(room) for room in (supervisor_record, supervisor_guard, supervisor_owed, supervisor))
 
 
 def test_drift_a_card_smaller_than_the_need_is_refused_at_once(tmp_path):
