@@ -26,7 +26,7 @@ from . import ledger, services, stage, variants
 from .budget import STOP_TIMEOUT_S
 from .files import try_unlink
 from .locks import Locks
-from .payload import check_interrupt, launch_payload, watch_payload
+from .payload import check_interrupt, launch_payload, payload_argv, watch_payload
 from .record import Flags, Interrupted, Job
 from .restore.restorers import adopt_stops
 from .restore.settle import GPU_POLL_S, settle, start_guard_timer
@@ -204,12 +204,8 @@ def drain_message(short: list, need: int, waited: float, apps: list) -> str:
 
 def prepare_argv(spec: dict):
     """The prepare step's argv (the script again with its prepare args, or the prepare command), or None."""
-    payload = spec["payload"]
-    if payload.get("prepare") is None:
-        return None
-    if payload["command"] is not None:
-        return list(payload["prepare"])
-    return [payload["python"], payload["path"]] + payload["prepare"]
+    prepare = spec["payload"].get("prepare")
+    return None if prepare is None else payload_argv(spec, prepare)
 
 
 def run_prepare_step(job: Job, flags: Flags) -> None:

@@ -40,11 +40,12 @@ def interrupt_of(job: Job, flags: Flags):
     return None
 
 
-def payload_argv(spec: dict) -> list:
+def payload_argv(spec: dict, args=None) -> list:
+    """A run's argv; args: a command payload's whole command, a script's arguments (default: the payload's)."""
     payload = spec["payload"]
     if payload["command"] is not None:
-        return list(payload["command"])
-    return [payload["python"], payload["path"]] + payload["args"]
+        return list(payload["command"] if args is None else args)
+    return [payload["python"], payload["path"]] + list(payload["args"] if args is None else args)
 
 
 def payload_env(job: Job, result=None, staged: bool = False, slot=None, user=None) -> dict:
@@ -89,12 +90,7 @@ def launch_payload(job: Job, argv=None, state: str = "RUNNING", phase: str = "pa
             raise Fail("start-failed", "cannot start the payload %r: %s" % (argv[0], exc)) from exc
     ident = identity(proc.pid)
     job.payload_pids.add(proc.pid)
-    noted = False
-    for service in services.records(job.status):  # first: the ledger is what a restorer trusts (restore/owed.py)
-        if service.get("stopped"):
-            job.persist(lambda unit=service["unit"]: ledger.note_payload(job.paths.root, unit, job.paths.job_id,
-                                                                         dict(ident, pgid=proc.pid)))
-            noted = True
+    noted = note_in_ledger(job, ledger.note_payload, dict(ident, pgid=proc.pid))  # first: what a restorer trusts
     now = time.time()  # payload.started_at: this process's (a sweep's variant's); started_at: the job's first
     # One durable write a process: the ledger's where it names the process, else this one. Either is whole for
     # every reader (a restorer after a crash of the supervisor) at once; the fsync only outlives a host crash.
@@ -103,6 +99,15 @@ def launch_payload(job: Job, argv=None, state: str = "RUNNING", phase: str = "pa
                                     else {})),
               durable=not noted or state != job.status.get("state"))
     return proc
+
+
+def note_in_ledger(job: Job, note, value) -> bool:
+    """note(root, unit, job id, value) in the ledger entry of each service the job stopped (restore/owed.py
+    trusts it, not status.json); whether there was one."""
+    units = [s["unit"] for s in services.records(job.status) if s.get("stopped")]
+    for unit in units:
+        job.persist(lambda unit=unit: note(job.paths.root, unit, job.paths.job_id, value))
+    return bool(units)
 
 
 def as_user(user) -> dict:

@@ -51,10 +51,7 @@ class Job:
     def load(cls, paths: JobPaths) -> Job:
         return cls(paths, read_json(paths.spec), read_status(paths))
 
-    def save(self, **changes) -> None:
-        self.write(changes)
-
-    def write(self, changes: dict, durable: bool = True) -> None:
+    def save(self, durable: bool = True, **changes) -> None:
         """status.json with `changes`; durable=False: whole for every reader, not fsynced (write_json_atomic)."""
         self.status.update(changes)
         self.status["updated_at"] = time.time()
@@ -64,8 +61,7 @@ class Job:
         self.enter(state, phase, changes)
 
     def enter(self, state: str, phase: str, changes: dict, durable: bool = True) -> None:
-        """set_state's, durable or not (write)."""
-        self.write(dict(changes, state=state, phase=phase), durable)
+        self.save(durable, **dict(changes, state=state, phase=phase))
         self.tell_guard()
         self.event("state", state=state, phase=phase)
 

@@ -41,7 +41,8 @@ def plan(root: str, keep_jobs: int = KEEP_JOBS, keep_days: float = KEEP_DAYS, mo
     bundles are looked at only once every job dir was (complete)."""
     now = time.time()
     dirs = sorted(entries(os.path.join(root, "jobs")), key=lambda e: e[1])  # oldest first
-    held, owing = lock_holders(root), ledger_jobs(root)
+    owed = [e for e in ledger.entries(root) if e.get("root", root) == root]  # stops owed (or entries unreadable)
+    held = lock_holders(root) | {e.get("job_id") for e in owed}
     doomed: list[str] = []
     kept: dict[str, str] = {}
     others: list[str] = []
@@ -49,7 +50,7 @@ def plan(root: str, keep_jobs: int = KEEP_JOBS, keep_days: float = KEEP_DAYS, mo
         if most is not None and len(doomed) >= most:
             return {"jobs": doomed, "payloads": [], "supervisors": [], "kept": kept, "others": others,
                     "complete": False}
-        why = keep_reason(root, job_id, len(dirs) - 1 - position, mtime, now, keep_jobs, keep_days, held | owing)
+        why = keep_reason(root, job_id, len(dirs) - 1 - position, mtime, now, keep_jobs, keep_days, held)
         if why is None and only is not None and job_id not in only:
             others.append(job_id)
             kept[job_id] = "another controller's job"
@@ -62,7 +63,7 @@ def plan(root: str, keep_jobs: int = KEEP_JOBS, keep_days: float = KEEP_DAYS, mo
         needed = {bundle_of(root, job_id) for job_id in kept}
         payloads = [name for name in payloads if name not in needed]
     supervisors = [name for name in unused(root, "payload", now) if name != os.path.basename(HERE)]
-    if supervisors and (ledger_names_any(root) or any(not ended(root, job_id) for job_id in kept)):
+    if supervisors and (owed or any(not ended(root, job_id) for job_id in kept)):
         supervisors = []  # a job still running or owing a stop may run its own bundle by path
     return {"jobs": doomed, "payloads": payloads, "supervisors": supervisors, "kept": kept, "others": others,
             "complete": True}
@@ -154,16 +155,6 @@ def restore_lock_held(paths: JobPaths) -> bool:
         return True
     finally:
         os.close(fd)
-
-
-def ledger_jobs(root: str) -> set:
-    """The jobs of this host.root the host ledger names: each owes the restore of a stop."""
-    return {e.get("job_id") for e in ledger.entries(root) if e.get("root", root) == root} - {None}
-
-
-def ledger_names_any(root: str) -> bool:
-    """The ledger holds an entry of this host.root (or one it cannot read): its job may run a bundle here."""
-    return any(e.get("root", root) == root for e in ledger.entries(root))
 
 
 def bundle_of(root: str, job_id: str):

@@ -15,11 +15,6 @@ from ..contract import services_of
 from ..host.systemd import Systemd
 
 
-def service_specs(spec: dict) -> list:
-    """The job's systemd services, in order (none for `manager: none`)."""
-    return services_of(spec)
-
-
 def records(status: dict) -> list:
     """The status records of the job's services, in the spec's order."""
     if "services" in status:
@@ -28,7 +23,7 @@ def records(status: dict) -> list:
 
 
 def units(spec: dict) -> list:
-    return [s["unit"] for s in service_specs(spec)]
+    return [s["unit"] for s in services_of(spec)]
 
 
 def views(job) -> list:
@@ -44,7 +39,7 @@ class ServiceView:
 
     def __init__(self, job, index: int) -> None:
         self.job, self.index, self.paths, self.payload_pids = job, index, job.paths, job.payload_pids
-        specs = service_specs(job.spec)
+        specs = services_of(job.spec)
         service = specs[index] if index < len(specs) else records(job.status)[index]  # a record holds its section
         self.spec = dict(job.spec, service=service)
         self.ctl = job.ctl if index == 0 else Systemd(service["scope"], service["sudo"])

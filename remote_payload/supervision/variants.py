@@ -42,7 +42,7 @@ from ..host.processes import KILL_CONFIRM_S, POLL_S, group_alive
 from ..sweep import job_variants, label
 from . import ledger, services, stage
 from .files import UnsafeResult, append_line, file_digest, open_result, parse_bounded, write_json_atomic
-from .payload import interrupt_of, launch_payload, record_exit
+from .payload import interrupt_of, launch_payload, note_in_ledger, payload_argv, record_exit
 from .record import Flags, Interrupted, Job
 
 INLINE_RESULT_BYTES = 4 << 20      # a variant's result larger than this stays in its file, listed by name
@@ -137,7 +137,7 @@ def start_variant(job: Job, index: int, of: int, variant: dict, slot: int, devic
                   staged=None) -> Run:
     """The variant launched on its slot's devices (staged: the staged payload's process, handed the GPU
     here), bounded by max_runtime and never past the window's end (window: window_start's)."""
-    payload, limits = job.spec["payload"], job.spec["limits"]
+    limits = job.spec["limits"]
     result = result_path(job, index)
     seconds, bound = limits["max_runtime"], "limits.max_runtime (%gs)" % limits["max_runtime"]
     if limits.get("max_downtime") is not None:  # never past the window's end
@@ -149,8 +149,7 @@ def start_variant(job: Job, index: int, of: int, variant: dict, slot: int, devic
     if staged is not None:
         proc = stage.hand_over(job, staged)
     else:
-        argv = list(variant["argv"]) if payload["command"] is not None else \
-            [payload["python"], payload["path"]] + variant["argv"]
+        argv = payload_argv(job.spec, variant["argv"])
         if plain(job):
             proc = launch_payload(job, argv, result=result)
         else:
@@ -381,12 +380,8 @@ def note_slots(job: Job, slots: list, running: dict) -> None:
         if run:
             entry.update(pid=run.proc.pid, pgid=run.proc.pid, start_time=run.start_time)
         table.append(entry)
-    job.write({"slots": table}, durable=False)  # whole at once for a restorer; the launch's was the durable write
-    busy = [s for s in table if s["variant"]]
-    for service in services.records(job.status):  # the ledger too: what a restorer trusts (restore/owed.py)
-        if service.get("stopped"):
-            job.persist(lambda unit=service["unit"]: ledger.note_slots(job.paths.root, unit, job.paths.job_id,
-                                                                       busy))
+    job.save(durable=False, slots=table)  # whole at once for a restorer; the launch's was the durable write
+    note_in_ledger(job, ledger.note_slots, [s for s in table if s["variant"]])
 
 
 def finish(job: Job, records: list, slots: list) -> None:

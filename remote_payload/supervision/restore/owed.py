@@ -168,8 +168,7 @@ def with_noted_processes(status: dict, entries: list) -> dict:
     recorded = status.get("payload")
     if not isinstance(recorded, dict):
         recorded = payload
-    ident = {k: payload[k] for k in ("pid", "pgid", "start_time")}
-    return dict(status, payload=dict(recorded, **ident), slots=slots)
+    return dict(status, payload=dict(recorded, **ledger.ident(payload)), slots=slots)
 
 
 def payload_from_ledger(payload):
@@ -177,7 +176,7 @@ def payload_from_ledger(payload):
     kill_leftovers (checked by start time)."""
     if not isinstance(payload, dict):
         return None
-    ident = {k: payload.get(k) for k in ("pid", "pgid", "start_time")}
+    ident = ledger.ident(payload)
     ints = all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in ident.values())
     return dict(ident, exit_code=None, signal=None, started_at=None) if ints else None
 
