@@ -10,8 +10,7 @@
 A taker opens the name (O_NOFOLLOW, never through a link), flocks it, and keeps it only when the name still
 leads to the file it locked (a holder that let go removed it meanwhile): then takes again. A lock file of
 another user is that user's: held, it is busy and its holder named; held by nobody, root replaces it, anyone
-else is busy ("left by USER"). docs/protocol.md, "Shared hosts". Imports only the stdlib, contract.py and host/
-(answer.py, gpu.py, parsers.py, processes.py) and files.py.
+else is busy ("left by USER"). docs/protocol.md, "Shared hosts".
 """
 from __future__ import annotations
 
@@ -31,14 +30,13 @@ from .files import try_unlink, write_json_atomic
 
 LOCK_DIR = "/run/lock"
 PREFIX = "runner-"
-LOCK_RETRY_S = 5.0          # how long a busy lock with no live holder recorded is retried before "busy"
-#                              (a starter writes its holder record just after its flock; under load that takes >1 s)
+LOCK_RETRY_S = 5.0          # a busy lock with no live holder recorded (a starter about to write it) is retried
 MAX_HOLDER_BYTES = 64 << 10
 
 
 def lock_dir() -> str:
-    """H, checked on each use: a real dir, root's or this login's, sticky where others may write it. Missing, it
-    is made as systemd-tmpfiles makes /run/lock (root only: a login that cannot is refused, naming it)."""
+    """H, checked on each use: a real dir, root's or this login's, sticky where others may write it; made 1777
+    when missing (as systemd-tmpfiles makes /run/lock)."""
     path = os.environ.get("RUNNER_LOCK_DIR") or LOCK_DIR
     try:
         info = os.lstat(path)
@@ -74,9 +72,8 @@ def held_keys() -> list:
 # ── which keys ────────────────────────────────────────────────────────────────────────────────────────
 
 def lock_keys(spec: dict) -> list:
-    """`gpu-<index>` per device and `service-<unit>` per service the job frees; none for CPU jobs. A job that
-    frees a service without naming devices means every GPU: it takes every card's lock (as nvidia-smi lists
-    them), so a job on any one card waits for it and it for them."""
+    """`gpu-<index>` per device and `service-<unit>` per service the job frees. A job that frees a service
+    without naming devices takes every card's lock: it means every GPU."""
     services = services_of(spec)
     devices = spec["gpu"]["devices"]
     keys = ["gpu-" + d for d in (gpu_lock_names(devices) if devices or not services else every_gpu())]
@@ -85,8 +82,8 @@ def lock_keys(spec: dict) -> list:
 
 
 def restore_keys(spec: dict) -> list:
-    """A restorer's keys: the job's devices and its services. Without devices, its services' alone: a job on
-    another card neither runs on them nor adopts their stops, and must not hold their restore back."""
+    """A restorer's keys: without devices, its services' alone (a job on another card must not hold their
+    restore back)."""
     return lock_keys(spec) if spec["gpu"]["devices"] else ["service-" + s["unit"] for s in services_of(spec)]
 
 
@@ -99,7 +96,7 @@ def every_gpu() -> list:
 
 
 def gpu_lock_names(devices: list) -> list:
-    """One name per card however the spec names it (index or UUID): its index, as nvidia-smi reports it."""
+    """Each card's index, however the spec names it (index or UUID)."""
     if not devices:
         return []
     try:
@@ -158,8 +155,8 @@ def read_holder(key: str):
 
 
 def holder_of(key: str) -> dict:
-    """Who holds key, for a busy answer: its record, or the process /proc/locks shows (not a runner job's
-    record: pid, user, command), or the user whose lock file nobody holds."""
+    """Who holds key, for a busy answer: its record, else the process /proc/locks shows, else the user whose
+    lock file nobody holds."""
     try:
         info = os.lstat(lock_path(key))
     except FileNotFoundError:
@@ -175,10 +172,8 @@ def holder_of(key: str) -> dict:
 
 
 def probe_lock(key: str) -> dict:
-    """Whether a lock is held now, without keeping it. Held with no live holder recorded means a starter that
-    has not written its record yet: look again for a moment, so the answer names the job (or finds it free).
-    A lock file of another user that nobody holds counts as held for a login other than root: it cannot take
-    it (the user who made it, or root, removes it)."""
+    """Whether a lock is held now, without keeping it; held with no live holder recorded is looked at again
+    for LOCK_RETRY_S, so the answer names the job. Another user's lock file counts as held but for root."""
     deadline = time.monotonic() + LOCK_RETRY_S
     while True:
         held = lock_held(key) or left_for_us(key)
@@ -189,7 +184,7 @@ def probe_lock(key: str) -> dict:
 
 
 def lock_held(key: str) -> bool:
-    """One look, no waiting: whether a process holds key's lock now (a job's supervisor or its guard)."""
+    """Whether a process holds key's lock now (one look)."""
     try:
         return bool(flock_holders(os.lstat(lock_path(key))))
     except FileNotFoundError:
@@ -207,8 +202,7 @@ def left_for_us(key: str) -> bool:
 # ── taking and letting go ─────────────────────────────────────────────────────────────────────────────
 
 def take(key: str):
-    """key's lock file, flocked: its fd; or None when it is busy (or another user's, which only root replaces,
-    and only when nobody holds it)."""
+    """key's lock file, flocked: its fd; None when busy or another user's (replace_foreign)."""
     path = lock_path(key)
     for _ in range(5):  # the name changed between the open and the flock: a holder let go meanwhile
         try:
@@ -244,8 +238,8 @@ def names(path: str, info) -> bool:
 
 
 def replace_foreign(path: str) -> bool:
-    """Root removes a lock file of another user (or a link, or not a file) that nobody holds; True when the name
-    is free to take again. Anyone else leaves it: the other user's while it exists."""
+    """Root removes another user's lock file (or a link, or not a file) that nobody holds; True when the name
+    is free again."""
     if os.geteuid() != 0:
         return False
     try:
@@ -270,9 +264,8 @@ class Locks:
         self.held = False
 
     def try_acquire(self):
-        """Take every lock or none. Returns the holder of the first busy one, or None when all are ours.
-        A lock that is busy with no live holder recorded is a probe or a starter that has not written its
-        holder yet: try again for a moment rather than answer "busy" naming nobody."""
+        """Take every lock or none: the holder of the first busy one, or None when all are ours (retried for
+        LOCK_RETRY_S while the holder is not recorded, rather than answer "busy" naming nobody)."""
         deadline = time.monotonic() + LOCK_RETRY_S
         while True:
             holder = self._try_all()
@@ -291,8 +284,7 @@ class Locks:
         return None
 
     def write_holders(self) -> None:
-        """Who holds each key, for every login's busy answer; a name another user made first is left (the holder
-        is then named from /proc/locks)."""
+        """Who holds each key, for every login's busy answer (a name another user made first is left)."""
         me = {"job_id": self.job_id, "pid": os.getpid(), "since": time.time(), "user": user_name(os.geteuid()),
               "root": self.root}
         for key in self.keys:
@@ -314,8 +306,8 @@ class Locks:
 
     @classmethod
     def inherited(cls, root: str, job_id: str) -> Locks:
-        """The locks this process holds through fds it inherited (the guard: its supervisor's), to let go as
-        any holder does, their names first: a lock file left behind is not another login's to take."""
+        """The locks this process holds through inherited fds (the guard: its supervisor's), to let go as any
+        holder does."""
         locks = cls(root, [], job_id)
         mine = {}
         for fd in map(int, os.listdir("/proc/self/fd")):

@@ -1,10 +1,9 @@
 """The supervisor's own check of what it is given: the spec JSON on stdin, job ids, unit names, ROOT.
 
-The controller validated the spec already; the host never trusts it and checks again, with contract.py's
-rules and defaults, so both sides refuse and default alike. A problem is a `Fail` (`bad-spec` for the spec,
-`bad-args` for argv). Imports only the stdlib, the shared rules (contract.py, sweep.py, slurm/batch.py) and
-host/ (answer, gpu; engine.py for the `service.free` names). The rules of a spec's parts (the engine's, a
-sweep's, Slurm's) are imported by the checks that use them: `logs`, `status` and `cancel` check only ids.
+The host never trusts the controller's validation: it checks again with contract.py's rules and defaults, so
+both sides refuse and default alike. A problem is a `Fail` (`bad-spec` for the spec, `bad-args` for argv).
+The rules of a spec's parts (engine, sweep, Slurm) are imported where used: `logs`, `status` and `cancel`
+check only ids.
 """
 from __future__ import annotations
 
@@ -47,14 +46,13 @@ def check_root(root) -> str:
 
 def check_root_safe(root: str, here: str) -> None:
     """ROOT, its jobs dir and the payload dir this code runs from must be ours alone: anyone else who can write
-    there can replace the supervisor (run as us, and as root through the guard timer)."""
+    there can replace the supervisor (run as root through the guard timer)."""
     for path in (root, os.path.join(root, "jobs"), here):
         try:
             st = os.lstat(path)
         except FileNotFoundError:
             continue
-        # owned by us or by root (like sshd's StrictModes); root itself (the guard timer through sudo) runs the
-        # login user's files by design, so only the mode counts then
+        # owned by us or by root (like sshd's StrictModes); root itself runs the login's files by design
         owner_ok = st.st_uid in (os.geteuid(), 0) or os.geteuid() == 0
         if stat.S_ISLNK(st.st_mode) or not owner_ok or st.st_mode & 0o022:
             raise Fail("unsafe-root", "%s is writable by others, a link, or owned by neither the login user (uid %d) nor root: "
@@ -135,9 +133,8 @@ def check_services(raw: dict) -> list:
 
 
 def select_services(services: list, devices: list) -> tuple:
-    """(the services the job frees, the units it leaves serving): a service is freed when its GPUs meet the
-    job's (contract.gpus_meet, both named by index as nvidia-smi reports them). The spec is the source of which
-    service holds which GPU; nothing here asks the services."""
+    """(the services the job frees, the units it leaves serving): those whose GPUs meet the job's, by index
+    (contract.gpus_meet), as the spec says; nothing here asks the services."""
     if not devices or all(not s.get("gpus") for s in services):
         return services, []
     job = _indices(devices)
@@ -204,12 +201,6 @@ def check_gpu(raw) -> dict:
 BUNDLE_RE = re.compile(r"[0-9a-f]{16}$")
 
 
-def check_script(script) -> str:
-    """A relative path inside the job's payload bundle (contract.script_problem); locate_payload finds it."""
-    _rule(contract.script_problem(script))
-    return script
-
-
 def check_bundle(bundle) -> str:
     """The payload bundle's digest: its dir is ROOT/payloads/<digest>/."""
     _need(isinstance(bundle, str) and BUNDLE_RE.match(bundle) is not None,
@@ -218,8 +209,8 @@ def check_bundle(bundle) -> str:
 
 
 def locate_payload(spec: dict, root: str) -> dict:
-    """A script payload's file, ROOT/payloads/<bundle>/<script>, recorded as payload.path (what every launch
-    runs): `payload-missing` (exit 42: the controller uploads, then calls again) while the bundle is not there."""
+    """A script payload's file, ROOT/payloads/<bundle>/<script>, recorded as payload.path: `payload-missing`
+    (exit 42: the controller uploads, then calls again) while the bundle is not there."""
     payload = spec["payload"]
     if payload["script"] is None:
         return spec
@@ -265,7 +256,8 @@ def check_payload(raw) -> dict:
         _need(_strings(command) and bool(command), "payload.command must be a non-empty list of strings")
         return dict({"command": list(command), "script": None, "python": None, "args": [], "env": dict(env),
                      "prepare": prepare}, **how)
-    return dict({"command": None, "script": check_script(script), "bundle": check_bundle(raw.get("bundle")),
+    _rule(contract.script_problem(script))
+    return dict({"command": None, "script": script, "bundle": check_bundle(raw.get("bundle")),
                  "python": _text(_default(raw, "payload.python"), "payload.python"), "args": list(args),
                  "env": dict(env), "prepare": prepare}, **how)
 
@@ -306,8 +298,7 @@ def _optional_number(value, field: str):
 
 
 def check_sweep(raw, spec: dict) -> dict:
-    """The variants as the controller expanded them (the host never expands): each its label args and argv
-    (a script's argument list, or a command payload's whole command)."""
+    """The variants as the controller expanded them: each its label args and argv (payload_argv's args)."""
     from ..sweep import MAX_VARIANTS, slot_problem, slots
 
     _need(isinstance(raw, dict) and isinstance(raw.get("variants"), list) and raw["variants"],
@@ -339,9 +330,8 @@ def check_sweep(raw, spec: dict) -> dict:
 
 
 def variant_rounds(spec: dict) -> int:
-    """How many variants run one after another at most (1 for a plain job): the factor of every time bound
-    that counts the payload's runs. Sequential, that is the variant count; side by side on S slots,
-    ceil(n / S)."""
+    """How many variants run one after another at most (1 for a plain job; ceil(n / slots)): the factor of
+    every time bound that counts the payload's runs."""
     from ..sweep import rounds
 
     sweep = spec.get("sweep") or {}
@@ -373,8 +363,7 @@ def check_launcher(raw: dict, spec: dict) -> dict:
 
 
 def read_spec_stdin(root: str, job_id=None, need_job_id: bool = False) -> dict:
-    """The spec on stdin, checked, its payload script located under ROOT; need_job_id: the spec must name its
-    job when argv does not."""
+    """The spec on stdin, checked, its script located; need_job_id: the spec names its job if argv does not."""
     try:
         raw = json.loads(sys.stdin.buffer.read().decode("utf-8"))
     except ValueError as exc:

@@ -1,33 +1,21 @@
-"""Every job's payload on the host: its variants inside the one window that supervise() opened (one stop,
-one drain before, one restore after, by settle). A plain job is a list of one variant (sweep.job_variants),
-run by the same scheduler under the same window, cancel and ending rules; only its presentation differs
-(`plain`): RUNNER_RESULT is result.json itself (the payload's own document), and it announces no variant.
+"""Every job's payload on the host: its variants inside the one window supervise() opened (one stop and drain
+before, one restore after). A plain job is a list of one variant (sweep.job_variants) under the same rules; only
+its presentation differs (`plain`): RUNNER_RESULT is result.json itself, and no variant is announced.
 
-The devices are cut into slots (sweep.slots: all of them as one slot, or gpu.devices in order in slots of
-sweep.gpus_per_variant); each slot runs one variant at a time with its own CUDA_VISIBLE_DEVICES and
-RUNNER_GPU_SLOT, and takes the next variant when its variant ends. One slot is the sequential sweep.
-Each variant is its own process (its own exit code; its RUNNER_RESULT is results/variant-K.json), announced
-by a `variant` event (start, end or skipped; start and end name its slot and devices) in events.jsonl and
-echoed as the same JSON line in output.log, so `runner tail` shows the boundaries and progress.py counts
-"variant k of n"; side by side, status.json's `slots` says which variant runs where now (the ledger too: a
-restorer kills each busy slot's group); with one slot `payload` names the process running. A failing
-variant does not stop the others unless sweep.fail_fast (then no new variant starts; running ones finish).
-result.json is a sweep's combined record.
+The devices are cut into slots (sweep.slots); each runs one variant at a time with its own CUDA_VISIBLE_DEVICES
+and RUNNER_GPU_SLOT, and takes the next when it ends. Each variant is its own process (RUNNER_RESULT:
+results/variant-K.json), announced by a `variant` event echoed into output.log (`runner tail`, progress.py);
+side by side, status.json's `slots` and the ledger name each busy slot's process for a restorer. A failing
+variant stops the others only under sweep.fail_fast (no new one starts).
 
-The window (limits.max_downtime) counts from the first stop of the job's services (from the run's start
-when it stopped none). Every variant ends by the window's end; a variant starts only if it could end
-inside it: the first ones (nothing measured yet) whenever any of the window is left, later ones only if
-the longest variant so far fits; one that may not is recorded SKIPPED with the reason.
+The window (limits.max_downtime) counts from the first stop of the job's services (else the run's start). A
+variant starts only if it could end inside it (the longest so far fits; the first ones while any is left),
+else it is SKIPPED with the reason; every variant ends by the window's end.
 
-A job's end is decided once, the moment it is known (a cancel or a signal, seen before a variant starts,
-while it runs, or just after it failed of it; a plain job's bound): TERMINATING with `ending` {state,
-message, at} before any process gets its TERM, so that a restorer taking over from a dead supervisor
-records that state and gives only what is left of the grace. A cancel or a signal stops every running
-variant and starts no other; one that comes after the last variant exited 0, while only its left-over group
-is being stopped, changes nothing (the job ends as its exit says).
-
-Imports only the stdlib, sweep.py (the variants, their labels), host/processes.py and the files, record,
-payload, stage, ledger and services rooms.
+A job's end is decided once, the moment it is known (decide_ending: TERMINATING with `ending` {state, message,
+at} before any process gets its TERM), so a restorer taking over records that state and gives only what is
+left of the grace. A cancel or a signal stops every running variant and starts no other; one that comes after
+the last variant exited 0, while only its group is being stopped, changes nothing.
 """
 from __future__ import annotations
 
@@ -82,8 +70,7 @@ def decide_ending(job: Job, state: str, message: str) -> None:
 
 
 def skip_reason(job: Job, started: float, longest) -> str | None:
-    """Why the next variant must not start inside limits.max_downtime (None: it may). Nothing measured yet
-    (longest None): it may whenever any of the window is left, and is bounded by the window's end."""
+    """Why the next variant must not start inside limits.max_downtime (None: it may)."""
     budget = job.spec["limits"].get("max_downtime")
     if budget is None:
         return None
@@ -98,8 +85,8 @@ def skip_reason(job: Job, started: float, longest) -> str | None:
 
 
 class Run:
-    """A variant in a slot: its process, its deadline and its bound, and its stop (TERM → grace → KILL, as
-    kill_group does, one step per poll so that a slow stop holds only its own slot)."""
+    """A variant in a slot: its process, deadline and stop (TERM → grace → KILL one step per poll, so a slow
+    stop holds only its own slot)."""
 
     def __init__(self, index: int, variant: dict, slot: int, devices: list, proc, start_time, seconds: float,
                  bound: str, result: str):
@@ -116,8 +103,7 @@ class Run:
 
 
 def exit_fd(pid: int):
-    """A pidfd of the process, readable once it exits, so its end is seen when it happens (not at the next
-    poll); None where the kernel or Python has none (then the poll's clock sees it)."""
+    """A pidfd, readable once the process exits (None where there is none: the poll's clock sees it)."""
     try:
         return os.pidfd_open(pid)
     except (AttributeError, OSError):
@@ -135,8 +121,8 @@ def wait_for_an_exit(running: dict, seconds: float) -> None:
 
 def start_variant(job: Job, index: int, of: int, variant: dict, slot: int, devices: list, window: tuple,
                   staged=None) -> Run:
-    """The variant launched on its slot's devices (staged: the staged payload's process, handed the GPU
-    here), bounded by max_runtime and never past the window's end (window: window_start's)."""
+    """The variant launched on its slot's devices (staged: handed the GPU here), bounded by max_runtime and
+    the window's end."""
     limits = job.spec["limits"]
     result = result_path(job, index)
     seconds, bound = limits["max_runtime"], "limits.max_runtime (%gs)" % limits["max_runtime"]
@@ -160,10 +146,9 @@ def start_variant(job: Job, index: int, of: int, variant: dict, slot: int, devic
 
 
 def wait_for_ends(job: Job, flags: Flags, running: dict, more: bool = False) -> tuple:
-    """([runs whose processes are gone], the (state, message) of a cancel or a signal, or None): polls every
-    run, stops those that ended or reached their bound (each a step at a time), and on a cancel or a signal
-    stops them all, the job's ending recorded first. more: variants are still to start (a cancel or a signal
-    ends the job even while only the groups of exited runs are being stopped)."""
+    """([runs whose processes are gone], a cancel's or a signal's (state, message) or None): stops the runs
+    that ended or reached their bound, all of them on a cancel or a signal. more: variants are still to start
+    (then a cancel ends the job even while only exited runs' groups are being stopped)."""
     interrupt = None
     while True:
         now = time.monotonic()
@@ -243,11 +228,9 @@ def end_variant(job: Job, of: int, run: Run) -> dict:
 
 
 def variant_record(index: int, args: dict, status: str, code, seconds, reason, result: str, **where) -> dict:
-    """One variant in result.json (`status`: ended or skipped), its RUNNER_RESULT file read back; also what
-    a Slurm job array's login node writes for each of its tasks (slurm/array.py). A result file that is not a
-    JSON object, or not a bounded regular file of the job dir (files.read_result), is this variant's failure
-    (`error`, also its `reason`), never the sweep's; one over INLINE_RESULT_BYTES stays in its file, listed
-    (`result_file`). where: the slot and devices it ran on."""
+    """One variant in result.json (`status`: ended or skipped; also a Slurm array task's, slurm/array.py), its
+    RUNNER_RESULT read back: an unusable one is this variant's failure (`error`), never the sweep's; one over
+    INLINE_RESULT_BYTES stays in its file (`result_file`). where: the slot and devices it ran on."""
     outcome, error, kept = read_variant_result(result)
     tables = [t for t in (outcome or {}).values() if isinstance(t, list) and t and isinstance(t[0], dict)]
     return {"index": index, "args": args, "status": status, "exit_code": code, "seconds": seconds,
@@ -261,8 +244,7 @@ def result_name(path: str) -> str:
 
 
 def read_variant_result(path: str) -> tuple:
-    """(the result object or None, why it is unusable or None, its `result_file` listing when it is too large
-    to inline or None); a missing file is no result, not an error."""
+    """(the result object, why it is unusable, its `result_file` listing when too large), each or None."""
     name, job_dir = result_name(path), os.path.dirname(os.path.dirname(path))
     try:
         fd, info = open_result(path, job_dir)
@@ -308,8 +290,7 @@ def listing(job_dir: str, index: int, why: str) -> dict:
 
 
 def fit_combined(job_dir: str, records: list) -> list:
-    """The records with the largest inlined results set aside (listed as `result_file`, left in their files)
-    until the combined record fits COMBINED_RESULT_BYTES, well under the controller's MAX_RESULT_BYTES."""
+    """The largest inlined results set aside (`result_file`) until the records fit COMBINED_RESULT_BYTES."""
     sizes = {r["index"]: len(json.dumps(r["result"])) for r in records if r.get("result") is not None}
     total = len(json.dumps(records))
     for index in sorted(sizes, key=lambda i: sizes[i], reverse=True):
@@ -323,8 +304,8 @@ def fit_combined(job_dir: str, records: list) -> list:
 
 
 def run_variants(job: Job, flags: Flags, staged=None) -> None:
-    """Every variant of the job (a plain job's one), each slot taking the next when its variant ends; then
-    the job's ending (finish). staged: the staged payload's process, which is the first variant."""
+    """Every variant of the job, each slot taking the next as its own ends, then finish. staged: the staged
+    payload's process, the first variant."""
     variants = job_variants(job.spec)
     n = len(variants)
     slots = (job.spec.get("sweep") or {}).get("slots") or [job.spec["gpu"]["devices"]]
@@ -368,9 +349,8 @@ def run_variants(job: Job, flags: Flags, staged=None) -> None:
 
 
 def note_slots(job: Job, slots: list, running: dict) -> None:
-    """status.json's `slots`: each slot's devices and the variant on it now (its process, for a restorer).
-    Only side by side: with one slot `payload` already names the one process running, and status.json is
-    not written again while it runs."""
+    """status.json's `slots` and the ledger's: each slot's devices and variant now, its process for a restorer
+    (with one slot, `payload` names it)."""
     if len(slots) < 2:
         return
     table = []
@@ -385,8 +365,8 @@ def note_slots(job: Job, slots: list, running: dict) -> None:
 
 
 def finish(job: Job, records: list, slots: list) -> None:
-    """The job's end: the one decided while it ran (its `ending`), else a plain job's exit code (settle's
-    final_state reads it) or a sweep's combined record (FAILED unless each variant ran and exited 0)."""
+    """The job's end: its decided `ending`, else a plain job's exit code (settle's final_state reads it) or a
+    sweep's combined record (FAILED unless every variant exited 0)."""
     ending = job.status.get("ending")
     if plain(job):
         if ending:

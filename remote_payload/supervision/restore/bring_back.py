@@ -1,6 +1,5 @@
-"""Bring a service back: start the unit a job stopped, or resume the engine it released (the unit restarted when
-the API does not bring it back), and wait until it is healthy: the only place a job's restorer does either.
-Records how (service.resumed: api | restart | start) and the service window (service.downtime).
+"""Bring a service back: start the unit a job stopped, or resume the engine it released (else restart the
+unit), and wait until healthy; records how (service.resumed: api | restart | start) and service.downtime.
 """
 from __future__ import annotations
 
@@ -14,9 +13,8 @@ from ..record import Job
 
 
 def bring_back(job: Job, since=None) -> None:
-    """Start the service this job stopped (or resume the engine it released) and wait until it is healthy
-    (bounded by health_timeout, counted from `since`: a job's services are brought back one after another
-    within one such bound, each started at once)."""
+    """Start the service this job stopped (or resume its engine) and wait until healthy, within health_timeout
+    from `since` (a job's services share one such bound)."""
     service = job.status["service"]
     unit, began = service["unit"], time.time()
     deadline = (time.monotonic() if since is None else since) + job.spec["service"]["health_timeout"]
@@ -33,8 +31,8 @@ def bring_back(job: Job, since=None) -> None:
 
 
 def start_and_wait(job: Job, unit: str, deadline: float, how: str = "start", began=None) -> tuple:
-    """`systemctl start` (how="restart": `systemctl restart`, for an engine its API did not resume) and the
-    health wait; returns (healthy, active_state). resume_s counts from `began` (the API's attempt too)."""
+    """`systemctl start` (or `restart`: an engine its API did not resume) and the health wait; returns
+    (healthy, active_state). resume_s counts from `began`."""
     began = time.monotonic() if began is None else began
     try:
         if how == "start":
@@ -59,8 +57,8 @@ def start_and_wait(job: Job, unit: str, deadline: float, how: str = "start", beg
 
 
 def resume_released(job: Job, deadline: float) -> tuple:
-    """A job whose status records a release: resume it through the API within half of what is left, else
-    restart the unit (the service comes back whatever happens) and say so. Returns (healthy, active_state)."""
+    """Resume a released engine through its API within half of what is left, else restart the unit; returns
+    (healthy, active_state)."""
     service = job.status["service"]
     unit, record = service["unit"], service["released"]
     job.note_restore("resuming %s: %s" % (unit, engine.describe(record)))
@@ -79,8 +77,8 @@ def resume_released(job: Job, deadline: float) -> tuple:
 
 
 def clear_failed_stop(job: Job, unit: str) -> None:
-    """Our stop left the unit failed (its engine's shutdown under our SIGTERM): `reset-failed` before the
-    start, so the failure the stop caused is not left behind as the service's."""
+    """`reset-failed` before the start when our stop left the unit failed, so that failure is not the
+    service's."""
     stop_result = job.status["service"].get("stop_result")
     if not stop_result:
         return
@@ -90,8 +88,7 @@ def clear_failed_stop(job: Job, unit: str) -> None:
 
 
 def start_without_waiting(job: Job) -> None:
-    """Several services to bring back: each stopped unit is started without waiting, so their health waits
-    overlap (bring_back then starts an active unit again: nothing) and all fit one health_timeout."""
+    """`start --no-block` of a stopped unit, so several services' health waits overlap in one health_timeout."""
     if job.status["service"].get("released"):
         return  # resumed through its engine's API by bring_back itself
     try:

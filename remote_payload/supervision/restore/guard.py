@@ -26,10 +26,8 @@ GUARD_POLL_S = 2.0           # how often the guard compares a live supervisor wi
 
 
 def start_guard(job: Job, locks: Locks) -> None:
-    """Fork the guard: it holds the lock fds and the read end of a pipe only the supervisor can write to (its
-    end is not inherited by the payload). The supervisor tells the guard over it what its deadlines count
-    from (Job.tell_guard); the write end stays open until the supervisor exits however it exits: that EOF
-    wakes the guard."""
+    """Fork the guard with the lock fds and the read end of a pipe only the supervisor writes (Job.tell_guard);
+    the write end closes however the supervisor exits, and that EOF wakes the guard."""
     life_r, life_w = os.pipe()
     keep = [life_r] + list(locks.fds.values())
     argv = RUN_SUPERVISOR + ["_guard", "--job-id", job.paths.job_id, "--root", job.paths.root,
@@ -51,11 +49,9 @@ def start_guard(job: Job, locks: Locks) -> None:
 
 
 def cmd_guard(args) -> dict:
-    """The guard, a restorer: wait for the supervisor's end (watch_supervisor), then settle the job (nothing to do
-    when the supervisor settled it). It holds the supervisor's locks (inherited fds), so it takes none and asks
-    nobody whether the job lives; once the job is settled it lets them go as the supervisor would have."""
-    # TERM too: a session scope stopped, logind or oomd TERM every process of the session at once; the guard
-    # (in its own session since the fork) must outlive the supervisor to restore after it.
+    """The guard, a restorer: wait for the supervisor's end, then settle the job; it holds the supervisor's
+    locks (inherited), so it takes none, and lets them go once the job is settled."""
+    # TERM too: logind or oomd TERM a whole session at once; the guard must outlive the supervisor.
     for sig in (signal.SIGHUP, signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)
     paths = JobPaths(args.root, args.job_id)
@@ -70,10 +66,8 @@ def cmd_guard(args) -> dict:
 
 
 def watch_supervisor(life_fd: int) -> str:
-    """Until the supervisor's end (EOF on the life pipe), or until it is alive but past its hard deadline
-    (hung: stopped, stuck in the kernel): then it counts as failed and is SIGKILLed. The deadline and the
-    process to kill are what the supervisor told over the pipe (Told), never status.json, which the
-    payload can write."""
+    """Until the supervisor's end (EOF on the life pipe), or until it is alive past its hard deadline (hung):
+    then it is SIGKILLed. Both come from what it told over the pipe (Told)."""
     told = Told(life_fd)
     while True:
         if select.select([life_fd], [], [], GUARD_POLL_S)[0] and not told.read():
@@ -87,17 +81,16 @@ def watch_supervisor(life_fd: int) -> str:
 
 
 def hard_deadline(spec: dict, status: dict):
-    """When a supervisor that is still alive counts as hung (failed): the start of the step it is in plus the
-    budget's hung_*_s for it (every wait of that step at its own bound, and a margin). None where nothing of
-    the service waits on it."""
+    """When a live supervisor counts as hung: the start of its step plus the budget's hung_*_s for it; None
+    where no service waits on it."""
     if status.get("state") in TERMINAL:
         return None
     bounds = recorded(spec, status)
     state, since = status.get("state"), status.get("updated_at") or time.time()
     if state == "RESTORING":
         return since + bounds["hung_restoring_s"]
-    # Once the job has started, the run counts from the payload process's own start (a sweep's variants each
-    # get max_runtime); a prepare step before it (service untouched) sets no started_at: no hard deadline.
+    # The run counts from the payload process's own start (each variant gets max_runtime); a prepare step
+    # sets no started_at: no hard deadline.
     started = status.get("started_at")
     if started:
         return ((status.get("payload") or {}).get("started_at") or started) + bounds["hung_running_s"]
@@ -109,12 +102,11 @@ def hard_deadline(spec: dict, status: dict):
 
 
 class Told:
-    """What the supervisor told its guard over the life pipe (Job.tell_guard), the guard's only source for
-    its hard deadline: the last whole line."""
+    """The last whole line the supervisor told its guard (Job.tell_guard): the hard deadline's only source."""
 
     def __init__(self, fd: int) -> None:
         self.fd, self.pending = fd, b""
-        self.last: dict | None = None  # the latest record the supervisor told
+        self.last: dict | None = None
 
     def read(self) -> bool:
         """Take what the pipe holds; False at EOF (the supervisor is gone)."""
@@ -134,7 +126,7 @@ class Told:
         return True
 
     def deadline(self):
-        """hard_deadline over what the supervisor said (None before its first line)."""
+        """hard_deadline over what the supervisor told (None before its first line)."""
         return hard_deadline({}, self.last) if self.last else None
 
     def supervisor(self):

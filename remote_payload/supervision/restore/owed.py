@@ -1,14 +1,11 @@
 """What a job owes, and what its restorers believe: the host ledger over status.json.
 
-The payload runs in its job dir as the login user and can overwrite status.json and spec.json there (garbage,
-or a forged "SUCCEEDED, restored"). The ledger (supervision/ledger.py) is written by the supervisor before the
-stop and removed only by a restorer that saw the unit back; the payload is not told where it is. Whether a stop
-is owed is the ledger's alone (stops_owed, owes), whether the job's supervisor or guard lives its service lock's
-(job_alive); a restorer settles the job load_for_restore reads: status.json where the ledger agrees, else one
-rebuilt from the ledger's entries. A payload of the same user can still delete the ledger or kill the
-restorers; payload.user runs it as another user, who can write none of this. Imports only the stdlib,
-contract.py, host/ and the files, locks and ledger rooms; the record and services rooms when it settles
-(`status` loads this room and never those).
+The payload can overwrite its job's status.json and spec.json (garbage, or a forged "SUCCEEDED, restored");
+the ledger (supervision/ledger.py) it is not told of. Whether a stop is owed is the ledger's alone (stops_owed,
+owes), whether the job's supervisor or guard lives its service lock's (job_alive); a restorer settles the job
+load_for_restore reads: status.json where the ledger agrees, else one rebuilt from the ledger. A payload of the
+same user can still delete the ledger or kill the restorers; payload.user runs it as another user, who cannot.
+`status` loads this room: the record and services rooms are imported only where it settles.
 """
 from __future__ import annotations
 
@@ -36,8 +33,7 @@ def stops_owed(root: str, job_id: str) -> list:
 
 
 def contradiction(status: dict, entries: list):
-    """Why `status` is not believed, or None: it says the job ended SUCCEEDED, or restored, while the ledger
-    says the service it stopped was never restored."""
+    """Why `status` is not believed, or None: it says SUCCEEDED, or restored, while the ledger owes a stop."""
     entries = [e for e in entries if not e.get("restore_failed_at")]  # tried: the job's end stands as recorded
     if not entries or status.get("state") not in TERMINAL:
         return None
@@ -48,9 +44,8 @@ def contradiction(status: dict, entries: list):
 
 
 def holds_locks(root: str, job_id: str, entries: list) -> bool:
-    """The job's supervisor or guard is alive: one of them holds the service lock (flock, released by the
-    kernel when both are gone; the lock file is its taker's alone, locks.py), and its holder record names the
-    job (or cannot be read)."""
+    """The job's supervisor or guard is alive: one of them holds a service lock (the kernel releases it when
+    both are gone) whose holder record names the job (or cannot be read)."""
     for entry in entries:
         key = "service-" + entry["unit"]
         holder = read_holder(key) or {}
@@ -60,21 +55,18 @@ def holds_locks(root: str, job_id: str, entries: list) -> bool:
 
 
 def job_alive(root: str, job_id: str, status: dict, entries: list) -> bool:
-    """Whether the job's supervisor or guard lives. With a stop owed, the service lock says (status.json's
-    pids are the payload's to write: a forged live pid would keep every restorer waiting); with none, the
-    identities status.json records (no service waits on the answer)."""
+    """Whether the job's supervisor or guard lives: with a stop owed the service lock says (a pid forged in
+    status.json would keep every restorer waiting); with none, status.json's identities."""
     if entries:
         return holds_locks(root, job_id, entries)
     return is_alive(status.get("supervisor")) or is_alive(status.get("guard"))
 
 
 def load_for_restore(paths: JobPaths) -> Job:
-    """The job as a restorer must settle it. When status.json or spec.json is unreadable, or contradicted by the
-    ledger, the job is rebuilt from the ledger entry (settle then writes its status): state LOST, the entry's
-    unit stopped by this job and not restored. Raises `bad-status` only when neither the files nor the ledger
-    can say."""
+    """The job as a restorer must settle it: rebuilt from the ledger (LOST, its units stopped and owed) when
+    status.json or spec.json is unreadable or contradicted; `bad-status` when neither can say."""
     from .. import services
-    from ..record import Job  # a restorer's: `status` and `logs` never load the record room (budget, systemd)
+    from ..record import Job
 
     entries = stops_owed(paths.root, paths.job_id)
     spec = readable_spec(paths)
@@ -159,9 +151,8 @@ def noted_processes(entries: list) -> tuple:
 
 
 def with_noted_processes(status: dict, entries: list) -> dict:
-    """status.json with the processes a restorer kills (as root) taken from the ledger, never from the record
-    the payload can write: a forged pid with a live process's start time (/proc tells anyone) would pass the
-    start-time check. Kept as recorded when the ledger noted no payload (none ran under the stop yet)."""
+    """status.json with the processes a restorer kills (as root) taken from the ledger: a pid forged in the
+    record with a live process's start time would pass the start-time check."""
     payload, slots = noted_processes(entries)
     if payload is None:
         return status
@@ -172,8 +163,7 @@ def with_noted_processes(status: dict, entries: list) -> dict:
 
 
 def payload_from_ledger(payload):
-    """A payload process the supervisor noted in the ledger (the payload, or a busy slot's variant), for
-    kill_leftovers (checked by start time)."""
+    """A payload process the supervisor noted in the ledger, as kill_leftovers takes it; None if malformed."""
     if not isinstance(payload, dict):
         return None
     ident = ledger.ident(payload)
@@ -187,10 +177,8 @@ def stopped_by_us(service: dict) -> bool:
 
 
 def owes(job: Job) -> bool:
-    """Whether the job still owes its service's restore: the host ledger's word alone (status.json's
-    service.stopped is the payload's to write). What the entry says of the stop (the state before it, when,
-    the engine it released) replaces the record's, so the restore works from it. An entry naming another job
-    is a stop that job adopted: the restore is its to do, under its own run (`handed_to`)."""
+    """Whether the job still owes its service's restore: the ledger's word alone, whose account of the stop
+    replaces the record's. An entry naming another job is a stop it adopted (`handed_to`)."""
     service = job.status["service"]
     entry = ledger.read_entry(job.paths.root, service["unit"])
     if not ledger.same_job(entry, job.paths.root, job.paths.job_id):

@@ -40,9 +40,8 @@ from .settle import bring_back_alone, kill_leftovers, settle_as_restorer, start_
 # ── the next job on the service ───────────────────────────────────────────────────────────────────────
 
 def adopt_stops(job: Job) -> None:
-    """With the job's locks held, before anything of its own: adopt the stop of each of its services that a
-    dead job left owed (adopt_stop). A stop that another login's job made and still owes is not ours to adopt:
-    the job ends here, nothing touched."""
+    """With the job's locks held, before anything of its own: adopt each stop of its services a dead job left
+    owed (adopt_stop). Another login's owed stop is not ours: the job ends here, nothing touched."""
     for view in services.views(job):
         unit = view.status["service"]["unit"]
         entry = ledger.foreign_entry(job.paths.root, unit)
@@ -54,9 +53,9 @@ def adopt_stops(job: Job) -> None:
 
 
 def adopt_stop(job: Job) -> None:
-    """With the service's lock held: an entry naming another job is a stop nobody will restore (that job's
-    supervisor and guard are gone, or they would hold the lock). Adopt it: we restore it after our run, and
-    the dead job is settled as handed over. An entry whose service runs again is only dropped."""
+    """With the service's lock held, an entry naming another job is a stop nobody will restore (alive, that
+    job would hold the lock): we adopt it, restore it after our run, and settle the dead job as handed over.
+    An entry whose service runs again is only dropped."""
     service = job.status["service"]
     entry = ledger.read_entry(job.paths.root, service["unit"])
     if not entry or ledger.same_job(entry, job.paths.root, job.paths.job_id):
@@ -81,8 +80,7 @@ def adopt_stop(job: Job) -> None:
 
 
 def settle_adopted_from(job: Job, entry: dict) -> None:
-    """The dead job whose stop we adopt (under its own host.root, this login's), settled under its restore lock
-    (settle_as_handed_over)."""
+    """The dead job whose stop we adopt, settled under its restore lock (settle_as_handed_over)."""
     previous, root = entry.get("job_id"), entry.get("root", job.paths.root)
     if not previous or root_problem(root) or job_id_problem(previous):
         return
@@ -96,7 +94,7 @@ def settle_adopted_from(job: Job, entry: dict) -> None:
 
 def settle_as_handed_over(dead: Job, job: Job) -> None:
     """Kill what is left of the dead job's payload and record that `job` restores the service, unless the dead
-    job owes other stops too: those are whoever settles them (their next job, or the job's own restorers)."""
+    job owes other stops too (left to whoever settles them)."""
     unit = job.status["service"]["unit"]
     if dead.status.get("restored"):
         return
@@ -123,10 +121,9 @@ def cmd_restore(args) -> dict:
 
 
 def restore_job(paths: JobPaths, only: str | None = None) -> dict:
-    """`restore` of a job: settle it as a restorer when its supervisor and guard are both gone, under its locks
-    (restore_keys) and its restore lock. Idempotent: a settled job is reported as is (`already`); a live
-    supervisor or guard is left to do it, as is a job that holds its locks (`deferred`). With `only` (a unit),
-    bring that unit back alone, under its lock alone, when the job owes others too."""
+    """`restore`: settle the job as a restorer once its supervisor and guard are gone, under its locks and its
+    restore lock. Idempotent: a settled job is `already`; a live supervisor or guard, or a job holding the
+    locks, `deferred`. With `only` (a unit), that unit alone, under its lock alone, when others are owed too."""
     job = owed.load_for_restore(paths)  # the ledger over status.json, which the payload can write
     if job.status.get("restored") or is_slurm_job(paths):  # Slurm's: no service, its processes on another node
         return answer(job, already=True)
@@ -154,8 +151,8 @@ def restore_job(paths: JobPaths, only: str | None = None) -> dict:
 
 
 def restore_message(job: Job) -> str:
-    """Who settled the job, for its message: `restore`, and under ExecStopPost= (systemd sets SERVICE_RESULT
-    there) how the supervisor's unit ended; a job rebuilt from the ledger keeps why, whoever runs us."""
+    """Who settled the job: `restore`, and under ExecStopPost= (SERVICE_RESULT) how the supervisor's unit
+    ended; a job rebuilt from the ledger keeps why."""
     message = "supervisor gone; restored by `restore`" if job.status["state"] != "LOST" else job.status["message"]
     result, unit_message = os.environ.get("SERVICE_RESULT"), None
     if result:
@@ -177,9 +174,8 @@ def answer(job: Job, **extra) -> dict:
 # ── restore-service ───────────────────────────────────────────────────────────────────────────────────
 
 def cmd_restore_service(args) -> dict:
-    """`restore-service`: the manual lever, no job involved. Start the unit unless it runs, then wait (at
-    most --max-wait) until healthy; answers healthy, starting or failed (with the unit's log), whether it
-    started the unit and the state it found (`started`, `was`)."""
+    """`restore-service`, the manual lever: start the unit unless it runs, wait at most --max-wait until
+    healthy; answers healthy, starting or failed (with the unit's log), `started` and `was`."""
     unit = check_unit(args.unit)
     check_health_url(args.health_url, "bad-args")
     ctl = Systemd(args.scope, args.sudo)
@@ -206,8 +202,8 @@ def cmd_restore_service(args) -> dict:
 
 
 def resume_released_by_job(root: str, unit: str):
-    """A unit whose engine a job released (the ledger says which): that job's own `restore` resumes it, under
-    its locks (deferred while its supervisor or guard lives, or another job holds them). None otherwise."""
+    """A unit whose engine a job released (the ledger says which): that job's `restore` resumes it, under its
+    locks. None otherwise."""
     entry = ledger.read_entry(root, unit)
     if not entry or not entry.get("released") or not entry.get("job_id"):
         return None
@@ -215,7 +211,6 @@ def resume_released_by_job(root: str, unit: str):
         done = restore_job(existing_job(entry.get("root", root), entry["job_id"]), only=unit)
     except Fail as exc:
         return {"job_id": entry["job_id"], "deferred": False, "error": str(exc)}
-    # another restorer at work (within its bound) has not resumed it yet either
     deferred = bool(done.get("deferred") or done.get("in_progress"))
     return {"job_id": entry["job_id"], "deferred": deferred, "message": done.get("message")}
 
@@ -223,12 +218,9 @@ def resume_released_by_job(root: str, unit: str):
 # ── the restore lock every restorer but the supervisor takes ──────────────────────────────────────────
 
 def with_restore_lock(job: Job, act):
-    """act(the job read again under its restore lock: another restorer may have settled it meanwhile); that
-    job, or None when another restorer holds the lock. The holder writes who it is and until when its restore
-    may run (timeout_stop_s, ExecStopPost='s bound), so a later restorer can take over from one that hangs past
-    it (take_over_hung_restorer)."""
-    # payload.user can reach the job dir by name: a lock file it could open, it could flock against every
-    # restorer (they all run as root then, so 0600 keeps nobody out)
+    """act(the job read again under its restore lock); that job, or None when another restorer holds it. The
+    holder records itself and its bound (timeout_stop_s) for take_over_hung_restorer."""
+    # payload.user reaches the job dir by name: a lock file it could open, it could flock against every restorer
     mode = 0o600 if job.spec["payload"].get("user") else 0o644
     fd = os.open(job.paths.restore_lock, os.O_RDWR | os.O_CREAT, mode)
     try:
@@ -248,8 +240,8 @@ def with_restore_lock(job: Job, act):
 
 
 def take_over_hung_restorer(job: Job) -> bool:
-    """SIGKILL the restorer that holds the job's restore lock past its bound (hung); True once it is gone. Its
-    record is believed only for a process the kernel shows holding that very lock (/proc/locks)."""
+    """SIGKILL the restorer holding the job's restore lock past its bound; True once gone. Its record is
+    believed only for a process /proc/locks shows holding that very lock."""
     try:
         holder = read_json(job.paths.restore_lock)  # the payload's to replace: never a blocking open
         info = os.stat(job.paths.restore_lock)

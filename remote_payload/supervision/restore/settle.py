@@ -40,9 +40,8 @@ def timer_unit(job_id: str) -> str:
 
 
 def start_guard_timer(job: Job, bound: str = "guard_timer_s") -> None:
-    """Last line of defence when even the guard dies: systemd runs `restore` after the longest job could take
-    (the budget's `bound`), and kills it if it runs longer than ExecStopPost='s `restore` may (timeout_stop_s).
-    It fires once; a `restore` that finds the supervisor or guard alive does nothing."""
+    """Last line of defence when even the guard dies: systemd runs `restore` once, after the budget's `bound`,
+    bounded by timeout_stop_s."""
     if job.status.get("timer"):  # one per job, however many of its services it stops
         return
     bounds, name = recorded(job.spec, job.status), timer_unit(job.paths.job_id)
@@ -57,8 +56,8 @@ def start_guard_timer(job: Job, bound: str = "guard_timer_s") -> None:
 
 
 def stop_guard_timer(job: Job) -> None:
-    """The job's own timer, by the name its job id gives (status.json's `timer` only says there is one: the
-    payload can write it, and must not name a unit for root to stop)."""
+    """The job's own timer, named from its job id (status.json's `timer`, the payload's to write, must not
+    name a unit for root to stop)."""
     timer = job.status.get("timer") and timer_unit(job.paths.job_id) + ".timer"
     if timer:
         try:
@@ -70,9 +69,8 @@ def stop_guard_timer(job: Job) -> None:
 # ── settle ────────────────────────────────────────────────────────────────────────────────────────────
 
 def wait_gpu_release(job: Job) -> None:
-    """Bounded wait until no process of the payload still holds GPU memory (the service needs it back): a
-    holder is the payload's when it is one of its processes or in one of their process groups (each payload
-    process leads its own), looked up for the few holders only, never by listing the host's processes."""
+    """Bounded wait until no process of the payload (or of its process groups) holds GPU memory: the
+    service needs it back."""
     payload = job.status.get("payload")
     if not job.spec["gpu"]["devices"] or not payload:
         return
@@ -97,8 +95,7 @@ OBSERVE_HEALTH_S = 5.0  # how long the end of a job may look at a service it did
 
 def observe(job: Job) -> None:
     """Record how a service this job did not stop looks at the end: its state, and its health within
-    OBSERVE_HEALTH_S (a few probes: one slow or refused answer on a loaded host is not the service's state);
-    nothing changed."""
+    OBSERVE_HEALTH_S (one slow answer on a loaded host is not its state)."""
     service, url = job.status["service"], job.spec["service"].get("health_url")
     if service["manager"] != "systemd" or service.get("was") is None:
         return
@@ -113,7 +110,7 @@ def observe(job: Job) -> None:
 
 
 def healthy_within(url: str, seconds: float) -> bool:
-    """Whether url answers 2xx within `seconds`, probed every 0.5 s (each probe bounded by what is left)."""
+    """Whether url answers 2xx within `seconds`, probed every 0.5 s."""
     end = time.monotonic() + seconds
     while not health.health_ok(url, end - time.monotonic()):
         if time.monotonic() + 0.5 >= end:
@@ -137,10 +134,8 @@ def kill_leftovers(job: Job) -> None:
 
 
 def kill_user_leftovers(job: Job) -> None:
-    """With payload.user: every process of that user still in the job's cgroup (the supervisor's unit), such as
-    a child that left the payload's process group (setsid). Alive, it could hold the stopped service's port and
-    answer the restorer's health check itself while the restarted unit cannot bind. KILLed (its group had its
-    grace), again while the user forks."""
+    """With payload.user: KILL every process of that user still in the job's cgroup (one that left the
+    payload's group could hold the service's port and answer the health check itself), again while it forks."""
     try:
         uid = pwd.getpwnam(job.spec["payload"].get("user") or "").pw_uid
     except KeyError:
@@ -163,8 +158,7 @@ def kill_user_leftovers(job: Job) -> None:
 
 def settle(job: Job, ending=None, ended_at=None) -> None:
     """The end of every job, whoever runs it: kill leftovers → wait for GPU release → bring back (or observe)
-    each of its services → final state (final_state over `ending`, the (state, message) decided before, once
-    the services are back or not); ended_at is kept when the job had ended already (LOST)."""
+    each service → final state over `ending` (the (state, message) decided before); ended_at: kept (LOST)."""
     if not job.terminal:
         job.set_state("RESTORING", "restoring the host")
     for step in (kill_leftovers, wait_gpu_release):
@@ -189,10 +183,8 @@ def settle(job: Job, ending=None, ended_at=None) -> None:
 
 
 def close_entry(job: Job, restored: bool) -> None:
-    """After the restore: only a restorer that saw its unit back (systemd: active, and healthy) drops the
-    entry. A failed restore leaves the stop owed, noted as tried (the job's record of its end then stands),
-    for the job's next restorer or the next job on the service to adopt. An entry of a stop not owed (the
-    service was not running before it) is dropped."""
+    """Only a restorer that saw its unit back (active, healthy) drops the entry; a failed restore leaves the
+    stop owed, noted as tried, for the next restorer or job on the service. A stop not owed is dropped."""
     unit = job.status["service"]["unit"]
     if restored and not (job.status["service"].get("healthy") and job.status["service"].get("now") == "active"):
         ledger.note_restore_failed(job.paths.root, unit, job.paths.job_id)
@@ -201,8 +193,7 @@ def close_entry(job: Job, restored: bool) -> None:
 
 
 def bring_back_alone(job: Job, unit: str) -> None:
-    """One of the job's services alone (`restore-service --unit`), its ledger entry cleared once it is back;
-    the job's other stops stay owed, and settle later brings back only those (`restored_alone`)."""
+    """One of the job's services alone (`restore-service`), its entry cleared once back; the others stay owed."""
     for view in services.views(job):
         if view.status["service"]["unit"] == unit and owes(view):
             bring_back(view)
@@ -224,8 +215,8 @@ def final_state(job: Job, ending) -> tuple:
 
 
 def settle_as_restorer(job: Job, message: str) -> None:
-    """Settle a job whose supervisor is gone (the guard, or `restore`): keep a decided or terminal state
-    (TIMED_OUT, CANCELLED, LOST), else FAILED; `message` says who settled it."""
+    """Settle a job whose supervisor is gone: keep a decided or terminal state, else FAILED; `message` says
+    who settled it."""
     if job.terminal and job.status.get("restored"):
         return
     ending = job.status.get("ending")
