@@ -9,9 +9,6 @@ the job started with.
 BOUNDS is the table docs/protocol.md shows ("Time budget"): a bound's formula is the very expression
 evaluated here, over the spec's terms (`terms`) and the constants below, so the two cannot say different
 things. A formula may use the bounds above it.
-
-Imports only the stdlib, contract.py (the spec's defaults), host/ (gpu.py, processes.py) and slurm/batch.py (constants),
-supervision/spec.py (variant_rounds: a sweep's variants side by side count as rounds).
 """
 from __future__ import annotations
 
@@ -70,9 +67,8 @@ BOUNDS = (
 
 
 def terms(spec: dict, queue: bool) -> dict:
-    """The spec's numbers the formulas use; a term the job does not have counts 0 (no --queue: no lock wait;
-    not staged: no staging). A checked spec has every field; a partial one (a record rebuilt from less) gets
-    the spec's defaults, so the record of a job is never refused for its budget."""
+    """The spec's numbers the formulas use; a term the job does not have counts 0 (no --queue, not staged).
+    A partial spec (a record rebuilt from less) gets the defaults: a job's record is never refused for it."""
     limits, gpu = spec.get("limits") or {}, spec.get("gpu") or {}
     return {"rounds": variant_rounds(spec), "max_runtime": limits.get("max_runtime", DEFAULTS["limits.max_runtime"]),
             "grace": limits.get("grace", DEFAULTS["limits.grace"]),
@@ -86,8 +82,7 @@ def terms(spec: dict, queue: bool) -> dict:
 
 
 def _health_timeout(spec: dict) -> float:
-    """The longest health wait of the services the job frees: their restores run at once (a partial spec: its
-    one `service`)."""
+    """The longest health wait of the services the job frees: their restores run at once."""
     freed = services_of(spec) if isinstance(spec.get("service"), dict) else []
     return max([s.get("health_timeout", 0) for s in freed] or [(spec.get("service") or {}).get("health_timeout", 0)])
 
@@ -106,8 +101,8 @@ def budget(spec: dict, claimed_at: float, queue: bool = False) -> dict:
 
 
 def recorded(spec: dict, status: dict) -> dict:
-    """The budget status.json holds; recomputed from the spec (at its created_at, no --queue) when the record
-    lacks it or holds something else (a payload may overwrite its job's files), so no reader ever fails on it."""
+    """The budget status.json holds; recomputed from the spec when the record lacks it or holds something else
+    (a payload may overwrite it), so no reader ever fails on it."""
     kept = status.get("budget")
     wanted = budget(spec, status.get("created_at") or 0.0)
     if isinstance(kept, dict) and all(isinstance(kept.get(name), (int, float)) and not isinstance(kept[name], bool)

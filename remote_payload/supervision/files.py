@@ -1,10 +1,8 @@
 """What the supervisor keeps on the host's disk under ROOT: the paths and atomic files.
 
-Owns: `JobPaths` (the one place job paths are built; layout in docs/protocol.md), atomic JSON writes
-(temp + fsync + rename + dir fsync) and appends, reading status.json (unreadable is `bad-status`, never
-"running"), reading a result the payload wrote (a bounded regular file of the job dir), the job's disk
-reserve. The host-wide locks and the ledger live in the host lock place (locks.py, ledger.py), not under ROOT.
-Imports only the stdlib, contract.py and host/ (answer.py, bundle.py).
+`JobPaths` (layout in docs/protocol.md), atomic JSON writes and appends, reading status.json (unreadable is
+`bad-status`, never "running") and a result the payload wrote (a bounded regular file of the job dir), the
+job's disk reserve. The host-wide locks and the ledger are not under ROOT (locks.py, ledger.py).
 """
 from __future__ import annotations
 
@@ -48,8 +46,7 @@ class JobPaths:
 # ── atomic io ─────────────────────────────────────────────────────────────────────────────────────────
 
 def write_json_atomic(path: str, obj, mode: int = 0o600, durable: bool = True) -> None:
-    """Temp file in the same dir, fsync, rename, fsync the dir: a reader sees the old or the new file. 0600: a
-    job's records are its login's (and root's); what other logins read (locks.py, ledger.py) says 0644.
+    """Temp file in the same dir, fsync, rename, fsync the dir: a reader sees the old or the new file.
     durable=False leaves out both fsyncs: still whole for every reader, not sure to outlive a host crash."""
     data = (json.dumps(obj, sort_keys=True) + "\n").encode("utf-8")
     tmp = "%s.tmp.%d.%s" % (path, os.getpid(), os.urandom(4).hex())  # a name nobody made first (H is shared)
@@ -84,9 +81,8 @@ class NotRegular(OSError):
 
 
 def open_regular(path: str):
-    """A job's file, open for reading in binary. A job's files are its payload's to replace, so the open never
-    blocks (a FIFO would hold it until a writer came, for good: every `status`, `logs` and restorer with it) and
-    what is not a regular file is refused (NotRegular, an OSError) before a byte is read (a device never ends)."""
+    """A job's file, open for reading in binary. The payload may replace it: the open never blocks (a FIFO
+    would, for good) and what is not a regular file is refused (NotRegular) before a byte is read."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     fh = os.fdopen(fd, "rb")
     if not stat.S_ISREG(os.fstat(fd).st_mode):
@@ -112,8 +108,7 @@ class UnsafeResult(ValueError):
 
 def open_result(path: str, job_dir: str) -> tuple:
     """(an fd open for reading, its fstat) of a result file: a regular file inside the job dir, never through
-    a symlink, never a FIFO (which would block the open) or a device (/dev/zero never ends).
-    FileNotFoundError when there is none; UnsafeResult otherwise."""
+    a symlink, a FIFO or a device. FileNotFoundError when there is none; UnsafeResult otherwise."""
     inside = os.path.realpath(job_dir)
     if os.path.commonpath([os.path.realpath(os.path.dirname(path)), inside]) != inside:
         raise UnsafeResult("is not inside the job dir (a folder on its way is a symlink)")
@@ -131,9 +126,8 @@ def open_result(path: str, job_dir: str) -> tuple:
 
 
 def read_result(path: str, job_dir: str, limit: int = MAX_RESULT_BYTES):
-    """The JSON value of a result file, read as open_result allows, at most `limit` bytes and nested at most
-    MAX_RESULT_DEPTH levels (parse_bounded: no depth can exhaust the stack). FileNotFoundError
-    when there is none; UnsafeResult or ValueError (not JSON) otherwise."""
+    """The JSON value of a result file (open_result), at most `limit` bytes (parse_bounded); UnsafeResult or
+    ValueError (not JSON) otherwise."""
     fd, _ = open_result(path, job_dir)
     with os.fdopen(fd, "rb") as fh:
         data = fh.read(limit + 1)
@@ -143,8 +137,7 @@ def read_result(path: str, job_dir: str, limit: int = MAX_RESULT_BYTES):
 
 
 def parse_bounded(data: bytes):
-    """JSON nested at most MAX_RESULT_DEPTH levels: the C parser stops a deeper text with RecursionError (caught
-    here), and the depth of what it parsed is measured without recursion."""
+    """JSON nested at most MAX_RESULT_DEPTH levels, measured without recursion (no depth exhausts the stack)."""
     try:
         value = json.loads(data.decode("utf-8"))
     except RecursionError:
@@ -220,8 +213,7 @@ def release_reserve(paths: JobPaths) -> bool:
 
 
 def stamp() -> dict:
-    """What every record this code writes carries: the wire protocol it speaks and the bundle it runs from
-    (ROOT/payload/<digest>: the digest), so a later supervisor can tell which code wrote an old job's files."""
+    """What every record carries: the protocol and the bundle (its digest) of the code that wrote it."""
     return {"protocol": PROTOCOL, "bundle": os.path.basename(HERE)}
 
 
@@ -229,8 +221,8 @@ TORN_READ_WAITS = (0.02, 0.05, 0.1)  # s: a payload rewriting status.json in pla
 
 
 def read_status(paths: JobPaths) -> dict:
-    """The job's status.json. Ours is replaced whole (rename), but a payload may rewrite it in place: what does
-    not parse is read again after each of TORN_READ_WAITS (0.17 s in all) before it is `bad-status`."""
+    """The job's status.json; what does not parse (a payload may rewrite it in place) is read again after
+    each of TORN_READ_WAITS before it is `bad-status`."""
     for wait in TORN_READ_WAITS + (None,):
         try:
             status = read_json(paths.status)

@@ -1,15 +1,9 @@
 """One job's choreography on the host: everything between "supervisor started" and "settle".
 
-    supervise: locks → settle the ledger → may it start (supervision/startable.py) → prepare step → stage the
-               payload (payload.staged: its GPU-free setup, supervision/stage.py) → record the service → stop
-               it, or release its GPU memory through the engine's API (policy, service.free) → drain GPU
-               memory → run the payload: its variants, a plain job's one (supervision/variants.py:
-               deadline, window, cancel, signals) → settle, on every path out
-
-The record (`Job`, `Flags`, `Interrupted`) is supervision/record.py; the payload's process (launch, watch,
-exit record) supervision/payload.py; settle, restore, the ledger's adoption and the guard are
-supervision/restore/. Imports only the stdlib, the shared rules (contract.py, admission.py), host/ and
-those rooms; run.py and slurm/ import it.
+    supervise: locks → adopt the ledger's stops → may it start (startable.py) → prepare step → stage the
+               payload (stage.py) → record the service → stop it, or release its GPU memory through the
+               engine's API (service.free) → drain GPU memory → run its variants (variants.py) → settle,
+               on every path out
 """
 from __future__ import annotations
 
@@ -55,9 +49,8 @@ def wait_for_locks(job: Job, locks: Locks, flags: Flags) -> None:
 
 
 def prepare_service(job: Job, flags: Flags) -> None:
-    """Record each of the job's services' state; stop (or release) each one the policy says, decided here on
-    the host. The job's services are those its GPUs meet (supervision/spec.py select_services): the host's others
-    are not in its spec and are never touched."""
+    """Record each of the job's services' state (those its GPUs meet: spec.select_services); stop (or release)
+    each one the policy says, decided here on the host."""
     for view in services.views(job):
         prepare_one(view, flags)
 
@@ -75,8 +68,8 @@ def prepare_one(view, flags: Flags) -> None:
 
 
 def measure_gpus(job: Job) -> list:
-    """The job's cards before the service is stopped; a card smaller than the need fails the job here, with
-    the service untouched (contract.memory_verdict "too-small": no stop and no drain can help)."""
+    """The job's cards before the service is stopped; one smaller than the need fails the job here (no stop
+    could help)."""
     gpu = job.spec["gpu"]
     if not gpu["devices"]:
         return []
@@ -97,9 +90,8 @@ def should_stop(job: Job) -> bool:
 
 
 def record_stop(job: Job, **extra) -> None:
-    """The ledger entry of this service's stop: what, by which job, the job's GPUs and the service's own, and
-    the staged payload already waiting for the GPU (started before the stop: its process group is noted here,
-    from this supervisor's memory, not left to status.json, which that payload can write)."""
+    """The ledger entry of this service's stop, with the staged payload already waiting for the GPU (from
+    this supervisor's memory, not status.json, which that payload can write)."""
     staged = job.status.get("payload") or {}
     if staged.get("pid") in job.payload_pids and staged.get("exit_code") is None and staged.get("signal") is None:
         extra.setdefault("payload", ledger.ident(staged))
@@ -130,9 +122,8 @@ def stop_service(job: Job) -> None:
 
 
 def release_service(job: Job) -> None:
-    """Free the GPU through the engine's API (service.free); the unit keeps running. Asked first whether the
-    engine can (nothing touched if not), then recorded like a stop, and again at every step, so every
-    restorer knows what to resume."""
+    """Free the GPU through the engine's API (service.free); the unit keeps running. Recorded like a stop,
+    again at every step, so every restorer knows what to resume."""
     spec_service, unit = job.spec["service"], job.spec["service"]["unit"]
     offers = engine.probe(spec_service, time.monotonic() + engine.CALL_TIMEOUT_S)
     start_guard_timer(job)
@@ -176,7 +167,7 @@ def least_free(job: Job):
 
 
 def drain(job: Job, flags: Flags) -> None:
-    """Wait until every job GPU shows required_mib free; on timeout name the pids still holding memory."""
+    """Wait until every job GPU shows required_mib free; on timeout name who still holds memory."""
     gpu = job.spec["gpu"]
     if not gpu["devices"]:
         return
@@ -203,14 +194,14 @@ def drain_message(short: list, need: int, waited: float, apps: list) -> str:
 
 
 def prepare_argv(spec: dict):
-    """The prepare step's argv (the script again with its prepare args, or the prepare command), or None."""
+    """The prepare step's argv, or None."""
     prepare = spec["payload"].get("prepare")
     return None if prepare is None else payload_argv(spec, prepare)
 
 
 def run_prepare_step(job: Job, flags: Flags) -> None:
-    """Before the service is stopped: the payload's prepare step (e.g. a JIT compile needing no GPU memory),
-    bounded by limits.prepare_timeout. If it fails, the job fails with the service never stopped."""
+    """The payload's prepare step (e.g. a JIT compile), bounded by limits.prepare_timeout, before the service
+    is touched: if it fails, the job fails with the service never stopped."""
     argv = prepare_argv(job.spec)
     if argv is None:
         return
@@ -232,9 +223,8 @@ def run_prepare_step(job: Job, flags: Flags) -> None:
 
 
 def set_aside_prepare_result(paths) -> None:
-    """A result.json the prepare step wrote by a path of its own (e.g. --out result.json) is moved to
-    prepare-result.json: result.json is only ever the job's payload's, so a job whose payload never wrote
-    one has no result."""
+    """A result.json the prepare step wrote by a path of its own goes to prepare-result.json: result.json is
+    only ever the job's payload's."""
     if not os.path.lexists(paths.result):
         return
     if os.path.lexists(paths.prepare_result):
@@ -263,7 +253,7 @@ def supervise(job: Job, locks: Locks, flags: Flags) -> None:
     except Fail as exc:
         ending = ("FAILED", str(exc))
     except Exception as exc:  # a bug here must still end in a restored host and a readable status
-        import traceback  # here: it is a tenth of the start-up the host pays before `start` answers
+        import traceback  # here: not paid by every start
 
         traceback.print_exc()
         ending = ("FAILED", "supervisor error: %s: %s" % (type(exc).__name__, exc))

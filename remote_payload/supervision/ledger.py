@@ -1,16 +1,13 @@
 """The host ledger: "service S (on GPUs G) was stopped by job J and is not restored yet".
 
-One small JSON file per service in the host lock place, beside the locks (H/runner-ledger-service-<unit>.json,
-locks.py), whatever the job's host.root (the entry names it), written atomically before the stop and removed
-only by a restorer that saw the unit back (a failed restore marks it tried), so it outlives every process of
-the job: the supervisor, its guard and the guard timer can all die and the next job on that service still
-learns that the service is down because of J, not because someone wanted it down. Whoever holds the service's
-lock settles an entry that names another job: it adopts the stop ("already stopped by J, I will restore it")
-or finds the service running again and drops the entry.
+One JSON file per service beside the locks (H/runner-ledger-service-<unit>.json), whatever the job's host.root
+(the entry names it), written before the stop and removed only by a restorer that saw the unit back (a failed
+restore marks it tried), so it outlives every process of the job: the next job on that service learns the
+service is down because of J. Whoever holds the service's lock settles an entry naming another job: it adopts
+the stop, or finds the service running again and drops the entry.
 
-An entry is acted on only by a process of the login that wrote it (the file's owner, `read_entry`): another
-login's is `foreign_entry`, that login's restorers' to settle, and a unit it names that is not running is busy
-for everyone else (preflight). Imports only the stdlib and supervision/files.py, locks.py.
+An entry is acted on only by the login that wrote it (the file's owner, `read_entry`): another login's is
+`foreign_entry`, and a unit it names that is not running is busy for everyone else (preflight).
 """
 from __future__ import annotations
 
@@ -38,8 +35,8 @@ def owner(unit: str):
 
 
 def acting_for(root: str) -> set:
-    """Whose entries this process acts on, for host.root `root`: its own; and, as root, the login's whose
-    host.root it is (a sudo login's guard timer runs that login's own code as root: its entries add nothing)."""
+    """Whose entries this process acts on: its own and, as root, the login's whose host.root it is (a sudo
+    login's guard timer)."""
     try:
         return {os.geteuid()} | ({os.stat(root).st_uid} if os.geteuid() == 0 else set())
     except OSError:
@@ -47,8 +44,7 @@ def acting_for(root: str) -> set:
 
 
 def read_entry(root: str, unit: str):
-    """This login's entry for `unit`, or None (none, or another login's: acting_for). An unreadable one of ours
-    still means "stopped by someone": keep it. `root` is the reader's host.root: the entry names its job's."""
+    """This login's entry for `unit`, or None; an unreadable one of ours still means "stopped by someone"."""
     if owner(unit) not in acting_for(root):
         return None
     try:
@@ -62,8 +58,7 @@ def read_entry(root: str, unit: str):
 
 
 def foreign_entry(root: str, unit: str):
-    """Another login's entry for `unit` as it reads ({job_id, stopped_at, root} at most, and `user`: whose), or
-    None. Only named in a busy answer: never acted on here."""
+    """Another login's entry for `unit` ({job_id, stopped_at, root, unit, user}), or None: only ever named."""
     uid = owner(unit)
     if uid is None or uid in acting_for(root):
         return None
@@ -76,14 +71,12 @@ def foreign_entry(root: str, unit: str):
 
 
 def same_job(entry, root: str, job_id) -> bool:
-    """The entry names the job job_id of host.root `root` (an entry without `root` is a job of ours: before the
-    entries named their root, the ledger lived under it)."""
+    """The entry names the job job_id of host.root `root` (an entry without `root` is of `root`)."""
     return bool(entry) and entry.get("job_id") == job_id and entry.get("root", root) == root
 
 
 def write_entry(root: str, unit: str, entry: dict) -> None:
-    """An entry is the file of the login whose host.root it names: root writing one for a sudo login's job (its
-    guard timer) gives it back to that login."""
+    """An entry is the file of the login whose host.root it names (root's guard timer gives it back)."""
     write_json_atomic(ledger_path(unit), entry, 0o644)
     uid = os.stat(root).st_uid
     if os.geteuid() == 0 and uid != 0:
@@ -100,13 +93,12 @@ def record_stop(root: str, unit: str, job_id: str, service: dict, gpus: list, **
 
 
 def note_payload(root: str, unit: str, job_id: str, payload: dict) -> None:
-    """The payload process now running under job_id's stop (pid, pgid, start time): a restorer that cannot
-    trust the job's status.json still kills what is left of it."""
+    """The payload process now running under job_id's stop, for a restorer that cannot trust status.json."""
     _note(root, unit, job_id, payload=ident(payload))
 
 
 def note_slots(root: str, unit: str, job_id: str, running: list) -> None:
-    """The processes of a sweep's busy slots (variants side by side), for the same restorer."""
+    """The processes of a sweep's busy slots, for the same restorer."""
     _note(root, unit, job_id, slots=[ident(p) for p in running])
 
 
@@ -126,8 +118,7 @@ def _note(root: str, unit: str, job_id: str, **fields) -> None:
 
 
 def entries(root: str) -> list:
-    """This login's entries: every stop it made and has not restored, found by listing H, never through a job
-    dir (whose files the payload can write)."""
+    """This login's entries, found by listing H, never through a job dir (the payload's to write)."""
     names = sorted(os.listdir(lock_dir()))
     units = [n[len(PREFIX):-len(".json")] for n in names if n.startswith(PREFIX) and n.endswith(".json")]
     found = [read_entry(root, unit) for unit in units]

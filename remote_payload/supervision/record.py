@@ -1,7 +1,5 @@
-"""One job's record on the host: status.json and events.jsonl (`Job`, whose `set_state` every state change goes
-through), the flags the signal handlers set, and `Interrupted`, which carries a final state out of a step.
-
-Imports only the stdlib, contract.py host/systemd.py and files.py, budget.py.
+"""One job's record on the host: status.json and events.jsonl (`Job`), the flags the signal handlers set, and
+`Interrupted`, which carries a final state out of a step.
 """
 from __future__ import annotations
 
@@ -45,7 +43,7 @@ class Job:
         self.ctl = Systemd(spec["service"].get("scope", DEFAULTS["service.scope"]),
                            spec["service"].get("sudo", DEFAULTS["service.sudo"]))
         self.payload_pids: set[int] = set()  # each payload process launched (each leads its own group)
-        self.guard_pipe: int | None = None  # the supervisor's end of its guard's pipe (settle.start_guard), else None
+        self.guard_pipe: int | None = None  # the supervisor's end of its guard's pipe (guard.start_guard)
 
     @classmethod
     def load(cls, paths: JobPaths) -> Job:
@@ -66,10 +64,8 @@ class Job:
         self.event("state", state=state, phase=phase)
 
     def tell_guard(self) -> None:
-        """What the guard's hard deadline counts from, as this supervisor knows it (never status.json, which
-        the payload can write): its identity, the budget, the state and when it began, the run's start. One
-        JSON line, whole in each (a lost one costs nothing), short enough to be written atomically; never
-        blocks (the guard may be the one that hangs)."""
+        """What the guard's hard deadline counts from (never status.json, which the payload can write): one
+        JSON line, whole in itself, short enough to be written atomically; never blocks (the guard may hang)."""
         if self.guard_pipe is None:
             return
         status = self.status
@@ -89,9 +85,8 @@ class Job:
         self.event("restore", message=text)
 
     def persist(self, write) -> None:
-        """A write that can never stop the choreography: the host's disk filling up (the payload's log can
-        do that) must not keep the service down. On a full disk the job's reserve is given back once and the
-        write retried; a write that still fails is reported on stderr (supervisor.log) and skipped."""
+        """A write that can never stop the choreography (a full disk must not keep the service down): on ENOSPC
+        the job's reserve is given back once and the write retried; one that still fails is logged, skipped."""
         try:
             write()
             return
@@ -111,7 +106,7 @@ class Job:
 
 
 def initial_status(spec: dict, queue: bool = False) -> dict:
-    """The record of a job just claimed, with its time budget (supervision/budget.py) computed once, here."""
+    """The record of a job just claimed, with its time budget computed once, here."""
     now = time.time()
     service = service_record(spec["service"]) if spec["service"]["manager"] == "systemd" else {"manager": "none"}
     status = {"schema": SCHEMA, "job_id": spec["job_id"], "name": spec["name"], "state": "QUEUED", "phase": "starting",
@@ -133,7 +128,7 @@ def service_record(service: dict) -> dict:
 
 
 def signal_name(sig: int) -> str:
-    """SIGTERM, …; real-time signals have no Signals member (Signals(36) raises), so SIGRTMIN+n."""
+    """SIGTERM, …; a real-time signal (no Signals member) SIGRTMIN+n."""
     try:
         return signal.Signals(sig).name
     except ValueError:

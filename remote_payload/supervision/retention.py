@@ -8,7 +8,6 @@ bundle (ROOT/payloads/<hash>) is kept while a kept job's spec names it or it was
 a supervisor bundle (ROOT/payload/<hash>) while it is the one running, was used in the last day, or any job
 is not ended or owes a stop (a guard timer and ExecStopPost= run that job's bundle by path). A deletion is
 a rename into ROOT/tmp, then the removal, so a reader never sees half a job dir; at most `most` per call.
-Imports only the stdlib, contract.py, host/ (answer.py, bundle.py, processes.py), files.py and ledger.py.
 """
 from __future__ import annotations
 
@@ -35,9 +34,8 @@ DAY_S = 86400.0
 
 def plan(root: str, keep_jobs: int = KEEP_JOBS, keep_days: float = KEEP_DAYS, most: int | None = None,
          only=None) -> dict:
-    """{jobs: [ids to delete, oldest first], payloads: [...], supervisors: [...], kept: {id: why}, others:
-    [ids the rule would delete that are not in `only`, kept], complete}; nothing is touched. With `most`, the
-    scan of the job dirs stops at that many (oldest first: a crowded ROOT costs a submit only those), and
+    """{jobs: [ids to delete, oldest first], payloads, supervisors, kept: {id: why}, others: [ids not in
+    `only`, kept], complete}; nothing is touched. With `most`, the scan stops at that many deletions, and
     bundles are looked at only once every job dir was (complete)."""
     now = time.time()
     dirs = sorted(entries(os.path.join(root, "jobs")), key=lambda e: e[1])  # oldest first
@@ -70,8 +68,7 @@ def plan(root: str, keep_jobs: int = KEEP_JOBS, keep_days: float = KEEP_DAYS, mo
 
 
 def unused(root: str, folder: str, now: float) -> list:
-    """The bundles under ROOT/folder not used (their mtime: made or touched by a submit) for BUNDLE_DAYS, and the
-    stages of uploads cut that long ago and never taken up again (.part-HASH: host/unpack.py)."""
+    """The bundles under ROOT/folder unused (mtime) for BUNDLE_DAYS, and cut uploads' stages as old (.part-)."""
     return [name for name, mtime in sorted(entries(os.path.join(root, folder)))
             if now - mtime > BUNDLE_DAYS * DAY_S and (not name.startswith(".") or name.startswith(".part-"))]
 
@@ -102,8 +99,7 @@ def entries(folder: str) -> list:
 
 def keep_reason(root: str, job_id: str, rank: int, mtime: float, now: float, keep_jobs: int, keep_days: float,
                 held: set):
-    """Why the job dir stays (a few words), or None when it may go. rank: 0 for the newest job dir; held: the
-    jobs that hold a lock or that the host ledger names."""
+    """Why the job dir stays, or None. rank: 0 for the newest; held: jobs holding a lock or owing a stop."""
     if rank < keep_jobs:
         return "among the newest %d" % keep_jobs
     if now - mtime < keep_days * DAY_S:
@@ -125,8 +121,8 @@ def keep_reason(root: str, job_id: str, rank: int, mtime: float, now: float, kee
 
 
 def mounts_under(top: str) -> list:
-    """The mount points under `top` (a bind mount a root payload left in its job dir: on the same filesystem
-    it has the same st_dev, so /proc/self/mountinfo says), deepest last."""
+    """The mount points under `top` (a bind mount a root payload left), by /proc/self/mountinfo: a mount of
+    the same filesystem has the same st_dev. Deepest last."""
     try:
         with open("/proc/self/mountinfo") as fh:
             points = parse_mount_points(fh.read())
@@ -143,7 +139,7 @@ def lock_holders(root: str) -> set:
 
 
 def restore_lock_held(paths: JobPaths) -> bool:
-    """A restorer settles the job now (it holds the job's restore.lock)."""
+    """A restorer holds the job's restore.lock now."""
     try:
         fd = os.open(paths.restore_lock, os.O_RDONLY | os.O_NOFOLLOW)
     except OSError:
@@ -167,9 +163,8 @@ def bundle_of(root: str, job_id: str):
 
 def collect(root: str, keep_jobs: int = KEEP_JOBS, keep_days: float = KEEP_DAYS, most: int | None = None,
             dry_run: bool = False, only=None) -> dict:
-    """`gc`: plan's deletions made (unless dry_run), at most `most` of them, job dirs first, oldest first; the
-    answer lists what went (or would go), the jobs it left because they are not in `only` (`others`), how many
-    job dirs stay and whether the rule was applied in full."""
+    """`gc`: plan's deletions made (unless dry_run), at most `most`, job dirs first, oldest first; the answer
+    lists what went (or would), `others`, how many job dirs stay and whether the rule was applied in full."""
     found = plan(root, keep_jobs, keep_days, most, only)
     todo = [(kind, folder, name) for kind, folder in (("jobs", "jobs"), ("payloads", "payloads"),
                                                       ("supervisors", "payload")) for name in found[kind]]
@@ -183,8 +178,7 @@ def collect(root: str, keep_jobs: int = KEEP_JOBS, keep_days: float = KEEP_DAYS,
 
 
 def remove(root: str, folder: str, name: str) -> bool:
-    """ROOT/folder/name renamed into ROOT/tmp first (a reader sees the whole dir or none), then removed; False
-    when it went meanwhile."""
+    """ROOT/folder/name renamed into ROOT/tmp, then removed; False when it went meanwhile."""
     trash = os.path.join(root, "tmp", "gc-%d-%s-%s" % (os.getpid(), folder, name))
     os.makedirs(os.path.dirname(trash), exist_ok=True)
     try:
@@ -196,8 +190,7 @@ def remove(root: str, folder: str, name: str) -> bool:
 
 
 def remove_outside(path: str, mounts: set) -> None:
-    """shutil.rmtree that never enters a mount point (one made since the plan): what is mounted there is never
-    emptied, and the folders on the way to it stay."""
+    """shutil.rmtree that never enters a mount point (one made since the plan)."""
     for entry in os.scandir(path):
         try:
             if entry.is_dir(follow_symlinks=False):
@@ -214,8 +207,7 @@ def remove_outside(path: str, mounts: set) -> None:
 
 
 def at_submit(root: str, spec: dict) -> None:
-    """After a submit started its job: its bundles marked used (their mtime), then the rule, at most
-    SUBMIT_MOST deletions."""
+    """After a submit started its job: its bundles marked used (mtime), then at most SUBMIT_MOST deletions."""
     bundle = spec["payload"].get("bundle")
     used = [os.path.join(root, "payloads", bundle)] if bundle else []
     if os.path.dirname(HERE) == os.path.join(root, "payload"):  # run from its bundle (not a source tree)

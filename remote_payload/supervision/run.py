@@ -83,9 +83,8 @@ def run_job(root: str, job_id: str, ready_fd: int, queue: bool) -> dict:
 
 
 def launch_detached(paths: JobPaths, spec: dict, queue: bool) -> dict:
-    """Start the job's supervisor away from this call and return its answer: started, queued or busy;
-    `start-failed` when it did not answer in time. Where the host has systemd (and the job a systemd
-    service) it is `_run` in a transient unit; else run_job in a detached fork of this process."""
+    """Start the job's supervisor away from this call (a transient unit, else a detached fork) and return its
+    answer: started, queued or busy; `start-failed` when it did not answer in time."""
     ready_r = job_unit.launch(paths, spec, queue)
     if ready_r is None:
         ready_r, ready_w = os.pipe()
@@ -101,8 +100,7 @@ def launch_detached(paths: JobPaths, spec: dict, queue: bool) -> dict:
 
 
 def run_forked(job: list) -> int:
-    """run_job in the fork launch_detached made ([root, job id, ready fd, queue]); its answer line goes to
-    supervisor.log, as `_run`'s would."""
+    """run_job in the fork launch_detached made; its answer line goes to supervisor.log, as `_run`'s would."""
     root, job_id, ready_fd, queue = job
     try:
         answer = run_job(root, job_id, ready_fd, queue)

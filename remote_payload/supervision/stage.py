@@ -6,10 +6,9 @@
                    job ends there, the service never touched
     hand_over:     once the GPU is free, `go\\n` on its stdin (then closed); max_runtime counts from here
 
-The payload's side, stdlib-simple: when RUNNER_STAGED=1, do the setup, print {"event": "staged"} as one JSON
-line on stdout (flushed; other keys allowed), then read one line from stdin: `go` means the GPU is yours;
-EOF (the supervisor is gone) or anything else means exit at once without touching the GPU.
-Imported by job.py; the launch and the exit record are payload.py's.
+The payload's side: when RUNNER_STAGED=1, do the setup, print {"event": "staged"} as one JSON line on stdout
+(flushed), then read one line from stdin: `go` means the GPU is yours; EOF or anything else means exit at once
+without touching the GPU.
 """
 from __future__ import annotations
 
@@ -51,8 +50,8 @@ def stage_payload(job, flags) -> subprocess.Popen:
 
 
 def wait_staged(job, proc: subprocess.Popen, flags, log: LogLines):
-    """None once the staged line is in the log and the payload still waits; else (state, message). One that
-    exits, even right after its staged line, never gets the service stopped for it."""
+    """None once the staged line is in the log and the payload still waits (one that exits, even right after
+    it, never gets the service stopped); else (state, message)."""
     bound = job.spec["limits"]["stage_timeout"]
     deadline = time.monotonic() + bound
     while True:

@@ -6,8 +6,7 @@ one-line ready handshake.
       ◀── read_ready (at most READY_TIMEOUT_S; past it give_up_start marks the job abandoned) ──┘
 
 `start` giving up and the supervisor answering exclude each other under ready.lock, so they never disagree
-on whether the job exists. Imports only the stdlib, host/ (answer.py, processes.py) and the files and record rooms;
-run.py launches the supervisor (launch_detached) with these parts.
+on whether the job exists.
 """
 from __future__ import annotations
 
@@ -76,9 +75,8 @@ def daemonize_exec(argv: list, log_path: str, keep: Sequence[int] = ()) -> None:
 
 
 def daemonize_call(main, argv: list, log_path: str, keep: Sequence[int] = ()) -> None:
-    """Run main(argv) detached in a fork of this interpreter, then end the fork with its exit code: no
-    second interpreter start and import on the way to the ready answer (it was ~55 ms of a ~250 ms submit).
-    The fork never returns into the caller's frames; /proc/self/comm names it for ps -e and top."""
+    """Run main(argv) detached in a fork of this interpreter (no second interpreter start before the ready
+    answer), then end the fork with its exit code: it never returns into the caller's frames."""
     if not detach(log_path, keep):
         return
     code = 127
@@ -125,8 +123,7 @@ def tail_file(path: str, limit: int = 2000) -> str:
 
 @contextlib.contextmanager
 def ready_lock(paths: JobPaths):
-    """`start` giving up and the supervisor answering exclude each other, so the two can never disagree on
-    whether the job exists (the supervisor holds it for one pipe write at most)."""
+    """`start` giving up and the supervisor answering exclude each other (held for one pipe write at most)."""
     fd = os.open(paths.ready_lock, os.O_RDWR | os.O_CREAT, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
@@ -136,8 +133,8 @@ def ready_lock(paths: JobPaths):
 
 
 def give_up_start(paths: JobPaths, ready_r: int):
-    """Past READY_TIMEOUT_S: take the answer if it arrived meanwhile, else mark the job abandoned. The
-    supervisor then gives up before touching anything: no job runs that the user never saw."""
+    """Past READY_TIMEOUT_S: the answer if it arrived meanwhile, else the job marked abandoned (its supervisor
+    then gives up before touching anything)."""
     try:
         with ready_lock(paths):
             answer = read_ready(ready_r, 0)
@@ -186,8 +183,7 @@ def no_room(paths: JobPaths, staging: str, exc: OSError) -> Fail:
 
 
 def job_exists(paths: JobPaths, spec: dict) -> Fail:
-    """`exists`, saying whether the recorded spec is this one: a retried submit is idempotent, a different
-    spec under a used id is refused by the controller (both specs are in the normalised form check_spec makes)."""
+    """`exists`, saying whether the recorded spec is this one (a retried submit is idempotent)."""
     try:
         same = read_json(paths.spec) == spec
     except (OSError, ValueError):
@@ -197,8 +193,8 @@ def job_exists(paths: JobPaths, spec: dict) -> Fail:
 
 
 def start_failed(paths: JobPaths) -> dict:
-    """The job was abandoned before anything was stopped: a live supervisor removes its dir when it reaches
-    the handshake; a dead one cannot, so do it here. Either way the id is free again."""
+    """The job abandoned before anything was stopped: its dir removed here when its supervisor is dead (a
+    live one removes it at the handshake), so the id is free again."""
     log = tail_file(paths.supervisor_log)
     try:
         if not is_alive(Job.load(paths).status.get("supervisor")):
@@ -230,7 +226,7 @@ def answer_start(paths: JobPaths, fd: int, answer: dict) -> bool:
 
 
 def _remove_tree(path: str) -> None:
-    """shutil.rmtree, imported on the failure paths only (status and logs import this room for the detach)."""
+    """shutil.rmtree, imported on the failure paths only."""
     import shutil
 
     shutil.rmtree(path, ignore_errors=True)

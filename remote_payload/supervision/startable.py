@@ -7,11 +7,9 @@
     PYTHONPATH, a program on its PATH) ever runs as root; every JIT cache dir named in payload.env
     (contract.cache_dir_keys) is writable or creatable.
 
-A problem is `Fail("cannot-start", "FIELD: why", field=FIELD)`. The preflight report raises it (so `submit`
-and `submit --dry-run` refuse with exit 4 naming the field), and the supervisor checks again once it holds
-the locks (a queued job may start hours later), before its prepare step and the service stop. Imports only
-the stdlib, contract.py, host/ (answer.py, bundle.py, processes.py) and payload.py (as_user: the
-payload's way to run as payload.user, which the probe shares).
+A problem is `Fail("cannot-start", "FIELD: why", field=FIELD)`. The preflight report raises it (`submit`
+refuses with exit 4 naming the field), and the supervisor checks again once it holds the locks (a queued job
+may start hours later), before its prepare step and the service stop.
 """
 from __future__ import annotations
 
@@ -66,8 +64,8 @@ def cannot_start(field: str, why: str) -> Fail:
 
 
 def check_startable(spec: dict, root: str, environ=None) -> None:
-    """Raise `cannot-start` naming the first field whose payload could not start; a Slurm job's payload runs
-    on a compute node, whose files this login node cannot vouch for, so it is not checked here."""
+    """Raise `cannot-start` naming the first field whose payload could not start (not a Slurm job's: it runs
+    on a compute node)."""
     if spec.get("launcher") == "slurm":
         return
     user = payload_user(spec, root)
@@ -83,9 +81,8 @@ def check_startable(spec: dict, root: str, environ=None) -> None:
 
 
 def payload_user(spec: dict, root: str):
-    """payload.user's pwd entry (None without one): a user of this host other than root; a supervisor running
-    as root (only root switches to another user); the job dirs under ROOT reachable by that user (its result
-    file lies there), and nothing on the way to ROOT its to change."""
+    """payload.user's pwd entry (None without one): a user other than root, for a supervisor running as root,
+    who can reach the job dirs (its result file) and change nothing on the way to ROOT."""
     name = spec["payload"].get("user")
     if name is None:
         return None
@@ -127,9 +124,9 @@ def unsearchable(path: str, user) -> str:
 
 
 def changeable(root: str, user) -> str:
-    """The first path `user` could change (mode bits, or it owns it) that the supervisor's code and records
-    hang on, or '': each dir on the way to ROOT (one it may write is safe only when sticky and the next step
-    exists and is not its), ROOT itself, the dirs root keeps there and the bundle this code runs from."""
+    """The first path `user` could change that the supervisor's code and records hang on, or '': each dir on
+    the way to ROOT (a writable one is safe only when sticky and the next step exists and is not its), ROOT,
+    the dirs root keeps there and the bundle this code runs from."""
     groups = set(os.getgrouplist(user.pw_name, user.pw_gid))
 
     def writable(info) -> bool:
@@ -164,8 +161,8 @@ def check_cache_dirs(env: dict) -> None:
 
 
 def directory_problem(path: str):
-    """Why the payload could not write into `path` (creating it as needed), or None. A relative path is the
-    job dir's, which the supervisor creates; only absolute ones are looked at."""
+    """Why the payload could not write into `path` (creating it as needed), or None; a relative path is the
+    job dir's."""
     if not os.path.isabs(path):
         return None
     existing = os.path.normpath(path)
@@ -180,9 +177,13 @@ def directory_problem(path: str):
     return None
 
 
-def resolve(program: str, env: dict):
-    """The file `program` names as subprocess would find it (the payload env's PATH), or None."""
-    return shutil.which(program, path=env.get("PATH", os.defpath))
+def program_path(field: str, program: str, env: dict) -> str:
+    """The file `program` names as subprocess would find it (the payload env's PATH); `cannot-start` if none."""
+    found = shutil.which(program, path=env.get("PATH", os.defpath))
+    if found is None:
+        raise cannot_start(field, "%s is not an executable file on the host%s" % (
+            program, "" if "/" in program else " (not on the payload's PATH)"))
+    return found
 
 
 def check_commands(spec: dict, env: dict) -> None:
@@ -192,9 +193,7 @@ def check_commands(spec: dict, env: dict) -> None:
         programs.append(("payload.prepare_command", payload["prepare"][0]))
     programs += [("payload.command", v["argv"][0]) for v in (spec.get("sweep") or {}).get("variants", []) if v["argv"]]
     for field, program in programs:
-        if resolve(program, env) is None:
-            raise cannot_start(field, "%s is not an executable file on the host%s" % (
-                program, "" if "/" in program else " (not on the payload's PATH)"))
+        program_path(field, program, env)
 
 
 def check_script(payload: dict, env: dict, user=None, root: str = "") -> None:
@@ -203,11 +202,7 @@ def check_script(payload: dict, env: dict, user=None, root: str = "") -> None:
         raise cannot_start("payload.script", "%s is not in the uploaded payload" % payload["script"])
     if user is not None:
         open_bundle(os.path.join(root, "payloads", payload["bundle"]))
-    python = resolve(payload["python"], env)
-    if python is None:
-        raise cannot_start("payload.python", "%s is not an executable file on the host%s" % (
-            payload["python"], "" if "/" in payload["python"] else " (not on the payload's PATH)"))
-    answer = probe(python, script, env, user)
+    answer = probe(program_path("payload.python", payload["python"], env), script, env, user)
     if answer.get("syntax"):
         raise cannot_start("payload.script", "%s does not compile with %s (Python %s): %s" % (
             payload["script"], payload["python"], answer.get("python"), answer["syntax"]))
@@ -217,9 +212,8 @@ def check_script(payload: dict, env: dict, user=None, root: str = "") -> None:
 
 
 def open_bundle(bundle: str) -> None:
-    """payload.user reads the job's payload bundle (root's, 0700 as uploaded) to run it: its dirs become 0755 and
-    its files 0644, ROOT/payloads 0711 (searched, not listed). A bundle is code; a job's secrets are its
-    payload.env, kept in spec.json (0600)."""
+    """payload.user reads the job's payload bundle to run it: its dirs 0755, its files 0644, ROOT/payloads
+    0711. A bundle is code; a job's secrets are in spec.json (0600)."""
     os.chmod(os.path.dirname(bundle), 0o711)
     for folder, _, files in os.walk(bundle):
         os.chmod(folder, 0o755)

@@ -3,17 +3,13 @@
     start ──systemd-run──▶ runner-job-<id>.service: _run (supervisor) ──fork──▶ _guard, payload, …
       ◀── one JSON line through ready.fifo ──┘
 
-The unit holds the guarantee past our own processes: any exit of the supervisor (SIGKILL, OOM, killed by the
-watchdog or at RuntimeMaxSec=) stops the unit, systemd kills what is left of its cgroup (a payload that
-double-forked and called setsid included, KillMode=control-group) and then runs ExecStopPost=`supervisor.py
-restore` (restore/restorers.py), with no controller call. A supervisor frozen as a whole (SIGSTOP, a stuck
-host) stops pinging the watchdog (a thread, so a main thread blocked in a bounded wait still pings) and is
-killed after WATCHDOG_S. The job is outside the SSH session's scope. Where systemd-run is missing or fails (or
-ROOT/launch-fork exists), `start` falls back to the fork + guard path (containers, the GPU machine);
-status.json's `launch` says which path ran, events.jsonl why the fork path was taken. RuntimeMaxSec= and
-TimeoutStopSec= are the job's recorded budget (supervision/budget.py: runtime_max_s, timeout_stop_s).
-
-Imports only the stdlib, host/ (answer.py, bundle.py, processes.py, systemd.py) and the files and budget rooms.
+The unit holds the guarantee past our own processes: any exit of the supervisor (SIGKILL, OOM, the watchdog,
+RuntimeMaxSec=) stops the unit, systemd kills what is left of its cgroup (setsid'd payloads included) and then
+runs ExecStopPost=`supervisor.py restore`, with no controller call. A supervisor frozen as a whole stops
+pinging the watchdog (a thread: a main thread in a bounded wait still pings) and is killed after WATCHDOG_S.
+Where systemd-run is missing or fails (or ROOT/launch-fork exists), `start` falls back to the fork + guard
+path; status.json's `launch` says which ran, events.jsonl why. RuntimeMaxSec= and TimeoutStopSec= are the
+job's recorded budget (budget.py).
 """
 from __future__ import annotations
 
@@ -59,8 +55,8 @@ def run_argv(ctl: Systemd, paths: JobPaths, bounds: dict, fifo: str, queue: bool
 
 
 def launch(paths: JobPaths, spec: dict, queue: bool):
-    """Start `_run` in runner-job-<id>.service; the read end of its handshake fifo, or None when this host has
-    no systemd for it (the caller forks instead; the reason is in events.jsonl)."""
+    """Start `_run` in runner-job-<id>.service; the read end of its handshake fifo, or None (the caller forks
+    instead; events.jsonl says why)."""
     service = spec["service"]
     if service.get("manager") != "systemd" or shutil.which("systemd-run") is None:
         return None
