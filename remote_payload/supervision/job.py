@@ -20,7 +20,7 @@ from . import ledger, services, stage, variants
 from .budget import STOP_TIMEOUT_S
 from .files import try_unlink
 from .locks import Locks
-from .payload import check_interrupt, launch_payload, payload_argv, watch_payload
+from .payload import check_interrupt, launch_payload, payload_argv, watch_prepare
 from .record import Flags, Interrupted, Job
 from .restore.restorers import adopt_stops
 from .restore.settle import GPU_POLL_S, settle, start_guard_timer
@@ -28,8 +28,6 @@ from .startable import check_startable
 
 LOCK_POLL_S = 0.5
 
-
-# ── choreography ──────────────────────────────────────────────────────────────────────────────────────
 
 def wait_for_locks(job: Job, locks: Locks, flags: Flags) -> None:
     """--queue: wait for the locks, at most limits.queue_timeout; past it the job ends TIMED_OUT, nothing touched."""
@@ -210,7 +208,7 @@ def run_prepare_step(job: Job, flags: Flags) -> None:
     job.event("prepare", status="start", argv=argv)
     proc = launch_payload(job, argv, "PREPARING", "prepare step running (the service is untouched)",
                           result=job.paths.prepare_result)
-    stop = watch_payload(job, proc, flags, limit="prepare_timeout")
+    stop = watch_prepare(job, proc, flags)
     kill_group(proc.pid, job.spec["limits"]["grace"], proc)
     code = proc.wait()
     set_aside_prepare_result(job.paths)

@@ -30,7 +30,7 @@ from .files import try_unlink, write_json_atomic
 
 LOCK_DIR = "/run/lock"
 PREFIX = "runner-"
-LOCK_RETRY_S = 5.0          # a busy lock with no live holder recorded (a starter about to write it) is retried
+LOCK_RETRY_S = 5.0          # how long a busy lock with no live holder recorded is looked at again (until_named)
 MAX_HOLDER_BYTES = 64 << 10
 
 
@@ -172,14 +172,19 @@ def holder_of(key: str) -> dict:
 
 
 def probe_lock(key: str) -> dict:
-    """Whether a lock is held now, without keeping it; held with no live holder recorded is looked at again
-    for LOCK_RETRY_S, so the answer names the job. Another user's lock file counts as held but for root."""
+    """Whether a lock is held now, without keeping it (another user's lock file counts as held but for root)."""
+    holder = until_named(lambda: holder_of(key) if lock_held(key) or left_for_us(key) else None)
+    return {"key": key, "held": holder is not None, "holder": holder}
+
+
+def until_named(look):
+    """look(): a holder or None, looked at again for LOCK_RETRY_S while the holder has no live pid recorded (a
+    starter about to write its record), rather than answer "busy" naming nobody."""
     deadline = time.monotonic() + LOCK_RETRY_S
     while True:
-        held = lock_held(key) or left_for_us(key)
-        holder = holder_of(key) if held else None
-        if not held or pid_exists((holder or {}).get("pid")) or time.monotonic() >= deadline:
-            return {"key": key, "held": held, "holder": holder}
+        holder = look()
+        if holder is None or pid_exists(holder.get("pid")) or time.monotonic() >= deadline:
+            return holder
         time.sleep(0.05)
 
 
@@ -264,14 +269,8 @@ class Locks:
         self.held = False
 
     def try_acquire(self):
-        """Take every lock or none: the holder of the first busy one, or None when all are ours (retried for
-        LOCK_RETRY_S while the holder is not recorded, rather than answer "busy" naming nobody)."""
-        deadline = time.monotonic() + LOCK_RETRY_S
-        while True:
-            holder = self._try_all()
-            if holder is None or pid_exists(holder.get("pid")) or time.monotonic() >= deadline:
-                return holder
-            time.sleep(0.05)
+        """Take every lock or none: the holder of the first busy one, or None when all are ours."""
+        return until_named(self._try_all)
 
     def _try_all(self):
         for key in self.keys:

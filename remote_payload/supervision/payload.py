@@ -1,10 +1,6 @@
-"""The payload's process, for every way it runs (the job's payload, its prepare step, a staged payload, a
-sweep's variants): its argv and environment, the launch in its own process group with output to the log, the
-watch against its deadline, cancel and signals (the job's variants: supervision/variants.py watches them side by side),
-and the record of how it exited.
-
-Imports only the stdlib, host/ (answer.py, processes.py) and the record and ledger rooms; job.py, stage.py and
-variants.py import it.
+"""The payload's process, for every way it runs (its prepare step, staged, a sweep's variants): its argv and
+environment, the launch in its own process group with output to the log, cancel and signals, and the record
+of how it exited.
 """
 from __future__ import annotations
 
@@ -73,9 +69,8 @@ def payload_env(job: Job, result=None, staged: bool = False, slot=None, user=Non
 
 def launch_payload(job: Job, argv=None, state: str = "RUNNING", phase: str = "payload running",
                    result=None, staged: bool = False, slot=None) -> subprocess.Popen:
-    """The payload (or its prepare step, or a sweep's variant: argv; result: its RUNNER_RESULT; slot: its
-    (index, devices)) in its own process group, so the group can be killed as one; output appended to the
-    log. staged: stdin a pipe for the hand-over (supervision/stage.py)."""
+    """The payload (argv: its prepare step or a variant; result: its RUNNER_RESULT; slot: its (index,
+    devices)) in its own process group, killed as one; output appended to the log. staged: stdin a pipe."""
     argv = argv or payload_argv(job.spec)
     stdin = subprocess.PIPE if staged else subprocess.DEVNULL
     user = pwd.getpwnam(job.spec["payload"]["user"]) if job.spec["payload"].get("user") else None
@@ -111,9 +106,8 @@ def note_in_ledger(job: Job, note, value) -> bool:
 
 
 def as_user(user) -> dict:
-    """Popen's arguments that run the child as payload.user for good: its groups, gid, then uid, set in the
-    child before exec (as a batch system runs a job as its user while its daemon stays root). Python 3.9+
-    does it in C after the fork; 3.8 needs a preexec function. None: no change."""
+    """Popen's arguments that run the child as payload.user for good: its groups, gid, then uid, set before
+    exec (3.8 has no `user=`: a preexec function). None: no change."""
     if user is None:
         return {}
     groups = os.getgrouplist(user.pw_name, user.pw_gid)
@@ -128,11 +122,9 @@ def as_user(user) -> dict:
 
 
 def hand_result_to(user, result: str, job_dir: str) -> None:
-    """The one path payload.user may write: its result file, made here (a regular file, never what a name
-    already points to) and given to it (0600: its and root's). ROOT/jobs, the job dir and the result's dir stay
-    root's and become searchable only: it reaches its file by name, and lists, creates or replaces nothing; the
-    job's records (status.json, events.jsonl, spec.json with payload.env, output.log) are root's 0600, so no
-    other login reads them. Its output goes to the log through the fd it inherits."""
+    """The one path payload.user may write: its result file, made here (never through a link) and given to
+    it. The dirs on the way stay root's, searchable only: it reaches its file by name and lists, creates or
+    replaces nothing; the job's records stay root's 0600."""
     for directory in {os.path.dirname(job_dir), job_dir, os.path.dirname(result)}:
         os.chmod(directory, 0o711)
     fd = os.open(result, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600)
@@ -142,28 +134,23 @@ def hand_result_to(user, result: str, job_dir: str) -> None:
         os.close(fd)
 
 
-def watch_payload(job: Job, proc: subprocess.Popen, flags: Flags, limit: str = "max_runtime"):
-    """Wait for the payload; returns None when it exited, or (state, message) when it must be stopped.
-    limit: the key of spec.limits that bounds it (max_runtime, or prepare_timeout for the prepare step).
-    The job's own run (its variants) is watched by variants.wait_for_ends."""
-    seconds = job.spec["limits"][limit]
+def watch_prepare(job: Job, proc: subprocess.Popen, flags: Flags):
+    """Wait for the prepare step: None when it exited, else (state, message) why it must be stopped."""
+    seconds = job.spec["limits"]["prepare_timeout"]
     deadline = time.monotonic() + seconds
     while proc.poll() is None:
         stop = interrupt_of(job, flags)
         if stop:
             return stop
         if time.monotonic() >= deadline:
-            return "TIMED_OUT", "the %s ran past limits.%s (%gs)" % (
-                "payload" if limit == "max_runtime" else "prepare step", limit, seconds)
+            return "TIMED_OUT", "the prepare step ran past limits.prepare_timeout (%gs)" % seconds
         time.sleep(POLL_S)
     return None
 
 
 def record_exit(job: Job, returncode: int, pid=None, **fields) -> int:
-    """The exit code (128 + N for signal N), in status.json's payload when it is that process (pid: a sweep's
-    variant, whose side-by-side sibling may be the one recorded there) and as a `payload-exit` event. status.json
-    takes it with its next write (the next variant's launch, the sweep's record, the settle's RESTORING): a
-    restorer never reads it (a job it settles ends FAILED or as decided), so it costs no write of its own."""
+    """The exit code (128 + N for signal N), in status.json's payload when it is that process (pid) and as a
+    `payload-exit` event. Written with status.json's next write: no restorer reads it."""
     sig = -returncode if returncode < 0 else None
     exit_code = 128 + sig if sig else returncode
     if pid is None or job.status["payload"].get("pid") == pid:

@@ -1,13 +1,10 @@
 """A job's services: the ones its GPUs meet, each freed, recorded and restored on its own.
 
-The normalised spec (supervision/spec.py check_spec) lists them in `services` when there are several, or when
-some of the host's services were left serving (`services_kept`); a spec with one service on every GPU keeps
-only `service`, as it was. status.json keeps `service` (the first one's record, so every reader of one
-service still reads it) and, with several, `services`: one record per service, in the spec's order.
-
-The single-service steps (stop, release, restore, observe, the ledger's adoption) read `job.spec["service"]`
-and `job.status["service"]` and save `service=…`. `ServiceView` is the job as one of its services sees it, so
-those steps run unchanged once per service. Imports only the stdlib, contract.py and host/systemd.py.
+The spec lists them in `services` when there are several or some were left serving (`services_kept`), else
+only `service`. status.json keeps `service` (the first one's record, so every reader of one service still
+reads it) and, with several, `services`: one record per service, in the spec's order. The single-service
+steps read `spec["service"]` and `status["service"]` and save `service=…`; `ServiceView` is the job as one
+of its services sees it, so those steps run unchanged once per service.
 """
 from __future__ import annotations
 
@@ -27,8 +24,7 @@ def units(spec: dict) -> list:
 
 
 def views(job) -> list:
-    """One view per service record of the job's status (what was done is what a restorer settles); a job of
-    one service is its own view."""
+    """One view per service record of the job's status; a job of one service is its own view."""
     if "services" not in job.status:
         return [job] if records(job.status) else []
     return [ServiceView(job, index) for index in range(len(job.status["services"]))]

@@ -1,7 +1,5 @@
-"""PID 1 as the last line: where the host has systemd, the job's supervisor runs in a transient unit.
-
-    start ──systemd-run──▶ runner-job-<id>.service: _run (supervisor) ──fork──▶ _guard, payload, …
-      ◀── one JSON line through ready.fifo ──┘
+"""PID 1 as the last line: where the host has systemd, the job's supervisor runs in a transient unit
+(runner-job-<id>.service: `_run`, answering `start` through ready.fifo).
 
 The unit holds the guarantee past our own processes: any exit of the supervisor (SIGKILL, OOM, the watchdog,
 RuntimeMaxSec=) stops the unit, systemd kills what is left of its cgroup (setsid'd payloads included) and then
