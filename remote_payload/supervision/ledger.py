@@ -92,29 +92,17 @@ def record_stop(root: str, unit: str, job_id: str, service: dict, gpus: list, **
         **extra))
 
 
-def note_payload(root: str, unit: str, job_id: str, payload: dict) -> None:
-    """The payload process now running under job_id's stop, for a restorer that cannot trust status.json."""
-    _note(root, unit, job_id, payload=ident(payload))
-
-
-def note_slots(root: str, unit: str, job_id: str, running: list) -> None:
-    """The processes of a sweep's busy slots, for the same restorer."""
-    _note(root, unit, job_id, slots=[ident(p) for p in running])
-
-
-def note_restore_failed(root: str, unit: str, job_id: str) -> None:
-    """A restore of job_id's stop ran and the unit did not come back healthy: still owed, tried."""
-    _note(root, unit, job_id, restore_failed_at=time.time())
+def note(root: str, unit: str, job_id: str, **fields) -> None:
+    """fields into job_id's entry for unit: `payload` (the process running under the stop) and `slots` (a
+    sweep's busy slots' processes), each an ident, for a restorer that cannot trust status.json;
+    `restore_failed_at` (a restore ran, the unit did not come back healthy: still owed, tried)."""
+    entry = read_entry(root, unit)
+    if same_job(entry, root, job_id) and not entry.get("unreadable"):
+        write_entry(root, unit, dict(entry, **fields))
 
 
 def ident(payload: dict) -> dict:
     return {k: payload.get(k) for k in ("pid", "pgid", "start_time")}
-
-
-def _note(root: str, unit: str, job_id: str, **fields) -> None:
-    entry = read_entry(root, unit)
-    if same_job(entry, root, job_id) and not entry.get("unreadable"):
-        write_entry(root, unit, dict(entry, **fields))
 
 
 def entries(root: str) -> list:

@@ -85,7 +85,7 @@ def launch_payload(job: Job, argv=None, state: str = "RUNNING", phase: str = "pa
             raise Fail("start-failed", "cannot start the payload %r: %s" % (argv[0], exc)) from exc
     ident = identity(proc.pid)
     job.payload_pids.add(proc.pid)
-    noted = note_in_ledger(job, ledger.note_payload, dict(ident, pgid=proc.pid))  # first: what a restorer trusts
+    noted = note_in_ledger(job, payload=ledger.ident(dict(ident, pgid=proc.pid)))  # first: what a restorer trusts
     now = time.time()  # payload.started_at: this process's (a sweep's variant's); started_at: the job's first
     # One durable write a process: the ledger's where it names the process, else this one. Either is whole for
     # every reader (a restorer after a crash of the supervisor) at once; the fsync only outlives a host crash.
@@ -96,12 +96,12 @@ def launch_payload(job: Job, argv=None, state: str = "RUNNING", phase: str = "pa
     return proc
 
 
-def note_in_ledger(job: Job, note, value) -> bool:
-    """note(root, unit, job id, value) in the ledger entry of each service the job stopped (restore/owed.py
-    trusts it, not status.json); whether there was one."""
+def note_in_ledger(job: Job, **fields) -> bool:
+    """fields in the ledger entry of each service the job stopped (restore/owed.py trusts it, not status.json);
+    whether there was one."""
     units = [s["unit"] for s in services.records(job.status) if s.get("stopped")]
     for unit in units:
-        job.persist(lambda unit=unit: note(job.paths.root, unit, job.paths.job_id, value))
+        job.persist(lambda unit=unit: ledger.note(job.paths.root, unit, job.paths.job_id, **fields))
     return bool(units)
 
 

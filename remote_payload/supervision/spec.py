@@ -276,15 +276,7 @@ def check_spec(raw, job_id=None) -> dict:
     services, kept = select_services(check_services(raw), gpu["devices"])
     spec = {"name": name, "job_id": job_id, "service": services[0] if services else {"manager": "none"},
             "gpu": gpu, "payload": check_payload(raw.get("payload")),
-            "limits": {"max_runtime": _number(_default(limits, "limits.max_runtime"), "limits.max_runtime", 0.001),
-                       "grace": _number(_default(limits, "limits.grace"), "limits.grace"),
-                       "prepare_timeout": _number(_default(limits, "limits.prepare_timeout"),
-                                                  "limits.prepare_timeout", 0.001),
-                       "queue_timeout": _number(_default(limits, "limits.queue_timeout"), "limits.queue_timeout"),
-                       "stage_timeout": _number(_default(limits, "limits.stage_timeout"), "limits.stage_timeout",
-                                                0.001),
-                       "max_downtime": _optional_number(_default(limits, "limits.max_downtime"),
-                                                        "limits.max_downtime")}}
+            "limits": {key: _limit(limits, key, least) for key, least in LIMIT_MINIMUMS.items()}}
     if len(services) > 1 or kept:  # one service on every GPU: the spec as it was
         spec.update(services=services, services_kept=kept)
     spec.update(check_launcher(raw, spec))
@@ -293,8 +285,13 @@ def check_spec(raw, job_id=None) -> dict:
     return spec
 
 
-def _optional_number(value, field: str):
-    return None if value is None else _number(value, field, 0.001)
+LIMIT_MINIMUMS = {"max_runtime": 0.001, "grace": 0.0, "prepare_timeout": 0.001, "queue_timeout": 0.0,
+                  "stage_timeout": 0.001, "max_downtime": 0.001}
+
+
+def _limit(limits: dict, key: str, least: float):
+    value = _default(limits, "limits." + key)
+    return None if value is None and key == "max_downtime" else _number(value, "limits." + key, least)
 
 
 def check_sweep(raw, spec: dict) -> dict:

@@ -361,7 +361,7 @@ def note_slots(job: Job, slots: list, running: dict) -> None:
             entry.update(pid=run.proc.pid, pgid=run.proc.pid, start_time=run.start_time)
         table.append(entry)
     job.save(durable=False, slots=table)  # whole at once for a restorer; the launch's was the durable write
-    note_in_ledger(job, ledger.note_slots, [s for s in table if s["variant"]])
+    note_in_ledger(job, slots=[ledger.ident(s) for s in table if s["variant"]])
 
 
 def finish(job: Job, records: list, slots: list) -> None:

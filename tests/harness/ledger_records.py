@@ -28,4 +28,4 @@ def stopped_by(tmp_path, paths, spec, **payload):
     service = dict(spec["service"], was="active")
     ledger.record_stop(str(tmp_path), UNIT, paths.job_id, service, ["0"])
     if payload:
-        ledger.note_payload(str(tmp_path), UNIT, paths.job_id, payload)
+        ledger.note(str(tmp_path), UNIT, paths.job_id, payload=ledger.ident(payload))

@@ -340,8 +340,8 @@ def test_a_restorer_that_cannot_trust_status_json_still_kills_every_busy_slot(tm
 
     paths, spec, _ = job(tmp_path)
     stopped_by(tmp_path, paths, spec, pid=4243, pgid=4243, start_time=99)
-    ledger.note_slots(str(tmp_path), UNIT, paths.job_id, [{"pid": 4242, "pgid": 4242, "start_time": 98},
-                                                         {"pid": 4243, "pgid": 4243, "start_time": 99}])
+    ledger.note(str(tmp_path), UNIT, paths.job_id, slots=[{"pid": 4242, "pgid": 4242, "start_time": 98},
+                                                          {"pid": 4243, "pgid": 4243, "start_time": 99}])
     (tmp_path / "jobs" / "j1" / "status.json").write_text("\0 garbage")
     rebuilt = owed.load_for_restore(paths)
     assert [s["pgid"] for s in rebuilt.status["slots"]] == [4242, 4243]

@@ -102,7 +102,7 @@ def test_a_ledger_entry_is_acted_on_by_its_own_login_and_by_root_for_that_logins
     ledger.record_stop(str(theirs), "a.service", "j1", {"was": "active"}, [])
     assert os.lstat(ledger.ledger_path("a.service")).st_uid == NOBODY  # given back to the login
     assert ledger.read_entry(str(theirs), "a.service")["job_id"] == "j1"
-    ledger.note_restore_failed(str(theirs), "a.service", "j1")
+    ledger.note(str(theirs), "a.service", "j1", restore_failed_at=1.0)
     assert os.lstat(ledger.ledger_path("a.service")).st_uid == NOBODY
     mine = tmp_path / "root"
     mine.mkdir()

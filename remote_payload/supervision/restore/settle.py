@@ -187,7 +187,7 @@ def close_entry(job: Job, restored: bool) -> None:
     stop owed, noted as tried, for the next restorer or job on the service. A stop not owed is dropped."""
     unit = job.status["service"]["unit"]
     if restored and not (job.status["service"].get("healthy") and job.status["service"].get("now") == "active"):
-        ledger.note_restore_failed(job.paths.root, unit, job.paths.job_id)
+        ledger.note(job.paths.root, unit, job.paths.job_id, restore_failed_at=time.time())
         return
     ledger.clear(job.paths.root, unit, job.paths.job_id)
 
