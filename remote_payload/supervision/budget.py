@@ -1,10 +1,7 @@
 """One job's time budget: every bound the host puts on a job, computed once from its spec when the job dir is
 claimed and recorded in status.json's `budget` ({name: seconds, minutes or epoch}). The guard, the guard timer,
-the unit and the Slurm batch read the recorded numbers, so a restorer or a guard starting later uses the ones
-the job started with.
-
-    claim ──budget(spec, claimed_at, queue)──▶ status.json budget ──▶ guard (hung_*_s), guard timer
-          (guard_timer_s, adopted_timer_s), unit (runtime_max_s, timeout_stop_s), sbatch (slurm_time_min)
+the unit and the Slurm batch read the recorded numbers (each Bound names its reader), so a restorer or a
+guard starting later uses the ones the job started with.
 
 BOUNDS is the table docs/protocol.md shows ("Time budget"): a bound's formula is the very expression
 evaluated here, over the spec's terms (`terms`) and the constants below, so the two cannot say different

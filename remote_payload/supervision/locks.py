@@ -190,9 +190,14 @@ def until_named(look):
 
 def lock_held(key: str) -> bool:
     """Whether a process holds key's lock now (one look)."""
+    return file_locked(lock_path(key))
+
+
+def file_locked(path: str) -> bool:
+    """Whether a process holds a flock on the file `path` names (never through a link) now."""
     try:
-        return bool(flock_holders(os.lstat(lock_path(key))))
-    except FileNotFoundError:
+        return bool(flock_holders(os.lstat(path)))
+    except OSError:
         return False
 
 

@@ -11,7 +11,6 @@ a rename into ROOT/tmp, then the removal, so a reader never sees half a job dir;
 """
 from __future__ import annotations
 
-import fcntl
 import os
 import stat
 import time
@@ -23,7 +22,7 @@ from ..host.parsers import parse_mount_points
 from ..host.processes import is_alive
 from . import ledger
 from .files import JobPaths, read_json, read_status
-from .locks import held_keys, lock_held, read_holder
+from .locks import file_locked, held_keys, lock_held, read_holder
 
 KEEP_JOBS = 200          # the newest job dirs kept whatever their age
 KEEP_DAYS = 14.0         # a job dir younger than this is kept
@@ -113,7 +112,7 @@ def keep_reason(root: str, job_id: str, rank: int, mtime: float, now: float, kee
         return "not ended"
     if is_alive(status.get("supervisor")) or is_alive(status.get("guard")):
         return "its supervisor or guard lives"
-    if job_id in held or restore_lock_held(paths):
+    if job_id in held or file_locked(paths.restore_lock):  # a restorer settles it now
         return "it holds a lock or owes a stop"
     if mounts_under(paths.dir):
         return "a mount point inside it (%s): gc stays on host.root's filesystem" % mounts_under(paths.dir)[0]
@@ -136,21 +135,6 @@ def lock_holders(root: str) -> set:
     """The jobs of this host.root named by the holder record of a lock held now in the host lock place."""
     records = [read_holder(key) or {} for key in held_keys() if lock_held(key)]
     return {r.get("job_id") for r in records if r.get("root") == root}
-
-
-def restore_lock_held(paths: JobPaths) -> bool:
-    """A restorer holds the job's restore.lock now."""
-    try:
-        fd = os.open(paths.restore_lock, os.O_RDONLY | os.O_NOFOLLOW)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        return False
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)
 
 
 def bundle_of(root: str, job_id: str):

@@ -1,10 +1,9 @@
 """A staged payload (payload.staged): started before the service is touched, it does its GPU-free setup
 (imports, backend load) while the service still serves, then gets the GPU from the supervisor.
 
-    stage_payload: start it (RUNNER_STAGED=1, stdin a pipe) → wait for its line {"event": "staged"} on stdout
-                   (limits.stage_timeout, cancel, signals) → the waiting process; on any other way out the
-                   job ends there, the service never touched
-    hand_over:     once the GPU is free, `go\\n` on its stdin (then closed); max_runtime counts from here
+    stage_payload: start it (RUNNER_STAGED=1) → wait for its staged line (limits.stage_timeout, cancel,
+                   signals); on any other way out the job ends there, the service never touched
+    hand_over:     once the GPU is free, `go\\n` on its stdin; max_runtime counts from here
 
 The payload's side: when RUNNER_STAGED=1, do the setup, print {"event": "staged"} as one JSON line on stdout
 (flushed), then read one line from stdin: `go` means the GPU is yours; EOF or anything else means exit at once

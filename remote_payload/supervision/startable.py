@@ -1,11 +1,7 @@
-"""May this job's payload start? The one host rule, checked before anything is touched.
-
-    check_startable(spec, root): payload.user, when set, is a user of this host the supervisor (root) can run
-    it as; the payload's program is there and runs; a script is in the bundle, compiles with payload.python
-    and its top-level imports resolve there (found, never imported: no module code runs), asked as the user
-    the payload runs as: nothing payload.user can change (a venv's .pth, a sitecustomize.py on payload.env's
-    PYTHONPATH, a program on its PATH) ever runs as root; every JIT cache dir named in payload.env
-    (contract.cache_dir_keys) is writable or creatable.
+"""May this job's payload start? The one host rule, checked before anything is touched: payload.user can be
+run as, the program runs, a script compiles and its top-level imports resolve (found, never imported), asked
+as the user the payload runs as (nothing payload.user can change ever runs as root), and every JIT cache dir
+in payload.env is writable.
 
 A problem is `Fail("cannot-start", "FIELD: why", field=FIELD)`. The preflight report raises it (`submit`
 refuses with exit 4 naming the field), and the supervisor checks again once it holds the locks (a queued job
