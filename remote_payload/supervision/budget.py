@@ -98,8 +98,7 @@ def budget(spec: dict, claimed_at: float, queue: bool = False) -> dict:
 
 
 def recorded(spec: dict, status: dict) -> dict:
-    """The budget status.json holds; recomputed from the spec when the record lacks it or holds something else
-    (a payload may overwrite it), so no reader ever fails on it."""
+    """The budget status.json holds, recomputed from the spec when it is missing or malformed."""
     kept = status.get("budget")
     wanted = budget(spec, status.get("created_at") or 0.0)
     if isinstance(kept, dict) and all(isinstance(kept.get(name), (int, float)) and not isinstance(kept[name], bool)

@@ -126,8 +126,7 @@ def open_result(path: str, job_dir: str) -> tuple:
 
 
 def read_result(path: str, job_dir: str, limit: int = MAX_RESULT_BYTES):
-    """The JSON value of a result file (open_result), at most `limit` bytes (parse_bounded); UnsafeResult or
-    ValueError (not JSON) otherwise."""
+    """A result file's JSON value (open_result, parse_bounded), at most `limit` bytes."""
     fd, _ = open_result(path, job_dir)
     with os.fdopen(fd, "rb") as fh:
         data = fh.read(limit + 1)
@@ -221,8 +220,7 @@ TORN_READ_WAITS = (0.02, 0.05, 0.1)  # s: a payload rewriting status.json in pla
 
 
 def read_status(paths: JobPaths) -> dict:
-    """The job's status.json; what does not parse (a payload may rewrite it in place) is read again after
-    each of TORN_READ_WAITS before it is `bad-status`."""
+    """status.json; one that does not parse (a payload may rewrite it in place) is read again, then `bad-status`."""
     for wait in TORN_READ_WAITS + (None,):
         try:
             status = read_json(paths.status)

@@ -66,8 +66,7 @@ def prepare_one(view, flags: Flags) -> None:
 
 
 def measure_gpus(job: Job) -> list:
-    """The job's cards before the service is stopped; one smaller than the need fails the job here (no stop
-    could help)."""
+    """The job's cards before the stop; one smaller than the need fails the job here (no stop helps)."""
     gpu = job.spec["gpu"]
     if not gpu["devices"]:
         return []
@@ -221,8 +220,7 @@ def run_prepare_step(job: Job, flags: Flags) -> None:
 
 
 def set_aside_prepare_result(paths) -> None:
-    """A result.json the prepare step wrote by a path of its own goes to prepare-result.json: result.json is
-    only ever the job's payload's."""
+    """A result.json the prepare step wrote goes to prepare-result.json: result.json is the payload's."""
     if not os.path.lexists(paths.result):
         return
     if os.path.lexists(paths.prepare_result):

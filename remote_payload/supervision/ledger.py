@@ -35,8 +35,7 @@ def owner(unit: str):
 
 
 def acting_for(root: str) -> set:
-    """Whose entries this process acts on: its own and, as root, the login's whose host.root it is (a sudo
-    login's guard timer)."""
+    """Whose entries this process acts on: its own and, as root, the login's whose host.root it is."""
     try:
         return {os.geteuid()} | ({os.stat(root).st_uid} if os.geteuid() == 0 else set())
     except OSError:

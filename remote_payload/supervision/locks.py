@@ -82,8 +82,7 @@ def lock_keys(spec: dict) -> list:
 
 
 def restore_keys(spec: dict) -> list:
-    """A restorer's keys: without devices, its services' alone (a job on another card must not hold their
-    restore back)."""
+    """A restorer's keys: without devices, its services' alone (not the restore of other cards' jobs)."""
     return lock_keys(spec) if spec["gpu"]["devices"] else ["service-" + s["unit"] for s in services_of(spec)]
 
 
@@ -248,8 +247,7 @@ def names(path: str, info) -> bool:
 
 
 def replace_foreign(path: str) -> bool:
-    """Root removes another user's lock file (or a link, or not a file) that nobody holds; True when the name
-    is free again."""
+    """Root removes another user's lock file nobody holds (or a link); True when the name is free again."""
     if os.geteuid() != 0:
         return False
     try:
@@ -310,8 +308,7 @@ class Locks:
 
     @classmethod
     def inherited(cls, root: str, job_id: str) -> Locks:
-        """The locks this process holds through inherited fds (the guard: its supervisor's), to let go as any
-        holder does."""
+        """The locks this process holds through inherited fds (the guard: its supervisor's)."""
         locks = cls(root, [], job_id)
         mine = {}
         for fd in map(int, os.listdir("/proc/self/fd")):

@@ -97,8 +97,7 @@ def launch_payload(job: Job, argv=None, state: str = "RUNNING", phase: str = "pa
 
 
 def note_in_ledger(job: Job, **fields) -> bool:
-    """fields in the ledger entry of each service the job stopped (restore/owed.py trusts it, not status.json);
-    whether there was one."""
+    """fields in the ledger entry of each service the job stopped; whether there was one."""
     units = [s["unit"] for s in services.records(job.status) if s.get("stopped")]
     for unit in units:
         job.persist(lambda unit=unit: ledger.note(job.paths.root, unit, job.paths.job_id, **fields))

@@ -83,8 +83,7 @@ def run_job(root: str, job_id: str, ready_fd: int, queue: bool) -> dict:
 
 
 def launch_detached(paths: JobPaths, spec: dict, queue: bool) -> dict:
-    """Start the job's supervisor away from this call (a transient unit, else a detached fork) and return its
-    answer: started, queued or busy; `start-failed` when it did not answer in time."""
+    """Start the job's supervisor away from this call; its answer (started, queued, busy or start-failed)."""
     ready_r = job_unit.launch(paths, spec, queue)
     if ready_r is None:
         ready_r, ready_w = os.pipe()

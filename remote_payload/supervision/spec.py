@@ -133,8 +133,7 @@ def check_services(raw: dict) -> list:
 
 
 def select_services(services: list, devices: list) -> tuple:
-    """(the services the job frees, the units it leaves serving): those whose GPUs meet the job's, by index
-    (contract.gpus_meet), as the spec says; nothing here asks the services."""
+    """(the services the job frees, the units left serving): by their GPUs as the spec says (gpus_meet)."""
     if not devices or all(not s.get("gpus") for s in services):
         return services, []
     job = _indices(devices)
@@ -327,8 +326,7 @@ def check_sweep(raw, spec: dict) -> dict:
 
 
 def variant_rounds(spec: dict) -> int:
-    """How many variants run one after another at most (1 for a plain job; ceil(n / slots)): the factor of
-    every time bound that counts the payload's runs."""
+    """How many variants run one after another at most (ceil(n / slots)): the factor of the time bounds."""
     from ..sweep import rounds
 
     sweep = spec.get("sweep") or {}

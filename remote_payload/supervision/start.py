@@ -75,8 +75,7 @@ def daemonize_exec(argv: list, log_path: str, keep: Sequence[int] = ()) -> None:
 
 
 def daemonize_call(main, argv: list, log_path: str, keep: Sequence[int] = ()) -> None:
-    """Run main(argv) detached in a fork of this interpreter (no second interpreter start before the ready
-    answer), then end the fork with its exit code: it never returns into the caller's frames."""
+    """Run main(argv) detached in a fork of this interpreter (no second start), ending with its exit code."""
     if not detach(log_path, keep):
         return
     code = 127
@@ -133,8 +132,7 @@ def ready_lock(paths: JobPaths):
 
 
 def give_up_start(paths: JobPaths, ready_r: int):
-    """Past READY_TIMEOUT_S: the answer if it arrived meanwhile, else the job marked abandoned (its supervisor
-    then gives up before touching anything)."""
+    """Past READY_TIMEOUT_S: the answer if it came meanwhile, else the job marked abandoned."""
     try:
         with ready_lock(paths):
             answer = read_ready(ready_r, 0)
@@ -193,8 +191,7 @@ def job_exists(paths: JobPaths, spec: dict) -> Fail:
 
 
 def start_failed(paths: JobPaths) -> dict:
-    """The job abandoned before anything was stopped: its dir removed here when its supervisor is dead (a
-    live one removes it at the handshake), so the id is free again."""
+    """The job abandoned before anything was stopped: its dir removed if its supervisor is dead."""
     log = tail_file(paths.supervisor_log)
     try:
         if not is_alive(Job.load(paths).status.get("supervisor")):

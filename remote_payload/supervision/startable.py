@@ -60,8 +60,7 @@ def cannot_start(field: str, why: str) -> Fail:
 
 
 def check_startable(spec: dict, root: str, environ=None) -> None:
-    """Raise `cannot-start` naming the first field whose payload could not start (not a Slurm job's: it runs
-    on a compute node)."""
+    """Raise `cannot-start` naming the first field that keeps the payload from starting (Slurm's: not here)."""
     if spec.get("launcher") == "slurm":
         return
     user = payload_user(spec, root)
@@ -157,8 +156,7 @@ def check_cache_dirs(env: dict) -> None:
 
 
 def directory_problem(path: str):
-    """Why the payload could not write into `path` (creating it as needed), or None; a relative path is the
-    job dir's."""
+    """Why the payload could not write into `path`, creating it (a relative path is the job dir's)."""
     if not os.path.isabs(path):
         return None
     existing = os.path.normpath(path)

@@ -53,8 +53,7 @@ def run_argv(ctl: Systemd, paths: JobPaths, bounds: dict, fifo: str, queue: bool
 
 
 def launch(paths: JobPaths, spec: dict, queue: bool):
-    """Start `_run` in runner-job-<id>.service; the read end of its handshake fifo, or None (the caller forks
-    instead; events.jsonl says why)."""
+    """Start `_run` in runner-job-<id>.service: its handshake fifo's read end, or None (fork instead)."""
     service = spec["service"]
     if service.get("manager") != "systemd" or shutil.which("systemd-run") is None:
         return None

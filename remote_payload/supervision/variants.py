@@ -121,8 +121,7 @@ def wait_for_an_exit(running: dict, seconds: float) -> None:
 
 def start_variant(job: Job, index: int, of: int, variant: dict, slot: int, devices: list, window: tuple,
                   staged=None) -> Run:
-    """The variant launched on its slot's devices (staged: handed the GPU here), bounded by max_runtime and
-    the window's end."""
+    """The variant launched on its slot (staged: handed the GPU), bounded by max_runtime and the window."""
     limits = job.spec["limits"]
     result = result_path(job, index)
     seconds, bound = limits["max_runtime"], "limits.max_runtime (%gs)" % limits["max_runtime"]
@@ -304,8 +303,7 @@ def fit_combined(job_dir: str, records: list) -> list:
 
 
 def run_variants(job: Job, flags: Flags, staged=None) -> None:
-    """Every variant of the job, each slot taking the next as its own ends, then finish. staged: the staged
-    payload's process, the first variant."""
+    """Every variant, each slot taking the next as its own ends, then finish (staged: the first's process)."""
     variants = job_variants(job.spec)
     n = len(variants)
     slots = (job.spec.get("sweep") or {}).get("slots") or [job.spec["gpu"]["devices"]]
@@ -365,8 +363,7 @@ def note_slots(job: Job, slots: list, running: dict) -> None:
 
 
 def finish(job: Job, records: list, slots: list) -> None:
-    """The job's end: its decided `ending`, else a plain job's exit code (settle's final_state reads it) or a
-    sweep's combined record (FAILED unless every variant exited 0)."""
+    """The job's end: its decided `ending`, else a plain job's exit code or a sweep's combined record."""
     ending = job.status.get("ending")
     if plain(job):
         if ending:

@@ -57,8 +57,7 @@ def start_and_wait(job: Job, unit: str, deadline: float, how: str = "start", beg
 
 
 def resume_released(job: Job, deadline: float) -> tuple:
-    """Resume a released engine through its API within half of what is left, else restart the unit; returns
-    (healthy, active_state)."""
+    """Resume a released engine through its API within half the time left, else restart the unit."""
     service = job.status["service"]
     unit, record = service["unit"], service["released"]
     job.note_restore("resuming %s: %s" % (unit, engine.describe(record)))
@@ -77,8 +76,7 @@ def resume_released(job: Job, deadline: float) -> tuple:
 
 
 def clear_failed_stop(job: Job, unit: str) -> None:
-    """`reset-failed` before the start when our stop left the unit failed, so that failure is not the
-    service's."""
+    """`reset-failed` before the start when our stop left the unit failed: not the service's failure."""
     stop_result = job.status["service"].get("stop_result")
     if not stop_result:
         return

@@ -81,8 +81,7 @@ def watch_supervisor(life_fd: int) -> str:
 
 
 def hard_deadline(spec: dict, status: dict):
-    """When a live supervisor counts as hung: the start of its step plus the budget's hung_*_s for it; None
-    where no service waits on it."""
+    """When a live supervisor counts as hung: its step's start plus the budget's hung_*_s; None if nothing waits."""
     if status.get("state") in TERMINAL:
         return None
     bounds = recorded(spec, status)

@@ -44,8 +44,7 @@ def contradiction(status: dict, entries: list):
 
 
 def holds_locks(root: str, job_id: str, entries: list) -> bool:
-    """The job's supervisor or guard is alive: one of them holds a service lock (the kernel releases it when
-    both are gone) whose holder record names the job (or cannot be read)."""
+    """The job's supervisor or guard holds one of its service locks (its holder record names it or is unreadable)."""
     for entry in entries:
         key = "service-" + entry["unit"]
         holder = read_holder(key) or {}

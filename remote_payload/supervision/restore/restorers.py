@@ -93,8 +93,7 @@ def settle_adopted_from(job: Job, entry: dict) -> None:
 
 
 def settle_as_handed_over(dead: Job, job: Job) -> None:
-    """Kill what is left of the dead job's payload and record that `job` restores the service, unless the dead
-    job owes other stops too (left to whoever settles them)."""
+    """Kill the dead job's leftovers and record that `job` restores, unless it owes other stops too."""
     unit = job.status["service"]["unit"]
     if dead.status.get("restored"):
         return
@@ -202,8 +201,7 @@ def cmd_restore_service(args) -> dict:
 
 
 def resume_released_by_job(root: str, unit: str):
-    """A unit whose engine a job released (the ledger says which): that job's `restore` resumes it, under its
-    locks. None otherwise."""
+    """A unit whose engine a job released: that job's `restore` resumes it (None otherwise)."""
     entry = ledger.read_entry(root, unit)
     if not entry or not entry.get("released") or not entry.get("job_id"):
         return None

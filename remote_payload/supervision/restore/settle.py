@@ -40,8 +40,7 @@ def timer_unit(job_id: str) -> str:
 
 
 def start_guard_timer(job: Job, bound: str = "guard_timer_s") -> None:
-    """Last line of defence when even the guard dies: systemd runs `restore` once, after the budget's `bound`,
-    bounded by timeout_stop_s."""
+    """Last line of defence when even the guard dies: systemd runs `restore` once, after `bound`."""
     if job.status.get("timer"):  # one per job, however many of its services it stops
         return
     bounds, name = recorded(job.spec, job.status), timer_unit(job.paths.job_id)
@@ -69,8 +68,7 @@ def stop_guard_timer(job: Job) -> None:
 # ── settle ────────────────────────────────────────────────────────────────────────────────────────────
 
 def wait_gpu_release(job: Job) -> None:
-    """Bounded wait until no process of the payload (or of its process groups) holds GPU memory: the
-    service needs it back."""
+    """Bounded wait until no process of the payload's groups holds GPU memory: the service needs it."""
     payload = job.status.get("payload")
     if not job.spec["gpu"]["devices"] or not payload:
         return
@@ -215,8 +213,7 @@ def final_state(job: Job, ending) -> tuple:
 
 
 def settle_as_restorer(job: Job, message: str) -> None:
-    """Settle a job whose supervisor is gone: keep a decided or terminal state, else FAILED; `message` says
-    who settled it."""
+    """Settle a job whose supervisor is gone: a decided or terminal state kept, else FAILED."""
     if job.terminal and job.status.get("restored"):
         return
     ending = job.status.get("ending")
