@@ -191,7 +191,6 @@ def drain_message(short: list, need: int, waited: float, apps: list) -> str:
 
 
 def prepare_argv(spec: dict):
-    """The prepare step's argv, or None."""
     prepare = spec["payload"].get("prepare")
     return None if prepare is None else payload_argv(spec, prepare)
 

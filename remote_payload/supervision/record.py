@@ -122,7 +122,6 @@ def initial_status(spec: dict, queue: bool = False) -> dict:
 
 
 def service_record(service: dict) -> dict:
-    """A service's part of status.json before anything is done to it."""
     return dict(service, was=None, now=None, stopped=False, stopped_at=None, restored_at=None, downtime_s=None,
                 healthy=None)
 

@@ -21,27 +21,24 @@ from .files import JobPaths
 DEFAULTS = contract.DEFAULTS
 
 
-def check_job_id(job_id) -> str:
-    problem = contract.job_id_problem(job_id)
+def _valid(value, problem, code: str, what: str):
     if problem:
-        raise Fail("bad-args", "invalid job id: " + problem)
-    return job_id
+        raise Fail(code, "invalid %s: %s" % (what, problem))
+    return value
+
+
+def check_job_id(job_id) -> str:
+    return _valid(job_id, contract.job_id_problem(job_id), "bad-args", "job id")
 
 
 def check_unit(unit) -> str:
     """A systemd unit name by contract.unit_problem; `.service` added as systemctl would."""
-    problem = contract.unit_problem(unit)
-    if problem:
-        raise Fail("bad-spec", "invalid systemd unit name: " + problem)
-    return contract.normalize_unit(unit)
+    return contract.normalize_unit(_valid(unit, contract.unit_problem(unit), "bad-spec", "systemd unit name"))
 
 
 def check_root(root) -> str:
     """--root as the controller sent it, before it is expanded (BOOT passes it expanded, so absolute)."""
-    problem = contract.root_problem(root)
-    if problem:
-        raise Fail("bad-args", "invalid --root: " + problem)
-    return root
+    return _valid(root, contract.root_problem(root), "bad-args", "--root")
 
 
 def check_root_safe(root: str, here: str) -> None:
