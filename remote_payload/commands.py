@@ -1,30 +1,9 @@
 """The host side's entry: argv -> one verb's function -> the one JSON answer line (docs/protocol.md is binding).
 
-supervisor.py, the entry script, calls `main` (BOOT imports it from ROOT/payload/<digest>/; the guard, the
-guard timer, ExecStopPost= and a Slurm batch step run it by path). Each verb lives in its room and is imported
-only when called (COMMANDS), so a call loads its own verb's modules and no other's. The rooms, each importing
-only the layers below it and never handed a function of a layer above (tests/lint/import_layers.py):
-
-    contract.py, admission.py, progress.py, sweep.py, slurm/batch.py, slurm/states.py
-                   the shared rules: pure, stdlib only; the controller imports them too
-    host/          host primitives (Fail, bounded commands, systemd, nvidia-smi, /proc), the answer line, the
-                   engine's API
-    supervision/   one job on one host: spec, files, record, ledger, startable, payload, stage, variants, budget,
-                   the unit, start, job (the choreography); run (`_run` and its launch); restore/: what a job
-                   owes, settle, bringing a service back, the guard (`_guard`) and the restorers (`restore`,
-                   `restore-service`)
-    slurm/         launch, array, calls, allocation: `launcher: slurm` (imported on first use)
-    verbs/         preflight, start, submit, status (after reap: LOST reaping), logs, cancel, result, gc, launcher
-                   (the Slurm launcher on first use; `slurm-run`)
-    commands.py    this file: argv and the answer; nothing imports it but supervisor.py
-
-Public subcommands: preflight, start, submit (preflight, verdict and start in one call), status, logs, cancel, restore,
-restore-service, result, gc (the retention rule by hand).
-Internal ones: _run (the detached supervisor of one job) and _guard (watches the supervisor; settles the job
-if the supervisor dies without doing it). `slurm-run` is what a Slurm batch script execs in its allocation.
-
-Process ids are trusted only together with their start time (/proc/PID/stat field 22), so a reused pid is
-never taken for the job. Runs on Python >= 3.8 and never imports the controller.
+supervisor.py calls `main`; nothing else imports this module. Each verb is imported only when called
+(COMMANDS), so a call loads its own verb's modules and no other's; the rooms and what each may import are in
+docs/design.md and tests/lint/import_layers.py. Verbs starting with `_` are the supervisor's own (its detached
+run, its guard); `slurm-run` is what a Slurm batch script execs in its allocation.
 """
 from __future__ import annotations
 
@@ -36,7 +15,6 @@ from .host.answer import Fail, error_answer, write_answer
 from .host.bundle import HERE
 from .supervision.spec import check_root, check_root_safe
 
-# Each verb's function, by room: a call imports only its own verb's room (and what that room imports).
 COMMANDS = {
     "preflight": ("verbs.preflight", "cmd_preflight"), "start": ("verbs.start", "cmd_start"),
     "submit": ("verbs.submit", "cmd_submit"), "status": ("verbs.status", "cmd_status"),
@@ -49,18 +27,15 @@ COMMANDS = {
 }
 
 
-class Namespace(types.SimpleNamespace):
-    """The parsed flags as attributes (argparse's Namespace); any flag's name may be read and set."""
+Namespace = types.SimpleNamespace  # the parsed flags as attributes, as argparse's
 
 
 class ArgParser:
     """The verbs' flags parsed as argparse parses the forms the controller sends (`--flag VALUE`, `--flag=VALUE`,
     a flag alone; the last of a repeated flag wins, `append` collects), with argparse's messages, each a
-    `bad-args`. Not argparse itself: it and what it loads (shutil, locale, gettext) were a quarter of the
-    imports of a `status` or `logs` call, paid at every poll."""
+    `bad-args`. Not argparse: what it loads (shutil, locale, gettext) would slow every `status` or `logs` poll."""
 
-    def __init__(self, prog: str, add_help: bool = False) -> None:
-        self.prog = prog
+    def __init__(self) -> None:
         self.options: dict = {}  # flag: (action, type, default, required, choices)
 
     def add_argument(self, flag: str, action=None, type=str, default=None, required=False, choices=None) -> None:
@@ -101,7 +76,7 @@ class ArgParser:
 
 
 def build_parser(sub: str) -> ArgParser:
-    parser = ArgParser(prog="supervisor.py " + sub, add_help=False)
+    parser = ArgParser()
     parser.add_argument("--root", required=True)
     if sub == "status":
         parser.add_argument("--job-id", action="append", default=[])
@@ -149,7 +124,7 @@ def dispatch(argv: list) -> dict:
 def verb(name: str):
     """The verb's function, its room imported now."""
     room, function = COMMANDS[name]
-    # __import__, not importlib.import_module: importlib (and warnings) are imports of their own on every call
+    # __import__, not importlib.import_module: importlib (and warnings) would be loaded on every call
     return getattr(__import__("%s.%s" % (__package__, room), fromlist=[function]), function)
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 
-TYPE_CHECKING = False  # typing is not imported at run time: it was ~2 ms of every host call (`status`, `logs`)
+TYPE_CHECKING = False  # typing is not imported at run time: every host call (`status`, `logs`) would pay for it
 if TYPE_CHECKING:
     from typing import Any, Literal
 

@@ -1,14 +1,10 @@
 #!/usr/bin/env python3
-"""The host side's entry script: BOOT imports it from ROOT/payload/<digest>/ and calls `main`; the detached
-processes (`_run`, `_guard`, `restore` from the guard timer and ExecStopPost=, `slurm-run` in a Slurm batch
-step) run it by its path.
+"""The host side's entry script: BOOT imports it and calls `main`; the detached processes run it by its path.
 
-The host side is the package remote_payload (this directory; its tree is in docs/design.md). Uploaded, it
-lives in ROOT/payload/<digest>/, a directory not named after it, so this script binds its own directory as
-the package `remote_payload` and calls the package's main (remote_payload/commands.py). First it takes its
-own directory off sys.path: no module of the package may be importable a second time as a top-level module
-(`contract` beside `remote_payload.contract` would be two copies: two Fail classes, two sets of constants).
-Stdlib only, Python >= 3.8, never imports the controller.
+Uploaded, the package lives in ROOT/payload/<digest>/, a directory not named after it, so this script binds
+its own directory as the package `remote_payload` and calls commands.main. First it takes its own directory
+off sys.path: no module may be importable a second time as a top-level module (`contract` beside
+`remote_payload.contract` would be two copies: two Fail classes, two sets of constants).
 """
 import os
 import sys
@@ -21,8 +17,8 @@ def bind_package() -> None:
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != HERE]
     if "remote_payload" in sys.modules:
         return
-    # What importlib.util.spec_from_file_location + module_from_spec would make, without importing it (a few
-    # ms of every host call): a package whose path is this directory. Its __init__ imports nothing.
+    # What importlib.util.spec_from_file_location + module_from_spec would make, without loading importlib on
+    # every host call: a package whose path is this directory. Its __init__ imports nothing.
     init = os.path.join(HERE, "__init__.py")
     package = type(sys)("remote_payload")
     package.__file__, package.__path__, package.__package__ = init, [HERE], "remote_payload"

@@ -161,13 +161,6 @@ def parse_body(raw: bytes, what: str):
         raise EngineError("%s answered what is not JSON (%s): %r" % (what, type(exc).__name__, text[:80])) from exc
 
 
-def expect_ok(method: str, url: str, deadline: float, body=None, headers=None):
-    status, answer = call(method, url, deadline, body, headers)
-    if not 200 <= status < 300:
-        raise EngineError("%s %s answered %d: %s" % (method, url, status, answer))
-    return answer
-
-
 def wait_for(check, deadline: float, what: str):
     """Poll check() (True when done; it may raise EngineError) until the deadline."""
     while True:

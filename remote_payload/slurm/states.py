@@ -149,11 +149,6 @@ def forgotten(job_id: str, sacct_said: str) -> SlurmJob:
     return SlurmJob(job_id=job_id, slurm_state="", state="LOST", reason="sacct: " + sacct_said, source="none")
 
 
-def job_view(job_id: str, squeue: dict, sacct: dict) -> SlurmJob | None:
-    """The job as squeue shows it, else as sacct recorded it, else None (Slurm never had it)."""
-    return squeue.get(job_id) or sacct.get(job_id)
-
-
 def _job(job_id: str, slurm_state: str, reason: str, source: str, exit_code=None, signal=None) -> SlurmJob:
     state, note = runner_state(slurm_state)
     told = reason if state == "QUEUED" and reason not in ("", "None") else None

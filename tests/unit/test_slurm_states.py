@@ -10,7 +10,7 @@ import pytest
 
 from remote_payload import contract
 from remote_payload.slurm import states as slurm_states
-from remote_payload.slurm.states import (STATE_MAP, SlurmOutputError, forgotten, job_view, parse_sacct, parse_squeue,
+from remote_payload.slurm.states import (STATE_MAP, SlurmOutputError, forgotten, parse_sacct, parse_squeue,
                                          reconcile, runner_state, sacct_disabled, squeue_forgot)
 
 DATA = Path(__file__).parents[1] / "data" / "slurm"
@@ -101,13 +101,6 @@ def test_a_job_nobody_knows_is_lost_and_the_message_says_why():
             "neither squeue nor sacct knows Slurm job 42 (squeue forgot it: it ended at least MinJobAge ago; "
             "sacct: Slurm accounting storage is disabled): how it ended is unknown")
     assert reconcile("SUCCEEDED", True, view) == ("SUCCEEDED", None)  # the supervisor's final word stands
-
-
-def test_job_view_prefers_squeue_then_sacct_then_none():
-    listed, recorded = squeue("pending-resources"), sacct("ended")
-    assert job_view(RESOURCES, listed, recorded).source == "squeue"
-    assert job_view(SUCCEEDED, {}, recorded).source == "sacct"
-    assert job_view("999999", listed, recorded) is None
 
 
 def test_every_slurm_state_maps_to_a_runner_state_and_final_ones_to_terminal():
