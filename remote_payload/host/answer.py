@@ -1,7 +1,5 @@
 """The answer of a host call: `Fail`, the error any room raises (its code one of contract.ERRORS), and the one JSON
-answer line on stdout: what the verb returned, or its error as an answer (a Fail as itself, any other exception as
-`internal` with its traceback). The entry writes it; so does the supervisor run in a fork of `start` (its stdout is
-supervisor.log).
+answer line on stdout: what the verb returned, or its error (a Fail as itself, any other exception `internal`).
 """
 from __future__ import annotations
 

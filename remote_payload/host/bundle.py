@@ -1,7 +1,5 @@
-"""Where the supervisor's bundle lies and how a detached process re-executes it: HERE is the bundle's root (the package
-remote_payload; ROOT/payload/<digest>/ on a host), where supervisor.py and the payload scripts are; RUN_SUPERVISOR is
-the argv every detached process of the supervisor starts with. Imports only the stdlib.
-"""
+"""Where the supervisor's bundle lies (HERE: ROOT/payload/<digest>/ on a host) and the argv every detached process
+of the supervisor starts with (RUN_SUPERVISOR)."""
 from __future__ import annotations
 
 import os

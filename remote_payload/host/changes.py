@@ -1,16 +1,13 @@
-"""Waiting for a job's dir to change, without a clock: inotify on the dir, through ctypes (the stdlib has no
-binding). What a reader of a job waits for all shows there: its log appended, status.json replaced, and the end
-of its supervisor and guard, whose stdout and stderr are the dir's supervisor.log (the last of them to die
-closes it: IN_CLOSE_WRITE), so a job both left without a word is reaped by the reader it wakes. Where inotify
-is missing or fails (not Linux, no such libc symbol, the login's watch or instance limit reached, a Slurm job
-whose files change on other nodes), a plain poll every POLL_S.
+"""Waiting for a job's dir to change: inotify on the dir, through ctypes (the stdlib has no binding). What a reader
+waits for all shows there: its log appended, status.json replaced, and the end of its supervisor and guard (the
+last of them to die closes supervisor.log: IN_CLOSE_WRITE), so a job both left without a word is reaped by the
+reader it wakes. Where inotify is missing or fails (not Linux, a watch limit, a Slurm job's files written on
+other nodes), a plain poll every POLL_S.
 
-The first wait arms the watch and returns at once: a call that never waits (a tail without -f) never loads
-ctypes, and a change made before the watch existed is read by the pass after it. `changed` names the files that
-changed since it was last asked (a reader whose log alone grew need not read the job's state again). A wake
-waits for the rest of its burst (writes SETTLE_S apart at most, for GAP_S at most: an unbuffered print is two
-writes, read in one pass), and comes at most once every GAP_S: a log written in many small writes costs a
-reader a few dozen passes a second, not one per write. Imports only the stdlib and host/processes.py.
+The first wait arms the watch and returns at once: a call that never waits never loads ctypes, and a change
+made before the watch existed is read by the pass after it. A wake waits for the rest of its burst and comes at
+most once every GAP_S: a log written in many small writes costs a reader a few dozen passes a second, not one
+per write.
 """
 from __future__ import annotations
 

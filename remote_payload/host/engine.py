@@ -1,22 +1,15 @@
 """Freeing the GPU through the serving engine's own HTTP API instead of stopping its unit.
 
-    probe:    before anything is touched, the engine says which release it is (SGLang's /server_info, vLLM's
-              /version), picking its row (engine_releases.py; an unknown or too old one is refused naming those
-              runner supports), and that it can (SGLang: enable_memory_saver, the pause mode its release can
-              release after, the key its admin routes want; vLLM: the dev routes answer and sleep mode is on)
-    release:  SGLang (engine_sglang.py): retract (0.5.21+) / drain (0.5.17-0.5.20) / abort → release kv_cache →
-              weights too if still short (only with their CPU backup) · vLLM (engine_vllm.py): sleep once the
-              requests in flight have finished
-    resume:   SGLang: resume what was released, continue, /health_generate · vLLM: wake, /health
+    probe:    before anything is touched: the engine's release (its row in engine_releases.py, an unknown one
+              refused) and whether it can release (SGLang: memory saver, pause mode, admin key; vLLM: sleep mode)
+    release:  SGLang (engine_sglang.py) or vLLM (engine_vllm.py)
+    resume:   give back what was released, then wait for the engine's health route
     downtime: the window's parts, the same for every method
 
-The unit keeps running (its MainPID does not change). Each step is recorded before it is asked for and again once
-it answered (engine_api.py), so a restorer that reads the record (the supervisor, the guard, the ledger's next job,
-`restore`) knows what may be released; a release whose answer was never seen is not guessed at: the caller
-restarts the unit. The record carries its release row, so a restorer undoes what that release did without asking
-the engine which one it is. Every HTTP call goes through engine_api.Api (the key read where it lives on the host,
-never recorded) over host/http_client.py (bounded by the caller's deadline, its body capped, no redirect);
-any failure is an EngineError. Stdlib only; imports host/ only.
+The unit keeps running. Each step is recorded before it is asked for and again once answered (engine_api.py),
+so a restorer knows what may be released; a release whose answer was never seen is not guessed at: the caller
+restarts the unit. The record carries its release row, so a restorer undoes what that release did without
+asking the engine which one it is. Any failure is an EngineError.
 """
 from __future__ import annotations
 

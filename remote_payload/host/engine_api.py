@@ -6,11 +6,10 @@ EnvironmentFile=). It is read when a call needs it, by whichever process makes t
 ExecStopPost, restore), kept in memory only, and sent as `Authorization: Bearer` on every engine call; no record,
 log, status or message holds it. SGLang's admin routes (pause, continue, release, resume, flush) want
 --admin-api-key when the server has one, else --api-key; its reads (/server_info, /v1/loads) want --api-key.
-A 401 or 403 is `KeyRefused`, naming the spec field to set. vLLM's --api-key guards only /v1 (and /v2, /inference,
-/cohere): its dev routes take no key.
+A 401 or 403 is `KeyRefused`, naming the spec field to set. vLLM's dev routes take no key.
 
-The record: each step is handed to `save` before it is asked for and again once it answered, so a restorer knows
-what may be released: a step whose answer was never seen is pending. Stdlib only.
+The record: each step is handed to `save` before it is asked for and again once it answered: a step whose answer
+was never seen is pending.
 """
 from __future__ import annotations
 
@@ -156,17 +155,6 @@ def read_environment_file(path: str) -> dict:
 
 # ── the record of what was asked ──────────────────────────────────────────────────────────────────────
 
-def begin(record: dict, name: str, save) -> dict:
-    record["steps"].append({"step": name, "done": False})
-    save(record)
-    return record["steps"][-1]
-
-
-def finish(record: dict, entry: dict, save) -> None:
-    entry["done"] = True
-    save(record)
-
-
 def pending(record: dict) -> list:
     return [s["step"] for s in record.get("steps", []) if not s.get("done")]
 
@@ -174,7 +162,9 @@ def pending(record: dict) -> list:
 def step(api: Api, record: dict, name: str, route: str, body, deadline: float, save) -> None:
     """One POST, recorded before it is asked; an answer other than 2xx means it did not happen (dropped
     from the record), no answer leaves it pending."""
-    entry = begin(record, name, save)
+    entry = {"step": name, "done": False}
+    record["steps"].append(entry)
+    save(record)
     try:
         status, answer = api.call("POST", route, deadline, body)
     except KeyRefused:
@@ -185,5 +175,6 @@ def step(api: Api, record: dict, name: str, route: str, body, deadline: float, s
         record["steps"].remove(entry)
         save(record)
         raise EngineError("POST %s%s answered %d: %s" % (api.base, route, status, answer))
-    finish(record, entry, save)
+    entry["done"] = True
+    save(record)
 

@@ -1,13 +1,11 @@
 """The engine releases runner frees GPU memory through, one row per release range, chosen by the version the engine
-reports (SGLang's /server_info, vLLM's /version). Each row is read from that range's published wheels; adding a
-release is a row here and its stand-in (tests/hosts/standin_releases.py), not a branch in the code.
+reports. Adding a release is a row here and its stand-in (tests/hosts/standin_releases.py), not a branch in the code.
 
-SGLang rows: `load` is the route that counts its requests per DP rank (its parser in engine_sglang.py); `modes` the
-pause modes it can release after, the first its default; `idle` its release's assertion: "strict" (0.5.17-0.5.20:
-`is_fully_idle()`, the waiting queue must be empty too, so a retract pause with requests in flight kills the server)
-or "paused" (0.5.21+: `is_fully_idle(ignore_waiting=paused)`: after a retract pause only the running batch must be
-empty, and /flush_cache answers by the same rule). vLLM rows: `quiesce` the POSTs that put it to sleep once the
-requests in flight have finished (arrivals are queued), `wake` the POSTs that bring it back. Stdlib only.
+SGLang rows: `load` the route that counts its requests per DP rank; `modes` the pause modes it can release after,
+the first its default; `idle` its release's assertion: "strict" (the waiting queue must be empty too, so a retract
+pause with requests in flight kills the server) or "paused" (after a retract pause only the running batch must be
+empty). vLLM rows: `quiesce` the POSTs that put it to sleep once the requests in flight have finished, `wake` the
+POSTs that bring it back.
 """
 from __future__ import annotations
 

@@ -1,22 +1,15 @@
 """SGLang: how its GPU memory is released and resumed, by the pause mode its release row allows (engine_releases.py).
 
-    retract (0.5.21+, its default): count the requests in flight (/v1/loads, every DP rank) → pause_generation
-              retract (running requests back to the waiting queue, their KV freed; arrivals wait in the tokenizer)
-              → confirm the running batch is empty (/flush_cache answers 200 by the release's own rule) → release.
-              After the resume and continue, the held requests are recomputed and complete: none aborted.
-    drain (0.5.17-0.5.20's default): serve on until the scheduler says it is idle, close admission with an in-place
-              pause, ask again, release; a request that slipped in before the pause is let finish (continue) and the
-              wait goes on, at most service.drain_timeout: past it nothing is released (DrainTimeout, the engine
-              serving), unless service.drain_fallback is abort.
-    abort:    pause_generation abort: every request it holds comes back truncated (HTTP 200, finish_reason abort).
+    retract:  pause_generation retract (running requests back to the waiting queue, their KV freed) → confirm the
+              running batch is empty → release; after the resume the held requests complete, none aborted.
+    drain:    serve on until idle, close admission with an in-place pause, ask again, release; past
+              service.drain_timeout nothing is released (DrainTimeout) unless service.drain_fallback is abort.
+    abort:    pause_generation abort: every request it holds comes back truncated.
     then:     release kv_cache → enough free? else weights (only with their CPU backup: without it they come back as
               uninitialised memory) · resume: what was released, last first → continue_generation.
 
-SGLang's release asserts its scheduler is idle and takes the whole server down if not: `strict` releases
-(0.5.17-0.5.20) want the waiting queue empty too, so a retract pause with requests in flight kills them; `paused`
-releases (0.5.21+) ignore the waiting queue once paused. /v1/loads cannot confirm a retraction: its snapshot is
-published by the scheduler's loop, which stands still while paused (it still counts the running requests); the
-confirmation is /flush_cache, which SGLang answers for its first DP rank. Stdlib only; imports host/ only.
+SGLang's release asserts its scheduler is idle and takes the whole server down if not. /v1/loads cannot confirm
+a retraction (its snapshot stands still while paused); /flush_cache does, answering by the release's own rule.
 """
 from __future__ import annotations
 

@@ -1,12 +1,7 @@
 """vLLM: put to sleep once the requests in flight have finished, and woken, by its release row (engine_releases.py).
 
-    0.17+:      POST /sleep?level=1&mode=wait: the engine keeps stepping until the requests in flight finish, queues
-                arrivals, then frees its memory (weights to CPU, KV cache dropped) · POST /wake_up.
-    0.12-0.16:  POST /pause?wait_for_inflight_requests=true (the same wait; arrivals held until /resume), then
-                /sleep?level=1 with nothing left to abort · /wake_up, then /resume.
 Every route is a dev route (VLLM_SERVER_DEV_MODE=1) and sleep needs --enable-sleep-mode; vLLM's --api-key does
-not guard them. The requests in flight are counted from its /metrics (vllm:num_requests_running and _waiting,
-summed over its engines) when it serves them. Stdlib only; imports host/ only.
+not guard them.
 """
 from __future__ import annotations
 

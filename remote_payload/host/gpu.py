@@ -1,6 +1,5 @@
 """GPUs through nvidia-smi: the cards a spec names (by index or UUID) with their memory, the compute processes on them,
-and which cards cannot give a job's need now or ever (contract.memory_verdict). Imports only contract.py and host/
-(answer, parsers, processes).
+and which cards cannot give a job's need now or ever (contract.memory_verdict).
 """
 from __future__ import annotations
 

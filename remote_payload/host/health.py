@@ -1,9 +1,4 @@
-"""A unit's health: active, and its health URL answered 2xx through the unit's own socket (stdlib only).
-
-Its health URL is one more of the engine's routes: asked through the engine's bounded client (host/http_client.py), so
-every restorer's wait for the unit is bounded and none ends in a crash on what the engine answers. Whose socket
-answered is host/listener.py's to judge.
-"""
+"""A unit's health: active, and its health URL answered 2xx through the unit's own socket (host/listener.py)."""
 from __future__ import annotations
 
 import time
@@ -17,9 +12,8 @@ STAY_ACTIVE_S = 2.0       # without a health URL, how long a unit must stay acti
 
 
 def health_ok(url: str, timeout: float) -> bool:
-    """True when url answers 2xx. The health route is the engine's, as hostile as its other routes: asked
-    through the engine's client (the whole call bounded, the body capped, no redirect, no proxy), and any
-    answer it cannot read (malformed, trickled, cut short) is not healthy, never a crash or a hang."""
+    """True when url answers 2xx. Asked through the engine's bounded client: an answer it cannot read
+    (malformed, trickled, cut short) is not healthy, never a crash or a hang."""
     try:
         status, _ = exchange("GET", url, time.monotonic() + min(5.0, max(0.2, timeout)))
     except EngineError:

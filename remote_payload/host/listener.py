@@ -1,19 +1,13 @@
 """Whose answer is the health answer: a restorer believes it only from the unit's own listening socket.
 
-A process outside the unit (a `payload.user` process started by cron or a lingering user unit, a stray server)
-can take the unit's port while the unit is down: it answers /health for a unit that cannot bind. It may even
-listen only for the moment of the request, closing its listener before it answers. So around each health
-request the TCP sockets listening on the URL's port are read from /proc/net/tcp{,6} twice, just before the
-request and just after the answer, and the answer counts only when both looks find the same sockets, at least
-one, each the unit's:
-- held by a process of the unit's cgroup (its MainPID's, up to the unit's own component, read through
-  /sys/fs/cgroup; the unit's processes and their children), read through /proc/PID/fd; or, where that cannot
-  be read (a non-root login under `sudo: true`, cgroup v1),
-- made by the unit's user (the socket's uid is the MainPID's real uid).
-A listening socket cannot change hands, and no socket of another user can listen on the same address and port
-beside it, so an answer between two such looks came through the unit's socket. `judge` says why not, naming
-the holder when one is outside the unit. A URL on another host is not ours to see: its answer alone counts.
-Stdlib only; its parsers of /proc text are host/parsers.py's, tested on captured /proc output.
+A process outside the unit (a `payload.user` process, a stray server) can take the unit's port while the unit is
+down and answer /health for a unit that cannot bind, even listening only for the moment of the request. So the
+TCP sockets listening on the URL's port are read from /proc/net/tcp{,6} just before the request and just after
+the answer, and the answer counts only when both looks find the same sockets, at least one, each the unit's:
+held by a process of the unit's cgroup (read through /proc/PID/fd) or, where that cannot be read (a non-root
+login under `sudo: true`, cgroup v1), made by the unit's user (the MainPID's real uid). A listening socket cannot
+change hands, and no other user's socket can listen on the same address and port beside it, so an answer
+between two such looks came through the unit's socket. A URL on another host: its answer alone counts.
 """
 from __future__ import annotations
 
@@ -84,15 +78,18 @@ def cgroup_pids(control_group: str):
     return pids
 
 
-def unit_cgroup(pid: int, unit: str):
-    """The cgroup of `unit`, from its MainPID's /proc/PID/cgroup: the path up to the unit's own component (a
-    unit that delegates puts its processes in sub-cgroups: the whole unit counts), or the process's own; None
-    when it cannot be read."""
+def cgroup_of(pid: int):
     try:
         with open("/proc/%d/cgroup" % pid) as fh:
-            return unit_part(parse_cgroup(fh.read()), unit)
+            return parse_cgroup(fh.read())
     except OSError:
         return None
+
+
+def unit_cgroup(pid: int, unit: str):
+    """The cgroup of `unit` from its MainPID's: the path up to the unit's own component (a unit that delegates
+    puts its processes in sub-cgroups: the whole unit counts), or the process's own; None when unreadable."""
+    return unit_part(cgroup_of(pid), unit)
 
 
 def unit_part(path, unit: str):
@@ -109,12 +106,7 @@ def describe(pid: int) -> str:
             comm = fh.read().strip()
     except OSError:
         comm = "?"
-    try:
-        with open("/proc/%d/cgroup" % pid) as fh:
-            where = parse_cgroup(fh.read()) or "?"
-    except OSError:
-        where = "?"
-    return "pid %d (%s, cgroup %s)" % (pid, comm, where)
+    return "pid %d (%s, cgroup %s)" % (pid, comm, cgroup_of(pid) or "?")
 
 
 def judge(port: int, before: dict, after: dict, main_pid: int, unit: str):

@@ -1,7 +1,5 @@
-"""Processes: the commands the supervisor runs (argv, never a shell, each bounded: `run_command`; sudo wanting a
-password is `sudo-password`) and the processes it watches: identity from /proc (a pid is trusted only with its start
-time), its cgroup's members, process-group kills (TERM, grace, KILL). Imports only the stdlib and host/ (answer,
-parsers).
+"""Processes: the commands the supervisor runs (argv, never a shell, each bounded) and the processes it watches:
+identity from /proc (a pid is trusted only with its start time), its cgroup's members, process-group kills.
 """
 from __future__ import annotations
 
@@ -165,7 +163,7 @@ def communicate_within(proc: subprocess.Popen, timeout: float):
 
 def run_command(argv: list, timeout: float = CMD_TIMEOUT_S) -> subprocess.CompletedProcess:
     """Run argv (never a shell); sudo wanting a password becomes `sudo-password`. subprocess is imported here:
-    the read-only verbs (status, logs) run no command and never load it (nor threading, selectors)."""
+    the read-only verbs (status, logs) never load it."""
     import subprocess
 
     try:

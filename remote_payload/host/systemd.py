@@ -1,7 +1,4 @@
-"""systemd: `Systemd`, the systemctl/systemd-run/journalctl argv for one scope (every call through `sudo -n` where the
-spec asks), a unit's state and its log tail, a bounded `start_unit`, and what systemctl says when no manager of the
-scope can be reached. Imports only host/ (answer, parsers, processes).
-"""
+"""systemd: the systemctl/systemd-run/journalctl argv for one scope, a unit's state and log tail, a bounded start."""
 from __future__ import annotations
 
 import socket
