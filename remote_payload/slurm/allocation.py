@@ -1,9 +1,6 @@
 """A Slurm allocation's run of one job (or of one job array task's variant): the job's usual choreography
 (supervisor_job.supervise) without locks, service or guard, Slurm owning the node and its GPUs; the
 allocation's GPU memory checked first; its exit status the batch script's.
-
-Imports only the stdlib and the rooms above it; slurm/launch.py (one job) and slurm/array.py (a task)
-import it.
 """
 from __future__ import annotations
 

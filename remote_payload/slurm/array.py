@@ -18,12 +18,10 @@ that. Where Slurm ended a task while its supervisor could not write (cancelled w
 dead), the login node writes that task's final status, its last log line and `done` instead. The array's
 status.json and result.json are the login node's alone, written under array.lock.
 
-The tail: the job's log is the variants' output.log files one after another, in variant order. Bytes of
-variant K+1 are served only once variant K is done (its writer creates `done` after its last byte), so an
-offset into this stream always means the same byte and the byte-cursor tail stays exactly-once. Variant 1
-is followed live; a later variant's lines, though it runs at the same time, appear once those before it end.
+The tail: the variants' output.log files one after another. Bytes of variant K+1 are served only once
+variant K is done (`done` is created after its last byte), so an offset always means the same byte and the
+byte-cursor tail stays exactly-once.
 
-Imports only the stdlib, the shared rules, host/, supervision/ and calls.py, allocation.py; launch.py imports it.
 """
 from __future__ import annotations
 

@@ -1,22 +1,13 @@
 """The sbatch call that puts one runner job on Slurm: its argv and its batch script. Pure, stdlib only.
 
-The supervisor runs `sbatch` on the login node with `sbatch_argv(...)` as argv and `batch_script(...)` on
-stdin. Every option the user chose travels as its own argv word, never through `#SBATCH` lines (sbatch
-splits those itself) or a shell; the script is three fixed lines whose only variable parts are quoted with
-shlex.quote. In the allocation the script execs our supervisor, which runs the payload exactly as on an
-SSH host (job dir, output.log, events, deadline, result.json) and is the batch step's main process, so
-Slurm's SIGTERM (scancel, time limit) reaches it first.
+Every option the user chose travels as its own argv word, never through `#SBATCH` lines (sbatch splits those
+itself) or a shell; the script's only variable parts are shell-quoted. In the allocation the script execs our
+supervisor, the batch step's main process, so Slurm's SIGTERM (scancel, time limit) reaches it first.
 
-The time limit: in the allocation our supervisor runs the prepare step and the staging first (each bounded by
-its own timeout: the job's `setup`), then the payload until limits.max_runtime, then TERM → grace → KILL.
-Slurm's limit is set later than all of that (SLACK_S more, rounded up to whole minutes, Slurm's unit), so that
-at the deadline our supervisor, not Slurm, ends the payload and writes TIMED_OUT with the log intact. Slurm's own
-limit is the backstop (it sends SIGTERM, then SIGKILL KillWait seconds later).
-
-`--no-requeue`: a job dir holds one run. A node failure or a preemption ends the job (NODE_FAIL,
-PREEMPTED → LOST) instead of starting the payload a second time over a half-written job dir.
-
-Runs on Python >= 3.8; the controller imports it for its spec checks, the supervisor to submit.
+The time limit: Slurm's is set SLACK_S later than the job's own setup + max_runtime + grace (in whole
+minutes), so that at the deadline our supervisor, not Slurm, ends the payload and writes TIMED_OUT with the
+log intact; Slurm's is the backstop. `--no-requeue`: a job dir holds one run, so a node failure or a
+preemption ends the job (LOST) instead of running the payload again over a half-written job dir.
 """
 from __future__ import annotations
 

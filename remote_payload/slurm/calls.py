@@ -1,7 +1,5 @@
 """The Slurm client calls a login node makes, for one job and a job array alike: each command bounded, a
 slurmctld that does not answer named as such, and the file that caches Slurm's answer (slurm.json).
-
-Imports only the stdlib, supervision/files.py and host/answer.py; slurm/launch.py and slurm/array.py import it.
 """
 from __future__ import annotations
 

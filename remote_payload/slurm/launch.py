@@ -12,10 +12,8 @@ last answer and when it was asked). The login node writes status.json only for a
 while the supervisor could not: one that ended still waiting (cancelled, refused a start) or whose
 supervisor died (node failure); then nobody else writes it any more.
 
-Slurm is asked at most every SLURM_POLL_S per job (slurm.json caches its answer), so `logs --wait`
-polling every 0.1 s and many `status` callers do not load slurmctld. Imports the stdlib and the rooms
-below it (the client calls: slurm/calls.py; a job array: slurm/array.py); verbs/ calls in from its
-verbs.
+Slurm is asked at most every SLURM_POLL_S per job (slurm.json caches its answer), so `logs --wait` and many
+`status` callers do not load slurmctld.
 """
 from __future__ import annotations
 

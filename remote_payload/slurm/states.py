@@ -1,8 +1,7 @@
 """Slurm's view of a job, as runner's job states. Pure parsers of squeue/sacct output; stdlib only, no I/O.
 
-Which output: the parsable text forms, not `--json`. Their fields and delimiters have been the same from
-Slurm 17 to 24, while the JSON's shape changed in 23.02 (job_state became a list, numbers became
-{"set", "number"} objects) and again in 24.05; a login node may run any of them.
+The parsable text forms, not `--json`: their fields have been the same from Slurm 17 to 24, while the JSON's
+shape changed twice; a login node may run any of them.
 
     squeue -h -t all -j IDS -o '%i|%T|%r'            job id | long state | reason  (known to slurmctld)
     sacct -n -P -X -j IDS -o JobID,State,ExitCode,Reason                            (accounting, any age)
@@ -10,23 +9,15 @@ Slurm 17 to 24, while the JSON's shape changed in 23.02 (job_state became a list
 A job array's tasks are `123_4` in both (`squeue -r` prints one line per task); sacct prints the tasks that
 never started as one row, `123_[2-3%2]` (`array_task_ids` expands it).
 
-Ask squeue first: it is immediate, while sacct is eventually consistent (a job that already runs can
-show PENDING there for a moment). A job slurmctld has forgotten (MinJobAge after its end, default 300 s)
-makes `squeue -j` fail with "Invalid job id specified" (`squeue_forgot`); then sacct has the final record.
-Where sacct has none either (a cluster without accounting: "Slurm accounting storage is disabled", or no
-row for the job), nobody can say how the job ended: `forgotten` makes it LOST with a message naming both,
-rather than leaving it QUEUED/RUNNING for ever. (A merely unreachable slurmdbd is an error, no verdict.)
-Both read only a job's latest incarnation (no --duplicates): a requeued job is PENDING again in squeue at
-once, in sacct REQUEUED until its next start is recorded; either way it is QUEUED. PREEMPTED is seen only
-when it is final (PreemptMode=CANCEL, or a job that may not be requeued).
+Ask squeue first: it is immediate, while sacct is eventually consistent. A job slurmctld has forgotten
+(MinJobAge after its end) makes `squeue -j` fail (`squeue_forgot`); then sacct has the final record. Where
+sacct has none either (no accounting, or no row), `forgotten` makes it LOST rather than leaving it
+QUEUED/RUNNING for ever. A requeued job is QUEUED in both; PREEMPTED is seen only when it is final.
 
-The reason shown is Slurm's only while the job waits (Resources, Priority, BeginTime, …): for other states
-squeue repeats the state in other words (NonZeroExitCode, TimeLimit) and sacct keeps the last reason the
-job waited for, which would mislead. Otherwise it is our note for states that runner's name alone does not
-say (OUT_OF_MEMORY → FAILED "out of memory").
-
-Every state in Slurm's list (`man squeue`, JOB STATE CODES) is mapped below; anything else is an error,
-never a guess (an unreadable state is not "running").
+The reason shown is Slurm's only while the job waits: for other states squeue repeats the state in other
+words and sacct keeps the last reason the job waited for, which would mislead. Otherwise it is our note for
+states that runner's name alone does not say (OUT_OF_MEMORY → FAILED "out of memory"). Every state of
+`man squeue` is mapped below; anything else is an error, never a guess.
 """
 from __future__ import annotations
 
