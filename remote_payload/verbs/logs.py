@@ -51,9 +51,8 @@ def cmd_logs(args) -> dict:
 
 class JobLog:
     """A `logs` call's reads of the job: its state, then its log's bytes from an offset. A waiting call sleeps
-    on the job dir's changes (host/changes.py) and reads the state again only when something other than the log
-    changed (a line appended costs a read of the log alone); a Slurm job's files are written on other nodes and
-    its state asked of Slurm: polled, the state read at each pass. Whether it is one is read once."""
+    on the job dir's changes and reads the state again only when something other than the log changed; a
+    Slurm job's files are written on other nodes: polled, the state read at each pass."""
 
     def __init__(self, paths: JobPaths) -> None:
         self.paths, self.slurm = paths, is_slurm_job(paths)

@@ -24,14 +24,15 @@ def cmd_preflight(args) -> dict:
 
 
 def preflight_report(args, spec: dict) -> dict:
+    python = "%d.%d.%d" % sys.version_info[:3]
     if spec.get("launcher") == "slurm":
-        return slurm_launch().preflight("%d.%d.%d" % sys.version_info[:3])
+        return slurm_launch().preflight(python)
     check_startable(spec, args.root)  # before anything else: a job whose payload cannot start is refused
     found = [preflight_service(args.root, s) for s in services_of(spec)]
     several = {"services": found, "services_kept": spec.get("services_kept", [])} if "services" in spec else {}
     locks = [probe_lock(key) for key in lock_keys(spec)] + owed_elsewhere(args.root, found)
-    return dict({"ok": True, "service": found[0] if found else None, "locks": locks,
-                 "python": "%d.%d.%d" % sys.version_info[:3]}, **several, **preflight_gpus(spec))
+    return dict({"ok": True, "service": found[0] if found else None, "locks": locks, "python": python},
+                **several, **preflight_gpus(spec))
 
 
 def owed_elsewhere(root: str, found: list) -> list:
@@ -47,11 +48,9 @@ def owed_elsewhere(root: str, found: list) -> list:
 
 
 def preflight_gpus(spec: dict) -> dict:
-    devices = spec["gpu"]["devices"]
-    if not devices:
-        return {"gpus": [], "apps": [], "nvidia_smi": shutil.which("nvidia-smi") is not None}
-    if shutil.which("nvidia-smi") is None:
-        return {"gpus": [], "apps": [], "nvidia_smi": False}
+    devices, smi = spec["gpu"]["devices"], shutil.which("nvidia-smi") is not None
+    if not devices or not smi:
+        return {"gpus": [], "apps": [], "nvidia_smi": smi}
     found = parse_gpu_csv(nvidia_smi(GPU_QUERY))
     wanted = set(devices)
     # host_gpus: every GPU nvidia-smi lists, so a refusal of a device it lacks can say which ones it has.

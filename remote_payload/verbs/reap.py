@@ -15,8 +15,7 @@ START_GRACE_S = 60.0         # a status with no supervisor recorded yet is "star
 
 
 def reap_if_dead(paths: JobPaths) -> dict:
-    """status.json; NOT read-only: a job whose supervisor and guard are both gone is marked LOST here and a
-    detached restorer (`supervisor.py restore`) is started to settle it."""
+    """status.json, a job whose supervisor and guard are both gone marked LOST and a restorer started."""
     if is_slurm_job(paths):  # its supervisor runs on a compute node: Slurm says if it lives
         return slurm_launch().refresh(paths)
     try:

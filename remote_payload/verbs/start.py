@@ -13,7 +13,6 @@ def cmd_start(args) -> dict:
 
 
 def start_job(args, spec: dict) -> dict:
-    """Claim the job id, then hand the job to Slurm or to its own detached supervisor (supervision/run.py)."""
     paths = JobPaths(args.root, check_job_id(args.job_id))
     claim_job_dir(paths, spec, args.queue)
     if spec.get("launcher") == "slurm":  # Slurm queues it: no lock, no --queue, no detached supervisor here

@@ -1,9 +1,8 @@
-"""The host's `submit`: preflight, the admission verdict (admission.admit) and the start, in one call.
+"""The host's `submit`: preflight, the admission verdict (admission.admit) and the start, in one round trip.
 
 A refusal is answered as an error (`busy` with the holder, or `preflight-refused`; both with the report and
-the verdict's hint); otherwise the job starts in the same call, a stop of the service included (the
-supervisor decides that stop again when it holds the locks). So every submit is one round trip.
-Calls the `preflight` and `start` rooms beside it directly; never imports the controller.
+the verdict's hint); otherwise the job starts in the same call (the supervisor decides the service's stop again
+when it holds the locks).
 """
 from __future__ import annotations
 
@@ -23,8 +22,7 @@ RETRY: dict = {"start": True, "stop_service": False, "notes": []}
 
 
 def cmd_submit(args) -> dict:
-    """Preflight, the admission verdict and the start in one call (one round trip); then the host's retention
-    rule, bounded (supervision/retention.py). The job id is argv's, else the spec's own: a call opened before
+    """submit, then the host's retention rule. The job id is argv's, else the spec's own: a call opened before
     the controller had checked its spec (and so before it named the job) carries none."""
     spec = read_spec_stdin(args.root, check_job_id(args.job_id) if args.job_id is not None else None, need_job_id=True)
     args.job_id = check_job_id(spec["job_id"])
