@@ -1,9 +1,7 @@
 """May this job start on this host now, and will it stop the service: the one rule, applied to a preflight report.
 
-The host's `submit` applies it and either starts the job in the same call or answers the refusal; the
-controller applies the same function for `submit --dry-run` (runner/remote/preflight.py wraps it) and the
-supervisor's own stop at start time uses `needs_stop`. Pure, stdlib only, Python >= 3.8; the verdict is
-plain data so it crosses the wire as it is:
+The host's `submit` applies it; the controller applies the same function for `submit --dry-run`, and the
+supervisor's own stop at start time uses `needs_stop`. Pure; the verdict is plain data that crosses the wire:
 
     {"refuse": {"code": "busy" | "preflight-refused", "message": …, "hint": …, "holder": {…}}}  (holder: busy only)
     {"start": True, "stop_service": bool, "notes": [str, …]}
@@ -44,8 +42,8 @@ def admit(spec: dict, report: dict, queue: bool = False) -> dict:
 
 
 def _queued_notes(spec: dict, report: dict) -> list:
-    """--queue behind another job: which job it waits for, and what that job's end does to a service of ours it
-    holds stopped (it starts it again; this job decides its own stop only then, so the service may go down twice)."""
+    """--queue behind another job: which job it waits for, and that a service it holds stopped may go down twice
+    (its end starts it again; this job decides its own stop only then)."""
     held = {}  # type: dict
     for lock in report.get("locks", []):
         job_id = (lock.get("holder") or {}).get("job_id")
@@ -75,16 +73,14 @@ def needs_stop(policy: str, short: bool) -> bool:
 
 def never_stops(spec: dict) -> bool:
     """Whether the job stops no service whatever its host reports: each service it declares is `manager: none`
-    or `stop: never` (defaults applied, so the controller's wire form will do). A fleet gives such a host its
-    start without a preflight of its own: it takes no turn, and its submit is preflighted on the host."""
+    or `stop: never` (defaults applied). A fleet starts such a host without a turn of its own."""
     services = spec["services"] if spec.get("services") is not None else [spec.get("service") or {}]
     return all(s.get("manager", DEFAULTS["service.manager"]) == "none"
                or s.get("stop", DEFAULTS["service.stop"]) == "never" for s in services)
 
 
 def describe_holder(holder) -> str:
-    """Whoever holds a lock, as the host named it: a runner job (whose login and host.root, when the host says),
-    a process that is no runner job's (its pid, user and command), or the user whose lock file nobody holds."""
+    """Whoever holds a lock, as the host named it: a runner job, another process, or a lock file nobody holds."""
     if not holder:
         return "an unknown process"
     who = " of %s (host.root %s)" % (holder["user"], holder.get("root") or "?") if holder.get("user") else ""
@@ -124,8 +120,8 @@ def _admit(spec: dict, report: dict, queue: bool) -> dict:
 
 
 def _services_with_reports(spec: dict, report: dict) -> list:
-    """(the service's spec, the host's report on it) for each service the job frees: with several declared,
-    the host's report lists those the job's GPUs meet (the controller's wire spec lists them all)."""
+    """(the service's spec, the host's report on it) for each service the job frees (with several, those the
+    report lists: the ones the job's GPUs meet)."""
     services = services_of(spec)
     if "services" not in report:  # one service: the report's
         return [(s, report.get("service")) for s in services[:1]]
@@ -163,10 +159,8 @@ def _refuse_if_locked(locks: list, job_id: str) -> None:
 
 
 def _refuse_if_engine_cannot(service: dict, found, report: dict) -> None:
-    """service.free sglang/vllm: the host asked the engine (without touching it) whether it can free memory.
-    A unit that is not running, or that a runner job holds released, is judged by the rules below instead.
-    found: the host's report on this service (the engine's release, the pause mode it can release after, whether
-    its key was taken, read by host/engine.py's probe)."""
+    """service.free sglang/vllm: the engine's answer to the host's probe. A unit that is not running, or that a
+    runner job holds released, is judged by the memory rules instead."""
     engine = (found or {}).get("engine") or {}
     if not engine.get("error") or (found or {}).get("active_state") != "active" \
             or _runner_holds_stopped(dict(report, service=found), service["unit"]):

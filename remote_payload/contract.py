@@ -1,13 +1,8 @@
 """The one contract both sides of runner share: names, limits, defaults, states and the wire codes.
 
-Stdlib only, no I/O, nothing done at import time. The controller (runner/) imports it for its pydantic
-validators and its decisions; the host supervisor imports it (it is uploaded with the payload) for its own
-checks. A rule written here cannot drift between the two sides: tests/test_contract.py walks one table of
-values through both and asserts the same verdict.
-
-Each `*_problem(value)` function returns None when the value is acceptable, else a message that says what
-is allowed. Callers raise their own error type with it (ValueError in a pydantic validator, Fail on the host).
-Runs on Python >= 3.8 (the host's interpreter may be old).
+Stdlib only, no I/O. The controller's pydantic validators and the host's checks both use it, so a rule cannot
+drift between the two sides (tests/unit/test_contract_controller.py, tests/integration/test_contract_host.py).
+Each `*_problem(value)` returns None when the value is acceptable, else a message that says what is allowed.
 """
 from __future__ import annotations
 
@@ -36,7 +31,7 @@ DEFAULTS: dict[str, Any] = {  # values of several types: read by literal key and
     "limits.max_runtime": 3600.0,
     "limits.grace": 30.0,
     "limits.queue_timeout": 7200.0,    # --queue: the longest wait for the locks (a default holder: 1 h run + stop/drain/restore)
-    "limits.prepare_timeout": 1800.0,  # a cold JIT compile before the stop (5-6 min measured on an H200)
+    "limits.prepare_timeout": 1800.0,  # a cold JIT compile before the stop
     "limits.stage_timeout": 600.0,     # a staged payload's GPU-free setup before the service is touched
     "limits.max_downtime": None,       # the window: every job ends by it; a variant starts only if it may fit
     "gpu.drain_timeout": 120.0,
@@ -76,9 +71,8 @@ def key_ref_problem(field: str, value) -> str | None:
             "(the value given is not shown)" % field)
 
 
-# Each set of choices is a tuple of its values and a Literal of the same values (the pydantic spec models take
-# it as a field type). The Literals are made on first use (`__getattr__` below), so that a host call never
-# imports typing; tests/unit/test_contract_controller.py checks that each names its tuple's values.
+# Each set of choices is a tuple and a Literal of the same values (the pydantic models' field type), made on
+# first use (`__getattr__` below) so that a host call never imports typing.
 SERVICE_MANAGERS = ("systemd", "none")
 LAUNCHERS = ("ssh", "slurm")  # ssh: the supervisor runs the payload on the host; slurm: sbatch places it
 SERVICE_SCOPES = ("system", "user")

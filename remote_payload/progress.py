@@ -7,11 +7,9 @@ The event convention (docs/design.md, "Writing a payload"): one JSON object per 
 supervisor adds `variant` lines (`index`, `of`, `args`, `status`) between a sweep's variants.
 Anything else on stdout is ordinary output and is ignored here.
 
-A sweep's summary also has `sweep`: {of, done, skipped, running, rows, rows_expected, side_by_side, ...} —
-variants ended or skipped, those running now, rows over the whole sweep and how many to expect (each
-variant's plan times the variants not skipped, when every plan said the same). One variant at a time, rows_done/rows_expected are the running variant's; side by side
-(`sweep.gpus_per_variant`) the variants' lines share the log and a row cannot be told apart per variant, so
-they are the sweep's: its rows of its plan times the variants that will run.
+A sweep's summary also has `sweep`: {of, done, skipped, running, rows, rows_expected, side_by_side, ...}.
+One variant at a time, rows_done/rows_expected are the running variant's; side by side the variants' lines
+share the log and a row cannot be told apart per variant, so they are the sweep's.
 """
 from __future__ import annotations
 

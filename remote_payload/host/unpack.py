@@ -7,11 +7,9 @@ only the stdlib.
            that bundle's files were all sent
 
 Each file goes to ROOT/KIND/.part-DIGEST/NAME as it comes (through a temp file, checked against its SHA256),
-so a call cut short (the controller's --max-wait, a lost link) keeps every file that came whole: the next
-upload of that bundle sends only the others (`kept`, which the supervisor's payload-missing answer lists).
-A bundle's end frame checks that its files, kept ones too, hash to DIGEST and renames the folder into place.
-One upload of a bundle at a time (a lock in its folder); a bundle already there is skipped and its frames
-read past. Memory stays at one read's worth whatever the size. Answers one JSON line.
+so a cut call keeps every file that came whole and the next upload sends only the others (`kept`). A
+bundle's end frame checks that its files hash to DIGEST and renames the folder into place. One upload of a
+bundle at a time (a lock in its folder); a bundle already there is skipped. Answers one JSON line.
 """
 from __future__ import annotations
 

@@ -209,7 +209,7 @@ def test_a_recorded_digest_is_used_only_while_no_file_changed(tmp_path, monkeypa
     contract = copy / "contract.py"
     before, stamp = contract.read_bytes(), contract.stat()
     time.sleep(0.02)  # past the file system's timestamp granularity
-    contract.write_bytes(before.replace(b"Fail", b"FAIL", 1))
+    contract.write_bytes(before.replace(b"PROTOCOL", b"PROTOCOX", 1))
     os.utime(contract, ns=(stamp.st_atime_ns, stamp.st_mtime_ns))
     edited = _a_new_command(monkeypatch, copy)
     assert edited.digest != first.digest
