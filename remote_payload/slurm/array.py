@@ -1,11 +1,5 @@
 """A sweep on Slurm (`launcher: slurm` + `sweep`): one job array, one task per variant.
-
-    login node:   submit → sbatch --array=0-(N-1)%max_parallel (launch.submit, batch.sbatch_argv)
-                  status → squeue -r (sacct for tasks slurmctld forgot) → each task reconciled as one job →
-                           the array's progress; once every variant is done, result.json, then the final state
-                  logs   → the variants' logs one after another (combined_chunk)
-                  cancel → the cancel file, scancel of the tasks not started, SIGUSR1 to the started ones
-    compute node: slurm-run in array task a → variant a+1 (SLURM_ARRAY_TASK_ID) as its own job (run_task)
+Array task a runs variant a+1 as its own job (run_task); the login node reconciles each task as one job.
 
 The job dir:
     spec.json status.json events.jsonl slurm.json cancel result.json   the array's (status: the login node's)
@@ -13,10 +7,9 @@ The job dir:
     results/variant-K.json                                              variant K's RUNNER_RESULT
     halt                                                                fail_fast: why no further variant starts
 
-One writer per file. variant-K/ is its task supervisor's until `done` exists; nobody writes there after
-that. Where Slurm ended a task while its supervisor could not write (cancelled while waiting, supervisor
-dead), the login node writes that task's final status, its last log line and `done` instead. The array's
-status.json and result.json are the login node's alone, written under array.lock.
+One writer per file. variant-K/ is its task supervisor's until `done` exists, unless Slurm ended the task
+while its supervisor could not write: then the login node writes its final status, last log line and `done`.
+The array's status.json and result.json are the login node's alone, written under array.lock.
 
 The tail: the variants' output.log files one after another. Bytes of variant K+1 are served only once
 variant K is done (`done` is created after its last byte), so an offset always means the same byte and the
@@ -37,7 +30,7 @@ from ..supervision.record import Job, initial_status
 from ..supervision.variants import fit_combined, variant_record
 from .allocation import run_job
 from .batch import array_task_index
-from .calls import CANCEL_SLACK_S, SLURM_POLL_S, slurm_call, slurm_file
+from .calls import SLURM_POLL_S, scancel_if_late, slurm_call, slurm_file
 from .states import (
     SACCT_FIELDS,
     SQUEUE_FORMAT,
@@ -364,14 +357,9 @@ def _variant(paths: JobPaths, spec: dict, task: dict) -> dict:
 
 
 def _escalate_cancel(paths: JobPaths, spec: dict, known: dict, tasks: list) -> None:
-    """A cancel not done within grace + CANCEL_SLACK_S: plain scancel of the whole array (Slurm's TERM, then
-    KILL after KillWait)."""
     if known.get("scancel_at") or not os.path.exists(paths.cancel) or all(t["closed"] for t in tasks):
         return
-    if time.time() - os.path.getmtime(paths.cancel) > spec["limits"]["grace"] + CANCEL_SLACK_S:
-        slurm_call(["scancel", known["job_id"]])
-        write_json_atomic(slurm_file(paths), dict(_read(paths), scancel_at=time.time()))
-        append_line(paths.events, {"t": time.time(), "event": "slurm-scancel", "why": "cancel not done in time"})
+    scancel_if_late(paths, _read(paths), spec["limits"]["grace"])  # the whole array
 
 
 def _answer(status: dict, known: dict) -> dict:

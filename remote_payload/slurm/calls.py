@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 
 from ..host.answer import Fail
-from ..supervision.files import JobPaths
+from ..supervision.files import JobPaths, append_line, write_json_atomic
 
 SLURM_POLL_S = 5.0       # ask Slurm about one job at most this often
 QUERY_TIMEOUT_S = 4.0    # squeue/sacct/scancel: short, so `logs --wait` stays within its bound
@@ -28,6 +29,14 @@ def slurm_call(argv: list, stdin: str = "", timeout: float = QUERY_TIMEOUT_S, en
         raise Fail("slurm-unavailable", "%s is not installed on the login node" % argv[0]) from None
     except subprocess.TimeoutExpired:
         return subprocess.CompletedProcess(argv, 124, "", "%s did not answer within %.0f s" % (argv[0], timeout))
+
+
+def scancel_if_late(paths: JobPaths, known: dict, grace: float) -> None:
+    """A cancel not done within grace + CANCEL_SLACK_S: plain scancel (Slurm's TERM, then KILL after KillWait)."""
+    if time.time() - os.path.getmtime(paths.cancel) > grace + CANCEL_SLACK_S:
+        slurm_call(["scancel", known["job_id"]])
+        write_json_atomic(slurm_file(paths), dict(known, scancel_at=time.time()))
+        append_line(paths.events, {"t": time.time(), "event": "slurm-scancel", "why": "cancel not done in time"})
 
 
 def raise_if_unreachable(done: subprocess.CompletedProcess, tool: str) -> None:

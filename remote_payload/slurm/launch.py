@@ -1,16 +1,9 @@
 """`launcher: slurm` on the host side: submit with sbatch, run inside the allocation, follow Slurm's view.
 
-    login node: start  → claim the job dir → sbatch (batch.py's argv + script) → slurm.json {job_id}
-                status/logs/cancel → squeue (sacct once slurmctld forgot the job) → states.reconcile
-    compute node: slurm-run (the batch script execs it) → the job's usual choreography (supervision/job.py supervise)
-                  without locks, service or guard: Slurm owns the node and its GPUs (slurm/allocation.py)
-    a sweep:      one job array, one task per variant: slurm/array.py (submit here adds --array)
-
-Who writes what (one writer per file, so no update is lost): status.json, events.jsonl and output.log are
-the supervisor's in the allocation, as on an SSH host; slurm.json is the login node's (Slurm's job id, its
-last answer and when it was asked). The login node writes status.json only for a job Slurm has ended
-while the supervisor could not: one that ended still waiting (cancelled, refused a start) or whose
-supervisor died (node failure); then nobody else writes it any more.
+One writer per file, so no update is lost: status.json, events.jsonl and output.log are the supervisor's in the
+allocation; slurm.json (Slurm's job id, its last answer, when it was asked) is the login node's. The login node
+writes status.json only for a job Slurm ended while the supervisor could not (still waiting, or a dead node);
+then nobody else writes it any more.
 
 Slurm is asked at most every SLURM_POLL_S per job (slurm.json caches its answer), so `logs --wait` and many
 `status` callers do not load slurmctld.
@@ -32,7 +25,7 @@ from ..supervision.record import Job
 from . import array as slurm_array
 from .allocation import run_job
 from .batch import batch_script, parse_sbatch_parsable, sbatch_argv
-from .calls import CANCEL_SLACK_S, SLURM_POLL_S, raise_if_unreachable, slurm_call, slurm_file
+from .calls import SLURM_POLL_S, raise_if_unreachable, scancel_if_late, slurm_call, slurm_file
 from .states import (
     SACCT_FIELDS,
     SQUEUE_FORMAT,
@@ -214,17 +207,11 @@ def _record_end(paths: JobPaths, state: str, message: str) -> dict:
 
 
 def _escalate_cancel(paths: JobPaths, status: dict, known: dict) -> None:
-    """A cancelled job whose supervisor did not end it within grace + CANCEL_SLACK_S: plain scancel (Slurm's
-    TERM, then KILL after KillWait)."""
     view = _view(known)
     if (status["state"] in TERMINAL or known.get("scancel_at") or not os.path.exists(paths.cancel)
             or view is None or view.state in TERMINAL):
         return
-    grace = read_json(paths.spec)["limits"]["grace"]
-    if time.time() - os.path.getmtime(paths.cancel) > grace + CANCEL_SLACK_S:
-        slurm_call(["scancel", known["job_id"]])
-        write_json_atomic(slurm_file(paths), dict(known, scancel_at=time.time()))
-        append_line(paths.events, {"t": time.time(), "event": "slurm-scancel", "why": "cancel not done in time"})
+    scancel_if_late(paths, known, read_json(paths.spec)["limits"]["grace"])
 
 
 def _with_view(status: dict, known: dict) -> dict:

@@ -169,12 +169,10 @@ def _exit_code(text: str) -> tuple:
 def reconcile(recorded: str, supervisor_started: bool, slurm: SlurmJob | None) -> tuple:
     """(state, message) of a Slurm job from the state its status.json records and Slurm's view of it.
 
-    On Slurm the supervisor runs on a compute node, where the login node cannot check its pid; Slurm's
-    state stands in for that liveness check. status.json stays the authority while it can be: a terminal
-    state recorded there is final (it has the exit code and the reason), and so is a live job's progress.
-    Slurm decides only what the supervisor could not write: a job that ended while still waiting, or whose
-    supervisor is gone. Call with status.json read again *after* Slurm's answer, so that a supervisor that
-    finished in between is not taken for a lost one. message is None when status.json says all.
+    Slurm's state stands in for the supervisor's liveness (its pid is on a compute node). status.json stays the
+    authority while it can be; Slurm decides only what the supervisor could not write. Call with status.json
+    read again *after* Slurm's answer, so that a supervisor that finished in between is not taken for a lost
+    one. message is None when status.json says all.
     """
     if recorded in TERMINAL or slurm is None:
         return recorded, None
@@ -188,13 +186,11 @@ def reconcile(recorded: str, supervisor_started: bool, slurm: SlurmJob | None) -
             return "QUEUED", "allocated; the supervisor is starting"
         return recorded, None
     if slurm.state in ("CANCELLED", "TIMED_OUT", "LOST"):
-        return slurm.state, "Slurm ended the job: %s%s" % (slurm.slurm_state, _because(slurm))
+        return slurm.state, "Slurm ended the job: %s%s" % (slurm.slurm_state,
+                                                           " (%s)" % slurm.reason if slurm.reason else "")
     ended = "Slurm: %s, exit %s" % (slurm.slurm_state, slurm.exit_code)
     if not supervisor_started:
         return "FAILED", "the batch script ended (%s) before the supervisor started; see slurm-%s.out" % (
             ended, slurm.job_id)
     return "LOST", "the supervisor ended (%s) without writing a final state" % ended
 
-
-def _because(slurm: SlurmJob) -> str:
-    return " (%s)" % slurm.reason if slurm.reason else ""
