@@ -1,5 +1,4 @@
-"""A payload's progress, read from its JSON event lines (stdlib, pure; used by the host's `status` and by
-`runner watch` on the controller).
+"""A payload's progress, read from its JSON event lines (pure; the host's `status` and `runner watch` use it).
 
 The event convention (docs/design.md, "Writing a payload"): one JSON object per stdout line with an
 `event` key — `phase` (`phase`, `status`: start|end|error), `heartbeat` (`phase`), `row` (one result row),

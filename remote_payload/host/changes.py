@@ -79,8 +79,8 @@ class Changes:
         return fd
 
     def changed(self):
-        """The names in the dir changed since the last call, or None where that is not known (polled, not watched
-        yet or only just, the kernel's queue overflowed): then anything may have."""
+        """The names in the dir changed since the last call, or None where that is not known (polled, just
+        armed, the kernel's queue overflowed)."""
         names, self.names = self.names, set()
         return None if self.fd is None or None in names else names
 

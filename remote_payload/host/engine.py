@@ -139,10 +139,9 @@ def enough(need_mib: int, gpu_free_fn, deadline: float) -> bool:
 # ── resume ────────────────────────────────────────────────────────────────────────────────────────────
 
 def resume(record: dict, service: dict, deadline: float) -> dict:
-    """Give back what the record says was released, then wait until the engine serves; returns the timings
-    (resume_s, health_s, and hold_s: from the pause to the engine taking requests again). Raises EngineError when
-    the API does not answer, a step fails, or the record has a release whose answer was never seen: the caller
-    then restarts the unit."""
+    """Give back what the record says was released, then wait until the engine serves; returns the timings.
+    EngineError (the caller then restarts the unit) when the API does not answer, a step fails, or the record
+    has a release whose answer was never seen."""
     began = time.monotonic()
     api = Api(record["api_url"], service)
     if record["engine"] == "sglang":
@@ -174,12 +173,9 @@ def describe(record: dict) -> str:
 # ── downtime: the same parts for every method ─────────────────────────────────────────────────────────
 
 def downtime(service: dict, gpu, restore_began: float, restored_at: float, healthy: bool) -> dict:
-    """"Not serving" from the stop/pause/sleep to healthy again (None while not healthy), and its parts:
-    release (stop or API calls), drain (the wait for free memory), payload (the run, its end and the GPU
-    release wait), resume (start, API resume or restart), health (the wait for healthy). Wall-clock
-    seconds; None for a part this job did not see (an adopted stop). An engine's window starts at its first
-    hold (the pause or sleep that held): one that never paused held no client (0 s, whatever the restore did);
-    clients: what those in flight at that pause saw, and hold_s: from it to the engine taking requests again."""
+    """"Not serving" from the stop/pause/sleep to healthy again (None while not healthy), and its parts, in
+    wall-clock seconds (None for a part this job did not see: an adopted stop). An engine's window starts at
+    its first hold: one that never paused held no client (0 s, whatever the restore did)."""
     released = service.get("released") or {}
     stopped = released.get("paused_at") if released else service.get("stopped_at")
     freed, resumed, drain_s = service.get("freed_at"), service.get("resumed") or {}, (gpu or {}).get("drained_after_s")

@@ -1,12 +1,9 @@
 """A serving engine's HTTP API as runner calls it: its root, the key it wants, and the record of what was asked.
 
-The key: the spec names where it lives ON THE HOST, never the key itself (service.api_key, service.admin_api_key:
-`file:PATH`, a file the host login can read, or `env:NAME`, a variable of the unit's own Environment= or
-EnvironmentFile=). It is read when a call needs it, by whichever process makes the call (supervisor, guard,
-ExecStopPost, restore), kept in memory only, and sent as `Authorization: Bearer` on every engine call; no record,
-log, status or message holds it. SGLang's admin routes (pause, continue, release, resume, flush) want
---admin-api-key when the server has one, else --api-key; its reads (/server_info, /v1/loads) want --api-key.
-A 401 or 403 is `KeyRefused`, naming the spec field to set. vLLM's dev routes take no key.
+The key: the spec names where it lives on the host (`file:PATH` or `env:NAME` of the unit's environment), never
+the key itself. It is read when a call needs it, kept in memory only, and sent as `Authorization: Bearer`; no
+record, log, status or message holds it. SGLang's admin routes want --admin-api-key when the server has one, else
+--api-key. A 401 or 403 is `KeyRefused`, naming the spec field to set. vLLM's dev routes take no key.
 
 The record: each step is handed to `save` before it is asked for and again once it answered: a step whose answer
 was never seen is pending.

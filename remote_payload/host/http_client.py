@@ -42,11 +42,9 @@ def call(method: str, url: str, deadline: float, body=None, headers=None):
 
 
 def exchange(method: str, url: str, deadline: float, body=None, headers=None) -> tuple:
-    """(status, raw body) of one request over http.client, which follows no redirect (a 3xx is an
-    EngineError here: a release answered by whatever the Location names is no release). The whole call
-    (connect, send, status line, headers, body) ends by the deadline, however slowly the engine writes;
-    a body over MAX_BODY_BYTES is refused. Proxies from the environment are never used. headers: added to
-    the request (an Authorization header: never part of a message)."""
+    """(status, raw body) of one request. No redirect is followed (a release answered by whatever the Location
+    names is no release) and no proxy used; the whole call ends by the deadline, however slowly the engine
+    writes; a body over MAX_BODY_BYTES is refused. headers (an Authorization header) never go in a message."""
     import http.client  # here, not at the top: most of the supervisor's runs never call an engine
     from urllib.parse import urlsplit
 

@@ -1,6 +1,5 @@
-"""Pure parsers of what external commands print: nvidia-smi's CSV (GPUs, compute apps, its "[N/A]" cells), `systemctl
-show`, sudo's refusal, and of /proc's text (/proc/net/tcp's listeners, a /proc/PID/cgroup line, mountinfo). They
-run nothing; tests/unit/test_host_parsers.py and test_listener.py feed them captured output. Imports only `re`.
+"""Pure parsers of what external commands print (nvidia-smi, `systemctl show`, sudo) and of /proc's text; the
+tests feed them captured output.
 """
 from __future__ import annotations
 

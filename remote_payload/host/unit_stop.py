@@ -1,12 +1,8 @@
 """How a systemd unit stops, for a job that stops it: a hint before (a serving engine that takes seconds to stop
 under the default KillMode), and what the stop left (a unit `failed` by its own shutdown, cleared before the
-start).
-
-Under KillMode=control-group systemd sends SIGTERM to every process of the unit at once. SGLang's and vLLM's
-children then die before their launcher asks them to (SGLang: "detokenizer crashed with exit code -15"), the
-launcher takes its crash path (SGLang sleeps 5 s in it) and exits non-zero, and systemd marks the unit
-`failed` until the next start. KillMode=mixed sends SIGTERM to the main process only: the engine shuts its
-own children down. Pure parsers of `systemctl show` output, plus the two bounded calls that feed them.
+start). Under KillMode=control-group systemd SIGTERMs every process of the unit at once: an engine's children
+die before its launcher asks them to, the launcher takes its crash path and exits non-zero, and the unit is
+`failed` until the next start. KillMode=mixed lets the engine shut its own children down.
 """
 from __future__ import annotations
 
