@@ -45,8 +45,7 @@ def slot_problem(devices: list, per_variant) -> str | None:
 
 
 def slots(devices: list, per_variant=None) -> list:
-    """The devices cut in order into slots of per_variant each: [[0, 1], [2, 3]]; one slot of them all when
-    per_variant is None (the variants one after another, each with every device)."""
+    """The devices cut in order into slots of per_variant each; one slot of them all when per_variant is None."""
     if per_variant is None:
         return [list(devices)]
     return [list(devices[k:k + per_variant]) for k in range(0, len(devices), per_variant)]
@@ -102,8 +101,7 @@ def label(args: dict) -> str:
 
 
 def job_variants(spec: dict) -> list:
-    """What the host runs, for every job: a sweep's variants as the wire gives them, else the plain job as a
-    list of one (no args of its own; its argv the payload's: a script's args, or the command)."""
+    """What the host runs: a sweep's variants as the wire gives them, else the plain job as a list of one."""
     if spec.get("sweep"):
         return spec["sweep"]["variants"]
     payload = spec["payload"]

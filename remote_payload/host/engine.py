@@ -109,8 +109,7 @@ def probe_vllm(api: Api, deadline: float) -> dict:
 def release(service: dict, need_mib: int, gpu_free_fn, deadline: float, save=lambda record: None,
             offers=None) -> dict:
     """Free the engine's GPU memory; returns the record (also handed to `save` at every step).
-    gpu_free_fn(): the least free MiB over the job's GPUs now (None: unknown, counts as short);
-    offers: probe's answer when the caller asked already."""
+    gpu_free_fn(): the least free MiB over the job's GPUs now (None: unknown, counts as short)."""
     offers = offers or probe(service, deadline)
     record = new_record(service, offers)
     api = Api(record["api_url"], service)

@@ -77,8 +77,7 @@ class Api:
 
 def until_sent(ask, deadline: float):
     """ask()'s answer, asked again while the request never reached the engine (NotSent) and the deadline allows:
-    an engine holding many clients' connections (a long window) may refuse or cut a new one for a while, and
-    a resume given up on that is a restart that drops every request it held."""
+    an engine holding many clients' connections may refuse a new one for a while."""
     wait = RETRY_FIRST_S
     while True:
         try:
@@ -111,8 +110,7 @@ def read_key_file(path: str) -> str:
 
 
 def unit_environment(service: dict) -> dict:
-    """The unit's own environment: its Environment= assignments, then its EnvironmentFile= files (read here:
-    they must be readable by the host login), as systemd would set them for the engine."""
+    """The unit's Environment= assignments, then its EnvironmentFile= files, as systemd sets them."""
     from .systemd import Systemd
     ctl = Systemd(service.get("scope", "system"), service.get("sudo", False))
     done = run_command(ctl.argv("systemctl", "show", "--property=Environment,EnvironmentFiles", service["unit"]))

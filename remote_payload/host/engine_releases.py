@@ -55,8 +55,7 @@ def supported(engine: str) -> str:
 
 
 def choose(engine: str, version) -> dict:
-    """The row of the release `version` (as the engine reported it) belongs to; UnknownRelease names the ones
-    runner supports."""
+    """The row of the release `version` belongs to; UnknownRelease names the ones runner supports."""
     found = version_tuple(version)
     for row in RELEASES[engine]:
         if found and covers(row, found):

@@ -22,9 +22,8 @@ def health_ok(url: str, timeout: float) -> bool:
 
 
 def units_answer(ctl: Systemd, unit: str, url: str, timeout: float):
-    """None when url answered 2xx through the unit's own socket (host/listener.py: the same sockets listening
-    on its port just before the request and just after the answer, each the unit's; a URL of another host: the
-    answer alone); else (why, for a human, or None)."""
+    """None when url answered 2xx through the unit's own socket (host/listener.py; a URL of another host:
+    the answer alone); else (why, for a human, or None)."""
     port = local_port(url)
     before = listeners(port) if port else {}
     if not health_ok(url, timeout):
@@ -41,9 +40,8 @@ def units_answer(ctl: Systemd, unit: str, url: str, timeout: float):
 
 def wait_healthy(ctl: Systemd, unit: str, url, timeout: float, note=None):
     """Poll until healthy, failed or timeout; returns (healthy, active_state). Healthy: active and the health
-    URL answered 2xx by the unit itself (`units_answer`; `note` hears why not, each new reason once); with no
-    URL, active for STAY_ACTIVE_S in a row (a Type=simple unit is "active" the moment its process is forked,
-    even one that dies a second later)."""
+    URL answered by the unit itself (`note` hears why not, each new reason once); with no URL, active for
+    STAY_ACTIVE_S in a row (a Type=simple unit is "active" the moment it is forked, even one that dies at once)."""
     deadline = time.monotonic() + timeout
     active_since, said = None, None
     while True:

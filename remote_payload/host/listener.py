@@ -124,8 +124,7 @@ def judge(port: int, before: dict, after: dict, main_pid: int, unit: str):
 
 
 def outside_unit(sockets: dict, main_pid: int, unit: str):
-    """A description of who holds one of `sockets` outside the unit, or None when each is the unit's: by its
-    cgroup's processes' fds where they can be read, else by the sockets' uid against the unit's user."""
+    """Who holds one of `sockets` outside the unit, or None when each is the unit's."""
     if not main_pid:
         return None  # no main process to compare with (Type=oneshot): the two looks alone
     group = unit_cgroup(main_pid, unit)

@@ -50,9 +50,8 @@ def is_alive(ident) -> bool:
 
 
 def group_alive(pgid: int) -> bool:
-    """Whether a live (non-zombie) process is in group pgid: one kill(2) and the leader's stat, whatever the
-    host's process count (a group's id stays its leader's pid while the group lives: the pid is not reused).
-    Only a group whose leader is gone or a zombie while members are left is looked for in all of /proc."""
+    """Whether a live (non-zombie) process is in group pgid: one kill(2) and the leader's stat; all of /proc
+    is read only for a group whose leader is gone or a zombie while members are left."""
     try:
         os.killpg(pgid, 0)
     except ProcessLookupError:
@@ -83,8 +82,7 @@ def group_members(pgid: int) -> list:
 
 
 def user_processes_in_own_cgroup(uid: int) -> list:
-    """The live processes of this process's cgroup (v2: /proc/self/cgroup's "0::" line) whose real uid is
-    `uid`; [] where the cgroup cannot be read (cgroup v1, no /sys/fs/cgroup)."""
+    """The live processes of this process's cgroup whose real uid is `uid`; [] where it cannot be read."""
     try:
         with open("/proc/self/cgroup") as fh:
             path = parse_cgroup(fh.read())

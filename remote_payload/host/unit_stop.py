@@ -21,8 +21,7 @@ def parse_properties(text: str) -> dict:
 
 
 def exec_command(value: str) -> str:
-    """ExecStart's command line: `{ path=… ; argv[]=CMD ; ignore_errors=… }` → CMD (each ExecStart= line's,
-    joined); a value of another shape as it is."""
+    """ExecStart's command line: `{ path=… ; argv[]=CMD ; ignore_errors=… }` → CMD (each line's, joined)."""
     commands = re.findall(r"argv\[\]=(.*?) ; ", value)
     return " | ".join(commands) if commands else value.strip()
 
@@ -43,8 +42,7 @@ def slow_stop_hint(unit: str, settings: dict):
 
 
 def stop_settings(ctl, unit: str) -> dict:
-    """The unit's KillMode, ExecStart and TimeoutStopUSec; {} when systemctl cannot say (a hint, never a
-    refusal)."""
+    """The unit's KillMode, ExecStart and TimeoutStopUSec; {} when systemctl cannot say."""
     try:
         done = run_command(ctl.argv("systemctl", "show", "--property=" + STOP_PROPERTIES, unit), timeout=10)
     except Fail:
@@ -53,8 +51,7 @@ def stop_settings(ctl, unit: str) -> dict:
 
 
 def failed_by_stop(ctl, unit: str):
-    """After this job's stop left UNIT failed: {state: failed, result: systemd's Result (exit-code, signal,
-    timeout…), by: "this job's stop"}, the record that says the failure is the stop's, not the service's."""
+    """The record that says UNIT's failed state is this job's stop's, not the service's."""
     try:
         done = run_command(ctl.argv("systemctl", "show", "--property=Result", unit), timeout=10)
         result = parse_properties(done.stdout.decode("utf-8", "replace")).get("Result", "").strip()
@@ -64,8 +61,7 @@ def failed_by_stop(ctl, unit: str):
 
 
 def reset_failed(ctl, unit: str) -> str:
-    """`systemctl reset-failed UNIT` before its start: the failed mark (and the start rate limit's count)
-    cleared; returns "" or why it did not (a sudo rule without it included: the start goes on either way)."""
+    """Clear UNIT's failed mark before its start; "" or why not (the start goes on either way)."""
     try:
         ctl.change("reset-failed", unit, timeout=10)
         return ""

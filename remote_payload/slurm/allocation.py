@@ -38,8 +38,7 @@ def run_job(job: Job) -> dict:
 
 
 def _install_handlers(flags: Flags) -> None:
-    """Slurm's SIGTERM (scancel, its time limit) and our SIGUSR1 (`cancel`) both stop the payload as a
-    cancel: TERM → grace → KILL, then CANCELLED (Slurm's KILL follows KillWait after its TERM)."""
+    """Slurm's SIGTERM (scancel, its time limit) and our SIGUSR1 (`cancel`) both stop the payload as a cancel."""
     def cancel(signum, frame):
         flags.cancel = True
         flags.slurm_term = flags.slurm_term or signum == signal.SIGTERM

@@ -161,8 +161,8 @@ class ArrayLock:
 
 
 def refresh(paths: JobPaths, known: dict) -> dict:
-    """The array's status: each task reconciled with Slurm's view of it (asked at most every SLURM_POLL_S);
-    the array's progress; once every variant is done, result.json and then the final state."""
+    """The array's status from each task reconciled with Slurm's view; once every variant is done, result.json
+    and then the final state."""
     status = read_status(paths)
     if status["state"] in TERMINAL:
         return _answer(status, known)
@@ -179,9 +179,8 @@ def refresh(paths: JobPaths, known: dict) -> dict:
 
 
 def cancel(paths: JobPaths, known: dict) -> dict:
-    """After the cancel file: scancel every task not started (pending, or allocated before its supervisor
-    ran), SIGUSR1 to the batch step of every started one (its supervisor stops the payload: TERM → grace →
-    KILL, CANCELLED). Tasks that start later see the cancel file and run nothing."""
+    """After the cancel file: scancel every task not started, SIGUSR1 to the batch step of every started one.
+    Tasks that start later see the cancel file and run nothing."""
     with ArrayLock(paths):
         known = _asked(paths, dict(known, asked_at=0))
         spec, started, waiting = read_json(paths.spec), [], {}
@@ -236,8 +235,7 @@ def combined_chunk(segments: list, offset: int, limit: int) -> tuple:
 # ── the login node: one task ────────────────────────────────────────────────────────────────────────────
 
 def _task(paths: JobPaths, spec: dict, index: int, view) -> dict:
-    """One task as the array counts it; a task Slurm ended while its supervisor could not write is given
-    its final status and last log line here, as one job is (slurm_states.reconcile)."""
+    """One task as the array counts it; a task Slurm ended while its supervisor could not write is ended here."""
     task = task_paths(paths, index)
     status = read_task(task)
     if not os.path.exists(task.done):
@@ -261,8 +259,8 @@ def _task(paths: JobPaths, spec: dict, index: int, view) -> dict:
 
 
 def _end_task(paths: JobPaths, spec: dict, index: int, state: str, message: str) -> dict:
-    """A task Slurm ended while its supervisor could not write (or that the login node's cancel took out of
-    the queue): its final status, its last log line, `done`."""
+    """A task Slurm ended while its supervisor could not write (or the login node's cancel took out of the
+    queue): its final status, its last log line, `done`."""
     task = task_paths(paths, index)
     os.makedirs(task.dir, exist_ok=True)  # a task that never started has none yet
     job = Job(task, spec, read_task(task) or initial_status(variant_spec(spec, index)))
@@ -306,8 +304,7 @@ def array_progress(tasks: list) -> dict:
 
 def sweep_outcome(records: list, cancel_requested: bool) -> tuple:
     """(state, message, exit_code) of an array whose variants are all done, as a sweep on one host ends:
-    SUCCEEDED only if every variant succeeded (exit_code 0, else 1); CANCELLED after runner's cancel, or
-    when Slurm cancelled every variant that did not succeed (scancel of the array); else FAILED."""
+    SUCCEEDED only if every variant did; CANCELLED on request or when Slurm cancelled every other one; else FAILED."""
     n = len(records)
     ok = sum(1 for r in records if r["state"] == "SUCCEEDED")
     skipped = sum(1 for r in records if r["status"] == "skipped")
@@ -391,9 +388,8 @@ def _asked(paths: JobPaths, known: dict) -> dict:
 
 
 def ask(slurm_job_id: str, variants: int) -> tuple:
-    """({variant index: SlurmJob}, error or None): `squeue -r` (one line per task) first; sacct for the tasks
-    slurmctld no longer lists (it forgets each MinJobAge after its end; sacct prints the tasks that never
-    started as one range, in full with SLURM_BITSTR_LEN=0); a task neither knows is `forgotten` (LOST)."""
+    """({variant index: SlurmJob}, error or None): `squeue -r` first; sacct for the tasks slurmctld no longer lists
+    (those that never started in one range, in full with SLURM_BITSTR_LEN=0); a task neither knows is `forgotten`."""
     wanted = {"%s_%d" % (slurm_job_id, k - 1): k for k in range(1, variants + 1)}
     done = slurm_call(["squeue", "-h", "-r", "-t", "all", "-j", slurm_job_id, "-o", SQUEUE_FORMAT])
     try:

@@ -62,15 +62,13 @@ def extra_args_problem(extra_args: list) -> str | None:
 
 
 def setup_seconds(limits: dict, payload: dict) -> float:
-    """What the allocation runs before the payload, at its bounds: the prepare step (when the job has one)
-    and the staging (a staged payload). Wire-form limits and payload."""
+    """What the allocation runs before the payload, at its bounds: the prepare step and the staging."""
     return ((limits.get("prepare_timeout", 0) if payload.get("prepare") is not None else 0)
             + (limits.get("stage_timeout", 0) if payload.get("staged") else 0))
 
 
 def time_limit_minutes(max_runtime: float, grace: float, setup: float = 0.0, slack: float = SLACK_S) -> int:
-    """Slurm's --time for a job whose own deadline is setup + max_runtime + grace: later by `slack`, whole
-    minutes."""
+    """Slurm's --time for a job whose own deadline is setup + max_runtime + grace: `slack` later."""
     return max(1, math.ceil((setup + max_runtime + grace + slack) / 60.0))
 
 
@@ -123,8 +121,7 @@ def _slurm_path(path: str) -> str:
 # ── job arrays (a sweep's variants: remote_payload/slurm/array.py) ──────────────────────────────────────
 
 def array_option(variants: int, max_parallel: int) -> str:
-    """sbatch's `--array=0-(N-1)%k` for N variants, at most k tasks running at once. An argv word like every
-    other option here (not an #SBATCH line); users cannot set --array themselves (OWNED_OPTIONS)."""
+    """sbatch's `--array=0-(N-1)%k` for N variants, at most k tasks running at once."""
     if variants < 1 or max_parallel < 1:
         raise ValueError("a job array needs at least one variant and max_parallel >= 1; got %r, %r"
                          % (variants, max_parallel))

@@ -59,8 +59,7 @@ def preflight(python: str) -> dict:
 
 
 def submit(paths: JobPaths, spec: dict) -> dict:
-    """sbatch the claimed job dir's job; a refusal removes the dir (the id was never used) and says why.
-    A sweep is one job array: one task per variant, at most sweep.max_parallel at once (slurm/array.py)."""
+    """sbatch the claimed job dir's job (a sweep: one job array); a refusal removes the dir and says why."""
     array = array_shape(spec)
     try:
         argv = submit_argv(paths, spec)
@@ -102,8 +101,7 @@ def array_shape(spec: dict):
 
 
 def refresh(paths: JobPaths) -> dict:
-    """status.json with Slurm's view (`slurm`: job_id, state, reason, node, …); a job Slurm ended while its
-    supervisor could not write is given its final state here."""
+    """status.json with Slurm's view; a job Slurm ended while its supervisor could not write is ended here."""
     status = read_status(paths)
     known = _read_known(paths)
     if known is None:  # sbatch has not answered yet
@@ -124,9 +122,8 @@ def refresh(paths: JobPaths) -> dict:
 
 
 def cancel(paths: JobPaths, status: dict) -> dict:
-    """Cancel file first (the supervisor checks it before and while the payload runs), then Slurm: a job
-    still waiting is scancelled and marked CANCELLED here; a running one gets SIGUSR1 in its batch step,
-    so our supervisor stops the payload (TERM → grace → KILL) and writes CANCELLED itself."""
+    """Cancel file first (the supervisor checks it), then Slurm: a job still waiting is scancelled and marked
+    CANCELLED here; a running one gets SIGUSR1 in its batch step and its supervisor writes CANCELLED."""
     with open(paths.cancel, "w") as fh:
         fh.write("%f\n" % time.time())
     append_line(paths.events, {"t": time.time(), "event": "cancel-requested"})
@@ -175,8 +172,7 @@ def _asked(paths: JobPaths, known: dict) -> dict:
 
 
 def ask(slurm_job_id: str) -> tuple:
-    """(SlurmJob or None, error text or None): squeue first (immediate), sacct once slurmctld forgot it;
-    `forgotten` (LOST) when sacct cannot know it either."""
+    """(SlurmJob or None, error or None): squeue first, sacct once slurmctld forgot it, else `forgotten`."""
     done = slurm_call(["squeue", "-h", "-t", "all", "-j", slurm_job_id, "-o", SQUEUE_FORMAT])
     try:
         if done.returncode == 0:
@@ -226,10 +222,8 @@ def _with_view(status: dict, known: dict) -> dict:
 # ── the allocation ────────────────────────────────────────────────────────────────────────────────────
 
 def run_in_allocation(root: str, job_id: str) -> dict:
-    """`slurm-run`: the batch script's process. The job as on an SSH host (deadline, cancel, output, events,
-    result) minus locks, service and guard; GPUs are Slurm's (CUDA_VISIBLE_DEVICES as it set them).
-    `exit_status` becomes the batch script's exit code, so Slurm's accounting shows the payload's.
-    In a job array's task: that task's variant (slurm_array.run_task)."""
+    """`slurm-run`: the batch script's process; `exit_status` becomes its exit code, so Slurm's accounting
+    shows the payload's. In a job array's task: that task's variant."""
     paths = JobPaths(root, job_id)
     if read_json(paths.spec).get("sweep"):
         return slurm_array.run_task(paths)

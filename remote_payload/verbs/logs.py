@@ -87,10 +87,9 @@ def widen_pipe(fd: int) -> None:
 
 
 def stream_log(paths: JobPaths, args) -> dict:
-    """`logs --stream`: the log from --offset as it grows, on this one call, for up to --wait seconds (with
-    --follow until the job ended and every byte went, else until caught up). Each chunk is a frame: a JSON
-    header line (`data_len`, `next_offset`, the state read before the bytes), then its raw bytes. The answer
-    line is the last frame, with no bytes."""
+    """`logs --stream`: the log from --offset as it grows, for up to --wait seconds (--follow: until the job
+    ended and every byte went). Each chunk is a frame: a JSON header line, then its raw bytes; the answer line
+    is the last frame, with no bytes."""
     deadline, offset = time.monotonic() + max(0.0, args.wait), args.offset
     out = sys.stdout.buffer
     widen_pipe(out.fileno())

@@ -36,8 +36,7 @@ def preflight_report(args, spec: dict) -> dict:
 
 
 def owed_elsewhere(root: str, found: list) -> list:
-    """A unit that another login's job stopped and still owes (its ledger entry), not running now: busy here,
-    naming that job. Its own restorers bring the unit back; a window of ours would run inside its stop."""
+    """A unit that another login's job stopped and still owes, not running now: busy here, naming that job."""
     owed = []
     for service in found:
         entry = ledger.foreign_entry(root, service["unit"])

@@ -42,10 +42,8 @@ def reap_if_dead(paths: JobPaths) -> dict:
 
 
 def believed(paths: JobPaths, status: dict) -> dict:
-    """A terminal status, unless the host ledger says the job still owes the restore of a service it stopped
-    (the payload can overwrite status.json): then it is not believed. While the job's supervisor or guard
-    holds its locks, it is reported as running; with both gone it is marked LOST from the ledger and a
-    restorer is started."""
+    """A terminal status, unless the host ledger says the job still owes a restore (the payload can overwrite
+    status.json): then it is running while its supervisor or guard holds its locks, else LOST and restored."""
     entries = owed.stops_owed(paths.root, paths.job_id)
     why = owed.contradiction(status, entries)
     if why is None:

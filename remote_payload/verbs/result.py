@@ -54,10 +54,9 @@ def cmd_result(args) -> dict:
 
 
 def service_windows(paths: JobPaths) -> list:
-    """`[{unit, window}]`: each service record of status.json that holds a window (`downtime`, written once the
-    service is back), in the spec's order; none when status.json cannot be read (the result is what was asked
-    for). status.json is the payload's to overwrite: a record of another shape is skipped, and a window keeps
-    only its scalars and its objects of scalars (`clients`), so that it never deepens the answer."""
+    """`[{unit, window}]` of each service record of status.json that holds a window (`downtime`); none when
+    status.json cannot be read. The payload can overwrite status.json: a record of another shape is skipped,
+    and a window keeps only its scalars and objects of scalars, so that it never deepens the answer."""
     try:
         status = read_status(paths)
     except Fail:

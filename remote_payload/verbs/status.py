@@ -25,8 +25,7 @@ def status_entry(paths: JobPaths) -> dict:
 
 
 def payload_progress(paths: JobPaths, status: dict):
-    """For a job not yet ended: its phase, rows done of expected, and how long its output has been silent
-    (read from the event lines in the last MiB of output.log; progress.py has the convention)."""
+    """For a job not yet ended: its progress from the event lines in the last MiB of output.log."""
     if status["state"] in TERMINAL:
         return None
     try:
@@ -46,7 +45,7 @@ MAX_WAIT_S = 3600.0
 
 def cmd_status(args) -> dict:
     """The jobs' entries; with --wait S (named jobs only), not before one of them changed state or ended, or
-    S passed: a fleet's driver waits for its host's job on one call instead of a call a second."""
+    S passed."""
     jobs_root = os.path.join(args.root, "jobs")
     named = args.job_id + (read_job_ids_stdin() if args.ids_on_stdin else [])
     ids = named or (sorted(os.listdir(jobs_root)) if os.path.isdir(jobs_root) else [])
