@@ -34,8 +34,7 @@ class Unsupported(EngineError):
 
 def api_url(service: dict) -> str:
     """service.api_url, else the origin of service.health_url (the host checked one is there)."""
-    url = service.get("api_url") or origin(service.get("health_url") or "")
-    return url.rstrip("/")
+    return (service.get("api_url") or origin(service.get("health_url") or "")).rstrip("/")
 
 
 def new_record(service: dict, offers: dict) -> dict:

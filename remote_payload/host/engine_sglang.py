@@ -1,12 +1,6 @@
-"""SGLang: how its GPU memory is released and resumed, by the pause mode its release row allows (engine_releases.py).
-
-    retract:  pause_generation retract (running requests back to the waiting queue, their KV freed) → confirm the
-              running batch is empty → release; after the resume the held requests complete, none aborted.
-    drain:    serve on until idle, close admission with an in-place pause, ask again, release; past
-              service.drain_timeout nothing is released (DrainTimeout) unless service.drain_fallback is abort.
-    abort:    pause_generation abort: every request it holds comes back truncated.
-    then:     release kv_cache → enough free? else weights (only with their CPU backup: without it they come back as
-              uninitialised memory) · resume: what was released, last first → continue_generation.
+"""SGLang: how its GPU memory is released and resumed, by the pause mode its release row allows (engine_releases.py
+describes each mode's sequence): pause (retract, drain or abort) → release kv_cache → weights only if still short
+and only with their CPU backup (without it they come back as uninitialised memory).
 
 SGLang's release asserts its scheduler is idle and takes the whole server down if not. /v1/loads cannot confirm
 a retraction (its snapshot stands still while paused); /flush_cache does, answering by the release's own rule.

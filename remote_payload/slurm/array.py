@@ -14,7 +14,6 @@ The array's status.json and result.json are the login node's alone, written unde
 The tail: the variants' output.log files one after another. Bytes of variant K+1 are served only once
 variant K is done (`done` is created after its last byte), so an offset always means the same byte and the
 byte-cursor tail stays exactly-once.
-
 """
 from __future__ import annotations
 
@@ -200,7 +199,7 @@ def cancel(paths: JobPaths, known: dict) -> dict:
         for index in (k for k, view in waiting.items() if view.slurm_state == "PENDING"):
             _end_task(paths, spec, index, "CANCELLED", "cancelled while waiting in Slurm's queue")
         write_json_atomic(slurm_file(paths), dict(known, asked_at=0))  # the next look asks Slurm again
-    status = refresh(paths, _read(paths))
+    status = refresh(paths, read_json(slurm_file(paths)))
     answer = {"state": status["state"], "slurm_job_id": known["job_id"]}
     return dict(answer, scancel="; ".join(e for e in errors if e)) if any(errors) else answer
 
@@ -356,7 +355,7 @@ def _variant(paths: JobPaths, spec: dict, task: dict) -> dict:
 def _escalate_cancel(paths: JobPaths, spec: dict, known: dict, tasks: list) -> None:
     if known.get("scancel_at") or not os.path.exists(paths.cancel) or all(t["closed"] for t in tasks):
         return
-    scancel_if_late(paths, _read(paths), spec["limits"]["grace"])  # the whole array
+    scancel_if_late(paths, read_json(slurm_file(paths)), spec["limits"]["grace"])  # the whole array
 
 
 def _answer(status: dict, known: dict) -> dict:
@@ -366,10 +365,6 @@ def _answer(status: dict, known: dict) -> dict:
 
 
 # ── asking Slurm about every task at once ─────────────────────────────────────────────────────────────
-
-def _read(paths: JobPaths) -> dict:
-    return read_json(slurm_file(paths))
-
 
 def _view(known: dict, index: int):
     view = (known.get("views") or {}).get(str(index))

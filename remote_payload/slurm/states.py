@@ -6,9 +6,6 @@ shape changed twice; a login node may run any of them.
     squeue -h -t all -j IDS -o '%i|%T|%r'            job id | long state | reason  (known to slurmctld)
     sacct -n -P -X -j IDS -o JobID,State,ExitCode,Reason                            (accounting, any age)
 
-A job array's tasks are `123_4` in both (`squeue -r` prints one line per task); sacct prints the tasks that
-never started as one row, `123_[2-3%2]` (`array_task_ids` expands it).
-
 Ask squeue first: it is immediate, while sacct is eventually consistent. A job slurmctld has forgotten
 (MinJobAge after its end) makes `squeue -j` fail (`squeue_forgot`); then sacct has the final record. Where
 sacct has none either (no accounting, or no row), `forgotten` makes it LOST rather than leaving it

@@ -1,4 +1,2 @@
-"""The host's verbs above the launchers: one room per verb, the Slurm launcher on first use, and the LOST
-reaping every reading verb does first. May import the shared rules, host/, supervision/ and slurm/; only
-commands.py imports them, one verb's room per call. No imports here: every host call pays for what it
-loads."""
+"""The host's verbs: one room per verb, imported by commands.py one per call, and the LOST reaping every reading
+verb does first. No imports here: every host call pays for what it loads."""
