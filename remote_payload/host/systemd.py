@@ -37,9 +37,8 @@ class Systemd:
         return parse_systemctl_show(done.stdout.decode("utf-8", "replace"))
 
     def refuse_missing(self, unit: str, active_state: str) -> None:
-        """An inactive unit that systemd has no file for (a misspelt service.unit, or the other service.scope):
-        refused at once, before anything waits for it to start. Asked of an inactive unit only; a sudo rule
-        without this call leaves it unasked."""
+        """An inactive unit systemd has no file for (a misspelt service.unit, or the other service.scope): refused
+        before anything waits for it to start; a sudo rule without this call leaves it unasked."""
         if active_state != "inactive":
             return
         try:

@@ -79,9 +79,8 @@ def read_task(task: JobPaths):
 
 
 def close(job: Job, line: dict) -> bool:
-    """The variant's last log line, then `done`: its log is final, nobody writes variant-K any more. Whoever
-    creates `closing` first (O_EXCL) closes it, so the line is never written twice (a task that starts
-    just as the login node records it cancelled); False when another did."""
+    """The variant's last log line, then `done`. Whoever creates `closing` first (O_EXCL) closes it, so the line
+    is never written twice (a task that starts just as the login node records it cancelled); False when another did."""
     try:
         os.close(os.open(os.path.join(job.paths.dir, "closing"), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
     except FileExistsError:

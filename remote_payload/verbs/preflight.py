@@ -74,9 +74,8 @@ def preflight_service(root: str, spec_service: dict) -> dict:
 
 
 def refuse_unanswered_health(spec_service: dict, found: dict) -> None:
-    """A job that may stop the unit waits for its health URL to say it is back: a URL that does not answer 2xx
-    while the unit serves now (a wrong port or path) would be found only after the stop, health_timeout later.
-    Asked of an active unit that no runner job holds; any 2xx will do (who answers is the restore's concern)."""
+    """A health URL that does not answer 2xx while the unit serves now (a wrong port or path) would be found
+    only after the stop, health_timeout later. Asked of an active unit no runner job holds; any 2xx will do."""
     url = spec_service.get("health_url")
     if not url or spec_service.get("stop", "never") == "never" or found["active_state"] != "active" or found["ledger"]:
         return
