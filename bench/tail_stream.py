@@ -37,22 +37,24 @@ def main() -> int:
     parser.add_argument("--out", default="bench/results/tail_stream.json")
     args = parser.parse_args()
     def measure(login, root, work, env) -> dict:
-        return {"load_start": os.getloadavg(), "drain": drain(args, login, root, work, env),
-                "follow": {side: follow(checkout, args, login, root, work, env)
-                           for side, checkout in (("a", REPO), ("b", args.base))},
+        # each side its own state dir and its own jobs: a release need not read the other's job records
+        env_b = dict(env, RUNNER_STATE_DIR=str(work / "state-b"))
+        return {"load_start": os.getloadavg(), "drain": drain(args, login, root, work, env, env_b),
+                "follow": {side: follow(checkout, args, login, root, work, side_env)
+                           for side, checkout, side_env in (("a", REPO, env), ("b", args.base, env_b))},
                 "load_end": os.getloadavg(), "failures": FAILURES}
 
     return on_user_host("runner-bench-tail-", args.out, measure)
 
 
-def submit(env: dict, root: Path, login, work: Path, blocks: int, pause: float) -> str:
+def submit(checkout: Path, env: dict, login, root: Path, work: Path, blocks: int, pause: float) -> str:
     (work / "writer.py").write_text(WRITER)
     (work / "writer.py").chmod(0o755)
     spec = work / f"w{blocks}-{pause}.json"
     spec.write_text(json.dumps({"name": "writer", "host": {"address": login.alias, "root": str(root)},
                                 "payload": {"command": ["python3", str(work / "writer.py"), str(blocks), str(pause)]},
                                 "limits": {"max_runtime": "20m"}}))
-    argv, full_env, cwd = cli(REPO, env, "submit", str(spec))
+    argv, full_env, cwd = cli(checkout, env, "submit", str(spec))
     return subprocess.run(argv, env=full_env, cwd=cwd, capture_output=True, check=True).stdout.decode().strip()
 
 
@@ -69,26 +71,28 @@ def peak_rss_mib(argv: list[str], env: dict, cwd: Path) -> float:
     return round(usage.ru_maxrss / 1024, 1)
 
 
-def drain(args, login, root: Path, work: Path, env: dict) -> dict:
-    job_id = submit(env, root, login, work, args.mib, 0.0)
-    while not ended(root, job_id):
+def drain(args, login, root: Path, work: Path, env: dict, env_b: dict) -> dict:
+    job_id = submit(REPO, env, login, root, work, args.mib, 0.0)
+    job_b = submit(args.base, env_b, login, root, work, args.mib, 0.0)
+    while not (ended(root, job_id) and ended(root, job_b)):
         time.sleep(0.5)
     log = root / "jobs" / job_id / "output.log"
     words = ("tail", job_id, "--from-start", "--max-wait", "120")
+    words_b = ("tail", job_b, "--from-start", "--max-wait", "120")
     ssh = (["ssh", "-F", str(login.ssh_config), "-o", "ControlMaster=auto", "-o", f"ControlPath={work}/c.sock",
             "-o", "ControlPersist=300", login.alias, "tail", "-c", "+1", str(log)], None, REPO)
     mb = log.stat().st_size / 1e6
-    a_vs_b = pairs(cli(REPO, env, *words), cli(args.base, env, *words), args.base_runs, warmup=0)
+    a_vs_b = pairs(cli(REPO, env, *words), cli(args.base, env_b, *words_b), args.base_runs, warmup=0)
     a_vs_ssh = pairs(cli(REPO, env, *words), ssh, args.runs)
     return {"mb": round(mb, 1), "a_vs_b": a_vs_b, "a_vs_ssh_tail": a_vs_ssh,
             "mb_per_s": {"a": round(mb / a_vs_b["a_s"]["median"], 1), "b": round(mb / a_vs_b["b_s"]["median"], 1),
                          "ssh_tail": round(mb / a_vs_ssh["b_s"]["median"], 1)},
-            "peak_rss_mib": {"a": peak_rss_mib(*cli(REPO, env, *words)), "b": peak_rss_mib(*cli(args.base, env, *words))}}
+            "peak_rss_mib": {"a": peak_rss_mib(*cli(REPO, env, *words)), "b": peak_rss_mib(*cli(args.base, env_b, *words_b))}}
 
 
 def follow(checkout: Path, args, login, root: Path, work: Path, env: dict) -> dict:
     """A tail -f loop on a ~10 MB/s writer, from its submit until a call exits 0 (or twice the writer's time)."""
-    job_id = submit(env, root, login, work, args.follow_s * 10, 0.1)
+    job_id = submit(checkout, env, login, root, work, args.follow_s * 10, 0.1)
     t0, printed, calls, code = time.monotonic(), bytearray(), 0, 75
     argv, full_env, cwd = cli(checkout, env, "tail", job_id, "-f", "--max-wait", "5")
     while code == 75 and time.monotonic() - t0 < 2 * args.follow_s + 10:
