@@ -261,10 +261,6 @@ def preflight(answer: dict) -> dict:
     return _checked("preflight", answer, REPORT)
 
 
-def start(answer: dict, job_id: str) -> dict:
-    return _same_job("start", _checked("start", answer, START), job_id)
-
-
 def submit(answer: dict, job_id: str) -> Started:
     """`report` and start's answer: the host either started the job or answered its refusal as an error."""
     if not _checked("submit", answer, SUBMIT)["started"]:

@@ -107,10 +107,6 @@ class HostClient:
     def preflight(self, wire: dict) -> dict:
         return answers.preflight(self.call("preflight", [], stdin=_json_bytes(wire)))
 
-    def start(self, wire: dict, *, queue: bool = False) -> dict:
-        args = ["--job-id", wire["job_id"]] + (["--queue"] if queue else [])
-        return answers.start(self.call("start", args, stdin=_json_bytes(wire)), wire["job_id"])
-
     def submit(self, wire: dict, *, queue: bool = False) -> Started:
         """Wire `submit`: the host's own verdict on its preflight report, in one round trip: start's answer
         (plus `report`, `started`: true, `stop_service`, `notes`), or the refusal raised (busy, exit 4). A

@@ -19,6 +19,11 @@ def _opt_dict(value: Any) -> dict | None:
     return value if isinstance(value, dict) else None
 
 
+def _copied(cls: Any, record: dict, **made: Any) -> Any:
+    """cls with each field copied from `record` as it is (None where absent), but those `made` gives."""
+    return cls(**{f.name: record.get(f.name) for f in dataclasses.fields(cls) if f.name not in made}, **made)
+
+
 @dataclass(frozen=True)
 class Started:
     """`submit`'s answer: the job started (or queued) under the id asked for, with the host's verdict: whether
@@ -58,11 +63,8 @@ class ServiceRecord:
 
     @classmethod
     def from_json(cls, record: dict) -> ServiceRecord:
-        return cls(unit=record.get("unit"), was=record.get("was"), now=record.get("now"),
-                   stopped=record.get("stopped"), stopped_at=record.get("stopped_at"),
-                   restored_at=record.get("restored_at"), downtime_s=record.get("downtime_s"),
-                   healthy=record.get("healthy"), window=_opt_dict(record.get("downtime")),
-                   stop_result=_opt_dict(record.get("stop_result")))
+        return _copied(cls, record, window=_opt_dict(record.get("downtime")),
+                       stop_result=_opt_dict(record.get("stop_result")))
 
 
 @dataclass(frozen=True)
@@ -79,10 +81,8 @@ class Progress:
 
     @classmethod
     def from_json(cls, progress: dict) -> Progress:
-        return cls(rows_done=progress["rows_done"], rows_expected=progress.get("rows_expected"),
-                   silent_s=progress.get("silent_s"), phase=progress.get("phase"),
-                   phase_status=progress.get("phase_status"), variant=_opt_dict(progress.get("variant")),
-                   sweep=_dict(progress.get("sweep")))
+        return _copied(cls, progress, rows_done=progress["rows_done"], variant=_opt_dict(progress.get("variant")),
+                       sweep=_dict(progress.get("sweep")))
 
 
 @dataclass(frozen=True)
@@ -96,8 +96,7 @@ class Slurm:
 
     @classmethod
     def from_json(cls, slurm: dict) -> Slurm:
-        return cls(job_id=slurm.get("job_id"), state=slurm.get("state"), reason=slurm.get("reason"),
-                   node=slurm.get("node"))
+        return _copied(cls, slurm)
 
 
 @dataclass(frozen=True)
@@ -128,16 +127,14 @@ class JobStatus:
     def from_json(cls, job: dict) -> JobStatus:
         listed = job.get("services")
         progress = job.get("progress")
-        return cls(job_id=job.get("job_id", ""), state=job.get("state", ""), raw=job, phase=job.get("phase"),
-                   message=job.get("message"), error=job.get("error"), now=job.get("now"),
-                   created_at=job.get("created_at"), started_at=job.get("started_at"), ended_at=job.get("ended_at"),
-                   exit_code=job.get("exit_code"), service=ServiceRecord.from_json(_dict(job.get("service"))),
-                   services=tuple(ServiceRecord.from_json(s) for s in listed if isinstance(s, dict))
-                   if isinstance(listed, list) else (),
-                   services_kept=tuple(u for u in job.get("services_kept") or [] if isinstance(u, str)),
-                   progress=Progress.from_json(progress) if isinstance(progress, dict) else None,
-                   slurm=Slurm.from_json(_dict(job.get("slurm"))), array=_opt_dict(job.get("array")),
-                   slots=job.get("slots") if isinstance(job.get("slots"), list) else None)
+        return _copied(cls, job, job_id=job.get("job_id", ""), state=job.get("state", ""), raw=job,
+                       service=ServiceRecord.from_json(_dict(job.get("service"))),
+                       services=tuple(ServiceRecord.from_json(s) for s in listed if isinstance(s, dict))
+                       if isinstance(listed, list) else (),
+                       services_kept=tuple(u for u in job.get("services_kept") or [] if isinstance(u, str)),
+                       progress=Progress.from_json(progress) if isinstance(progress, dict) else None,
+                       slurm=Slurm.from_json(_dict(job.get("slurm"))), array=_opt_dict(job.get("array")),
+                       slots=job.get("slots") if isinstance(job.get("slots"), list) else None)
 
     @classmethod
     def last_known(cls, job_id: str, state: str, message: str, *, error: str | None = None) -> JobStatus:

@@ -278,7 +278,9 @@ def test_the_host_s_own_forms_pass():
     slurm_preflight = {"ok": True, "service": None, "locks": [], "python": "3.8.10", "gpus": [], "apps": [],
                        "nvidia_smi": False, "slurm": {"partitions": ["gpu*"]}}
     assert answers.preflight(slurm_preflight) is slurm_preflight
-    assert answers.start({"ok": True, "job_id": "a", "state": "QUEUED", "slurm_job_id": "4242", "job_dir": "/r/a"}, "a")
+    started = answers.submit({"ok": True, "report": slurm_preflight, "started": True, "job_id": "a", "state": "QUEUED",
+                              "slurm_job_id": "4242", "job_dir": "/r/a"}, "a")
+    assert (started.state, started.slurm_job_id) == ("QUEUED", "4242")
     array_job = good_job(job_id="a", state="RUNNING", progress=None,
                          array={"of": 3, "done": 1, "succeeded": 1, "failed": 0, "skipped": 0, "running": 1,
                                 "pending": 1, "reasons": {"Priority": 1}},
