@@ -187,6 +187,16 @@ def _read_ready(fd: int) -> bytes:
     return b"".join(chunks)
 
 
+def spawn(command: Sequence[str], who: str) -> subprocess.Popen:
+    """A host call's process, its three streams piped, in a session of its own: a terminal's Ctrl-C reaches
+    runner alone, which decides (interrupts.py)."""
+    try:
+        return subprocess.Popen(list(command), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                start_new_session=True)
+    except OSError as exc:
+        raise TransportError(f"{who}: cannot run {command[0]}: {exc.strerror}") from exc
+
+
 def interrupted_before_it_ran(returncode: int, name: str) -> None:
     """A host call's process runs in a session of its own, out of a terminal's reach once there: one killed by
     SIGINT got a Ctrl-C meant for runner between its fork and that session, before it ran anything (the
@@ -201,17 +211,12 @@ class LocalTransport:
     reached = True
 
     def stream(self, argv: Sequence[str], *, deadline: Deadline) -> Stream:
-        try:
-            proc = subprocess.Popen(list(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                    start_new_session=True)
-        except OSError as exc:
-            raise TransportError(f"local: cannot run {argv[0]}: {exc.strerror}") from exc
-        return Stream(proc, argv, deadline, self.name)
+        return Stream(spawn(argv, "local"), argv, deadline, self.name)
 
     def run(self, argv: Sequence[str], *, stdin: Input = b"", deadline: Deadline) -> Completed:
         timeout = deadline.left()
         try:
-            # its own session, as ssh's: a terminal's Ctrl-C reaches runner alone, which decides (interrupts.py)
+            # its own session, as spawn's
             proc = subprocess.run(list(argv), input=b"".join(input_chunks(stdin)), capture_output=True, timeout=timeout,
                                   start_new_session=True)
         except subprocess.TimeoutExpired as exc:
@@ -299,8 +304,7 @@ def _translated(exc: BaseException, target: SshTarget, connecting: bool) -> Tran
             "otherwise do not connect.")
     if isinstance(exc, paramiko.AuthenticationException):
         return AuthFailed(f"ssh {name}: authentication failed as {target.user or 'the ssh_config user'}",
-                          hint="Check the user and IdentityFile (ssh_config) and that `ssh` itself can log in; "
-                                 f"{user_decided_by(target)}.")
+                          hint=auth_hint(target))
     if isinstance(exc, paramiko.hostkeys.InvalidHostKey):
         return HostKeyError(f"ssh {name}: a known_hosts line cannot be read: {exc.line[:100]!r}",
                             hint="Fix or remove that line (`ssh-keygen -F HOST` shows the lines for a host).")
@@ -323,12 +327,15 @@ def port_decided_by(target: SshTarget) -> str:
     return "the port is ssh_config's Port for this host (22 when it sets none)"
 
 
-def user_decided_by(target: SshTarget) -> str:
-    """Which setting chose the login user: the spec's host.user overrides ssh_config's User."""
+def auth_hint(target: SshTarget) -> str:
+    """What to check after a refused login, naming the setting that chose the user (host.user overrides
+    ssh_config's User)."""
     if target.user:
-        return f"the user {target.user} is host.user in the job spec (it overrides ssh_config's User: leave it " \
+        user = f"the user {target.user} is host.user in the job spec (it overrides ssh_config's User: leave it " \
                "out to use ssh_config's)"
-    return "the user is ssh_config's User for this host (your own name when it sets none)"
+    else:
+        user = "the user is ssh_config's User for this host (your own name when it sets none)"
+    return f"Check the user and IdentityFile (ssh_config) and that `ssh` itself can log in; {user}."
 
 
 def _known_hosts_name(host: str, port: int | None) -> str:
@@ -359,12 +366,15 @@ def _connect(target: SshTarget, timeout: float) -> Connection:
 def _open_gateway(gateway: Connection | str | None, target: SshTarget, timeout: float) -> None:
     """Open a ProxyJump hop before the target (fabric would open it inside the target's connect): its errors
     then name the jump host, and the direct-tcpip channel through it waits at most `timeout` (paramiko's
-    default is 3600 s: a dead target behind a live jump host held `tail --max-wait 10` for ~130 s)."""
+    default is 3600 s: a dead target behind a live jump host held `tail --max-wait 10` for ~130 s). fabric
+    builds the hop with no timeouts (a dead jump host would block for the kernel's TCP timeout) and, as for
+    the target, no known_hosts: both are set here first."""
     if gateway is None or isinstance(gateway, str):
         return
     _open_gateway(gateway.gateway, target, timeout)
     hop = SshTarget(address=gateway.host, user=gateway.user, port=gateway.port,
                     host_key_policy=target.host_key_policy, connect_timeout=timeout)
+    _bound(gateway, timeout, target.host_key_policy)
     try:
         gateway.open()
     except TransportError as exc:
@@ -386,37 +396,27 @@ def _fabric_connection(target: SshTarget, timeout: float) -> Connection:
 
     config_path = target.ssh_config or os.environ.get("RUNNER_SSH_CONFIG")
     config = Config(runtime_ssh_path=config_path) if config_path else Config()
-    kwargs = {"config": config, "connect_timeout": timeout}
+    kwargs = {"config": config}
     if target.user:
         kwargs["user"] = target.user
     if target.port:
         kwargs["port"] = target.port
     conn = Connection(target.address, **kwargs)
-    conn.connect_kwargs.update(banner_timeout=timeout, auth_timeout=timeout, channel_timeout=timeout)
-    _secure_host_keys(conn, target.host_key_policy)
+    _bound(conn, timeout, target.host_key_policy)
     return conn
 
 
-def _secure_host_keys(conn: Connection, policy: str) -> None:
-    """Undo fabric's AutoAddPolicy: load known_hosts and refuse (or, opt-in, record) unknown keys.
-
-    fabric loads no known_hosts at all and accepts every key; the same holds for a ProxyJump gateway,
-    so the gateway chain is secured too.
-    """
+def _bound(conn: Connection, timeout: float, policy: str) -> None:
+    """`timeout` on every step of connecting, and fabric's AutoAddPolicy undone: known_hosts loaded (fabric
+    loads none and accepts every key), an unknown key refused (or, opt-in, recorded)."""
+    conn.connect_timeout = timeout
+    conn.connect_kwargs.update(banner_timeout=timeout, auth_timeout=timeout, channel_timeout=timeout)
     files = known_hosts_files(conn.ssh_config)
     skipped = 0
     for path in files:
         if path.exists():
             skipped += load_known_hosts(conn.client.get_host_keys(), path)
     conn.client.set_missing_host_key_policy(_MissingKeyPolicy(policy, files[0], ca_lines=skipped))
-    gateway = conn.gateway
-    if gateway is not None and not isinstance(gateway, str):
-        # fabric builds a ProxyJump hop with no timeouts at all: a dead jump host would block for the
-        # kernel's TCP timeout, past any --max-wait.
-        gateway.connect_timeout = conn.connect_timeout
-        gateway.connect_kwargs.update(banner_timeout=conn.connect_timeout, auth_timeout=conn.connect_timeout,
-                                      channel_timeout=conn.connect_timeout)
-        _secure_host_keys(gateway, policy)
 
 
 def load_known_hosts(keys: paramiko.HostKeys, path: Path) -> int:

@@ -45,13 +45,14 @@ from .transport import (
     SshTransport,
     Stream,
     Transport,
+    auth_hint,
     input_chunks,
     interrupted_before_it_ran,
     keep_tail,
     piped,
     port_decided_by,
+    spawn,
     time_left,
-    user_decided_by,
     widen_pipe,
 )
 
@@ -91,12 +92,7 @@ class OpenSshTransport:
         command = self.command(shlex.join(argv), deadline, connecting)
         time_left(deadline, self.name)  # none left: a TransportError, before anything starts
         verbose.say(shlex.join(command))
-        try:
-            proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                    start_new_session=True)  # a terminal's Ctrl-C is runner's to act on (interrupts.py)
-        except OSError as exc:
-            raise TransportError(f"ssh {self.name}: cannot run {self.ssh}: {exc.strerror}") from exc
-        return Running(self, tuple(argv), command, proc, deadline)
+        return Running(self, tuple(argv), command, spawn(command, f"ssh {self.name}"), deadline)
 
     def stream(self, argv: Sequence[str], *, deadline: Deadline) -> Stream:
         """The command started with no input, its stdout read as it comes (transport.Stream); ssh's own
@@ -477,9 +473,7 @@ def translated(stderr: str, target: SshTarget, known_as: Set[str] = frozenset())
     if is_host_key_failure(stderr):
         return _host_key_error(stderr, name, target.host_key_policy, known_as | {name})
     if "Permission denied" in stderr or "Too many authentication failures" in stderr:
-        return AuthFailed(f"ssh {name}: authentication failed: {tail}",
-                          hint="Check the user and IdentityFile (ssh_config) and that `ssh` itself can log in; "
-                                f"{user_decided_by(target)}.")
+        return AuthFailed(f"ssh {name}: authentication failed: {tail}", hint=auth_hint(target))
     return TransportError(f"ssh {name}: cannot connect: {tail or 'ssh exited 255 and printed nothing'}",
                           hint="Check that `ssh` itself reaches the host (address, ProxyJump, network); "
                                f"{port_decided_by(target)}.")
@@ -496,7 +490,7 @@ def _host_key_error(stderr: str, name: str, policy: str, known_as: Set[str]) -> 
     if "CHANGED" in stderr:
         return HostKeyError(f"ssh {whose}: the host key CHANGED{seen}",
                             hint="If the host was legitimately reinstalled, remove the old line with "
-                            f"`ssh-keygen -R {_keygen_name(key_host)}`; otherwise do not connect.")
+                            f"`ssh-keygen -R {shlex.quote(key_host)}`; otherwise do not connect.")
     if "host key is known for" in stderr:
         return HostKeyError(f"ssh {whose}: host key not in known_hosts{seen}", hint=_unknown_hint(policy))
     detail = " ".join(line for line in stderr.strip().splitlines() if "Server host " not in line)[-300:]
@@ -506,11 +500,6 @@ def _host_key_error(stderr: str, name: str, policy: str, known_as: Set[str]) -> 
 def _unknown_hint(policy: str) -> str:
     return ("Verify the fingerprint out of band, then add it (`ssh-keyscan` or one `ssh` login)"
             + (", or set `host.host_key_policy: accept-new` to trust it on first use." if policy != "accept-new" else "."))
-
-
-def _keygen_name(host: str) -> str:
-    """ssh prints `[127.0.0.1]:2222`; `ssh-keygen -R` takes it quoted the same way."""
-    return shlex.quote(host)
 
 
 def _whole_seconds(seconds: float) -> int:
@@ -545,7 +534,9 @@ def for_host(host: dict) -> Transport:
                         hint="Install OpenSSH's client, or set host.transport: paramiko.")
     if ssh is None:
         return SshTransport(target)
-    state = _state_dir()
+    from ..state.store import default_state_dir
+
+    state = default_state_dir()
     return OpenSshTransport(target, control_dir=state / "cm", ssh=ssh, cache_dir=state / "ssh")
 
 
@@ -559,8 +550,3 @@ def _check_ssh_config(path: str | None) -> None:
             raise SpecError(f"RUNNER_SSH_CONFIG={path}: {exc.strerror}",
                             hint="Point it at an ssh_config file, or unset it (ssh then reads ~/.ssh/config).") from None
 
-
-def _state_dir() -> Path:
-    from ..state.store import default_state_dir
-
-    return default_state_dir()
