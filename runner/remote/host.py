@@ -180,11 +180,9 @@ class HostClient:
         return answers.gc(self.call("gc", args + ["--ids-on-stdin"], stdin=json.dumps(only).encode()))
 
     def call(self, sub: str, args: list[str], *, stdin: bytes = b"") -> dict:
-        """One supervisor call; its boot, the upload it may need and the repeat run inside the command's deadline."""
-        return self.answer(self._run_boot(sub, args, stdin), sub, args, stdin)
-
-    def answer(self, done: Completed, sub: str, args: list[str], stdin: bytes) -> dict:
-        """A call's answer; a host without this bundle gets it uploaded and the call run again."""
+        """One supervisor call's answer; a host without this bundle gets it uploaded and the call run again, all
+        inside the command's deadline."""
+        done = self._run_boot(sub, args, stdin)
         if done.exit_code == EXIT_PAYLOAD_MISSING:
             self.upload(_kept(done))
             done = self._run_boot(sub, args, stdin)

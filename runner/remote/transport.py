@@ -559,7 +559,5 @@ class ConnectBudget:
 
 
 def _describe(exc: BaseException) -> str:
-    text = str(exc) or type(exc).__name__
-    if isinstance(exc, TimeoutError):  # socket.timeout is TimeoutError since Python 3.10
-        return "timed out"
-    return text
+    # socket.timeout is TimeoutError since Python 3.10
+    return "timed out" if isinstance(exc, TimeoutError) else str(exc) or type(exc).__name__

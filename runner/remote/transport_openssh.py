@@ -69,11 +69,11 @@ CONTROL_TAG_LEN = 12  # the hash naming one state dir's masters for one trust ta
 class OpenSshTransport:
     """Runs each command with the system `ssh`; the connection lives in a ControlMaster between commands."""
 
-    def __init__(self, target: SshTarget, *, control_dir: Path, ssh: str = "ssh", cache_dir: Path | None = None) -> None:
+    def __init__(self, target: SshTarget, *, state: Path, ssh: str = "ssh") -> None:
         self.target = target
         self.name = target.address
-        self.control_dir = control_dir
-        self.cache_dir = cache_dir  # where `ssh -G`'s answer is kept between commands (None: in this process only)
+        self.control_dir = state / "cm"
+        self.cache_dir = state / "ssh"  # where `ssh -G`'s answer is kept between commands
         self.ssh = ssh
         self._options: list[str] | None = None
         self._resolved: dict[str, str] = {}  # `ssh -G` of the target: hostname, port, controlpath…
@@ -229,19 +229,14 @@ class OpenSshTransport:
             self._save_record()
         return socket_dir
 
-    def _record_path(self, key: str) -> Path | None:
-        if self.cache_dir is None:
-            return None
+    def _record_path(self, key: str) -> Path:
         return self.cache_dir / f"ssh-G-{binascii.crc32(key.encode()):08x}.json"  # its key is checked on reading
 
     def _recorded(self, key: str) -> dict | None:
         """cache_dir's answer for this `ssh -G` argv and config files, or None (none, another key's, unreadable)."""
-        path = self._record_path(key)
-        if path is None:
-            return None
         from ..state.store import read_cache
 
-        record = read_cache(path)
+        record = read_cache(self._record_path(key))
         if not (record is not None and record.get("key") == key and isinstance(record.get("at"), float)
                 and isinstance(record.get("resolved"), dict)):
             return None
@@ -250,12 +245,9 @@ class OpenSshTransport:
 
     def _save_record(self) -> None:
         """Best effort (write_cache): a state dir that cannot be written only costs the next command an `ssh -G`."""
-        path = self._record_path(self._record["key"])
-        if path is None:
-            return
         from ..state.store import write_cache
 
-        write_cache(path, json.dumps(self._record))
+        write_cache(self._record_path(self._record["key"]), json.dumps(self._record))
 
 
 def _file_stamp(path: str) -> tuple:
@@ -344,7 +336,8 @@ _HOST_KEY_MARKS = ("Host key verification failed", "REMOTE HOST IDENTIFICATION H
                    "host key is known for", "Certificate invalid", "No matching host key")
 _KEY_HOST = re.compile(r"(?:Host key for|host key is known for) (\S+) (?:has changed|and you have)")
 _FINGERPRINT = re.compile(r"SHA256:[A-Za-z0-9+/]{43}")
-# ssh's words for a connect that used up ConnectTimeout (TCP, or the banner and key exchange after it).
+
+
 class Running:
     """One ssh command under way (OpenSshTransport.start), given its stdin once."""
 
@@ -447,13 +440,11 @@ class _Feed:
         return False
 
 
+# ssh's words for a connect that used up ConnectTimeout (TCP, or the banner and key exchange after it), and
+# for a connection that was never made (the remote command cannot have run).
 _CONNECT_TIMED_OUT = re.compile(r"Connection timed out|timed out during banner exchange")
-
-
-# ssh's words for a connection that was never made (the remote command cannot have run).
 _NOT_CONNECTED = re.compile(r"Connection refused|Could not resolve hostname|Name or service not known|"
-                            r"No route to host|Network is unreachable|Connection timed out|"
-                            r"timed out during banner exchange")
+                            r"No route to host|Network is unreachable|" + _CONNECT_TIMED_OUT.pattern)
 
 
 def never_ran(stderr: str) -> bool:
@@ -536,8 +527,7 @@ def for_host(host: dict) -> Transport:
         return SshTransport(target)
     from ..state.store import default_state_dir
 
-    state = default_state_dir()
-    return OpenSshTransport(target, control_dir=state / "cm", ssh=ssh, cache_dir=state / "ssh")
+    return OpenSshTransport(target, state=default_state_dir(), ssh=ssh)
 
 
 def _check_ssh_config(path: str | None) -> None:

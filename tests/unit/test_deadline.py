@@ -88,7 +88,7 @@ def test_retries_are_three_attempts_a_fifth_then_two_fifths_of_a_second_apart_on
 
 
 def openssh(connect_timeout: float) -> OpenSshTransport:
-    transport = OpenSshTransport(SshTarget("h", connect_timeout=connect_timeout), control_dir=Path("/nonexistent"))
+    transport = OpenSshTransport(SshTarget("h", connect_timeout=connect_timeout), state=Path("/nonexistent"))
     transport._options = []  # no `ssh -G`: only the per-call options are looked at
     return transport
 

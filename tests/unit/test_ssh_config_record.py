@@ -41,7 +41,7 @@ def ssh(tmp_path, monkeypatch):
 def control_path(fake: Path, state: Path) -> str:
     """The ControlPath a new command's transport (a new process: nothing in memory) puts in its ssh argv."""
     transport_openssh._SSH_G.clear()
-    transport = OpenSshTransport(SshTarget("box"), control_dir=state / "cm", ssh=str(fake), cache_dir=state / "ssh")
+    transport = OpenSshTransport(SshTarget("box"), state=state, ssh=str(fake))
     argv = transport.command("true", Deadline(10))
     return next(word.split("=", 1)[1] for word in argv if word.startswith("ControlPath="))
 
