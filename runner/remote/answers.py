@@ -246,12 +246,6 @@ def _checked(verb: str, answer: Any, shape: Check) -> Any:
     return answer
 
 
-def _same_job(verb: str, answer: dict, job_id: str) -> dict:
-    if answer["job_id"] != job_id:
-        raise _bad(verb, "job_id", "not the job asked for")
-    return answer
-
-
 def failure(verb: str, answer: dict) -> dict:
     """An `ok: false` answer: its error code, message and the parts the controller reads (report, holder)."""
     return _checked(verb, answer, FAILURE)
@@ -265,7 +259,9 @@ def submit(answer: dict, job_id: str) -> Started:
     """`report` and start's answer: the host either started the job or answered its refusal as an error."""
     if not _checked("submit", answer, SUBMIT)["started"]:
         raise _bad("submit", "started", "expected true (a host that does not start the job answers an error)")
-    return Started.from_json(_same_job("submit", _checked("submit", answer, START), job_id))
+    if _checked("submit", answer, START)["job_id"] != job_id:
+        raise _bad("submit", "job_id", "not the job asked for")
+    return Started.from_json(answer)
 
 
 def status(answer: dict, job_ids: Sequence[str]) -> list[JobStatus]:

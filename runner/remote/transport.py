@@ -56,10 +56,6 @@ class Completed:
     stdout: bytes
     stderr: bytes
 
-    @property
-    def ok(self) -> bool:
-        return self.exit_code == 0
-
     def stderr_tail(self, lines: int = 5) -> str:
         text = self.stderr.decode("utf-8", "replace").strip().splitlines()
         return "\n".join(text[-lines:])
@@ -457,11 +453,11 @@ def known_hosts_files(ssh_config: dict) -> list[Path]:
     return [Path.home() / ".ssh" / "known_hosts", Path("/etc/ssh/ssh_known_hosts")]
 
 
+@dataclass(frozen=True)
 class _MissingKeyPolicy:
-    def __init__(self, policy: str, record_in: Path, *, ca_lines: int = 0) -> None:
-        self.policy = policy
-        self.record_in = record_in
-        self.ca_lines = ca_lines
+    policy: str
+    record_in: Path
+    ca_lines: int = 0
 
     def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
         if self.policy != "accept-new":

@@ -251,6 +251,7 @@ class OpenSshTransport:
 
 
 def _file_stamp(path: str) -> tuple:
+    """(path, inode, size, mtime), or (path,) when it cannot be stat'ed."""
     try:
         st = os.stat(os.path.expanduser(path))
     except OSError:
@@ -280,12 +281,8 @@ def trust_stamp(resolved: dict[str, str]) -> str:
     lines = ["settings " + json.dumps(sorted(resolved.items())) + "\n"]
     for option in ("userknownhostsfile", "globalknownhostsfile", "stricthostkeychecking"):
         for word in resolved.get(option, "").split():
-            path = os.path.expanduser(word)
-            try:
-                st = os.stat(path)
-                lines.append(f"{path}|{st.st_ino}|{st.st_size}|{st.st_mtime_ns}\n")
-            except OSError:
-                lines.append(f"{path}|absent\n")
+            stamp = _file_stamp(os.path.expanduser(word))
+            lines.append("|".join(map(str, stamp)) + ("|absent\n" if len(stamp) == 1 else "\n"))
     return "".join(lines)
 
 
