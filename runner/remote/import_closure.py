@@ -123,8 +123,8 @@ def _local_imports(path: Path, base: Path, refs: list[ImportRef]) -> list[Path]:
     for level, parts, names in refs:
         start = base if not level else _parent(path, level)
         files += _resolve(start, parts, base)
-        package = _package_dir(start, parts)
-        if package is not None:  # `from pkg import name`: name may be a submodule
+        package = start.joinpath(*parts)
+        if package.is_dir():  # `from pkg import name`: name may be a submodule
             for name in names:
                 files += _resolve(package, [name], base)
     return files
@@ -157,11 +157,6 @@ def _resolve(start: Path, parts: list[str], base: Path) -> list[Path]:
         else:
             break
     return [f for f in files if _inside(f, base)]
-
-
-def _package_dir(start: Path, parts: list[str]) -> Path | None:
-    folder = start.joinpath(*parts)
-    return folder if folder.is_dir() else None
 
 
 def _inside(path: Path, base: Path) -> bool:
