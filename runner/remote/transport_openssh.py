@@ -178,7 +178,7 @@ class OpenSshTransport:
         if target.port:
             options += ["-p", str(target.port)]
         self._resolved = self._ssh_g(options, deadline)
-        if not has_control_path(self._resolved):
+        if self._resolved.get("controlpath", "none") in ("", "none"):  # the user's ssh_config names none of its own
             try:
                 socket_dir = self._socket_dir()
             except OSError:  # a state dir that cannot be written: each call connects afresh, nothing else changes
@@ -266,11 +266,6 @@ _SSH_G: dict[str, dict] = {}  # `ssh -G` argv and config stamps: {key, at (time.
 def parse_ssh_g(text: str) -> dict[str, str]:
     pairs = (line.partition(" ") for line in text.splitlines())
     return {key: value.strip() for key, _, value in pairs if key}
-
-
-def has_control_path(resolved: dict[str, str]) -> bool:
-    """Whether the user's ssh_config already sets a ControlPath for this host (then theirs is used)."""
-    return resolved.get("controlpath", "none") not in ("", "none")
 
 
 def trust_stamp(resolved: dict[str, str]) -> str:
