@@ -15,6 +15,8 @@ from ..host.processes import POLL_S, identity
 from . import ledger, services
 from .record import Flags, Interrupted, Job, signal_name
 
+SIGNAL_SETTLE_S = 2.0  # a payload's death by a signal waits this long for the same signal to reach the supervisor
+
 
 def check_interrupt(job: Job, flags: Flags) -> None:
     if flags.signal is not None:
@@ -34,6 +36,18 @@ def interrupt_of(job: Job, flags: Flags):
     except Interrupted as stop:
         return stop.state, str(stop)
     return None
+
+
+def interrupt_after_exit(job: Job, flags: Flags, returncode: int):
+    """interrupt_of once a payload exited. A signal that killed it may have been sent to every process of the
+    step or session (Slurm's TERM reaches each in turn), the supervisor's own still on its way: a death by a
+    signal waits up to SIGNAL_SETTLE_S for it, so a scancel is not taken for the payload's failure."""
+    settle_until = time.monotonic() + (SIGNAL_SETTLE_S if returncode < 0 else 0.0)
+    while True:
+        stop = interrupt_of(job, flags)
+        if stop is not None or time.monotonic() >= settle_until:
+            return stop
+        time.sleep(POLL_S)
 
 
 def payload_argv(spec: dict, args=None) -> list:

@@ -30,7 +30,7 @@ from ..host.processes import KILL_CONFIRM_S, POLL_S, group_alive
 from ..sweep import job_variants, label
 from . import ledger, services, stage
 from .files import UnsafeResult, append_line, file_digest, open_result, parse_bounded, write_json_atomic
-from .payload import interrupt_of, launch_payload, note_in_ledger, payload_argv, record_exit
+from .payload import interrupt_after_exit, interrupt_of, launch_payload, note_in_ledger, payload_argv, record_exit
 from .record import Flags, Interrupted, Job
 
 INLINE_RESULT_BYTES = 4 << 20      # a variant's result larger than this stays in its file, listed by name
@@ -157,7 +157,7 @@ def wait_for_ends(job: Job, flags: Flags, running: dict, more: bool = False) -> 
         for run in running.values():
             if run.ended is None and (interrupt or run.proc.poll() is not None or now >= run.deadline):
                 if interrupt is None and run.proc.returncode:  # a cancel's signal can reach the payload first
-                    interrupt = interrupt_of(job, flags)  # (Slurm's TERM reaches every process of the step)
+                    interrupt = interrupt_after_exit(job, flags, run.proc.returncode)
                 run.ended = now
                 if interrupt:
                     run.reason = interrupt[1]

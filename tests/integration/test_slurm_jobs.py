@@ -144,7 +144,7 @@ def test_scancel_outside_runner_stops_the_payload_and_says_so(target, cluster, t
     cluster.run(["scancel", submitted["slurm_job_id"]], check=True)  # TERM to the batch step: our supervisor
 
     job = wait_state(target, submitted["job_id"], {"CANCELLED", "FAILED", "SUCCEEDED", "LOST", "TIMED_OUT"}, 30)
-    assert job["state"] == "CANCELLED" and "Slurm sent SIGTERM" in job["message"]
+    assert job["state"] == "CANCELLED" and "Slurm sent SIGTERM" in job["message"], job
     assert not pid_alive(int(pid_file.read_text()))
 
 

@@ -6,6 +6,9 @@ import os
 import signal
 import subprocess
 import sys
+import threading
+import time
+from types import SimpleNamespace
 
 import pytest
 from pydantic import ValidationError
@@ -13,7 +16,7 @@ from pydantic import ValidationError
 from remote_payload.host.answer import Fail
 from remote_payload.supervision.budget import budget
 from remote_payload.supervision.files import JobPaths
-from remote_payload.supervision.payload import check_interrupt
+from remote_payload.supervision.payload import SIGNAL_SETTLE_S, check_interrupt, interrupt_after_exit
 from remote_payload.supervision.record import Flags, Interrupted, Job
 from remote_payload.supervision import variants
 from remote_payload.supervision.spec import check_service
@@ -78,6 +81,41 @@ def test_a_payload_that_failed_as_a_cancel_arrived_ends_with_the_cancel(tmp_path
     assert gone == [run] and interrupt == ("CANCELLED", "cancelled on request")
     assert run.reason == "cancelled on request"
     assert job.status["state"] == "TERMINATING" and job.status["ending"]["state"] == "CANCELLED"
+
+
+def test_a_payload_killed_by_the_steps_term_waits_for_the_supervisors_own(tmp_path):
+    """Slurm's TERM reaches each process of the step in turn: the payload may die of it, and be seen gone, before
+    the supervisor's own TERM is handled. The job still ends CANCELLED by Slurm, not FAILED with exit 143."""
+    paths = JobPaths(str(tmp_path), "j1")
+    os.makedirs(paths.dir)
+    spec = {"service": {"manager": "none"}, "limits": {"grace": 1, "max_runtime": 60}, "gpu": {"devices": []}}
+    job = Job(paths, spec, {"ending": None, "state": "RUNNING"})
+    proc = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    proc.send_signal(signal.SIGTERM)
+    proc.wait()
+    flags = Flags()
+
+    def supervisors_term_arrives() -> None:
+        flags.cancel, flags.slurm_term = True, True
+    late = threading.Timer(0.3, supervisors_term_arrives)
+    late.start()
+    run = variants.Run(1, {"args": {}, "argv": []}, 0, [], proc, None, 60, "limits.max_runtime (60s)",
+                       str(tmp_path / "r.json"))
+    try:
+        gone, interrupt = variants.wait_for_ends(job, flags, {0: run})
+    finally:
+        late.cancel()
+    assert gone == [run] and interrupt and interrupt[0] == "CANCELLED" and "Slurm sent SIGTERM" in interrupt[1]
+    assert job.status["ending"]["state"] == "CANCELLED"
+
+
+def test_a_payload_that_failed_by_itself_is_not_waited_on_for_a_cancel(tmp_path):
+    """The wait for a late signal is for a death by a signal only, and bounded: an exit code is the payload's own."""
+    job = SimpleNamespace(paths=SimpleNamespace(cancel=str(tmp_path / "cancel")))
+    started = time.monotonic()
+    assert interrupt_after_exit(job, Flags(), 1) is None
+    assert interrupt_after_exit(job, Flags(), -signal.SIGKILL) is None
+    assert time.monotonic() - started < SIGNAL_SETTLE_S + 30  # bounded: "does not block"
 
 
 def test_the_guard_timer_outlasts_a_full_stop_and_start():
