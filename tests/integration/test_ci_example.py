@@ -7,6 +7,7 @@ baseline is saved from the job's own result (then a faster one is made to see th
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
@@ -133,6 +134,11 @@ def test_the_workflows_gate_fails_the_step_on_a_regression(tmp_path):
 
 
 @pytest.fixture(autouse=True)
-def no_stray_report():
-    yield
-    (REPO / "gate-junit.xml").unlink(missing_ok=True)
+def no_stray_report(tmp_path_factory):
+    """The workflow writes gate-junit.xml into the checkout: one test at a time has it (xdist runs this file's
+    tests side by side, and each removes the file when it ends)."""
+    lock = tmp_path_factory.getbasetemp().parent / "gate-junit.lock"  # shared by this run's workers
+    with open(lock, "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        yield
+        (REPO / "gate-junit.xml").unlink(missing_ok=True)

@@ -129,7 +129,7 @@ def test_tail_with_a_read_only_state_dir_refuses_before_the_host(target, work, r
 
 def test_a_state_dir_that_fills_during_tail_is_a_clean_error_and_the_bytes_come_again(target, work,
                                                                                          runner_state_dir):
-    job_id = start_streamer(target, work, lines=100, pause=0.03)
+    job_id = start_streamer(target, work, lines=400, pause=0.03)  # 12 s: still running when the dir fills
     state, out = shlex.quote(str(runner_state_dir)), shlex.quote(str(work / "tail.out"))
     copy = shlex.quote(str(work / "state-copy"))
     shutil.copytree(runner_state_dir, work / "state-copy")
