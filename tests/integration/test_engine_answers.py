@@ -13,7 +13,6 @@ import sys
 import threading
 import time
 import types
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -27,44 +26,12 @@ from tests.harness.pace import Scale
 from tests.harness.supervisor_calls import RemoteHost
 from tests.harness.systemd_jobs import (HANG, assert_service_back, gpu_job, hold, host_status, main_pid,
                                         restored_within, target_for)
-from tests.hosts import gpu_state
+from tests.harness.standin_process import Standin
 from tests.hosts._proc import free_port, wait_until
 
-STANDIN = Path(__file__).parents[1] / "hosts" / "engine_standin.py"
 KINDS = ("cut-short", "trickle", "huge", "header-flood", "bad-status-line", "long-header-line", "reset", "not-json")
 BOUND_S = 2.0  # the deadline each call gets here
 RESTORE_BOUND_S = 120  # a restorer's whole restore here: health_timeout 30 s, the restart, the polls
-
-
-class Standin:
-    """The SGLang stand-in as a plain process; `misbehave`: ROUTE=KIND[:ARG] rules."""
-
-    def __init__(self, tmp: Path, *misbehave: str) -> None:
-        self.port = free_port()
-        self.calls_file = tmp / f"calls-{self.port}.jsonl"
-        gpu = gpu_state.make_state_dir(tmp / f"gpu-{self.port}")
-        argv = [sys.executable, str(STANDIN), "--engine", "sglang", "--port", str(self.port), "--gpu-dir", str(gpu),
-                "--calls", str(self.calls_file), "--ready-delay", "0", "--memory-saver"]
-        self.proc = subprocess.Popen(argv + [f"--misbehave={rule}" for rule in misbehave],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        self.url = f"http://127.0.0.1:{self.port}"
-        wait_until(self.serves, timeout=20, what="the stand-in to serve")
-        self.calls_file.unlink(missing_ok=True)
-
-    def serves(self) -> bool:
-        try:
-            with urllib.request.urlopen(self.url + "/health", timeout=2) as answer:
-                return answer.status == 200
-        except OSError:
-            return False
-
-    def paths(self) -> list[str]:
-        text = self.calls_file.read_text() if self.calls_file.exists() else ""
-        return [json.loads(line)["path"] for line in text.splitlines()]
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(timeout=10)
 
 
 @pytest.fixture(scope="module")

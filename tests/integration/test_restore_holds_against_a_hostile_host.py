@@ -12,11 +12,8 @@ import json
 import shlex
 import socket
 import subprocess
-import sys
 import threading
 import time
-import urllib.request
-from pathlib import Path
 
 import pytest
 import yaml
@@ -24,37 +21,12 @@ import yaml
 from remote_payload.host.health import health_ok
 from tests.cli_helpers import Target, run_cli, status, submit, wait_for, wait_terminal
 from tests.harness.systemd_jobs import gpu_job, target_for
-from tests.hosts import gpu_state
+from tests.harness.standin_process import Standin
 from tests.hosts._proc import free_port, wait_until
 
-STANDIN = Path(__file__).parents[1] / "hosts" / "engine_standin.py"
 
 UNREADABLE = ("bad-status-line", "header-flood", "long-header-line")
 BOUND_S = 1.0  # the health check's timeout here
-
-
-class Standin:
-    """The SGLang stand-in as a plain process; `misbehave`: ROUTE=KIND[:ARG] rules."""
-
-    def __init__(self, tmp: Path, *misbehave: str) -> None:
-        port = free_port()
-        argv = [sys.executable, str(STANDIN), "--engine", "sglang", "--port", str(port), "--gpu-dir",
-                str(gpu_state.make_state_dir(tmp / "gpu")), "--ready-delay", "0"]
-        self.proc = subprocess.Popen(argv + [f"--misbehave={rule}" for rule in misbehave],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        self.url = f"http://127.0.0.1:{port}"
-        wait_until(self.serves, timeout=20, what="the stand-in to serve")
-
-    def serves(self) -> bool:
-        try:
-            with urllib.request.urlopen(self.url + "/health", timeout=2) as answer:
-                return answer.status == 200
-        except OSError:
-            return False
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(timeout=10)
 
 
 @pytest.fixture(scope="module")
